@@ -1,0 +1,376 @@
+"""`gpuscale`: start runs without a screen and read the run history from the shell.
+
+Bad input exits 2 with one line naming the field, the value and the reason, before anything is
+started or written. `run` exits 0 only when the run succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from gpuscale.engines import history, launch, telemetry
+from gpuscale.engines.settings import SettingsError, parse_assignments, resolve_settings
+from gpuscale.engines.store import STATUSES, Store, UnknownRun
+from gpuscale.recipes.registry import all_recipes, get_recipe
+
+EXIT_BAD_INPUT = 2
+
+
+class BadInput(Exception):
+    """Raised for input errors found by the CLI itself; printed as one line, exit code 2."""
+
+
+# ---- shared argument groups -----------------------------------------------------------------------
+
+
+def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:
+    parser.add_argument("--recipe", required=recipe_required, help="recipe name (see `gpuscale recipes`)")
+    parser.add_argument("--gpus", help="'all', a count, or indices like 0,3 (CPU machines: number of ranks)")
+    parser.add_argument("--batch-size", type=str, help="sequences per rank per step")
+    parser.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
+    parser.add_argument("--model", help="model name, hub id or local path")
+    parser.add_argument("--dataset", help="data set name or local JSONL file")
+    parser.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="any setting of the recipe; repeatable")
+    parser.add_argument("--nnodes", help="nodes in a multi-node job")
+    parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
+    parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")
+
+
+def add_follow_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--detach", action="store_true", help="print the run id and return at once")
+    parser.add_argument("--json", action="store_true", help="print the finished run as JSON")
+
+
+FLAG_FIELDS = ("gpus", "batch_size", "precision", "model", "dataset", "nnodes", "node_rank", "rdzv_endpoint")
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The recipe and its validated settings from the command line (and preset, and environment)."""
+    recipe = get_recipe(args.recipe)
+    overrides = {field: getattr(args, field) for field in FLAG_FIELDS if getattr(args, field, None) is not None}
+    overrides.update(parse_assignments(args.assignments))
+    settings = resolve_settings(recipe.settings_cls, preset=args.preset, overrides=overrides)
+    return recipe, settings
+
+
+# ---- run ------------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    recipe, settings = settings_from_args(args)
+    plan = launch.plan_devices(settings.gpus)
+    store = Store()
+    run_id = launch.start_run(store, recipe, settings, plan)
+    if args.detach:
+        print(json.dumps({"id": run_id}) if args.json else run_id)
+        return 0
+    print(f"run {run_id}: {recipe.name} on {plan.describe()}; Ctrl-C stops it, a closed terminal does not "
+          f"(gpuscale logs {run_id} --follow)", file=sys.stderr)
+    return follow_run(store, run_id, as_json=args.json)
+
+
+def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
+    """Show a live progress line until the run ends. SIGINT/SIGTERM here stop the run."""
+    stop = {"asked": False}
+
+    def ask_stop(*_):
+        stop["asked"] = True
+
+    signal.signal(signal.SIGINT, ask_stop)
+    signal.signal(signal.SIGTERM, ask_stop)
+    interactive = sys.stderr.isatty()
+    last_print = 0.0
+    while True:
+        if stop["asked"]:
+            print(f"\nstopping run {run_id} ...", file=sys.stderr)
+            launch.stop_run(store, run_id)
+        launch.reconcile(store)
+        run = store.get_run(run_id)
+        if run["status"] not in ("queued", "running"):
+            break
+        now = time.monotonic()
+        if interactive:
+            print("\r\033[K" + history.progress_line(run), end="", file=sys.stderr, flush=True)
+        elif now - last_print >= 10:
+            print(history.progress_line(run), file=sys.stderr, flush=True)
+            last_print = now
+        time.sleep(0.5)
+    if interactive:
+        print(file=sys.stderr)
+    report_end(run, as_json)
+    return 0 if run["status"] == "succeeded" else 1
+
+
+def report_end(run: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(public_run(run), indent=2))
+        return
+    print(history.progress_line(run), file=sys.stderr)
+    if run["error"]:
+        print(f"error: {run['error']}", file=sys.stderr)
+    if run["hint"]:
+        print(f"hint: {run['hint']}", file=sys.stderr)
+    summary = run["summary"] or {}
+    for name, value in summary.items():
+        print(f"  {name}: {history.format_value(value)}")
+
+
+def public_run(run: dict) -> dict:
+    keys = ("id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error", "hint",
+            "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid")
+    return {key: run.get(key) for key in keys}
+
+
+# ---- history --------------------------------------------------------------------------------------
+
+
+def open_store() -> Store:
+    store = Store()
+    launch.reconcile(store)
+    return store
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    if args.status and args.status not in STATUSES:
+        raise BadInput(f"status: {args.status!r}: expected one of {', '.join(STATUSES)}")
+    runs = open_store().list_runs(recipe=args.recipe, status=args.status)[: args.limit]
+    if args.json:
+        print(json.dumps([public_run(r) for r in runs], indent=2))
+        return 0
+    rows = [["ID", "RECIPE", "STATUS", "STARTED", "DURATION", "FIGURES"]]
+    for run in runs:
+        rows.append([str(run["id"]), run["recipe"], run["status"], history.format_time(run["started_at"]),
+                     history.format_duration(history.duration_s(run)), history.key_figures(run)])
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = open_store()
+    run = store.get_run(args.id)
+    if args.json:
+        print(json.dumps({**public_run(run), "latest_samples": store.latest_samples(run["id"])}, indent=2))
+        return 0
+    print(history.progress_line(run))
+    for key in ("started_at", "ended_at"):
+        print(f"{key}: {history.format_time(run[key])}")
+    for key in ("error", "hint", "run_dir"):
+        if run[key]:
+            print(f"{key}: {run[key]}")
+    print("command:", launch.display_command(run["command"]) if run["command"] else "-")
+    print("settings:")
+    for key, value in run["settings"].items():
+        print(f"  {key}: {value}")
+    print("summary:")
+    for key, value in (run["summary"] or {}).items():
+        print(f"  {key}: {history.format_value(value)}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    store = open_store()
+    run = store.get_run(args.id)
+    log_dir = Path(run["run_dir"]) / "logs"
+    offsets: dict[Path, int] = {}
+    while True:
+        for path in sorted(log_dir.glob("*.log")):
+            if args.rank is not None and path.name != f"rank{args.rank}.log":
+                continue
+            offsets[path] = print_new_lines(path, offsets.get(path, 0), prefix=f"[{path.stem}] ")
+        if not args.follow or store.get_run(run["id"])["status"] not in ("queued", "running"):
+            return 0
+        time.sleep(0.5)
+        launch.reconcile(store)
+
+
+def print_new_lines(path: Path, offset: int, prefix: str) -> int:
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    complete = data[: data.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
+        print(prefix + line)
+    sys.stdout.flush()
+    return offset + len(complete)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    store = open_store()
+    run = launch.stop_run(store, store.get_run(args.id)["id"])
+    print(f"run {run['id']}: {run['status']}")
+    return 0 if run["status"] not in ("queued", "running") else 1
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    store = open_store()
+    run = store.get_run(args.id)
+    if run["status"] in ("queued", "running"):
+        raise BadInput(f"run id: {run['id']}: the run is {run['status']}; stop it first")
+    store.delete_run(run["id"])
+    print(f"run {run['id']}: deleted (its folder {run['run_dir']} is kept)")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    store = open_store()
+    result = history.compare_runs(store.get_run(args.a), store.get_run(args.b))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"run {result['a']['id']} ({result['a']['status']}) vs run {result['b']['id']} ({result['b']['status']})")
+    print("settings that differ:" if result["settings"] else "settings: identical")
+    for key, (va, vb) in result["settings"].items():
+        print(f"  {key}: {va} -> {vb}")
+    for key, f in result["figures"].items():
+        print(f"  {key}: {history.format_value(f['a'])} -> {history.format_value(f['b'])} "
+              f"({f['delta']:+.4g})")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = open_store()
+    text = history.export_run(store, store.get_run(args.id)["id"], args.format)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+# ---- machine and recipes --------------------------------------------------------------------------
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    recipes = all_recipes()
+    if args.json:
+        print(json.dumps([
+            {"name": r.name, "summary": r.summary, "launcher": r.launcher, "settings": r.settings_cls.model_json_schema()}
+            for r in recipes.values()
+        ], indent=2))
+        return 0
+    print_table([["RECIPE", "SUMMARY"]] + [[r.name, r.summary] for r in recipes.values()])
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    gpus = telemetry.list_gpus()
+    if args.json:
+        print(json.dumps(gpus, indent=2))
+        return 0
+    if not gpus:
+        print(f"no NVIDIA GPU found (NVML unavailable); runs use CPU ranks on gloo ({os.cpu_count()} cores)")
+        return 0
+    rows = [["GPU", "NAME", "MEMORY USED / TOTAL", "UTIL"]]
+    for g in gpus:
+        rows.append([str(g["index"]), g["name"], f"{g['mem_used_mb']:,.0f} / {g['mem_total_mb']:,.0f} MiB",
+                     f"{g['util']}%" if g["util"] is not None else "-"])
+    print_table(rows)
+    return 0
+
+
+def cmd_sbatch(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise BadInput(f"nodes/gpus-per-node: {args.nodes}/{args.gpus_per_node}: both must be at least 1")
+    recipe = get_recipe(args.recipe)
+    overrides = parse_assignments(args.assignments)
+    # Validate now, with the values the nodes will use, so a bad setting fails here and not in the queue.
+    resolve_settings(recipe.settings_cls, preset=args.preset, overrides={
+        **overrides, "nnodes": args.nodes, "gpus": args.gpus_per_node, "rdzv_endpoint": f"head:{args.port}"})
+    run_args = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    if args.preset:
+        run_args += ["--preset", str(args.preset.resolve())]
+    print(launch.sbatch_script(recipe.name, args.nodes, args.gpus_per_node, run_args,
+                               time_limit=args.time, partition=args.partition, port=args.port), end="")
+    return 0
+
+
+# ---- parser ---------------------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other bad input
+        self.exit(EXIT_BAD_INPUT, f"gpuscale: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="gpuscale", description="Launch, watch and remember multi-GPU LLM recipes.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("run", help="start a run (follows it until it ends unless --detach)")
+    add_run_options(p)
+    add_follow_options(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("runs", help="the run history")
+    p.add_argument("--recipe"), p.add_argument("--status")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_runs)
+
+    for name, func, help_text in (("show", cmd_show, "one run: settings, summary, status"),
+                                  ("stop", cmd_stop, "stop a run (SIGTERM, then SIGKILL after a few seconds)"),
+                                  ("delete", cmd_delete, "remove a finished run from the history")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("id")
+        if name == "show":
+            p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("logs", help="a run's launcher and rank logs")
+    p.add_argument("id"), p.add_argument("--rank", type=int)
+    p.add_argument("--follow", "-f", action="store_true")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("compare", help="two runs side by side: settings diff and figure deltas")
+    p.add_argument("a"), p.add_argument("b"), p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("export", help="a run's record, metrics and samples")
+    p.add_argument("id"), p.add_argument("--format", choices=["json", "csv"], default="json")
+    p.add_argument("--output", "-o")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("recipes", help="the recipes and their settings")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_recipes)
+
+    p = sub.add_parser("gpus", help="this machine's GPUs now")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gpus)
+
+    p = sub.add_parser("sbatch", help="print a SLURM batch script for a multi-node run")
+    p.add_argument("--recipe", required=True)
+    p.add_argument("--nodes", type=int, required=True), p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--time", default="04:00:00"), p.add_argument("--partition")
+    p.add_argument("--port", type=int, default=29500)
+    p.add_argument("--preset", type=Path)
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_sbatch)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (SettingsError, UnknownRun, BadInput) as exc:
+        print(f"gpuscale: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

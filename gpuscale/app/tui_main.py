@@ -1,0 +1,32 @@
+"""`gpuscale-tui`: the Textual app; with `--recipe NAME` the same run as `gpuscale run`, no screen."""
+
+from __future__ import annotations
+
+import sys
+
+from gpuscale.app import cli
+
+
+def build_parser():
+    parser = cli.Parser(prog="gpuscale-tui", description="Pick, tune, launch, watch and look back at runs.")
+    cli.add_run_options(parser, recipe_required=False)
+    cli.add_follow_options(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.recipe:  # headless: scripts, SLURM jobs, CI
+        try:
+            return cli.cmd_run(args)
+        except (cli.SettingsError, cli.UnknownRun, cli.BadInput) as exc:
+            print(f"gpuscale-tui: error: {exc}", file=sys.stderr)
+            return cli.EXIT_BAD_INPUT
+    from gpuscale.app.tui import GpuscaleApp
+
+    GpuscaleApp().run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The rank side of a run: what every recipe's entry point does around its own work.
+
+`run_rank(Settings, main)` is the body of `python -m gpuscale.recipes.<name> --settings FILE`, which
+torchrun starts once per rank. It ties the rank's life to its launcher, sends its output to
+RUN_DIR/logs/rank<R>.log, initialises torch.distributed (nccl on GPUs, gloo on CPU), picks the device
+and dtype, and, if the recipe raises, writes RUN_DIR/errors/rank<R>.json for the supervisor before
+exiting non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.process import die_with_parent
+from gpuscale.engines.settings import RunSettings
+
+
+@dataclass
+class RankContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    dtype: torch.dtype
+    run_dir: Path
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, items: list) -> list:
+        """This rank's share, by stride: every rank gets a similar mix of easy and hard items."""
+        return items[self.rank :: self.world_size]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's object, in rank order (on every rank)."""
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def peak_memory_mb(self) -> float:
+        """Peak tensor memory on the GPU, or this process's resident memory on the CPU."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        major, _minor = torch.cuda.get_device_capability(device)
+        return torch.bfloat16 if major >= 8 else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+
+
+def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    use_cuda = torch.cuda.is_available() and os.environ.get("GPUSCALE_DEVICE", "cuda") == "cuda"
+    if use_cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1:
+        dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
+    torch.manual_seed(settings.seed + rank)
+    return RankContext(rank, local_rank, world_size, device, resolve_dtype(settings.precision, device), run_dir)
+
+
+def _redirect_output(run_dir: Path, rank: int) -> None:
+    """Send this rank's stdout and stderr (Python's and C++'s) to its own log file."""
+    log_path = run_dir / "logs" / f"rank{rank}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(log_fd, 1), os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
+    lines = traceback.format_exception_only(type(exc), exc)
+    record = {
+        "t": time.time(),
+        "rank": rank,
+        "type": type(exc).__name__,
+        "message": lines[-1].strip(),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    path = run_dir / "errors" / f"rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankContext, Reporter], None]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--settings", required=True, type=Path)
+    args = parser.parse_args()
+
+    # If torchrun dies without cleaning up (SIGKILL), the kernel kills this rank too.
+    die_with_parent(signal.SIGKILL)
+    run_dir = args.settings.parent
+    rank = int(os.environ.get("RANK", 0))
+    _redirect_output(run_dir, rank)
+    settings = settings_cls.model_validate_json(args.settings.read_text())
+    reporter = Reporter(run_dir, rank)
+    try:
+        ctx = init_rank(settings, run_dir)
+        print(f"rank {rank}/{ctx.world_size} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
+        main(settings, ctx, reporter)
+    except BaseException as exc:
+        _write_error(run_dir, rank, exc)
+        traceback.print_exc()
+        sys.exit(1)
+    finally:
+        reporter.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,236 @@
+"""Starting and stopping runs: device planning, launcher argv, the detached supervisor, SLURM scripts.
+
+Every command is an argv list, never a shell string. A run is started by writing its settings and
+row, then spawning its supervisor in a new session, so the run outlives the terminal that started it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuscale.engines import telemetry
+from gpuscale.engines.process import kill_run_processes, process_alive, wait_for
+from gpuscale.engines.settings import RunSettings, SettingsError
+from gpuscale.engines.store import LIVE_STATUSES, Store
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where the ranks of this node run: `gpu_indices` empty means CPU ranks on gloo."""
+
+    nproc: int
+    gpu_indices: tuple[int, ...]
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.gpu_indices)
+
+    def describe(self) -> str:
+        if self.on_gpu:
+            return f"{self.nproc} GPU(s): {','.join(map(str, self.gpu_indices))}"
+        return f"{self.nproc} CPU rank(s) (gloo)"
+
+
+def plan_devices(gpus: str | int | list[int], available: list[int] | None = None) -> DevicePlan:
+    """Resolve the `gpus` setting against this machine; refuses more GPUs than exist."""
+    available = telemetry.visible_gpu_indices() if available is None else available
+    if not available:
+        return _plan_cpu(gpus)
+    if gpus == "all":
+        return DevicePlan(len(available), tuple(available))
+    if isinstance(gpus, int):
+        if gpus > len(available):
+            raise SettingsError(f"gpus: {gpus}: only {len(available)} GPU(s) here ({_span(available)})")
+        return DevicePlan(gpus, tuple(available[:gpus]))
+    missing = [i for i in gpus if i not in available]
+    if missing:
+        raise SettingsError(f"gpus: {','.join(map(str, gpus))}: no GPU {missing[0]} here ({_span(available)})")
+    return DevicePlan(len(gpus), tuple(gpus))
+
+
+def _plan_cpu(gpus: str | int | list[int]) -> DevicePlan:
+    cores = os.cpu_count() or 1
+    if gpus == "all":
+        return DevicePlan(1, ())
+    if isinstance(gpus, list):
+        raise SettingsError(
+            f"gpus: {','.join(map(str, gpus))}: this machine has no NVIDIA GPU; give a number of CPU ranks"
+        )
+    if gpus > cores:
+        raise SettingsError(f"gpus: {gpus}: no GPU here and only {cores} CPU cores for CPU ranks")
+    return DevicePlan(gpus, ())
+
+
+def _span(indices: list[int]) -> str:
+    return "GPU " + ",".join(map(str, indices))
+
+
+# ---- launcher argv --------------------------------------------------------------------------------
+
+
+def torchrun_argv(settings: RunSettings, plan: DevicePlan, module: str, settings_path: Path) -> list[str]:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.nproc)]
+    if settings.nnodes == 1 and not settings.rdzv_endpoint:
+        argv += ["--standalone"]  # a free port per run: concurrent runs never collide
+    else:
+        argv += [
+            "--nnodes", str(settings.nnodes), "--node-rank", str(settings.node_rank),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", settings.rdzv_endpoint or "localhost:29500",
+            "--rdzv-id", settings.rdzv_id,
+        ]
+    return argv + ["--max-restarts", "0", "-m", module, "--settings", str(settings_path)]
+
+
+def accelerate_argv(settings: RunSettings, plan: DevicePlan, module: str, settings_path: Path) -> list[str]:
+    """`accelerate launch` (which itself drives torch.distributed.run), for recipes built on TRL."""
+    host, _, port = (settings.rdzv_endpoint or "127.0.0.1:0").rpartition(":")
+    argv = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--num_processes", str(plan.nproc * settings.nnodes),
+        "--num_machines", str(settings.nnodes), "--machine_rank", str(settings.node_rank),
+        "--mixed_precision", {"bf16": "bf16", "fp16": "fp16"}.get(settings.precision, "no"),
+        "--dynamo_backend", "no",
+    ]
+    if settings.nnodes > 1:
+        argv += ["--main_process_ip", host, "--main_process_port", port, "--rdzv_backend", "c10d"]
+    if plan.nproc * settings.nnodes > 1:
+        argv += ["--multi_gpu"] if plan.on_gpu else ["--multi_gpu", "--cpu"]
+    elif not plan.on_gpu:
+        argv += ["--cpu"]
+    return argv + ["-m", module, "--settings", str(settings_path)]
+
+
+LAUNCHERS = {"torchrun": torchrun_argv, "accelerate": accelerate_argv}
+
+
+def launcher_argv(recipe, settings: RunSettings, plan: DevicePlan, settings_path: Path) -> list[str]:
+    return LAUNCHERS[recipe.launcher](settings, plan, recipe.module, settings_path)
+
+
+def display_command(argv: list[str]) -> str:
+    """The argv as a user would type it (torchrun instead of `python -m torch.distributed.run`)."""
+    shown = list(argv)
+    if shown[1:3] == ["-m", "torch.distributed.run"]:
+        shown = ["torchrun", *shown[3:]]
+    elif shown[1:3] == ["-m", "accelerate.commands.launch"]:
+        shown = ["accelerate", "launch", *shown[3:]]
+    return shlex.join(shown)
+
+
+# ---- start, stop, reconcile -----------------------------------------------------------------------
+
+
+def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None) -> int:
+    """Record the run and start its supervisor in a new session; returns the run id."""
+    plan = plan or plan_devices(settings.gpus)
+    run_id = store.create_run(recipe.name, settings.model_dump(), [], socket.gethostname())
+    run_dir = Path(store.get_run(run_id)["run_dir"])
+    for sub in ("logs", "metrics", "errors"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    settings_path = run_dir / "settings.json"
+    settings_path.write_text(settings.model_dump_json(indent=2))
+    (run_dir / "plan.json").write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
+    argv = launcher_argv(recipe, settings, plan, settings_path)
+    store.update_run(run_id, command=argv)
+    with open(run_dir / "logs" / "supervisor.log", "ab") as log:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "gpuscale.engines.supervisor", str(run_id), "--home", str(store.home)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )
+    store.update_run(run_id, supervisor_pid=supervisor.pid)
+    _children.append(supervisor)
+    return run_id
+
+
+# Supervisors this front end started; polled so that finished ones do not linger as zombies.
+_children: list[subprocess.Popen] = []
+
+
+def reap_children() -> None:
+    _children[:] = [child for child in _children if child.poll() is None]
+
+
+def stop_run(store: Store, run_id: int, timeout: float = 15.0) -> dict:
+    """SIGTERM the run's supervisor, which stops the ranks; returns the run once it has ended."""
+    run = store.get_run(run_id)
+    if run["status"] not in LIVE_STATUSES:
+        return run
+    if process_alive(run["supervisor_pid"], run["supervisor_started"]):
+        os.kill(run["supervisor_pid"], signal.SIGTERM)
+        wait_for(lambda: _ended(store, run_id), timeout)
+    if not _ended(store, run_id):
+        reconcile(store)
+    return store.get_run(run_id)
+
+
+def _ended(store: Store, run_id: int) -> bool:
+    reap_children()
+    return store.get_run(run_id)["status"] not in LIVE_STATUSES
+
+
+QUEUED_GRACE_S = 60.0
+
+
+def reconcile(store: Store) -> list[int]:
+    """Mark runs whose supervisor died as `lost` and kill whatever is left of them.
+
+    Every front end calls this before it shows runs. Returns the ids it marked lost.
+    """
+    import time
+
+    reap_children()
+    lost = []
+    for run in store.live_runs():
+        if process_alive(run["supervisor_pid"], run["supervisor_started"]):
+            continue
+        if run["supervisor_pid"] is None and time.time() - run["created_at"] < QUEUED_GRACE_S:
+            continue  # its front end is still starting the supervisor
+        if run["supervisor_started"] is None and process_alive(run["supervisor_pid"], None):
+            continue  # started but not yet registered itself
+        message = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
+        if store.finish_run(run["id"], "lost", error=message):
+            lost.append(run["id"])
+        if run["run_dir"]:
+            kill_run_processes(run["run_dir"])
+    return lost
+
+
+# ---- SLURM ---------------------------------------------------------------------------------------
+
+
+def sbatch_script(recipe_name: str, nodes: int, gpus_per_node: int, run_args: list[str],
+                  time_limit: str = "04:00:00", partition: str | None = None, port: int = 29500) -> str:
+    """A batch script: one `gpuscale run` per node through srun, rendezvous on the first node."""
+    head = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=gpuscale-{recipe_name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpus_per_node}",
+        f"#SBATCH --time={time_limit}",
+        "#SBATCH --output=gpuscale-%j.out",
+    ]
+    if partition:
+        head.append(f"#SBATCH --partition={partition}")
+    run = shlex.join(
+        ["gpuscale", "run", "--recipe", recipe_name, "--gpus", str(gpus_per_node), "--nnodes", str(nodes), *run_args]
+    )
+    body = [
+        "set -euo pipefail",
+        "# The first node of the allocation hosts the c10d rendezvous; every node runs one gpuscale run,",
+        "# which starts torchrun there. Each task appends its own node rank (SLURM_NODEID) to the command.",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "srun --kill-on-bad-exit=1 bash -c 'exec \"$@\" --node-rank \"$SLURM_NODEID\"' node \\",
+        f'  {run} \\',
+        f'  --rdzv-endpoint "$head_node:{port}" --set rdzv_id="$SLURM_JOB_ID"',
+    ]
+    return "\n".join(head + [""] + body) + "\n"

@@ -1,0 +1,169 @@
+"""Rank metrics: the rank side writes JSON lines, the supervisor side tails them into the store.
+
+Rank side: `Reporter.log(step=..., tokens=..., loss=...)` appends one line per call to
+RUN_DIR/metrics/rank<R>.jsonl; standard names are tokens and samples (counts done since the last
+call), loss, reward, accuracy, and any other scalar. `Reporter.summary({...})` writes the rank's final
+figures (rank 0's is the run's summary). A plain file keeps ranks free of database locks and works
+the same on every node.
+
+Supervisor side: `MetricsTailer` reads only complete new lines; `Throughput` turns token and sample
+counts into per-rank and total rates over a sliding window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+RATE_WINDOW_S = 10.0
+
+
+class Reporter:
+    def __init__(self, run_dir: str | Path, rank: int):
+        self.rank = rank
+        path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", buffering=1)  # line-buffered: the supervisor sees each line at once
+        self._fault = _parse_fault(os.environ.get("GPUSCALE_INJECT_FAULT"), rank)
+
+    def log(self, step: int, **scalars: float) -> None:
+        record = {"t": time.time(), "rank": self.rank, "step": int(step)}
+        record.update({k: float(v) for k, v in scalars.items() if v is not None})
+        self._file.write(json.dumps(record) + "\n")
+        self._maybe_fail(step)
+
+    def total(self, steps: int) -> None:
+        """How many steps this rank will log in all: the front ends show progress and ETA from it."""
+        self._file.write(json.dumps({"t": time.time(), "rank": self.rank, "step": 0, "total": steps}) + "\n")
+
+    def summary(self, figures: dict[str, Any]) -> None:
+        self._file.write(json.dumps({"t": time.time(), "rank": self.rank, "summary": figures}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _maybe_fail(self, step: int) -> None:
+        # Fault injection, for testing failure handling end to end: GPUSCALE_INJECT_FAULT=RANK:KIND:STEP
+        if self._fault and step >= self._fault[1]:
+            kind = self._fault[0]
+            if kind == "oom":
+                import torch
+
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected fault)")
+            raise RuntimeError(f"injected fault on rank {self.rank} at step {step}")
+
+
+def _parse_fault(spec: str | None, rank: int) -> tuple[str, int] | None:
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if len(parts) != 3 or int(parts[0]) != rank:
+        return None
+    return parts[1], int(parts[2])
+
+
+class MetricsTailer:
+    """Reads what ranks appended since the last call; a partly written line waits for the next."""
+
+    def __init__(self, metrics_dir: Path, run_id: int):
+        self.metrics_dir = Path(metrics_dir)
+        self.run_id = run_id
+        self._offsets: dict[Path, int] = {}
+        self.summaries: dict[int, dict] = {}
+
+    def read_new(self) -> list[dict]:
+        rows: list[dict] = []
+        for path in sorted(self.metrics_dir.glob("rank*.jsonl")):
+            for record in self._new_records(path):
+                rows.extend(self._to_rows(record))
+        return rows
+
+    def _new_records(self, path: Path) -> list[dict]:
+        offset = self._offsets.get(path, 0)
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offsets[path] = offset + len(complete)
+        records = []
+        for line in complete.splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a rank killed mid-write leaves a torn line; the rest is still good
+        return records
+
+    def _to_rows(self, record: dict) -> list[dict]:
+        rank = int(record.get("rank", -1))
+        if "summary" in record:
+            self.summaries[rank] = record["summary"]
+            return []
+        t, step = float(record["t"]), int(record.get("step", 0))
+        return [
+            {"run_id": self.run_id, "rank": rank, "t": t, "step": step, "name": name, "value": value}
+            for name, value in record.items()
+            if name not in ("t", "rank", "step") and isinstance(value, (int, float)) and math.isfinite(value)
+        ]
+
+
+class Throughput:
+    """Per-rank and total tokens/s and samples/s over the last RATE_WINDOW_S seconds, plus the
+    latest value of every other metric, the step reached and the total announced by the ranks."""
+
+    COUNTS = ("tokens", "samples")
+
+    def __init__(self):
+        self._events: dict[tuple[str, int], deque] = {}
+        self.latest: dict[str, float] = {}
+        self.step: dict[int, int] = {}
+        self.totals: dict[int, int] = {}
+        self.cumulative: dict[str, float] = {name: 0.0 for name in self.COUNTS}
+        self.first_t: float | None = None
+
+    def add(self, rows: list[dict]) -> None:
+        for row in rows:
+            name, rank, t = row["name"], row["rank"], row["t"]
+            self.first_t = t if self.first_t is None else min(self.first_t, t)
+            if name == "total":
+                self.totals[rank] = int(row["value"])
+                continue
+            self.step[rank] = max(self.step.get(rank, 0), row["step"])
+            if name in self.COUNTS:
+                self._events.setdefault((name, rank), deque()).append((t, row["value"]))
+                self.cumulative[name] += row["value"]
+            else:
+                self.latest[name] = row["value"]
+
+    def rates(self, name: str, now: float) -> dict[int, float]:
+        """Count per second for each rank: what it logged in the window over the window's span."""
+        result = {}
+        for (metric, rank), events in self._events.items():
+            if metric != name:
+                continue
+            while events and events[0][0] < now - RATE_WINDOW_S:
+                events.popleft()
+            if len(events) >= 2:
+                span = events[-1][0] - events[0][0]
+                result[rank] = sum(v for _, v in list(events)[1:]) / span if span > 0 else 0.0
+        return result
+
+    def progress(self, now: float) -> dict[str, Any]:
+        tokens, samples = self.rates("tokens", now), self.rates("samples", now)
+        done = min(self.step.values()) if self.step else 0
+        total = max(self.totals.values()) if self.totals else None
+        return {
+            "t": now,
+            "step": done,
+            "total": total,
+            "tokens_per_s": sum(tokens.values()),
+            "samples_per_s": sum(samples.values()),
+            "tokens_per_s_by_rank": {str(r): v for r, v in sorted(tokens.items())},
+            "tokens": self.cumulative["tokens"],
+            "samples": self.cumulative["samples"],
+            "latest": dict(self.latest),
+        }

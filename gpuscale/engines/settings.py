@@ -1,0 +1,167 @@
+"""Run settings: one pydantic model per recipe, all built on RunSettings.
+
+Layers, later wins: the model's defaults < a preset TOML file < environment variables
+(GPUSCALE_<FIELD>, plus the knob names the users already type, e.g. POWERSAMPLE_BATCH_SIZE) < the
+command line (`--set key=value`, `--batch-size`, the TUI form). Everything is validated once, before
+anything starts; a bad value becomes one SettingsError line naming the field, the value and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class SettingsError(ValueError):
+    """Bad input from the user: one line, field + value + reason. The CLI exits 2 on it."""
+
+
+class RunSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # Knob names users already type, mapped to fields: environment variables and --set keys.
+    ENV_ALIASES: ClassVar[dict[str, str]] = {}
+    KEY_ALIASES: ClassVar[dict[str, str]] = {}
+
+    model: str = Field("random-tiny", description="model name, hub id or local path")
+    dataset: str = Field("tiny-math", description="data set name or local JSONL path")
+    gpus: Literal["all"] | int | list[int] = Field(
+        "all", description="'all', a count, or GPU indices like 0,3 (on a CPU machine: the number of ranks)"
+    )
+    batch_size: int = Field(8, ge=1, description="sequences per rank per step")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="auto = bf16 on compute capability >= 8.0, fp16 below, fp32 on CPU"
+    )
+    compile: bool = Field(False, description="torch.compile the model where the recipe supports it")
+    seed: int = Field(0, description="random seed (each rank derives its own)")
+    max_examples: int | None = Field(None, ge=1, description="use at most this many examples")
+    nnodes: int = Field(1, ge=1, description="number of nodes (hosts) in the job")
+    node_rank: int = Field(0, ge=0, description="this node's rank in a multi-node job")
+    rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the rendezvous for a multi-node job")
+    rdzv_id: str = Field("gpuscale", description="job id shared by all nodes of one multi-node job")
+    telemetry_interval: float = Field(1.0, ge=0.1, le=60, description="seconds between telemetry samples")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _parse_gpus(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "all":
+            text = value.strip()
+            if re.fullmatch(r"\d+", text):
+                return int(text)
+            if re.fullmatch(r"\d+(\s*,\s*\d+)+|\d+\s*,", text):
+                return [int(part) for part in text.split(",") if part.strip()]
+            raise ValueError("expected 'all', a count like 2, or GPU indices like 0,3")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, value: Any) -> Any:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("at least 1 GPU (or CPU rank) is needed")
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("give at least one GPU index")
+            if len(set(value)) != len(value):
+                raise ValueError("a GPU index is listed twice")
+        return value
+
+    @field_validator("max_examples", mode="before")
+    @classmethod
+    def _none_words(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", value):
+            raise ValueError("expected HOST:PORT, like node001:29500")
+        return value
+
+    @classmethod
+    def field_for_key(cls, key: str) -> str:
+        """The field a user's key means (its own name, a dashed spelling, or an alias)."""
+        name = cls.KEY_ALIASES.get(key, key.replace("-", "_"))
+        if name not in cls.model_fields:
+            known = ", ".join(sorted(cls.model_fields))
+            raise SettingsError(f"{key}: unknown setting; known settings: {known}")
+        return name
+
+
+def read_preset(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SettingsError(f"preset: {path}: cannot be read ({exc.strerror})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"preset: {path}: not valid TOML ({exc})") from None
+
+
+def environment_layer(settings_cls: type[RunSettings], environ: Mapping[str, str]) -> dict[str, str]:
+    layer: dict[str, str] = {}
+    for field in settings_cls.model_fields:
+        value = environ.get(f"GPUSCALE_{field.upper()}")
+        if value is not None:
+            layer[field] = value
+    for env_name, field in settings_cls.ENV_ALIASES.items():
+        if env_name in environ:
+            layer[field] = environ[env_name]
+    return layer
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """`--set key=value` items into a dict (keys checked later, against the recipe's model)."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"--set: {item!r}: expected key=value")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def resolve_settings(
+    settings_cls: type[RunSettings],
+    preset: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RunSettings:
+    """Merge the layers and validate once. Raises SettingsError naming field, value and reason."""
+    merged: dict[str, Any] = {}
+    layers = [
+        ("preset", read_preset(preset) if preset else {}),
+        ("environment", environment_layer(settings_cls, os.environ if environ is None else environ)),
+        ("command line", dict(overrides or {})),
+    ]
+    for _origin, layer in layers:
+        for key, value in layer.items():
+            merged[settings_cls.field_for_key(key)] = value
+    try:
+        return settings_cls.model_validate(merged)
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc)) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error["loc"][:1]) or "settings"
+    reason = error["msg"].removeprefix("Value error, ")
+    return f"{field}: {error.get('input')!r}: {reason}"
+
+
+def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str | None:
+    """Validate one value for one field on its own (the TUI's inline error); None when fine."""
+    try:
+        settings_cls.model_validate({field: value})
+    except ValidationError as exc:
+        mine = [e for e in exc.errors() if e["loc"][:1] == (field,)]
+        if mine:
+            return mine[0]["msg"].removeprefix("Value error, ")
+    return None

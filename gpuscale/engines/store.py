@@ -1,0 +1,191 @@
+"""The run history: one SQLite file (WAL) under GPUSCALE_HOME, read and written through sqlite-utils.
+
+Every front end and every supervisor opens its own connection; WAL lets several runs write at once
+while the TUI reads. The schema carries a version; `MIGRATIONS[i]` takes a database from version i to
+i + 1, so an old runs.db is upgraded in place and nothing stored is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlite_utils
+
+STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost")
+LIVE_STATUSES = ("queued", "running")
+
+
+def gpuscale_home() -> Path:
+    if os.environ.get("GPUSCALE_HOME"):
+        return Path(os.environ["GPUSCALE_HOME"]).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "gpuscale"
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["runs"].create(
+        {
+            "id": int, "recipe": str, "status": str, "settings": str, "summary": str,
+            "error": str, "hint": str, "created_at": float, "started_at": float, "ended_at": float,
+            "supervisor_pid": int, "supervisor_started": float, "launcher_pid": int,
+            "exit_code": int, "run_dir": str, "command": str, "host": str, "progress": str,
+        },
+        pk="id",
+    )
+    db["metrics"].create(
+        {"run_id": int, "rank": int, "t": float, "step": int, "name": str, "value": float},
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["metrics"].create_index(["run_id", "name", "t"])
+    db["samples"].create(
+        {
+            "run_id": int, "t": float, "kind": str, "idx": int, "name": str,
+            "mem_used_mb": float, "mem_total_mb": float, "util": float, "power_w": float,
+            "temp_c": float, "sm_clock_mhz": float, "run_mem_mb": float,
+        },
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["samples"].create_index(["run_id", "t"])
+
+
+MIGRATIONS = [_v1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class UnknownRun(LookupError):
+    def __init__(self, run_id: Any):
+        super().__init__(f"run id: {run_id!r}: no such run (see `gpuscale runs`)")
+
+
+class Store:
+    """Thin layer over runs.db; all JSON columns are decoded on the way out."""
+
+    def __init__(self, home: Path | None = None):
+        self.home = Path(home) if home else gpuscale_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "runs").mkdir(exist_ok=True)
+        conn = sqlite3.connect(self.home / "runs.db", timeout=30, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        self.db = sqlite_utils.Database(conn)
+        self.db.enable_wal()
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self.db.conn:  # one transaction: a half-migrated file is never left behind
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = self.db.execute("SELECT version FROM schema_version").fetchone()
+            version = row[0] if row else 0
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.home / 'runs.db'}: schema version {version} is newer than this gpuscale "
+                    f"({SCHEMA_VERSION}); upgrade gpuscale"
+                )
+            for migrate in MIGRATIONS[version:]:
+                migrate(self.db)
+            self.db.execute("DELETE FROM schema_version")
+            self.db.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
+
+    # ---- runs -------------------------------------------------------------------------------
+
+    def create_run(self, recipe: str, settings: dict, command: list[str], host: str) -> int:
+        with self.db.conn:
+            run_id = self.db["runs"].insert(
+                {
+                    "recipe": recipe, "status": "queued", "settings": json.dumps(settings),
+                    "summary": "{}", "created_at": time.time(), "command": json.dumps(command),
+                    "host": host,
+                }
+            ).last_pk
+            run_dir = self.home / "runs" / str(run_id)
+            self.db["runs"].update(run_id, {"run_dir": str(run_dir)})
+        return run_id
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        for key in ("summary", "progress", "settings", "command"):
+            if key in fields and not isinstance(fields[key], str):
+                fields[key] = json.dumps(fields[key])
+        with self.db.conn:
+            self.db["runs"].update(run_id, fields)
+
+    def finish_run(self, run_id: int, status: str, **fields: Any) -> bool:
+        """Set a final status unless the run already has one; True if this call set it."""
+        assert status not in LIVE_STATUSES
+        fields = {"status": status, "ended_at": time.time(), **fields}
+        for key in ("summary", "progress"):
+            if key in fields and not isinstance(fields[key], str):
+                fields[key] = json.dumps(fields[key])
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.db.conn:
+            cur = self.db.execute(
+                f"UPDATE runs SET {sets} WHERE id = ? AND status IN ('queued', 'running')",
+                [*fields.values(), run_id],
+            )
+        return cur.rowcount == 1
+
+    def get_run(self, run_id: int | str) -> dict:
+        try:
+            row = self.db["runs"].get(int(run_id))
+        except (ValueError, sqlite_utils.db.NotFoundError):
+            raise UnknownRun(run_id) from None
+        return _decode_run(row)
+
+    def list_runs(self, recipe: str | None = None, status: str | None = None) -> list[dict]:
+        where, args = [], []
+        if recipe:
+            where.append("recipe = ?"), args.append(recipe)
+        if status:
+            where.append("status = ?"), args.append(status)
+        rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc")
+        return [_decode_run(r) for r in rows]
+
+    def live_runs(self) -> list[dict]:
+        rows = self.db["runs"].rows_where("status IN ('queued', 'running')", order_by="id")
+        return [_decode_run(r) for r in rows]
+
+    def delete_run(self, run_id: int) -> None:
+        with self.db.conn:
+            self.db.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+            self.db.execute("DELETE FROM samples WHERE run_id = ?", [run_id])
+            self.db["runs"].delete(run_id)
+
+    # ---- metrics and samples ----------------------------------------------------------------
+
+    def add_rows(self, metrics: Iterable[dict], samples: Iterable[dict]) -> None:
+        """One transaction per supervisor tick, whatever it carries."""
+        metrics, samples = list(metrics), list(samples)
+        if not metrics and not samples:
+            return
+        with self.db.conn:
+            if metrics:
+                self.db["metrics"].insert_all(metrics)
+            if samples:
+                self.db["samples"].insert_all(samples)
+
+    def metrics(self, run_id: int, name: str | None = None, since: float = 0.0) -> list[dict]:
+        where, args = "run_id = ? AND t > ?", [run_id, since]
+        if name:
+            where, args = where + " AND name = ?", args + [name]
+        return list(self.db["metrics"].rows_where(where, args, order_by="t, rowid"))
+
+    def samples(self, run_id: int, since: float = 0.0) -> list[dict]:
+        return list(self.db["samples"].rows_where("run_id = ? AND t > ?", [run_id, since], order_by="t, rowid"))
+
+    def latest_samples(self, run_id: int) -> list[dict]:
+        """The last tick's samples (one row per GPU, or host + ranks on a CPU machine)."""
+        row = self.db.execute("SELECT max(t) FROM samples WHERE run_id = ?", [run_id]).fetchone()
+        if not row or row[0] is None:
+            return []
+        return list(self.db["samples"].rows_where("run_id = ? AND t = ?", [run_id, row[0]], order_by="kind, idx"))
+
+
+def _decode_run(row: dict) -> dict:
+    row = dict(row)
+    for key in ("settings", "summary", "progress", "command"):
+        row[key] = json.loads(row[key]) if row.get(key) else ({} if key != "command" else [])
+    return row

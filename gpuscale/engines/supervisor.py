@@ -1,0 +1,227 @@
+"""One supervisor per run: `python -m gpuscale.engines.supervisor RUN_ID --home HOME`.
+
+Started by a front end in a session of its own, it outlives the terminal. It spawns the launcher
+(torchrun or accelerate) in its own process group, and once per tick samples telemetry, tails the
+ranks' metrics into the store and checks the launcher. SIGTERM stops the run: SIGTERM to the launcher's
+group, SIGKILL after STOP_GRACE_S. When the launcher has exited, it records the status, the summary,
+and for a failed run the failing rank's first error line and a hint. No process of the run outlives it:
+the launcher dies with it (PR_SET_PDEATHSIG) and, at the end, anything still carrying the run's mark is
+killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+
+from gpuscale.engines import telemetry
+from gpuscale.engines.metrics import MetricsTailer, Throughput
+from gpuscale.engines.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
+from gpuscale.engines.store import Store
+
+STOP_GRACE_S = 7.0
+
+
+class Supervisor:
+    def __init__(self, store: Store, run_id: int):
+        self.store = store
+        self.run = store.get_run(run_id)
+        self.run_id = run_id
+        self.run_dir = Path(self.run["run_dir"])
+        self.plan = json.loads((self.run_dir / "plan.json").read_text())
+        self.interval = float(self.run["settings"].get("telemetry_interval", 1.0))
+        self.stop_requested_at: float | None = None
+        self.term_sent = False
+        self.killed = False
+        self.throughput = Throughput()
+        self.tailer = MetricsTailer(self.run_dir / "metrics", run_id)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False), self._wake_w.setblocking(False)
+
+    # ---- signals: each one just wakes the loop, which does the work --------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal must not end the run
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # the launcher's exit wakes the loop at once
+
+    def _request_stop(self, *_args) -> None:
+        if self.stop_requested_at is None:
+            self.stop_requested_at = time.monotonic()
+
+    def _sleep_until(self, deadline: float) -> None:
+        timeout = max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([self._wake_r], [], [], timeout)
+        if ready:
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    # ---- the run ------------------------------------------------------------------------------
+
+    def launch(self) -> subprocess.Popen:
+        env = dict(os.environ)
+        env[RUN_DIR_ENV] = str(self.run_dir)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers then match NVML's
+        env.setdefault("NCCL_NVLS_ENABLE", "0")
+        if self.plan["gpu_indices"]:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.plan["gpu_indices"]))
+        else:
+            env["GPUSCALE_DEVICE"] = "cpu"
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            # CPU ranks share the cores instead of each starting one thread per core.
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.plan["nproc"]))
+        log = open(self.run_dir / "logs" / "launcher.log", "ab")
+        return subprocess.Popen(
+            self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            process_group=0, preexec_fn=lambda: die_with_parent(signal.SIGTERM), cwd=self.run_dir,
+        )
+
+    def tick(self, sampler) -> None:
+        now = time.time()
+        rows = self.tailer.read_new()
+        self.throughput.add(rows)
+        samples = sampler.sample(now) if sampler else []
+        self.store.add_rows(rows, samples)
+        self.store.update_run(self.run_id, progress=self.throughput.progress(now))
+
+    def enforce_stop(self, launcher: subprocess.Popen) -> None:
+        """SIGTERM the launcher's group once; SIGKILL everything of the run after the grace time."""
+        if self.stop_requested_at is None:
+            return
+        if not self.term_sent:
+            signal_group(launcher.pid, signal.SIGTERM)
+            self.term_sent = True
+        elif time.monotonic() - self.stop_requested_at > STOP_GRACE_S and not self.killed:
+            signal_group(launcher.pid, signal.SIGKILL)
+            kill_run_processes(str(self.run_dir), timeout=1.0)
+            self.killed = True
+
+    def supervise(self) -> None:
+        me = psutil.Process()
+        self.store.update_run(
+            self.run_id, status="running", supervisor_pid=os.getpid(),
+            supervisor_started=me.create_time(), started_at=time.time(),
+        )
+        wall_start, cpu_start = time.monotonic(), sum(me.cpu_times()[:2])
+        launcher = self.launch()
+        self.store.update_run(self.run_id, launcher_pid=launcher.pid)
+        sampler = self._make_sampler(launcher.pid)
+        next_tick = time.monotonic()
+        while launcher.poll() is None:
+            self.enforce_stop(launcher)
+            if time.monotonic() >= next_tick:
+                self.tick(sampler)
+                next_tick = time.monotonic() + self.interval
+            self._sleep_until(min(next_tick, time.monotonic() + 0.5))
+        self.tick(sampler)
+        leftovers = kill_run_processes(str(self.run_dir), timeout=2.0)
+        cpu_percent = 100.0 * (sum(me.cpu_times()[:2]) - cpu_start) / max(1e-9, time.monotonic() - wall_start)
+        self.finish(launcher.returncode, cpu_percent, leftovers)
+
+    def _make_sampler(self, launcher_pid: int):
+        try:
+            return telemetry.make_sampler(self.run_id, self.plan["gpu_indices"], launcher_pid)
+        except Exception as exc:  # telemetry must never take a run down
+            print(f"telemetry unavailable: {exc}", flush=True)
+            return None
+
+    def finish(self, exit_code: int, cpu_percent: float, leftovers: int) -> None:
+        summary = dict(self.tailer.summaries.get(0, {}))
+        summary.update(self._run_figures(cpu_percent))
+        if leftovers:
+            print(f"killed {leftovers} leftover process(es) of the run", flush=True)
+        if self.stop_requested_at is not None:
+            status, error, hint = "stopped", None, None
+        elif exit_code == 0:
+            status, error, hint = "succeeded", None, None
+        else:
+            status = "failed"
+            error, hint = first_error(self.run_dir, exit_code)
+            hint = hint_for(error, self.run["settings"]) if hint is None else hint
+        self.store.finish_run(
+            self.run_id, status, exit_code=exit_code, summary=summary, error=error, hint=hint,
+            progress=self.throughput.progress(time.time()),
+        )
+
+    def _run_figures(self, cpu_percent: float) -> dict:
+        run = self.store.get_run(self.run_id)
+        figures = {
+            "duration_s": round(time.time() - (run["started_at"] or time.time()), 3),
+            "supervisor_cpu_percent": round(cpu_percent, 3),
+        }
+        peaks = self.store.db.execute(
+            "SELECT kind, idx, max(run_mem_mb), max(mem_used_mb) FROM samples WHERE run_id = ? "
+            "AND kind IN ('gpu', 'rank') GROUP BY kind, idx ORDER BY kind, idx", [self.run_id],
+        ).fetchall()
+        if peaks:
+            figures["peak_run_mem_mb"] = {f"{kind}{idx}": round(run_mem or 0, 1) for kind, idx, run_mem, _ in peaks}
+        return figures
+
+
+def first_error(run_dir: Path, exit_code: int) -> tuple[str, str | None]:
+    """The first error written by any rank (by time), else the launcher log's last error line."""
+    records = []
+    for path in (run_dir / "errors").glob("rank*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if records:
+        first = min(records, key=lambda r: r["t"])
+        return f"rank {first['rank']}: {first['message']}", None
+    log = run_dir / "logs" / "launcher.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    for line in reversed(lines):
+        if "Error" in line or "error:" in line:
+            return line.strip(), None
+    if exit_code < 0:
+        return f"launcher killed by signal {-exit_code}", None
+    return f"launcher exited with code {exit_code}", None
+
+
+def hint_for(error: str, settings: dict) -> str | None:
+    text = error.lower()
+    if "out of memory" in text or "outofmemoryerror" in text:
+        size = settings.get("batch_size")
+        smaller = max(1, size // 2) if isinstance(size, int) else None
+        return f"out of GPU memory: lower batch_size (now {size}; try {smaller})" if smaller else "lower batch_size"
+    if "address already in use" in text:
+        return "the rendezvous port is taken: pick another --rdzv-endpoint port"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("run_id", type=int)
+    parser.add_argument("--home", type=Path, required=True)
+    args = parser.parse_args()
+    store = Store(args.home)
+    supervisor = Supervisor(store, args.run_id)
+    supervisor.install_signal_handlers()
+    try:
+        supervisor.supervise()
+    except BaseException as exc:
+        traceback.print_exc()
+        kill_run_processes(str(supervisor.run_dir), timeout=2.0)
+        store.finish_run(args.run_id, "failed", error=f"supervisor: {type(exc).__name__}: {exc}")
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Telemetry: per-GPU samples through NVML (nvidia-ml-py), or host CPU and rank RSS through psutil.
+
+A sampler is built once per run and called once per tick; each call returns plain dicts shaped like
+rows of the store's `samples` table. NVML is queried directly (never by running nvidia-smi): a tick
+of a few queries per GPU costs tens of microseconds. The run's own GPU memory is the memory NVML
+attributes to the processes of the run's PID tree.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import psutil
+
+MB = 1024 * 1024
+
+
+@lru_cache(maxsize=1)
+def nvml_available() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return True
+    except Exception:  # no driver, no library, no GPU: the CPU path takes over
+        return False
+
+
+def visible_gpu_indices() -> list[int]:
+    """The NVML indices this process may use: all GPUs, narrowed by CUDA_VISIBLE_DEVICES if set
+    (SLURM and containers set it); only plain integer lists are understood there."""
+    if not nvml_available():
+        return []
+    import pynvml
+
+    count = pynvml.nvmlDeviceGetCount()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    indices = [int(p) for p in visible.split(",") if p.strip().isdigit()]
+    return [i for i in indices if i < count]
+
+
+def list_gpus() -> list[dict]:
+    """Name and memory of each visible GPU now (for `gpuscale gpus` and the TUI's picker)."""
+    if not nvml_available():
+        return []
+    import pynvml
+
+    gpus = []
+    for index in visible_gpu_indices():
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        gpus.append(
+            {
+                "index": index,
+                "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                "mem_total_mb": memory.total / MB,
+                "mem_used_mb": memory.used / MB,
+                "mem_free_mb": memory.free / MB,
+                "util": _safe(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                "compute_capability": list(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
+            }
+        )
+    return gpus
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _safe(query, default=None):
+    """Fields a GPU may not support (power on some boards, clocks under MIG) read as None."""
+    try:
+        return query()
+    except Exception:
+        return default
+
+
+def process_tree(root_pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(root_pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+@dataclass
+class GpuSampler:
+    """Samples the given NVML indices; the run's memory is what its PID tree holds on each GPU."""
+
+    run_id: int
+    indices: list[int]
+    root_pid: int
+    _handles: list = field(default_factory=list)
+
+    def __post_init__(self):
+        import pynvml
+
+        self._nvml = pynvml
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+        self._names = [_text(pynvml.nvmlDeviceGetName(h)) for h in self._handles]
+
+    def sample(self, now: float | None = None) -> list[dict]:
+        nvml, now = self._nvml, now or time.time()
+        run_pids = {p.pid for p in process_tree(self.root_pid)}
+        rows = []
+        for index, handle, name in zip(self.indices, self._handles, self._names):
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            procs = _safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), [])
+            run_mem = sum((p.usedGpuMemory or 0) for p in procs if p.pid in run_pids)
+            rows.append(
+                {
+                    "run_id": self.run_id, "t": now, "kind": "gpu", "idx": index, "name": name,
+                    "mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB,
+                    "util": _safe(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                    "power_w": _safe(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+                    "temp_c": _safe(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+                    "sm_clock_mhz": _safe(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+                    "run_mem_mb": run_mem / MB,
+                }
+            )
+        return rows
+
+
+@dataclass
+class HostSampler:
+    """The CPU path: host CPU % and memory, plus the RSS of each rank of the run."""
+
+    run_id: int
+    root_pid: int
+    _ranks: dict[int, int | None] = field(default_factory=dict)  # pid -> rank, read once per pid
+
+    def __post_init__(self):
+        psutil.cpu_percent(None)  # the first call only sets the reference point
+
+    def _rank_of(self, proc: psutil.Process) -> int | None:
+        if proc.pid not in self._ranks:
+            try:
+                rank = proc.environ().get("RANK")
+                self._ranks[proc.pid] = int(rank) if rank is not None else None
+            except (psutil.Error, ValueError):
+                self._ranks[proc.pid] = None
+        return self._ranks[proc.pid]
+
+    def sample(self, now: float | None = None) -> list[dict]:
+        now = now or time.time()
+        memory = psutil.virtual_memory()
+        tree = process_tree(self.root_pid)
+        rows = [
+            {
+                "run_id": self.run_id, "t": now, "kind": "host", "idx": -1, "name": "cpu",
+                "mem_used_mb": (memory.total - memory.available) / MB, "mem_total_mb": memory.total / MB,
+                "util": psutil.cpu_percent(None), "run_mem_mb": _rss(tree) / MB,
+            }
+        ]
+        for proc in tree:
+            rank = self._rank_of(proc)
+            if rank is not None:
+                rows.append(
+                    {
+                        "run_id": self.run_id, "t": now, "kind": "rank", "idx": rank, "name": f"rank {rank}",
+                        "run_mem_mb": _rss([proc]) / MB, "mem_total_mb": memory.total / MB,
+                    }
+                )
+        return rows
+
+
+def _rss(procs: list[psutil.Process]) -> int:
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def make_sampler(run_id: int, gpu_indices: list[int], root_pid: int):
+    if gpu_indices and nvml_available():
+        return GpuSampler(run_id, gpu_indices, root_pid)
+    return HostSampler(run_id, root_pid)

@@ -1,0 +1,94 @@
+"""probe: does every GPU work, how fast, at what memory?
+
+Each rank loads the model, prefills `batch_size` random prompts of `prompt_tokens` tokens, then runs
+`steps` greedy decode steps with the KV cache, timing each one. It reports tokens/s, step time and
+peak memory per rank; rank 0 gathers them into the run's summary. It exercises the whole spine:
+launcher, ranks, metrics, telemetry and store.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from pydantic import Field
+
+from gpuscale.engines.settings import RunSettings
+
+SUMMARY = "decode speed and memory of a model on every GPU (a health check of the node)"
+
+
+class Settings(RunSettings):
+    ENV_ALIASES = {"PROBE_STEPS": "steps"}
+
+    steps: int = Field(32, ge=1, le=100_000, description="decode steps to time")
+    prompt_tokens: int = Field(64, ge=1, le=32_768, description="prompt length before decoding")
+    warmup_steps: int = Field(2, ge=0, le=1000, description="untimed decode steps first")
+
+
+def load_probe_model(settings: Settings, ctx):
+    from gpuscale.data import models
+
+    if settings.model in models.RANDOM_CONFIGS:
+        model = models.build_random_model(settings.model, seed=settings.seed)
+    else:
+        model, _tokenizer = models.load_model(settings.model)
+    return model.to(device=ctx.device, dtype=ctx.dtype).eval()
+
+
+def main(settings: Settings, ctx, reporter) -> None:
+    import torch
+
+    model = load_probe_model(settings, ctx)
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(settings.seed + ctx.rank)
+    prompts = torch.randint(0, vocab, (settings.batch_size, settings.prompt_tokens), generator=generator)
+    reporter.total(settings.steps)
+    step_times = []
+    with torch.inference_mode():
+        ctx.synchronize()
+        start = time.perf_counter()
+        out = model(input_ids=prompts.to(ctx.device), use_cache=True)
+        ctx.synchronize()
+        prefill_s = time.perf_counter() - start
+        cache, next_tokens = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        for step in range(settings.warmup_steps + settings.steps):
+            start = time.perf_counter()
+            out = model(input_ids=next_tokens, past_key_values=cache, use_cache=True)
+            next_tokens = out.logits[:, -1].argmax(-1, keepdim=True)
+            ctx.synchronize()
+            elapsed = time.perf_counter() - start
+            if step >= settings.warmup_steps:
+                step_times.append(elapsed)
+                reporter.log(
+                    step=step - settings.warmup_steps + 1, tokens=settings.batch_size, samples=0,
+                    step_time_ms=elapsed * 1000, mem_mb=ctx.peak_memory_mb(),
+                )
+    mine = {
+        "rank": ctx.rank,
+        "device": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
+        "tokens_per_s": settings.batch_size * len(step_times) / sum(step_times),
+        "step_time_ms_median": statistics.median(step_times) * 1000,
+        "prefill_tokens_per_s": settings.batch_size * settings.prompt_tokens / prefill_s,
+        "peak_mem_mb": ctx.peak_memory_mb(),
+    }
+    everyone = ctx.gather(mine)
+    if ctx.is_main:
+        reporter.summary(
+            {
+                "world_size": ctx.world_size,
+                "dtype": str(ctx.dtype).removeprefix("torch."),
+                "tokens_per_s": sum(r["tokens_per_s"] for r in everyone),
+                "tokens_per_s_per_rank": [round(r["tokens_per_s"], 1) for r in everyone],
+                "step_time_ms_median": statistics.median(r["step_time_ms_median"] for r in everyone),
+                "peak_mem_mb_per_rank": [round(r["peak_mem_mb"], 1) for r in everyone],
+                "devices": [r["device"] for r in everyone],
+                "parameters": sum(p.numel() for p in model.parameters()),
+            }
+        )
+
+
+if __name__ == "__main__":
+    from gpuscale.engines.distributed import run_rank
+
+    run_rank(Settings, main)
