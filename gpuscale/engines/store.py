@@ -167,13 +167,13 @@ class Store:
             if samples:
                 self.db["samples"].insert_all(samples)
 
-    def metrics(self, run_id: int, name: str | None = None, since: float = 0.0) -> list[dict]:
+    def metrics(self, run_id: int, name: str | None = None, since: float = float("-inf")) -> list[dict]:
         where, args = "run_id = ? AND t > ?", [run_id, since]
         if name:
             where, args = where + " AND name = ?", args + [name]
         return list(self.db["metrics"].rows_where(where, args, order_by="t, rowid"))
 
-    def samples(self, run_id: int, since: float = 0.0) -> list[dict]:
+    def samples(self, run_id: int, since: float = float("-inf")) -> list[dict]:
         return list(self.db["samples"].rows_where("run_id = ? AND t > ?", [run_id, since], order_by="t, rowid"))
 
     def latest_samples(self, run_id: int) -> list[dict]:

@@ -1,0 +1,67 @@
+"""Shared test helpers: a private GPUSCALE_HOME per test, and the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpuscale.engines.process import run_processes
+from gpuscale.engines.store import Store
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "gpuscale-home"
+    monkeypatch.setenv("GPUSCALE_HOME", str(path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for key in list(os.environ):
+        if key.startswith(("GPUSCALE_", "POWERSAMPLE_")) and key != "GPUSCALE_HOME":
+            monkeypatch.delenv(key)
+    return path
+
+
+def gpuscale(*args: str, env: dict | None = None, timeout: float = 240, entry: str = "gpuscale.app.cli"):
+    """Run the real CLI; returns the CompletedProcess (text)."""
+    return subprocess.run(
+        [sys.executable, "-m", entry, *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def spawn_gpuscale(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuscale.app.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, **(env or {})},
+    )
+
+
+def run_json(*args: str, env: dict | None = None) -> dict:
+    result = gpuscale(*args, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def wait_until(condition, timeout: float = 60, interval: float = 0.2, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def wait_for_metrics(home: Path, run_id: int, timeout: float = 90) -> None:
+    store = Store(home)
+    wait_until(lambda: store.metrics(run_id, "tokens"), timeout, message=f"metrics of run {run_id}")
+
+
+def leftover_processes(run_dir: str) -> list[psutil.Process]:
+    return run_processes(run_dir)

@@ -1,0 +1,36 @@
+"""Every bad input: exit code 2, one line naming the field, the value and the reason, nothing written."""
+
+import pytest
+
+from conftest import gpuscale
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--recipe", "nope"], "recipe: 'nope': unknown recipe; known recipes: probe"),
+    (["run", "--recipe", "probe", "--set", "bogus=1"], "bogus: unknown setting"),
+    (["run", "--recipe", "probe", "--batch-size", "0"], "batch_size: '0': Input should be greater than or equal to 1"),
+    (["run", "--recipe", "probe", "--gpus", "999"], "gpus: 999: "),
+    (["run", "--recipe", "probe", "--precision", "fp4"], "precision: 'fp4': "),
+    (["sbatch", "--recipe", "probe", "--nodes", "2", "--gpus-per-node", "8", "--set", "batch_size=-1"], "batch_size: '-1'"),
+])
+def test_bad_run_input_starts_and_writes_nothing(home, args, message):
+    result = gpuscale(*args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"gpuscale: error: {result.stderr.split('error: ', 1)[1].strip()}"]
+    assert message in result.stderr
+    assert not home.exists()  # no runs.db, no run folder
+
+
+def test_malformed_preset(home, tmp_path):
+    preset = tmp_path / "bad.toml"
+    preset.write_text("[broken\n")
+    result = gpuscale("run", "--recipe", "probe", "--preset", str(preset))
+    assert result.returncode == 2 and f"preset: {preset}: not valid TOML" in result.stderr
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("command", [["show", "77"], ["logs", "77"], ["stop", "77"], ["export", "x1"], ["compare", "1", "2"]])
+def test_unknown_run_id(home, command):
+    result = gpuscale(*command)
+    assert result.returncode == 2
+    assert "no such run" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,125 @@
+"""End to end on CPU: real torchrun ranks on gloo, a real supervisor, a real runs.db."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import psutil
+import pytest
+
+from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_for_metrics, wait_until
+from gpuscale.engines.store import Store
+
+FAST = ["--recipe", "probe", "--set", "steps=4", "--set", "prompt_tokens=8", "--batch-size", "2"]
+LONG = ["--recipe", "probe", "--set", "steps=100000", "--set", "prompt_tokens=8", "--batch-size", "2",
+        "--set", "telemetry_interval=0.2"]
+
+
+def test_two_ranks_succeed_with_metrics_and_samples(home):
+    run = run_json("run", *FAST, "--gpus", "2")
+    assert run["status"] == "succeeded" and run["error"] is None
+    assert run["summary"]["world_size"] == 2
+    assert len(run["summary"]["tokens_per_s_per_rank"]) == 2 and run["summary"]["tokens_per_s"] > 0
+    store = Store(home)
+    assert {m["rank"] for m in store.metrics(run["id"], "tokens")} == {0, 1}
+    kinds = {s["kind"] for s in store.samples(run["id"])}
+    assert "host" in kinds or "gpu" in kinds
+    listed = run_json("runs")
+    assert [r["id"] for r in listed] == [run["id"]]
+    assert {"id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error"} <= set(listed[0])
+    assert (home / "runs" / str(run["id"]) / "logs" / "rank1.log").read_text().startswith("rank 1/2")
+    logs = gpuscale("logs", str(run["id"]), "--rank", "0")
+    assert logs.returncode == 0 and "[rank0] rank 0/2" in logs.stdout
+    csv = gpuscale("export", str(run["id"]), "--format", "csv")
+    assert csv.stdout.splitlines()[0] == "run_id,rank,t,step,name,value" and ",tokens," in csv.stdout
+    assert not leftover_processes(run["run_dir"])
+
+
+def test_headless_tui_is_the_same_run(home):
+    result = gpuscale(*FAST, "--gpus", "1", "--json", entry="gpuscale.app.tui_main")
+    assert result.returncode == 0, result.stderr
+    assert run_json("runs")[0]["status"] == "succeeded"
+
+
+def test_stop_a_detached_run_leaves_no_process(home):
+    run_id = int(gpuscale("run", *LONG, "--gpus", "2", "--detach").stdout)
+    wait_for_metrics(home, run_id)
+    run_dir = Store(home).get_run(run_id)["run_dir"]
+    assert len(leftover_processes(run_dir)) >= 3  # supervisor, torchrun, two ranks
+    started = time.monotonic()
+    result = gpuscale("stop", str(run_id))
+    assert result.returncode == 0 and f"run {run_id}: stopped" in result.stdout
+    assert time.monotonic() - started < 12
+    assert leftover_processes(run_dir) == []
+    run = run_json("show", str(run_id))
+    assert run["status"] == "stopped" and run["ended_at"] and len(run["latest_samples"]) >= 1
+
+
+def test_run_survives_its_front_end_being_killed(home):
+    front = spawn_gpuscale("run", *FAST, "--gpus", "2", "--set", "steps=150")
+    store = Store(home)
+    run_id = wait_until(lambda: [r["id"] for r in store.list_runs()], message="the run row")[0]
+    wait_for_metrics(home, run_id)
+    front.send_signal(signal.SIGKILL)
+    front.wait()
+    run = wait_until(lambda: (r := store.get_run(run_id))["status"] not in ("queued", "running") and r, 120)
+    assert run["status"] == "succeeded"
+
+
+def test_killed_supervisor_means_lost_and_no_rank_left(home):
+    run_id = int(gpuscale("run", *LONG, "--gpus", "2", "--detach").stdout)
+    wait_for_metrics(home, run_id)
+    store = Store(home)
+    run = store.get_run(run_id)
+    os.kill(run["supervisor_pid"], signal.SIGKILL)
+    # The launcher and the ranks die with it (parent-death signals) ...
+    wait_until(lambda: not leftover_processes(run["run_dir"]), 20, message="the run's processes to go")
+    # ... and the next front end marks the run lost.
+    listed = run_json("runs")
+    assert listed[0]["status"] == "lost" and "supervisor" in listed[0]["error"]
+
+
+@pytest.mark.parametrize("fault, error, hint", [
+    ("1:error:2", "rank 1: RuntimeError: injected fault on rank 1 at step 2", None),
+    ("0:oom:1", "rank 0: torch.OutOfMemoryError: CUDA out of memory", "lower batch_size (now 2; try 1)"),
+])
+def test_failing_rank_gives_failed_with_its_error_line(home, fault, error, hint):
+    result = gpuscale("run", *FAST, "--gpus", "2", "--json", env={"GPUSCALE_INJECT_FAULT": fault})
+    assert result.returncode == 1
+    run = run_json("show", "1")
+    assert run["status"] == "failed" and run["error"].startswith(error)
+    assert (hint is None and run["hint"] is None) or hint in run["hint"]
+    assert not leftover_processes(run["run_dir"])
+
+
+def test_two_runs_at_once(home):
+    fronts = [spawn_gpuscale("run", *FAST, "--gpus", "1", "--json") for _ in range(2)]
+    for front in fronts:
+        assert front.wait(240) == 0, front.stderr.read()
+    runs = run_json("runs")
+    assert sorted(r["status"] for r in runs) == ["succeeded", "succeeded"]
+    assert all(r["summary"]["world_size"] == 1 for r in runs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_localhost_form_one_four_rank_job(home):
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = [*FAST, "--gpus", "2", "--nnodes", "2", "--rdzv-endpoint", endpoint, "--set", "rdzv_id=pair"]
+    nodes = [spawn_gpuscale("run", *common, "--node-rank", str(r), "--json") for r in (0, 1)]
+    for node in nodes:
+        assert node.wait(240) == 0, node.stderr.read()
+    runs = run_json("runs")
+    assert [r["status"] for r in runs] == ["succeeded", "succeeded"]
+    store = Store(home)
+    ranks = {m["rank"] for r in runs for m in store.metrics(r["id"], "tokens")}
+    assert ranks == {0, 1, 2, 3}
+    summaries = [r["summary"] for r in runs if "world_size" in r["summary"]]
+    assert [s["world_size"] for s in summaries] == [4]

@@ -1,0 +1,64 @@
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuscale.engines import launch
+from gpuscale.engines.settings import SettingsError
+from gpuscale.recipes.probe import Settings
+from gpuscale.recipes.registry import get_recipe
+
+
+def test_plan_on_a_gpu_machine():
+    available = [0, 1, 2, 3]
+    assert launch.plan_devices("all", available) == launch.DevicePlan(4, (0, 1, 2, 3))
+    assert launch.plan_devices(2, available).gpu_indices == (0, 1)
+    assert launch.plan_devices([0, 3], available).gpu_indices == (0, 3)
+    with pytest.raises(SettingsError, match=r"gpus: 8: only 4 GPU\(s\) here"):
+        launch.plan_devices(8, available)
+    with pytest.raises(SettingsError, match="gpus: 1,5: no GPU 5 here"):
+        launch.plan_devices([1, 5], available)
+
+
+def test_plan_on_a_cpu_machine():
+    assert launch.plan_devices("all", []) == launch.DevicePlan(1, ())
+    assert launch.plan_devices(1, []).on_gpu is False
+    with pytest.raises(SettingsError, match="no GPU here and only"):
+        launch.plan_devices(10_000, [])
+    with pytest.raises(SettingsError, match="no NVIDIA GPU"):
+        launch.plan_devices([0, 1], [])
+
+
+def test_torchrun_argv_single_and_multi_node(tmp_path):
+    recipe = get_recipe("probe")
+    path = tmp_path / "settings.json"
+    argv = launch.launcher_argv(recipe, Settings(), launch.DevicePlan(2, (0, 1)), path)
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in argv and argv[-4:] == ["-m", "gpuscale.recipes.probe", "--settings", str(path)]
+    multi = Settings(nnodes=2, node_rank=1, rdzv_endpoint="node1:29400", rdzv_id="job7")
+    argv = launch.torchrun_argv(multi, launch.DevicePlan(8, tuple(range(8))), recipe.module, path)
+    joined = " ".join(argv)
+    assert "--standalone" not in argv
+    assert "--nnodes 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id job7" in joined
+    assert launch.display_command(argv).startswith("torchrun --nproc-per-node 8")
+
+
+def test_accelerate_argv(tmp_path):
+    argv = launch.accelerate_argv(Settings(precision="bf16"), launch.DevicePlan(4, (0, 1, 2, 3)), "m", tmp_path / "s")
+    assert argv[1:3] == ["-m", "accelerate.commands.launch"]
+    assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
+    assert argv[argv.index("--mixed_precision") + 1] == "bf16"
+    cpu = launch.accelerate_argv(Settings(), launch.DevicePlan(1, ()), "m", tmp_path / "s")
+    assert "--cpu" in cpu and "--multi_gpu" not in cpu
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_sbatch_script_is_valid_bash(tmp_path):
+    script = launch.sbatch_script("probe", 2, 8, ["--set", "steps=5", "--set", "model=it's/odd"])
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "--nnodes 2" in script and '--node-rank "$SLURM_NODEID"' in script

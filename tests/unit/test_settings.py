@@ -1,0 +1,53 @@
+import pytest
+
+from gpuscale.engines.settings import SettingsError, check_field, parse_assignments, resolve_settings
+from gpuscale.recipes.probe import Settings
+
+
+def test_layers_later_wins(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text('batch_size = 4\nsteps = 7\nprecision = "bf16"\n')
+    env = {"GPUSCALE_BATCH_SIZE": "16", "PROBE_STEPS": "9"}
+    s = resolve_settings(Settings, preset=preset, overrides={"steps": "11"}, environ=env)
+    assert (s.batch_size, s.steps, s.precision) == (16, 11, "bf16")
+    s = resolve_settings(Settings, preset=preset, environ={})
+    assert (s.batch_size, s.steps) == (4, 7)
+    assert resolve_settings(Settings, environ={}).batch_size == Settings.model_fields["batch_size"].default
+
+
+def test_gpus_forms():
+    assert resolve_settings(Settings, overrides={"gpus": "0,3"}, environ={}).gpus == [0, 3]
+    assert resolve_settings(Settings, overrides={"gpus": "2"}, environ={}).gpus == 2
+    assert resolve_settings(Settings, environ={}).gpus == "all"
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"batch_size": "0"}, "batch_size: '0': Input should be greater than or equal to 1"),
+        ({"nope": "1"}, "nope: unknown setting"),
+        ({"precision": "fp8"}, "precision: 'fp8':"),
+        ({"gpus": "0,0"}, "gpus: '0,0': a GPU index is listed twice"),
+        ({"gpus": "x"}, "gpus: 'x': expected 'all', a count"),
+        ({"rdzv_endpoint": "nohostport"}, "rdzv_endpoint: 'nohostport': expected HOST:PORT"),
+    ],
+)
+def test_bad_values_name_field_value_reason(overrides, expected):
+    with pytest.raises(SettingsError) as info:
+        resolve_settings(Settings, overrides=overrides, environ={})
+    assert str(info.value).startswith(expected)
+
+
+def test_malformed_preset_names_file(tmp_path):
+    preset = tmp_path / "bad.toml"
+    preset.write_text("batch_size = = 3\n")
+    with pytest.raises(SettingsError, match=r"preset: .*bad.toml: not valid TOML"):
+        resolve_settings(Settings, preset=preset, environ={})
+
+
+def test_assignments_and_inline_check():
+    assert parse_assignments(["a=1", "b = x=y"]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(SettingsError, match="expected key=value"):
+        parse_assignments(["novalue"])
+    assert check_field(Settings, "batch_size", "0") == "Input should be greater than or equal to 1"
+    assert check_field(Settings, "batch_size", "12") is None
