@@ -17,6 +17,10 @@ from gpuscale.engines.settings import RunSettings, SettingsError
 
 GROUP = "gpuscale.recipes"
 
+# The recipes that ship with gpuscale, so that a source checkout on PYTHONPATH knows them too;
+# other packages add theirs through the entry point group.
+BUILTIN = {"probe": "gpuscale.recipes.probe"}
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -29,12 +33,14 @@ class Recipe:
 
 @lru_cache(maxsize=1)
 def all_recipes() -> dict[str, Recipe]:
+    modules = dict(BUILTIN)
+    modules.update({entry.name: entry.value for entry in entry_points(group=GROUP)})
     recipes = {}
-    for entry in sorted(entry_points(group=GROUP), key=lambda e: e.name):
-        module = importlib.import_module(entry.value)
-        recipes[entry.name] = Recipe(
-            name=entry.name,
-            module=entry.value,
+    for name, module_name in sorted(modules.items()):
+        module = importlib.import_module(module_name)
+        recipes[name] = Recipe(
+            name=name,
+            module=module_name,
             summary=getattr(module, "SUMMARY", ""),
             settings_cls=module.Settings,
             launcher=getattr(module, "LAUNCHER", "torchrun"),

@@ -1,0 +1,34 @@
+"""On a CUDA machine only: real NVML samples of every GPU used, the run's own GPU memory, a real OOM."""
+
+import pytest
+
+from conftest import run_json, gpuscale
+from gpuscale.engines import telemetry
+from gpuscale.engines.store import Store
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_nvml_samples_of_every_gpu_and_own_memory(home):
+    gpus = telemetry.list_gpus()
+    count = min(2, len(gpus))
+    run = run_json("run", "--recipe", "probe", "--gpus", str(count), "--set", "steps=300",
+                   "--set", "telemetry_interval=0.2", "--model", "random-qwen2.5-0.5b")
+    assert run["status"] == "succeeded" and run["summary"]["world_size"] == count
+    samples = [s for s in Store(home).samples(run["id"]) if s["kind"] == "gpu"]
+    assert {s["idx"] for s in samples} == set(range(count))
+    assert {s["name"] for s in samples} == {g["name"] for g in gpus[:count]}
+    for idx in range(count):
+        mine = [s for s in samples if s["idx"] == idx]
+        assert max(s["run_mem_mb"] for s in mine) > 100  # the rank's weights and cache, attributed to the run
+        assert all(0 < s["mem_used_mb"] <= s["mem_total_mb"] for s in mine)
+
+
+def test_real_out_of_memory_gives_the_batch_size_hint(home):
+    result = gpuscale("run", "--recipe", "probe", "--gpus", "1", "--model", "random-qwen2.5-0.5b",
+                      "--batch-size", "100000", "--set", "prompt_tokens=2048", "--set", "steps=1")
+    assert result.returncode == 1
+    run = run_json("show", "1")
+    assert run["status"] == "failed" and "OutOfMemoryError" in run["error"]
+    assert "lower batch_size (now 100000" in run["hint"]
