@@ -88,6 +88,23 @@ def process_tree(root_pid: int) -> list[psutil.Process]:
         return []
 
 
+class RunTree:
+    """The run's processes, re-read every few seconds only: walking /proc is the costliest part of
+    a tick, and a run's ranks are started once."""
+
+    REFRESH_S = 5.0
+
+    def __init__(self, root_pid: int):
+        self.root_pid = root_pid
+        self._procs: list[psutil.Process] = []
+        self._read_at = float("-inf")
+
+    def processes(self) -> list[psutil.Process]:
+        if time.monotonic() - self._read_at > self.REFRESH_S or not all(p.is_running() for p in self._procs):
+            self._procs, self._read_at = process_tree(self.root_pid), time.monotonic()
+        return self._procs
+
+
 @dataclass
 class GpuSampler:
     """Samples the given NVML indices; the run's memory is what its PID tree holds on each GPU."""
@@ -100,13 +117,14 @@ class GpuSampler:
     def __post_init__(self):
         import pynvml
 
+        self._tree = RunTree(self.root_pid)
         self._nvml = pynvml
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
         self._names = [_text(pynvml.nvmlDeviceGetName(h)) for h in self._handles]
 
     def sample(self, now: float | None = None) -> list[dict]:
         nvml, now = self._nvml, now or time.time()
-        run_pids = {p.pid for p in process_tree(self.root_pid)}
+        run_pids = {p.pid for p in self._tree.processes()}
         rows = []
         for index, handle, name in zip(self.indices, self._handles, self._names):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -135,6 +153,7 @@ class HostSampler:
     _ranks: dict[int, int | None] = field(default_factory=dict)  # pid -> rank, read once per pid
 
     def __post_init__(self):
+        self._tree = RunTree(self.root_pid)
         psutil.cpu_percent(None)  # the first call only sets the reference point
 
     def _rank_of(self, proc: psutil.Process) -> int | None:
@@ -149,7 +168,7 @@ class HostSampler:
     def sample(self, now: float | None = None) -> list[dict]:
         now = now or time.time()
         memory = psutil.virtual_memory()
-        tree = process_tree(self.root_pid)
+        tree = self._tree.processes()
         rows = [
             {
                 "run_id": self.run_id, "t": now, "kind": "host", "idx": -1, "name": "cpu",
