@@ -659,6 +659,10 @@ class GenerationEngine:
     def _step(self, slot: int, sampling: Sampling):
         if not self.cuda_graphs:
             return self._decode_step(slot, sampling)
+        with torch.cuda.device(self.device):  # streams and capture on the model's GPU
+            self._graph_step(slot, sampling)
+
+    def _graph_step(self, slot: int, sampling: Sampling):
         key = (slot, sampling)
         graph = self._graphs.get(key)
         if graph is None and self._warmups.get(key, 0) < CUDA_GRAPH_WARMUP_STEPS:

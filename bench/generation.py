@@ -1,0 +1,210 @@
+"""Decode speed: transformers' generate() against gpuscale's GenerationEngine, in the same run.
+
+    python bench/generation.py --out generation.json                      # GPU: Qwen2.5-0.5B shape, bf16
+    python bench/generation.py --device cpu --model random-tiny --new-tokens 16 --out /tmp/g.json  # smoke
+
+For each batch size: milliseconds per decode step of (a) model.generate() (dynamic cache, what users
+run today), (b) the engine (static KV buffer + CUDA graph on GPU), and on GPU (c) the engine with
+CUDA graphs off; plus the floor, the time to read the weights once (weight bytes / device-to-device
+copy bandwidth measured here). Both samplers do plain sampling (temperature 1, no top-k/top-p) of
+exactly --new-tokens tokens after --prompt-tokens random prompt tokens (no EOS).
+
+ms per decode step = (time of a call generating N tokens - time of a call generating 1) / (N - 1):
+the prefill and the per-call overheads cancel. Each call is timed with the device synchronized
+before and after (wall clock, so Python overhead counts, as it does for users); medians of
+--repeats calls after a warm-up call (which also captures the engine's CUDA graph).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import transformers
+from transformers import GenerationConfig
+
+from gpuscale.data.models import build_random_model
+from gpuscale.engines.generation import GenerationEngine, Sampling
+
+TARGET_SPEEDUP = {1: 15.0, 64: 10.0}  # engine vs generate(), on the GPU
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random-qwen2.5-0.5b")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
+                        help="auto: bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--copy-mib", type=int, default=0,
+                        help="buffer for the bandwidth test (default 1024 GPU, 256 CPU)")
+    parser.add_argument("--skip-eager", action="store_true", help="on GPU, skip the engine without CUDA graphs")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="JSON file for all figures")
+    return parser.parse_args(argv)
+
+
+def synchronize(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device) -> float:
+    synchronize(device)
+    begin = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - begin
+
+
+def median_seconds(fn, device, repeats: int) -> float:
+    return statistics.median(timed(fn, device) for _ in range(repeats))
+
+
+def copy_bandwidth(device: torch.device, mib: int) -> float:
+    """Bytes per second moved by a device-to-device copy, reads and writes counted."""
+    source = torch.empty(mib * 2**20, dtype=torch.uint8, device=device).random_(0, 255)
+    target = torch.empty_like(source)
+    target.copy_(source)  # warm-up
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(10):
+            start.record()
+            target.copy_(source)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        seconds = statistics.median(times)
+    else:
+        seconds = median_seconds(lambda: target.copy_(source), device, 10)
+    return 2 * source.numel() / seconds
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the parameters; tied weights count once (one decode step reads them once)."""
+    unique = {p.data_ptr(): p for p in model.parameters()}
+    return sum(p.numel() * p.element_size() for p in unique.values())
+
+
+def ms_per_step(run, new_tokens: int, device, repeats: int) -> float:
+    """run(n) generates n tokens per row; the difference of n=N and n=1 leaves N-1 decode steps."""
+    long = median_seconds(lambda: run(new_tokens), device, repeats)
+    short = median_seconds(lambda: run(1), device, repeats)
+    return (long - short) / (new_tokens - 1) * 1e3
+
+
+def bench_generate(model, prompts: torch.Tensor, args, device) -> float:
+    attention_mask = torch.ones_like(prompts)
+
+    def run(n):
+        config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
+                                  min_new_tokens=n, pad_token_id=0, eos_token_id=None)
+        out = model.generate(prompts, attention_mask=attention_mask, generation_config=config)
+        assert out.shape[1] == prompts.shape[1] + n, out.shape
+
+    run(4)  # warm-up
+    return ms_per_step(run, args.new_tokens, device, args.repeats)
+
+
+def bench_engine(model, prompts: torch.Tensor, args, device, cuda_graphs: bool | None) -> float:
+    engine = GenerationEngine(model, eos_token_ids=(), pad_token_id=0, cuda_graphs=cuda_graphs)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+
+    def run(n):
+        out = engine.generate(prompts, n, Sampling(temperature=1.0), generator=generator)
+        assert bool(out.mask.all()) and out.tokens.shape == (prompts.shape[0], n)
+
+    run(args.new_tokens)  # warm-up: allocates the KV buffers for N tokens and captures the graph
+    return ms_per_step(run, args.new_tokens, device, args.repeats)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+             "auto": torch.bfloat16 if device.type == "cuda" else torch.float32}[args.dtype]
+    model = build_random_model(args.model, seed=args.seed).to(device=device, dtype=dtype).eval()
+    vocab = model.config.vocab_size
+
+    bandwidth = copy_bandwidth(device, args.copy_mib or (1024 if device.type == "cuda" else 256))
+    weights = weight_bytes(model)
+    floor_ms = weights / bandwidth * 1e3
+    print(f"{args.model} {dtype} on {device_name(device)}: weights {weights / 2**20:.1f} MiB, "
+          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, floor {floor_ms:.3f} ms/step", flush=True)
+
+    results = []
+    for batch in args.batch_sizes:
+        prompts = torch.randint(0, vocab, (batch, args.prompt_tokens),
+                                generator=torch.Generator().manual_seed(args.seed + batch)).to(device)
+        row = {"batch": batch}
+        with torch.no_grad():
+            row["generate_ms_per_step"] = bench_generate(model, prompts, args, device)
+            print(f"batch {batch}: generate() {row['generate_ms_per_step']:.3f} ms/step", flush=True)
+            row["engine_ms_per_step"] = bench_engine(model, prompts, args, device, cuda_graphs=None)
+            print(f"batch {batch}: engine     {row['engine_ms_per_step']:.3f} ms/step", flush=True)
+            if device.type == "cuda" and not args.skip_eager:
+                row["engine_eager_ms_per_step"] = bench_engine(model, prompts, args, device, cuda_graphs=False)
+                eager_ms = row["engine_eager_ms_per_step"]
+                print(f"batch {batch}: engine without CUDA graphs {eager_ms:.3f} ms/step", flush=True)
+        row["speedup_vs_generate"] = row["generate_ms_per_step"] / row["engine_ms_per_step"]
+        row["engine_over_floor"] = row["engine_ms_per_step"] / floor_ms
+        row["target_speedup"] = TARGET_SPEEDUP.get(batch)
+        results.append(row)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+        "device": device_name(device),
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "model": args.model, "dtype": str(dtype).removeprefix("torch."),
+        "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "weight_bytes": weights, "copy_bandwidth_bytes_per_s": bandwidth, "floor_ms_per_step": floor_ms,
+        "results": results,
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print_table(report)
+    print(f"wrote {args.out}")
+    return report
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def print_table(report: dict):
+    eager = any("engine_eager_ms_per_step" in r for r in report["results"])
+    header = f"{'batch':>5}  {'generate()':>11}  {'engine':>9}  " + (f"{'no graphs':>9}  " if eager else "")
+    header += f"{'speedup':>8}  {'target':>6}  {'floor':>7}  {'x floor':>7}"
+    print(f"\nms per decode step, {report['model']} {report['dtype']}, {report['device']}, "
+          f"{report['prompt_tokens']} prompt + {report['new_tokens']} new tokens")
+    print(header)
+    for r in report["results"]:
+        line = f"{r['batch']:>5}  {r['generate_ms_per_step']:>11.3f}  {r['engine_ms_per_step']:>9.3f}  "
+        if eager:
+            line += f"{r.get('engine_eager_ms_per_step', float('nan')):>9.3f}  "
+        target = f"{r['target_speedup']:.0f}x" if r["target_speedup"] else "-"
+        line += (f"{r['speedup_vs_generate']:>7.1f}x  {target:>6}  {report['floor_ms_per_step']:>7.3f}  "
+                 f"{r['engine_over_floor']:>6.1f}x")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
