@@ -17,6 +17,7 @@ it was sampled, so nothing is re-scored.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -97,3 +98,61 @@ def _count(stats: PowerSamplingStats, generation: Generation, cut: torch.Tensor 
     new = generation.lengths if cut is None else generation.lengths - cut
     stats.decoded_tokens += int(new.sum())
     stats.sampling_calls += 1
+
+
+# --------------------------------------------------------------------------------------------------
+# The reference structure, for measuring against: what the public code does, one problem at a time,
+# one `model.generate()` call per block and per MCMC step, each re-encoding the whole prefix. The
+# mathematics is the same as above (full suffixes, cut-point correction, fp32), so that only the
+# execution differs when the two are timed.
+# --------------------------------------------------------------------------------------------------
+
+
+def _generate_suffix(model, prefix: list[int], max_new: int, alpha: float, eos_ids: list[int], pad_id: int):
+    """Sample up to max_new tokens after prefix at temperature 1/alpha; tokens, log p, log q."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prefix], device=device)
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0 / alpha, top_k=0, top_p=1.0,
+        max_new_tokens=max_new, eos_token_id=eos_ids, pad_token_id=pad_id,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    new = out.sequences[0, len(prefix):]
+    logits = torch.stack(out.logits, dim=1)[0, : len(new)].float()
+    log_p = torch.log_softmax(logits, -1).gather(-1, new[:, None]).squeeze(1)
+    log_q = torch.log_softmax(logits * alpha, -1).gather(-1, new[:, None]).squeeze(1)
+    return new.tolist(), log_p.tolist(), log_q.tolist()
+
+
+def power_sample_reference(
+    model, prompt: list[int], alpha: float, max_new_tokens: int, blocks: int, steps: int,
+    eos_ids: list[int], pad_id: int, stats: PowerSamplingStats,
+) -> list[int]:
+    """One chain for one prompt, with generate(); returns the answer's tokens."""
+    tokens: list[int] = []
+    log_p: list[float] = []
+    log_q: list[float] = []
+
+    def ended() -> bool:
+        return bool(tokens) and tokens[-1] in eos_ids
+
+    for target in block_sizes(max_new_tokens, blocks):
+        if not ended():
+            new, new_p, new_q = _generate_suffix(model, prompt + tokens, target - len(tokens), alpha, eos_ids, pad_id)
+            tokens, log_p, log_q = tokens + new, log_p + new_p, log_q + new_q
+            stats.decoded_tokens += len(new)
+            stats.sampling_calls += 1
+        for _ in range(steps):
+            cut = int(torch.randint(len(tokens), ()))
+            new, new_p, new_q = _generate_suffix(model, prompt + tokens[:cut], target - cut, alpha, eos_ids, pad_id)
+            stats.decoded_tokens += len(new)
+            stats.sampling_calls += 1
+            stats.proposals += 1
+            log_r = (alpha * (sum(new_p) - sum(log_p[cut:])) + (sum(log_q[cut:]) - sum(new_q))
+                     + math.log(len(tokens)) - math.log(cut + len(new)))
+            if math.log(float(torch.rand(()))) < log_r:
+                stats.accepted += 1
+                tokens, log_p, log_q = tokens[:cut] + new, log_p[:cut] + new_p, log_q[:cut] + new_q
+        if ended():
+            break
+    return tokens

@@ -19,7 +19,7 @@ GROUP = "gpuscale.recipes"
 
 # The recipes that ship with gpuscale, so that a source checkout on PYTHONPATH knows them too;
 # other packages add theirs through the entry point group.
-BUILTIN = {"probe": "gpuscale.recipes.probe"}
+BUILTIN = {"probe": "gpuscale.recipes.probe", "power-sampling": "gpuscale.recipes.power_sampling"}
 
 
 @dataclass(frozen=True)

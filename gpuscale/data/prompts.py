@@ -1,0 +1,30 @@
+"""Turning a question into the model's prompt, and knowing where its answer ends.
+
+The prompt format lives with the model (the tokenizer's chat template), as Hugging Face tools expect;
+a tokenizer without one gets the bare question and a newline.
+"""
+
+from __future__ import annotations
+
+
+def prompt_ids(tokenizer, question: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        # transformers 5 returns a BatchEncoding, 4.x a plain list.
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    return tokenizer(question + "\n", add_special_tokens=True)["input_ids"]
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends an answer: the generation config's (one or several) and the tokenizer's."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+def pad_token_id(tokenizer, eos_ids: list[int]) -> int:
+    if tokenizer is not None and tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    return eos_ids[0] if eos_ids else 0
