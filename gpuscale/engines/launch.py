@@ -90,21 +90,28 @@ def torchrun_argv(settings: RunSettings, plan: DevicePlan, module: str, settings
 
 
 def accelerate_argv(settings: RunSettings, plan: DevicePlan, module: str, settings_path: Path) -> list[str]:
-    """`accelerate launch` (which itself drives torch.distributed.run), for recipes built on TRL."""
+    """`accelerate launch` (which itself drives torch.distributed.run), for recipes built on TRL.
+
+    accelerate starts several CPU processes only through mpirun; CPU ranks therefore go through
+    torchrun directly, whose environment (RANK, WORLD_SIZE, ...) Accelerator reads the same way.
+    """
+    processes = plan.nproc * settings.nnodes
+    if not plan.on_gpu and processes > 1:
+        return torchrun_argv(settings, plan, module, settings_path)
     host, _, port = (settings.rdzv_endpoint or "127.0.0.1:0").rpartition(":")
     argv = [
         sys.executable, "-m", "accelerate.commands.launch",
-        "--num_processes", str(plan.nproc * settings.nnodes),
+        "--num_processes", str(processes),
         "--num_machines", str(settings.nnodes), "--machine_rank", str(settings.node_rank),
         "--mixed_precision", {"bf16": "bf16", "fp16": "fp16"}.get(settings.precision, "no"),
         "--dynamo_backend", "no",
     ]
     if settings.nnodes > 1:
         argv += ["--main_process_ip", host, "--main_process_port", port, "--rdzv_backend", "c10d"]
-    if plan.nproc * settings.nnodes > 1:
-        argv += ["--multi_gpu"] if plan.on_gpu else ["--multi_gpu", "--cpu"]
-    elif not plan.on_gpu:
+    if not plan.on_gpu:
         argv += ["--cpu"]
+    elif processes > 1:
+        argv += ["--multi_gpu"]
     return argv + ["-m", module, "--settings", str(settings_path)]
 
 

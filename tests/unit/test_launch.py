@@ -1,3 +1,4 @@
+import os
 import shutil
 import subprocess
 import sys
@@ -50,8 +51,22 @@ def test_accelerate_argv(tmp_path):
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
     assert argv[argv.index("--mixed_precision") + 1] == "bf16"
-    cpu = launch.accelerate_argv(Settings(), launch.DevicePlan(1, ()), "m", tmp_path / "s")
-    assert "--cpu" in cpu and "--multi_gpu" not in cpu
+    # accelerate needs mpirun for several CPU processes: those go through torchrun instead.
+    cpu_ranks = launch.accelerate_argv(Settings(), launch.DevicePlan(2, ()), "m", tmp_path / "s")
+    assert cpu_ranks[1:3] == ["-m", "torch.distributed.run"]
+
+
+def test_accelerate_launch_runs_a_recipe_for_real(tmp_path):
+    """One CPU process through the real `accelerate launch`: the rank runs and reports."""
+    settings = Settings(steps=2, prompt_tokens=4, batch_size=1)
+    path = tmp_path / "settings.json"
+    path.write_text(settings.model_dump_json())
+    argv = launch.accelerate_argv(settings, launch.DevicePlan(1, ()), "gpuscale.recipes.probe", path)
+    assert "--cpu" in argv
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GPUSCALE_DEVICE": "cpu"}
+    subprocess.run(argv, check=True, env=env, capture_output=True, timeout=180)
+    lines = (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()
+    assert '"summary"' in lines[-1]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
