@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpuscale.data.models import ModelError
+from gpuscale.data.tasks import DataError
 from gpuscale.engines import history, launch, telemetry
 from gpuscale.engines.settings import SettingsError, parse_assignments, resolve_settings
 from gpuscale.engines.store import STATUSES, Store, UnknownRun
@@ -282,6 +284,31 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from gpuscale.data.models import describe_models
+
+    models = describe_models()
+    if args.json:
+        print(json.dumps(models, indent=2))
+        return 0
+    print_table([["MODEL", "ARCHITECTURE", "PARAMETERS", "PATH"]] + [
+        [m["name"], str(m["architecture"] or "-"), f"{m['parameters']:,}" if m["parameters"] else "-", str(m["path"] or "(built from its config)")]
+        for m in models
+    ])
+    return 0
+
+
+def cmd_data_export(args: argparse.Namespace) -> int:
+    from gpuscale.data.tasks import load_examples
+
+    if args.limit is not None and args.limit < 0:
+        raise BadInput(f"limit: {args.limit}: must be 0 or more")
+    for example in load_examples(args.name, args.split, args.limit, seed=args.seed):
+        print(json.dumps({"question": example["question"], "answer": example["answer"],
+                          **({"domain": example["domain"]} if example.get("domain") else {})}))
+    return 0
+
+
 def cmd_sbatch(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise BadInput(f"nodes/gpus-per-node: {args.nodes}/{args.gpus_per_node}: both must be at least 1")
@@ -352,6 +379,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gpus)
 
+    p = sub.add_parser("models", help="the models known by name (and any hub id or local path works)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("data", help="data sets")
+    data = p.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    p = data.add_parser("export", help="a data set as JSON lines (question, answer)")
+    p.add_argument("name", help="tiny-math, gsm8k, or a .jsonl file")
+    p.add_argument("--split", default="test", choices=["test", "train"])
+    p.add_argument("--limit", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_data_export)
+
     p = sub.add_parser("sbatch", help="print a SLURM batch script for a multi-node run")
     p.add_argument("--recipe", required=True)
     p.add_argument("--nodes", type=int, required=True), p.add_argument("--gpus-per-node", type=int, required=True)
@@ -367,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (SettingsError, UnknownRun, BadInput) as exc:
+    except (SettingsError, UnknownRun, BadInput, DataError, ModelError) as exc:
         print(f"gpuscale: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
