@@ -53,8 +53,7 @@ def main(settings: Settings, ctx, reporter) -> None:
     examples = load_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
     mine = ctx.shard(list(enumerate(examples)))
     model, tokenizer = load_model(settings.model, dtype=ctx.dtype, device=ctx.device)
-    if tokenizer is None:
-        raise ValueError(f"model: {settings.model!r}: power sampling needs a model with a tokenizer")
+    tokenizer = tokenizer or stand_in_tokenizer(settings.model)
     eos = eos_token_ids(model, tokenizer)
     sampler = BatchSampler(settings, model, tokenizer, eos, pad_token_id(tokenizer, eos), ctx)
     batches = [mine[i : i + settings.batch_size] for i in range(0, len(mine), settings.batch_size)]
@@ -74,6 +73,18 @@ def main(settings: Settings, ctx, reporter) -> None:
     if ctx.is_main:
         write_results(ctx.run_dir, everyone)
         reporter.summary(summarise(settings, everyone))
+
+
+def stand_in_tokenizer(model_name: str):
+    """Random models (speed measurements at a real model's shape) have no tokenizer: they are
+    prompted with tiny-math's. Their answers are noise, so only their speed means anything."""
+    from transformers import AutoTokenizer
+
+    from gpuscale.data.models import RANDOM_CONFIGS, model_path
+
+    if model_name not in RANDOM_CONFIGS:
+        raise ValueError(f"model: {model_name!r}: power sampling needs a model with a tokenizer")
+    return AutoTokenizer.from_pretrained(model_path("tiny-math"), local_files_only=True)
 
 
 class BatchSampler:
@@ -132,7 +143,8 @@ def score(index: int, chain: int, example: dict, tokens: list[int], tokenizer, e
     from gpuscale.data.answers import extract_answer, is_correct
     from gpuscale.data.tasks import gold_answer
 
-    text = tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=True)
+    known = len(tokenizer)  # a random model's ids can lie beyond its stand-in tokenizer
+    text = tokenizer.decode([t for t in tokens if t not in eos and t < known], skip_special_tokens=True)
     gold = gold_answer(example)
     return {
         "index": index, "chain": chain, "domain": example.get("domain"), "question": example["question"],
