@@ -38,7 +38,7 @@ def format_time(timestamp: float | None) -> str:
 
 def format_value(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     return str(value)
 
 

@@ -10,11 +10,28 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-import sqlite_utils
+
+def _import_sqlite_utils():
+    """sqlite-utils imports pandas and numpy when they are installed, for features gpuscale does not
+    use; that costs about half a second, and the TUI must open in well under one. Hide them meanwhile."""
+    hidden = [name for name in ("pandas", "numpy") if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        import sqlite_utils
+    finally:
+        for name in hidden:
+            sys.modules.pop(name, None)
+    return sqlite_utils
+
+
+sqlite_utils = _import_sqlite_utils()
 
 STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost")
 LIVE_STATUSES = ("queued", "running")
@@ -80,9 +97,19 @@ class Store:
         conn.execute("PRAGMA synchronous = NORMAL")
         self._migrate()
 
+    @contextmanager
+    def transaction(self):
+        """One SQLite transaction (the connection is in autocommit mode otherwise)."""
+        self.db.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.conn.execute("ROLLBACK")
+            raise
+        self.db.conn.execute("COMMIT")
+
     def _migrate(self) -> None:
-        with self.db.conn:  # one transaction: a half-migrated file is never left behind
-            self.db.execute("BEGIN IMMEDIATE")
+        with self.transaction():  # a half-migrated file is never left behind
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = self.db.execute("SELECT version FROM schema_version").fetchone()
             version = row[0] if row else 0
@@ -99,7 +126,7 @@ class Store:
     # ---- runs -------------------------------------------------------------------------------
 
     def create_run(self, recipe: str, settings: dict, command: list[str], host: str) -> int:
-        with self.db.conn:
+        with self.transaction():
             run_id = self.db["runs"].insert(
                 {
                     "recipe": recipe, "status": "queued", "settings": json.dumps(settings),
@@ -116,7 +143,7 @@ class Store:
             if key in fields and not isinstance(fields[key], str):
                 fields[key] = json.dumps(fields[key])
         sets = ", ".join(f"{key} = ?" for key in fields)
-        with self.db.conn:
+        with self.transaction():
             self.db.conn.execute(f"UPDATE runs SET {sets} WHERE id = ?", [*fields.values(), run_id])
 
     def finish_run(self, run_id: int, status: str, **fields: Any) -> bool:
@@ -127,7 +154,7 @@ class Store:
             if key in fields and not isinstance(fields[key], str):
                 fields[key] = json.dumps(fields[key])
         sets = ", ".join(f"{k} = ?" for k in fields)
-        with self.db.conn:
+        with self.transaction():
             cur = self.db.execute(
                 f"UPDATE runs SET {sets} WHERE id = ? AND status IN ('queued', 'running')",
                 [*fields.values(), run_id],
@@ -155,7 +182,7 @@ class Store:
         return [_decode_run(r) for r in rows]
 
     def delete_run(self, run_id: int) -> None:
-        with self.db.conn:
+        with self.transaction():
             self.db.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
             self.db.execute("DELETE FROM samples WHERE run_id = ?", [run_id])
             self.db["runs"].delete(run_id)
@@ -168,7 +195,7 @@ class Store:
         metrics, samples = list(metrics), list(samples)
         if not metrics and not samples:
             return
-        with self.db.conn:
+        with self.transaction():
             for table, rows, columns in (("metrics", metrics, METRIC_COLUMNS), ("samples", samples, SAMPLE_COLUMNS)):
                 if rows:
                     self.db.conn.executemany(

@@ -1,0 +1,1 @@
+"""The TUI's screens: launch, monitor, history, one run, two runs compared, dialogs."""

@@ -1,0 +1,231 @@
+"""History: every run in a table, filtered by recipe and status; open, compare, export, delete.
+
+The table is read in a worker (after `reconcile`) when the screen is shown and every few seconds
+while it is, and redrawn only when a row changed, so the cursor stays where the user left it.
+"""
+
+from __future__ import annotations
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Label, Select, Static
+
+from gpuscale.engines import history, launch
+from gpuscale.engines.monitor import elapsed_s, key_figures_text
+from gpuscale.engines.store import LIVE_STATUSES, STATUSES
+from gpuscale.app.screens.dialogs import ConfirmDialog
+
+REFRESH_S = 3.0
+COLUMNS = ("ID", "Recipe", "Status", "Started", "Duration", "Figures")
+HINT = "Enter: open · c: compare (pick two) · e: export · d: delete"
+
+
+def history_row(run: dict, now: float, marked: bool) -> tuple[str, ...]:
+    return (
+        ("*" if marked else "") + str(run["id"]), run["recipe"], run["status"], history.format_time(run["started_at"]),
+        history.format_duration(elapsed_s(run, now)), key_figures_text(run),
+    )
+
+
+class HistoryScreen(Screen):
+    BINDINGS = [
+        Binding("enter", "open", "Open", show=False),
+        Binding("c", "compare", "Compare"),
+        Binding("e", "export", "Export"),
+        Binding("d,delete", "delete", "Delete"),
+        Binding("r", "refresh", "Refresh", show=False),
+    ]
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.runs: list[dict] = []
+        self.marked: int | None = None  # the first run picked for a comparison
+        self._shown_rows: list[tuple] | None = None
+        self._shown_keys: list[str] | None = None
+        self._reading = False
+        self._timer = None
+
+    def compose(self):
+        yield Header(show_clock=False)
+        with Horizontal(id="history-filters"):
+            yield Label("recipe ")
+            yield Select([], prompt="all", id="recipe-filter", compact=True)
+            yield Label("  status ")
+            yield Select([(s, s) for s in STATUSES], prompt="all", id="status-filter", compact=True)
+        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield Static(HINT, id="history-hint")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.sub_title = "History"
+        table = self.query_one("#runs-table", DataTable)
+        self._columns = table.add_columns(*COLUMNS)
+        table.focus()
+        self.refresh_runs()
+
+    def on_screen_resume(self) -> None:
+        self.refresh_runs()
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    def filters(self) -> tuple[str | None, str | None]:
+        recipe = self.query_one("#recipe-filter", Select).value
+        status = self.query_one("#status-filter", Select).value
+        return (None if recipe == Select.NULL else recipe), (None if status == Select.NULL else status)
+
+    def action_refresh(self) -> None:
+        self.refresh_runs()
+
+    def refresh_runs(self) -> None:
+        if not self._reading:
+            self._reading = True
+            self._read_runs(*self.filters())
+
+    @work(thread=True, exclusive=True, group="history", exit_on_error=False)
+    def _read_runs(self, recipe: str | None, status: str | None) -> None:
+        try:
+            store = self.app.store()
+            launch.reconcile(store)
+            runs = store.list_runs(recipe=recipe, status=status)
+            recipes = sorted({row[0] for row in store.db.execute("SELECT DISTINCT recipe FROM runs")})
+            result = ((recipe, status), runs, recipes, None)
+        except Exception as exc:
+            result = ((recipe, status), [], [], exc)
+        self.app.from_thread(self._show_runs, *result)
+
+    def _show_runs(self, filters: tuple, runs: list[dict], recipes: list[str], error: Exception | None) -> None:
+        self._reading = False
+        if filters != self.filters():  # the user changed a filter while this was read
+            self.refresh_runs()
+            return
+        if error:
+            self.notify(f"cannot read the history: {error}", severity="error")
+        self.runs = runs
+        self._update_recipe_filter(recipes)
+        self._fill_table()
+        self._schedule_refresh()
+
+    def _schedule_refresh(self) -> None:
+        """One timer at a time, armed when the last read was shown."""
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(REFRESH_S, self._refresh_if_shown)
+
+    def _refresh_if_shown(self) -> None:
+        self._timer = None
+        if self.is_current:
+            self.refresh_runs()
+        else:
+            self._schedule_refresh()
+
+    def _update_recipe_filter(self, recipes: list[str]) -> None:
+        select = self.query_one("#recipe-filter", Select)
+        known = sorted(set(recipes) | set(self.app.recipes))
+        if getattr(self, "_recipe_options", None) != known:
+            self._recipe_options = known
+            value = select.value
+            with select.prevent(Select.Changed):
+                select.set_options([(name, name) for name in known])
+                if value != Select.NULL and value in known:
+                    select.value = value
+
+    def _fill_table(self) -> None:
+        table = self.query_one("#runs-table", DataTable)
+        now = self.app.clock()
+        rows = [history_row(run, now, run["id"] == self.marked) for run in self.runs]
+        if rows == self._shown_rows:
+            return
+        keys = [str(run["id"]) for run in self.runs]
+        if self._shown_rows is not None and keys == self._shown_keys:
+            self._update_cells(table, keys, rows)  # the same runs: change the cells that changed
+            return
+        self._shown_rows, self._shown_keys = rows, keys
+        current = self.current_run_id()
+        table.clear()
+        for run, row in zip(self.runs, rows):
+            table.add_row(*row, key=str(run["id"]))
+        if current is not None and str(current) in table.rows:
+            table.move_cursor(row=table.get_row_index(str(current)))
+
+    def _update_cells(self, table: DataTable, keys: list[str], rows: list[tuple]) -> None:
+        for key, old, new in zip(keys, self._shown_rows, rows):
+            for column, before, after in zip(self._columns, old, new):
+                if before != after:
+                    table.update_cell(key, column, after, update_width=True)
+        self._shown_rows = rows
+
+    @on(Select.Changed)
+    def _filter_changed(self, event: Select.Changed) -> None:
+        self.refresh_runs()  # a read in flight notices the change and reads again
+
+    # ---- the run under the cursor ------------------------------------------------------------
+
+    def current_run_id(self) -> int | None:
+        table = self.query_one("#runs-table", DataTable)
+        if not table.row_count:
+            return None
+        row_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        return int(row_key.value)
+
+    def current_run(self) -> dict | None:
+        run_id = self.current_run_id()
+        return next((r for r in self.runs if r["id"] == run_id), None)
+
+    @on(DataTable.RowSelected, "#runs-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
+        if (run_id := self.current_run_id()) is not None:
+            self.app.open_details(run_id)
+
+    def action_compare(self) -> None:
+        run_id = self.current_run_id()
+        if run_id is None:
+            return
+        if self.marked is None or self.marked == run_id:
+            self.marked = None if self.marked == run_id else run_id
+            self.query_one("#history-hint", Static).update(
+                f"compare: run {run_id} picked; move to another run and press c" if self.marked else HINT)
+            self._shown_rows = None
+            self._fill_table()
+            return
+        first, self.marked = self.marked, None
+        self._shown_rows = None
+        self._fill_table()
+        self.query_one("#history-hint", Static).update(HINT)
+        self.app.open_compare(first, run_id)
+
+    def action_export(self) -> None:
+        if (run_id := self.current_run_id()) is not None:
+            self.app.export_run(run_id)
+
+    def action_delete(self) -> None:
+        run = self.current_run()
+        if run is None:
+            return
+        if run["status"] in LIVE_STATUSES:
+            self.notify(f"run {run['id']} is {run['status']}: stop it first (F3, s)", severity="warning")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._delete(run["id"])
+
+        self.app.push_screen(ConfirmDialog(f"Delete run {run['id']} from the history? Its folder is kept."), confirmed)
+
+    @work(thread=True, group="history-delete", exit_on_error=False)
+    def _delete(self, run_id: int) -> None:
+        store = self.app.store()
+        try:
+            store.delete_run(run_id)
+            message = f"run {run_id}: deleted (its folder is kept)"
+        except Exception as exc:
+            message = f"run {run_id}: not deleted: {exc}"
+        self.app.from_thread(self._deleted, message)
+
+    def _deleted(self, message: str) -> None:
+        self.notify(message)
+        self.refresh_runs()

@@ -1,0 +1,198 @@
+"""Launch: pick a recipe, tune its settings, see the exact command, start it with one key."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, OptionList, Static
+from textual.widgets.option_list import Option
+
+from gpuscale.engines import launch, monitor
+from gpuscale.engines.settings import SettingsError, resolve_settings
+from gpuscale.app.widgets.gpu_picker import GpuPicker
+from gpuscale.app.widgets.settings_form import SettingsForm
+
+
+HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"
+
+
+def recipe_option(recipe) -> Option:
+    """One line per recipe: its name, then its summary cut to the width there is."""
+    prompt = Text.assemble((recipe.name, "bold"), "  ", (recipe.summary, "dim"))
+    prompt.no_wrap, prompt.overflow = True, "ellipsis"
+    return Option(prompt, id=recipe.name)
+
+
+def error_field(error: SettingsError, fields: list[str]) -> str | None:
+    """The field a SettingsError line ("field: value: reason") is about, if it is one of the form's."""
+    name = str(error).split(":", 1)[0].strip()
+    return name if name in fields else None
+
+
+class LaunchScreen(Screen):
+    BINDINGS = [
+        # ctrl+r and F5 reach the screen even while an input has the focus (typed letters would not).
+        Binding("ctrl+r", "launch", "Launch run", priority=True),
+        Binding("f5", "launch", "Launch run", show=False, priority=True),
+    ]
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.recipe = None
+        self.settings = None  # the form's settings while they are valid
+        self.plan = None
+        self.not_ready = ""
+        self.launching = False
+        self._form: SettingsForm | None = None
+
+    def compose(self):
+        yield Header(show_clock=False)
+        with Horizontal(id="launch-body"):
+            with Vertical(id="launch-side"):
+                yield OptionList(*[recipe_option(r) for r in self.app.recipes.values()], id="recipes")
+                yield GpuPicker(id="gpu-picker")
+            with Vertical(id="launch-main"):
+                yield Static("", id="recipe-summary")
+                yield Vertical(id="form-box")
+                yield Static(HELP, id="field-help")  # then the focused setting's description
+        yield Static("", id="preview")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.sub_title = "Launch"
+        self.query_one("#recipes").border_title = "Recipes"
+        self.query_one("#preview").border_title = "Command"
+        self.query_one("#recipes", OptionList).focus()
+        if self.app.first_frame_shown:  # else the app calls this once its first frame is drawn
+            self.pick_first_recipe()
+
+    def pick_first_recipe(self) -> None:
+        """Highlight the first recipe, which builds its form (some dozens of widgets)."""
+        recipes = self.query_one("#recipes", OptionList)
+        if self.app.recipes and recipes.highlighted is None:
+            recipes.highlighted = 0
+
+    # ---- recipe and form ---------------------------------------------------------------------
+
+    @on(OptionList.OptionHighlighted, "#recipes")
+    def _recipe_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id != (self.recipe and self.recipe.name):
+            self.pick_recipe(event.option.id)
+
+    @on(OptionList.OptionSelected, "#recipes")
+    def _recipe_selected(self, event: OptionList.OptionSelected) -> None:
+        """Enter on a recipe: on to its first setting."""
+        if form := self.form():
+            form.focus_field(form.fields[0])
+
+    def pick_recipe(self, name: str) -> None:
+        self.recipe = self.app.recipes[name]
+        self.query_one("#recipe-summary", Static).update(Text.assemble((name, "bold"), f": {self.recipe.summary}"))
+        box = self.query_one("#form-box", Vertical)
+        box.remove_children()
+        self._form = SettingsForm(self.recipe.settings_cls, self._initial_settings(), cursor_blink=self.app.cursor_blink)
+        box.mount(self._form)  # its Ready message brings the preview up to date
+
+    def _initial_settings(self):
+        """Defaults with the environment's layer (GPUSCALE_BATCH_SIZE=...) applied, as a launch would."""
+        try:
+            return resolve_settings(self.recipe.settings_cls)
+        except SettingsError as exc:
+            self.notify(f"environment ignored: {exc}", severity="warning")
+            return self.recipe.settings_cls()
+
+    def form(self) -> SettingsForm | None:
+        """The current recipe's form, once all of it is mounted."""
+        return self._form if self._form is not None and self._form.ready else None
+
+    @on(SettingsForm.Ready)
+    @on(SettingsForm.Changed)
+    def _setting_changed(self, event: SettingsForm.Changed | SettingsForm.Ready) -> None:
+        if event.form is self._form:  # not a late message from the previous recipe's form
+            self.update_preview()
+
+    @on(SettingsForm.Focused)
+    def _setting_focused(self, event: SettingsForm.Focused) -> None:
+        self.query_one("#field-help", Static).update(Text.assemble((event.field, "bold"), f": {event.description}"))
+
+    # ---- GPUs --------------------------------------------------------------------------------
+
+    @on(GpuPicker.Picked)
+    def _gpus_picked(self, event: GpuPicker.Picked) -> None:
+        form = self.form()
+        if form is not None:
+            form.set_value("gpus", event.gpus)
+
+    @on(GpuPicker.Listed)
+    def _gpus_listed(self, event: GpuPicker.Listed) -> None:
+        self.update_preview()
+
+    # ---- preview and launch ------------------------------------------------------------------
+
+    def update_preview(self) -> None:
+        """Validate the whole form and show the command it means, or why there is none yet."""
+        form, preview = self.form(), self.query_one("#preview", Static)
+        self.settings = self.plan = None
+        self.not_ready = "the form is not ready"
+        if form is None:
+            return
+        available = self.query_one(GpuPicker).indices()
+        if available is None:
+            preview.update("reading this machine's GPUs…")
+            return
+        try:
+            settings = resolve_settings(self.recipe.settings_cls, overrides=form.values())
+            plan = launch.plan_devices(settings.gpus, available)
+        except SettingsError as exc:
+            field = error_field(exc, form.fields)
+            if field and field not in form.errors():  # e.g. more GPUs than this machine has
+                form.show_error(field, str(exc).split(": ", 2)[-1])
+            self.not_ready = str(exc)
+            preview.update(Text(f"not ready to launch: {exc}", style="bold"))
+            self.query_one(GpuPicker).show_plan(None, None)
+            return
+        form.show_error("gpus", None)  # valid now, whatever plan_devices said before
+        self.settings, self.plan = settings, plan
+        self.query_one(GpuPicker).show_plan(settings.gpus, plan.nproc)
+        command = monitor.launch_preview(self.recipe, settings, plan, self.app.home)
+        shell = monitor.shell_equivalent(self.recipe.name, settings)
+        preview.update(Text.assemble(("$ ", "bold"), command, "\n", ("same from a shell: ", "dim"), (shell, "dim")))
+
+    def action_launch(self) -> None:
+        form = self.form()
+        if form is None or self.launching:
+            return
+        errors = form.check_all()
+        self.update_preview()
+        errors = errors or form.errors()
+        if errors or self.settings is None:
+            first = next(iter(errors), None)
+            if first:
+                form.focus_field(first)
+                self.notify(f"not launched: {first}: {errors[first]}", severity="error")
+            else:
+                self.notify(f"not launched: {self.not_ready}", severity="error")
+            return
+        self.launching = True
+        self.notify(f"launching {self.recipe.name} on {self.plan.describe()}…")
+        self._start(self.recipe, self.settings, self.plan)
+
+    @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
+    def _start(self, recipe, settings, plan) -> None:
+        try:
+            run_id = launch.start_run(self.app.store(), recipe, settings, plan)
+        except Exception as exc:  # e.g. the run folder cannot be written
+            self.app.from_thread(self._failed, exc)
+            return
+        self.app.from_thread(self._started, run_id)
+
+    def _failed(self, exc: Exception) -> None:
+        self.launching = False
+        self.notify(f"not launched: {exc}", severity="error")
+
+    async def _started(self, run_id: int) -> None:
+        self.launching = False
+        await self.app.open_monitor(run_id)

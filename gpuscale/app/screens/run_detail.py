@@ -1,0 +1,92 @@
+"""One run: its status, error and hint, command, settings and summary; its stored charts and logs."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import work
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
+
+from gpuscale.engines import history, launch, monitor
+from gpuscale.app.screens.compare import setting_text
+from gpuscale.app.widgets.run_monitor import RunMonitor
+
+
+def run_heading(run: dict, now: float) -> Text:
+    """Status line, times, error and hint, host and the launcher command, one per line."""
+    text = Text.assemble((f"run {run['id']} {run['recipe']}", "bold"), " · ", monitor.status_line(run, now), "\n")
+    text.append(f"started {history.format_time(run['started_at'])} · ended {history.format_time(run['ended_at'])}"
+                f" · host {run.get('host') or '-'}\n")
+    if run.get("error"):
+        text.append(f"✗ error: {run['error']}\n", style="bold")
+    if run.get("hint"):
+        text.append(f"hint: {run['hint']}\n", style="bold")
+    if run.get("command"):
+        text.append("$ " + launch.display_command(run["command"]), style="dim")
+    return text
+
+
+class RunDetailScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("1", "tab('summary')", "Summary"),
+        Binding("2", "tab('charts')", "Charts"),
+        Binding("e", "export", "Export"),
+    ]
+
+    def __init__(self, run_id: int, **kwargs):
+        super().__init__(**kwargs)
+        self.run_id = run_id
+        self.run: dict | None = None
+
+    def compose(self):
+        yield Header(show_clock=False)
+        with TabbedContent(id="detail-tabs"):
+            with TabPane("Summary", id="summary"):
+                with VerticalScroll(id="detail-summary"):
+                    yield Static("reading the run…", id="detail-heading")
+                    yield DataTable(id="detail-figures", cursor_type="row", show_cursor=False)
+                    yield DataTable(id="detail-settings", cursor_type="row", show_cursor=False)
+            with TabPane("Charts", id="charts"):
+                yield RunMonitor(self.run_id, stored=True)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.sub_title = f"Run {self.run_id}"
+        self.query_one("#detail-figures", DataTable).add_columns("summary", "value")
+        self.query_one("#detail-settings", DataTable).add_columns("setting", "value")
+        self._read()
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one("#detail-tabs", TabbedContent).active = tab
+
+    def action_export(self) -> None:
+        self.app.export_run(self.run_id)
+
+    @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
+    def _read(self) -> None:
+        try:
+            run = self.app.store().get_run(self.run_id)
+        except Exception as exc:
+            run = exc
+        self.app.from_thread(self._show, run)
+
+    def _show(self, run: dict | Exception) -> None:
+        heading = self.query_one("#detail-heading", Static)
+        if isinstance(run, Exception):
+            heading.update(f"cannot read run {self.run_id}: {run}")
+            return
+        self.run = run
+        heading.update(run_heading(run, self.app.clock()))
+        figures = self.query_one("#detail-figures", DataTable)
+        figures.clear()
+        for name, value in (run["summary"] or {}).items():
+            figures.add_row(name, monitor.format_figure(value))
+        if not run["summary"]:
+            figures.add_row("-", "no summary (the run did not finish)")
+        settings = self.query_one("#detail-settings", DataTable)
+        settings.clear()
+        for name, value in run["settings"].items():
+            settings.add_row(name, setting_text(value))

@@ -1,0 +1,141 @@
+"""`gpuscale-tui`: pick a recipe, tune it, launch it, watch it live, look back at every run.
+
+Three modes, each with its own screen stack: Launch (F2), Monitor (F3, a tab per live run) and
+History (F4, which pushes one run's details or two runs compared). The app only reads the store and
+sends signals; what it shows is worked out in `gpuscale.engines` (monitor, history, launch). Every
+read of the store or NVML runs in a thread worker with its own SQLite connection; the next poll is
+armed only when the last one was shown. Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from gpuscale.engines import history, launch, telemetry
+from gpuscale.engines.store import Store, gpuscale_home
+from gpuscale.recipes.registry import all_recipes
+from gpuscale.app.screens.compare import CompareScreen
+from gpuscale.app.screens.dialogs import ExportDialog
+from gpuscale.app.screens.history import HistoryScreen
+from gpuscale.app.screens.launch import LaunchScreen
+from gpuscale.app.screens.monitor import MonitorScreen
+from gpuscale.app.screens.run_detail import RunDetailScreen
+
+# One Store (one SQLite connection) per worker thread and GPUSCALE_HOME: sqlite3 connections belong
+# to the thread that opened them, and Textual runs thread workers on a small reused pool.
+_thread_stores = threading.local()
+
+
+class GpuscaleApp(App):
+    TITLE = "gpuscale"
+    CSS_PATH = Path(__file__).with_name("tui.tcss")  # absolute: subclasses elsewhere find it too
+    ENABLE_COMMAND_PALETTE = False
+    MODES = {"launch": LaunchScreen, "monitor": MonitorScreen, "history": HistoryScreen}
+    DEFAULT_MODE = "launch"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    BINDINGS = [
+        Binding("f2", "switch_mode('launch')", "Launch"),
+        Binding("f3", "switch_mode('monitor')", "Monitor"),
+        Binding("f4", "switch_mode('history')", "History"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(
+        self,
+        home: str | Path | None = None,
+        clock: Callable[[], float] = time.time,
+        recipes: dict | None = None,
+        list_gpus: Callable[[], list[dict]] = telemetry.list_gpus,
+        poll_s: float = 1.0,
+        cursor_blink: bool = True,
+    ):
+        """`clock`, `recipes` and `list_gpus` are there for tests and snapshots (a frozen clock, a
+        fixed recipe list, no NVML); `poll_s` is the monitor's refresh period."""
+        super().__init__()
+        self.home = Path(home) if home else gpuscale_home()
+        self.clock = clock
+        self.recipes = all_recipes() if recipes is None else recipes
+        self.list_gpus = list_gpus
+        self.poll_s = poll_s
+        self.cursor_blink = cursor_blink
+        self.first_frame_shown = False
+
+    def store(self) -> Store:
+        """This thread's Store for this app's home (only ever called from worker threads)."""
+        stores = getattr(_thread_stores, "stores", None)
+        if stores is None:
+            stores = _thread_stores.stores = {}
+        if self.home not in stores:
+            for other in list(stores):  # a test's previous home: close it rather than keep it open
+                stores.pop(other).db.conn.close()
+            stores[self.home] = Store(self.home)
+        return stores[self.home]
+
+    def on_mount(self) -> None:
+        self._find_live_runs()
+
+    def on_ready(self) -> None:
+        """The first frame is on the terminal: now the launch form, the costliest part of the screen."""
+        self.first_frame_shown = True
+        if isinstance(self.screen, LaunchScreen):
+            self.screen.pick_first_recipe()
+
+    @work(thread=True, exclusive=True, group="startup", exit_on_error=False)
+    def _find_live_runs(self) -> None:
+        """Reopening the app shows every live run again: start on the monitor when there is one."""
+        try:
+            store = self.store()
+            launch.reconcile(store)
+            live = [run["id"] for run in store.live_runs()]
+        except Exception as exc:
+            self.from_thread(self.notify, f"cannot read {self.home}: {exc}", severity="error")
+            return
+        if live:
+            self.from_thread(self._show_live_runs, live)
+
+    def from_thread(self, callback, *args, **kwargs) -> None:
+        """For worker threads: call_from_thread, unless the app closed meanwhile (no one to tell)."""
+        try:
+            self.call_from_thread(callback, *args, **kwargs)
+        except RuntimeError:
+            pass
+
+    async def _show_live_runs(self, live: list[int]) -> None:
+        if self.current_mode == "launch" and len(self.screen_stack) == 1:
+            await self.switch_mode("monitor")
+        self.notify(f"{len(live)} live run(s): " + ", ".join(map(str, live)) + " (F3: monitor)")
+
+    # ---- navigation used by the screens ------------------------------------------------------
+
+    async def open_monitor(self, run_id: int) -> None:
+        await self.switch_mode("monitor")
+        await self.screen_stack[0].open_run(run_id)
+
+    def open_details(self, run_id: int) -> None:
+        self.push_screen(RunDetailScreen(run_id))
+
+    def open_compare(self, a: int, b: int) -> None:
+        self.push_screen(CompareScreen(a, b))
+
+    def export_run(self, run_id: int) -> None:
+        def chosen(choice) -> None:
+            if choice:
+                self._export(run_id, *choice)
+
+        self.push_screen(ExportDialog(run_id, Path.cwd(), cursor_blink=self.cursor_blink), chosen)
+
+    @work(thread=True, group="export", exit_on_error=False)
+    def _export(self, run_id: int, fmt: str, path: Path) -> None:
+        try:
+            path.write_text(history.export_run(self.store(), run_id, fmt))
+            message, severity = f"run {run_id} exported to {path.resolve()}", "information"
+        except Exception as exc:
+            message, severity = f"run {run_id}: export failed: {exc}", "error"
+        self.from_thread(self.notify, message, severity=severity)

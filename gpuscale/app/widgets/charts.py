@@ -1,0 +1,68 @@
+"""Charts: a fixed-scale sparkline and a time chart (textual-plotext) that redraws only on new data."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widgets import Sparkline
+from textual_plotext import PlotextPlot
+
+from gpuscale.engines.monitor import Series, spark_text
+
+
+class GaugeSparkline(Sparkline):
+    """Textual's Sparkline on a fixed scale (0-100 % by default).
+
+    The stock one scales to the data's own min and max, which draws a GPU steady at 97-99 % as wild
+    swings; a gauge must show full as full. `lo`/`hi` None scales to the data (e.g. a rank's RSS).
+    """
+
+    def __init__(self, lo: float | None = 0.0, hi: float | None = 100.0, **kwargs):
+        super().__init__(**kwargs)
+        self.lo, self.hi = lo, hi
+
+    def render(self) -> Text:
+        return Text(spark_text(list(self.data or ()), self.size.width, self.lo, self.hi), no_wrap=True)
+
+
+class TimeChart(PlotextPlot):
+    """A line chart over a time window; x is seconds before now.
+
+    Rebuilding a plotext figure costs 5-10 ms, the largest part of a poll, so the chart redraws only
+    when its lines changed, and new data alone at most every MIN_REDRAW_S (a new title, i.e. a user's
+    key, redraws at once).
+    """
+
+    MIN_REDRAW_S = 2.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._shown: tuple | None = None
+        self._drawn_at = float("-inf")
+
+    def show_lines(self, title: str, lines: list[tuple[str, Series]], x_label: str = "seconds before now",
+                   from_zero: bool = False) -> None:
+        """`from_zero`: the y axis starts at 0 (a rate; scaled to its own range, noise looks like swings)."""
+        key = (title, x_label, from_zero, tuple((label, s.xs, s.ys) for label, s in lines))
+        if key == self._shown:
+            return
+        same_chart = self._shown is not None and key[:3] == self._shown[:3]
+        if same_chart and time.monotonic() - self._drawn_at < self.MIN_REDRAW_S:
+            return  # only newer data: the next poll draws it
+        self._shown, self._drawn_at = key, time.monotonic()
+        plt = self.plt
+        plt.clear_data()
+        plt.title(title)
+        top = max((max(s.ys) for _, s in lines if s.ys), default=0.0)
+        if from_zero and top > 0:
+            plt.ylim(0, top * 1.1)
+        else:
+            plt.ylim(None, None)
+        plt.xlabel(x_label)
+        drawn = [(label, s) for label, s in lines if s.xs]
+        for label, series in drawn:
+            plt.plot(list(series.xs), list(series.ys), label=label if len(drawn) > 1 else None, marker="braille")
+        if not drawn:
+            plt.title(f"{title}: no data yet")
+        self.refresh()

@@ -1,0 +1,208 @@
+"""A recipe's settings as a form, built from its pydantic model: a new setting needs no UI code.
+
+bool -> Switch, Literal -> Select, anything else (numbers, text, the `gpus` union) -> Input. Each
+control is checked on every change with the engine's own `check_field`, and its error is shown on
+the line under it, before anything is launched.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal
+
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.widgets import Input, Label, Select, Static, Switch
+
+from gpuscale.engines.settings import RunSettings, check_field
+
+# What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
+FIRST_FIELDS = ("gpus", "batch_size", "precision")
+LAST_FIELDS = ("model", "dataset", "compile", "seed", "max_examples", "telemetry_interval",
+               "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+
+
+def ordered_fields(settings_cls: type[RunSettings]) -> list[str]:
+    fields = list(settings_cls.model_fields)
+    own = [f for f in fields if f not in FIRST_FIELDS and f not in LAST_FIELDS]
+    return [f for f in FIRST_FIELDS if f in fields] + own + [f for f in LAST_FIELDS if f in fields]
+
+
+def control_kind(annotation: Any) -> tuple[str, tuple]:
+    """('switch', ()), ('select', options) or ('input', ()) for a field's type annotation."""
+    if annotation is bool:
+        return "switch", ()
+    if typing.get_origin(annotation) is Literal:
+        return "select", typing.get_args(annotation)
+    return "input", ()
+
+
+def as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def is_optional(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
+
+
+class SettingsForm(VerticalScroll, can_focus=False):
+    """One row per setting (label, control) and an error line under each.
+
+    The form itself takes no focus: Tab goes from the recipe list straight to the first setting,
+    and the form scrolls to whichever control has the focus."""
+
+    class Changed(Message):
+        """A control changed; `error` is its inline error, or None."""
+
+        def __init__(self, form: "SettingsForm", field: str, error: str | None):
+            super().__init__()
+            self.form, self.field, self.error = form, field, error
+
+    class Ready(Message):
+        """Every control is mounted: the form can be read."""
+
+        def __init__(self, form: "SettingsForm"):
+            super().__init__()
+            self.form = form
+
+    class Focused(Message):
+        def __init__(self, field: str, description: str):
+            super().__init__()
+            self.field, self.description = field, description
+
+    def __init__(self, settings_cls: type[RunSettings], initial: RunSettings, cursor_blink: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.settings_cls = settings_cls
+        self.initial = initial
+        self.cursor_blink = cursor_blink
+        self.fields = ordered_fields(settings_cls)
+        self.ready = False  # True once every control is mounted (a recipe switch rebuilds the form)
+        self._errors: dict[str, str] = {}
+
+    def compose(self):
+        for name in self.fields:
+            info = self.settings_cls.model_fields[name]
+            with Horizontal(classes="field-row"):
+                yield Label(name, classes="field-label")
+                control = self._control(name, info.annotation, getattr(self.initial, name))
+                yield control
+                if isinstance(control, Switch):  # the slider alone is colour only: say it in a word
+                    yield Label(on_off(control.value), id=f"state-{name}", classes="field-switch-state")
+        # No description or error line per field up front: a dozen widgets fewer per recipe to build
+        # before the form shows. The focused field's description has its own line on the screen; an
+        # error line is mounted under its field the first time that field is wrong.
+
+    def _control(self, name: str, annotation: Any, value: Any):
+        kind, options = control_kind(annotation)
+        control_id = f"field-{name}"
+        if kind == "switch":
+            return Switch(value=bool(value), id=control_id, classes="field-control")
+        if kind == "select":
+            return Select([(str(o), o) for o in options], value=value, allow_blank=False, compact=True,
+                          id=control_id, classes="field-control")
+        control = Input(as_text(value), id=control_id, compact=True, classes="field-control",
+                        placeholder="none" if is_optional(annotation) else "")
+        control.cursor_blink = self.cursor_blink
+        return control
+
+    def on_mount(self) -> None:
+        self.ready = True  # Mount comes after the children of compose() were mounted
+        self.post_message(self.Ready(self))
+
+    # ---- values ------------------------------------------------------------------------------
+
+    def control(self, name: str):
+        return self.query_one(f"#field-{name}")
+
+    def value(self, name: str) -> Any:
+        control = self.control(name)
+        if isinstance(control, Input):
+            text = control.value.strip()
+            return None if text == "" and is_optional(self.settings_cls.model_fields[name].annotation) else text
+        return control.value
+
+    def values(self) -> dict[str, Any]:
+        """Every setting as the form holds it: the top layer given to resolve_settings."""
+        return {name: self.value(name) for name in self.fields}
+
+    def set_value(self, name: str, value: Any) -> None:
+        control = self.control(name)
+        if isinstance(control, Input):
+            control.value = as_text(value)
+        else:
+            control.value = value
+
+    # ---- errors ------------------------------------------------------------------------------
+
+    def check(self, name: str) -> str | None:
+        error = check_field(self.settings_cls, name, self.value(name))
+        self.show_error(name, error)
+        return error
+
+    def check_all(self) -> dict[str, str]:
+        for name in self.fields:
+            self.check(name)
+        return dict(self._errors)
+
+    def show_error(self, name: str, error: str | None) -> None:
+        lines = self.query(f"#error-{name}")
+        if not lines and not error:
+            return
+        if lines:
+            line = lines.first(Static)
+        else:
+            line = Static("", id=f"error-{name}", classes="field-error")
+            self.mount(line, after=self.control(name).parent)
+        if error:
+            self._errors[name] = error
+            line.update(f"✗ {name}: {error}")
+        else:
+            self._errors.pop(name, None)
+            line.update("")
+        line.set_class(bool(error), "-shown")
+
+    def errors(self) -> dict[str, str]:
+        return dict(self._errors)
+
+    def focus_field(self, name: str) -> None:
+        control = self.control(name)
+        control.focus()
+        self.scroll_to_widget(control)
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def _changed(self, control) -> None:
+        if control.id and control.id.startswith("field-"):
+            name = control.id.removeprefix("field-")
+            self.post_message(self.Changed(self, name, self.check(name)))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._changed(event.input)
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        self._changed(event.select)
+
+    def on_switch_changed(self, event: Switch.Changed) -> None:
+        event.stop()
+        name = (event.switch.id or "").removeprefix("field-")
+        self.query_one(f"#state-{name}", Label).update(on_off(event.value))
+        self._changed(event.switch)
+
+    def on_descendant_focus(self, event) -> None:
+        control = event.widget
+        if control.id and control.id.startswith("field-"):
+            name = control.id.removeprefix("field-")
+            description = self.settings_cls.model_fields[name].description or ""
+            self.post_message(self.Focused(name, description))

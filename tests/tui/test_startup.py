@@ -1,0 +1,49 @@
+"""DESIGN.md's start-up rule for the TUI: importing and opening it never imports torch (the first
+frame must come within a second on a login node), checked in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+HEAVY = ("torch", "transformers")
+
+
+def modules_in_fresh_python(code: str, env: dict | None = None) -> set[str]:
+    script = textwrap.dedent(code) + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env, timeout=120)
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_importing_the_tui_loads_no_torch():
+    loaded = modules_in_fresh_python("import gpuscale.app.tui")
+    assert "gpuscale.app.tui" in loaded and "textual" in loaded
+    assert not [name for name in HEAVY if name in loaded]
+
+
+def test_opening_the_tui_loads_no_torch(home):
+    """Up to the first frame and the first store reads: the launch form, the recipes, NVML."""
+    import os
+
+    loaded = modules_in_fresh_python(
+        """
+        import asyncio
+        from gpuscale.app.tui import GpuscaleApp
+
+        async def first_frame():
+            app = GpuscaleApp(cursor_blink=False)
+            async with app.run_test(size=(80, 24)) as pilot:
+                await pilot.pause(0.5)
+                await app.workers.wait_for_complete()
+                await pilot.press("f4")  # the history reads the store in a worker
+                await pilot.pause(0.5)
+                await app.workers.wait_for_complete()
+
+        asyncio.run(first_frame())
+        """,
+        env=dict(os.environ),
+    )
+    assert "gpuscale.app.screens.launch" in loaded and "gpuscale.app.widgets.settings_form" in loaded
+    assert not [name for name in HEAVY if name in loaded]

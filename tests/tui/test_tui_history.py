@@ -1,0 +1,121 @@
+"""History actions on the fixed history: filter, open a failed run, export, delete; and the
+monitor's keys that need no real run (window, figure, log source)."""
+
+from __future__ import annotations
+
+import json
+
+from tui_helpers import frozen_app, frozen_home, frozen_template, run_async, settle, wait_for  # noqa: F401
+from gpuscale.app.screens.history import HistoryScreen
+from gpuscale.app.screens.run_detail import RunDetailScreen
+from gpuscale.app.widgets.run_monitor import RunMonitor
+from gpuscale.engines.store import Store
+
+
+def shown_ids(history: HistoryScreen) -> list[int]:
+    table = history.query_one("#runs-table")
+    return [int(table.get_row_at(i)[0].lstrip("*")) for i in range(table.row_count)]
+
+
+async def pick(pilot, select_id: str, label: str) -> None:
+    """Choose `label` in a Select with the keyboard: focus, open, type-ahead is not there, so walk."""
+    select = pilot.app.screen.query_one(select_id)
+    select.focus()
+    await pilot.press("enter")
+    await settle(pilot)
+    for _ in range(10):
+        overlay = select.query_one("SelectOverlay")
+        if str(overlay.get_option_at_index(overlay.highlighted).prompt) == label:
+            break
+        await pilot.press("down")
+    await pilot.press("enter")
+    await settle(pilot)
+
+
+def test_filter_by_status_and_recipe(frozen_home):
+    home, ids = frozen_home
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await pilot.press("f4")
+            await settle(pilot)
+            history = app.screen
+            assert shown_ids(history) == [5, 4, 3, 2, 1]
+            await pick(pilot, "#status-filter", "failed")
+            await wait_for(pilot, lambda: shown_ids(history) == [ids["failed"]], 10, "only the failed run")
+            await pick(pilot, "#status-filter", "all")  # the blank choice
+            await pick(pilot, "#recipe-filter", "probe")
+            await wait_for(pilot, lambda: shown_ids(history) == [5, 4, 3, 2, 1], 10, "all probe runs")
+
+    run_async(scenario())
+
+
+def test_failed_run_shows_its_error_and_hint(frozen_home):
+    home, ids = frozen_home
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await pilot.press("f4", "down", "down", "down", "enter")  # 5, 4, 3, then 2: the failed one
+            await settle(pilot)
+            assert isinstance(app.screen, RunDetailScreen) and app.screen.run_id == ids["failed"]
+            heading = str(app.screen.query_one("#detail-heading").render())
+            assert "torch.OutOfMemoryError" in heading and "lower batch_size (now 4096; try 2048)" in heading
+            await pilot.press("escape")
+            await settle(pilot)
+            assert isinstance(app.screen, HistoryScreen)
+
+    run_async(scenario())
+
+
+def test_export_then_delete(frozen_home, tmp_path, monkeypatch):
+    home, ids = frozen_home
+    monkeypatch.chdir(tmp_path)  # the export dialog offers a file in the current folder
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await pilot.press("f4", "down", "down")  # run 3
+            await pilot.press("e")
+            await settle(pilot)
+            await pilot.press("enter")  # the offered json file
+            await wait_for(pilot, lambda: (tmp_path / "gpuscale-run-3.json").exists(), 10, "the export")
+            exported = json.loads((tmp_path / "gpuscale-run-3.json").read_text())
+            assert exported["run"]["id"] == 3 and exported["metrics"] and exported["samples"]
+
+            await pilot.press("d")
+            await settle(pilot)
+            await pilot.press("y")
+            history = app.screen
+            await wait_for(pilot, lambda: 3 not in shown_ids(history), 10, "run 3 gone")
+
+            await pilot.press("home", "d")  # run 5 is live: refused, no dialog
+            await settle(pilot)
+            assert app.screen is history
+
+    run_async(scenario())
+    assert [r["id"] for r in Store(home).list_runs()] == [5, 4, 2, 1]
+
+
+def test_monitor_keys_change_window_figure_and_log(frozen_home):
+    home, _ = frozen_home
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            assert app.current_mode == "monitor"  # reopening the app shows every live run again
+            monitor = app.screen.query_one(RunMonitor)
+            assert monitor.view.window_text == "last 1:00" and monitor.view.figure_name == "reward"
+            assert monitor.view.log_source == "all logs"
+            await pilot.press("w", "f", "r")
+            await settle(pilot)
+            await wait_for(pilot, lambda: monitor.view.window_text == "last 5:00", 10, "a 5 minute window")
+            assert monitor.view.figure_name == "loss" and monitor.view.log_source == "rank0"
+            assert monitor.query_one(".monitor-log").lines[0].startswith("rank 0/2")
+
+    run_async(scenario())

@@ -1,0 +1,160 @@
+"""The real app, driven by keys through Pilot, against real runs of `probe` on CPU ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import spawn_gpuscale
+from tui_helpers import run_async, settle, wait_for
+from gpuscale.app.tui import GpuscaleApp
+from gpuscale.app.screens.compare import CompareScreen
+from gpuscale.app.screens.history import HistoryScreen
+from gpuscale.app.widgets.run_monitor import DeviceRow, RunMonitor
+from gpuscale.engines import launch, telemetry
+from gpuscale.engines.store import Store
+
+SIZE = (120, 40)
+
+
+@pytest.fixture
+def store(home):
+    """The test's own view of the history; any run still live at the end is stopped."""
+    store = Store(home)
+    yield store
+    for run in store.live_runs():
+        launch.stop_run(store, run["id"])
+
+
+async def type_setting(pilot, name: str, text: str) -> None:
+    """Focus one setting of the launch form, clear it and type `text`, as a user would."""
+    pilot.app.screen.query_one(f"#field-{name}").focus()
+    await pilot.press("ctrl+u", *text)
+
+
+async def choose_recipe(pilot, name: str) -> None:
+    """Walk the recipe list with the arrow keys to `name` (the form follows the highlight)."""
+    recipes = pilot.app.screen.query_one("#recipes")
+    recipes.focus()
+    await pilot.press("home")
+    for _ in range(recipes.option_count):
+        if recipes.get_option_at_index(recipes.highlighted).id == name:
+            break
+        await pilot.press("down")
+    await settle(pilot)
+    assert pilot.app.screen.recipe.name == name
+
+
+async def fill_form(pilot, **settings) -> None:
+    for name, value in settings.items():
+        await type_setting(pilot, name, str(value))
+    await settle(pilot)
+
+
+def monitor_of(app, run_id: int) -> RunMonitor | None:
+    for monitor in app.screen.query(RunMonitor):
+        if monitor.run_id == run_id:
+            return monitor
+    return None
+
+
+def test_bad_batch_size_is_shown_at_the_field_and_refused(home, store):
+    async def scenario():
+        app = GpuscaleApp(cursor_blink=False)
+        async with app.run_test(size=SIZE) as pilot:
+            await choose_recipe(pilot, "probe")
+            await type_setting(pilot, "batch_size", "0")
+            await settle(pilot)
+            error = app.screen.query_one("#error-batch_size")
+            assert "greater than or equal to 1" in str(error.render())
+            await pilot.press("ctrl+r")
+            await settle(pilot)
+            assert app.current_mode == "launch"  # still here, nothing started
+            assert app.focused.id == "field-batch_size"  # the launch key took the user to the bad field
+            # Fixing the value clears the error at once.
+            await type_setting(pilot, "batch_size", "2")
+            await settle(pilot)
+            assert str(error.render()) == ""
+
+    run_async(scenario())
+    assert store.list_runs() == []
+
+
+def test_launch_watch_stop_and_find_a_real_run(home, store):
+    async def scenario():
+        app = GpuscaleApp(cursor_blink=False, poll_s=0.5)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            if not telemetry.list_gpus():
+                assert "no GPU: 1 CPU rank" in str(app.screen.query_one("#gpu-none").render())
+            await choose_recipe(pilot, "probe")
+            await fill_form(pilot, gpus=1, batch_size=2, steps=100000, prompt_tokens=8, telemetry_interval=0.5)
+            assert "--nproc-per-node 1" in str(app.screen.query_one("#preview").render())
+            await pilot.press("ctrl+r")
+            run_id = (await wait_for(pilot, store.list_runs, 30, "the run row"))[0]["id"]
+            assert store.get_run(run_id)["settings"]["batch_size"] == 2
+
+            # The monitor opens on the new run; its figures and samples arrive.
+            await wait_for(pilot, lambda: app.current_mode == "monitor" and monitor_of(app, run_id), 30, "the monitor")
+            monitor = monitor_of(app, run_id)
+            await wait_for(pilot, lambda: monitor.view and (monitor.view.run["progress"] or {}).get("tokens_per_s", 0) > 0,
+                           90, "tokens/s above zero")
+            await wait_for(pilot, lambda: monitor.query(DeviceRow), 30, "a sample row")
+            labels = [row.view.label for row in monitor.query(DeviceRow)]
+            assert "host CPU" in labels or any(label.startswith("GPU") for label in labels)
+            assert "tokens/s" in str(monitor.query_one(".monitor-throughput").render())
+            assert "running" in str(monitor.query_one(".monitor-status").render())
+
+            # Stop it, confirming in the dialog.
+            await pilot.press("s")
+            await settle(pilot)
+            assert "Stop run" in str(app.screen.query_one(".dialog-question").render())
+            await pilot.press("y")
+            await wait_for(pilot, lambda: monitor.view.run["status"] == "stopped", 40, "status stopped")
+            assert "stopped" in str(monitor.query_one(".monitor-status").render())
+
+            # The history has it.
+            await pilot.press("f4")
+            await settle(pilot)
+            history = app.screen
+            assert isinstance(history, HistoryScreen)
+            await wait_for(pilot, lambda: [r for r in history.runs if r["id"] == run_id], 10, "the run in the history")
+            table = history.query_one("#runs-table")
+            assert table.get_row(str(run_id))[2] == "stopped"
+
+    run_async(scenario())
+    assert store.get_run(1)["status"] == "stopped"
+
+
+def test_compare_two_real_runs(home, store):
+    short = ["--recipe", "probe", "--gpus", "1", "--set", "steps=4", "--set", "prompt_tokens=8"]
+    cli_run = spawn_gpuscale("run", *short, "--batch-size", "3", "--detach")  # run 1, from the shell
+    assert cli_run.wait(60) == 0, cli_run.stderr.read()
+
+    async def scenario():
+        app = GpuscaleApp(cursor_blink=False, poll_s=0.5)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("f2")  # the app opened on the monitor of the live CLI run
+            await choose_recipe(pilot, "probe")
+            await fill_form(pilot, gpus=1, batch_size=2, steps=4, prompt_tokens=8)
+            await pilot.press("ctrl+r")  # run 2, from the TUI
+            await wait_for(pilot, lambda: len(store.list_runs()) == 2, 30, "the second run")
+            finished = lambda: all(r["status"] == "succeeded" for r in store.list_runs())  # noqa: E731
+            await wait_for(pilot, finished, 120, "both runs to succeed")
+
+            await pilot.press("f4")
+            await settle(pilot)
+            await wait_for(pilot, lambda: len(app.screen.runs) == 2 and app.screen._shown_rows, 10, "two rows")
+            await pilot.press("c", "down", "c")  # pick run 2, then run 1
+            await settle(pilot)
+            compare = app.screen
+            assert isinstance(compare, CompareScreen)
+            rows = [compare.query_one("#compare-settings").get_row_at(i) for i in range(compare.query_one("#compare-settings").row_count)]
+            assert ["batch_size", "2", "3"] in rows
+            figures = compare.query_one("#compare-figures")
+            assert "tokens_per_s" in [figures.get_row_at(i)[0] for i in range(figures.row_count)]
+            await pilot.press("escape")
+            await settle(pilot)
+            assert isinstance(app.screen, HistoryScreen)
+
+    run_async(scenario())
