@@ -4,10 +4,13 @@
     python bench/generation.py --device cpu --model random-tiny --new-tokens 16 --out /tmp/g.json  # smoke
 
 For each batch size: milliseconds per decode step of (a) model.generate() (dynamic cache, what users
-run today), (b) the engine (static KV buffer + CUDA graph on GPU), and on GPU (c) the engine with
-CUDA graphs off; plus the floor, the time to read the weights once (weight bytes / device-to-device
-copy bandwidth measured here). Both samplers do plain sampling (temperature 1, no top-k/top-p) of
-exactly --new-tokens tokens after --prompt-tokens random prompt tokens (no EOS).
+run today), (b) the engine as it runs by default (on GPU: static KV buffer, torch.compile'd step,
+CUDA graph; fused q/k/v and gate/up matmuls for small Llama-style models), and on GPU (c) the engine
+with CUDA graphs but without torch.compile and (d) with neither; plus the floor, the time to read the
+weights once (weight bytes / device-to-device copy bandwidth measured here). All do plain sampling
+(temperature 1, no top-k/top-p) of exactly --new-tokens tokens after --prompt-tokens random prompt
+tokens (no EOS). The compiled engine's first call also compiles (about a minute per batch size for
+Qwen2.5-0.5B); its duration is reported as warmup_s, outside the timings.
 
 ms per decode step = (time of a call generating N tokens - time of a call generating 1) / (N - 1):
 the prefill and the per-call overheads cancel. Each call is timed with the device synchronized
@@ -24,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 import transformers
@@ -48,6 +52,12 @@ def parse_args(argv=None):
     parser.add_argument("--copy-mib", type=int, default=0,
                         help="buffer for the bandwidth test (default 1024 GPU, 256 CPU)")
     parser.add_argument("--skip-eager", action="store_true", help="on GPU, skip the engine without CUDA graphs")
+    parser.add_argument("--skip-no-compile", action="store_true",
+                        help="on GPU, skip the engine with CUDA graphs but without torch.compile")
+    parser.add_argument("--compile-mode", default="default",
+                        help="torch.compile mode of the engine's step (default, max-autotune-no-cudagraphs)")
+    parser.add_argument("--fuse-weights", choices=["auto", "on", "off"], default="auto",
+                        help="the engine's fused q/k/v and gate/up matmuls (auto: its default)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="JSON file for all figures")
@@ -117,16 +127,28 @@ def bench_generate(model, prompts: torch.Tensor, args, device) -> float:
     return ms_per_step(run, args.new_tokens, device, args.repeats)
 
 
-def bench_engine(model, prompts: torch.Tensor, args, device, cuda_graphs: bool | None) -> float:
-    engine = GenerationEngine(model, eos_token_ids=(), pad_token_id=0, cuda_graphs=cuda_graphs)
+def bench_engine(model, prompts: torch.Tensor, args, device, **engine_options) -> dict:
+    """ms per step of one engine configuration (engine_options: cuda_graphs, compile), and how it ran."""
+    fuse = {"auto": None, "on": True, "off": False}[args.fuse_weights]
+    engine = GenerationEngine(model, eos_token_ids=(), pad_token_id=0, fuse_weights=fuse,
+                              compile_mode=args.compile_mode, **engine_options)
     generator = torch.Generator(device=device).manual_seed(args.seed)
 
     def run(n):
         out = engine.generate(prompts, n, Sampling(temperature=1.0), generator=generator)
         assert bool(out.mask.all()) and out.tokens.shape == (prompts.shape[0], n)
 
-    run(args.new_tokens)  # warm-up: allocates the KV buffers for N tokens and captures the graph
-    return ms_per_step(run, args.new_tokens, device, args.repeats)
+    # Warm-up: allocates the KV buffers for N tokens, compiles the step, captures the graph.
+    warmup_s = timed(lambda: run(args.new_tokens), device)
+    error = getattr(engine._forward_step, "error", None) or getattr(engine._sample_step, "error", None)
+    return {
+        "ms_per_step": ms_per_step(run, args.new_tokens, device, args.repeats),
+        "warmup_s": warmup_s,
+        "cuda_graphs": engine.cuda_graphs,
+        "compiled": engine.compile and error is None,
+        "compile_error": None if error is None else f"{type(error).__name__}: {error}"[:500],
+        "fused_weights": engine._fused is not None,
+    }
 
 
 def main(argv=None):
@@ -153,12 +175,29 @@ def main(argv=None):
         with torch.no_grad():
             row["generate_ms_per_step"] = bench_generate(model, prompts, args, device)
             print(f"batch {batch}: generate() {row['generate_ms_per_step']:.3f} ms/step", flush=True)
-            row["engine_ms_per_step"] = bench_engine(model, prompts, args, device, cuda_graphs=None)
-            print(f"batch {batch}: engine     {row['engine_ms_per_step']:.3f} ms/step", flush=True)
+            # (name, label, engine options); the first is the engine's default configuration
+            configurations = [("engine", "engine (default)", {})]
+            if device.type == "cuda" and not args.skip_no_compile:
+                configurations.append(("engine_no_compile", "engine, graphs, no compile",
+                                       {"cuda_graphs": True, "compile": False}))
             if device.type == "cuda" and not args.skip_eager:
-                row["engine_eager_ms_per_step"] = bench_engine(model, prompts, args, device, cuda_graphs=False)
-                eager_ms = row["engine_eager_ms_per_step"]
-                print(f"batch {batch}: engine without CUDA graphs {eager_ms:.3f} ms/step", flush=True)
+                configurations.append(("engine_eager", "engine, no graphs", {"cuda_graphs": False}))
+            for name, label, options in configurations:
+                try:
+                    run = bench_engine(model, prompts, args, device, **options)
+                except Exception as error:  # one broken configuration must not lose the others' figures
+                    traceback.print_exc()
+                    row[f"{name}_ms_per_step"] = float("nan")
+                    row[name] = {"error": f"{type(error).__name__}: {error}"[:1000]}
+                    print(f"batch {batch}: {label:<27} FAILED: {row[name]['error'][:200]}", flush=True)
+                    continue
+                row[f"{name}_ms_per_step"] = run.pop("ms_per_step")
+                row[name] = run
+                how = ", ".join(k for k in ("cuda_graphs", "compiled", "fused_weights") if run[k]) or "eager"
+                print(f"batch {batch}: {label:<27} {row[f'{name}_ms_per_step']:.3f} ms/step ({how}; "
+                      f"first call {run['warmup_s']:.1f} s)", flush=True)
+                if run["compile_error"]:
+                    print(f"  compile failed, ran uncompiled: {run['compile_error'][:200]}", flush=True)
         row["speedup_vs_generate"] = row["generate_ms_per_step"] / row["engine_ms_per_step"]
         row["engine_over_floor"] = row["engine_ms_per_step"] / floor_ms
         row["target_speedup"] = TARGET_SPEEDUP.get(batch)
@@ -173,6 +212,7 @@ def main(argv=None):
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
         "model": args.model, "dtype": str(dtype).removeprefix("torch."),
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "compile_mode": args.compile_mode, "fuse_weights": args.fuse_weights,
         "weight_bytes": weights, "copy_bandwidth_bytes_per_s": bandwidth, "floor_ms_per_step": floor_ms,
         "results": results,
     }
@@ -190,16 +230,21 @@ def device_name(device: torch.device) -> str:
 
 
 def print_table(report: dict):
-    eager = any("engine_eager_ms_per_step" in r for r in report["results"])
-    header = f"{'batch':>5}  {'generate()':>11}  {'engine':>9}  " + (f"{'no graphs':>9}  " if eager else "")
+    results = report["results"]
+    optional = [(key, title) for key, title in (("engine_no_compile_ms_per_step", "no compile"),
+                                                ("engine_eager_ms_per_step", "no graphs"))
+                if any(key in r for r in results)]
+    header = f"{'batch':>5}  {'generate()':>11}  {'engine':>9}  "
+    header += "".join(f"{title:>10}  " for _, title in optional)
     header += f"{'speedup':>8}  {'target':>6}  {'floor':>7}  {'x floor':>7}"
     print(f"\nms per decode step, {report['model']} {report['dtype']}, {report['device']}, "
           f"{report['prompt_tokens']} prompt + {report['new_tokens']} new tokens")
+    print("engine: default configuration (GPU: CUDA graph + torch.compile); no compile: CUDA graph only; "
+          "no graphs: eager")
     print(header)
-    for r in report["results"]:
+    for r in results:
         line = f"{r['batch']:>5}  {r['generate_ms_per_step']:>11.3f}  {r['engine_ms_per_step']:>9.3f}  "
-        if eager:
-            line += f"{r.get('engine_eager_ms_per_step', float('nan')):>9.3f}  "
+        line += "".join(f"{r.get(key, float('nan')):>10.3f}  " for key, _ in optional)
         target = f"{r['target_speedup']:.0f}x" if r["target_speedup"] else "-"
         line += (f"{r['speedup_vs_generate']:>7.1f}x  {target:>6}  {report['floor_ms_per_step']:>7.3f}  "
                  f"{r['engine_over_floor']:>6.1f}x")

@@ -7,6 +7,8 @@ models stays cheap.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 # Shapes copied from the public configs, so speed and memory match the real models.
@@ -39,3 +41,150 @@ def build_random_model(name: str, seed: int = 0):
 
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(random_model_config(name))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every model by name, hub id or local path
+
+TINY_MATH = "tiny-math"
+KNOWN_MODELS: tuple[str, ...] = (TINY_MATH, *RANDOM_CONFIGS)
+MODEL_DESCRIPTIONS = {
+    TINY_MATH: "embedded Llama trained on the tiny-math tasks (python -m gpuscale.data.train_tiny)",
+    "random-tiny": "random weights, tiny Llama shape, no tokenizer",
+    "random-qwen2.5-0.5b": "random weights at Qwen2.5-0.5B's shape, no tokenizer",
+}
+# "org/name" as the hub spells repository ids; anything else that is not a directory is a typo.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+                "fp16": "float16", "float16": "float16"}
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded; the message is one line that says why and what to do."""
+
+
+def model_path(name: str = TINY_MATH) -> Path:
+    """The directory of an embedded model (only tiny-math has files)."""
+    if name != TINY_MATH:
+        raise ModelError(f"{name!r} is not an embedded model; the embedded one is {TINY_MATH!r}")
+    return Path(__file__).resolve().parent / "models" / TINY_MATH
+
+
+def looks_like_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name))
+
+
+def resolve_dtype(dtype, device="cpu"):
+    """A torch dtype from None (keep the checkpoint's), a torch.dtype, or a name.
+
+    Names: fp32/float32, bf16/bfloat16, fp16/float16, and "auto": bf16 on GPUs of compute capability
+    8.0 and up, fp16 on older GPUs, fp32 on the CPU.
+    """
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).lower()
+    if name == "auto":
+        device = torch.device(device)
+        if device.type != "cuda":
+            return torch.float32
+        major, _ = torch.cuda.get_device_capability(device)
+        return torch.bfloat16 if major >= 8 else torch.float16
+    if name not in _DTYPE_NAMES:
+        raise ModelError(f"unknown dtype {dtype!r}; known: auto, {', '.join(_DTYPE_NAMES)}")
+    return getattr(torch, _DTYPE_NAMES[name])
+
+
+def load_model(name_or_path, dtype=None, device="cpu"):
+    """(model, tokenizer or None) for a known name, a local directory or a hub id.
+
+    Random models come without a tokenizer. The model is in eval mode on `device`.
+    """
+    name = str(name_or_path)
+    torch_dtype = resolve_dtype(dtype, device)
+    if name in RANDOM_CONFIGS:
+        model = build_random_model(name)
+        model = model.to(torch_dtype) if torch_dtype is not None else model
+        return model.to(device).eval(), None
+    if name == TINY_MATH:
+        return _load_pretrained(str(model_path()), torch_dtype, device, local=True)
+    if Path(name).expanduser().is_dir():
+        return _load_pretrained(str(Path(name).expanduser()), torch_dtype, device, local=True)
+    if looks_like_hub_id(name):
+        return _load_pretrained(name, torch_dtype, device, local=False)
+    raise ModelError(
+        f"unknown model {name!r}: not a known name ({', '.join(KNOWN_MODELS)}), "
+        f"not a local directory, not a hub id like org/name"
+    )
+
+
+def _load_pretrained(source: str, torch_dtype, device, local: bool):
+    from transformers import AutoModelForCausalLM
+
+    options = {"local_files_only": True} if local else {}
+    if torch_dtype is not None:
+        options["dtype"] = torch_dtype
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **options)
+    except OSError as error:  # transformers' way of saying: files missing, or the hub unreachable
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        where = "the local directory" if local else "the Hugging Face hub"
+        hint = "" if local else "; download it first or pass a local directory with the model"
+        raise ModelError(f"could not load model {source!r} from {where}: {reason}{hint}") from None
+    return model.to(device).eval(), _load_tokenizer(source, local)
+
+
+def _load_tokenizer(source: str, local: bool):
+    """The model's tokenizer, or None where the checkpoint has none (a bare weights directory)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=local)
+    except (OSError, ValueError):
+        return None
+
+
+def describe_models() -> list[dict[str, Any]]:
+    """One row per known model: name, path, parameters, architecture (for `gpuscale models --json`)."""
+    rows = []
+    for name in KNOWN_MODELS:
+        path = model_path() if name == TINY_MATH else None
+        config = _config_of(name)
+        rows.append({
+            "name": name,
+            "path": str(path) if path else None,
+            "architecture": (config.architectures or [None])[0] if config else None,
+            "model_type": config.model_type if config else None,
+            "parameters": _count_parameters(config) if config else None,
+            "description": MODEL_DESCRIPTIONS[name],
+        })
+    return rows
+
+
+def _config_of(name: str):
+    from transformers import AutoConfig
+
+    if name in RANDOM_CONFIGS:
+        config = random_model_config(name)
+        config.architectures = [_causal_lm_class(config).__name__]
+        return config
+    if not (model_path() / "config.json").is_file():
+        return None  # not trained yet in this checkout
+    return AutoConfig.from_pretrained(model_path(), local_files_only=True)
+
+
+def _causal_lm_class(config):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM._model_mapping[type(config)]
+
+
+def _count_parameters(config) -> int:
+    """Parameters of the model a config describes, counted on the meta device (no memory, no init)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())

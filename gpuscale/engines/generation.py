@@ -39,6 +39,22 @@ attention sees the whole buffer (static shapes), and the step is captured once p
 settings) into a `torch.cuda.CUDAGraph` after two eager warm-up steps, then replayed. `static_shapes=True`
 runs that exact static-shape step eagerly on CPU, so the CPU tests cover everything but the capture.
 
+Kernel count. With graphs a step costs the GPU time of its kernels, and for a small model at batch
+1 that is mostly their number (uncompiled, a Qwen2.5-0.5B step is ~1070 kernels of ~2.6 us). So:
+- the decode mask is one buffer per call in which each step unmasks the column it writes (one
+  kernel, not a mask rebuilt per step), and positions advance in place;
+- Llama-style decoders (Llama, Qwen2, Mistral) decode through `_FusedDecode`: q/k/v and gate/up
+  projections as one matmul each, over concatenated copies of their weights (by default when the
+  copies take at most FUSED_WEIGHTS_MAX_BYTES; 3 matmuls fewer per layer);
+- on CUDA the forward and the sampling + bookkeeping are each wrapped in torch.compile (`compile`,
+  on by default with static shapes on CUDA): RMSNorm, rotary, KV writes, SiLU-mul, residual adds and
+  the full-vocab sampling passes fuse into a few kernels (~10 per layer left instead of ~40). The
+  CUDA graph is captured around the compiled code, which only updates the same fixed tensors in
+  place. If compiling fails, the step runs uncompiled, with a warning;
+- one query token per row attends with the query heads of each KV head stacked as that head's
+  queries (`_grouped_query_sdpa`), so grouped K/V are read as stored, never copied per query head
+  (transformers does the same in eager mode, but not under torch.compile).
+
 Sampling uses the Gumbel-max trick with uniform noise drawn, before each step, from the caller's
 `torch.Generator` into a fixed buffer: seeded, identical code on CPU and GPU, and graph-safe (no
 RNG inside the captured graph). Logits are computed in fp32 from the model's last hidden state
@@ -52,9 +68,11 @@ refused at construction with the reason. A greedy step's "sampled" log-prob is 0
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -66,8 +84,12 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 COLUMN_GRANULE = 64
 # On CUDA, checking "all rows finished" costs a device sync; do it every few steps only.
 CUDA_STOP_CHECK_EVERY = 8
-# Eager steps before a CUDA graph is captured (lazy cuBLAS/allocator initialisation happens there).
+# Eager steps before a CUDA graph is captured (lazy cuBLAS/allocator initialisation, and the
+# torch.compile compilation of the step, happen there).
 CUDA_GRAPH_WARMUP_STEPS = 2
+# torch.compile mode of the decode step. "max-autotune-no-cudagraphs" also benchmarks Triton matmul
+# templates against cuBLAS (minutes more of compilation); never a mode with CUDA graphs of its own.
+DEFAULT_COMPILE_MODE = "default"
 
 
 class StaleGenerationError(ValueError):
@@ -132,22 +154,33 @@ def sample_tokens(
 
     `noise` holds uniform [0, 1) numbers of the logits' shape (unused when greedy): Gumbel-max over
     the filtered log-probs samples exactly from the filtered distribution.
+
+    Full-vocabulary work per step, the part that grows with batch x vocab: one log-softmax (a second
+    one only when temperature/top-k/top-p change the distribution; the sort only with top_p < 1),
+    the Gumbel transform and the argmax. Written as few whole-tensor expressions, so that
+    torch.compile can fuse them into a few reductions over the logits and the noise.
     """
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)
     if sampling.greedy:
         tokens = logits.argmax(dim=-1)
-        sampled_logprob = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
-    else:
-        if sampling.changes_distribution:
-            sampled_logprobs = torch.log_softmax(filter_logits(logits, sampling), dim=-1)
-        else:  # plain sampling: the sampled distribution is the model's
-            sampled_logprobs = raw_logprobs
-        gumbel = -torch.log(-torch.log(noise))
-        tokens = (sampled_logprobs + gumbel).argmax(dim=-1)
-        sampled_logprob = sampled_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-    raw_logprob = raw_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, _pick(raw_logprobs, tokens), torch.zeros(tokens.shape, dtype=torch.float32,
+                                                                  device=tokens.device)
+    if sampling.changes_distribution:
+        sampled_logprobs = torch.log_softmax(filter_logits(logits, sampling), dim=-1)
+    else:  # plain sampling: the sampled distribution is the model's
+        sampled_logprobs = raw_logprobs
+    # argmax(log p + g) with Gumbel noise g = -log(-log u); u < 1 keeps g finite, so filtered
+    # tokens (-inf) never win, and u = 0 only gives g = -inf.
+    tokens = (sampled_logprobs - torch.log(-torch.log(noise))).argmax(dim=-1)
+    raw_logprob = _pick(raw_logprobs, tokens)
+    sampled_logprob = raw_logprob if sampled_logprobs is raw_logprobs else _pick(sampled_logprobs, tokens)
     return tokens, raw_logprob, sampled_logprob
+
+
+def _pick(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """values[b, tokens[b]] for every row b."""
+    return values.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,6 +292,10 @@ class _SlotCache(Cache):
     def __init__(self, cursor: _Cursor, num_layers: int, batch: int, capacity: int):
         super().__init__(layers=[_ColumnLayer(cursor, batch, capacity) for _ in range(num_layers)])
 
+    @property
+    def allocated(self) -> bool:
+        return all(layer.is_initialized for layer in self.layers)
+
     def grow(self, capacity: int):
         """More columns, keeping what the slot holds (generations that point into it stay valid)."""
         for layer in self.layers:
@@ -303,6 +340,223 @@ def attention_mask_4d(
 
 
 # --------------------------------------------------------------------------------------------------
+# Attention of one query token with grouped KV heads
+# --------------------------------------------------------------------------------------------------
+
+_GROUPED_SDPA = "gpuscale_grouped_sdpa"
+
+
+def _grouped_query_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' "sdpa" attention, except that one query token per row with grouped KV heads
+    stacks the query heads of each KV head as that head's queries ([B, H, 1, D] -> [B, KV, H/KV, D]).
+
+    K and V are then read as stored. transformers does the same in eager mode but not under
+    torch.compile, where it copies K and V once per query head first (repeat_kv: for Qwen2.5-0.5B,
+    7x the KV bytes written and read per layer). Anything else goes to transformers' own function.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = (
+        query.shape[2] == 1 and groups > 1 and not kwargs.get("dropout")
+        and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1))
+        and all(kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
+        and not kwargs.get("output_attentions")
+    )
+    if not plain:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    batch, heads, _, dim = query.shape
+    grouped = query.reshape(batch, heads // groups, groups, dim)  # head h = kv * groups + g, as repeat_kv
+    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask,
+                                         scale=kwargs.get("scaling"))
+    return out.reshape(batch, 1, heads, value.shape[-1]), None  # [B, q_len, heads, head_dim], as sdpa's
+
+
+def _register_grouped_attention():
+    """Make `_GROUPED_SDPA` a transformers attention implementation. Called by the engine: by then the
+    model has imported transformers' modeling code, and importing this module stays cheap."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(_GROUPED_SDPA, _grouped_query_sdpa)
+    AttentionMaskInterface.register(_GROUPED_SDPA, sdpa_mask)  # the mask sdpa would get, if ever built
+
+
+@contextlib.contextmanager
+def _grouped_attention(config):
+    """Run the model's sdpa attention layers through `_grouped_query_sdpa` for the duration (only
+    sdpa: another implementation the caller chose stays as it is)."""
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        yield
+        return
+    # The private field, not the property: its setter also rewrites sub-configs.
+    config._attn_implementation_internal = _GROUPED_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation_internal = "sdpa"
+
+
+# --------------------------------------------------------------------------------------------------
+# Decode forward of Llama-style decoders with fused projections
+# --------------------------------------------------------------------------------------------------
+
+# Decoders whose layer is exactly: x += o_proj(attention(rotary(q/k/v_proj(norm(x))))),
+# x += down_proj(act(gate_proj(norm(x))) * up_proj(norm(x))); checked numerically at construction too.
+_LLAMA_STYLE_DECODERS = {"LlamaModel", "Qwen2Model", "MistralModel"}
+# Fuse by default only up to this many bytes of weight copies: small models are launch-bound (fewer,
+# larger matmuls help), large ones bandwidth-bound (fusion saves little and the copies cost memory).
+FUSED_WEIGHTS_MAX_BYTES = 1 << 30
+
+
+class _FusedDecode:
+    """The decoder forward of one token per row for Llama-style models, with each layer's q/k/v
+    projections as one matmul and gate/up as another, over concatenated copies of their weights.
+
+    At batch 1 a step costs about the number of its kernels: this removes 3 of ~14 per layer
+    (k_proj, v_proj, up_proj; ~0.2 ms of a ~1.2 ms step for Qwen2.5-0.5B), and at batch 64 it gives
+    cuBLAS wider matrices than k/v_proj's 128 columns. Norms, rotary embedding, activation, o_proj
+    and down_proj are the model's own modules: only the wiring is ours. The copies follow the model:
+    `refresh()` (at every engine call) copies again, in place, any weight changed since.
+    """
+
+    # (submodule of a layer, its linears fused into one matmul, in output order)
+    GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        first = decoder.layers[0]
+        self.apply_rotary = inspect.getmodule(type(first.self_attn)).apply_rotary_pos_emb
+        self.head_dim = first.self_attn.head_dim
+        self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
+        # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
+        self.weights = [[self._cat(layer, group, "weight") for layer in decoder.layers]
+                        for group in self.GROUPS]
+        self.biases = [[self._cat(layer, group, "bias") for layer in decoder.layers] for group in self.GROUPS]
+        self._seen = self._source_state()
+
+    @staticmethod
+    def _linears(layer, group) -> list:
+        module, names = group
+        return [getattr(getattr(layer, module), name, None) for name in names]
+
+    @classmethod
+    def eligible(cls, decoder) -> bool:
+        if type(decoder).__name__ not in _LLAMA_STYLE_DECODERS or not hasattr(decoder, "rotary_emb"):
+            return False
+        if not hasattr(inspect.getmodule(type(decoder.layers[0].self_attn)), "apply_rotary_pos_emb"):
+            return False
+        for layer in decoder.layers:
+            if hasattr(layer.self_attn, "q_norm"):  # Qwen3-style q/k norms: not this wiring
+                return False
+            for group in cls.GROUPS:
+                linears = cls._linears(layer, group)
+                if not all(isinstance(m, torch.nn.Linear) for m in linears):
+                    return False
+                if len({m.bias is None for m in linears}) > 1:  # some with a bias, some without
+                    return False
+        return all(isinstance(getattr(layer.self_attn, "o_proj", None), torch.nn.Linear)
+                   and isinstance(getattr(layer.mlp, "down_proj", None), torch.nn.Linear)
+                   for layer in decoder.layers)
+
+    @classmethod
+    def copy_bytes(cls, decoder) -> int:
+        return sum(m.weight.numel() * m.weight.element_size()
+                   for layer in decoder.layers for group in cls.GROUPS for m in cls._linears(layer, group))
+
+    def _cat(self, layer, group, name):
+        tensors = [getattr(m, name) for m in self._linears(layer, group)]
+        return None if tensors[0] is None else torch.cat([t.detach() for t in tensors])
+
+    def _source_state(self):
+        """(address, version) of every copied tensor: in-place updates bump the version counter."""
+        return [(t.data_ptr(), t._version) for layer in self.decoder.layers for group in self.GROUPS
+                for m in self._linears(layer, group) for t in (m.weight, m.bias) if t is not None]
+
+    def refresh(self):
+        """Copy again, into the same buffers (captured CUDA graphs keep their addresses), if a weight
+        changed since (an optimizer step, load_state_dict, ...)."""
+        state = self._source_state()
+        if state == self._seen:
+            return
+        with torch.no_grad():
+            for g, group in enumerate(self.GROUPS):
+                for i, layer in enumerate(self.decoder.layers):
+                    self.weights[g][i].copy_(self._cat(layer, group, "weight"))
+                    if self.biases[g][i] is not None:
+                        self.biases[g][i].copy_(self._cat(layer, group, "bias"))
+        self._seen = state
+
+    def __call__(self, input_ids, positions, mask, cache) -> torch.Tensor:
+        """Last hidden states [B, H] of one token per row ([B] ids at [B] positions), attention
+        through `mask` [B, 1, 1, visible] over the KV columns of `cache`."""
+        decoder = self.decoder
+        hidden = decoder.embed_tokens(input_ids[:, None])
+        position_embeddings = decoder.rotary_emb(hidden, positions[:, None])
+        for i, layer in enumerate(decoder.layers):
+            attention_in = layer.input_layernorm(hidden)
+            hidden = hidden + self._attention(i, layer.self_attn, attention_in, position_embeddings, mask,
+                                              cache)
+            hidden = hidden + self._mlp(i, layer.mlp, layer.post_attention_layernorm(hidden))
+        return decoder.norm(hidden)[:, -1]
+
+    def _attention(self, i, attention, x, position_embeddings, mask, cache):
+        batch = x.shape[0]
+        qkv = F.linear(x, self.weights[0][i], self.biases[0][i])
+        q, k, v = (t.view(batch, 1, -1, self.head_dim).transpose(1, 2)
+                   for t in qkv.split(self.split_sizes[0], dim=-1))
+        q, k = self.apply_rotary(q, k, *position_embeddings)
+        keys, values = cache.layers[i].update(k, v)
+        out, _ = _grouped_query_sdpa(attention, q, keys, values, mask, dropout=0.0, scaling=attention.scaling)
+        return attention.o_proj(out.reshape(batch, 1, -1))
+
+    def _mlp(self, i, mlp, x):
+        gate, up = F.linear(x, self.weights[1][i], self.biases[1][i]).split(self.split_sizes[1], dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.compile with a way back
+# --------------------------------------------------------------------------------------------------
+
+
+class _CompiledOrEager:
+    """`fn` under torch.compile (static shapes); if compiling fails, `fn` itself from then on, with a
+    warning.
+
+    Compilation happens at the first call with new shapes or settings, before any compiled code
+    runs (with fullgraph=False, subgraphs before a break may have run: `fn` must be safe to run again
+    after a partial run, as the decode forward is: it rewrites the same KV column). Never falls back
+    while a CUDA graph is being captured: a failure there is a real error.
+    """
+
+    def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool):
+        self.fn, self.name = fn, name
+        # Round at every explicit dtype cast as eager does (bf16 RMSNorm, rotary...): fused kernels
+        # otherwise skip those roundings and the bf16 log-probs move by ~1e-2 against the eager step.
+        # torch.compile takes a mode or options, not both: the mode's options go in too.
+        from torch._inductor import list_mode_options  # imported when compiling only: it is slow
+
+        options = {**list_mode_options(mode), "emulate_precision_casts": True}
+        self.compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, options=options)
+        self.error: BaseException | None = None
+
+    def __call__(self, *args, **kwargs):
+        if self.error is not None:
+            return self.fn(*args, **kwargs)
+        try:
+            return self.compiled(*args, **kwargs)
+        except Exception as error:  # dynamo/inductor raise many types (Unsupported, InductorError, ...)
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise
+            self.error = error
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            warnings.warn(f"torch.compile of the {self.name} failed, running it uncompiled: "
+                          f"{type(error).__name__}: {reason}", RuntimeWarning, stacklevel=2)
+            return self.fn(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
 # Decode state: the fixed tensors a decode step reads and updates in place
 # --------------------------------------------------------------------------------------------------
 
@@ -311,6 +565,8 @@ def attention_mask_4d(
 class _DecodeState:
     start: torch.Tensor  # [B] column of each row's sequence position 0
     input_ids: torch.Tensor  # [B] token fed at the next step
+    positions: torch.Tensor  # [B] its sequence position (write column - start)
+    mask: torch.Tensor  # [B, 1, 1, capacity] additive attention mask of the next step's query
     generated: torch.Tensor  # [B] generated tokens per row, kept ones included
     finished: torch.Tensor  # [B] bool
     limit: torch.Tensor  # [1] generated-length budget of every row
@@ -323,12 +579,14 @@ class _DecodeState:
     valid: torch.Tensor
 
     @classmethod
-    def allocate(cls, batch: int, capacity: int, vocab: int, eos_ids: Sequence[int], device: torch.device):
+    def allocate(cls, batch: int, capacity: int, vocab: int, eos_ids: Sequence[int], device: torch.device,
+                 dtype: torch.dtype):
         def zeros(*shape, dtype=torch.long):
             return torch.zeros(*shape, dtype=dtype, device=device)
 
         return cls(
-            start=zeros(batch), input_ids=zeros(batch), generated=zeros(batch),
+            start=zeros(batch), input_ids=zeros(batch), positions=zeros(batch),
+            mask=zeros(batch, 1, 1, capacity, dtype=dtype), generated=zeros(batch),
             finished=zeros(batch, dtype=torch.bool), limit=zeros(1), step=zeros(1),
             eos_ids=torch.tensor(list(eos_ids), dtype=torch.long, device=device),
             noise=zeros(batch, vocab, dtype=torch.float32),
@@ -336,6 +594,27 @@ class _DecodeState:
             sampled_logprobs=zeros(batch, capacity, dtype=torch.float32),
             valid=zeros(batch, capacity, dtype=torch.bool),
         )
+
+
+def _sample_and_record(s: _DecodeState, logits: torch.Tensor, sampling: Sampling, pad_token_id: int,
+                       write_col: torch.Tensor):
+    """Sample every row's next token, record it, and advance: in-place updates of `s` only (the second
+    half of a decode step; compiled as one graph, its ~25 kernels become a few)."""
+    tokens, raw_logprob, sampled_logprob = sample_tokens(logits, sampling, s.noise)
+    active = ~s.finished
+    tokens = torch.where(active, tokens, pad_token_id)
+    for record, value in ((s.tokens, tokens), (s.raw_logprobs, raw_logprob * active),
+                          (s.sampled_logprobs, sampled_logprob * active), (s.valid, active)):
+        record.index_copy_(1, s.step, value[:, None])
+    s.generated.add_(active.long())
+    done = s.generated >= s.limit
+    if s.eos_ids.numel():
+        done |= (tokens[:, None] == s.eos_ids[None, :]).any(dim=-1) & active
+    s.finished.logical_or_(done)
+    s.input_ids.copy_(tokens)
+    s.positions.add_(1)
+    s.step.add_(1)
+    write_col.add_(1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,6 +629,15 @@ class GenerationEngine:
     cuda_graphs: capture the decode step (default: on CUDA devices).
     static_shapes: attention over the whole KV buffer at every step, as CUDA graphs need
         (default: same as cuda_graphs; True on CPU runs the graph's exact step eagerly, for tests).
+    compile: torch.compile the decode step's forward and its sampling + bookkeeping (needs static
+        shapes; default: on CUDA with static shapes). The first step of each new batch size or KV
+        capacity then compiles the forward (tens of seconds for a 0.5B model), of each new sampling
+        setting the sampling step (seconds).
+    compile_mode: the torch.compile mode (one without its own CUDA graphs).
+    fuse_weights: for Llama-style decoders (Llama, Qwen2, Mistral), run decode steps through
+        `_FusedDecode`: q/k/v and gate/up projections as one matmul each, over copies of their
+        weights (default: on where the copies take at most FUSED_WEIGHTS_MAX_BYTES, e.g. 0.47 GB
+        for Qwen2.5-0.5B; larger models are bandwidth-bound, fusing helps them little).
     max_columns: KV columns to reserve up front (prompt + generated, plus, for resampling with
         different cuts per row, the spread between the longest kept prefix and the longest suffix);
         the buffers grow on demand otherwise.
@@ -363,6 +651,9 @@ class GenerationEngine:
         pad_token_id: int | None = None,
         cuda_graphs: bool | None = None,
         static_shapes: bool | None = None,
+        compile: bool | None = None,
+        compile_mode: str = DEFAULT_COMPILE_MODE,
+        fuse_weights: bool | None = None,
         max_columns: int = 0,
     ):
         self.model = model.eval()  # dropout off: the log-probs must be those of the model
@@ -376,17 +667,25 @@ class GenerationEngine:
         self.static_shapes = self.cuda_graphs if static_shapes is None else static_shapes
         if self.cuda_graphs and not (on_cuda and self.static_shapes):
             raise ValueError("cuda_graphs needs a CUDA model and static_shapes")
+        self.compile = (on_cuda and self.static_shapes) if compile is None else compile
+        if self.compile and not self.static_shapes:
+            raise ValueError("compile needs static_shapes (a dynamic step would recompile at every step)")
+        if "cudagraphs" in compile_mode or compile_mode == "reduce-overhead":
+            raise ValueError(f"compile_mode {compile_mode!r} captures CUDA graphs of its own; the engine does")
 
         text_config = model.config.get_text_config(decoder=True)
         _refuse_unsupported_architecture(text_config)
+        _register_grouped_attention()
         self._decoder = model.base_model
         self._head = model.get_output_embeddings()
+        self._text_config = text_config
         params = inspect.signature(self._decoder.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in v5
         self._head_out_dtype = False
         self._check_plain_linear_head()
 
         self._num_layers = text_config.num_hidden_layers
+        self._fused = self._make_fused_decode(fuse_weights)
         self._vocab = self._head.weight.shape[0]
         self._cursor = _Cursor(self.device)
         self._reserved_columns = max_columns
@@ -397,6 +696,13 @@ class GenerationEngine:
         self._state: _DecodeState | None = None
         self._graphs: dict[tuple[int, Sampling], torch.cuda.CUDAGraph] = {}
         self._warmups: dict[tuple[int, Sampling], int] = {}
+        # The two halves of a decode step, compiled or not (the head matmul between them stays eager:
+        # one cuBLAS call either way, and its fp32 output dtype is best left to ATen).
+        self._forward_step: Callable = self._decode_forward
+        self._sample_step: Callable = _sample_and_record
+        if self.compile:
+            self._forward_step = _CompiledOrEager(self._decode_forward, "decode forward", compile_mode, False)
+            self._sample_step = _CompiledOrEager(_sample_and_record, "sampling step", compile_mode, True)
 
     # ---- public API ------------------------------------------------------------------------------
 
@@ -535,7 +841,9 @@ class GenerationEngine:
             self._slots = [_SlotCache(self._cursor, self._num_layers, batch, capacity) for _ in range(2)]
             self._slot_versions = [v + 1 for v in self._slot_versions]
         self._batch, self._capacity = batch, capacity
-        self._state = _DecodeState.allocate(batch, capacity, self._vocab, self.eos_token_ids, self.device)
+        self._state = _DecodeState.allocate(
+            batch, capacity, self._vocab, self.eos_token_ids, self.device, self.dtype
+        )
         # Graphs hold the addresses of the old buffers.
         self._graphs.clear()
         self._warmups.clear()
@@ -556,6 +864,8 @@ class GenerationEngine:
 
     def _begin(self, slot: int, start: torch.Tensor, write_col: int):
         self._claim(slot)
+        if self._fused is not None:
+            self._fused.refresh()
         self._state.start.copy_(start)
         self._cursor.move_to(write_col)
 
@@ -566,10 +876,11 @@ class GenerationEngine:
         mask = attention_mask_4d(
             self._state.start, self._cursor.write_col, query_len, self._cursor.visible, self.dtype
         )
-        out = self._decoder(
-            input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
-            **{self._cache_kwarg: self._slots[slot]},
-        )
+        with _grouped_attention(self._text_config):
+            out = self._decoder(
+                input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                **{self._cache_kwarg: self._slots[slot]},
+            )
         return out.last_hidden_state
 
     def _prefill(self, slot: int, prompt_ids: torch.Tensor, first_col: int):
@@ -623,6 +934,9 @@ class GenerationEngine:
         """Run up to `steps` decode steps in `slot`; returns how many ran."""
         s = self._state
         s.input_ids.copy_(first_input)
+        s.positions.copy_(self._cursor.write_col - s.start)
+        # The first query's mask; each step then unmasks the column it writes (see _decode_forward).
+        s.mask.copy_(attention_mask_4d(s.start, self._cursor.write_col, 1, self._capacity, self.dtype))
         s.generated.copy_(generated)
         s.finished.copy_(finished)
         s.limit.fill_(limit)
@@ -637,26 +951,83 @@ class GenerationEngine:
             self._cursor.host_write_col += 1
         return steps
 
-    def _decode_step(self, slot: int, sampling: Sampling):
+    def _decode_step(self, slot: int, sampling: Sampling, compiled: bool = True):
         """One token for every row, with in-place updates only (this is what a CUDA graph captures)."""
         s = self._state
-        positions = (self._cursor.write_col - s.start).clamp_min(0)[:, None]
-        hidden = self._run_decoder(slot, s.input_ids[:, None], positions)[:, -1]
-        tokens, raw_logprob, sampled_logprob = sample_tokens(self._fp32_logits(hidden), sampling, s.noise)
+        self._cursor.visible = self._capacity if self.static_shapes else self._cursor.host_write_col + 1
+        forward, sample = (self._forward_step, self._sample_step) if compiled else (self._decode_forward,
+                                                                                  _sample_and_record)
+        with _grouped_attention(self._text_config):
+            hidden = forward(self._slots[slot], s.input_ids, s.positions, s.mask, self._cursor.write_col)
+        logits = self._fp32_logits(hidden)
+        sample(s, logits, sampling, self.pad_token_id, self._cursor.write_col)
 
-        active = ~s.finished
-        tokens = torch.where(active, tokens, self.pad_token_id)
-        for record, value in ((s.tokens, tokens), (s.raw_logprobs, raw_logprob * active),
-                              (s.sampled_logprobs, sampled_logprob * active), (s.valid, active)):
-            record.index_copy_(1, s.step, value[:, None])
-        s.generated.add_(active.long())
-        hit_eos = (tokens[:, None] == s.eos_ids[None, :]).any(dim=-1) & active
-        s.finished.logical_or_(hit_eos | (s.generated >= s.limit))
-        s.input_ids.copy_(tokens)
-        s.step.add_(1)
-        self._cursor.write_col.add_(1)
+    def _decode_forward(self, cache, input_ids, positions, mask, write_col) -> torch.Tensor:
+        """The model over one token per row, written at column write_col; the last hidden states [B, H].
+
+        During decoding every row's query is a real token (start <= write column), so its mask only
+        changes by the column it writes: one in-place fill per step instead of a rebuilt mask.
+        """
+        mask.index_fill_(-1, write_col, 0.0)
+        mask = mask[..., : self._cursor.visible]
+        if self._fused is not None:
+            return self._fused(input_ids, positions, mask, cache)
+        out = self._decoder(
+            input_ids=input_ids[:, None], position_ids=positions[:, None], attention_mask=mask,
+            use_cache=True, **{self._cache_kwarg: cache},
+        )
+        return out.last_hidden_state[:, -1]
+
+    def _make_fused_decode(self, fuse_weights: bool | None) -> _FusedDecode | None:
+        eligible = _FusedDecode.eligible(self._decoder)
+        if fuse_weights is None:
+            fuse_weights = eligible and _FusedDecode.copy_bytes(self._decoder) <= FUSED_WEIGHTS_MAX_BYTES
+        if not fuse_weights:
+            return None
+        if not eligible:
+            raise ValueError(f"fuse_weights: {type(self._decoder).__name__} is not a Llama-style decoder "
+                             f"({', '.join(sorted(_LLAMA_STYLE_DECODERS))})")
+        fused = _FusedDecode(self._decoder)
+        if not self._same_decode(fused):
+            warnings.warn(f"{type(self._decoder).__name__}: the fused decode forward does not reproduce the "
+                          "model's; using the model's own forward", RuntimeWarning, stacklevel=3)
+            return None
+        return fused
+
+    @torch.no_grad()
+    def _same_decode(self, fused: _FusedDecode) -> bool:
+        """Two tokens, one step each, through the model's forward and through `fused` (each with a
+        throwaway cache): the second attends to the first, so q/k/v, rotary and MLP all count."""
+        results = []
+        for use_fused in (False, True):
+            cursor = _Cursor(self.device)
+            cache = _SlotCache(cursor, self._num_layers, batch=1, capacity=2)
+            mask = torch.zeros(1, 1, 1, 2, dtype=self.dtype, device=self.device)
+            for column, token in enumerate((1, 2)):
+                cursor.visible = column + 1
+                ids, positions = (torch.tensor([value], device=self.device) for value in (token, column))
+                visible_mask = mask[..., : column + 1]
+                if use_fused:
+                    hidden = fused(ids, positions, visible_mask, cache)
+                else:
+                    hidden = self._decoder(
+                        input_ids=ids[:, None], position_ids=positions[:, None], attention_mask=visible_mask,
+                        use_cache=True, **{self._cache_kwarg: cache},
+                    ).last_hidden_state[:, -1]
+                results.append(hidden.float())
+                cursor.move_to(column + 1)
+        expected, ours = torch.cat(results[:2]), torch.cat(results[2:])
+        # Concatenated weights may change cuBLAS's summation order: bf16 outputs then differ by a
+        # rounding here and there; a wiring error (a swapped projection, rotary left out on a real
+        # model) moves them by far more.
+        relative = 1e-4 if self.dtype == torch.float32 else 2e-2
+        return torch.allclose(ours, expected, rtol=0, atol=relative * float(expected.abs().max()) + 1e-6)
 
     def _step(self, slot: int, sampling: Sampling):
+        if not self._slots[slot].allocated:
+            # Nothing was prefilled (all prompts of one token): this step allocates the KV buffers,
+            # which belongs neither in compiled code nor in a graph.
+            return self._decode_step(slot, sampling, compiled=False)
         if not self.cuda_graphs:
             return self._decode_step(slot, sampling)
         with torch.cuda.device(self.device):  # streams and capture on the model's GPU

@@ -28,7 +28,7 @@ class RunSettings(BaseModel):
     ENV_ALIASES: ClassVar[dict[str, str]] = {}
     KEY_ALIASES: ClassVar[dict[str, str]] = {}
 
-    model: str = Field("random-tiny", description="model name, hub id or local path")
+    model: str = Field("tiny-math", description="model name, hub id or local path")
     dataset: str = Field("tiny-math", description="data set name or local JSONL path")
     gpus: Literal["all"] | int | list[int] = Field(
         "all", description="'all', a count, or GPU indices like 0,3 (on a CPU machine: the number of ranks)"

@@ -31,7 +31,8 @@ class Settings(RunSettings):
     }
     KEY_ALIASES = {"steps": "mcmc_steps", "max_new": "max_new_tokens", "temp": "temperature"}
 
-    model: str = Field("tiny-math", description="model name, hub id or local path")
+    compile: bool = Field(False, description="torch.compile the decode step (CUDA only): faster steps, but each "
+                          "process compiles for tens of seconds first; worth it for long runs")
     method: Literal["power", "sample", "greedy", "reference"] = Field(
         "power", description="power = batched MCMC; sample / greedy = baselines; reference = one problem at a time with generate()"
     )
@@ -100,9 +101,11 @@ class BatchSampler:
         self.stats = PowerSamplingStats()
         self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
         torch.manual_seed(settings.seed * 1000 + ctx.rank)  # the reference method draws from the global RNG
+        self.engine = None
         if settings.method != "reference":
             # Two answers' worth of columns: a resample keeps up to one answer and writes up to another.
-            self.engine = GenerationEngine(model, eos, pad_token_id=pad, max_columns=2 * settings.max_new_tokens + 512)
+            self.engine = GenerationEngine(model, eos, pad_token_id=pad, max_columns=2 * settings.max_new_tokens + 512,
+                                           compile=settings.compile and ctx.device.type == "cuda")
 
     def stats_snapshot(self) -> dict:
         return {"decoded_tokens": self.stats.decoded_tokens, "sampling_calls": self.stats.sampling_calls,
@@ -113,12 +116,20 @@ class BatchSampler:
 
         chains = self.settings.chains
         prompts = [prompt_ids(self.tokenizer, example["question"]) for _, example in batch for _ in range(chains)]
-        answers = self.sample(prompts)
+        answers = self.sample(self.padded(prompts))[: len(prompts)]
         rows = []
         for row, tokens in enumerate(answers):
             index, example = batch[row // chains]
             rows.append(score(index, row % chains, example, tokens, self.tokenizer, self.eos, self.settings))
         return rows
+
+    def padded(self, prompts: list[list[int]]) -> list[list[int]]:
+        """A short last batch is filled up with copies (whose answers are dropped): CUDA graphs and
+        compiled code are made for one batch shape, and a new shape would cost a new compilation."""
+        rows = self.settings.batch_size * self.settings.chains
+        if self.engine is None or not self.engine.cuda_graphs or len(prompts) >= rows:
+            return prompts
+        return prompts + [prompts[-1]] * (rows - len(prompts))
 
     def sample(self, prompts: list[list[int]]) -> list[list[int]]:
         from gpuscale.engines.generation import Sampling

@@ -19,6 +19,7 @@ from gpuscale.data.tasks import (
 )
 
 NUMBER = re.compile(r"-?\d+")
+COUNTING_QUESTION = re.compile(r"Here is a list: (.*)\. How many times does (\w+) appear in it\?")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_comparison_answers_are_right(tiny_test):
 
 def test_counting_answers_are_right(tiny_test):
     for example in (e for e in tiny_test if e["domain"] == "counting"):
-        match = re.fullmatch(r"Here is a list: (.*)\. How many times does (\w+) appear in it\?", example["question"])
+        match = re.fullmatch(COUNTING_QUESTION, example["question"])
         words, target = match.group(1).split(", "), match.group(2)
         assert int(gold_answer(example)) == words.count(target)
 
