@@ -188,3 +188,12 @@ def _count_parameters(config) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def check_model_name(name: str) -> str:
+    """Refuse, before anything starts, a model that is neither known, nor a local directory, nor
+    shaped like a hub id (whether the hub has it is only known when a rank loads it)."""
+    if name in KNOWN_MODELS or Path(name).expanduser().is_dir() or looks_like_hub_id(name):
+        return name
+    raise ValueError(f"unknown model; known models: {', '.join(KNOWN_MODELS)} "
+                     "(or a local model directory, or a hub id like org/name)")

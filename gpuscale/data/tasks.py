@@ -279,3 +279,14 @@ _DOMAIN_GENERATORS: dict[str, Callable[[random.Random], dict]] = {
     "comparison": _comparison,
     "counting": _counting,
 }
+
+
+def check_dataset_name(name: str) -> str:
+    """Refuse, before anything starts, a data set that is neither known nor an existing .jsonl file."""
+    if name in KNOWN_TASKS:
+        return name
+    if name.endswith(".jsonl"):
+        if Path(name).expanduser().is_file():
+            return name
+        raise ValueError("no such file")
+    raise ValueError(f"unknown data set; known data sets: {', '.join(KNOWN_TASKS)} (or a path to a .jsonl file)")

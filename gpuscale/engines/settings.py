@@ -70,6 +70,20 @@ class RunSettings(BaseModel):
                 raise ValueError("a GPU index is listed twice")
         return value
 
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        from gpuscale.data.models import check_model_name
+
+        return check_model_name(value)
+
+    @field_validator("dataset")
+    @classmethod
+    def _check_dataset(cls, value: str) -> str:
+        from gpuscale.data.tasks import check_dataset_name
+
+        return check_dataset_name(value)
+
     @field_validator("max_examples", mode="before")
     @classmethod
     def _none_words(cls, value: Any) -> Any:

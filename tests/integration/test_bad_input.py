@@ -11,6 +11,11 @@ from conftest import gpuscale
     (["run", "--recipe", "probe", "--batch-size", "0"], "batch_size: '0': Input should be greater than or equal to 1"),
     (["run", "--recipe", "probe", "--gpus", "999"], "gpus: 999: "),
     (["run", "--recipe", "probe", "--precision", "fp4"], "precision: 'fp4': "),
+    (["run", "--recipe", "power-sampling", "--model", "nope"],
+     "model: 'nope': unknown model; known models: tiny-math, random-tiny, random-qwen2.5-0.5b"),
+    (["run", "--recipe", "power-sampling", "--dataset", "nope"],
+     "dataset: 'nope': unknown data set; known data sets: tiny-math, gsm8k"),
+    (["run", "--recipe", "power-sampling", "--dataset", "/no/such/file.jsonl"], "dataset: '/no/such/file.jsonl': no such file"),
     (["sbatch", "--recipe", "probe", "--nodes", "2", "--gpus-per-node", "8", "--set", "batch_size=-1"], "batch_size: '-1'"),
 ])
 def test_bad_run_input_starts_and_writes_nothing(home, args, message):

@@ -31,3 +31,22 @@ def test_seed_knobs_work_as_aliases(home):
     s = run["settings"]
     assert (s["mcmc_steps"], s["max_new_tokens"], s["max_examples"], s["gpus"], s["batch_size"]) == (1, 32, 2, 1, 2)
     assert run["summary"]["problems"] == 2
+
+
+def test_local_model_directory_and_gsm8k_format_jsonl(home, tmp_path):
+    """The real-model path: a saved model directory and a local GSM8K-format file."""
+    import shutil
+
+    from gpuscale.data.models import model_path
+    from gpuscale.data.tasks import load_examples
+
+    model_dir = tmp_path / "my-model"
+    shutil.copytree(model_path("tiny-math"), model_dir)
+    data = tmp_path / "gsm8k-style.jsonl"
+    examples = load_examples("tiny-math", "test", max_examples=3)
+    data.write_text("".join(json.dumps({"question": e["question"], "answer": e["answer"]}) + "\n" for e in examples))
+    run = run_json("run", "--recipe", "power-sampling", "--gpus", "1", "--model", str(model_dir),
+                   "--dataset", str(data), "--set", "max_new_tokens=64", "--set", "blocks=2", "--set", "mcmc_steps=2")
+    assert run["status"] == "succeeded", run["error"]
+    results = json.loads(gpuscale("export", str(run["id"])).stdout)["results"]
+    assert [r["gold"] for r in results] == [e["answer"].rsplit("#### ", 1)[1] for e in examples]
