@@ -46,13 +46,18 @@ def frozen_home(home, frozen_template, monkeypatch):
 
 
 def frozen_app(home: Path, **kwargs) -> GpuscaleApp:
-    """The app as the snapshots see it: frozen clock, the built-in recipe only, no NVML, no blinking."""
+    """The app as the snapshots see it: frozen clock, the built-in recipe only, no NVML, no blinking,
+    no animation."""
     from gpuscale.recipes.registry import get_recipe
 
     options = dict(home=home, clock=lambda: FROZEN_NOW, recipes={"probe": get_recipe("probe")},
                    list_gpus=lambda: [], cursor_blink=False)
     options.update(kwargs)
-    return GpuscaleApp(**options)
+    app = GpuscaleApp(**options)
+    # No animations: a tab underline or a fade caught half-way made one grey of the NO_COLOR
+    # monitor snapshot differ between machines.
+    app.animation_level = "none"
+    return app
 
 
 async def settle(pilot, rounds: int = 3) -> None:

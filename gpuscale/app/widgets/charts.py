@@ -11,6 +11,9 @@ from textual_plotext import PlotextPlot
 from gpuscale.engines.monitor import Series, spark_text
 
 
+
+SERIES_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red")
+
 class GaugeSparkline(Sparkline):
     """Textual's Sparkline on a fixed scale (0-100 % by default).
 
@@ -61,8 +64,11 @@ class TimeChart(PlotextPlot):
             plt.ylim(None, None)
         plt.xlabel(x_label)
         drawn = [(label, s) for label, s in lines if s.xs]
-        for label, series in drawn:
-            plt.plot(list(series.xs), list(series.ys), label=label if len(drawn) > 1 else None, marker="braille")
+        for index, (label, series) in enumerate(drawn):
+            # An explicit colour per series: plotext's own colour cycle depends on how many plots the
+            # figure has seen, so the same data could come out in another colour.
+            plt.plot(list(series.xs), list(series.ys), label=label if len(drawn) > 1 else None, marker="braille",
+                     color=SERIES_COLORS[index % len(SERIES_COLORS)])
         if not drawn:
             plt.title(f"{title}: no data yet")
         self.refresh()
