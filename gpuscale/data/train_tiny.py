@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from gpuscale.data.answers import is_correct
+from gpuscale.data.prompts import prompt_ids
 from gpuscale.data.tasks import gold_answer, load_examples
 
 PAD, END, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>"
@@ -107,14 +108,6 @@ def generation_config_for(tokenizer):
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None, max_new_tokens=MAX_NEW_TOKENS,
     )
-
-
-def prompt_ids(tokenizer, question: str) -> list[int]:
-    encoded = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], add_generation_prompt=True
-    )
-    # transformers 5 returns a BatchEncoding, 4.x a plain list.
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,8 +193,6 @@ def reconcile(store: Store) -> list[int]:
 
     Every front end calls this before it shows runs. Returns the ids it marked lost.
     """
-    import time
-
     reap_children()
     lost = []
     for run in store.live_runs():
