@@ -21,6 +21,10 @@ def home(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "gpuscale-home"
     monkeypatch.setenv("GPUSCALE_HOME", str(path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # CI's two cores are shared by pytest, the app, supervisors and ranks. A CPU rank with two OpenMP
+    # threads there waits at OpenMP barriers for a descheduled thread: 500 ms per tiny decode step
+    # under load instead of 10, enough to time a test out. One thread per rank keeps runs brisk.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     for key in list(os.environ):
         if key.startswith(("GPUSCALE_", "POWERSAMPLE_")) and key != "GPUSCALE_HOME":
             monkeypatch.delenv(key)

@@ -18,15 +18,26 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from gpuscale.engines import history, launch, telemetry
+from gpuscale.engines import launch, telemetry
 from gpuscale.engines.store import Store, gpuscale_home
 from gpuscale.recipes.registry import all_recipes
-from gpuscale.app.screens.compare import CompareScreen
-from gpuscale.app.screens.dialogs import ExportDialog
-from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.screens.launch import LaunchScreen
-from gpuscale.app.screens.monitor import MonitorScreen
-from gpuscale.app.screens.run_detail import RunDetailScreen
+
+# The first frame is the launch screen; the other screens (and textual-plotext, which draws the
+# monitor's charts) are imported when first shown, which keeps a tenth of a second or more off start-up.
+
+
+def monitor_screen():
+    from gpuscale.app.screens.monitor import MonitorScreen
+
+    return MonitorScreen()
+
+
+def history_screen():
+    from gpuscale.app.screens.history import HistoryScreen
+
+    return HistoryScreen()
+
 
 # One Store (one SQLite connection) per worker thread and GPUSCALE_HOME: sqlite3 connections belong
 # to the thread that opened them, and Textual runs thread workers on a small reused pool.
@@ -37,7 +48,7 @@ class GpuscaleApp(App):
     TITLE = "gpuscale"
     CSS_PATH = Path(__file__).with_name("tui.tcss")  # absolute: subclasses elsewhere find it too
     ENABLE_COMMAND_PALETTE = False
-    MODES = {"launch": LaunchScreen, "monitor": MonitorScreen, "history": HistoryScreen}
+    MODES = {"launch": LaunchScreen, "monitor": monitor_screen, "history": history_screen}
     DEFAULT_MODE = "launch"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
@@ -78,14 +89,13 @@ class GpuscaleApp(App):
             stores[self.home] = Store(self.home)
         return stores[self.home]
 
-    def on_mount(self) -> None:
-        self._find_live_runs()
-
     def on_ready(self) -> None:
-        """The first frame is on the terminal: now the launch form, the costliest part of the screen."""
+        """The first frame is on the terminal: now the launch form, the costliest part of the screen,
+        and the store (opening it imports sqlite-utils and may switch to the monitor of a live run)."""
         self.first_frame_shown = True
         if isinstance(self.screen, LaunchScreen):
             self.screen.pick_first_recipe()
+        self._find_live_runs()
 
     @work(thread=True, exclusive=True, group="startup", exit_on_error=False)
     def _find_live_runs(self) -> None:
@@ -119,12 +129,18 @@ class GpuscaleApp(App):
         await self.screen_stack[0].open_run(run_id)
 
     def open_details(self, run_id: int) -> None:
+        from gpuscale.app.screens.run_detail import RunDetailScreen
+
         self.push_screen(RunDetailScreen(run_id))
 
     def open_compare(self, a: int, b: int) -> None:
+        from gpuscale.app.screens.compare import CompareScreen
+
         self.push_screen(CompareScreen(a, b))
 
     def export_run(self, run_id: int) -> None:
+        from gpuscale.app.screens.dialogs import ExportDialog
+
         def chosen(choice) -> None:
             if choice:
                 self._export(run_id, *choice)
@@ -133,6 +149,8 @@ class GpuscaleApp(App):
 
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, run_id: int, fmt: str, path: Path) -> None:
+        from gpuscale.engines import history
+
         try:
             path.write_text(history.export_run(self.store(), run_id, fmt))
             message, severity = f"run {run_id} exported to {path.resolve()}", "information"

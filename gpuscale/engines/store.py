@@ -7,6 +7,7 @@ i + 1, so an old runs.db is upgraded in place and nothing stored is lost.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -17,9 +18,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
-def _import_sqlite_utils():
-    """sqlite-utils imports pandas and numpy when they are installed, for features gpuscale does not
-    use; that costs about half a second, and the TUI must open in well under one. Hide them meanwhile."""
+@functools.cache
+def _sqlite_utils():
+    """Imported when the first Store opens, off the TUI's first frame. sqlite-utils imports pandas and
+    numpy when they are installed, for features gpuscale does not use; that costs about half a
+    second, so they are hidden meanwhile."""
     hidden = [name for name in ("pandas", "numpy") if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]
@@ -30,8 +33,6 @@ def _import_sqlite_utils():
             sys.modules.pop(name, None)
     return sqlite_utils
 
-
-sqlite_utils = _import_sqlite_utils()
 
 STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost")
 LIVE_STATUSES = ("queued", "running")
@@ -91,7 +92,7 @@ class Store:
         (self.home / "runs").mkdir(exist_ok=True)
         conn = sqlite3.connect(self.home / "runs.db", timeout=30, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 30000")
-        self.db = sqlite_utils.Database(conn)
+        self.db = _sqlite_utils().Database(conn)
         self.db.enable_wal()
         # WAL + NORMAL: a crash never corrupts the file; at worst the last tick is lost on power loss.
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -164,7 +165,7 @@ class Store:
     def get_run(self, run_id: int | str) -> dict:
         try:
             row = self.db["runs"].get(int(run_id))
-        except (ValueError, sqlite_utils.db.NotFoundError):
+        except (ValueError, _sqlite_utils().db.NotFoundError):
             raise UnknownRun(run_id) from None
         return _decode_run(row)
 

@@ -84,8 +84,9 @@ class Supervisor:
         else:
             env["GPUSCALE_DEVICE"] = "cpu"
             env["CUDA_VISIBLE_DEVICES"] = ""
-            # CPU ranks share the cores instead of each starting one thread per core.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.plan["nproc"]))
+            # CPU ranks share the cores instead of each starting one thread per core; a value the
+            # user set wins (on a busy machine one thread per rank is faster than several waiting).
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.plan["nproc"])))
         log = open(self.run_dir / "logs" / "launcher.log", "ab")
         return subprocess.Popen(
             self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -3,6 +3,7 @@ monitor's keys that need no real run (window, figure, log source)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from tui_helpers import frozen_app, frozen_home, frozen_template, run_async, settle, wait_for  # noqa: F401
@@ -117,5 +118,48 @@ def test_monitor_keys_change_window_figure_and_log(frozen_home):
             await wait_for(pilot, lambda: monitor.view.window_text == "last 5:00", 10, "a 5 minute window")
             assert monitor.view.figure_name == "loss" and monitor.view.log_source == "rank0"
             assert monitor.query_one(".monitor-log").lines[0].startswith("rank 0/2")
+
+    run_async(scenario())
+
+
+def test_one_run_opened_twice_at_once_gets_one_tab(frozen_home):
+    """The launch screen and the live-run poll may open the same new run at the same moment."""
+    home, ids = frozen_home
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            screen = app.screen
+            await asyncio.gather(screen.open_run(ids["failed"]), screen.open_run(ids["failed"]))
+            await settle(pilot)
+            opened = [m for m in screen.query(RunMonitor) if m.run_id == ids["failed"]]
+            assert len(opened) == 1 and screen.active_monitor() is opened[0]
+
+    run_async(scenario())
+
+
+def test_a_poll_that_cannot_be_shown_is_reported_and_polling_goes_on(frozen_home, monkeypatch):
+    home, _ = frozen_home
+    failures = []
+
+    def fail_once(self, view):
+        if not failures:
+            failures.append(view)
+            raise ValueError("chart cannot be drawn")
+        return show_charts(self, view)
+
+    show_charts = RunMonitor._show_charts
+    monkeypatch.setattr(RunMonitor, "_show_charts", fail_once)
+
+    async def scenario():
+        app = frozen_app(home, poll_s=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            monitor = await wait_for(pilot, lambda: app.current_mode == "monitor" and app.screen.query(RunMonitor),
+                                     10, "the live run's monitor")
+            status = monitor.first().query_one(".monitor-status")
+            await wait_for(pilot, lambda: "cannot show run" in str(status.render()), 10, "the error on the status line")
+            assert "chart cannot be drawn" in str(status.render())
+            await wait_for(pilot, lambda: "running" in str(status.render()), 10, "the next poll shown")
 
     run_async(scenario())

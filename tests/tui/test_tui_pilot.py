@@ -57,6 +57,15 @@ def monitor_of(app, run_id: int) -> RunMonitor | None:
     return None
 
 
+def explain_monitor(monitor: RunMonitor, store: Store) -> str:
+    """What the monitor shows next to what the store holds: which of the two is behind."""
+    run = store.get_run(monitor.run_id)
+    shown = monitor.view.run if monitor.view else {}
+    return (f"store: {run['status']}, progress {run['progress']}, error {run['error']}; monitor shows "
+            f"{shown.get('status')}, progress {shown.get('progress')}; status line "
+            f"{monitor.query_one('.monitor-status').render()}")
+
+
 def test_bad_batch_size_is_shown_at_the_field_and_refused(home, store):
     async def scenario():
         app = GpuscaleApp(cursor_blink=False)
@@ -97,7 +106,7 @@ def test_launch_watch_stop_and_find_a_real_run(home, store):
             await wait_for(pilot, lambda: app.current_mode == "monitor" and monitor_of(app, run_id), 30, "the monitor")
             monitor = monitor_of(app, run_id)
             await wait_for(pilot, lambda: monitor.view and (monitor.view.run["progress"] or {}).get("tokens_per_s", 0) > 0,
-                           90, "tokens/s above zero")
+                           90, "tokens/s above zero", explain=lambda: explain_monitor(monitor, store))
             await wait_for(pilot, lambda: monitor.query(DeviceRow), 30, "a sample row")
             labels = [row.view.label for row in monitor.query(DeviceRow)]
             assert "host CPU" in labels or any(label.startswith("GPU") for label in labels)

@@ -68,15 +68,17 @@ async def settle(pilot, rounds: int = 3) -> None:
     await pilot.pause()
 
 
-async def wait_for(pilot, condition, timeout: float = 60.0, message: str = "condition"):
-    """Poll `condition()` while the app runs; returns its first truthy value."""
+async def wait_for(pilot, condition, timeout: float = 60.0, message: str = "condition", explain=None):
+    """Poll `condition()` while the app runs; returns its first truthy value. On a timeout the
+    error carries `explain()`, what the test knows of the state it waited on."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         await pilot.pause(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    state = f"; {explain()}" if explain else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}{state}")
 
 
 def run_async(coro):

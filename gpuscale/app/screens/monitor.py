@@ -6,6 +6,8 @@ run started elsewhere, or before the app was opened, gets its tab too.
 
 from __future__ import annotations
 
+import asyncio
+
 from textual import on, work
 from textual.binding import Binding
 from textual.screen import Screen
@@ -37,6 +39,10 @@ class MonitorScreen(Screen):
         Binding("x", "close", "Close tab", show=False),
     ]
 
+    def __init__(self):
+        super().__init__()
+        self._opening = asyncio.Lock()
+
     def compose(self):
         yield Header(show_clock=False)
         yield Static("No live run. F2: launch one · F4: the history.", id="no-runs")
@@ -61,14 +67,17 @@ class MonitorScreen(Screen):
         return pane.query_one(RunMonitor) if pane is not None else None
 
     async def open_run(self, run_id: int, activate: bool = True) -> None:
-        pane_id = f"run-{run_id}"
-        tabs = self.tabs()
-        if not tabs.query(f"#{pane_id}"):
-            await tabs.add_pane(TabPane(f"run {run_id}", RunMonitor(run_id), id=pane_id))
-        self._show_empty()  # first: a monitor polls only once it is displayed
-        if activate:
-            tabs.active = pane_id
-            self.active_monitor().poll_now()
+        # One at a time: the launch screen and the live-run poll can both open the same new run; a
+        # second caller must find the first one's tab mounted, not add another or activate a half one.
+        async with self._opening:
+            pane_id = f"run-{run_id}"
+            tabs = self.tabs()
+            if not tabs.query(f"#{pane_id}"):
+                await tabs.add_pane(TabPane(f"run {run_id}", RunMonitor(run_id), id=pane_id))
+            self._show_empty()  # first: a monitor polls only once it is displayed
+            if activate:
+                tabs.active = pane_id
+                self.active_monitor().poll_now()
 
     def _show_empty(self) -> None:
         empty = not self.monitors()

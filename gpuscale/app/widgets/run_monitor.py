@@ -278,17 +278,25 @@ class RunMonitor(VerticalScroll):
 
     def _show(self, view: MonitorView | Exception) -> None:
         self._polling = False
-        if isinstance(view, Exception):
-            set_text(self._status, f"cannot read run {self.run_id}: {view}", fixed_size=True)
-            self._schedule(live=True)
-            return
+        live = True
+        try:
+            if isinstance(view, Exception):
+                raise view
+            live = view.live
+            self._show_view(view)
+        except Exception as exc:  # say so, and keep polling: a monitor that stops silently is the worst case
+            self.log.error(f"run {self.run_id}: poll not shown: {exc!r}")
+            set_text(self._status, f"cannot show run {self.run_id}: {exc!r}", fixed_size=True)
+        finally:
+            self._schedule(live)
+
+    def _show_view(self, view: MonitorView) -> None:
         self.run, self.live, self.view = view.run, view.live, view
         self._show_status(view)
         self._show_devices(view.devices)
         self._show_charts(view)
         self._show_log(view)
         self.post_message(RunMonitor.Updated(self, view))
-        self._schedule(view.live)
 
     def _schedule(self, live: bool) -> None:
         if self._poll_again:
