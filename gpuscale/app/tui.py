@@ -18,13 +18,13 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from gpuscale.engines import launch, telemetry
+from gpuscale.engines import history, launch, telemetry
 from gpuscale.engines.store import Store, gpuscale_home
 from gpuscale.recipes.registry import all_recipes
 from gpuscale.app.screens.launch import LaunchScreen
 
 # The first frame is the launch screen; the other screens (and textual-plotext, which draws the
-# monitor's charts) are imported when first shown, which keeps a tenth of a second or more off start-up.
+# monitor's charts) are imported when first shown: about 50 ms less before the first frame.
 
 
 def monitor_screen():
@@ -149,8 +149,6 @@ class GpuscaleApp(App):
 
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, run_id: int, fmt: str, path: Path) -> None:
-        from gpuscale.engines import history
-
         try:
             path.write_text(history.export_run(self.store(), run_id, fmt))
             message, severity = f"run {run_id} exported to {path.resolve()}", "information"

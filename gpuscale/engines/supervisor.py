@@ -74,19 +74,7 @@ class Supervisor:
     # ---- the run ------------------------------------------------------------------------------
 
     def launch(self) -> subprocess.Popen:
-        env = dict(os.environ)
-        env[RUN_DIR_ENV] = str(self.run_dir)
-        env["PYTHONUNBUFFERED"] = "1"
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers then match NVML's
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
-        if self.plan["gpu_indices"]:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.plan["gpu_indices"]))
-        else:
-            env["GPUSCALE_DEVICE"] = "cpu"
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            # CPU ranks share the cores instead of each starting one thread per core; a value the
-            # user set wins (on a busy machine one thread per rank is faster than several waiting).
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.plan["nproc"])))
+        env = rank_environment(os.environ, self.run_dir, self.plan)
         log = open(self.run_dir / "logs" / "launcher.log", "ab")
         return subprocess.Popen(
             self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -174,6 +162,25 @@ class Supervisor:
         if peaks:
             figures["peak_run_mem_mb"] = {f"{kind}{idx}": round(run_mem or 0, 1) for kind, idx, run_mem, _ in peaks}
         return figures
+
+
+def rank_environment(environ, run_dir: Path, plan: dict) -> dict[str, str]:
+    """The launcher's (and so every rank's) environment: the run marker, the devices, the threads."""
+    env = dict(environ)
+    env[RUN_DIR_ENV] = str(run_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers then match NVML's
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    if plan["gpu_indices"]:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan["gpu_indices"]))
+    else:
+        env["GPUSCALE_DEVICE"] = "cpu"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    # The ranks share the cores. Left alone, torchrun gives each of several ranks one thread but a
+    # single rank every core, so 1 and N GPUs would differ in host threads too. A value the user set
+    # wins (on a busy machine one thread per rank beats several waiting at OpenMP barriers).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan["nproc"])))
+    return env
 
 
 def first_error(run_dir: Path, exit_code: int) -> tuple[str, str | None]:

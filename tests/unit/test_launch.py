@@ -77,3 +77,17 @@ def test_sbatch_script_is_valid_bash(tmp_path):
     subprocess.run(["bash", "-n", str(path)], check=True)
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "--nnodes 2" in script and '--node-rank "$SLURM_NODEID"' in script
+
+
+@pytest.mark.parametrize("gpu_indices, nproc", [([], 2), ([0, 3], 2), ([5], 1)])
+def test_ranks_share_the_cores_unless_the_user_set_threads(monkeypatch, gpu_indices, nproc):
+    from gpuscale.engines.supervisor import rank_environment
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    plan = {"gpu_indices": gpu_indices, "nproc": nproc}
+    env = rank_environment({"PATH": "/bin"}, Path("/runs/7"), plan)
+    assert env["OMP_NUM_THREADS"] == str(16 // nproc)
+    assert env["GPUSCALE_RUN_DIR"] == "/runs/7" and env["PATH"] == "/bin"
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpu_indices))
+    assert (env.get("GPUSCALE_DEVICE") == "cpu") == (not gpu_indices)
+    assert rank_environment({"OMP_NUM_THREADS": "3"}, Path("/runs/7"), plan)["OMP_NUM_THREADS"] == "3"
