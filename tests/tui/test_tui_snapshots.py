@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tui_helpers import SNAPSHOT_SIZES, frozen_app, frozen_home, frozen_template, settle  # noqa: F401 (fixtures)
+from tui_helpers import SNAPSHOT_SIZES, frozen_app, frozen_home, frozen_template, settle, settle_screen  # noqa: F401 (fixtures)
 
 sizes = pytest.mark.parametrize("size", SNAPSHOT_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 
@@ -27,7 +27,7 @@ def snapshot_of(keys: tuple[str, ...] = (), focus: str | None = None, typed: tup
             await pilot.press(*typed)
             await settle(pilot)
         pilot.app.clear_notifications()  # toasts time out: not part of a stable picture
-        await settle(pilot)
+        await settle_screen(pilot)
 
     return run_before
 

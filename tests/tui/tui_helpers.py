@@ -68,6 +68,20 @@ async def settle(pilot, rounds: int = 3) -> None:
     await pilot.pause()
 
 
+async def settle_screen(pilot, timeout: float = 10.0) -> None:
+    """Settle, then until two screenshots 0.1 s apart are the same. On a busy machine a DataTable
+    may widen its columns a frame after its rows arrived: a snapshot must wait for the last frame."""
+    last = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await settle(pilot)
+        await pilot.pause(0.1)
+        shot = pilot.app.export_screenshot()
+        if shot == last:
+            return
+        last = shot
+
+
 async def wait_for(pilot, condition, timeout: float = 60.0, message: str = "condition", explain=None):
     """Poll `condition()` while the app runs; returns its first truthy value. On a timeout the
     error carries `explain()`, what the test knows of the state it waited on."""
