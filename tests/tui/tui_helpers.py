@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from textual.worker import WorkerCancelled
 
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.engines.store import Store
@@ -61,10 +62,14 @@ def frozen_app(home: Path, **kwargs) -> GpuscaleApp:
 
 
 async def settle(pilot, rounds: int = 3) -> None:
-    """Let workers finish and their results be shown (a poll, then the widgets it mounts)."""
+    """Let workers finish and their results be shown (a poll, then the widgets it mounts). A worker
+    cancelled by a newer one of its exclusive group (new history filters, say) is not an error."""
     for _ in range(rounds):
         await pilot.pause(0.05)
-        await pilot.app.workers.wait_for_complete()
+        ended = await asyncio.gather(*(worker.wait() for worker in pilot.app.workers), return_exceptions=True)
+        for outcome in ended:
+            if isinstance(outcome, Exception) and not isinstance(outcome, WorkerCancelled):
+                raise outcome
     await pilot.pause()
 
 

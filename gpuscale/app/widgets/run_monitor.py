@@ -197,7 +197,9 @@ class RunMonitor(VerticalScroll):
             node = node.parent
         return True
 
-    @work(thread=True, exclusive=True, group="monitor-poll", exit_on_error=False)
+    # Not `exclusive`: `_polling` already keeps one read in flight, and an exclusive worker would
+    # cancel the previous one while its thread still returns from showing its poll.
+    @work(thread=True, group="monitor-poll", exit_on_error=False)
     def _poll(self) -> None:
         try:
             view = self._read()
