@@ -287,8 +287,9 @@ class RunMonitor(VerticalScroll):
             live = view.live
             self._show_view(view)
         except Exception as exc:  # say so, and keep polling: a monitor that stops silently is the worst case
-            self.log.error(f"run {self.run_id}: poll not shown: {exc!r}")
-            set_text(self._status, f"cannot show run {self.run_id}: {exc!r}", fixed_size=True)
+            failed = "read" if isinstance(view, Exception) else "show"  # the store, or this widget
+            self.log.error(f"run {self.run_id}: cannot {failed} the poll: {exc!r}")
+            set_text(self._status, f"cannot {failed} run {self.run_id}: {exc!r}", fixed_size=True)
         finally:
             self._schedule(live)
 
