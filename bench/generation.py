@@ -34,6 +34,7 @@ import transformers
 from transformers import GenerationConfig
 
 from gpuscale.data.models import build_random_model
+from gpuscale.engines.distributed import resolve_dtype
 from gpuscale.engines.generation import GenerationEngine, Sampling
 
 TARGET_SPEEDUP = {1: 15.0, 64: 10.0}  # engine vs generate(), on the GPU
@@ -44,7 +45,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
-                        help="auto: bf16 on CUDA, fp32 on CPU")
+                        help="auto: as gpuscale runs (bf16 on compute capability 8.0+, fp16 below, fp32 on CPU)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
@@ -156,8 +157,7 @@ def main(argv=None):
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-             "auto": torch.bfloat16 if device.type == "cuda" else torch.float32}[args.dtype]
+    dtype = resolve_dtype(args.dtype, device)
     model = build_random_model(args.model, seed=args.seed).to(device=device, dtype=dtype).eval()
     vocab = model.config.vocab_size
 

@@ -29,6 +29,7 @@ import torch
 from torch.autograd import DeviceType
 
 from gpuscale.data.models import build_random_model
+from gpuscale.engines.distributed import resolve_dtype
 from gpuscale.engines.generation import GenerationEngine, Sampling
 
 VARIANTS = {
@@ -54,7 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
-                        help="auto: bf16 on CUDA, fp32 on CPU")
+                        help="auto: as gpuscale runs (bf16 on compute capability 8.0+, fp16 below, fp32 on CPU)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--context", type=int, default=384,
@@ -177,8 +178,7 @@ def kernel_table(rows, top: int) -> str:
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device(args.device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-             "auto": torch.bfloat16 if device.type == "cuda" else torch.float32}[args.dtype]
+    dtype = resolve_dtype(args.dtype, device)
     variants = args.variants or (list(VARIANTS) if device.type == "cuda" else ["plain", "fused"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

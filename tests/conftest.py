@@ -22,8 +22,8 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("GPUSCALE_HOME", str(path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # CI's two cores are shared by pytest, the app, supervisors and ranks. A CPU rank with two OpenMP
-    # threads there waits at OpenMP barriers for a descheduled thread: 500 ms per tiny decode step
-    # under load instead of 10, enough to time a test out. One thread per rank keeps runs brisk.
+    # threads there waits at OpenMP barriers for a descheduled thread: about 500 ms per tiny decode
+    # step under load instead of 2 (bench/RESULTS.md), enough to time a test out.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     for key in list(os.environ):
         if key.startswith(("GPUSCALE_", "POWERSAMPLE_")) and key != "GPUSCALE_HOME":
@@ -37,6 +37,12 @@ def gpuscale(*args: str, env: dict | None = None, timeout: float = 240, entry: s
         [sys.executable, "-m", entry, *args], capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def python_offline(code: str, hf_home: Path) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with the hub unreachable and an empty Hugging Face cache."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(hf_home))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 
 def spawn_gpuscale(*args: str, env: dict | None = None) -> subprocess.Popen:

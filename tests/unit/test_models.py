@@ -1,12 +1,12 @@
 """Models: the embedded tiny-math model loads offline and answers in GSM8K's format; names resolve."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from conftest import python_offline
 from gpuscale.data.answers import extract_answer, is_correct
 from gpuscale.data.models import (
     KNOWN_MODELS,
@@ -71,13 +71,12 @@ def test_tiny_math_answers_in_gsm8k_format(tiny_math):
 
 def test_tiny_math_loads_with_the_network_off(tmp_path):
     """In a fresh process with HF_HUB_OFFLINE=1 and an empty cache: no download is attempted."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     code = (
         "from gpuscale.data.models import load_model\n"
         "model, tokenizer = load_model('tiny-math')\n"
         "print(type(model).__name__, len(tokenizer))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = python_offline(code, tmp_path / "hf")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[0] == "LlamaForCausalLM"
 
@@ -115,13 +114,12 @@ def test_missing_local_path_is_not_taken_for_a_hub_id(tmp_path):
 
 
 def test_unreachable_hub_id_is_one_clear_line(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     code = (
         "from gpuscale.data.models import load_model, ModelError\n"
         "try:\n    load_model('no-such-org/no-such-model')\n"
         "except ModelError as error:\n    print('ModelError:', error)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = python_offline(code, tmp_path / "hf")
     lines = [line for line in result.stdout.splitlines() if line.startswith("ModelError:")]
     assert len(lines) == 1, result.stdout + result.stderr[-2000:]
     assert "hub" in lines[0] and "local directory" in lines[0]

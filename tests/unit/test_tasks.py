@@ -1,14 +1,12 @@
 """Tasks: the tiny-math generator (deterministic, disjoint splits, right answers) and the GSM8K loader."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 
+from conftest import python_offline
 from gpuscale.data.tasks import (
     KNOWN_TASKS,
     TINY_MATH_DOMAINS,
@@ -193,13 +191,12 @@ def test_gold_answer_needs_the_final_line():
 def test_gsm8k_without_the_hub_is_one_clear_line(tmp_path):
     """Offline with an empty cache: DataError saying so and pointing to a local JSONL file."""
     pytest.importorskip("datasets")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     code = (
         "from gpuscale.data.tasks import load_examples, DataError\n"
         "try:\n    load_examples('gsm8k', max_examples=5)\n"
         "except DataError as error:\n    print('DataError:', error)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = python_offline(code, tmp_path / "hf")
     lines = [line for line in result.stdout.splitlines() if line.startswith("DataError:")]
     assert len(lines) == 1, result.stdout + result.stderr
     assert "openai/gsm8k" in lines[0] and "hub" in lines[0] and ".jsonl" in lines[0]
