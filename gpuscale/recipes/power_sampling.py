@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from gpuscale.engines.settings import RunSettings
+
+if TYPE_CHECKING:  # torch is imported only inside a rank
+    from gpuscale.engines.mcmc import PowerSamplingStats
 
 SUMMARY = "MCMC sampling from p^alpha for math reasoning (GSM8K), batched over problems, chains and GPUs"
 
@@ -58,6 +61,7 @@ def main(settings: Settings, ctx, reporter) -> None:
     eos = eos_token_ids(model, tokenizer)
     sampler = BatchSampler(settings, model, tokenizer, eos, pad_token_id(tokenizer, eos), ctx)
     batches = [mine[i : i + settings.batch_size] for i in range(0, len(mine), settings.batch_size)]
+    warm_up_seconds = sampler.warm_up(batches[0]) if batches else 0.0
     reporter.total(len(batches))
     results, started = [], time.perf_counter()
     for number, batch in enumerate(batches, start=1):
@@ -70,7 +74,8 @@ def main(settings: Settings, ctx, reporter) -> None:
             acceptance_rate=sampler.stats.acceptance_rate, forward_passes=done["sampling_calls"],
         )
     elapsed = time.perf_counter() - started
-    everyone = ctx.gather({"results": results, "elapsed": elapsed, **sampler.stats_snapshot()})
+    everyone = ctx.gather({"results": results, "elapsed": elapsed, "warm_up": warm_up_seconds,
+                           **sampler.stats_snapshot()})
     if ctx.is_main:
         write_results(ctx.run_dir, everyone)
         reporter.summary(summarise(settings, everyone))
@@ -86,6 +91,11 @@ def stand_in_tokenizer(model_name: str):
     if model_name not in RANDOM_CONFIGS:
         raise ValueError(f"model: {model_name!r}: power sampling needs a model with a tokenizer")
     return AutoTokenizer.from_pretrained(model_path("tiny-math"), local_files_only=True)
+
+
+# Tokens per answer in the warm-up: enough decode steps for every CUDA graph to be captured (two
+# eager steps, then the capture), few enough to cost well under a second.
+WARM_UP_TOKENS = 8
 
 
 class BatchSampler:
@@ -107,20 +117,44 @@ class BatchSampler:
             self.engine = GenerationEngine(model, eos, pad_token_id=pad, max_columns=2 * settings.max_new_tokens + 512,
                                            compile=settings.compile and ctx.device.type == "cuda")
 
+    def warm_up(self, batch: list[tuple[int, dict]]) -> float:
+        """Run the method once on the batch's first problem with a few tokens, before the clock
+        starts, and return the seconds it took. A process's first steps pay one-time costs (CUDA
+        graph capture for both KV slots, cuBLAS and allocator set-up: about 1 s on an H200) that
+        would otherwise be counted as sampling. It draws from its own generator and leaves the
+        stats alone, so the run's samples are the same with or without it."""
+        import torch
+
+        from gpuscale.engines.mcmc import PowerSamplingStats
+
+        started = time.perf_counter()
+        short = self.settings.model_copy(update={"max_new_tokens": min(WARM_UP_TOKENS, self.settings.max_new_tokens),
+                                                 "blocks": 2, "mcmc_steps": 1})
+        device = self.generator.device
+        scratch = torch.Generator(device=device).manual_seed(0)
+        # The reference method draws from the global RNGs: they are restored afterwards.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            self.run(batch[:1], short, scratch, PowerSamplingStats())
+        return time.perf_counter() - started
+
     def stats_snapshot(self) -> dict:
         return {"decoded_tokens": self.stats.decoded_tokens, "sampling_calls": self.stats.sampling_calls,
                 "proposals": self.stats.proposals, "accepted": self.stats.accepted}
 
-    def run(self, batch: list[tuple[int, dict]]) -> list[dict]:
+    def run(self, batch: list[tuple[int, dict]], settings: Settings | None = None,
+            generator=None, stats: PowerSamplingStats | None = None) -> list[dict]:
+        """Sample and score the batch (with the sampler's own settings, generator and stats unless given)."""
         from gpuscale.data.prompts import prompt_ids
 
-        chains = self.settings.chains
+        s = settings or self.settings
+        chains = s.chains
         prompts = [prompt_ids(self.tokenizer, example["question"]) for _, example in batch for _ in range(chains)]
-        answers = self.sample(self.padded(prompts))[: len(prompts)]
+        generator = self.generator if generator is None else generator
+        answers = self.sample(self.padded(prompts), s, generator, self.stats if stats is None else stats)
         rows = []
-        for row, tokens in enumerate(answers):
+        for row, tokens in enumerate(answers[: len(prompts)]):
             index, example = batch[row // chains]
-            rows.append(score(index, row % chains, example, tokens, self.tokenizer, self.eos, self.settings))
+            rows.append(score(index, row % chains, example, tokens, self.tokenizer, self.eos, s))
         return rows
 
     def padded(self, prompts: list[list[int]]) -> list[list[int]]:
@@ -131,22 +165,21 @@ class BatchSampler:
             return prompts
         return prompts + [prompts[-1]] * (rows - len(prompts))
 
-    def sample(self, prompts: list[list[int]]) -> list[list[int]]:
+    def sample(self, prompts: list[list[int]], s: Settings, generator, stats: PowerSamplingStats) -> list[list[int]]:
         from gpuscale.engines.generation import Sampling
         from gpuscale.engines.mcmc import power_sample, power_sample_reference
 
-        s = self.settings
         if s.method == "reference":
             return [power_sample_reference(self.model, p, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
-                                           self.eos, self.pad, self.stats) for p in prompts]
+                                           self.eos, self.pad, stats) for p in prompts]
         if s.method == "power":
             generation = power_sample(self.engine, prompts, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
-                                      self.generator, self.stats)
+                                      generator, stats)
         else:
             sampling = Sampling(temperature=0.0 if s.method == "greedy" else s.temperature)
-            generation = self.engine.generate(prompts, s.max_new_tokens, sampling, self.generator)
-            self.stats.decoded_tokens += int(generation.lengths.sum())
-            self.stats.sampling_calls += 1
+            generation = self.engine.generate(prompts, s.max_new_tokens, sampling, generator)
+            stats.decoded_tokens += int(generation.lengths.sum())
+            stats.sampling_calls += 1
         return generation.sequences()
 
 
@@ -190,6 +223,7 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
         "forward_passes": sum(rank["sampling_calls"] for rank in everyone),
         "mean_answer_tokens": sum(r["tokens"] for r in rows) / max(1, len(rows)),
         "sampling_seconds": wall,
+        "warm_up_seconds": max(rank["warm_up"] for rank in everyone),
     }
     domains = sorted({r["domain"] for r in rows if r["domain"]})
     for domain in domains:

@@ -12,6 +12,7 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
     assert summary["method"] == "power" and summary["problems"] == 6
     assert 0.0 <= summary["accuracy"] <= 1.0 and 0.0 < summary["acceptance_rate"] <= 1.0
     assert summary["tokens_per_s"] > 0 and summary["problems_per_s"] > 0
+    assert 0 < summary["warm_up_seconds"] < summary["sampling_seconds"]  # one short problem vs six
     shown = run_json("show", str(run["id"]))["summary"]
     assert {"accuracy", "acceptance_rate", "tokens_per_s", "problems_per_s"} <= set(shown)
     exported = json.loads(gpuscale("export", str(run["id"])).stdout)
