@@ -40,6 +40,8 @@ def run(method: str, gpus: int, problems: int, args, extra: list[str] = ()) -> d
         raise SystemExit(f"{method} on {gpus} GPU(s) failed")
     run = json.loads(done.stdout)
     summary = {**run["summary"], "batches": batch_timings(run["run_dir"])}
+    if summary["problems"] < problems:
+        print(f"  note: {summary['problems']} problems ran, not {problems}: the data set has no more", flush=True)
     print(f"  -> {summary['problems_per_s']:.3f} problems/s, accuracy {summary['accuracy']:.3f}, "
           f"acceptance {summary['acceptance_rate']}; seconds per batch by rank: "
           f"{ {rank: [round(s, 2) for s in t['seconds']] for rank, t in summary['batches'].items()} }", flush=True)

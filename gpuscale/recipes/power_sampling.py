@@ -119,10 +119,12 @@ class BatchSampler:
 
     def warm_up(self, batch: list[tuple[int, dict]]) -> float:
         """Run the method once on the batch's first problem with a few tokens, before the clock
-        starts, and return the seconds it took. A process's first steps pay one-time costs (CUDA
-        graph capture for both KV slots, cuBLAS and allocator set-up: about 1 s on an H200) that
-        would otherwise be counted as sampling. It draws from its own generator and leaves the
-        stats alone, so the run's samples are the same with or without it."""
+        starts, and return the seconds it took. A process's first batch pays one-time costs (CUDA
+        graph capture for both KV slots, cuBLAS set-up, allocating the KV cache: about 1 s on an
+        H200) that would otherwise be counted as sampling. With CUDA graphs the one problem is
+        padded to the batch's full shape (`padded`), so everything is set up for that shape. It
+        draws from its own generator and leaves the stats alone, so the run's samples are the same
+        with or without it."""
         import torch
 
         from gpuscale.engines.mcmc import PowerSamplingStats
