@@ -6,8 +6,9 @@ Every measurement is a real `gpuscale run --recipe power-sampling` (CLI, supervi
 same algorithm settings (alpha, max_new_tokens, blocks, mcmc_steps); only `method`, the number of
 problems and the GPUs differ. The figure compared is problems per second of sampling (model loading
 and the recipe's short warm-up excluded), from each run's summary; the table also gives the rate with
-the warm-up counted, and each run's first and later batch times (read from its metrics records). The reference method handles one problem at a time, so its rate
-does not depend on how many problems it is given; it gets few, to keep the benchmark short.
+the warm-up counted, and each run's first and later batch times (read from its metrics records).
+The reference method handles one problem at a time, so its rate does not depend on how many problems
+it is given; it gets few, to keep the benchmark short.
 
 With --accuracy N it also runs greedy, plain temperature-1 sampling and power sampling on N test
 problems of the data set and prints their accuracies (the table of bench/RESULTS.md).
@@ -64,7 +65,7 @@ def batch_timings(run_dir: str) -> dict:
 
 def with_warm_up(summary: dict) -> float:
     """Problems per second counting the warm-up too (a fixed cost per process, paid in parallel)."""
-    return summary["problems"] / (summary["sampling_seconds"] + summary.get("warm_up_seconds", 0.0))
+    return summary["problems"] / (summary["sampling_seconds"] + summary["warm_up_seconds"])
 
 
 def first_and_later_batches(summary: dict) -> str:
@@ -128,7 +129,7 @@ def main() -> None:
         for name, summary in figures.items():
             rate, warm = summary["problems_per_s"], with_warm_up(summary)
             print(f"{name:<16} {rate:>11.3f} {rate / base:>12.1f}x {rate / one:>8.2f}x {warm:>14.3f} "
-                  f"{warm / one_warm:>8.2f}x {summary.get('warm_up_seconds', 0):>10.2f} "
+                  f"{warm / one_warm:>8.2f}x {summary['warm_up_seconds']:>10.2f} "
                   f"{first_and_later_batches(summary):>18}")
     if "accuracy" in results:
         print(f"\n{'method':<10} {'accuracy':>9}  per domain")

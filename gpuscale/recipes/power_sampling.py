@@ -130,6 +130,7 @@ class BatchSampler:
         from gpuscale.engines.mcmc import PowerSamplingStats
 
         started = time.perf_counter()
+        # Two blocks and a step: generate, extend and resample, on both KV slots.
         short = self.settings.model_copy(update={"max_new_tokens": min(WARM_UP_TOKENS, self.settings.max_new_tokens),
                                                  "blocks": 2, "mcmc_steps": 1})
         device = self.generator.device
@@ -148,11 +149,12 @@ class BatchSampler:
         """Sample and score the batch (with the sampler's own settings, generator and stats unless given)."""
         from gpuscale.data.prompts import prompt_ids
 
-        s = settings or self.settings
+        s = self.settings if settings is None else settings
+        generator = self.generator if generator is None else generator
+        stats = self.stats if stats is None else stats
         chains = s.chains
         prompts = [prompt_ids(self.tokenizer, example["question"]) for _, example in batch for _ in range(chains)]
-        generator = self.generator if generator is None else generator
-        answers = self.sample(self.padded(prompts), s, generator, self.stats if stats is None else stats)
+        answers = self.sample(self.padded(prompts), s, generator, stats)
         rows = []
         for row, tokens in enumerate(answers[: len(prompts)]):
             index, example = batch[row // chains]
