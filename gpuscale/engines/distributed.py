@@ -1,7 +1,7 @@
 """The rank side of a run: what every recipe's entry point does around its own work.
 
-`run_rank(Settings, main)` is the body of `python -m gpuscale.recipes.<name> --settings FILE`, which
-torchrun starts once per rank. It ties the rank's life to its launcher, sends its output to
+`run_rank(Settings, main, settings_path)` is the body of `python -m gpuscale.recipes --recipe NAME
+--settings FILE`, which torchrun (or accelerate) starts once per rank. It ties the rank's life to its launcher, sends its output to
 RUN_DIR/logs/rank<R>.log, initialises torch.distributed (nccl on GPUs, gloo on CPU), picks the device
 and dtype, and, if the recipe raises, writes RUN_DIR/errors/rank<R>.json for the supervisor before
 exiting non-zero.
@@ -9,7 +9,6 @@ exiting non-zero.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -117,17 +116,16 @@ def _write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
     path.write_text(json.dumps(record))
 
 
-def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankContext, Reporter], None]) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--settings", required=True, type=Path)
-    args = parser.parse_args()
-
+def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankContext, Reporter], None],
+             settings_path: str | Path) -> None:
+    """The body of one rank: `main(settings, ctx, reporter)` with everything around it."""
     # If torchrun dies without cleaning up (SIGKILL), the kernel kills this rank too.
     die_with_parent(signal.SIGKILL)
-    run_dir = args.settings.parent
+    settings_path = Path(settings_path)
+    run_dir = settings_path.parent
     rank = int(os.environ.get("RANK", 0))
     _redirect_output(run_dir, rank)
-    settings = settings_cls.model_validate_json(args.settings.read_text())
+    settings = settings_cls.model_validate_json(settings_path.read_text())
     reporter = Reporter(run_dir, rank)
     try:
         ctx = init_rank(settings, run_dir)

@@ -77,7 +77,8 @@ def _span(indices: list[int]) -> str:
 # ---- launcher argv --------------------------------------------------------------------------------
 
 
-def torchrun_argv(settings: RunSettings, plan: DevicePlan, module: str, settings_path: Path) -> list[str]:
+def torchrun_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], settings_path: Path) -> list[str]:
+    """torchrun's argv; `entry` is the rank's `-m module args...` (the recipe's rank_entry)."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.nproc)]
     if settings.nnodes == 1 and not settings.rdzv_endpoint:
         argv += ["--standalone"]  # a free port per run: concurrent runs never collide
@@ -87,10 +88,10 @@ def torchrun_argv(settings: RunSettings, plan: DevicePlan, module: str, settings
             "--rdzv-backend", "c10d", "--rdzv-endpoint", settings.rdzv_endpoint or "localhost:29500",
             "--rdzv-id", settings.rdzv_id,
         ]
-    return argv + ["--max-restarts", "0", "-m", module, "--settings", str(settings_path)]
+    return argv + ["--max-restarts", "0", *entry, "--settings", str(settings_path)]
 
 
-def accelerate_argv(settings: RunSettings, plan: DevicePlan, module: str, settings_path: Path) -> list[str]:
+def accelerate_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], settings_path: Path) -> list[str]:
     """`accelerate launch` (which itself drives torch.distributed.run), for recipes built on TRL.
 
     accelerate starts several CPU processes only through mpirun; CPU ranks therefore go through
@@ -98,7 +99,7 @@ def accelerate_argv(settings: RunSettings, plan: DevicePlan, module: str, settin
     """
     processes = plan.nproc * settings.nnodes
     if not plan.on_gpu and processes > 1:
-        return torchrun_argv(settings, plan, module, settings_path)
+        return torchrun_argv(settings, plan, entry, settings_path)
     host, _, port = (settings.rdzv_endpoint or "127.0.0.1:0").rpartition(":")
     argv = [
         sys.executable, "-m", "accelerate.commands.launch",
@@ -113,14 +114,14 @@ def accelerate_argv(settings: RunSettings, plan: DevicePlan, module: str, settin
         argv += ["--cpu"]
     elif processes > 1:
         argv += ["--multi_gpu"]
-    return argv + ["-m", module, "--settings", str(settings_path)]
+    return argv + [*entry, "--settings", str(settings_path)]
 
 
 LAUNCHERS = {"torchrun": torchrun_argv, "accelerate": accelerate_argv}
 
 
 def launcher_argv(recipe, settings: RunSettings, plan: DevicePlan, settings_path: Path) -> list[str]:
-    return LAUNCHERS[recipe.launcher](settings, plan, recipe.module, settings_path)
+    return LAUNCHERS[recipe.launcher](settings, plan, recipe.rank_entry, settings_path)
 
 
 def display_command(argv: list[str]) -> str:

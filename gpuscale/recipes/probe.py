@@ -14,8 +14,7 @@ import time
 from pydantic import Field
 
 from gpuscale.engines.settings import RunSettings
-
-SUMMARY = "decode speed and memory of a model on every GPU (a health check of the node)"
+from gpuscale.recipes.contract import Recipe
 
 
 class Settings(RunSettings):
@@ -24,6 +23,17 @@ class Settings(RunSettings):
     steps: int = Field(32, ge=1, le=100_000, description="decode steps to time")
     prompt_tokens: int = Field(64, ge=1, le=32_768, description="prompt length before decoding")
     warmup_steps: int = Field(2, ge=0, le=1000, description="untimed decode steps first")
+
+
+class Probe(Recipe):
+    name = "probe"
+    summary = "decode speed and memory of a model on every GPU (a health check of the node)"
+    settings_cls = Settings
+    promised_figures = ("world_size", "tokens_per_s", "step_time_ms_median", "peak_mem_mb_per_rank")
+    smoke_settings = {"steps": 2, "prompt_tokens": 4, "warmup_steps": 0, "batch_size": 2}
+
+    def run(self, settings: Settings, ctx, reporter) -> None:
+        run_probe(settings, ctx, reporter)
 
 
 def load_probe_model(settings: Settings, ctx):
@@ -36,7 +46,7 @@ def load_probe_model(settings: Settings, ctx):
     return model.to(device=ctx.device, dtype=ctx.dtype).eval()
 
 
-def main(settings: Settings, ctx, reporter) -> None:
+def run_probe(settings: Settings, ctx, reporter) -> None:
     import torch
 
     model = load_probe_model(settings, ctx)
@@ -86,9 +96,3 @@ def main(settings: Settings, ctx, reporter) -> None:
                 "parameters": sum(p.numel() for p in model.parameters()),
             }
         )
-
-
-if __name__ == "__main__":
-    from gpuscale.engines.distributed import run_rank
-
-    run_rank(Settings, main)

@@ -1,50 +1,48 @@
-"""The recipes gpuscale knows: entry points of the group `gpuscale.recipes`.
+"""The recipes gpuscale knows, by name: the one list of them.
 
-Each entry point names a module that defines `Settings` (a RunSettings subclass), `SUMMARY` (one
-line for the recipe list), optionally `LAUNCHER` ("torchrun", the default, or "accelerate"), and a rank
-entry point run by `python -m <module> --settings FILE`. Loading a recipe imports only that module's
-top level, which must not import torch: the TUI lists recipes at start-up.
+Built-in recipes are listed in BUILTIN; other packages add theirs through the entry point group
+`gpuscale.recipes` (name = "package.module:RecipeClass"). Each names a `Recipe` subclass (see
+contract.py). Loading a recipe imports only its module's top level, which must not import torch: the
+TUI lists recipes at start-up.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
 
-from gpuscale.engines.settings import RunSettings, SettingsError
+from gpuscale.engines.settings import SettingsError
+from gpuscale.recipes.contract import Recipe
 
 GROUP = "gpuscale.recipes"
 
-# The recipes that ship with gpuscale, so that a source checkout on PYTHONPATH knows them too;
-# other packages add theirs through the entry point group.
-BUILTIN = {"probe": "gpuscale.recipes.probe", "power-sampling": "gpuscale.recipes.power_sampling"}
+# Adding a recipe: its package under recipes/, and one line here.
+BUILTIN = {
+    "probe": "gpuscale.recipes.probe:Probe",
+    "power-sampling": "gpuscale.recipes.power_sampling:PowerSampling",
+}
 
 
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    module: str
-    summary: str
-    settings_cls: type[RunSettings]
-    launcher: str = "torchrun"
+def load_recipe(reference: str) -> Recipe:
+    """An instance of the Recipe class that "package.module:Class" names."""
+    module_name, _, class_name = reference.partition(":")
+    recipe_cls = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(recipe_cls, type) and issubclass(recipe_cls, Recipe)):
+        raise TypeError(f"{reference} is not a gpuscale.recipes.contract.Recipe subclass")
+    return recipe_cls()
 
 
 @lru_cache(maxsize=1)
 def all_recipes() -> dict[str, Recipe]:
-    modules = dict(BUILTIN)
-    modules.update({entry.name: entry.value for entry in entry_points(group=GROUP)})
+    references = dict(BUILTIN)
+    references.update({entry.name: entry.value for entry in entry_points(group=GROUP)})
     recipes = {}
-    for name, module_name in sorted(modules.items()):
-        module = importlib.import_module(module_name)
-        recipes[name] = Recipe(
-            name=name,
-            module=module_name,
-            summary=getattr(module, "SUMMARY", ""),
-            settings_cls=module.Settings,
-            launcher=getattr(module, "LAUNCHER", "torchrun"),
-        )
+    for name, reference in sorted(references.items()):
+        recipe = load_recipe(reference)
+        if recipe.name != name:
+            raise TypeError(f"{reference} is registered as {name!r} but calls itself {recipe.name!r}")
+        recipes[name] = recipe
     return recipes
 
 

@@ -115,7 +115,7 @@ PROBE_SETTINGS = {
 
 def _command(run_id: int, nproc: int) -> list[str]:
     return ["python", "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
-            "--max-restarts", "0", "-m", "gpuscale.recipes.probe", "--settings",
+            "--max-restarts", "0", "-m", "gpuscale.recipes", "--recipe", "probe", "--settings",
             f"/srv/gpuscale/runs/{run_id}/settings.json"]
 
 

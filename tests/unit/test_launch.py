@@ -37,9 +37,9 @@ def test_torchrun_argv_single_and_multi_node(tmp_path):
     path = tmp_path / "settings.json"
     argv = launch.launcher_argv(recipe, Settings(), launch.DevicePlan(2, (0, 1)), path)
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in argv and argv[-4:] == ["-m", "gpuscale.recipes.probe", "--settings", str(path)]
+    assert "--standalone" in argv and argv[-6:] == ["-m", "gpuscale.recipes", "--recipe", "probe", "--settings", str(path)]
     multi = Settings(nnodes=2, node_rank=1, rdzv_endpoint="node1:29400", rdzv_id="job7")
-    argv = launch.torchrun_argv(multi, launch.DevicePlan(8, tuple(range(8))), recipe.module, path)
+    argv = launch.torchrun_argv(multi, launch.DevicePlan(8, tuple(range(8))), recipe.rank_entry, path)
     joined = " ".join(argv)
     assert "--standalone" not in argv
     assert "--nnodes 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id job7" in joined
@@ -47,12 +47,12 @@ def test_torchrun_argv_single_and_multi_node(tmp_path):
 
 
 def test_accelerate_argv(tmp_path):
-    argv = launch.accelerate_argv(Settings(precision="bf16"), launch.DevicePlan(4, (0, 1, 2, 3)), "m", tmp_path / "s")
+    argv = launch.accelerate_argv(Settings(precision="bf16"), launch.DevicePlan(4, (0, 1, 2, 3)), ["-m", "m"], tmp_path / "s")
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
     assert argv[argv.index("--mixed_precision") + 1] == "bf16"
     # accelerate needs mpirun for several CPU processes: those go through torchrun instead.
-    cpu_ranks = launch.accelerate_argv(Settings(), launch.DevicePlan(2, ()), "m", tmp_path / "s")
+    cpu_ranks = launch.accelerate_argv(Settings(), launch.DevicePlan(2, ()), ["-m", "m"], tmp_path / "s")
     assert cpu_ranks[1:3] == ["-m", "torch.distributed.run"]
 
 
@@ -61,7 +61,7 @@ def test_accelerate_launch_runs_a_recipe_for_real(tmp_path):
     settings = Settings(steps=2, prompt_tokens=4, batch_size=1)
     path = tmp_path / "settings.json"
     path.write_text(settings.model_dump_json())
-    argv = launch.accelerate_argv(settings, launch.DevicePlan(1, ()), "gpuscale.recipes.probe", path)
+    argv = launch.accelerate_argv(settings, launch.DevicePlan(1, ()), get_recipe("probe").rank_entry, path)
     assert "--cpu" in argv
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GPUSCALE_DEVICE": "cpu"}
     subprocess.run(argv, check=True, env=env, capture_output=True, timeout=180)

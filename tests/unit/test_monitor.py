@@ -131,8 +131,8 @@ def test_shell_equivalent_and_preview(tmp_path):
         "gpuscale run --recipe probe --gpus 0,3 --batch-size 4 --set steps=9"
     preview = monitor.launch_preview(recipe, settings, DevicePlan(2, (0, 3)), tmp_path,
                                      environ={"GPUSCALE_HOME": str(tmp_path)})
-    assert preview == ("torchrun --nproc-per-node 2 --standalone --max-restarts 0 -m gpuscale.recipes.probe "
-                       "--settings $GPUSCALE_HOME/runs/NEW/settings.json")
+    assert preview == ("torchrun --nproc-per-node 2 --standalone --max-restarts 0 -m gpuscale.recipes "
+                       "--recipe probe --settings $GPUSCALE_HOME/runs/NEW/settings.json")
 
 
 # ---- the feed, on a real store -------------------------------------------------------------------

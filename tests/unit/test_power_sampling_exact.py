@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from gpuscale.engines.generation import GenerationEngine, Sampling
-from gpuscale.engines.mcmc import PowerSamplingStats, block_sizes, power_sample
+from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats, block_sizes, power_sample
 
 EOS, VOCAB, MAX_NEW, ALPHA = 3, 4, 3, 4.0
 PROMPT = [0, 1]

@@ -12,7 +12,8 @@ from gpuscale.data.models import load_model
 from gpuscale.data.prompts import eos_token_ids, pad_token_id
 from gpuscale.data.tasks import load_examples
 from gpuscale.engines.distributed import RankContext
-from gpuscale.recipes.power_sampling import BatchSampler, Settings
+from gpuscale.recipes.power_sampling import Settings
+from gpuscale.recipes.power_sampling.sampler import BatchSampler
 
 
 @pytest.fixture(scope="module")

@@ -1,55 +1,18 @@
-"""power-sampling: MCMC sampling from p^alpha for math reasoning (Karan & Du 2025), batched, multi-GPU.
-
-Each rank takes every world_size-th problem, and works through its share in batches of `batch_size`
-problems x `chains` chains, all advanced together by the batched engine (engines/mcmc.py). `method`
-also offers the baselines to compare with: plain sampling at `temperature`, greedy decoding, and
-`reference`, the public code's structure (one problem at a time, one generate() call per MCMC step).
-At the end rank 0 merges every rank's results into RUN_DIR/results.jsonl.
-"""
+"""A rank's work in power sampling: its share of the problems, in batches, sampled and scored."""
 
 from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field
-
-from gpuscale.engines.settings import RunSettings
+from gpuscale.recipes.power_sampling import Settings
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
-    from gpuscale.engines.mcmc import PowerSamplingStats
-
-SUMMARY = "MCMC sampling from p^alpha for math reasoning (GSM8K), batched over problems, chains and GPUs"
+    from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats
 
 
-class Settings(RunSettings):
-    # The knobs of the users' own scripts (shared/seeds) keep working.
-    ENV_ALIASES = {
-        "POWERSAMPLE_STEPS": "mcmc_steps",
-        "POWERSAMPLE_MAX_NEW": "max_new_tokens",
-        "POWERSAMPLE_MAX_EXAMPLES": "max_examples",
-        "POWERSAMPLE_NUM_GPUS": "gpus",
-        "POWERSAMPLE_BATCH_SIZE": "batch_size",
-    }
-    KEY_ALIASES = {"steps": "mcmc_steps", "max_new": "max_new_tokens", "temp": "temperature"}
-
-    compile: bool = Field(False, description="torch.compile the decode step (CUDA only): faster steps, but each "
-                          "process compiles for tens of seconds first; worth it for long runs")
-    method: Literal["power", "sample", "greedy", "reference"] = Field(
-        "power", description="power = batched MCMC; sample / greedy = baselines; reference = one problem at a time with generate()"
-    )
-    alpha: float = Field(4.0, ge=1.0, le=64.0, description="target p^alpha; proposal at temperature 1/alpha")
-    max_new_tokens: int = Field(3072, ge=1, le=65536, description="answer length budget")
-    blocks: int = Field(16, ge=1, le=1024, description="the answer grows in this many blocks")
-    mcmc_steps: int = Field(10, ge=0, le=10000, description="Metropolis-Hastings steps after each block")
-    chains: int = Field(1, ge=1, le=1024, description="independent chains (samples) per problem")
-    temperature: float = Field(1.0, gt=0.0, le=10.0, description="temperature of method=sample")
-    split: Literal["test", "train"] = Field("test", description="data set split")
-    answer_mode: Literal["auto", "strict", "boxed", "flexible"] = Field("auto", description="answer extraction")
-
-
-def main(settings: Settings, ctx, reporter) -> None:
+def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.models import load_model
     from gpuscale.data.prompts import eos_token_ids, pad_token_id
     from gpuscale.data.tasks import load_examples
@@ -105,7 +68,7 @@ class BatchSampler:
         import torch
 
         from gpuscale.engines.generation import GenerationEngine
-        from gpuscale.engines.mcmc import PowerSamplingStats
+        from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats
 
         self.settings, self.model, self.tokenizer, self.eos, self.pad = settings, model, tokenizer, eos, pad
         self.stats = PowerSamplingStats()
@@ -127,7 +90,7 @@ class BatchSampler:
         with or without it."""
         import torch
 
-        from gpuscale.engines.mcmc import PowerSamplingStats
+        from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats
 
         started = time.perf_counter()
         # Two blocks and a step: generate, extend and resample, on both KV slots.
@@ -171,7 +134,7 @@ class BatchSampler:
 
     def sample(self, prompts: list[list[int]], s: Settings, generator, stats: PowerSamplingStats) -> list[list[int]]:
         from gpuscale.engines.generation import Sampling
-        from gpuscale.engines.mcmc import power_sample, power_sample_reference
+        from gpuscale.recipes.power_sampling.mcmc import power_sample, power_sample_reference
 
         if s.method == "reference":
             return [power_sample_reference(self.model, p, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
@@ -234,9 +197,3 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
         mine = [r["correct"] for r in rows if r["domain"] == domain]
         summary[f"accuracy_{domain}"] = sum(mine) / len(mine)
     return summary
-
-
-if __name__ == "__main__":
-    from gpuscale.engines.distributed import run_rank
-
-    run_rank(Settings, main)

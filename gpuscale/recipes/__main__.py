@@ -1,0 +1,27 @@
+"""The entry point of every rank: `python -m gpuscale.recipes --recipe NAME --settings FILE`.
+
+torchrun or accelerate starts it once per rank; it finds the recipe in the registry and hands its
+settings class and `run` to the rank side of the engines (engines/distributed.run_rank)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpuscale.recipes.registry import get_recipe
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gpuscale.recipes")
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--settings", required=True)
+    args = parser.parse_args(argv)
+    recipe = get_recipe(args.recipe)
+
+    from gpuscale.engines.distributed import run_rank
+
+    run_rank(recipe.settings_cls, recipe.run, args.settings)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

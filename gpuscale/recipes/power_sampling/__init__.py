@@ -1,0 +1,59 @@
+"""power-sampling: MCMC sampling from p^alpha for math reasoning (Karan & Du 2025), batched, multi-GPU.
+
+Each rank takes every world_size-th problem, and works through its share in batches of `batch_size`
+problems x `chains` chains, all advanced together by the batched engine (mcmc.py). `method` also
+offers the baselines to compare with: plain sampling at `temperature`, greedy decoding, and
+`reference`, the public code's structure (one problem at a time, one generate() call per MCMC step).
+At the end rank 0 merges every rank's results into RUN_DIR/results.jsonl.
+
+Files: this one (settings and the recipe, no torch), sampler.py (a rank's work), mcmc.py (the
+Metropolis-Hastings sampler on the generation engine, and the reference structure).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gpuscale.engines.settings import RunSettings
+from gpuscale.recipes.contract import Recipe
+
+
+class Settings(RunSettings):
+    # The knobs of the users' own scripts (shared/seeds) keep working.
+    ENV_ALIASES = {
+        "POWERSAMPLE_STEPS": "mcmc_steps",
+        "POWERSAMPLE_MAX_NEW": "max_new_tokens",
+        "POWERSAMPLE_MAX_EXAMPLES": "max_examples",
+        "POWERSAMPLE_NUM_GPUS": "gpus",
+        "POWERSAMPLE_BATCH_SIZE": "batch_size",
+    }
+    KEY_ALIASES = {"steps": "mcmc_steps", "max_new": "max_new_tokens", "temp": "temperature"}
+
+    compile: bool = Field(False, description="torch.compile the decode step (CUDA only): faster steps, but each "
+                          "process compiles for tens of seconds first; worth it for long runs")
+    method: Literal["power", "sample", "greedy", "reference"] = Field(
+        "power", description="power = batched MCMC; sample / greedy = baselines; reference = one problem at a time with generate()"
+    )
+    alpha: float = Field(4.0, ge=1.0, le=64.0, description="target p^alpha; proposal at temperature 1/alpha")
+    max_new_tokens: int = Field(3072, ge=1, le=65536, description="answer length budget")
+    blocks: int = Field(16, ge=1, le=1024, description="the answer grows in this many blocks")
+    mcmc_steps: int = Field(10, ge=0, le=10000, description="Metropolis-Hastings steps after each block")
+    chains: int = Field(1, ge=1, le=1024, description="independent chains (samples) per problem")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="temperature of method=sample")
+    split: Literal["test", "train"] = Field("test", description="data set split")
+    answer_mode: Literal["auto", "strict", "boxed", "flexible"] = Field("auto", description="answer extraction")
+
+
+class PowerSampling(Recipe):
+    name = "power-sampling"
+    summary = "MCMC sampling from p^alpha for math reasoning (GSM8K), batched over problems, chains and GPUs"
+    settings_cls = Settings
+    promised_figures = ("method", "problems", "accuracy", "problems_per_s", "tokens_per_s", "warm_up_seconds")
+    smoke_settings = {"max_examples": 2, "max_new_tokens": 8, "blocks": 2, "mcmc_steps": 1, "batch_size": 2}
+
+    def run(self, settings: Settings, ctx, reporter) -> None:
+        from gpuscale.recipes.power_sampling.sampler import run_power_sampling
+
+        run_power_sampling(settings, ctx, reporter)
