@@ -138,8 +138,11 @@ def display_command(argv: list[str]) -> str:
 
 
 def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None) -> int:
-    """Record the run and start its supervisor in a new session; returns the run id."""
+    """Check the run's input (`recipe.check`: data that does not parse, an empty data set...), then
+    record the run and start its supervisor in a new session; returns the run id. Nothing is
+    recorded or started for input the recipe refuses."""
     plan = plan or plan_devices(settings.gpus)
+    recipe.check(settings)
     run_id = store.create_run(recipe.name, settings.model_dump(), [], socket.gethostname())
     run_dir = Path(store.get_run(run_id)["run_dir"])
     for sub in ("logs", "metrics", "errors"):
