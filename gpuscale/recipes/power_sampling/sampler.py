@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING
 
@@ -13,47 +12,32 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 
 
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.data.models import load_model
-    from gpuscale.data.prompts import eos_token_ids, pad_token_id
     from gpuscale.data.tasks import load_examples
+    from gpuscale.recipes.common import RankResults, batched, load_generation_model, merge_results
 
     examples = load_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
     mine = ctx.shard(list(enumerate(examples)))
-    model, tokenizer = load_model(settings.model, dtype=ctx.dtype, device=ctx.device)
-    tokenizer = tokenizer or stand_in_tokenizer(settings.model)
-    eos = eos_token_ids(model, tokenizer)
-    sampler = BatchSampler(settings, model, tokenizer, eos, pad_token_id(tokenizer, eos), ctx)
-    batches = [mine[i : i + settings.batch_size] for i in range(0, len(mine), settings.batch_size)]
+    loaded = load_generation_model(settings.model, ctx)
+    sampler = BatchSampler(settings, loaded.model, loaded.tokenizer, loaded.eos, loaded.pad, ctx)
+    batches = batched(mine, settings.batch_size)
     warm_up_seconds = sampler.warm_up(batches[0]) if batches else 0.0
     reporter.total(len(batches))
-    results, started = [], time.perf_counter()
+    results, started = RankResults(ctx.run_dir, ctx.rank), time.perf_counter()
     for number, batch in enumerate(batches, start=1):
         before = sampler.stats_snapshot()
-        results += sampler.run(batch)
+        results.add(sampler.run(batch))
         done = sampler.stats_snapshot()
         reporter.log(
             step=number, samples=len(batch), tokens=done["decoded_tokens"] - before["decoded_tokens"],
-            accuracy=sum(r["correct"] for r in results) / len(results),
+            accuracy=sum(r["correct"] for r in results.rows) / len(results.rows),
             acceptance_rate=sampler.stats.acceptance_rate, forward_passes=done["sampling_calls"],
         )
     elapsed = time.perf_counter() - started
-    everyone = ctx.gather({"results": results, "elapsed": elapsed, "warm_up": warm_up_seconds,
+    everyone = ctx.gather({"results": results.rows, "elapsed": elapsed, "warm_up": warm_up_seconds,
                            **sampler.stats_snapshot()})
     if ctx.is_main:
-        write_results(ctx.run_dir, everyone)
+        merge_results(ctx.run_dir, [row for rank in everyone for row in rank["results"]])
         reporter.summary(summarise(settings, everyone))
-
-
-def stand_in_tokenizer(model_name: str):
-    """Random models (speed measurements at a real model's shape) have no tokenizer: they are
-    prompted with tiny-math's. Their answers are noise, so only their speed means anything."""
-    from transformers import AutoTokenizer
-
-    from gpuscale.data.models import RANDOM_CONFIGS, model_path
-
-    if model_name not in RANDOM_CONFIGS:
-        raise ValueError(f"model: {model_name!r}: power sampling needs a model with a tokenizer")
-    return AutoTokenizer.from_pretrained(model_path("tiny-math"), local_files_only=True)
 
 
 # Tokens per answer in the warm-up: enough decode steps for every CUDA graph to be captured (two
@@ -125,12 +109,12 @@ class BatchSampler:
         return rows
 
     def padded(self, prompts: list[list[int]]) -> list[list[int]]:
-        """A short last batch is filled up with copies (whose answers are dropped): CUDA graphs and
-        compiled code are made for one batch shape, and a new shape would cost a new compilation."""
-        rows = self.settings.batch_size * self.settings.chains
-        if self.engine is None or not self.engine.cuda_graphs or len(prompts) >= rows:
+        """A short last batch keeps the full batch shape under CUDA graphs (common.padded_to)."""
+        from gpuscale.recipes.common import padded_to
+
+        if self.engine is None or not self.engine.cuda_graphs:
             return prompts
-        return prompts + [prompts[-1]] * (rows - len(prompts))
+        return padded_to(prompts, self.settings.batch_size * self.settings.chains)
 
     def sample(self, prompts: list[list[int]], s: Settings, generator, stats: PowerSamplingStats) -> list[list[int]]:
         from gpuscale.engines.generation import Sampling
@@ -163,13 +147,6 @@ def score(index: int, chain: int, example: dict, tokens: list[int], tokenizer, e
         "extracted": extract_answer(text, settings.answer_mode),
         "correct": is_correct(text, gold, mode=settings.answer_mode),
     }
-
-
-def write_results(run_dir, everyone: list[dict]) -> None:
-    rows = sorted((r for rank in everyone for r in rank["results"]), key=lambda r: (r["index"], r["chain"]))
-    with open(run_dir / "results.jsonl", "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
 
 
 def summarise(settings: Settings, everyone: list[dict]) -> dict:

@@ -1,0 +1,83 @@
+"""What several recipes do the same way inside a rank: load a model to generate with, cut their share
+into batches, keep the batch shape fixed, and keep their per-example results on disk as they go.
+
+Imported inside ranks only (it imports torch through the model loaders).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS_FILE = "results.jsonl"
+
+
+@dataclass
+class GenerationModel:
+    """A model with what generating from it needs: its tokenizer, the ids that end an answer, the
+    padding id."""
+
+    model: Any
+    tokenizer: Any
+    eos: list[int]
+    pad: int
+
+
+def load_generation_model(model_name: str, ctx) -> GenerationModel:
+    from gpuscale.data.models import load_model
+    from gpuscale.data.prompts import eos_token_ids, pad_token_id
+
+    model, tokenizer = load_model(model_name, dtype=ctx.dtype, device=ctx.device)
+    tokenizer = tokenizer or stand_in_tokenizer(model_name)
+    eos = eos_token_ids(model, tokenizer)
+    return GenerationModel(model, tokenizer, eos, pad_token_id(tokenizer, eos))
+
+
+def stand_in_tokenizer(model_name: str):
+    """Random models (speed measurements at a real model's shape) have no tokenizer: they are
+    prompted with tiny-math's. Their answers are noise, so only their speed means anything."""
+    from transformers import AutoTokenizer
+
+    from gpuscale.data.models import RANDOM_CONFIGS, model_path
+
+    if model_name not in RANDOM_CONFIGS:
+        raise ValueError(f"model: {model_name!r}: generating needs a model with a tokenizer")
+    return AutoTokenizer.from_pretrained(model_path("tiny-math"), local_files_only=True)
+
+
+def batched(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def padded_to(rows: list, count: int) -> list:
+    """A short last batch filled up with copies of its last row (whose outputs the caller drops):
+    CUDA graphs and compiled code are made for one batch shape, and a new shape would cost a new
+    capture or compilation."""
+    return rows + [rows[-1]] * (count - len(rows)) if rows and len(rows) < count else rows
+
+
+class RankResults:
+    """A rank's per-example results, appended to RUN_DIR/results/rank<R>.jsonl as each batch is
+    done: a run that is stopped or dies keeps what it finished. Rank 0 merges every rank's file into
+    RUN_DIR/results.jsonl at the end (`merge_results`)."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.path = Path(run_dir) / "results" / f"rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+        self.rows: list[dict] = []
+
+    def add(self, rows: list[dict]) -> None:
+        self.rows += rows
+        with self.path.open("a") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def merge_results(run_dir: Path, rows: list[dict], key=lambda row: (row["index"], row.get("chain", 0))) -> Path:
+    """Every rank's rows, in example order, as RUN_DIR/results.jsonl (written by rank 0)."""
+    path = Path(run_dir) / RESULTS_FILE
+    with path.open("w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in sorted(rows, key=key))
+    return path
