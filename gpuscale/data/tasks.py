@@ -1,23 +1,38 @@
-"""The tasks gpuscale knows by name, and loading any of them as GSM8K-format examples.
+"""The tasks gpuscale knows by name, and loading any of them, or a mixture, as GSM8K-format examples.
 
-Every example is a dict with `question` and `answer`, the answer written as GSM8K writes it: worked
-steps, then a last line `#### N`. Generated tasks also carry their `domain` (multi-task recipes route
-rewards and metrics by it).
+Every example is a dict with `question`, `answer` and `domain`, the answer written as GSM8K writes it:
+worked steps, then a last line `#### N`. Multi-task recipes route rewards and metrics by `domain`.
+
+What `--dataset` accepts (`parse_dataset`):
 
 - `tiny-math`: synthetic word problems in three domains (arithmetic, comparison, counting), generated
   from a seed. Train and test are disjoint by construction: a question belongs to the test split iff a
   hash of its text says so, whatever the seed.
-- `gsm8k`: `openai/gsm8k` (config `main`) through `datasets`, an optional dependency imported lazily;
-  or any local `.jsonl` file with the same fields, given as the task name.
+- `tiny-math:arithmetic,counting`: the same problems, only those of the named domains.
+- `gsm8k`: `openai/gsm8k` (config `main`) through `datasets`, an optional dependency imported lazily
+  (domain "gsm8k").
+- `a.jsonl` or `a.jsonl,b.jsonl`: local GSM8K-format files (one split by themselves). A row's domain is
+  its `domain` field, else its file's stem (`a`). A value holding ".jsonl" is always a list of files,
+  so it cannot be mistaken for a task's domain list.
+
+Order, and what `max_examples` takes: always the first N of the data set's order. A generated task's
+order is its generator's (tiny-math draws its domains 50/25/25 from a seeded stream, so its first N hold
+every domain in about those shares; a domain subset keeps the same problems in the same order). Files
+are read in order; when they hold several domains, the rows are interleaved round-robin across domains
+(in the order the domains first appear, each domain's rows in file order), so the first N represent
+every domain equally until one runs out.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import itertools
 import json
 import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from gpuscale.data.answers import extract_strict, to_number
 
@@ -25,6 +40,8 @@ KNOWN_TASKS = ("tiny-math", "gsm8k")
 SPLITS = ("train", "test")
 GSM8K_HUB_ID = "openai/gsm8k"
 GSM8K_CONFIG = "main"
+GSM8K_DOMAIN = "gsm8k"
+JSONL_SUFFIX = ".jsonl"
 
 
 class DataError(ValueError):
@@ -40,41 +57,157 @@ def gold_answer(example) -> str:
     return value
 
 
+# ---------------------------------------------------------------------------------------------------
+# What a `--dataset` value names
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A parsed `--dataset` value: a known task (all its domains, or the chosen ones), or JSONL files."""
+
+    task: str | None = None
+    domains: tuple[str, ...] | None = None  # the chosen domains of `task`; None: all of them
+    paths: tuple[Path, ...] = ()
+
+
+def task_domains(task: str) -> tuple[str, ...]:
+    """The domains a known task's rows carry."""
+    return TINY_MATH_DOMAINS if task == "tiny-math" else (GSM8K_DOMAIN,)
+
+
+def parse_dataset(name: str) -> DatasetSpec:
+    """Read a `--dataset` value (see the module's docstring); DataError with one line if it is neither
+    a known task (with known domains) nor a list of .jsonl paths (the caller names the value, as the
+    settings' errors do). Files are not opened here."""
+    name = str(name).strip()
+    if JSONL_SUFFIX in name:
+        return DatasetSpec(paths=_parse_paths(name))
+    task, colon, chosen = name.partition(":")
+    if task not in KNOWN_TASKS:
+        raise DataError(f"unknown data set; known data sets: {', '.join(KNOWN_TASKS)} "
+                        f"(or TASK:DOMAIN,DOMAIN, or .jsonl files separated by commas)")
+    if not colon:
+        return DatasetSpec(task=task)
+    return DatasetSpec(task=task, domains=_parse_domains(task, chosen))
+
+
+def _parse_paths(text: str) -> tuple[Path, ...]:
+    parts = [part.strip() for part in text.split(",")]
+    if "" in parts:
+        raise DataError("an empty entry in the list of files (separate .jsonl paths with single commas)")
+    for part in parts:
+        if not part.endswith(JSONL_SUFFIX):
+            raise DataError(f"{part!r} is not a .jsonl file (a list of files is .jsonl paths separated by commas)")
+    paths = tuple(Path(part).expanduser() for part in parts)
+    if len(set(paths)) != len(paths):
+        raise DataError("a file is listed twice")
+    return paths
+
+
+def _parse_domains(task: str, text: str) -> tuple[str, ...]:
+    known = task_domains(task)
+    chosen = tuple(part.strip() for part in text.split(","))
+    if chosen == ("",):
+        raise DataError(f"no domain after '{task}:'; known domains of {task}: {', '.join(known)}")
+    for domain in chosen:
+        if domain not in known:
+            raise DataError(f"unknown domain {domain!r} of {task}; known domains: {', '.join(known)}")
+    if len(set(chosen)) != len(chosen):
+        raise DataError("a domain is listed twice")
+    return chosen
+
+
+def check_dataset_name(name: str) -> str:
+    """Refuse, before anything starts, a value that names no data set or a file that does not exist
+    (the settings' validator: it reads no file; `check_dataset` does)."""
+    spec = parse_dataset(name)
+    for path in spec.paths:
+        if not path.is_file():
+            raise DataError(f"no such file: {path}")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading
+
+
 def load_examples(
     name_or_path: str, split: str = "test", max_examples: int | None = None, seed: int = 0
 ) -> list[dict]:
-    """The examples of a task: a known name (KNOWN_TASKS) or a local `.jsonl` file.
+    """The examples of a data set named as `--dataset` takes it (see the module's docstring).
 
-    `max_examples` keeps the first N (in the data set's own order, as lm-eval's --limit does).
-    `seed` chooses the generated problems of `tiny-math`; fixed data sets ignore it. A JSONL file is
-    one split by itself, so `split` does not apply to it.
+    `max_examples` keeps the first N of the data set's order (as lm-eval's --limit does; for a
+    mixture of domains that order is interleaved, see above). `seed` chooses the generated problems of
+    `tiny-math`; fixed data sets ignore it. JSONL files are one split by themselves, so `split` does
+    not apply to them.
     """
+    _check_split_and_limit(split, max_examples)
+    spec = _parse_named(name_or_path)
+    if spec.task == "tiny-math":
+        return tiny_math_examples(split, max_examples, seed, spec.domains)
+    if spec.paths:
+        examples = interleave_domains([row for path in spec.paths for row in read_jsonl(path)])
+    else:
+        examples = [e for e in _load_gsm8k_from_hub(split) if spec.domains is None or e["domain"] in spec.domains]
+    return examples if max_examples is None else examples[:max_examples]
+
+
+def _parse_named(name: str) -> DatasetSpec:
+    try:
+        return parse_dataset(name)
+    except DataError as error:
+        raise DataError(f"{str(name)!r}: {error}") from None
+
+
+def _check_split_and_limit(split: str, max_examples: int | None) -> None:
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; known splits: {', '.join(SPLITS)}")
     if max_examples is not None and max_examples < 0:
         raise DataError(f"max_examples must be >= 0, got {max_examples}")
-    name = str(name_or_path)
-    if name.endswith(".jsonl"):
-        examples = read_jsonl(Path(name).expanduser())
-    elif name == "tiny-math":
-        size = TINY_MATH_SIZES[split]
-        count = size if max_examples is None else min(max_examples, size)
-        return generate_tiny_math(split, count, seed)
-    elif name == "gsm8k":
-        examples = _load_gsm8k_from_hub(split)
-    else:
-        raise DataError(
-            f"unknown task {name!r}; known tasks: {', '.join(KNOWN_TASKS)} (or a path to a .jsonl file)"
-        )
-    return examples if max_examples is None else examples[:max_examples]
+
+
+def interleave_domains(examples: list[dict]) -> list[dict]:
+    """Round-robin across domains (in the order they first appear), each domain's rows in their own
+    order: the first N rows of the result hold every domain, as equally as the data allows. Rows of
+    a single domain keep their order."""
+    by_domain: dict[str, list[dict]] = {}
+    for example in examples:
+        by_domain.setdefault(example["domain"], []).append(example)
+    rounds = itertools.zip_longest(*by_domain.values())
+    return [example for round_ in rounds for example in round_ if example is not None]
+
+
+def check_dataset(name: str, split: str = "test", max_examples: int | None = None) -> None:
+    """Refuse, before launch and without the network, a data set a run would fail on or find empty:
+    DataError, one line starting with "dataset: " and naming the file, line and reason.
+
+    JSONL files are read whole (every line parsed and checked, as the run will). Generated tasks are
+    valid by construction and not generated here. A hub data set is only checked for the `datasets`
+    package: whether the hub answers is known only when the run loads it.
+    """
+    try:
+        _check_split_and_limit(split, max_examples)
+        spec = _parse_named(name)
+        if spec.paths:
+            examples = load_examples(name, split, max_examples)
+            if not examples:
+                raise DataError(f"{name}: no examples")
+        elif spec.task == "gsm8k":
+            _datasets_module()
+        if max_examples == 0:
+            raise DataError(f"{name}: no examples (max_examples is 0)")
+    except DataError as error:
+        raise DataError(f"dataset: {error}") from None
 
 
 # ---------------------------------------------------------------------------------------------------
-# GSM8K: the hub or a local JSONL file
+# GSM8K: the hub or local JSONL files
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Examples from a JSONL file of GSM8K rows; a bad line raises DataError naming file and line."""
+    """Examples from a JSONL file of GSM8K rows, each with its `domain` (its own field, else the
+    file's stem). A bad line or an empty file raises DataError naming the file (and line)."""
+    path = Path(path)
     if not path.is_file():
         raise DataError(f"no such file: {path}")
     examples = []
@@ -82,6 +215,8 @@ def read_jsonl(path: Path) -> list[dict]:
         for line_number, line in enumerate(lines, start=1):
             if line.strip():
                 examples.append(_parse_jsonl_line(line, path, line_number))
+    if not examples:
+        raise DataError(f"{path}: no examples (the file is empty)")
     return examples
 
 
@@ -97,7 +232,15 @@ def _parse_jsonl_line(line: str, path: Path, line_number: int) -> dict:
         if field not in row:
             raise DataError(f"{where}: missing field {field!r} (each line needs 'question' and 'answer')")
     row["question"], row["answer"] = str(row["question"]), _as_gsm8k_answer(row["answer"], where)
+    row["domain"] = _domain_of(row, path, where)
     return row
+
+
+def _domain_of(row: dict, path: Path, where: str) -> str:
+    domain = row.get("domain", path.stem)
+    if not isinstance(domain, str) or not domain.strip():
+        raise DataError(f"{where}: 'domain' must be a non-empty string, got {domain!r}")
+    return domain.strip()
 
 
 def _as_gsm8k_answer(answer, where: str) -> str:
@@ -110,14 +253,19 @@ def _as_gsm8k_answer(answer, where: str) -> str:
     raise DataError(f"{where}: answer has no '#### N' line and is not a number: {text[-40:]!r}")
 
 
-def _load_gsm8k_from_hub(split: str) -> list[dict]:
-    try:
-        import datasets
-    except ImportError:
+def _datasets_module():
+    if importlib.util.find_spec("datasets") is None:
         raise DataError(
             "gsm8k from the hub needs the 'datasets' package (pip install 'gpuscale[hub]'); "
             "or pass a local .jsonl file with 'question' and 'answer' fields"
-        ) from None
+        )
+    import datasets
+
+    return datasets
+
+
+def _load_gsm8k_from_hub(split: str) -> list[dict]:
+    datasets = _datasets_module()
     try:
         rows = datasets.load_dataset(GSM8K_HUB_ID, GSM8K_CONFIG, split=split)
     except Exception as error:  # offline, no cache, hub down, auth: all end the same way for the user
@@ -126,7 +274,7 @@ def _load_gsm8k_from_hub(split: str) -> list[dict]:
             f"could not load {GSM8K_HUB_ID} ({GSM8K_CONFIG}/{split}) from the Hugging Face hub: {reason}; "
             f"pass a local .jsonl file with 'question' and 'answer' fields instead"
         ) from None
-    return [{"question": row["question"], "answer": row["answer"], "domain": "gsm8k"} for row in rows]
+    return [{"question": row["question"], "answer": row["answer"], "domain": GSM8K_DOMAIN} for row in rows]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -152,19 +300,33 @@ def is_test_question(question: str) -> bool:
     return int.from_bytes(digest[:4], "little") % TEST_BUCKETS == 0
 
 
+def tiny_math_examples(split: str, max_examples: int | None, seed: int = 0,
+                       domains: tuple[str, ...] | None = None) -> list[dict]:
+    """The split's problems (TINY_MATH_SIZES of them), or only those of `domains`, the first
+    `max_examples` of them: a domain subset holds the same problems as the whole task, in its order."""
+    problems = itertools.islice(_tiny_math_stream(split, seed), TINY_MATH_SIZES[split])
+    if domains is not None:
+        problems = (example for example in problems if example["domain"] in domains)
+    return list(itertools.islice(problems, max_examples))
+
+
 def generate_tiny_math(split: str, count: int, seed: int = 0) -> list[dict]:
     """`count` distinct tiny-math problems of `split`, the same ones for the same seed."""
+    return list(itertools.islice(_tiny_math_stream(split, seed), count))
+
+
+def _tiny_math_stream(split: str, seed: int) -> Iterator[dict]:
+    """Distinct problems of `split`, without end, each domain drawn with TINY_MATH_WEIGHTS."""
     rng = random.Random(f"tiny-math/{split}/{seed}")
     want_test = split == "test"
-    examples, seen = [], set()
-    while len(examples) < count:
+    seen = set()
+    while True:
         domain = rng.choices(TINY_MATH_DOMAINS, weights=TINY_MATH_WEIGHTS)[0]
         example = _DOMAIN_GENERATORS[domain](rng)
         question = example["question"]
         if is_test_question(question) == want_test and question not in seen:
             seen.add(question)
-            examples.append(example)
-    return examples
+            yield example
 
 
 def _example(domain: str, question: str, steps: list[str], value: int, **fields) -> dict:
@@ -279,14 +441,3 @@ _DOMAIN_GENERATORS: dict[str, Callable[[random.Random], dict]] = {
     "comparison": _comparison,
     "counting": _counting,
 }
-
-
-def check_dataset_name(name: str) -> str:
-    """Refuse, before anything starts, a data set that is neither known nor an existing .jsonl file."""
-    if name in KNOWN_TASKS:
-        return name
-    if name.endswith(".jsonl"):
-        if Path(name).expanduser().is_file():
-            return name
-        raise ValueError("no such file")
-    raise ValueError(f"unknown data set; known data sets: {', '.join(KNOWN_TASKS)} (or a path to a .jsonl file)")

@@ -53,6 +53,11 @@ class PowerSampling(Recipe):
     promised_figures = ("method", "problems", "accuracy", "problems_per_s", "tokens_per_s", "warm_up_seconds")
     smoke_settings = {"max_examples": 2, "max_new_tokens": 8, "blocks": 2, "mcmc_steps": 1, "batch_size": 2}
 
+    def check(self, settings: Settings) -> None:
+        from gpuscale.data.tasks import check_dataset
+
+        check_dataset(settings.dataset, settings.split, settings.max_examples)
+
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.power_sampling.sampler import run_power_sampling
 

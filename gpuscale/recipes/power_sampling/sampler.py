@@ -95,6 +95,7 @@ class BatchSampler:
             generator=None, stats: PowerSamplingStats | None = None) -> list[dict]:
         """Sample and score the batch (with the sampler's own settings, generator and stats unless given)."""
         from gpuscale.data.prompts import prompt_ids
+        from gpuscale.data.scoring import score_completion
 
         s = self.settings if settings is None else settings
         generator = self.generator if generator is None else generator
@@ -105,7 +106,7 @@ class BatchSampler:
         rows = []
         for row, tokens in enumerate(answers[: len(prompts)]):
             index, example = batch[row // chains]
-            rows.append(score(index, row % chains, example, tokens, self.tokenizer, self.eos, s))
+            rows.append(score_completion(index, row % chains, example, tokens, self.tokenizer, self.eos, s.answer_mode))
         return rows
 
     def padded(self, prompts: list[list[int]]) -> list[list[int]]:
@@ -134,22 +135,9 @@ class BatchSampler:
         return generation.sequences()
 
 
-def score(index: int, chain: int, example: dict, tokens: list[int], tokenizer, eos: list[int], settings) -> dict:
-    from gpuscale.data.answers import extract_answer, is_correct
-    from gpuscale.data.tasks import gold_answer
-
-    known = len(tokenizer)  # a random model's ids can lie beyond its stand-in tokenizer
-    text = tokenizer.decode([t for t in tokens if t not in eos and t < known], skip_special_tokens=True)
-    gold = gold_answer(example)
-    return {
-        "index": index, "chain": chain, "domain": example.get("domain"), "question": example["question"],
-        "gold": gold, "completion": text, "token_ids": tokens, "tokens": len(tokens),
-        "extracted": extract_answer(text, settings.answer_mode),
-        "correct": is_correct(text, gold, mode=settings.answer_mode),
-    }
-
-
 def summarise(settings: Settings, everyone: list[dict]) -> dict:
+    from gpuscale.data.scoring import accuracy_by_domain
+
     rows = [r for rank in everyone for r in rank["results"]]
     problems = len({r["index"] for r in rows})
     wall = max(rank["elapsed"] for rank in everyone) or 1e-9
@@ -159,7 +147,7 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
         "method": settings.method,
         "problems": problems,
         "chains": settings.chains,
-        "accuracy": sum(r["correct"] for r in rows) / max(1, len(rows)),
+        **accuracy_by_domain(rows),  # accuracy, and accuracy_<domain> for each domain
         "acceptance_rate": sum(rank["accepted"] for rank in everyone) / proposals if proposals else None,
         "problems_per_s": problems / wall,
         "tokens_per_s": decoded / wall,
@@ -169,8 +157,4 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
         "sampling_seconds": wall,
         "warm_up_seconds": max(rank["warm_up"] for rank in everyone),
     }
-    domains = sorted({r["domain"] for r in rows if r["domain"]})
-    for domain in domains:
-        mine = [r["correct"] for r in rows if r["domain"] == domain]
-        summary[f"accuracy_{domain}"] = sum(mine) / len(mine)
     return summary

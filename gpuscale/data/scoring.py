@@ -1,0 +1,49 @@
+"""Scoring a recipe's completions against the gold answers, and accuracy overall and per domain.
+
+Shared by every recipe that samples answers (power sampling, evaluation before and after training):
+one result row per completion, the same fields everywhere, so results.jsonl files can be compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from gpuscale.data.answers import extract_answer, is_correct
+from gpuscale.data.tasks import gold_answer
+
+
+def decode_completion(tokens: list[int], tokenizer, eos: list[int]) -> str:
+    """The completion's text, without its end-of-sequence tokens. A random model's ids can lie
+    beyond its stand-in tokenizer's vocabulary: those are dropped too."""
+    known = len(tokenizer)
+    return tokenizer.decode([t for t in tokens if t not in eos and t < known], skip_special_tokens=True)
+
+
+def score_completion(index: int, chain: int, example: Mapping, tokens: list[int], tokenizer, eos: list[int],
+                     answer_mode: str = "auto") -> dict:
+    """One result row: which problem (`index`) and which sample of it (`chain`), its domain, the gold
+    answer, the completion (text and token ids), the answer extracted with `answer_mode`, and whether
+    it is correct."""
+    text = decode_completion(tokens, tokenizer, eos)
+    gold = gold_answer(dict(example))
+    return {
+        "index": index, "chain": chain, "domain": example.get("domain"), "question": example["question"],
+        "gold": gold, "completion": text, "token_ids": tokens, "tokens": len(tokens),
+        "extracted": extract_answer(text, answer_mode),
+        "correct": is_correct(text, gold, mode=answer_mode),
+    }
+
+
+def accuracy_by_domain(rows: Iterable[Mapping]) -> dict[str, float | None]:
+    """`accuracy` over all rows (each with `correct`), and `accuracy_<domain>` for every domain the
+    rows carry (sorted by name; rows without a domain count only in the overall figure). With no
+    rows the accuracy is None: there is nothing to measure, which is not the same as 0."""
+    rows = list(rows)
+    figures = {"accuracy": _mean_correct(rows)}
+    for domain in sorted({row["domain"] for row in rows if row.get("domain")}):
+        figures[f"accuracy_{domain}"] = _mean_correct([row for row in rows if row.get("domain") == domain])
+    return figures
+
+
+def _mean_correct(rows: list[Mapping]) -> float | None:
+    return sum(bool(row["correct"]) for row in rows) / len(rows) if rows else None
