@@ -91,7 +91,7 @@ class DomainReward:
 
     def __call__(self, prompts, completions, completion_ids=None, *, answer, domain, **columns) -> list[float | None]:
         rows = zip(completions, answer, domain, strict=True)
-        return [self._value(completion, gold) if row_domain == self.domain else None for completion, gold, row_domain in rows]
+        return [self._value(completion, gold) if mine == self.domain else None for completion, gold, mine in rows]
 
     def _value(self, completion, gold: str) -> float:
         return reward_value(self.reward, completion_text(completion), gold, self.mode)
