@@ -92,15 +92,16 @@ def torchrun_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], set
 
 
 def accelerate_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], settings_path: Path) -> list[str]:
-    """`accelerate launch` (which itself drives torch.distributed.run), for recipes built on TRL.
+    """`accelerate launch`, for recipes built on TRL.
 
-    accelerate starts several CPU processes only through mpirun; CPU ranks therefore go through
-    torchrun directly, whose environment (RANK, WORLD_SIZE, ...) Accelerator reads the same way.
+    Several processes go through `--multi_gpu`, on CPU ranks too: that launcher only hands the
+    processes to torch.distributed.run (accelerate's `--cpu` with several processes wants mpirun,
+    and the two flags exclude each other). A CPU rank knows it is one from the environment the
+    supervisor gives it (GPUSCALE_DEVICE=cpu, no visible GPU); the TRL bridge then sets the trainer's
+    `use_cpu`, and accelerate joins the gloo group the rank already started. `--main_process_port 0`
+    picks a free port on one node, so concurrent runs never collide.
     """
     processes = plan.nproc * settings.nnodes
-    if not plan.on_gpu and processes > 1:
-        return torchrun_argv(settings, plan, entry, settings_path)
-    host, _, port = (settings.rdzv_endpoint or "127.0.0.1:0").rpartition(":")
     argv = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--num_processes", str(processes),
@@ -109,11 +110,14 @@ def accelerate_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], s
         "--dynamo_backend", "no",
     ]
     if settings.nnodes > 1:
+        host, _, port = (settings.rdzv_endpoint or "127.0.0.1:29500").rpartition(":")
         argv += ["--main_process_ip", host, "--main_process_port", port, "--rdzv_backend", "c10d"]
-    if not plan.on_gpu:
-        argv += ["--cpu"]
-    elif processes > 1:
+    if processes > 1:
         argv += ["--multi_gpu"]
+        if settings.nnodes == 1:
+            argv += ["--main_process_port", "0"]
+    elif not plan.on_gpu:
+        argv += ["--cpu"]
     return argv + [*entry, "--settings", str(settings_path)]
 
 

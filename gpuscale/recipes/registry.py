@@ -21,6 +21,7 @@ GROUP = "gpuscale.recipes"
 BUILTIN = {
     "probe": "gpuscale.recipes.probe:Probe",
     "power-sampling": "gpuscale.recipes.power_sampling:PowerSampling",
+    "sft": "gpuscale.recipes.sft:SFT",
 }
 
 

@@ -1,0 +1,195 @@
+"""The bridge between Hugging Face's trainers (TRL's SFT and GRPO, transformers' Trainer) and gpuscale.
+
+Two pieces, so that every TRL-based recipe reports and is configured the same way:
+
+- `ReporterCallback(reporter, world_size)`: a `TrainerCallback` that turns the trainer's logs into
+  Reporter records as they come (every `logging_steps` optimizer steps).
+- `trainer_args(settings, ctx, config_cls, **recipe_specific)`: one mapping from a recipe's settings
+  (RunSettings and the training fields it declares, see SETTING_TO_CONFIG) to a TRL config
+  (SFTConfig, GRPOConfig) or transformers' TrainingArguments.
+
+Who reports what. transformers calls `on_log` on every process with the same, already global figures:
+the loss is all-gathered and averaged, TRL's `num_tokens` is the cumulative count over all ranks (it
+gathers each batch's count). The supervisor sums the `tokens` deltas of all ranks to get the run's
+tokens/s, so each rank reports an equal share of the global delta, `delta / world_size`: the sum over
+ranks is exactly the global count, every rank shows up in the per-rank view, and under synchronous
+data parallelism (every rank steps together) the share is also each rank's throughput on average.
+`samples` are each rank's own: per-device batch x gradient accumulation per optimizer step. The other
+figures (loss, learning rate, rewards...) are the same on every rank and are written by rank 0 only,
+so the store holds one series of each.
+
+This module imports transformers at the top: it is imported only inside ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+# Keys of a trainer's logs that are not per-step figures.
+CUMULATIVE_TOKEN_KEYS = ("num_tokens", "num_input_tokens_seen")  # TRL's first, transformers' second
+# The final log of `Trainer.train()` (train_runtime, train_loss, ...): kept in `final`, not logged per step.
+FINAL_PREFIX = "train_"
+FINAL_KEYS = ("total_flos",)
+# Names the Reporter's records use for themselves.
+RESERVED = ("t", "rank", "step", "total", "summary", "tokens", "samples")
+
+
+def metric_name(key: str) -> str:
+    """A trainer's log key as a plain identifier: `rewards/correct/mean` -> `rewards_correct_mean`."""
+    name = re.sub(r"\W+", "_", key).strip("_").lower()
+    if not name or name[0].isdigit():
+        name = "m_" + name
+    return f"trainer_{name}" if name in RESERVED else name
+
+
+class ReporterCallback(TrainerCallback):
+    """Writes every log of a trainer to the rank's Reporter (see the module docstring for who reports
+    what). After training, `final` holds the trainer's end-of-training figures (train_loss,
+    train_runtime, ...) as plain identifiers."""
+
+    def __init__(self, reporter, world_size: int = 1):
+        self.reporter = reporter
+        self.world_size = max(1, int(world_size))
+        self.final: dict[str, float] = {}
+        self._tokens_seen = 0.0  # the global cumulative count at the last log
+        self._last_step = 0
+        self._last_time: float | None = None
+
+    @property
+    def tokens_seen(self) -> float:
+        """Tokens trained on so far, all ranks together (the trainer's last cumulative count)."""
+        return self._tokens_seen
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.reporter.total(int(state.max_steps))
+        self._last_step = int(state.global_step)
+        self._last_time = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = dict(logs or {})
+        if self._is_final(logs):
+            self.final.update({metric_name(k): float(v) for k, v in logs.items() if _is_number(v)})
+            return
+        step = int(state.global_step)
+        record = {"tokens": self._token_share(logs), "samples": self._samples(args, step)}
+        step_time_ms = self._step_time_ms(logs, step)
+        if state.is_world_process_zero:
+            record.update(self._figures(logs))
+            record["step_time_ms"] = step_time_ms
+        self._last_step = step
+        self.reporter.log(step=step, **record)
+
+    # ---- pieces of a record ----------------------------------------------------------------------
+
+    @staticmethod
+    def _is_final(logs: dict) -> bool:
+        return any(k.startswith(FINAL_PREFIX) for k in logs) and "loss" not in logs
+
+    def _token_share(self, logs: dict) -> float | None:
+        """This rank's share of the tokens processed since the last log (None if the trainer counts none)."""
+        for key in CUMULATIVE_TOKEN_KEYS:
+            if _is_number(logs.get(key)):
+                seen = float(logs[key])
+                delta, self._tokens_seen = seen - self._tokens_seen, seen
+                return max(delta, 0.0) / self.world_size
+        return None
+
+    def _samples(self, args, step: int) -> float:
+        """Sequences this rank trained on since the last log: its own batches, exact but for a short
+        last batch of an epoch."""
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        return float(per_step * max(step - self._last_step, 0))
+
+    def _step_time_ms(self, logs: dict, step: int) -> float | None:
+        """The trainer's own step time if it logs one (GRPO's `step_time`, seconds), else the wall
+        time since the last log over the optimizer steps done since then."""
+        now = time.perf_counter()
+        measured = None
+        if self._last_time is not None and step > self._last_step:
+            measured = (now - self._last_time) / (step - self._last_step) * 1000
+        self._last_time = now
+        if _is_number(logs.get("step_time")):
+            return float(logs["step_time"]) * 1000
+        return measured
+
+    @staticmethod
+    def _figures(logs: dict) -> dict[str, float]:
+        """Every other numeric figure of the log, under a plain name (loss, learning_rate, grad_norm,
+        reward, rewards_<func>_mean, mean_token_accuracy, entropy, per-domain figures...)."""
+        return {
+            metric_name(key): float(value)
+            for key, value in logs.items()
+            if key not in CUMULATIVE_TOKEN_KEYS and key != "step_time" and _is_number(value)
+        }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ---- settings -> trainer configuration -----------------------------------------------------------
+
+# A recipe's setting -> the trainer config's field. Applied only where the recipe's settings have the
+# field (RunSettings has batch_size and seed; training recipes add the rest).
+SETTING_TO_CONFIG = {
+    "batch_size": "per_device_train_batch_size",
+    "seed": "seed",
+    "learning_rate": "learning_rate",
+    "epochs": "num_train_epochs",
+    "max_steps": "max_steps",
+    "gradient_accumulation": "gradient_accumulation_steps",
+    "lr_scheduler": "lr_scheduler_type",
+    # transformers 5 reads a warmup_steps below 1 as a fraction of the training steps.
+    "warmup_ratio": "warmup_steps",
+    "weight_decay": "weight_decay",
+    "max_grad_norm": "max_grad_norm",
+    "max_length": "max_length",
+    "activation_checkpointing": "activation_checkpointing",
+    "compile": "torch_compile",
+}
+
+
+def trainer_args(settings, ctx, config_cls, **recipe_specific):
+    """A `config_cls` (SFTConfig, GRPOConfig, TrainingArguments...) for this rank.
+
+    From the settings: per-device batch, gradient accumulation, seed, learning rate, epochs or
+    max_steps, scheduler, warm-up... (SETTING_TO_CONFIG). From the rank: bf16/fp16 autocast when the
+    rank's dtype is half precision, `use_cpu` and gloo on CPU. Fixed: output inside the run folder
+    (RUN_DIR/trainer), no reporting to external services, no checkpoints, a log at every step, no
+    progress bars (ranks write to log files), no dataloader worker processes. `recipe_specific`
+    overrides any of these.
+    """
+    import torch
+
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    values: dict[str, Any] = {}
+    for setting, field in SETTING_TO_CONFIG.items():
+        if field in fields and setting in type(settings).model_fields:
+            values[field] = getattr(settings, setting)
+    if values.get("max_steps") is None and "max_steps" in values:
+        values["max_steps"] = -1  # the trainer's "train for num_train_epochs"
+    on_cpu = ctx.device.type != "cuda"
+    values.update(
+        output_dir=str(Path(ctx.run_dir) / "trainer"),
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        bf16=ctx.dtype == torch.bfloat16,
+        fp16=ctx.dtype == torch.float16,
+        use_cpu=on_cpu,
+        # Every parameter of our models takes part in the loss: DDP need not search for unused ones.
+        ddp_find_unused_parameters=False,
+    )
+    if on_cpu:
+        values["ddp_backend"] = "gloo"
+    values.update(recipe_specific)
+    return config_cls(**values)

@@ -1,0 +1,89 @@
+"""sft: supervised fine-tuning with TRL's SFTTrainer on a task's training split.
+
+Each training example becomes a prompt-completion pair: the prompt is the chat-templated question
+(exactly as the generation side builds it, `data.prompts.prompt_ids`), the completion the gold answer
+and EOS; the loss is on the completion only. Full fine-tune, or LoRA through peft (`lora_rank` > 0).
+Every rank trains with DDP under `accelerate launch`; precision, per-device batch, gradient
+accumulation, learning rate, epochs or max_steps and scheduler come from the settings through the
+TRL bridge (engines/trl_bridge.py), which also sends the trainer's logs to the Reporter live.
+Before and after training, greedy accuracy on `eval_examples` held-out test problems (sharded over
+ranks). `save_model` writes the trained model (merged if LoRA) to RUN_DIR/model, which any recipe
+loads with `--model RUN_DIR/model`.
+
+Files: this one (settings and the recipe, no torch), trainer.py (a rank's work; `train_sft` is the
+training phase other recipes reuse, e.g. RFT).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from gpuscale.engines.settings import RunSettings, SettingsError
+from gpuscale.recipes.contract import Recipe
+
+
+class Settings(RunSettings):
+    KEY_ALIASES = {"lr": "learning_rate", "grad_accum": "gradient_accumulation", "micro_batch_size": "batch_size"}
+
+    learning_rate: float = Field(2e-5, gt=0.0, le=1.0, description="peak learning rate (TRL's SFT default 2e-5; "
+                                 "LoRA usually wants about 1e-4 to 2e-4)")
+    epochs: float = Field(1.0, gt=0.0, le=1000.0, description="passes over the training examples")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
+    gradient_accumulation: int = Field(1, ge=1, le=1024, description="micro-batches per optimizer step")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="learning-rate schedule after the warm-up")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="share of the steps spent warming up the learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    max_length: int = Field(512, ge=8, le=131_072, description="longest prompt + completion, in tokens (longer are cut)")
+    activation_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
+                                           "(less memory, about a third more compute)")
+    lora_rank: int = Field(0, ge=0, le=1024, description="0 = full fine-tune; otherwise LoRA adapters of this rank")
+    lora_alpha: float = Field(32.0, gt=0.0, le=4096.0, description="LoRA scaling numerator (alpha / rank scales the update)")
+    lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
+    save_model: bool = Field(False, description="save the trained model (merged if LoRA) to RUN_DIR/model")
+    eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily "
+                               "before and after training (0 = no evaluation)")
+    max_new_tokens: int = Field(128, ge=1, le=65_536, description="answer length budget in the evaluation")
+
+    @field_validator("max_steps", mode="before")
+    @classmethod
+    def _no_limit_words(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _check_targets(cls, value: str) -> str:
+        value = value.strip()
+        if value != "all-linear" and not re.fullmatch(r"\w+(\s*,\s*\w+)*", value):
+            raise ValueError("expected all-linear or module names like q_proj,v_proj")
+        return value
+
+
+class SFT(Recipe):
+    name = "sft"
+    summary = "supervised fine-tuning (TRL SFTTrainer, full or LoRA) on a task's training split, with accuracy before/after"
+    settings_cls = Settings
+    launcher = "accelerate"
+    promised_figures = ("world_size", "steps", "train_loss", "tokens_per_s", "accuracy_before", "accuracy_after")
+    smoke_settings = {"max_examples": 8, "batch_size": 2, "max_steps": 2, "max_length": 64, "eval_examples": 2,
+                      "max_new_tokens": 8}
+
+    def check(self, settings: Settings) -> None:
+        """A JSONL file is parsed here (a bad line is refused with its file and line) and must keep
+        training examples once the evaluation's are held out of it; named tasks are never empty."""
+        if not settings.dataset.endswith(".jsonl"):
+            return
+        from gpuscale.recipes.sft.data import training_and_test_examples
+
+        train, _test = training_and_test_examples(settings)
+        if not train:
+            raise SettingsError(f"dataset: {settings.dataset!r}: no training examples left after holding out "
+                                f"{settings.eval_examples} for evaluation; lower eval_examples")
+
+    def run(self, settings: Settings, ctx, reporter) -> None:
+        from gpuscale.recipes.sft.trainer import run_sft
+
+        run_sft(settings, ctx, reporter)
