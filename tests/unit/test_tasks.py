@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 from collections import Counter
 
 import pytest
@@ -11,9 +12,12 @@ from gpuscale.data.tasks import (
     KNOWN_TASKS,
     TINY_MATH_DOMAINS,
     DataError,
+    check_dataset,
+    check_dataset_name,
     gold_answer,
     is_test_question,
     load_examples,
+    parse_dataset,
 )
 
 NUMBER = re.compile(r"-?\d+")
@@ -137,8 +141,8 @@ def test_local_jsonl_loads_in_order(tmp_path):
 
 
 def test_local_jsonl_keeps_a_domain_field(tmp_path):
-    path = _write_jsonl(tmp_path / "mixed.jsonl", [{**GSM8K_ROWS[0], "domain": "eggs"}])
-    assert load_examples(str(path))[0]["domain"] == "eggs"
+    path = _write_jsonl(tmp_path / "mixed.jsonl", [{**GSM8K_ROWS[0], "domain": "eggs"}, GSM8K_ROWS[1]])
+    assert [e["domain"] for e in load_examples(str(path))] == ["eggs", "mixed"]  # else the file's stem
 
 
 def _data_error(*args, **kwargs) -> str:
@@ -200,3 +204,155 @@ def test_gsm8k_without_the_hub_is_one_clear_line(tmp_path):
     lines = [line for line in result.stdout.splitlines() if line.startswith("DataError:")]
     assert len(lines) == 1, result.stdout + result.stderr
     assert "openai/gsm8k" in lines[0] and "hub" in lines[0] and ".jsonl" in lines[0]
+
+
+def test_an_empty_file_is_refused(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n  \n")
+    message = _data_error(str(path))
+    assert str(path) in message and "no examples" in message
+
+
+def test_a_domain_that_is_not_a_string_is_refused(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [GSM8K_ROWS[0], {**GSM8K_ROWS[1], "domain": 3}])
+    message = _data_error(str(path))
+    assert "line 2" in message and "'domain'" in message
+
+
+# ---------------------------------------------------------------------------------------------------
+# Mixtures: a task's domains, several files, one file with a domain field
+
+
+def test_a_domain_subset_is_the_same_problems_in_the_same_order(tiny_test):
+    subset = load_examples("tiny-math:arithmetic,counting", "test", max_examples=100)
+    expected = [e for e in tiny_test if e["domain"] in ("arithmetic", "counting")][:100]
+    assert subset == expected
+    assert {e["domain"] for e in subset} == {"arithmetic", "counting"}
+    only_counting = load_examples("tiny-math:counting", "test")
+    assert only_counting and {e["domain"] for e in only_counting} == {"counting"}
+    # the split's 2000 problems, of one domain: about a quarter of them
+    assert 300 < len(only_counting) < 700
+
+
+def test_plain_tiny_math_holds_every_domain_on_every_row(tiny_test):
+    assert load_examples("tiny-math:" + ",".join(TINY_MATH_DOMAINS), "test", max_examples=600) == tiny_test
+    assert all(e["domain"] in TINY_MATH_DOMAINS for e in tiny_test)
+
+
+def test_an_unknown_domain_names_the_known_ones():
+    message = _data_error("tiny-math:arithmetic,algebra")
+    assert "'algebra'" in message and all(domain in message for domain in TINY_MATH_DOMAINS)
+    assert "no domain" in _data_error("tiny-math:")
+    assert "twice" in _data_error("tiny-math:counting,counting")
+
+
+def _rows(prefix: str, count: int, **fields) -> list[dict]:
+    return [{"question": f"{prefix} {i}?", "answer": f"#### {i}", **fields} for i in range(count)]
+
+
+def test_several_files_are_interleaved_by_domain(tmp_path):
+    """Each file's stem is its rows' domain; the rows alternate so that the first N hold every domain."""
+    first = _write_jsonl(tmp_path / "first.jsonl", _rows("a", 4))
+    second = _write_jsonl(tmp_path / "second.jsonl", _rows("b", 2))
+    examples = load_examples(f"{first},{second}")
+    assert [e["question"] for e in examples] == ["a 0?", "b 0?", "a 1?", "b 1?", "a 2?", "a 3?"]
+    assert [e["domain"] for e in examples[:2]] == ["first", "second"]
+    # max_examples takes the first N of that order, as for any data set
+    assert load_examples(f"{first}, {second}", max_examples=3) == examples[:3]
+
+
+def test_one_file_with_a_domain_field_is_interleaved_by_domain(tmp_path):
+    path = _write_jsonl(tmp_path / "mix.jsonl", _rows("m", 3, domain="math") + _rows("l", 3, domain="logic"))
+    examples = load_examples(str(path), max_examples=4)
+    assert [(e["domain"], e["question"]) for e in examples] == [
+        ("math", "m 0?"), ("logic", "l 0?"), ("math", "m 1?"), ("logic", "l 1?")]
+
+
+def test_a_value_holding_jsonl_is_always_files(tmp_path):
+    spec = parse_dataset("data:v2/a.jsonl,b.jsonl")  # a colon in a path is not the domain syntax
+    assert spec.task is None and [p.name for p in spec.paths] == ["a.jsonl", "b.jsonl"]
+    assert parse_dataset("tiny-math:counting").domains == ("counting",)
+    assert parse_dataset("gsm8k").task == "gsm8k"
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("a.jsonl,,b.jsonl", "an empty entry"),
+    ("a.jsonl,tiny-math", "'tiny-math' is not a .jsonl file"),
+    ("a.jsonl,a.jsonl", "listed twice"),
+    ("tiny-maths", "unknown data set"),
+])
+def test_bad_values_are_one_line_naming_value_and_reason(value, reason):
+    message = _data_error(value)
+    assert message.startswith(repr(value)) and reason in message and "\n" not in message
+
+
+def test_check_dataset_name_accepts_the_new_forms_and_names_a_missing_file(tmp_path):
+    first = _write_jsonl(tmp_path / "first.jsonl", _rows("a", 1))
+    second = _write_jsonl(tmp_path / "second.jsonl", _rows("b", 1))
+    for value in ("tiny-math", "tiny-math:comparison", "gsm8k", str(first), f"{first},{second}"):
+        assert check_dataset_name(value) == value
+    with pytest.raises(DataError, match="no such file: .*absent.jsonl"):
+        check_dataset_name(f"{first},{tmp_path / 'absent.jsonl'}")
+    with pytest.raises(DataError, match="unknown domain 'algebra'"):
+        check_dataset_name("tiny-math:algebra")
+
+
+def test_the_settings_validator_refuses_a_bad_domain():
+    from gpuscale.engines.settings import RunSettings
+
+    assert RunSettings(dataset="tiny-math:arithmetic,counting").dataset == "tiny-math:arithmetic,counting"
+    with pytest.raises(ValueError, match="unknown domain 'algebra' of tiny-math; known domains: arithmetic"):
+        RunSettings(dataset="tiny-math:algebra")
+
+
+# ---------------------------------------------------------------------------------------------------
+# check_dataset: what a run would fail on, refused before launch
+
+
+def _check_error(*args, **kwargs) -> str:
+    with pytest.raises(DataError) as error:
+        check_dataset(*args, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("dataset: ")
+    return message
+
+
+def test_check_reads_every_line_of_every_file(tmp_path):
+    good = _write_jsonl(tmp_path / "good.jsonl", _rows("a", 3))
+    bad = _write_jsonl(tmp_path / "bad.jsonl", _rows("b", 3) + ['{"question": "cut'])
+    check_dataset(str(good), "test", max_examples=1)
+    # the bad line is the fourth, past max_examples: the run would still read it, so it is refused
+    message = _check_error(f"{good},{bad}", "test", max_examples=1)
+    assert f"{bad}, line 4: not valid JSON" in message
+    missing = _write_jsonl(tmp_path / "missing.jsonl", [{"question": "q"}])
+    assert f"{missing}, line 1: missing field 'answer'" in _check_error(str(missing))
+    words = _write_jsonl(tmp_path / "words.jsonl", [{"question": "q", "answer": "seven"}])
+    assert "line 1: answer has no '#### N' line and is not a number" in _check_error(str(words))
+
+
+def test_check_refuses_empty_data_and_empty_selections(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert f"{empty}: no examples" in _check_error(str(empty))
+    assert "no examples" in _check_error("tiny-math", "test", max_examples=0)
+    assert "unknown split" in _check_error("tiny-math", "validation")
+    assert "unknown domain" in _check_error("tiny-math:algebra")
+
+
+def test_check_leaves_generated_and_hub_data_sets_alone(monkeypatch):
+    """tiny-math is valid by construction; gsm8k from the hub is not loaded (no network before launch)."""
+    datasets = pytest.importorskip("datasets")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("check_dataset must not load a hub data set")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_network)
+    check_dataset("tiny-math", "train")
+    check_dataset("tiny-math:counting", "test", max_examples=5)
+    check_dataset("gsm8k", "test")
+
+
+def test_check_says_when_the_hub_package_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
+    message = _check_error("gsm8k")
+    assert "'datasets' package" in message and ".jsonl" in message
