@@ -15,11 +15,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModelForCausalLM
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from gpuscale.data.models import build_random_model
-from gpuscale.engines import generation as generation_module
 from gpuscale.engines.generation import (
     GenerationEngine,
     Sampling,
@@ -27,6 +30,8 @@ from gpuscale.engines.generation import (
     filter_logits,
     sample_tokens,
 )
+from gpuscale.engines.generation import compiled as compiled_module
+from gpuscale.engines.generation import fused as fused_module
 
 TOL = 1e-4
 PAD = 0
@@ -200,7 +205,7 @@ def test_grouped_query_attention_equals_repeated_kv():
     mask[0, ..., :5] = torch.finfo(torch.float32).min
     mask[2, ..., 12:] = torch.finfo(torch.float32).min
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
-    out, _ = generation_module._grouped_query_sdpa(module, query, key, value, mask, dropout=0.0, scaling=0.3)
+    out, _ = fused_module._grouped_query_sdpa(module, query, key, value, mask, dropout=0.0, scaling=0.3)
     expected = torch.nn.functional.scaled_dot_product_attention(
         query, repeat_kv(key, 4), repeat_kv(value, 4), attn_mask=mask, scale=0.3).transpose(1, 2)
     assert out.shape == (batch, 1, heads, dim)
@@ -216,7 +221,7 @@ def test_decode_steps_use_grouped_attention_and_restore_the_config(llama, monkey
         return sdpa(query, key, value, **kwargs)
 
     engine = GenerationEngine(llama, pad_token_id=PAD, static_shapes=True)
-    monkeypatch.setattr(generation_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(fused_module.F, "scaled_dot_product_attention", spy)
     engine.generate(PROMPTS, 3, Sampling(1.0), generator=_seeded(0))
     kv_heads, heads = llama.config.num_key_value_heads, llama.config.num_attention_heads
     grouped = [(q, k) for q, k in shapes if q == (4, kv_heads, heads // kv_heads, 16) and k[1] == kv_heads]
@@ -444,7 +449,7 @@ def test_a_failing_compile_falls_back_to_the_eager_step(llama, monkeypatch):
 
     expected = GenerationEngine(llama, pad_token_id=PAD, static_shapes=True).generate(
         PROMPTS, 8, Sampling(0.9), generator=_seeded(2))
-    monkeypatch.setattr(generation_module.torch, "compile", broken_compile)
+    monkeypatch.setattr(compiled_module.torch, "compile", broken_compile)
     engine = GenerationEngine(llama, pad_token_id=PAD, static_shapes=True, compile=True)
     with pytest.warns(RuntimeWarning, match="running it uncompiled: RuntimeError: inductor exploded"):
         out = engine.generate(PROMPTS, 8, Sampling(0.9), generator=_seeded(2))

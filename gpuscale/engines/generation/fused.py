@@ -1,0 +1,290 @@
+"""The decode forward of Llama-style decoders with fused projections, and attention of one query
+token with grouped KV heads."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .kv import _Cursor, _SlotCache
+from .row_terms import RowTerm, RowTerms
+
+# --------------------------------------------------------------------------------------------------
+# Attention of one query token with grouped KV heads
+# --------------------------------------------------------------------------------------------------
+
+_GROUPED_SDPA = "gpuscale_grouped_sdpa"
+
+
+def _grouped_query_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' "sdpa" attention, except that one query token per row with grouped KV heads
+    stacks the query heads of each KV head as that head's queries ([B, H, 1, D] -> [B, KV, H/KV, D]).
+
+    K and V are then read as stored. transformers does the same in eager mode but not under
+    torch.compile, where it copies K and V once per query head first (repeat_kv: H/KV times the KV
+    bytes written and read per layer). Anything else goes to transformers' own function.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = (
+        query.shape[2] == 1 and groups > 1 and not kwargs.get("dropout")
+        and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1))
+        and all(kwargs.get(name) is None for name in ("softcap", "sliding_window", "position_bias"))
+        and not kwargs.get("output_attentions")
+    )
+    if not plain:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    batch, heads, _, dim = query.shape
+    grouped = query.reshape(batch, heads // groups, groups, dim)  # head h = kv * groups + g, as repeat_kv
+    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask,
+                                         scale=kwargs.get("scaling"))
+    return out.reshape(batch, 1, heads, value.shape[-1]), None  # [B, q_len, heads, head_dim], as sdpa's
+
+
+def _register_grouped_attention():
+    """Make `_GROUPED_SDPA` a transformers attention implementation. Called by the engine: by then the
+    model has imported transformers' modeling code, and importing this module stays cheap."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(_GROUPED_SDPA, _grouped_query_sdpa)
+    AttentionMaskInterface.register(_GROUPED_SDPA, sdpa_mask)  # the mask sdpa would get, if ever built
+
+
+@contextlib.contextmanager
+def _grouped_attention(config):
+    """Run the model's sdpa attention layers through `_grouped_query_sdpa` for the duration (only
+    sdpa: another implementation the caller chose stays as it is)."""
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        yield
+        return
+    # The private field, not the property: its setter also rewrites sub-configs.
+    config._attn_implementation_internal = _GROUPED_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation_internal = "sdpa"
+
+
+# --------------------------------------------------------------------------------------------------
+# Decode forward of Llama-style decoders with fused projections
+# --------------------------------------------------------------------------------------------------
+
+# Decoders whose layer is exactly: x += o_proj(attention(rotary(q/k/v_proj(norm(x))))),
+# x += down_proj(act(gate_proj(norm(x))) * up_proj(norm(x))); checked numerically at construction too.
+_LLAMA_STYLE_DECODERS = {"LlamaModel", "Qwen2Model", "MistralModel"}
+# Fuse by default only up to this many bytes of weight copies: small models are launch-bound (fewer,
+# larger matmuls help), large ones bandwidth-bound (fusion saves little and the copies cost memory).
+FUSED_WEIGHTS_MAX_BYTES = 1 << 30
+
+
+def _hooked(module: torch.nn.Module, allowed_hook_ids=frozenset()) -> bool:
+    """Does calling `module` do more than its class's forward (hooks, or a forward set on the object)?"""
+    hook_ids = set(module._forward_hooks) | set(module._forward_pre_hooks)
+    return bool(hook_ids - allowed_hook_ids) or "forward" in module.__dict__
+
+
+class _FusedDecode:
+    """The decoder forward of one token per row for Llama-style models, with each layer's q/k/v
+    projections as one matmul and gate/up as another, over concatenated copies of their weights.
+
+    Why: a small model's decode step costs about the number of its kernels, and this removes 3 of
+    each layer's matmuls (k_proj, v_proj, up_proj); at larger batches it also gives cuBLAS wider
+    matrices than k/v_proj's few columns. Norms, rotary embedding, activation, o_proj and down_proj
+    are the model's own modules: only the wiring is ours. The copies follow the model: `refresh()`
+    (at every engine call) copies again, in place, any weight changed since.
+
+    The wiring bypasses the forward of the decoder, its layers, their attention and MLP modules and
+    the five fused linears: `still_valid()` says whether those are still the modules it was built
+    from, unhooked (the engine's own row-term hooks aside: `row_terms` adds those terms here).
+    """
+
+    # (submodule of a layer, its linears fused into one matmul, in output order)
+    GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        first = decoder.layers[0]
+        self.apply_rotary = inspect.getmodule(type(first.self_attn)).apply_rotary_pos_emb
+        self.head_dim = first.self_attn.head_dim
+        self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
+        # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
+        self.weights = [[self._cat(layer, group, "weight") for layer in decoder.layers]
+                        for group in self.GROUPS]
+        self.biases = [[self._cat(layer, group, "bias") for layer in decoder.layers] for group in self.GROUPS]
+        # row_terms[g][i][j]: the row terms of linear j of group g in layer i (set by `use_row_terms`).
+        self.row_terms: list[list[list[list[RowTerm]]]] = [
+            [[[] for _ in names] for _ in decoder.layers] for _, names in self.GROUPS]
+        self._bypassed = self._bypassed_modules()
+        self._seen = self._source_state()
+
+    @staticmethod
+    def _linears(layer, group) -> list:
+        module, names = group
+        return [getattr(getattr(layer, module), name, None) for name in names]
+
+    @classmethod
+    def eligible(cls, decoder) -> bool:
+        if type(decoder).__name__ not in _LLAMA_STYLE_DECODERS or not hasattr(decoder, "rotary_emb"):
+            return False
+        if not hasattr(inspect.getmodule(type(decoder.layers[0].self_attn)), "apply_rotary_pos_emb"):
+            return False
+        for layer in decoder.layers:
+            if hasattr(layer.self_attn, "q_norm"):  # Qwen3-style q/k norms: not this wiring
+                return False
+            for group in cls.GROUPS:
+                linears = cls._linears(layer, group)
+                if not all(_plain_linear(m) for m in linears):
+                    return False
+                if len({m.bias is None for m in linears}) > 1:  # some with a bias, some without
+                    return False
+        return all(isinstance(getattr(layer.self_attn, "o_proj", None), torch.nn.Linear)
+                   and isinstance(getattr(layer.mlp, "down_proj", None), torch.nn.Linear)
+                   for layer in decoder.layers)
+
+    @classmethod
+    def copy_bytes(cls, decoder) -> int:
+        return sum(m.weight.numel() * m.weight.element_size()
+                   for layer in decoder.layers for group in cls.GROUPS for m in cls._linears(layer, group))
+
+    def _bypassed_modules(self) -> list[tuple[torch.nn.Module, bool]]:
+        """(module, is a fused linear) for every module whose forward the fused wiring skips."""
+        modules = [(self.decoder, False)]
+        for layer in self.decoder.layers:
+            modules += [(layer, False), (layer.self_attn, False), (layer.mlp, False)]
+            modules += [(m, True) for group in self.GROUPS for m in self._linears(layer, group)]
+        return modules
+
+    def still_valid(self, row_term_hook_ids: set[int]) -> bool:
+        """The modules are those the copies were made from, plain, and nobody hooks them (hooks on
+        every module, registered globally, count too)."""
+        if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+            return False
+        now = self._bypassed_modules()
+        if len(now) != len(self._bypassed) or any(a is not b for (a, _), (b, _) in zip(now, self._bypassed)):
+            return False
+        return all(not _hooked(m, row_term_hook_ids if linear else frozenset())
+                   and (not linear or _plain_linear(m)) for m, linear in now)
+
+    def use_row_terms(self, row_terms: RowTerms):
+        """Add the engine's terms of the fused linears to their slices of the fused outputs."""
+        for g, group in enumerate(self.GROUPS):
+            for i, layer in enumerate(self.decoder.layers):
+                self.row_terms[g][i] = [row_terms.of(m) for m in self._linears(layer, group)]
+
+    def _cat(self, layer, group, name):
+        tensors = [getattr(m, name) for m in self._linears(layer, group)]
+        return None if tensors[0] is None else torch.cat([t.detach() for t in tensors])
+
+    def _source_state(self):
+        """(address, version) of every copied tensor: in-place updates bump the version counter."""
+        return [(t.data_ptr(), t._version) for layer in self.decoder.layers for group in self.GROUPS
+                for m in self._linears(layer, group) for t in (m.weight, m.bias) if t is not None]
+
+    def refresh(self):
+        """Copy again, into the same buffers (captured CUDA graphs keep their addresses), if a weight
+        changed since (an optimizer step, load_state_dict, ...)."""
+        state = self._source_state()
+        if state == self._seen:
+            return
+        with torch.no_grad():
+            for g, group in enumerate(self.GROUPS):
+                for i, layer in enumerate(self.decoder.layers):
+                    self.weights[g][i].copy_(self._cat(layer, group, "weight"))
+                    if self.biases[g][i] is not None:
+                        self.biases[g][i].copy_(self._cat(layer, group, "bias"))
+        self._seen = state
+
+    def __call__(self, input_ids, positions, mask, cache) -> torch.Tensor:
+        """Last hidden states [B, H] of one token per row ([B] ids at [B] positions), attention
+        through `mask` [B, 1, 1, visible] over the KV columns of `cache`."""
+        decoder = self.decoder
+        hidden = decoder.embed_tokens(input_ids[:, None])
+        position_embeddings = decoder.rotary_emb(hidden, positions[:, None])
+        for i, layer in enumerate(decoder.layers):
+            attention_in = layer.input_layernorm(hidden)
+            hidden = hidden + self._attention(i, layer.self_attn, attention_in, position_embeddings, mask,
+                                              cache)
+            hidden = hidden + self._mlp(i, layer.mlp, layer.post_attention_layernorm(hidden))
+        return decoder.norm(hidden)[:, -1]
+
+    def _projections(self, g: int, i: int, x: torch.Tensor) -> list[torch.Tensor]:
+        """The outputs of group g's linears in layer i: one matmul, split, plus their row terms."""
+        outputs = list(F.linear(x, self.weights[g][i], self.biases[g][i]).split(self.split_sizes[g], dim=-1))
+        for j, terms in enumerate(self.row_terms[g][i]):
+            for term in terms:
+                outputs[j] = outputs[j] + term(x)
+        return outputs
+
+    def _attention(self, i, attention, x, position_embeddings, mask, cache):
+        batch = x.shape[0]
+        q, k, v = (t.view(batch, 1, -1, self.head_dim).transpose(1, 2) for t in self._projections(0, i, x))
+        q, k = self.apply_rotary(q, k, *position_embeddings)
+        keys, values = cache.layers[i].update(k, v)
+        out, _ = _grouped_query_sdpa(attention, q, keys, values, mask, dropout=0.0, scaling=attention.scaling)
+        return attention.o_proj(out.reshape(batch, 1, -1))
+
+    def _mlp(self, i, mlp, x):
+        gate, up = self._projections(1, i, x)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def _plain_linear(module) -> bool:
+    """An nn.Linear whose forward is nn.Linear's (not a subclass computing something else)."""
+    return isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
+
+
+def make_fused_decode(decoder, fuse_weights: bool | None, cache_kwarg: str) -> _FusedDecode | None:
+    """A `_FusedDecode` of `decoder` if asked for (None: by default, where it is eligible and its copies
+    are small enough) and if it reproduces the model's own decode forward; else None, with a warning."""
+    eligible = _FusedDecode.eligible(decoder)
+    if fuse_weights is None:
+        fuse_weights = eligible and _FusedDecode.copy_bytes(decoder) <= FUSED_WEIGHTS_MAX_BYTES
+    if not fuse_weights:
+        return None
+    if not eligible:
+        raise ValueError(f"fuse_weights: {type(decoder).__name__} is not a Llama-style decoder "
+                         f"({', '.join(sorted(_LLAMA_STYLE_DECODERS))})")
+    fused = _FusedDecode(decoder)
+    if not _same_decode(decoder, fused, cache_kwarg):
+        warnings.warn(f"{type(decoder).__name__}: the fused decode forward does not reproduce the "
+                      "model's; using the model's own forward", RuntimeWarning, stacklevel=3)
+        return None
+    return fused
+
+
+@torch.no_grad()
+def _same_decode(decoder, fused: _FusedDecode, cache_kwarg: str) -> bool:
+    """Two tokens, one step each, through the model's forward and through `fused` (each with a
+    throwaway cache): the second attends to the first, so q/k/v, rotary and MLP all count."""
+    weight = decoder.embed_tokens.weight
+    device, dtype = weight.device, weight.dtype
+    results = []
+    for use_fused in (False, True):
+        cursor = _Cursor(device)
+        cache = _SlotCache(cursor, len(decoder.layers), batch=1, capacity=2)
+        mask = torch.zeros(1, 1, 1, 2, dtype=dtype, device=device)
+        for column, token in enumerate((1, 2)):
+            cursor.visible = column + 1
+            ids, positions = (torch.tensor([value], device=device) for value in (token, column))
+            visible_mask = mask[..., : column + 1]
+            if use_fused:
+                hidden = fused(ids, positions, visible_mask, cache)
+            else:
+                hidden = decoder(
+                    input_ids=ids[:, None], position_ids=positions[:, None], attention_mask=visible_mask,
+                    use_cache=True, **{cache_kwarg: cache},
+                ).last_hidden_state[:, -1]
+            results.append(hidden.float())
+            cursor.move_to(column + 1)
+    expected, ours = torch.cat(results[:2]), torch.cat(results[2:])
+    # Concatenated weights may change cuBLAS's summation order: bf16 outputs then differ by a
+    # rounding here and there; a wiring error (a swapped projection, rotary left out on a real
+    # model) moves them by far more.
+    relative = 1e-4 if dtype == torch.float32 else 2e-2
+    return torch.allclose(ours, expected, rtol=0, atol=relative * float(expected.abs().max()) + 1e-6)

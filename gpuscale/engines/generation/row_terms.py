@@ -1,0 +1,133 @@
+"""Per-row low-rank terms on chosen linear layers (EGGROLL-style population perturbations).
+
+The batch rows are split into G contiguous groups of equal size; group g's rows see the linear layer
+W + scale * up[g] @ down[g]^T, i.e. every forward through the layer adds
+
+    y[rows of g] += scale * (x[rows of g] @ down[g]) @ up[g]^T
+
+(two small batched matmuls, never a materialised weight). The term's tensors are read at their
+addresses on every forward, including the replay of a captured CUDA graph: the caller refills them
+in place (`term.down.copy_(...)`, `term.scale.fill_(...)`) between engine calls. Replacing them by
+new tensors works too, but costs a recapture.
+
+Terms act during engine calls only: the hooks that add them do nothing when the model runs outside
+the engine (a training step, a teacher-forced score), so the model itself stays unperturbed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+
+class RowTerm:
+    """down [G, in_features, r], up [G, out_features, r], scale a float or a 0-dim tensor.
+
+    A float scale becomes a 0-dim fp32 tensor on down's device, so it too can be changed in place
+    (`term.scale.fill_(0.5)`) without recapturing CUDA graphs.
+    """
+
+    def __init__(self, down: torch.Tensor, up: torch.Tensor, scale: float | torch.Tensor = 1.0):
+        if down.dim() != 3 or up.dim() != 3 or down.shape[0] != up.shape[0] or down.shape[2] != up.shape[2]:
+            raise ValueError(f"need down [G, in, r] and up [G, out, r]; got {tuple(down.shape)} and "
+                             f"{tuple(up.shape)}")
+        if down.device != up.device or down.dtype != up.dtype:
+            raise ValueError("down and up must share a device and a dtype")
+        if not isinstance(scale, torch.Tensor):
+            scale = torch.tensor(float(scale), dtype=torch.float32, device=down.device)
+        if scale.dim() != 0 or scale.device != down.device:
+            raise ValueError("scale must be a float or a 0-dim tensor on down's device")
+        self.down, self.up, self.scale = down, up, scale
+
+    @property
+    def groups(self) -> int:
+        return self.down.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The term for input x [B, ..., in]: [B, ..., out]. Batch rows of a group are contiguous, so
+        the group's rows (and all their tokens) are one block of x."""
+        grouped = x.reshape(self.groups, -1, x.shape[-1])  # [G, rows of g x tokens, in]
+        low_rank = torch.bmm(grouped, self.down) * self.scale  # scale on the r-wide side: cheaper
+        return torch.bmm(low_rank, self.up.transpose(1, 2)).reshape(*x.shape[:-1], -1)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.down, self.up, self.scale
+
+
+class RowTermHandle:
+    """What `GenerationEngine.add_row_term` returns: `remove()` takes those terms off again."""
+
+    def __init__(self, registry: RowTerms, entries: list):
+        self._registry, self._entries = registry, entries
+
+    def remove(self):
+        self._registry.remove(self._entries)
+        self._entries = []
+
+
+class RowTerms:
+    """The engine's terms: one forward hook per (module, term), active only inside engine calls."""
+
+    def __init__(self):
+        self.entries: list[tuple[torch.nn.Module, RowTerm, torch.utils.hooks.RemovableHandle]] = []
+        self.active = False
+
+    def add(self, modules: Sequence[torch.nn.Module], term: RowTerm) -> RowTermHandle:
+        for module in modules:
+            in_features, out_features = getattr(module, "in_features", None), getattr(module, "out_features", None)
+            if in_features is None or out_features is None:
+                raise ValueError(f"{type(module).__name__} is not a linear layer (no in/out_features)")
+            if (term.down.shape[1], term.up.shape[1]) != (in_features, out_features):
+                raise ValueError(f"term of shapes down {tuple(term.down.shape)}, up {tuple(term.up.shape)} "
+                                 f"does not fit a linear layer {in_features} -> {out_features}")
+        added = [(module, term, module.register_forward_hook(self._hook(term))) for module in modules]
+        self.entries += added
+        return RowTermHandle(self, added)
+
+    def _hook(self, term: RowTerm):
+        def add_term(module, args, output):
+            if not self.active:  # outside engine calls the model is left as it is
+                return None
+            return output + term(args[0])
+
+        return add_term
+
+    def remove(self, entries):
+        for entry in entries:
+            if entry in self.entries:
+                entry[2].remove()
+                self.entries.remove(entry)
+
+    def clear(self):
+        self.remove(list(self.entries))
+
+    def of(self, module: torch.nn.Module) -> list[RowTerm]:
+        return [term for m, term, _ in self.entries if m is module]
+
+    def hook_ids(self) -> set[int]:
+        return {handle.id for _, _, handle in self.entries}
+
+    def signature(self) -> tuple:
+        """Changes when a term is added or removed, or one of its tensors is replaced (captured graphs
+        hold the old addresses)."""
+        return tuple((id(m), id(term), *(t.data_ptr() for t in term.tensors())) for m, term, _ in self.entries)
+
+    def check_batch(self, batch: int):
+        for _, term, _ in self.entries:
+            if batch % term.groups:
+                raise ValueError(f"a row term has {term.groups} groups: the batch ({batch} rows) must split "
+                                 "into groups of equal size")
+
+    def share_prefill(self, batch: int, samples_per_prompt: int) -> bool:
+        """A prompt's prefill can be shared by its k samples only if they all sit in one group."""
+        return all((batch // term.groups) % samples_per_prompt == 0 for _, term, _ in self.entries)
+
+    @contextlib.contextmanager
+    def activated(self):
+        before, self.active = self.active, True
+        try:
+            yield
+        finally:
+            self.active = before
