@@ -1,0 +1,403 @@
+"""The generation engine inside a training loop: the model keeps its train/eval mode; decode equals
+teacher forcing after optimizer steps, with LoRA adapters (added before or after the engine was
+built), and with a hook or a wrapper on a linear layer added after; per-row low-rank terms equal
+explicitly perturbed weights; k samples per prompt share one prefill.
+
+Each test runs on CPU with the default settings and with the static-shape step (what CUDA graphs
+replay), and on CUDA, where available, with the CUDA defaults (CUDA graphs and torch.compile):
+python -m pytest -m gpu tests/unit/test_generation_training.py
+"""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from test_generation import PAD, PROMPTS, _on_cpu, _sharpen, teacher_forced
+
+from gpuscale.data.models import build_random_model
+from gpuscale.engines.generation import GenerationEngine, RowTerm, Sampling
+
+LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SAMPLING = Sampling(0.9, top_k=40)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=[
+    pytest.param(("cpu", {}), id="cpu"),
+    pytest.param(("cpu", {"static_shapes": True}), id="cpu-static"),
+    pytest.param(("cuda", {}), id="cuda-graphs-compiled", marks=[pytest.mark.gpu, needs_cuda]),
+])
+def setting(request):
+    """(device, engine keyword arguments)."""
+    return request.param
+
+
+def fresh_model(device):
+    """random-tiny (Llama), sharpened so that greedy choices are not near-ties, in TRAIN mode."""
+    return _sharpen(build_random_model("random-tiny", seed=0), 5).to(device).train()
+
+
+def make_engine(model, setting, **kwargs):
+    device, settings = setting
+    engine = GenerationEngine(model, pad_token_id=PAD, **settings, **kwargs)
+    if device == "cuda":
+        assert engine.cuda_graphs and engine.compile
+    return engine
+
+
+def seeded(device, seed):
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def tolerance(setting):
+    return 1e-4 if setting[0] == "cpu" else 1e-3
+
+
+def teacher_forced_logprobs(model, generation, rows=None):
+    """Per-token log-probs of `generation` (only `rows`, if given) from one forward of `model` in eval
+    mode; the model's modes are restored afterwards."""
+    generation = _on_cpu(generation)
+    if rows is not None:
+        generation = SimpleNamespace(**{name: value[rows] for name, value in vars(generation).items()})
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        return teacher_forced(model, generation)[1]
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def assert_decode_equals_teacher_forcing(model, generation, setting):
+    expected = teacher_forced_logprobs(model, generation)
+    mask = generation.mask.cpu()
+    assert bool(mask.any())
+    torch.testing.assert_close(generation.base_logprobs.cpu()[mask], expected[mask], atol=tolerance(setting), rtol=0)
+
+
+def max_difference(generation, expected):
+    mask = generation.mask.cpu()
+    return float((generation.base_logprobs.cpu() - expected)[mask].abs().max())
+
+
+def modes(model):
+    return {name: m.training for name, m in model.named_modules()}
+
+
+# ---- train/eval mode -------------------------------------------------------------------------------
+
+
+def test_the_model_keeps_its_train_and_eval_modes(setting):
+    model = fresh_model(setting[0])
+    model.model.layers[1].eval()  # a mixed state: each module must get its own mode back
+    before = modes(model)
+    assert model.training and not model.model.layers[1].training
+    engine = make_engine(model, setting)
+    assert modes(model) == before
+    out = engine.generate(PROMPTS, 8, SAMPLING, seeded(setting[0], 0))
+    assert modes(model) == before
+    proposal = engine.resample(out, [1, 0, 2, 3], 10, SAMPLING, seeded(setting[0], 1))
+    engine.accept(out, proposal, [True, False, True, False])
+    assert modes(model) == before
+
+
+def test_dropout_is_off_during_engine_calls(setting):
+    """Attention dropout 0.5 in a model left in train mode: decoding still equals the eval-mode
+    forward (with dropout on it would be far off)."""
+    model = fresh_model(setting[0])
+    model.config.attention_dropout = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    engine = make_engine(model, setting)
+    out = engine.generate(PROMPTS, 12, SAMPLING, seeded(setting[0], 0))
+    assert_decode_equals_teacher_forcing(model, out, setting)
+    assert model.training
+
+
+# ---- (a) optimizer steps -------------------------------------------------------------------------
+
+
+def train_steps(model, steps=3, lr=3e-2):
+    """A few real AdamW steps of next-token loss on random tokens (in place, as a training loop does)."""
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    ids = torch.randint(1, 500, (4, 16), generator=torch.Generator().manual_seed(9)).to(device)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_decode_equals_teacher_forcing_after_optimizer_steps(setting):
+    device = setting[0]
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    before = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
+    assert_decode_equals_teacher_forcing(model, before, setting)
+    train_steps(model)
+    after = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
+    assert_decode_equals_teacher_forcing(model, after, setting)
+    # The step moved the model: the same engine would be off if it decoded the old weights.
+    assert max_difference(before, teacher_forced_logprobs(model, before)) > 0.05
+    resampled = engine.resample(after, [2, 0, 5, 1], 16, SAMPLING, seeded(device, 1))
+    assert_decode_equals_teacher_forcing(model, resampled, setting)
+
+
+# ---- (b) LoRA adapters ---------------------------------------------------------------------------
+
+
+def add_lora(model):
+    """LoRA on every linear of the layers, dropout on (active in train mode), B random so it matters."""
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.3, target_modules=LINEARS)
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    return peft_model.train()
+
+
+def assert_adapter_matters(peft_model, generation):
+    with peft_model.disable_adapter():
+        without = teacher_forced_logprobs(peft_model, generation)
+    assert max_difference(generation, without) > 0.05
+
+
+def test_lora_adapter_added_after_the_engine_was_built(setting):
+    device = setting[0]
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    engine.generate(PROMPTS, 8, SAMPLING, seeded(device, 0))  # steps compiled / captured without LoRA
+    peft_model = add_lora(model)
+    out = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 1))
+    assert not engine._use_fused  # q/k/v and gate/up are LoRA layers now: the model's own modules run
+    assert_decode_equals_teacher_forcing(peft_model, out, setting)
+    assert_adapter_matters(peft_model, out)
+    assert peft_model.training
+    # Training the adapter between calls is followed too.
+    train_steps(peft_model)
+    again = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 1))
+    assert_decode_equals_teacher_forcing(peft_model, again, setting)
+
+
+def test_lora_adapter_added_before_the_engine_was_built(setting):
+    device = setting[0]
+    peft_model = add_lora(fresh_model(device))
+    engine = make_engine(peft_model, setting)
+    out = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
+    assert_decode_equals_teacher_forcing(peft_model, out, setting)
+    assert_adapter_matters(peft_model, out)
+    train_steps(peft_model)
+    again = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
+    assert_decode_equals_teacher_forcing(peft_model, again, setting)
+    assert peft_model.training
+
+
+# ---- (c) hooks and wrappers ----------------------------------------------------------------------
+
+
+class ScaledLinear(torch.nn.Module):
+    """A wrapper standing in for a linear layer: inner(x) * 1.5 + 0.05."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) * 1.5 + 0.05
+
+
+def test_forward_hooks_added_after_the_engine_was_built(setting):
+    device = setting[0]
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    plain = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
+    assert engine._use_fused == (engine._fused is not None)
+    layer = model.model.layers[0]
+    handles = [
+        layer.mlp.gate_proj.register_forward_hook(lambda module, args, out: out * 1.5 + 0.1),
+        layer.self_attn.v_proj.register_forward_pre_hook(lambda module, args: (args[0] * 2.0,)),
+    ]
+    hooked = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
+    assert not engine._use_fused
+    assert_decode_equals_teacher_forcing(model, hooked, setting)
+    for handle in handles:
+        handle.remove()
+    assert max_difference(hooked, teacher_forced_logprobs(model, hooked)) > 0.05  # the hooks mattered
+    # Hooks gone: the fast path again, and the plain results.
+    back = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
+    assert engine._use_fused == (engine._fused is not None)
+    assert torch.equal(back.tokens, plain.tokens)
+    assert_decode_equals_teacher_forcing(model, back, setting)
+
+
+def test_wrapped_linear_layers_added_after_the_engine_was_built(setting):
+    device = setting[0]
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    engine.generate(PROMPTS, 8, SAMPLING, seeded(device, 0))
+    model.model.layers[1].self_attn.k_proj = ScaledLinear(model.model.layers[1].self_attn.k_proj)
+    model.model.layers[0].mlp.up_proj = ScaledLinear(model.model.layers[0].mlp.up_proj)
+    model.model.layers[0].mlp.down_proj = ScaledLinear(model.model.layers[0].mlp.down_proj)
+    out = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 1))
+    assert not engine._use_fused
+    assert_decode_equals_teacher_forcing(model, out, setting)
+    # A wrapper outside the fused projections (o_proj) keeps the fused path, and is followed too.
+    model2 = fresh_model(device)
+    engine2 = make_engine(model2, setting)
+    engine2.generate(PROMPTS, 8, SAMPLING, seeded(device, 0))
+    model2.model.layers[0].self_attn.o_proj = ScaledLinear(model2.model.layers[0].self_attn.o_proj)
+    out2 = engine2.generate(PROMPTS, 16, SAMPLING, seeded(device, 1))
+    assert engine2._use_fused == (engine2._fused is not None)
+    assert_decode_equals_teacher_forcing(model2, out2, setting)
+
+
+# ---- (d) per-row terms ---------------------------------------------------------------------------
+
+
+def make_row_terms(model, groups, rank=2, scale=0.7, seed=0):
+    """{module name: RowTerm} for every linear of every layer, random down/up."""
+    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    terms = {}
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in LINEARS:
+            down = torch.randn(groups, module.in_features, rank, generator=generator) * 0.3
+            up = torch.randn(groups, module.out_features, rank, generator=generator) * 0.3
+            terms[name] = RowTerm(down.to(device), up.to(device), scale)
+    return terms
+
+
+def perturbed_copy(model, terms, group):
+    """A copy of the model whose linear layers are W + scale * up[g] @ down[g]^T."""
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, term in terms.items():
+            delta = term.scale * term.up[group] @ term.down[group].transpose(0, 1)
+            twin.get_submodule(name).weight.add_(delta.to(twin.get_submodule(name).weight.dtype))
+    return twin
+
+
+def assert_groups_match_perturbed_copies(model, terms, generation, groups, setting):
+    rows_per_group = generation.batch_size // groups
+    for group in range(groups):
+        rows = slice(group * rows_per_group, (group + 1) * rows_per_group)
+        expected = teacher_forced_logprobs(perturbed_copy(model, terms, group), generation, rows)
+        mask = generation.mask[rows].cpu()
+        torch.testing.assert_close(generation.base_logprobs[rows].cpu()[mask], expected[mask],
+                                   atol=tolerance(setting), rtol=0)
+
+
+@pytest.mark.parametrize("groups, samples_per_prompt", [(2, 1), (4, 2), (8, 2)],
+                         ids=["2-groups", "4-groups-shared-prefill", "8-groups-own-prefill"])
+def test_row_terms_equal_explicitly_perturbed_weights(setting, groups, samples_per_prompt):
+    device = setting[0]
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    terms = make_row_terms(model, groups)
+    handles = [engine.add_row_term(name, term) for name, term in terms.items()]
+    out = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0), samples_per_prompt=samples_per_prompt)
+    assert engine._use_fused == (engine._fused is not None)  # terms keep the fused projections
+    assert_groups_match_perturbed_copies(model, terms, out, groups, setting)
+    assert max_difference(out, teacher_forced_logprobs(model, out)) > 0.05  # the terms mattered
+    resampled = engine.resample(out, out.lengths // 2, 16, SAMPLING, seeded(device, 1))
+    assert_groups_match_perturbed_copies(model, terms, resampled, groups, setting)
+    # Outside engine calls the model is unperturbed.
+    assert torch.equal(teacher_forced_logprobs(model, out), teacher_forced_logprobs(fresh_model(device), out))
+    for handle in handles:
+        handle.remove()
+    plain = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0), samples_per_prompt=samples_per_prompt)
+    assert_decode_equals_teacher_forcing(model, plain, setting)
+
+
+def test_row_terms_refilled_in_place_change_the_next_call(setting):
+    device = setting[0]
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    terms = make_row_terms(model, groups=2, seed=0)
+    for name, term in terms.items():
+        engine.add_row_term(name, term)
+    first = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0))
+    graphs = dict(engine._graphs)
+    # EGGROLL's next population: new numbers in the same buffers, and a new scale.
+    refill = make_row_terms(model, groups=2, seed=1)
+    for name, term in terms.items():
+        term.down.copy_(refill[name].down)
+        term.up.copy_(refill[name].up)
+        term.scale.fill_(1.1)
+    refill = {name: RowTerm(t.down, t.up, 1.1) for name, t in refill.items()}
+    second = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0))
+    assert engine._graphs == graphs  # the same captured graphs replayed the new numbers (CUDA)
+    assert_groups_match_perturbed_copies(model, refill, second, 2, setting)
+    assert not torch.allclose(first.base_logprobs, second.base_logprobs)
+    engine.remove_row_terms()
+    plain = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0))
+    assert_decode_equals_teacher_forcing(model, plain, setting)
+
+
+def test_row_terms_are_validated():
+    model = fresh_model("cpu")
+    engine = GenerationEngine(model, pad_token_id=PAD)
+    linear = model.model.layers[0].mlp.gate_proj
+    with pytest.raises(ValueError, match="does not fit"):
+        engine.add_row_term(linear, RowTerm(torch.zeros(2, 5, 1), torch.zeros(2, linear.out_features, 1)))
+    with pytest.raises(ValueError, match="not a linear layer"):
+        engine.add_row_term("model.layers.0.mlp", RowTerm(torch.zeros(2, 64, 1), torch.zeros(2, 64, 1)))
+    with pytest.raises(ValueError, match="need down"):
+        RowTerm(torch.zeros(2, 64), torch.zeros(2, 128, 1))
+    engine.add_row_term(linear, RowTerm(torch.zeros(3, 64, 1), torch.zeros(3, 128, 1)))
+    with pytest.raises(ValueError, match="3 groups"):
+        engine.generate(PROMPTS, 4)  # 4 rows do not split into 3 groups
+
+
+# ---- (e) samples per prompt ----------------------------------------------------------------------
+
+
+def prefill_batches(model):
+    """A list that fills with the batch size of every multi-token (prefill) forward."""
+    seen = []
+    model.model.embed_tokens.register_forward_hook(
+        lambda module, args, out: seen.append(args[0].shape[0]) if args[0].shape[1] > 1 else None)
+    return seen
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0), SAMPLING], ids=["greedy", "sampled"])
+def test_samples_per_prompt_share_one_prefill(setting, sampling):
+    device, k = setting[0], 3
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    prefills = prefill_batches(model)
+    shared = engine.generate(PROMPTS, 12, sampling, seeded(device, 0), samples_per_prompt=k)
+    assert prefills == [len(PROMPTS)]  # one prefill row per prompt
+    repeated_prompts = [p for p in PROMPTS for _ in range(k)]
+    assert shared.tokens.shape == (len(PROMPTS) * k, 12)
+    for row, prompt in enumerate(repeated_prompts):
+        assert shared.prompt_ids[row, : shared.prompt_lengths[row]].tolist() == prompt
+    assert_decode_equals_teacher_forcing(model, shared, setting)
+    if not sampling.greedy:
+        assert len({tuple(seq) for seq in shared.sequences()[:k]}) > 1  # k different samples of prompt 0
+    # Resample and accept work row by row on them.
+    proposal = engine.resample(shared, shared.lengths // 3, 14, sampling, seeded(device, 1))
+    merged = engine.accept(shared, proposal, torch.arange(len(repeated_prompts)) % 2 == 0)
+    assert_decode_equals_teacher_forcing(model, proposal, setting)
+    assert_decode_equals_teacher_forcing(model, merged, setting)
+
+    prefills.clear()
+    repeated = engine.generate(repeated_prompts, 12, sampling, seeded(device, 0))
+    assert prefills == [len(PROMPTS) * k]
+    # Same noise draws (one [rows, vocab] per step either way): the same rows.
+    assert torch.equal(shared.tokens, repeated.tokens)
+    torch.testing.assert_close(shared.base_logprobs, repeated.base_logprobs, atol=tolerance(setting), rtol=0)
