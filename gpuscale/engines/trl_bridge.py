@@ -159,11 +159,11 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
     """A `config_cls` (SFTConfig, GRPOConfig, TrainingArguments...) for this rank.
 
     From the settings: per-device batch, gradient accumulation, seed, learning rate, epochs or
-    max_steps, scheduler, warm-up... (SETTING_TO_CONFIG). From the rank: bf16/fp16 autocast when the
-    rank's dtype is half precision, `use_cpu` and gloo on CPU. Fixed: output inside the run folder
-    (RUN_DIR/trainer), no reporting to external services, no checkpoints, a log at every step, no
-    progress bars (ranks write to log files), no dataloader worker processes. `recipe_specific`
-    overrides any of these.
+    max_steps, scheduler, warm-up... (SETTING_TO_CONFIG). From the rank: bf16/fp16 autocast when
+    the rank's dtype is half precision; on CPU `use_cpu`, and gloo between several ranks. Fixed:
+    output inside the run folder (RUN_DIR/trainer), no reporting to external services, no
+    checkpoints, a log at every step, no progress bars (ranks write to log files), no dataloader
+    worker processes. `recipe_specific` overrides any of these.
     """
     import torch
 
@@ -189,7 +189,7 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
         # Every parameter of our models takes part in the loss: DDP need not search for unused ones.
         ddp_find_unused_parameters=False,
     )
-    if on_cpu:
-        values["ddp_backend"] = "gloo"
+    if on_cpu and ctx.world_size > 1:
+        values["ddp_backend"] = "gloo"  # the group the rank started (accelerate would try MPI first)
     values.update(recipe_specific)
     return config_cls(**values)

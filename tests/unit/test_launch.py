@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import subprocess
@@ -51,22 +52,33 @@ def test_accelerate_argv(tmp_path):
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
     assert argv[argv.index("--mixed_precision") + 1] == "bf16"
-    # accelerate needs mpirun for several CPU processes: those go through torchrun instead.
+    assert argv[argv.index("--main_process_port") + 1] == "0"  # a free port: concurrent runs never collide
+    # Several CPU ranks go through accelerate's multi-process launcher too (its --cpu wants mpirun).
     cpu_ranks = launch.accelerate_argv(Settings(), launch.DevicePlan(2, ()), ["-m", "m"], tmp_path / "s")
-    assert cpu_ranks[1:3] == ["-m", "torch.distributed.run"]
+    assert cpu_ranks[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cpu_ranks
+    assert "--cpu" not in cpu_ranks and cpu_ranks[-4:] == ["-m", "m", "--settings", str(tmp_path / "s")]
+    one_cpu = launch.accelerate_argv(Settings(), launch.DevicePlan(1, ()), ["-m", "m"], tmp_path / "s")
+    assert "--cpu" in one_cpu and "--multi_gpu" not in one_cpu
+    multi = Settings(nnodes=2, node_rank=1, rdzv_endpoint="node1:29400")
+    argv = launch.accelerate_argv(multi, launch.DevicePlan(8, tuple(range(8))), ["-m", "m"], tmp_path / "s")
+    joined = " ".join(argv)
+    assert "--num_processes 16 --num_machines 2 --machine_rank 1" in joined
+    assert "--main_process_ip node1 --main_process_port 29400" in joined and argv.count("--main_process_port") == 1
 
 
-def test_accelerate_launch_runs_a_recipe_for_real(tmp_path):
-    """One CPU process through the real `accelerate launch`: the rank runs and reports."""
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_accelerate_launch_runs_a_recipe_for_real(tmp_path, ranks):
+    """CPU processes through the real `accelerate launch`: every rank runs, joins one group, reports."""
     settings = Settings(steps=2, prompt_tokens=4, batch_size=1)
     path = tmp_path / "settings.json"
     path.write_text(settings.model_dump_json())
-    argv = launch.accelerate_argv(settings, launch.DevicePlan(1, ()), get_recipe("probe").rank_entry, path)
-    assert "--cpu" in argv
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GPUSCALE_DEVICE": "cpu"}
+    argv = launch.accelerate_argv(settings, launch.DevicePlan(ranks, ()), get_recipe("probe").rank_entry, path)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GPUSCALE_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
     subprocess.run(argv, check=True, env=env, capture_output=True, timeout=180)
-    lines = (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()
-    assert '"summary"' in lines[-1]
+    for rank in range(ranks):
+        assert (tmp_path / "metrics" / f"rank{rank}.jsonl").read_text().count('"tokens"') == 2
+    summary = json.loads((tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()[-1])["summary"]
+    assert summary["world_size"] == ranks
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

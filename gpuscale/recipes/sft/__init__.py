@@ -72,16 +72,19 @@ class SFT(Recipe):
                       "max_new_tokens": 8}
 
     def check(self, settings: Settings) -> None:
-        """A JSONL file is parsed here (a bad line is refused with its file and line) and must keep
-        training examples once the evaluation's are held out of it; named tasks are never empty."""
-        if not settings.dataset.endswith(".jsonl"):
-            return
+        """The data set must load (a bad JSONL line is refused with its file and line) and keep
+        training examples once the evaluation's are held out of it (JSONL files are one split)."""
+        from gpuscale.data.tasks import check_dataset, parse_dataset
+
+        check_dataset(settings.dataset, "train", settings.max_examples)
+        if not parse_dataset(settings.dataset).paths:
+            return  # named tasks have a test split of their own
         from gpuscale.recipes.sft.data import training_and_test_examples
 
         train, _test = training_and_test_examples(settings)
         if not train:
-            raise SettingsError(f"dataset: {settings.dataset!r}: no training examples left after holding out "
-                                f"{settings.eval_examples} for evaluation; lower eval_examples")
+            raise SettingsError(f"eval_examples: {settings.eval_examples}: holds out every example of "
+                                f"{settings.dataset}, none is left to train on; lower it")
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.sft.trainer import run_sft

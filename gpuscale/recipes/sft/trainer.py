@@ -16,11 +16,11 @@ from gpuscale.recipes.sft.data import sft_rows, training_and_test_examples
 
 
 def run_sft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.data.models import load_model
+    from gpuscale.recipes.common import load_generation_model
 
     train, test = training_and_test_examples(settings)
-    model, tokenizer = load_model(settings.model, dtype=ctx.dtype, device=ctx.device)
-    tokenizer = tokenizer or stand_in_tokenizer(settings.model)
+    loaded = load_generation_model(settings.model, ctx)
+    model, tokenizer = loaded.model, loaded.tokenizer
     before = evaluate(model, tokenizer, test, ctx, settings.max_new_tokens, seed=settings.seed)
     trained = train_sft(sft_rows(train), settings, ctx, reporter, model=model, tokenizer=tokenizer)
     after = evaluate(trained.model, tokenizer, test, ctx, settings.max_new_tokens, seed=settings.seed)
@@ -32,18 +32,6 @@ def run_sft(settings: Settings, ctx, reporter) -> None:
         summary.update({name.replace("accuracy", "accuracy_after", 1): v for name, v in after.items()})
         summary["model_dir"] = str(model_dir) if model_dir else None
         reporter.summary(summary)
-
-
-def stand_in_tokenizer(model_name: str):
-    """Random models (speed measurements at a real model's shape) have no tokenizer: they are
-    trained with tiny-math's, whose ids fit every random model's vocabulary."""
-    from transformers import AutoTokenizer
-
-    from gpuscale.data.models import RANDOM_CONFIGS, model_path
-
-    if model_name not in RANDOM_CONFIGS:
-        raise ValueError(f"model: {model_name!r}: SFT needs a model with a tokenizer")
-    return AutoTokenizer.from_pretrained(model_path("tiny-math"), local_files_only=True)
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -74,10 +62,10 @@ def train_sft(rows: list[dict], settings, ctx, reporter, model=None, tokenizer=N
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
 
     if model is None:
-        from gpuscale.data.models import load_model
+        from gpuscale.recipes.common import load_generation_model
 
-        model, tokenizer = load_model(settings.model, dtype=ctx.dtype, device=ctx.device)
-        tokenizer = tokenizer or stand_in_tokenizer(settings.model)
+        loaded = load_generation_model(settings.model, ctx)
+        model, tokenizer = loaded.model, loaded.tokenizer
     if settings.lora_rank == 0 and ctx.dtype != torch.float32:
         # A full fine-tune keeps fp32 master weights; the forward runs in bf16/fp16 under autocast.
         model = model.float()
@@ -92,7 +80,7 @@ def train_sft(rows: list[dict], settings, ctx, reporter, model=None, tokenizer=N
     )
     started = time.perf_counter()
     trainer.train()
-    train_seconds = time.perf_counter() - started
+    train_seconds = time.perf_counter() - started  # used only if the trainer reports no runtime
     figures = training_figures(trainer, callback, train_seconds)
     model = trainer.model
     del trainer  # the optimizer's state goes with it
@@ -105,9 +93,11 @@ def train_sft(rows: list[dict], settings, ctx, reporter, model=None, tokenizer=N
 def tokenized_dataset(rows: list[dict], tokenizer):
     """A `datasets.Dataset` of input_ids and completion_mask, tokenized here so that the prompt is
     exactly the generation side's (TRL would re-tokenize text prompts its own way)."""
-    from datasets import Dataset
+    import datasets
 
     from gpuscale.data.prompts import prompt_ids
+
+    datasets.disable_progress_bars()  # TRL's preparation passes would draw bars in the rank's log
 
     completions = tokenizer([row["completion"] for row in rows], add_special_tokens=False)["input_ids"]
     encoded = []
@@ -115,7 +105,7 @@ def tokenized_dataset(rows: list[dict], tokenizer):
         prompt = prompt_ids(tokenizer, row["question"])
         answer = list(completion) + [tokenizer.eos_token_id]
         encoded.append({"input_ids": prompt + answer, "completion_mask": [0] * len(prompt) + [1] * len(answer)})
-    return Dataset.from_list(encoded)
+    return datasets.Dataset.from_list(encoded)
 
 
 def lora_config(settings):
@@ -132,18 +122,19 @@ def lora_config(settings):
 
 
 def training_figures(trainer, callback, train_seconds: float) -> dict[str, Any]:
-    """The summary's training figures: steps, mean and first/last logged loss, global tokens/s."""
+    """The summary's training figures: steps, mean and first/last logged loss, and the global rates
+    over the trainer's own training time (its loop, without its set-up)."""
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    tokens = callback.tokens_seen
+    seconds = callback.final.get("train_runtime") or train_seconds
     return {
         "steps": trainer.state.global_step,
         "train_loss": callback.final.get("train_loss", sum(losses) / len(losses) if losses else None),
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
-        "train_tokens": tokens,
-        "tokens_per_s": tokens / train_seconds if train_seconds > 0 else None,
+        "train_tokens": callback.tokens_seen,
+        "tokens_per_s": callback.tokens_seen / seconds if seconds > 0 else None,
         "samples_per_s": callback.final.get("train_samples_per_second"),
-        "train_seconds": train_seconds,
+        "train_seconds": seconds,
     }
 
 
@@ -153,39 +144,29 @@ def training_figures(trainer, callback, train_seconds: float) -> dict[str, Any]:
 def evaluate(model, tokenizer, examples: list[dict], ctx, max_new_tokens: int, temperature: float = 0.0,
              seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
     """Accuracy on `examples`, sharded over the ranks and gathered on every rank: {"accuracy": ...,
-    "accuracy_<domain>": ...} (accuracy None without examples). Greedy unless a temperature is given.
-    The model's train/eval mode is left as it was."""
+    "accuracy_<domain>": ...} (None without examples). Greedy unless a temperature is given. The
+    model's train/eval mode is left as it was."""
     import torch
 
-    from gpuscale.data.answers import is_correct
     from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
-    from gpuscale.data.tasks import gold_answer
+    from gpuscale.data.scoring import accuracy_by_domain, score_completion
     from gpuscale.engines.generation import GenerationEngine, Sampling
+    from gpuscale.recipes.common import batched
 
     was_training = model.training
     eos = eos_token_ids(model, tokenizer)
     # No torch.compile: a few hundred answers do not repay tens of seconds of compiling.
     engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(tokenizer, eos), compile=False)
     generator = torch.Generator(device=ctx.device).manual_seed(seed * 1000 + ctx.rank)
-    mine, results = ctx.shard(examples), []
-    for start in range(0, len(mine), batch_size):
-        batch = mine[start : start + batch_size]
-        prompts = [prompt_ids(tokenizer, example["question"]) for example in batch]
+    rows = []
+    for batch in batched(ctx.shard(list(enumerate(examples))), batch_size):
+        prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]
         generation = engine.generate(prompts, max_new_tokens, Sampling(temperature=temperature), generator)
-        for example, tokens in zip(batch, generation.sequences()):
-            text = tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=True)
-            results.append((example.get("domain"), is_correct(text, gold_answer(example))))
+        for (index, example), tokens in zip(batch, generation.sequences()):
+            rows.append(score_completion(index, 0, example, tokens, tokenizer, eos))
     del engine
     model.train(was_training)
-    return accuracy_figures([r for rank in ctx.gather(results) for r in rank])
-
-
-def accuracy_figures(results: list[tuple[str | None, bool]]) -> dict[str, float | None]:
-    figures: dict[str, float | None] = {"accuracy": sum(ok for _, ok in results) / len(results) if results else None}
-    for domain in sorted({d for d, _ in results if d}):
-        mine = [ok for d, ok in results if d == domain]
-        figures[f"accuracy_{domain}"] = sum(mine) / len(mine)
-    return figures
+    return accuracy_by_domain(row for rank_rows in ctx.gather(rows) for row in rank_rows)
 
 
 def save_model(model, tokenizer, ctx):

@@ -1,0 +1,79 @@
+"""The sft recipe's pieces: what it trains on (prompt-completion tokens, held-out evaluation
+questions) and that its training phase, `train_sft`, learns (LoRA on the embedded model, in-process)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gpuscale.data.models import load_model
+from gpuscale.data.prompts import prompt_ids
+from gpuscale.engines.distributed import RankContext
+from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.settings import SettingsError
+from gpuscale.recipes.sft import SFT, Settings
+from gpuscale.recipes.sft.data import training_and_test_examples
+from gpuscale.recipes.sft.trainer import tokenized_dataset, train_sft
+
+
+def test_rows_become_prompt_then_completion_with_the_loss_on_the_completion():
+    _model, tokenizer = load_model("tiny-math")
+    rows = [{"question": "Ann has 3 apples. Ann gets 4 more. How many apples does Ann have now?",
+             "completion": "3 + 4 = 7.\n#### 7", "domain": "arithmetic"}]
+    (encoded,) = tokenized_dataset(rows, tokenizer)
+    prompt = prompt_ids(tokenizer, rows[0]["question"])
+    answer = tokenizer(rows[0]["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert encoded["input_ids"] == prompt + answer
+    assert encoded["completion_mask"] == [0] * len(prompt) + [1] * len(answer)
+
+
+def write_jsonl(path, count):
+    with path.open("w") as handle:
+        for n in range(count):
+            handle.write(json.dumps({"question": f"What is {n} plus 1?", "answer": f"#### {n + 1}"}) + "\n")
+    return str(path)
+
+
+def test_a_jsonl_file_holds_its_evaluation_questions_out_of_training(tmp_path):
+    settings = Settings(dataset=write_jsonl(tmp_path / "plus.jsonl", 10), eval_examples=3, max_examples=5)
+    train, test = training_and_test_examples(settings)
+    assert [e["question"] for e in test] == [f"What is {n} plus 1?" for n in range(3)]
+    assert [e["question"] for e in train] == [f"What is {n} plus 1?" for n in range(3, 8)]
+    SFT().check(settings)
+    with pytest.raises(SettingsError, match="eval_examples: 10: holds out every example"):
+        SFT().check(settings.model_copy(update={"eval_examples": 10}))
+
+
+def test_named_tasks_train_and_evaluate_on_their_own_splits():
+    train, test = training_and_test_examples(Settings(max_examples=50, eval_examples=20))
+    assert len(train) == 50 and len(test) == 20
+    assert not {e["question"] for e in train} & {e["question"] for e in test}
+
+
+def test_lora_training_lowers_the_loss_and_merges_into_a_plain_model(tmp_path):
+    torch.manual_seed(0)
+    original, _ = load_model("tiny-math")
+    # An answer the embedded model has never seen: its loss starts high and must come down. (On this
+    # 128-wide model LoRA levels off near 3.1 nats, in peft's own loop too; a full fine-tune goes lower.)
+    rows = [{"question": f"Ann has {n} apples. Ann gets 2 more. How many apples does Ann have now?",
+             "completion": "I like to count.\n#### 99"} for n in range(4)]
+    settings = Settings(batch_size=4, max_steps=20, learning_rate=3e-3, lora_rank=8, lora_alpha=16,
+                        lr_scheduler="constant", max_length=64)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    reporter = Reporter(tmp_path, 0)
+    trained = train_sft(rows, settings, ctx, reporter)
+    reporter.close()
+
+    figures = trained.figures
+    assert figures["steps"] == 20
+    assert figures["loss_last"] < 0.75 * figures["loss_first"]  # measured: 5.9 -> 3.3
+    assert figures["train_tokens"] > 0 and figures["tokens_per_s"] > 0
+    # The adapter is merged: a plain transformers model whose own weights changed.
+    assert type(trained.model) is type(original)
+    assert not any("lora" in name for name in trained.model.state_dict())
+    assert not torch.equal(trained.model.model.layers[0].self_attn.q_proj.weight,
+                           original.model.layers[0].self_attn.q_proj.weight)
+    logged = [json.loads(line) for line in (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "loss" in r] == list(range(1, 21))

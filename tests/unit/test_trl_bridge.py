@@ -1,0 +1,127 @@
+"""The TRL bridge: trainer logs become Reporter records (tokens as deltas, plain names, one series of
+each figure), and RunSettings become a trainer config."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpuscale.engines.distributed import RankContext
+from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.trl_bridge import ReporterCallback, metric_name, trainer_args
+from gpuscale.recipes.sft import Settings
+
+
+def records(run_dir, rank):
+    return [json.loads(line) for line in (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def fake_trainer(rank: int, batch: int = 2, accumulation: int = 3):
+    args = SimpleNamespace(per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation)
+    state = SimpleNamespace(global_step=0, max_steps=4, is_world_process_zero=rank == 0)
+    return args, state
+
+
+# What TRL's trainers log (cumulative num_tokens over all ranks), then Trainer.train()'s last log.
+TRL_LOGS = [
+    (1, {"loss": 2.5, "grad_norm": 1.5, "learning_rate": 1e-4, "num_tokens": 300.0, "mean_token_accuracy": 0.4,
+         "entropy": 1.2, "rewards/correct/mean": 0.25, "reward": 0.5, "epoch": 0.5}),
+    (2, {"loss": 2.0, "grad_norm": 1.0, "learning_rate": 5e-5, "num_tokens": 700.0, "mean_token_accuracy": 0.5,
+         "entropy": 1.1, "rewards/correct/mean": 0.5, "reward": 0.75, "step_time": 0.25, "epoch": 1.0}),
+    (2, {"train_runtime": 3.0, "train_samples_per_second": 8.0, "train_loss": 2.25, "total_flos": 1.0,
+         "epoch": 1.0}),
+]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_trl_logs_become_records_with_token_deltas_shared_by_the_ranks(tmp_path, rank):
+    reporter = Reporter(tmp_path, rank)
+    callback = ReporterCallback(reporter, world_size=2)
+    args, state = fake_trainer(rank)
+    callback.on_train_begin(args, state, None)
+    for step, logs in TRL_LOGS:
+        state.global_step = step
+        callback.on_log(args, state, None, logs=dict(logs))
+    reporter.close()
+
+    total, first, second = records(tmp_path, rank)  # the final log is not a step record
+    assert total["total"] == 4
+    # Each rank reports half of the global count's growth: the ranks' sum is the global count.
+    assert (first["tokens"], second["tokens"]) == (150.0, 200.0)
+    assert callback.tokens_seen == 700.0
+    # Its own sequences: per-device batch x gradient accumulation per optimizer step.
+    assert (first["samples"], second["samples"]) == (6.0, 6.0)
+    assert (first["step"], second["step"]) == (1, 2)
+    if rank == 0:
+        assert second["loss"] == 2.0 and second["learning_rate"] == 5e-5 and second["grad_norm"] == 1.0
+        assert second["rewards_correct_mean"] == 0.5 and second["reward"] == 0.75
+        assert second["mean_token_accuracy"] == 0.5 and second["entropy"] == 1.1
+        assert second["step_time_ms"] == 250.0  # the trainer's own step time wins
+        assert first["step_time_ms"] >= 0
+        assert "num_tokens" not in second and "rewards/correct/mean" not in second
+    else:  # the same global figures are written once, by rank 0
+        assert "loss" not in second and "reward" not in second
+    assert callback.final["train_loss"] == 2.25 and callback.final["train_runtime"] == 3.0
+
+
+def test_metric_names_are_plain_identifiers():
+    assert metric_name("rewards/correct/mean") == "rewards_correct_mean"
+    assert metric_name("completions/mean_length") == "completions_mean_length"
+    assert metric_name("clip_ratio/low_mean") == "clip_ratio_low_mean"
+    assert metric_name("accuracy/arithmetic") == "accuracy_arithmetic"
+    # Names the Reporter uses for itself are not overwritten by a trainer's figure.
+    assert metric_name("step") == "trainer_step" and metric_name("tokens") == "trainer_tokens"
+
+
+def test_settings_become_a_trainer_config(tmp_path):
+    from trl import SFTConfig
+
+    settings = Settings(batch_size=3, gradient_accumulation=4, learning_rate=3e-4, epochs=2, max_steps=None,
+                        lr_scheduler="cosine", warmup_ratio=0.1, seed=7, max_length=99)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    config = trainer_args(settings, ctx, SFTConfig, packing=False)
+    assert config.per_device_train_batch_size == 3 and config.gradient_accumulation_steps == 4
+    assert config.learning_rate == 3e-4 and config.num_train_epochs == 2 and config.max_steps == -1
+    assert config.lr_scheduler_type == "cosine" and config.warmup_steps == 0.1 and config.seed == 7
+    assert config.max_length == 99
+    assert config.output_dir == str(tmp_path / "trainer") and config.report_to == []
+    assert config.save_strategy == "no" and config.logging_steps == 1 and config.disable_tqdm
+    assert config.use_cpu and config.dataloader_num_workers == 0
+    assert not config.bf16 and not config.fp16 and not config.activation_checkpointing
+
+    half = RankContext(0, 0, 1, torch.device("cpu"), torch.bfloat16, tmp_path)
+    config = trainer_args(settings.model_copy(update={"max_steps": 5}), half, SFTConfig, learning_rate=1e-3)
+    assert config.bf16 and not config.fp16 and config.max_steps == 5
+    assert config.learning_rate == 1e-3  # a recipe's own value wins
+
+
+def test_a_real_trainer_reports_every_step(tmp_path):
+    """transformers' Trainer on the embedded model: one record per optimizer step, the announced
+    total, and token deltas that add up to the trainer's own count."""
+    from transformers import Trainer, TrainingArguments
+
+    from gpuscale.data.models import load_model
+
+    model, tokenizer = load_model("tiny-math")
+    rows = [tokenizer(f"Ann has {n} apples.", add_special_tokens=False)["input_ids"] for n in range(8)]
+    dataset = [{"input_ids": ids, "labels": ids} for ids in rows]
+    settings = Settings(batch_size=2, max_steps=3, learning_rate=1e-3)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    reporter = Reporter(tmp_path, 0)
+    callback = ReporterCallback(reporter)
+    args = trainer_args(settings, ctx, TrainingArguments, include_num_input_tokens_seen="all",
+                        remove_unused_columns=False)
+    trainer = Trainer(model=model.train(), args=args, train_dataset=dataset, callbacks=[callback])
+    trainer.train()
+    reporter.close()
+
+    written = records(tmp_path, 0)
+    assert written[0]["total"] == 3
+    steps = [r for r in written[1:]]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["loss"] > 0 and r["samples"] == 2 for r in steps)
+    assert sum(r["tokens"] for r in steps) == trainer.state.num_input_tokens_seen > 0
+    assert "train_loss" in callback.final
