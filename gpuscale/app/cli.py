@@ -14,9 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from gpuscale.app.views.export import export_text
+from gpuscale.app.views.logs import read_lines
+from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, progress_line, run_row
+from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
 from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
-from gpuscale.engines import history, launch, telemetry
+from gpuscale.engines import launch, telemetry
 from gpuscale.engines.settings import SettingsError, parse_assignments, resolve_settings
 from gpuscale.engines.store import STATUSES, Store, UnknownRun
 from gpuscale.recipes.registry import all_recipes, get_recipe
@@ -100,9 +104,9 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
             break
         now = time.monotonic()
         if interactive:
-            print("\r\033[K" + history.progress_line(run), end="", file=sys.stderr, flush=True)
+            print("\r\033[K" + progress_line(run, time.time()), end="", file=sys.stderr, flush=True)
         elif now - last_print >= 10:
-            print(history.progress_line(run), file=sys.stderr, flush=True)
+            print(progress_line(run, time.time()), file=sys.stderr, flush=True)
             last_print = now
         time.sleep(0.5)
     if interactive:
@@ -115,14 +119,14 @@ def report_end(run: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(public_run(run), indent=2))
         return
-    print(history.progress_line(run), file=sys.stderr)
+    print(progress_line(run, time.time()), file=sys.stderr)
     if run["error"]:
         print(f"error: {run['error']}", file=sys.stderr)
     if run["hint"]:
         print(f"hint: {run['hint']}", file=sys.stderr)
     summary = run["summary"] or {}
     for name, value in summary.items():
-        print(f"  {name}: {history.format_value(value)}")
+        print(f"  {name}: {format_number(value)}")
 
 
 def public_run(run: dict) -> dict:
@@ -147,11 +151,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([public_run(r) for r in runs], indent=2))
         return 0
-    rows = [["ID", "RECIPE", "STATUS", "STARTED", "DURATION", "FIGURES"]]
-    for run in runs:
-        rows.append([str(run["id"]), run["recipe"], run["status"], history.format_time(run["started_at"]),
-                     history.format_duration(history.duration_s(run)), history.key_figures(run)])
-    print_table(rows)
+    now = time.time()
+    print_table([[name.upper() for name in RUN_COLUMNS]] + [list(run_row(run, now)) for run in runs])
     return 0
 
 
@@ -167,19 +168,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**public_run(run), "latest_samples": store.latest_samples(run["id"])}, indent=2))
         return 0
-    print(history.progress_line(run))
+    print(progress_line(run, time.time()))
     for key in ("started_at", "ended_at"):
-        print(f"{key}: {history.format_time(run[key])}")
+        print(f"{key}: {format_time(run[key])}")
     for key in ("error", "hint", "run_dir"):
         if run[key]:
             print(f"{key}: {run[key]}")
     print("command:", launch.display_command(run["command"]) if run["command"] else "-")
     print("settings:")
     for key, value in run["settings"].items():
-        print(f"  {key}: {value}")
+        print(f"  {key}: {setting_text(value)}")
     print("summary:")
     for key, value in (run["summary"] or {}).items():
-        print(f"  {key}: {history.format_value(value)}")
+        print(f"  {key}: {format_number(value)}")
     return 0
 
 
@@ -200,14 +201,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def print_new_lines(path: Path, offset: int, prefix: str) -> int:
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read()
-    complete = data[: data.rfind(b"\n") + 1]
-    for line in complete.decode(errors="replace").splitlines():
+    lines, offset = read_lines(path, offset)
+    for line in lines:
         print(prefix + line)
     sys.stdout.flush()
-    return offset + len(complete)
+    return offset
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -229,23 +227,24 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     store = open_store()
-    result = history.compare_runs(store.get_run(args.a), store.get_run(args.b))
+    result = compare_runs(store.get_run(args.a), store.get_run(args.b))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"run {result['a']['id']} ({result['a']['status']}) vs run {result['b']['id']} ({result['b']['status']})")
     print("settings that differ:" if result["settings"] else "settings: identical")
     for key, (va, vb) in result["settings"].items():
-        print(f"  {key}: {va} -> {vb}")
+        print(f"  {key}: {setting_text(va)} -> {setting_text(vb)}")
+    if result["figures"]:
+        print("summary figures:")
     for key, f in result["figures"].items():
-        print(f"  {key}: {history.format_value(f['a'])} -> {history.format_value(f['b'])} "
-              f"({f['delta']:+.4g})")
+        print(f"  {key}: {format_number(f['a'])} -> {format_number(f['b'])}, {delta_text(f['delta'], f['a'])}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = open_store()
-    text = history.export_run(store, store.get_run(args.id)["id"], args.format)
+    text = export_text(store, store.get_run(args.id)["id"], args.format)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -278,7 +277,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         return 0
     rows = [["GPU", "NAME", "MEMORY USED / TOTAL", "UTIL"]]
     for g in gpus:
-        rows.append([str(g["index"]), g["name"], f"{g['mem_used_mb']:,.0f} / {g['mem_total_mb']:,.0f} MiB",
+        rows.append([str(g["index"]), g["name"], memory_text(g["mem_used_mb"], g["mem_total_mb"]),
                      f"{g['util']}%" if g["util"] is not None else "-"])
     print_table(rows)
     return 0
@@ -292,7 +291,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps(models, indent=2))
         return 0
     print_table([["MODEL", "ARCHITECTURE", "PARAMETERS", "PATH"]] + [
-        [m["name"], str(m["architecture"] or "-"), f"{m['parameters']:,}" if m["parameters"] else "-", str(m["path"] or "(built from its config)")]
+        [m["name"], str(m["architecture"] or "-"), format_number(m["parameters"]) if m["parameters"] else "-",
+         str(m["path"] or "(built from its config)")]
         for m in models
     ])
     return 0

@@ -2,7 +2,7 @@
 
 Three modes, each with its own screen stack: Launch (F2), Monitor (F3, a tab per live run) and
 History (F4, which pushes one run's details or two runs compared). The app only reads the store and
-sends signals; what it shows is worked out in `gpuscale.engines` (monitor, history, launch). Every
+sends signals; what it shows is worked out in `gpuscale.app.views`, shared with the CLI. Every
 read of the store or NVML runs in a thread worker with its own SQLite connection; the next poll is
 armed only when the last one was shown. Importing this module never imports torch.
 """
@@ -18,10 +18,11 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from gpuscale.engines import history, launch, telemetry
+from gpuscale.app.screens.launch import LaunchScreen
+from gpuscale.app.views.export import export_text
+from gpuscale.engines import launch, telemetry
 from gpuscale.engines.store import Store, gpuscale_home
 from gpuscale.recipes.registry import all_recipes
-from gpuscale.app.screens.launch import LaunchScreen
 
 # The first frame is the launch screen; the other screens (and textual-plotext, which draws the
 # monitor's charts) are imported when first shown: about 50 ms less before the first frame.
@@ -85,7 +86,7 @@ class GpuscaleApp(App):
             stores = _thread_stores.stores = {}
         if self.home not in stores:
             for other in list(stores):  # a test's previous home: close it rather than keep it open
-                stores.pop(other).db.conn.close()
+                stores.pop(other).close()
             stores[self.home] = Store(self.home)
         return stores[self.home]
 
@@ -150,7 +151,7 @@ class GpuscaleApp(App):
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, run_id: int, fmt: str, path: Path) -> None:
         try:
-            path.write_text(history.export_run(self.store(), run_id, fmt))
+            path.write_text(export_text(self.store(), run_id, fmt))
             message, severity = f"run {run_id} exported to {path.resolve()}", "information"
         except Exception as exc:
             message, severity = f"run {run_id}: export failed: {exc}", "error"

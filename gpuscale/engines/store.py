@@ -13,9 +13,13 @@ import os
 import sqlite3
 import sys
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported for real by _sqlite_utils(), off the TUI's first frame
+    import sqlite_utils
 
 
 @functools.cache
@@ -35,6 +39,8 @@ def _sqlite_utils():
 
 
 STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost")
+# Per-item results a recipe may merge into its run folder (one JSON object a line).
+RESULTS_FILE = "results.jsonl"
 LIVE_STATUSES = ("queued", "running")
 
 
@@ -97,6 +103,9 @@ class Store:
         # WAL + NORMAL: a crash never corrupts the file; at worst the last tick is lost on power loss.
         conn.execute("PRAGMA synchronous = NORMAL")
         self._migrate()
+
+    def close(self) -> None:
+        self.db.conn.close()
 
     @contextmanager
     def transaction(self):
@@ -178,6 +187,10 @@ class Store:
         rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc")
         return [_decode_run(r) for r in rows]
 
+    def recipe_names(self) -> list[str]:
+        """Every recipe that has a run in the history, sorted."""
+        return [row[0] for row in self.db.execute("SELECT DISTINCT recipe FROM runs ORDER BY recipe")]
+
     def live_runs(self) -> list[dict]:
         rows = self.db["runs"].rows_where("status IN ('queued', 'running')", order_by="id")
         return [_decode_run(r) for r in rows]
@@ -213,12 +226,76 @@ class Store:
     def samples(self, run_id: int, since: float = float("-inf")) -> list[dict]:
         return list(self.db["samples"].rows_where("run_id = ? AND t > ?", [run_id, since], order_by="t, rowid"))
 
+    def results(self, run_id: int) -> list[dict]:
+        """The per-item results the recipe merged into RUN_DIR/results.jsonl (empty if it wrote none)."""
+        run_dir = self.get_run(run_id)["run_dir"]
+        path = Path(run_dir or "") / RESULTS_FILE
+        if not run_dir or not path.exists():
+            return []
+        with open(path) as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
     def latest_samples(self, run_id: int) -> list[dict]:
         """The last tick's samples (one row per GPU, or host + ranks on a CPU machine)."""
         row = self.db.execute("SELECT max(t) FROM samples WHERE run_id = ?", [run_id]).fetchone()
         if not row or row[0] is None:
             return []
         return list(self.db["samples"].rows_where("run_id = ? AND t = ?", [run_id, row[0]], order_by="kind, idx"))
+
+
+    def device_peaks(self, run_id: int, kinds: Iterable[str] = ("gpu", "rank")) -> list[dict]:
+        """Per device of the given kinds (a GPU, or a rank's RSS on CPU), over the whole run: the peak
+        memory used, the peak memory of the run's own processes, the mean utilization, the sample count."""
+        kinds = list(kinds)
+        rows = self.db.execute(
+            "SELECT kind, idx, max(name), max(mem_used_mb), max(mem_total_mb), max(run_mem_mb), avg(util), count(*) "
+            f"FROM samples WHERE run_id = ? AND kind IN ({', '.join('?' * len(kinds))}) "
+            "GROUP BY kind, idx ORDER BY kind, idx",
+            [run_id, *kinds],
+        ).fetchall()
+        keys = ("kind", "idx", "name", "peak_mem_used_mb", "mem_total_mb", "peak_run_mem_mb", "mean_util", "samples")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    # ---- incremental reads for the live monitor ---------------------------------------------
+
+    def last_rowids(self) -> tuple[int, int]:
+        """The newest rowid of `samples` and of `metrics` (0 when empty). A reader that keeps them reads
+        only what came later next time, whatever the rows' own timestamps say: a slow rank's late line
+        is never skipped."""
+        samples = self.db.execute("SELECT max(rowid) FROM samples").fetchone()[0] or 0
+        metrics = self.db.execute("SELECT max(rowid) FROM metrics").fetchone()[0] or 0
+        return samples, metrics
+
+    def sample_buckets(self, run_id: int, bucket_s: float, upto_rowid: int, after_rowid: int | None = None,
+                       since: float = float("-inf")) -> list[tuple]:
+        """A run's samples up to `upto_rowid`, one row per (kind, idx, bucket of `bucket_s` seconds):
+        `(kind, idx, name, bucket, last t, mem_used_mb, mem_total_mb, util, power_w, temp_c, run_mem_mb)`,
+        means except the last time and the total memory. Rows after `after_rowid`, or (None) newer than `since`."""
+        where, args = self._feed_range(run_id, upto_rowid, after_rowid, since)
+        return self.db.execute(
+            "SELECT kind, idx, name, CAST(t / ? AS INTEGER) AS bucket, max(t), avg(mem_used_mb), max(mem_total_mb), "
+            f"avg(util), avg(power_w), avg(temp_c), avg(run_mem_mb) FROM samples WHERE {where} "
+            "GROUP BY kind, idx, bucket",
+            [bucket_s, *args],
+        ).fetchall()
+
+    def metric_buckets(self, run_id: int, bucket_s: float, upto_rowid: int, after_rowid: int | None = None,
+                       since: float = float("-inf")) -> list[tuple]:
+        """A run's metrics as `sample_buckets` selects them, one row per (name, rank, bucket):
+        `(name, rank, bucket, sum of values, count, first t)`."""
+        where, args = self._feed_range(run_id, upto_rowid, after_rowid, since)
+        return self.db.execute(
+            "SELECT name, rank, CAST(t / ? AS INTEGER) AS bucket, sum(value), count(*), min(t) FROM metrics "
+            f"WHERE {where} GROUP BY name, rank, bucket",
+            [bucket_s, *args],
+        ).fetchall()
+
+    @staticmethod
+    def _feed_range(run_id: int, upto_rowid: int, after_rowid: int | None, since: float) -> tuple[str, list]:
+        if after_rowid is None:  # the first read: the run's index, from `since` on
+            return "run_id = ? AND t > ? AND rowid <= ?", [run_id, since, upto_rowid]
+        # Rowid range first (the unary + keeps SQLite off the run_id index): a poll costs the new rows only.
+        return "rowid > ? AND rowid <= ? AND +run_id = ?", [after_rowid, upto_rowid, run_id]
 
 
 def _decode_run(row: dict) -> dict:

@@ -75,11 +75,12 @@ class Supervisor:
 
     def launch(self) -> subprocess.Popen:
         env = rank_environment(os.environ, self.run_dir, self.plan)
-        log = open(self.run_dir / "logs" / "launcher.log", "ab")
-        return subprocess.Popen(
-            self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            process_group=0, preexec_fn=lambda: die_with_parent(signal.SIGTERM), cwd=self.run_dir,
-        )
+        # The launcher writes to its own copy of the descriptor: ours is closed once it has started.
+        with open(self.run_dir / "logs" / "launcher.log", "ab") as log:
+            return subprocess.Popen(
+                self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                process_group=0, preexec_fn=lambda: die_with_parent(signal.SIGTERM), cwd=self.run_dir,
+            )
 
     def tick(self, sampler) -> None:
         now = time.time()
@@ -155,12 +156,9 @@ class Supervisor:
             "duration_s": round(time.time() - (run["started_at"] or time.time()), 3),
             "supervisor_cpu_percent": round(cpu_percent, 3),
         }
-        peaks = self.store.db.execute(
-            "SELECT kind, idx, max(run_mem_mb), max(mem_used_mb) FROM samples WHERE run_id = ? "
-            "AND kind IN ('gpu', 'rank') GROUP BY kind, idx ORDER BY kind, idx", [self.run_id],
-        ).fetchall()
+        peaks = self.store.device_peaks(self.run_id, kinds=("gpu", "rank"))
         if peaks:
-            figures["peak_run_mem_mb"] = {f"{kind}{idx}": round(run_mem or 0, 1) for kind, idx, run_mem, _ in peaks}
+            figures["peak_run_mem_mb"] = {f"{p['kind']}{p['idx']}": round(p["peak_run_mem_mb"] or 0, 1) for p in peaks}
         return figures
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import gpuscale, wait_for_metrics
 from gpuscale.engines import launch, telemetry
-from gpuscale.engines.monitor import short_gpu_name
+from gpuscale.app.views.text import short_gpu_name
 from gpuscale.engines.store import Store
 
 pytestmark = pytest.mark.gpu

@@ -9,23 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from gpuscale.engines import history
-from gpuscale.engines.monitor import format_figure
-
-
-def setting_text(value) -> str:
-    """A setting as the user would type it: `0,3` for a GPU list, `-` for none."""
-    if value is None:
-        return "-"
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
-def delta_text(delta: float, a: float) -> str:
-    """`+12.5 (+4.1%)`; the relative change only where it means something."""
-    text = ("+" if delta >= 0 else "-") + format_figure(abs(delta))
-    if a:
-        text += f" ({100 * delta / abs(a):+.1f}%)"
-    return text
+from gpuscale.app.views.runs import compare_runs, delta_text
+from gpuscale.app.views.text import format_number, setting_text
 
 
 class CompareScreen(Screen):
@@ -58,7 +43,7 @@ class CompareScreen(Screen):
     def _read(self) -> None:
         try:
             store = self.app.store()
-            result = history.compare_runs(*(store.get_run(i) for i in self.ids))
+            result = compare_runs(*(store.get_run(i) for i in self.ids))
         except Exception as exc:
             result = exc
         self.app.from_thread(self._show, result)
@@ -79,6 +64,6 @@ class CompareScreen(Screen):
             settings.add_row("(none)", "identical", "identical")
         figures = self.query_one("#compare-figures", DataTable)
         for name, f in result["figures"].items():
-            figures.add_row(name, format_figure(f["a"]), format_figure(f["b"]), delta_text(f["delta"], f["a"]))
+            figures.add_row(name, format_number(f["a"]), format_number(f["b"]), delta_text(f["delta"], f["a"]))
         if not result["figures"]:
             figures.add_row("(none)", "-", "-", "no figure in both")

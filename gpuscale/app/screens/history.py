@@ -12,21 +12,19 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Select, Static
 
-from gpuscale.engines import history, launch
-from gpuscale.engines.monitor import elapsed_s, key_figures_text
-from gpuscale.engines.store import LIVE_STATUSES, STATUSES
 from gpuscale.app.screens.dialogs import ConfirmDialog
+from gpuscale.app.views.runs import RUN_COLUMNS, run_row
+from gpuscale.engines import launch
+from gpuscale.engines.store import LIVE_STATUSES, STATUSES
 
 REFRESH_S = 3.0
-COLUMNS = ("ID", "Recipe", "Status", "Started", "Duration", "Figures")
 HINT = "Enter: open · c: compare (pick two) · e: export · d: delete"
 
 
 def history_row(run: dict, now: float, marked: bool) -> tuple[str, ...]:
-    return (
-        ("*" if marked else "") + str(run["id"]), run["recipe"], run["status"], history.format_time(run["started_at"]),
-        history.format_duration(elapsed_s(run, now)), key_figures_text(run),
-    )
+    """`gpuscale runs`'s row; a `*` before the id of the run picked for a comparison."""
+    run_id, *rest = run_row(run, now)
+    return (("*" if marked else "") + run_id, *rest)
 
 
 class HistoryScreen(Screen):
@@ -61,7 +59,7 @@ class HistoryScreen(Screen):
     def on_mount(self) -> None:
         self.sub_title = "History"
         table = self.query_one("#runs-table", DataTable)
-        self._columns = table.add_columns(*COLUMNS)
+        self._columns = table.add_columns(*RUN_COLUMNS)
         table.focus()
         self.refresh_runs()
 
@@ -89,7 +87,7 @@ class HistoryScreen(Screen):
             store = self.app.store()
             launch.reconcile(store)
             runs = store.list_runs(recipe=recipe, status=status)
-            recipes = sorted({row[0] for row in store.db.execute("SELECT DISTINCT recipe FROM runs")})
+            recipes = store.recipe_names()
             result = ((recipe, status), runs, recipes, None)
         except Exception as exc:
             result = ((recipe, status), [], [], exc)

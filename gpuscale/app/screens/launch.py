@@ -10,10 +10,11 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpuscale.engines import launch, monitor
-from gpuscale.engines.settings import SettingsError, resolve_settings
+from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
 from gpuscale.app.widgets.settings_form import SettingsForm
+from gpuscale.engines import launch
+from gpuscale.engines.settings import SettingsError, resolve_settings
 
 
 HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"
@@ -157,8 +158,8 @@ class LaunchScreen(Screen):
         form.show_error("gpus", None)  # valid now, whatever plan_devices said before
         self.settings, self.plan = settings, plan
         self.query_one(GpuPicker).show_plan(settings.gpus, plan.nproc)
-        command = monitor.launch_preview(self.recipe, settings, plan, self.app.home)
-        shell = monitor.shell_equivalent(self.recipe.name, settings)
+        command = launch_preview(self.recipe, settings, plan, self.app.home)
+        shell = shell_equivalent(self.recipe.name, settings)
         preview.update(Text.assemble(("$ ", "bold"), command, "\n", ("same from a shell: ", "dim"), (shell, "dim")))
 
     def action_launch(self) -> None:

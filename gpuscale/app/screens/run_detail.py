@@ -9,15 +9,16 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from gpuscale.engines import history, launch, monitor
-from gpuscale.app.screens.compare import setting_text
+from gpuscale.app.views.runs import run_title, status_line
+from gpuscale.app.views.text import format_number, format_time, setting_text
 from gpuscale.app.widgets.run_monitor import RunMonitor
+from gpuscale.engines import launch
 
 
 def run_heading(run: dict, now: float) -> Text:
     """Status line, times, error and hint, host and the launcher command, one per line."""
-    text = Text.assemble((f"run {run['id']} {run['recipe']}", "bold"), " · ", monitor.status_line(run, now), "\n")
-    text.append(f"started {history.format_time(run['started_at'])} · ended {history.format_time(run['ended_at'])}"
+    text = Text.assemble((run_title(run), "bold"), " · ", status_line(run, now), "\n")
+    text.append(f"started {format_time(run['started_at'])} · ended {format_time(run['ended_at'])}"
                 f" · host {run.get('host') or '-'}\n")
     if run.get("error"):
         text.append(f"✗ error: {run['error']}\n", style="bold")
@@ -83,7 +84,7 @@ class RunDetailScreen(Screen):
         figures = self.query_one("#detail-figures", DataTable)
         figures.clear()
         for name, value in (run["summary"] or {}).items():
-            figures.add_row(name, monitor.format_figure(value))
+            figures.add_row(name, format_number(value))
         if not run["summary"]:
             figures.add_row("-", "no summary (the run did not finish)")
         settings = self.query_one("#detail-settings", DataTable)

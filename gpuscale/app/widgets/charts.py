@@ -8,7 +8,8 @@ from rich.text import Text
 from textual.widgets import Sparkline
 from textual_plotext import PlotextPlot
 
-from gpuscale.engines.monitor import Series, spark_text
+from gpuscale.app.views.feed import Series
+from gpuscale.app.views.text import spark_text
 
 
 

@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.widgets import SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from gpuscale.engines.monitor import format_mib, short_gpu_name
+from gpuscale.app.views.text import format_mib, short_gpu_name
 
 REFRESH_S = 3.0
 

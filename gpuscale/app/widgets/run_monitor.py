@@ -3,7 +3,7 @@ machine), throughput and the recipe's figures as charts, and the tail of the ran
 
 The store and NVML are read in a thread worker; the next poll is scheduled only when the last one
 was shown, and a monitor that is not on screen does no work. Everything it shows is computed by
-`gpuscale.engines.monitor`; this module only lays it out.
+`gpuscale.app.views` (feed, waste, runs); this module only lays it out.
 """
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Label, Log, ProgressBar, Static
 
-from gpuscale.engines import monitor
-from gpuscale.engines.history import format_duration
-from gpuscale.engines.monitor import DeviceView, LogTail, RunFeed, Series
-from gpuscale.engines.store import LIVE_STATUSES
+from gpuscale.app.views import feed as feeds
+from gpuscale.app.views.feed import DeviceView, RunFeed, Series
+from gpuscale.app.views.logs import LogTail
+from gpuscale.app.views.runs import elapsed_s, figures_text, per_rank_text, run_title, status_line, throughput_text
+from gpuscale.app.views.text import format_duration
+from gpuscale.app.views.waste import WASTE_WINDOW_S, waste_warnings
 from gpuscale.app.widgets.charts import GaugeSparkline, TimeChart
+from gpuscale.engines.store import LIVE_STATUSES
+
 
 def set_text(widget: Static, text, fixed_size: bool = False) -> None:
     """Update a Static only when its text changed. Each update of a Static asks for a new layout of the
@@ -156,7 +160,7 @@ class RunMonitor(VerticalScroll):
 
     @property
     def window_s(self) -> int:
-        return monitor.WINDOWS_S[self.window_index % len(monitor.WINDOWS_S)]
+        return feeds.WINDOWS_S[self.window_index % len(feeds.WINDOWS_S)]
 
     def next_window(self) -> None:
         self.window_index += 1
@@ -223,8 +227,8 @@ class RunMonitor(VerticalScroll):
 
     def _start_feed(self, run: dict, live: bool) -> None:
         if self.stored and not live:
-            duration = monitor.elapsed_s(run, self.app.clock())
-            self._feed = RunFeed(self.run_id, monitor.stored_resolution(duration), keep_s=float("inf"))
+            duration = elapsed_s(run, self.app.clock())
+            self._feed = RunFeed(self.run_id, feeds.stored_resolution(duration), keep_s=float("inf"))
         else:
             self._feed = RunFeed(self.run_id)
         self._logs = LogTail(Path(run["run_dir"] or ".") / "logs")
@@ -237,8 +241,8 @@ class RunMonitor(VerticalScroll):
         figure_name = figure_names[self.figure_index % len(figure_names)] if figure_names else None
         warnings = ()
         if live:
-            warnings = tuple(monitor.waste_warnings(
-                feed.samples_since(now - monitor.WASTE_WINDOW_S), now, feed.first_work_t,
+            warnings = tuple(waste_warnings(
+                feed.samples_since(now - WASTE_WINDOW_S), now, feed.first_work_t,
                 progress.get("tokens_per_s_by_rank"), self._machine_gpus,
             ))
         sources = [None, *self._logs.sources()]
@@ -247,13 +251,13 @@ class RunMonitor(VerticalScroll):
         log_lines = tuple(self._logs.lines(source)) if log_key != self._log_key else None
         self._log_key = log_key
         return MonitorView(
-            run=run, live=live, status=f"run {run['id']} {run['recipe']} · {monitor.status_line(run, now)}",
+            run=run, live=live, status=f"{run_title(run)} · {status_line(run, now)}",
             step=progress.get("step") or 0, total=progress.get("total"),
-            throughput=monitor.throughput_text(progress), per_rank=monitor.per_rank_text(progress),
-            figures=monitor.figures_text(progress),
-            warnings=warnings, devices=tuple(monitor.device_views(feed, end, window)),
+            throughput=throughput_text(progress), per_rank=per_rank_text(progress),
+            figures=figures_text(progress),
+            warnings=warnings, devices=tuple(feeds.device_views(feed, end, window)),
             rate_lines=self._rate_lines(feed, end, window), figure_name=figure_name,
-            figure_line=monitor.figure_series(feed, figure_name, end, window, CHART_POINTS) if figure_name else None,
+            figure_line=feeds.figure_series(feed, figure_name, end, window, CHART_POINTS) if figure_name else None,
             window_text=("whole run" if not live and self.stored else f"last {format_duration(window)}"),
             log_lines=log_lines, log_source=source or "all logs",
             error=run.get("error") and f"{run['error']}" + (f" — hint: {run['hint']}" if run.get("hint") else ""),
@@ -263,17 +267,17 @@ class RunMonitor(VerticalScroll):
         """Where the charts end and how much they cover: the chosen window up to now while the run
         lives; a finished run's last window (or, stored, the whole run) up to its end."""
         if live:
-            return now - monitor.LIVE_LAG_S, self.window_s
+            return now - feeds.LIVE_LAG_S, self.window_s
         end = run.get("ended_at") or now
         if self.stored:
-            return end, max(10.0, monitor.elapsed_s(run, now) or 10.0)
+            return end, max(10.0, elapsed_s(run, now) or 10.0)
         return end, self.window_s
 
     def _rate_lines(self, feed: RunFeed, end: float, window: float) -> tuple[tuple[str, Series], ...]:
-        lines = [("total", monitor.rate_series(feed, "tokens", end, window, CHART_POINTS))]
+        lines = [("total", feeds.rate_series(feed, "tokens", end, window, CHART_POINTS))]
         ranks = feed.ranks()
         if 1 < len(ranks) <= 4:  # more lines than that is noise: the text line gives each rank's figure
-            lines += [(f"rank {r}", monitor.rate_series(feed, "tokens", end, window, CHART_POINTS, rank=r)) for r in ranks]
+            lines += [(f"rank {r}", feeds.rate_series(feed, "tokens", end, window, CHART_POINTS, rank=r)) for r in ranks]
         return tuple(lines)
 
     # ---- showing -----------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""The formatters: every number, rate, duration, time and memory size that the CLI or the TUI shows
+is written by one of these, so both say `12,345` and `1:23` the same way."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def format_number(value: Any) -> str:
+    """A figure for people: `0.6931`, `261`, `12,345` (never `1.234e+04`), lists item by item;
+    anything that is not a number as it is (`bf16`, `True`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, list)):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(format_number(v) for v in value) + "]"
+    if isinstance(value, int) or abs(value) >= 1e4:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def format_rate(per_second: float | None) -> str:
+    """A throughput: `4,210`, or one decimal below 100 (`12.5`) where the decimal still matters."""
+    per_second = per_second or 0.0
+    return f"{per_second:,.1f}" if per_second < 100 else f"{per_second:,.0f}"
+
+
+def format_duration(seconds: float | None) -> str:
+    """`1:05`, `1:02:03`; `-` when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def format_time(timestamp: float | None) -> str:
+    """Local time, `2025-01-31 14:05:09`; `-` when unknown."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp)) if timestamp else "-"
+
+
+def format_mib(mb: float | None) -> str:
+    """`357 MiB`, `45.1 GiB`; `-` when unknown."""
+    if mb is None:
+        return "-"
+    return f"{mb / 1024:.1f} GiB" if mb >= 1024 else f"{mb:.0f} MiB"
+
+
+def memory_text(used_mb: float | None, total_mb: float | None) -> str:
+    """`45.1/79.6 GiB 57%`: always in words and digits, so a bar that lost its colours still reads."""
+    if used_mb is None or not total_mb:
+        return format_mib(used_mb)
+    unit, scale = ("GiB", 1024) if total_mb >= 1024 else ("MiB", 1)
+    digits = 1 if unit == "GiB" else 0
+    return f"{used_mb / scale:.{digits}f}/{total_mb / scale:.{digits}f} {unit} {100 * used_mb / total_mb:.0f}%"
+
+
+def short_gpu_name(name: str | None) -> str:
+    """`NVIDIA H100 80GB HBM3` -> `H100 80GB HBM3`: the vendor is the same on every row."""
+    return re.sub(r"^NVIDIA\s+(GeForce\s+)?", "", name or "").strip()
+
+
+def setting_text(value: Any) -> str:
+    """A setting as the user would type it: `0,3` for a GPU list, `-` for none."""
+    if value is None:
+        return "-"
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def spark_text(values: list[float], width: int, lo: float | None = 0.0, hi: float | None = 100.0) -> str:
+    """A one-line sparkline on a fixed scale (0-100 % by default), newest value on the right.
+
+    A fixed scale matters: a GPU at 97-99 % must look flat and full, not like wild swings; `lo` or
+    `hi` None scales to the data instead (for values with no natural range, like a rank's RSS).
+    """
+    if width <= 0:
+        return ""
+    points = _resample_max(values, width)
+    if not points:
+        return " " * width
+    low = min(points) if lo is None else lo
+    high = max(points) if hi is None else hi
+    span = (high - low) or 1.0
+    bars = []
+    for value in points:
+        level = (min(max(value, low), high) - low) / span
+        bars.append(SPARK_BARS[min(len(SPARK_BARS) - 1, int(level * len(SPARK_BARS)))])
+    return " " * (width - len(bars)) + "".join(bars)
+
+
+def _resample_max(values: list[float], width: int) -> list[float]:
+    """At most `width` points: each the max of its share of `values` (a short spike stays visible)."""
+    if len(values) <= width:
+        return list(values)
+    step = len(values) / width
+    return [max(values[int(i * step) : max(int(i * step) + 1, int((i + 1) * step))]) for i in range(width)]

@@ -1,0 +1,201 @@
+"""The formatters and the texts about a run that the CLI and the TUI both show, and a check that
+both really do show the same (`gpuscale runs` and the TUI's history row)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuscale.app import cli
+from gpuscale.app.views.commands import launch_preview, shell_equivalent
+from gpuscale.app.views.export import export_text
+from gpuscale.app.views.runs import (
+    compare_runs,
+    delta_text,
+    figures_text,
+    key_figures_text,
+    per_rank_text,
+    progress_line,
+    run_row,
+    status_line,
+    throughput_text,
+)
+from gpuscale.app.views.text import (
+    format_duration,
+    format_mib,
+    format_number,
+    format_rate,
+    memory_text,
+    setting_text,
+    short_gpu_name,
+    spark_text,
+)
+from gpuscale.engines.store import Store
+
+NOW = 1_000_000.0
+
+
+# ---- formatters --------------------------------------------------------------------------------
+
+
+def test_one_number_format_for_every_figure():
+    assert format_number(12345) == "12,345" and format_number(12345.0) == "12,345"  # an int as a float
+    assert format_number(261) == "261" and format_number(0.5) == "0.5"
+    assert format_number(True) == "True"  # a bool is no number
+
+
+def test_rates_durations_and_settings():
+    assert format_rate(4210.4) == "4,210" and format_rate(12.0) == "12.0" and format_rate(None) == "0.0"
+    assert format_duration(65) == "1:05" and format_duration(3723.9) == "1:02:03" and format_duration(None) == "-"
+    assert setting_text([0, 3]) == "0,3" and setting_text(None) == "-" and setting_text("bf16") == "bf16"
+
+
+def test_sparkline_has_a_fixed_scale_and_keeps_spikes():
+    assert spark_text([100.0] * 5, 5) == "█████"
+    assert spark_text([0.0] * 5, 5) == "▁▁▁▁▁"
+    assert spark_text([97.0, 99.0, 98.0], 3) == "███"  # steady and full, not wild swings
+    assert spark_text([50.0], 4) == "   ▅"  # newest on the right, padded on the left
+    spiky = [0.0] * 99 + [100.0]
+    assert spark_text(spiky, 10)[-1] == "█" and len(spark_text(spiky, 10)) == 10
+    assert spark_text([10.0, 20.0], 2, lo=None, hi=None) == "▁█"  # scaled to its own range
+
+
+def test_memory_and_figure_texts():
+    assert memory_text(46_182.4, 81_559.0) == "45.1/79.6 GiB 57%"
+    assert memory_text(300.0, 800.0) == "300/800 MiB 38%"
+    assert format_mib(357.0) == "357 MiB" and format_mib(None) == "-"
+    assert short_gpu_name("NVIDIA GeForce RTX 4090") == "RTX 4090"
+    assert format_number(10_412.5) == "10,412" and format_number(0.693147) == "0.6931"
+    assert format_number([1.5, 2]) == "[1.5, 2]" and format_number("bf16") == "bf16"
+
+
+def test_status_and_throughput_lines():
+    run = {"status": "running", "started_at": NOW - 90, "ended_at": None,
+           "progress": {"t": NOW, "step": 30, "total": 120}}
+    assert status_line(run, NOW) == "running · 1:30 elapsed · step 30/120 (25%) · ETA 4:30"
+    progress = {"tokens_per_s": 4210.0, "samples_per_s": 12.0, "tokens_per_s_by_rank": {"1": 2100.0, "0": 2110.0}}
+    assert throughput_text(progress) == "tokens/s 4,210 · samples/s 12.0"
+    assert per_rank_text(progress) == "tokens/s per rank: 2,110 2,100"
+    assert per_rank_text({"tokens_per_s_by_rank": {"0": 5.0}}) == ""
+    assert figures_text({"latest": {"step_time_ms": 12.5, "loss": 1.25, "reward": 0.5}}) == \
+        "reward 0.5 · loss 1.25 · step_time_ms 12.5"
+
+
+def test_shell_equivalent_and_preview(tmp_path):
+    from gpuscale.engines.launch import DevicePlan
+    from gpuscale.engines.settings import resolve_settings
+    from gpuscale.recipes.registry import get_recipe
+
+    recipe = get_recipe("probe")
+    settings = resolve_settings(recipe.settings_cls, overrides={"gpus": "0,3", "batch_size": "4", "steps": "9"}, environ={})
+    assert shell_equivalent("probe", settings) == \
+        "gpuscale run --recipe probe --gpus 0,3 --batch-size 4 --set steps=9"
+    preview = launch_preview(recipe, settings, DevicePlan(2, (0, 3)), tmp_path,
+                                     environ={"GPUSCALE_HOME": str(tmp_path)})
+    assert preview == ("torchrun --nproc-per-node 2 --standalone --max-restarts 0 -m gpuscale.recipes "
+                       "--recipe probe --settings $GPUSCALE_HOME/runs/NEW/settings.json")
+
+
+# ---- one run in words ----------------------------------------------------------------------------
+
+
+def finished_run(**fields) -> dict:
+    run = {"id": 7, "recipe": "probe", "status": "succeeded", "started_at": NOW - 100, "ended_at": NOW,
+           "settings": {"gpus": [0, 1], "batch_size": 8}, "summary": {"tokens_per_s": 12345, "loss": 0.693147},
+           "progress": {"t": NOW, "step": 40, "total": 40, "tokens_per_s": 12345.0, "samples_per_s": 3.25,
+                        "latest": {"loss": 0.693147}}}
+    return {**run, **fields}
+
+
+def test_progress_line_has_status_rates_and_figures():
+    assert progress_line(finished_run(), NOW + 50) == (
+        "run 7 probe · succeeded · 1:40 elapsed · step 40/40 (100%) · tokens/s 12,345 · samples/s 3.2 · loss 0.6931"
+    )
+    queued = {"id": 8, "recipe": "probe", "status": "queued", "started_at": None, "progress": {}}
+    assert progress_line(queued, NOW) == "run 8 probe · queued · - elapsed"  # no rates before any are reported
+
+
+def test_run_row_and_key_figures():
+    assert run_row(finished_run(), NOW)[1:3] == ("probe", "succeeded")
+    assert run_row(finished_run(), NOW)[4:] == ("1:40", "loss 0.6931, tokens_per_s 12,345")
+    assert key_figures_text(finished_run(summary={"accuracy": 0.25, "reward": 1, "loss": 2.0}), limit=2) == \
+        "accuracy 0.25, reward 1"
+
+
+def test_compare_two_runs():
+    a = finished_run()
+    b = finished_run(id=8, settings={"gpus": [0, 1], "batch_size": 16, "seed": 1},
+                     summary={"tokens_per_s": 24690, "loss": 0.5, "precision": "bf16", "ok": True})
+    result = compare_runs(a, b)
+    assert result["settings"] == {"batch_size": [8, 16], "seed": [None, 1]}
+    assert list(result["figures"]) == ["loss", "tokens_per_s"]  # numbers both runs have, no bools or texts
+    assert result["figures"]["tokens_per_s"] == {"a": 12345, "b": 24690, "delta": 12345}
+    assert delta_text(12345, 12345) == "+12,345 (+100.0%)"
+    assert delta_text(-0.25, 0.0) == "-0.25"  # no percentage of zero
+
+
+# ---- export, on a real store ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path)
+
+
+def stored_run(store: Store) -> int:
+    run_id = store.create_run("probe", {"batch_size": 8}, ["torchrun"], "host")
+    store.update_run(run_id, status="running", started_at=NOW - 100)
+    store.finish_run(run_id, "succeeded", summary={"tokens_per_s": 12345, "loss": 0.693147})
+    store.update_run(run_id, ended_at=NOW)
+    store.add_rows([{"run_id": run_id, "rank": 0, "t": NOW - 50, "step": 1, "name": "loss", "value": 0.5}],
+                   [{"run_id": run_id, "t": NOW - 50, "kind": "host", "idx": -1, "name": "cpu", "util": 50.0}])
+    return run_id
+
+
+def test_export_json_and_csv(store):
+    run_id = stored_run(store)
+    run_dir = Path(store.get_run(run_id)["run_dir"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.jsonl").write_text('{"question": "1+1", "correct": true}\n\n')
+    record = json.loads(export_text(store, run_id, "json"))
+    assert record["run"]["summary"]["tokens_per_s"] == 12345
+    assert [m["value"] for m in record["metrics"]] == [0.5] and record["samples"][0]["util"] == 50.0
+    assert record["results"] == [{"question": "1+1", "correct": True}]
+    rows = list(csv.DictReader(io.StringIO(export_text(store, run_id, "csv"))))
+    assert list(rows[0]) == ["run_id", "rank", "t", "step", "name", "value"] and rows[0]["name"] == "loss"
+    with pytest.raises(ValueError, match="format"):
+        export_text(store, run_id, "xml")
+
+
+# ---- the CLI and the TUI say the same -------------------------------------------------------------
+
+
+def test_cli_runs_and_tui_history_show_the_same_row(tmp_path, monkeypatch, capsys):
+    from gpuscale.app.screens.history import history_row
+
+    monkeypatch.setenv("GPUSCALE_HOME", str(tmp_path))
+    store = Store(tmp_path)
+    run = store.get_run(stored_run(store))
+    assert cli.main(["runs"]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split() == ["ID", "RECIPE", "STATUS", "STARTED", "DURATION", "FIGURES"]
+    row = history_row(run, NOW, marked=False)
+    assert line.split(None, 6) == [row[0], row[1], row[2], *row[3].split(), row[4], row[5]]  # STARTED: date time
+    assert row[5] == "loss 0.6931, tokens_per_s 12,345"  # not 12345 in one and 12,345 in the other
+
+
+def test_cli_show_and_compare_use_the_views(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPUSCALE_HOME", str(tmp_path))
+    store = Store(tmp_path)
+    a, b = stored_run(store), stored_run(store)
+    store.update_run(b, settings={"batch_size": 16}, summary={"tokens_per_s": 24690})
+    assert cli.main(["show", str(a)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"run {a} probe · succeeded · 1:40 elapsed") and "  tokens_per_s: 12,345" in shown
+    assert cli.main(["compare", str(a), str(b)]) == 0
+    compared = capsys.readouterr().out.splitlines()
+    assert "  batch_size: 8 -> 16" in compared and "  tokens_per_s: 12,345 -> 24,690, +12,345 (+100.0%)" in compared
