@@ -46,7 +46,7 @@ class Settings(RunSettings):
     save_model: bool = Field(False, description="save the trained model (merged if LoRA) to RUN_DIR/model")
     eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily "
                                "before and after training (0 = no evaluation)")
-    max_new_tokens: int = Field(128, ge=1, le=65_536, description="answer length budget in the evaluation")
+    max_new_tokens: int = Field(256, ge=1, le=65_536, description="answer length budget in the evaluation")
 
     @field_validator("max_steps", mode="before")
     @classmethod

@@ -53,7 +53,8 @@ def train_sft(rows: list[dict], settings, ctx, reporter, model=None, tokenizer=N
     `settings` needs the training fields of sft's Settings (learning_rate, epochs, max_steps,
     gradient_accumulation, lr_scheduler, warmup_ratio, weight_decay, max_length,
     activation_checkpointing, lora_rank, lora_alpha, lora_targets). `model` and `tokenizer` default
-    to settings.model. Every rank calls it with the same rows (the trainer shards them); the
+    to settings.model; a model passed in is trained in place (a LoRA adapter is merged into it).
+    Every rank calls it with the same rows (the trainer shards them); the
     trainer's logs reach `reporter` as they come.
     """
     import torch
@@ -98,7 +99,6 @@ def tokenized_dataset(rows: list[dict], tokenizer):
     from gpuscale.data.prompts import prompt_ids
 
     datasets.disable_progress_bars()  # TRL's preparation passes would draw bars in the rank's log
-
     completions = tokenizer([row["completion"] for row in rows], add_special_tokens=False)["input_ids"]
     encoded = []
     for row, completion in zip(rows, completions):
