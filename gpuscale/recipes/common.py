@@ -81,3 +81,27 @@ def merge_results(run_dir: Path, rows: list[dict], key=lambda row: (row["index"]
     with path.open("w") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in sorted(rows, key=key))
     return path
+
+
+def held_out_accuracy(engine, loaded: GenerationModel, examples: list[dict], ctx, *, temperature: float,
+                      max_new_tokens: int, batch_size: int, seed: int, answer_mode: str = "strict") -> dict:
+    """Accuracy (overall and per domain) of the engine's model on held-out examples, each answered
+    once at `temperature` (0 = greedy); the examples are sharded over ranks and the figures are the
+    whole set's, the same on every rank."""
+    import torch
+
+    from gpuscale.data.prompts import prompt_ids
+    from gpuscale.data.scoring import accuracy_by_domain, score_completion
+    from gpuscale.engines.generation import Sampling
+
+    generator = torch.Generator(device=ctx.device).manual_seed(seed * 1000 + ctx.rank)
+    sampling = Sampling(temperature=temperature)
+    rows = []
+    for batch in batched(ctx.shard(list(enumerate(examples))), batch_size):
+        prompts = [prompt_ids(loaded.tokenizer, example["question"]) for _, example in batch]
+        answers = engine.generate(prompts, max_new_tokens, sampling, generator).sequences()
+        rows += [{"domain": example.get("domain"),
+                  "correct": score_completion(index, 0, example, tokens, loaded.tokenizer, loaded.eos,
+                                              answer_mode)["correct"]}
+                 for (index, example), tokens in zip(batch, answers)]
+    return accuracy_by_domain(row for rank_rows in ctx.gather(rows) for row in rank_rows)

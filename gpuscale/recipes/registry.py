@@ -22,6 +22,7 @@ BUILTIN = {
     "probe": "gpuscale.recipes.probe:Probe",
     "power-sampling": "gpuscale.recipes.power_sampling:PowerSampling",
     "sft": "gpuscale.recipes.sft:SFT",
+    "eggroll": "gpuscale.recipes.eggroll:Eggroll",
 }
 
 

@@ -1,0 +1,88 @@
+"""eggroll: evolution strategies with low-rank perturbations (EGGROLL, arXiv 2511.16652) to fine-tune an
+LM on a task's reward, the whole population in one batched forward.
+
+Each step, every member i of the population answers the same prompts with its own weights
+W + sigma * A_i B_i^T / sqrt(r) on every perturbed matrix. Members are contiguous blocks of rows in
+one engine batch: the shared matmul x W^T runs once for all of them, and each member adds its thin
+(x B_i) A_i^T through the engine's per-row term, so no weight is ever cloned. Members are sharded
+over ranks; the scalar fitnesses (mean reward of a member's answers) are all-gathered and every rank
+applies the same update from noise it regenerates itself (noise.py).
+
+`method=naive` is the structure its users had (seed 002): per member, perturb the weights in place,
+generate every prompt, restore; same engine, same noise, same update, so only the structure differs.
+
+Files: this one (settings and the recipe, no torch), noise.py (perturbations, shaping, update),
+trainer.py (a rank's work).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from gpuscale.engines.settings import RunSettings
+from gpuscale.recipes.contract import Recipe
+
+
+class Settings(RunSettings):
+    KEY_ALIASES = {"population_size": "population", "noise_rank": "rank", "learning_rate": "lr",
+                   "epochs": "steps", "num_epochs": "steps"}
+
+    batch_size: int = Field(256, ge=1, description="rows (member x prompt x generation) per engine call per rank")
+    method: Literal["eggroll", "naive"] = Field(
+        "eggroll", description="eggroll = all members in one batched forward; naive = perturb, generate, restore per member")
+    antithetic: bool = Field(True, description="members in pairs with noise +E and -E")
+    population: int = Field(64, ge=2, le=1 << 20, description="members per step, over all ranks")
+    rank: int = Field(1, ge=1, le=64, description="rank r of each perturbation A B^T")
+    sigma: float = Field(0.01, gt=0, le=1.0, description="perturbation scale")
+    lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
+    fitness_shaping: Literal["zscore", "centered_rank", "antithetic_sign"] = Field(
+        "zscore", description="how raw fitnesses become update weights")
+    perturb: Literal["decoder_linears", "all_matrices"] = Field(
+        "decoder_linears", description="which weights evolve: the decoder layers' linear weights, or also embeddings and head")
+    prompts_per_step: int = Field(16, ge=1, le=4096, description="training prompts every member answers each step")
+    generations_per_prompt: int = Field(1, ge=1, le=256, description="answers per prompt and member")
+    max_new_tokens: int = Field(48, ge=1, le=8192, description="answer length budget")
+    temperature: float = Field(0.0, ge=0.0, le=10.0, description="sampling temperature of the members' answers (0 = greedy)")
+    steps: int = Field(20, ge=1, le=1_000_000, description="ES steps")
+    eval_every: int = Field(10, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
+    eval_examples: int = Field(200, ge=1, le=100_000, description="held-out test problems for the accuracy figures")
+    save_model: bool = Field(True, description="save the final model in RUN_DIR/model")
+    answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field("strict", description="answer extraction of the reward")
+
+    @field_validator("population")
+    @classmethod
+    def _pairs_are_whole(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("antithetic", True) and value % 2:
+            raise ValueError("must be even with antithetic pairs")
+        return value
+
+    @field_validator("fitness_shaping")
+    @classmethod
+    def _sign_needs_pairs(cls, value: str, info: ValidationInfo) -> str:
+        if value == "antithetic_sign" and not info.data.get("antithetic", True):
+            raise ValueError("antithetic_sign needs antithetic=true")
+        return value
+
+
+class Eggroll(Recipe):
+    name = "eggroll"
+    summary = "evolution strategies with low-rank perturbations: the whole population in one batched forward"
+    settings_cls = Settings
+    promised_figures = ("members_per_s", "tokens_per_s", "fitness_mean_first", "fitness_mean_last",
+                        "greedy_accuracy_before", "greedy_accuracy_after", "sampled_accuracy_before",
+                        "sampled_accuracy_after", "weights_identical_across_ranks")
+    smoke_settings = {"population": 4, "prompts_per_step": 2, "max_new_tokens": 8, "steps": 2,
+                      "eval_examples": 4, "eval_every": 0, "batch_size": 8}
+
+    def check(self, settings: Settings) -> None:
+        from gpuscale.data.tasks import check_dataset
+
+        check_dataset(settings.dataset, "train", settings.max_examples)
+        check_dataset(settings.dataset, "test", settings.eval_examples)
+
+    def run(self, settings: Settings, ctx, reporter) -> None:
+        from gpuscale.recipes.eggroll.trainer import run_eggroll
+
+        run_eggroll(settings, ctx, reporter)

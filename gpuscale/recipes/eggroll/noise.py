@@ -1,0 +1,103 @@
+"""EGGROLL's low-rank perturbations, fitness shaping and update (arXiv 2511.16652), in plain torch.
+
+Member i of the population evaluates the weights W + sigma * E_i on every perturbed matrix, with
+E_i = A_i B_i^T / sqrt(r), A_i [out, r] and B_i [in, r] standard normal. With antithetic pairs
+(the default, as HyperscaleES) members 2p and 2p+1 share the noise of pair p with signs + and -.
+
+The noise is never stored between steps: every rank regenerates it from (seed, step, layer) with a
+generator of its own, drawing every pair's A and B of one layer in one call, so all ranks hold the
+same numbers and only scalar fitnesses need to travel.
+
+Update, as HyperscaleES applies it (its gradient estimate handed to SGD):
+
+    W <- W + lr * N^(-1/2) * sum_i s_i * (sigma / sqrt(r)) * sign_i * A_i B_i^T
+
+with s the shaped fitnesses; per pair that is one coefficient c_p = s_{2p} - s_{2p+1}, and the sum is
+one (diag(c) A)^T B product per matrix, accumulated in fp32 and written back in the weights' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SHAPINGS = ("zscore", "centered_rank", "antithetic_sign")
+
+
+@dataclass
+class LayerNoise:
+    """One matrix's noise for the whole population: A [P, out, r], B [P, in, r] for P noise draws
+    (pairs when antithetic, members otherwise)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def noise_seed(seed: int, step: int, layer: int) -> int:
+    """A generator seed per (run seed, step, layer); the same on every rank."""
+    return (seed * 1_000_003 + step * 10_007 + layer) % (2**63 - 1)
+
+
+def draws_for(population: int, antithetic: bool) -> int:
+    return population // 2 if antithetic else population
+
+
+def layer_noise(weight: torch.Tensor, draws: int, rank: int, seed: int, step: int, layer: int) -> LayerNoise:
+    """Every draw's A and B for one matrix, in one normal draw of shape [draws, out + in, rank]
+    (fp32, on the weight's device)."""
+    out_features, in_features = weight.shape
+    generator = torch.Generator(device=weight.device).manual_seed(noise_seed(seed, step, layer))
+    both = torch.randn(draws, out_features + in_features, rank, generator=generator, device=weight.device)
+    return LayerNoise(a=both[:, :out_features], b=both[:, out_features:])
+
+
+def member_signs(population: int, antithetic: bool, device=None) -> torch.Tensor:
+    """+1 for even members and -1 for odd ones with antithetic pairs; all +1 otherwise."""
+    signs = torch.ones(population, device=device)
+    if antithetic:
+        signs[1::2] = -1
+    return signs
+
+
+def member_draw(member: int, antithetic: bool) -> int:
+    return member // 2 if antithetic else member
+
+
+def shape_fitness(raw: torch.Tensor, method: str, antithetic: bool) -> torch.Tensor:
+    """Shaped fitnesses s [N] from raw fitnesses [N] (float)."""
+    raw = raw.float()
+    if method == "zscore":
+        return (raw - raw.mean()) / torch.sqrt(raw.var(unbiased=False) + 1e-5)
+    if method == "centered_rank":
+        ranks = torch.empty_like(raw)
+        ranks[raw.argsort()] = torch.arange(len(raw), dtype=raw.dtype, device=raw.device)
+        return ranks / max(len(raw) - 1, 1) - 0.5
+    if method == "antithetic_sign":
+        if not antithetic:
+            raise ValueError("fitness_shaping antithetic_sign needs antithetic pairs")
+        sign = torch.sign(raw[0::2] - raw[1::2]) / 2
+        return torch.stack([sign, -sign], dim=1).reshape(-1)
+    raise ValueError(f"fitness_shaping {method!r}: expected one of {', '.join(SHAPINGS)}")
+
+
+def draw_coefficients(shaped: torch.Tensor, antithetic: bool) -> torch.Tensor:
+    """c per draw: the shaped fitness times the member's sign, summed over the members sharing it."""
+    if antithetic:
+        return shaped[0::2] - shaped[1::2]
+    return shaped
+
+
+def weight_step(noise: LayerNoise, coefficients: torch.Tensor, population: int, sigma: float, lr: float,
+                rank: int) -> torch.Tensor:
+    """lr * N^(-1/2) * (sigma / sqrt(r)) * sum_p c_p A_p B_p^T, fp32 [out, in]."""
+    scaled_a = noise.a * coefficients.float()[:, None, None]
+    total = torch.einsum("por,pir->oi", scaled_a, noise.b)
+    return total * (lr * sigma / (math.sqrt(rank) * math.sqrt(population)))
+
+
+@torch.no_grad()
+def apply_step(weight: torch.Tensor, step: torch.Tensor) -> None:
+    """W += step, added in fp32 and written back in W's dtype."""
+    weight.copy_((weight.float() + step).to(weight.dtype))

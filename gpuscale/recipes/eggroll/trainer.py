@@ -1,0 +1,238 @@
+"""A rank's work in EGGROLL: its share of the population answers the step's prompts, fitnesses are
+all-gathered, and every rank applies the same update.
+
+One step, on every rank:
+1. the step's prompts (the same on every rank: drawn from the run's seed and the step);
+2. every perturbed matrix's noise for the whole population, regenerated from (seed, step, layer);
+3. this rank's members answer the prompts, `members_per_call` members per engine call: the row
+   terms' buffers are refilled in place with those members' A and B, and the members' rows are one
+   contiguous block each in the batch (`method=naive`: one member at a time, weights perturbed in
+   place and restored from a copy, the structure users had);
+4. fitness of a member = mean correctness of its answers; all-gathered as one tensor;
+5. shaped fitnesses -> one low-rank sum per matrix -> W += step (noise.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from gpuscale.recipes.eggroll import Settings
+from gpuscale.recipes.eggroll import noise as es
+
+
+def run_eggroll(settings: Settings, ctx, reporter) -> None:
+    from gpuscale.data.tasks import load_examples
+    from gpuscale.engines.generation import GenerationEngine
+    from gpuscale.recipes.common import load_generation_model
+
+    if settings.population % ctx.world_size:
+        raise ValueError(f"population: {settings.population}: must divide evenly over {ctx.world_size} ranks")
+    train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
+    held_out = load_examples(settings.dataset, "test", settings.eval_examples, seed=settings.seed)
+    loaded = load_generation_model(settings.model, ctx)
+    loaded.model.requires_grad_(False)  # ES needs no gradients
+    engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,
+                              compile=settings.compile and ctx.device.type == "cuda")
+    trainer = Trainer(settings, ctx, loaded, engine, train)
+    evaluator = Evaluator(settings, ctx, loaded, held_out)
+
+    before = evaluator.figures("before")
+    reporter.total(settings.steps)
+    step_seconds, fitness_means, tokens_total = [], [], 0
+    for step in range(1, settings.steps + 1):
+        started = time.perf_counter()
+        fitness, tokens = trainer.step(step)
+        step_seconds.append(time.perf_counter() - started)
+        tokens_total += tokens
+        fitness_means.append(float(fitness.mean()))
+        figures = {}
+        if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
+            figures = evaluator.figures(f"step{step}", log_only=True)
+        reporter.log(step=step, tokens=tokens, samples=trainer.local_members,
+                     fitness_mean=fitness_means[-1], fitness_max=float(fitness.max()),
+                     fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1], **figures)
+    after = evaluator.figures("after")
+    if settings.save_model and ctx.is_main:
+        loaded.model.save_pretrained(ctx.run_dir / "model")
+        loaded.tokenizer.save_pretrained(ctx.run_dir / "model")
+    checksums = ctx.gather(weights_checksum(trainer.linears))
+    everyone_tokens = sum(ctx.gather(tokens_total))
+    if ctx.is_main:
+        # Step 1 also captures CUDA graphs and allocates the KV cache: the median leaves it out.
+        typical = statistics.median(step_seconds[1:] or step_seconds)
+        reporter.summary({
+            "method": settings.method, "population": settings.population, "world_size": ctx.world_size,
+            "steps": settings.steps, "members_per_s": settings.population / typical,
+            "tokens_per_s": everyone_tokens / sum(step_seconds), "step_seconds_median": typical,
+            "fitness_mean_first": fitness_means[0], "fitness_mean_last": fitness_means[-1],
+            "perturbed_matrices": len(trainer.linears),
+            "weights_identical_across_ranks": len(set(checksums)) == 1, "weights_checksum": checksums[0],
+            **before, **after,
+        })
+
+
+def perturbed_linears(model) -> list[tuple[str, torch.nn.Linear]]:
+    """Every linear layer of the decoder blocks (attention and MLP projections); embeddings, head and
+    norms stay frozen."""
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and ".layers." in name]
+
+
+def weights_checksum(linears) -> str:
+    digest = hashlib.sha256()
+    for _, module in linears:
+        digest.update(module.weight.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class Trainer:
+    def __init__(self, settings: Settings, ctx, loaded, engine, train: list[dict]):
+        self.settings, self.ctx, self.loaded, self.engine, self.train = settings, ctx, loaded, engine, train
+        self.linears = perturbed_linears(loaded.model)
+        self.local_members = settings.population // ctx.world_size
+        self.first_member = ctx.rank * self.local_members
+        self.rows_per_member = settings.prompts_per_step * settings.generations_per_prompt
+        calls_width = max(1, settings.batch_size // self.rows_per_member)
+        self.members_per_call = 1 if settings.method == "naive" else min(calls_width, self.local_members)
+        self.draws = es.draws_for(settings.population, settings.antithetic)
+        self.signs = es.member_signs(settings.population, settings.antithetic, device=ctx.device)
+        self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
+        self.terms = self._add_row_terms() if settings.method == "eggroll" else []
+        self.noise: list[es.LayerNoise] = []
+
+    def _add_row_terms(self):
+        from gpuscale.engines.generation import RowTerm
+
+        s, groups, terms = self.settings, self.members_per_call, []
+        for _, module in self.linears:
+            buffers = [torch.zeros(groups, size, s.rank, dtype=module.weight.dtype, device=module.weight.device)
+                       for size in (module.in_features, module.out_features)]
+            term = RowTerm(*buffers, scale=s.sigma / math.sqrt(s.rank))
+            self.engine.add_row_term(module, term)
+            terms.append(term)
+        return terms
+
+    def step(self, step: int) -> tuple[torch.Tensor, int]:
+        """One ES step; returns every member's fitness [population] and the tokens this rank decoded."""
+        s = self.settings
+        prompts = self._prompts(step)
+        self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
+                      for layer, (_, module) in enumerate(self.linears)]
+        mine = list(range(self.first_member, self.first_member + self.local_members))
+        fitness, tokens = [], 0
+        for start in range(0, len(mine), self.members_per_call):
+            members = mine[start : start + self.members_per_call]
+            scores, decoded = self._evaluate(members, prompts)
+            fitness += scores
+            tokens += decoded
+        everyone = self._gather(torch.tensor(fitness, device=self.ctx.device))
+        coefficients = es.draw_coefficients(es.shape_fitness(everyone, s.fitness_shaping, s.antithetic),
+                                            s.antithetic)
+        for (_, module), noise in zip(self.linears, self.noise):
+            es.apply_step(module.weight, es.weight_step(noise, coefficients, s.population, s.sigma, s.lr, s.rank))
+        return everyone, tokens
+
+    def _prompts(self, step: int) -> list[tuple[list[int], str]]:
+        """The step's prompts (token ids, gold answer): the same on every rank."""
+        from gpuscale.data.prompts import prompt_ids
+
+        chosen = random.Random(self.settings.seed * 1_000_003 + step).sample(self.train, self.settings.prompts_per_step)
+        return [(prompt_ids(self.loaded.tokenizer, e["question"]), e["answer"]) for e in chosen]
+
+    def _evaluate(self, members: list[int], prompts) -> tuple[list[float], int]:
+        """Fitness of each member (a short last call is padded with copies of its last member, whose
+        scores are dropped: the engine's batch shape stays fixed)."""
+        padded = members + [members[-1]] * (self.members_per_call - len(members))
+        if self.settings.method == "naive":
+            originals = self._perturb_in_place(padded[0])
+            try:
+                scores, tokens = self._answer(padded, prompts)
+            finally:
+                self._restore(originals)
+        else:
+            self._load_members(padded)
+            scores, tokens = self._answer(padded, prompts)
+        return scores[: len(members)], tokens
+
+    def _load_members(self, members: list[int]) -> None:
+        """Refill the row terms' buffers in place with these members' noise (graphs stay valid)."""
+        draws = torch.tensor([es.member_draw(m, self.settings.antithetic) for m in members], device=self.ctx.device)
+        signs = self.signs[members][:, None, None]
+        for term, noise in zip(self.terms, self.noise):
+            term.down.copy_(noise.b[draws])
+            term.up.copy_(noise.a[draws] * signs)
+
+    @torch.no_grad()
+    def _perturb_in_place(self, member: int) -> list[torch.Tensor]:
+        """The seed's structure: clone the weights, add the member's full perturbation to them."""
+        s, draw = self.settings, es.member_draw(member, self.settings.antithetic)
+        scale = float(self.signs[member]) * s.sigma / math.sqrt(s.rank)
+        originals = []
+        for (_, module), noise in zip(self.linears, self.noise):
+            originals.append(module.weight.detach().clone())
+            module.weight.add_((noise.a[draw] @ noise.b[draw].T * scale).to(module.weight.dtype))
+        return originals
+
+    @torch.no_grad()
+    def _restore(self, originals: list[torch.Tensor]) -> None:
+        for (_, module), original in zip(self.linears, originals):
+            module.weight.copy_(original)
+
+    def _answer(self, members: list[int], prompts) -> tuple[list[float], int]:
+        from gpuscale.data.rewards import correctness
+        from gpuscale.data.scoring import decode_completion
+        from gpuscale.engines.generation import Sampling
+
+        s, loaded = self.settings, self.loaded
+        rows = [ids for _ in members for ids, _ in prompts]
+        generation = self.engine.generate(rows, s.max_new_tokens, Sampling(temperature=s.temperature),
+                                          self.generator, samples_per_prompt=s.generations_per_prompt)
+        answers = generation.sequences()
+        golds = [gold for _ in members for _, gold in prompts for _ in range(s.generations_per_prompt)]
+        rewards = [correctness(decode_completion(tokens, loaded.tokenizer, loaded.eos), gold, s.answer_mode)
+                   for tokens, gold in zip(answers, golds)]
+        per_member = self.rows_per_member
+        scores = [sum(rewards[i * per_member : (i + 1) * per_member]) / per_member for i in range(len(members))]
+        return scores, int(generation.lengths.sum())
+
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's fitnesses in member order, as one tensor (all ranks hold equal shares)."""
+        if self.ctx.world_size == 1:
+            return local
+        everyone = torch.empty(self.settings.population, dtype=local.dtype, device=local.device)
+        dist.all_gather_into_tensor(everyone, local)
+        return everyone
+
+
+class Evaluator:
+    """Held-out accuracy, greedy and at temperature 1, through an engine of its own (the training
+    engine's row terms would perturb it)."""
+
+    def __init__(self, settings: Settings, ctx, loaded, held_out: list[dict]):
+        self.settings, self.ctx, self.loaded, self.held_out = settings, ctx, loaded, held_out
+        self.engine = None
+
+    def figures(self, label: str, log_only: bool = False) -> dict:
+        from gpuscale.engines.generation import GenerationEngine
+        from gpuscale.recipes.common import held_out_accuracy
+
+        s, loaded = self.settings, self.loaded
+        if self.engine is None:
+            self.engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad, compile=False)
+        figures = {}
+        for kind, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+            accuracy = held_out_accuracy(self.engine, loaded, self.held_out, self.ctx, temperature=temperature,
+                                         max_new_tokens=s.max_new_tokens, batch_size=max(s.batch_size, 1),
+                                         seed=s.seed, answer_mode=s.answer_mode)
+            if log_only:
+                figures[f"{kind}_accuracy"] = accuracy["accuracy"]
+            else:
+                figures.update({f"{kind}_{name}_{label}": value for name, value in accuracy.items()})
+        return figures

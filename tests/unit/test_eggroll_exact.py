@@ -1,0 +1,123 @@
+"""EGGROLL against explicit computations on a tiny fp32 model.
+
+- The population forward: each member's answers, sampled by the engine with the members' low-rank
+  terms in one batch, have the log-probs that a copy of the model with weights W + sigma * E_i gives
+  them by teacher forcing (prefill and every decode step).
+- The update: from fitnesses measured on explicit per-member copies, the recipe's step equals the
+  closed-form estimator W + lr * N^(-1/2) * sum_i s_i * sigma/sqrt(r) * sign_i * A_i B_i^T, summed
+  member by member.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpuscale.data.models import load_model
+from gpuscale.engines.generation import GenerationEngine, Sampling
+from gpuscale.recipes.common import GenerationModel
+from gpuscale.recipes.eggroll import Settings
+from gpuscale.recipes.eggroll import noise as es
+from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears
+
+POPULATION, RANK, SIGMA = 4, 2, 0.05
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_model("tiny-math", dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def explicit_member(model, noise: list[es.LayerNoise], member: int, settings: Settings):
+    """A copy of the model whose perturbed weights are W + sigma * sign * A B^T / sqrt(r)."""
+    twin = copy.deepcopy(model)
+    draw, sign = es.member_draw(member, settings.antithetic), (-1) ** member if settings.antithetic else 1
+    with torch.no_grad():
+        for (_, module), layer in zip(perturbed_linears(twin), noise):
+            module.weight += sign * settings.sigma / math.sqrt(settings.rank) * layer.a[draw] @ layer.b[draw].T
+    return twin
+
+
+def teacher_forced_logprobs(model, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt + answer])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(answer)[:, None]).squeeze(1)
+
+
+def make_trainer(model, tokenizer, static_shapes: bool) -> Trainer:
+    settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, prompts_per_step=2, batch_size=8,
+                        max_new_tokens=6, temperature=1.0)
+    ctx = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
+    loaded = GenerationModel(model, tokenizer, eos=[tokenizer.eos_token_id], pad=tokenizer.pad_token_id or 0)
+    engine = GenerationEngine(model, loaded.eos, pad_token_id=loaded.pad, static_shapes=static_shapes)
+    train = [{"question": f"Tom has {n} apples and buys {n + 1} more. How many apples does he have?",
+              "answer": f"#### {2 * n + 1}"} for n in range(1, 9)]
+    return Trainer(settings, ctx, loaded, engine, train)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, static_shapes):
+    model, tokenizer = tiny
+    trainer = make_trainer(model, tokenizer, static_shapes)
+    assert trainer.members_per_call == POPULATION  # all four members in one engine call
+    prompts = trainer._prompts(step=1)
+    trainer.noise = [es.layer_noise(m.weight, trainer.draws, RANK, 0, 1, i)
+                     for i, (_, m) in enumerate(trainer.linears)]
+    trainer._load_members(list(range(POPULATION)))
+    rows = [ids for _ in range(POPULATION) for ids, _ in prompts]
+    generation = trainer.engine.generate(rows, 6, Sampling(temperature=1.0), torch.Generator().manual_seed(3))
+    answers = generation.sequences()
+    for member in range(POPULATION):
+        twin = explicit_member(model, trainer.noise, member, trainer.settings)
+        for p, (prompt, _) in enumerate(prompts):
+            row = member * len(prompts) + p
+            expected = teacher_forced_logprobs(twin, prompt, answers[row])
+            got = generation.base_logprobs[row, : len(answers[row])]
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    # ... and the unperturbed model would have given other log-probs: the terms are really there.
+    plain = teacher_forced_logprobs(model, prompts[0][0], answers[0])
+    assert (plain - generation.base_logprobs[0, : len(answers[0])]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("shaping", ["zscore", "centered_rank", "antithetic_sign"])
+def test_one_update_equals_the_closed_form_estimator(tiny, shaping):
+    model, tokenizer = tiny
+    settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, lr=0.5, fitness_shaping=shaping)
+    linears = perturbed_linears(model)
+    noise = [es.layer_noise(m.weight, es.draws_for(POPULATION, True), RANK, 7, 1, i) for i, (_, m) in enumerate(linears)]
+    # Fitness of each member, measured on its explicit copy: mean log-prob of a fixed answer.
+    prompt = tokenizer("What is 2 plus 3?\n")["input_ids"]
+    answer = tokenizer("2 + 3 = 5\n#### 5")["input_ids"]
+    raw = torch.tensor([float(teacher_forced_logprobs(explicit_member(model, noise, m, settings), prompt, answer).mean())
+                        for m in range(POPULATION)])
+    shaped = es.shape_fitness(raw, shaping, antithetic=True)
+    # The recipe's update, on a copy.
+    updated = copy.deepcopy(model)
+    coefficients = es.draw_coefficients(shaped, antithetic=True)
+    for (_, module), layer in zip(perturbed_linears(updated), noise):
+        es.apply_step(module.weight, es.weight_step(layer, coefficients, POPULATION, SIGMA, 0.5, RANK))
+    # The closed form, member by member.
+    for (name, module), (_, new), layer in zip(linears, perturbed_linears(updated), noise):
+        expected = module.weight.detach().clone()
+        for m in range(POPULATION):
+            sign, draw = (-1) ** m, m // 2
+            expected += (0.5 / math.sqrt(POPULATION) * float(shaped[m]) * SIGMA / math.sqrt(RANK) * sign
+                         * layer.a[draw] @ layer.b[draw].T)
+        torch.testing.assert_close(new.weight.detach(), expected, rtol=0, atol=1e-6, msg=name)
+    assert any((new.weight - old.weight).abs().max() > 1e-6
+               for (_, old), (_, new) in zip(linears, perturbed_linears(updated)))
+
+
+def test_shaping_by_hand():
+    raw = torch.tensor([0.0, 1.0, 0.5, 0.5])
+    z = es.shape_fitness(raw, "zscore", antithetic=True)
+    torch.testing.assert_close(z, (raw - 0.5) / torch.sqrt(torch.tensor(0.125) + 1e-5))
+    torch.testing.assert_close(es.shape_fitness(torch.tensor([3.0, 1.0, 2.0]), "centered_rank", False),
+                               torch.tensor([0.5, -0.5, 0.0]))
+    torch.testing.assert_close(es.shape_fitness(raw, "antithetic_sign", True), torch.tensor([-0.5, 0.5, 0.0, -0.0]))
