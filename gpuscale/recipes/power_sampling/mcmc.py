@@ -60,14 +60,16 @@ def power_sample(
     steps: int,
     generator: torch.Generator | None = None,
     stats: PowerSamplingStats | None = None,
+    samples_per_prompt: int = 1,
 ) -> Generation:
-    """One chain per prompt row; returns the chains' final states."""
+    """`samples_per_prompt` chains per prompt (row i * k + j: chain j of prompt i; the prompt is
+    prefilled once for all k); returns the chains' final states."""
     stats = stats if stats is not None else PowerSamplingStats()
     proposal = Sampling(temperature=1.0 / alpha)
     current: Generation | None = None
     for target in block_sizes(max_new_tokens, blocks):
         if current is None:
-            current = engine.generate(prompts, target, proposal, generator)
+            current = engine.generate(prompts, target, proposal, generator, samples_per_prompt)
             _count(stats, current, cut=None)
         else:
             before = current.lengths

@@ -101,10 +101,10 @@ class BatchSampler:
         generator = self.generator if generator is None else generator
         stats = self.stats if stats is None else stats
         chains = s.chains
-        prompts = [prompt_ids(self.tokenizer, example["question"]) for _, example in batch for _ in range(chains)]
+        prompts = [prompt_ids(self.tokenizer, example["question"]) for _, example in batch]
         answers = self.sample(self.padded(prompts), s, generator, stats)
         rows = []
-        for row, tokens in enumerate(answers[: len(prompts)]):
+        for row, tokens in enumerate(answers[: len(prompts) * chains]):
             index, example = batch[row // chains]
             rows.append(score_completion(index, row % chains, example, tokens, self.tokenizer, self.eos, s.answer_mode))
         return rows
@@ -115,21 +115,24 @@ class BatchSampler:
 
         if self.engine is None or not self.engine.cuda_graphs:
             return prompts
-        return padded_to(prompts, self.settings.batch_size * self.settings.chains)
+        return padded_to(prompts, self.settings.batch_size)
 
     def sample(self, prompts: list[list[int]], s: Settings, generator, stats: PowerSamplingStats) -> list[list[int]]:
+        """`s.chains` answers per prompt, chain j of prompt i in row i * chains + j; the engine
+        prefills each prompt once for all its chains."""
         from gpuscale.engines.generation import Sampling
         from gpuscale.recipes.power_sampling.mcmc import power_sample, power_sample_reference
 
         if s.method == "reference":
             return [power_sample_reference(self.model, p, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
-                                           self.eos, self.pad, stats) for p in prompts]
+                                           self.eos, self.pad, stats) for p in prompts for _ in range(s.chains)]
         if s.method == "power":
             generation = power_sample(self.engine, prompts, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
-                                      generator, stats)
+                                      generator, stats, samples_per_prompt=s.chains)
         else:
             sampling = Sampling(temperature=0.0 if s.method == "greedy" else s.temperature)
-            generation = self.engine.generate(prompts, s.max_new_tokens, sampling, generator)
+            generation = self.engine.generate(prompts, s.max_new_tokens, sampling, generator,
+                                              samples_per_prompt=s.chains)
             stats.decoded_tokens += int(generation.lengths.sum())
             stats.sampling_calls += 1
         return generation.sequences()
