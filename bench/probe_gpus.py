@@ -36,15 +36,8 @@ def run_probe(gpus: int, args) -> dict:
 
 
 def gpu_figures(store: Store, run_id: int) -> dict:
-    rows = store.db.execute(
-        "SELECT idx, name, max(mem_used_mb), max(mem_total_mb), max(run_mem_mb), avg(util), count(*) "
-        "FROM samples WHERE run_id = ? AND kind = 'gpu' GROUP BY idx ORDER BY idx", [run_id]
-    ).fetchall()
-    return {
-        f"gpu{idx}": {"name": name, "peak_mem_used_mb": used, "mem_total_mb": total, "peak_run_mem_mb": run_mem,
-                      "mean_util": util, "samples": count}
-        for idx, name, used, total, run_mem, util, count in rows
-    }
+    return {f"gpu{peak['idx']}": {key: value for key, value in peak.items() if key not in ("kind", "idx")}
+            for peak in store.device_peaks(run_id, kinds=("gpu",))}
 
 
 def main() -> None:

@@ -45,10 +45,7 @@ def power_args(model: str, gpus: int, opts) -> list[str]:
 
 
 def run_memory(store: Store, run_id: int) -> list[float]:
-    rows = store.db.execute(
-        "SELECT idx, max(run_mem_mb) FROM samples WHERE run_id = ? AND kind = 'gpu' GROUP BY idx ORDER BY idx",
-        [run_id]).fetchall()
-    return [round(mem or 0.0, 1) for _, mem in rows]
+    return [round(peak["peak_run_mem_mb"] or 0.0, 1) for peak in store.device_peaks(run_id, kinds=("gpu",))]
 
 
 def main() -> None:

@@ -233,5 +233,5 @@ def write_frozen_history(home: Path) -> dict[str, int]:
     store.add_rows(_metrics(ids["live"], FROZEN_NOW - 120, 119, rates, figures=True),
                    _gpu_samples(ids["live"], FROZEN_NOW, 119, busy=4))
     _write_logs(store, ids["live"], 2, ["step 1100 loss 0.95", "step 1200 loss 0.93"])
-    store.db.conn.close()
+    store.close()
     return ids

@@ -1,9 +1,26 @@
-"""DESIGN.md's one-way rule, as a test: the core never imports textual, the app starts without torch."""
+"""DESIGN.md's one-way rule, as a test: app -> recipes -> engines, data. The core never imports
+textual; nothing under engines/ imports recipes/ or app/; the app starts without torch; the views the
+CLI and the TUI share import neither textual nor torch, and run no SQL.
 
+Each rule is checked twice where it can be: by importing every module in a fresh interpreter (what
+really gets loaded) and by reading every import statement (which also catches an import inside a
+function that the first check never runs)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import gpuscale
+
+PACKAGE_ROOT = Path(gpuscale.__file__).parent
+HEAVY = ("torch", "transformers", "textual")
 
 
 def modules_after(code: str) -> set[str]:
@@ -12,15 +29,109 @@ def modules_after(code: str) -> set[str]:
     return set(out.split())
 
 
+def all_modules(package: str) -> list[str]:
+    """`package` and every module under it, subpackages included (`__main__` modules left out:
+    importing one runs a program)."""
+    pkg = importlib.import_module(package)
+    names = [package] + [m.name for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}.")]
+    return [name for name in names if not name.endswith(".__main__")]
+
+
+def imported_by(path: Path, module: str) -> set[str]:
+    """Every module an import statement anywhere in the file names, at the top or inside a function,
+    relative imports resolved; `importlib.import_module("...")` with a literal name counts too."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module if is_package else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}".rstrip(".")
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+            found.add(str(node.args[0].value))
+    return found
+
+
+def source_files(package: str) -> dict[str, Path]:
+    """Module name -> file, for every .py file under the package's folder."""
+    folder = PACKAGE_ROOT.joinpath(*package.split(".")[1:])
+    files = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def forbidden_imports(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{name} imports {imported}" for name, path in source_files(package).items()
+            for imported in sorted(imported_by(path, name))
+            if imported.split(".")[0] in forbidden or imported.startswith(tuple(f"{f}." for f in forbidden))
+            or imported in forbidden]
+
+
+# ---- the checker checks ---------------------------------------------------------------------------
+
+
+def test_the_import_scanner_sees_lazy_relative_and_dynamic_imports(tmp_path):
+    path = tmp_path / "module.py"
+    path.write_text(
+        "import os\n"
+        "def later():\n"
+        "    from gpuscale.recipes.registry import all_recipes\n"
+        "    from ..app import views\n"
+        "    import importlib\n"
+        "    return importlib.import_module('gpuscale.app.cli')\n"
+    )
+    found = imported_by(path, "gpuscale.engines.module")
+    assert {"os", "gpuscale.recipes.registry", "gpuscale.app", "gpuscale.app.views", "gpuscale.app.cli"} <= found
+    assert "gpuscale.engines.generation" in all_modules("gpuscale.engines")  # subpackages are walked
+    # On a package that does break the rule it is checking, the rule says so (the widgets use textual).
+    assert "gpuscale.app.widgets.charts imports textual.widgets" in forbidden_imports("gpuscale.app.widgets", HEAVY)
+
+
+# ---- the rules ------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("package", ["gpuscale.engines", "gpuscale.recipes", "gpuscale.data"])
 def test_core_never_imports_textual(package):
-    import pkgutil
-    import importlib
-
-    pkg = importlib.import_module(package)
-    names = [f"{package}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__)]
-    code = "\n".join(f"import {name}" for name in names)
+    code = "\n".join(f"import {name}" for name in all_modules(package))
     assert "textual" not in modules_after(code)
+    assert forbidden_imports(package, ("textual",)) == []
+
+
+def test_engines_never_import_recipes_or_the_app():
+    loaded = modules_after("\n".join(f"import {name}" for name in all_modules("gpuscale.engines")))
+    assert "gpuscale.engines.store" in loaded
+    assert sorted(m for m in loaded if m.startswith(("gpuscale.recipes", "gpuscale.app"))) == []
+    assert forbidden_imports("gpuscale.engines", ("gpuscale.recipes", "gpuscale.app")) == []
+
+
+def test_views_import_neither_textual_nor_torch():
+    names = all_modules("gpuscale.app.views")
+    assert "gpuscale.app.views.feed" in names and "gpuscale.app.views.text" in names
+    loaded = modules_after("\n".join(f"import {name}" for name in names))
+    assert [name for name in HEAVY if name in loaded] == []
+    assert forbidden_imports("gpuscale.app.views", HEAVY) == []
+
+
+def test_views_run_no_sql():
+    """All SQL goes through Store's methods: a view never holds a connection or runs a statement."""
+    offending = []
+    for name, path in source_files("gpuscale.app.views").items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("execute", "executemany", "db", "conn"):
+                offending.append(f"{name}:{node.lineno} .{node.attr}")
+        offending += [f"{name} imports {m}" for m in imported_by(path, name) if m.startswith(("sqlite3", "sqlite_utils"))]
+    assert offending == []
 
 
 def test_app_starts_without_torch():
@@ -29,3 +140,4 @@ def test_app_starts_without_torch():
         "from gpuscale.recipes.registry import all_recipes\nall_recipes()"
     )
     assert "gpuscale.app.cli" in loaded and "torch" not in loaded and "transformers" not in loaded
+
