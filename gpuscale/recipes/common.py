@@ -83,25 +83,36 @@ def merge_results(run_dir: Path, rows: list[dict], key=lambda row: (row["index"]
     return path
 
 
-def held_out_accuracy(engine, loaded: GenerationModel, examples: list[dict], ctx, *, temperature: float,
-                      max_new_tokens: int, batch_size: int, seed: int, answer_mode: str = "strict") -> dict:
-    """Accuracy (overall and per domain) of the engine's model on held-out examples, each answered
-    once at `temperature` (0 = greedy); the examples are sharded over ranks and the figures are the
-    whole set's, the same on every rank."""
+def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens: int,
+                      temperature: float = 0.0, seed: int = 0, batch_size: int = 64,
+                      answer_mode: str = "auto") -> dict[str, float | None]:
+    """Accuracy on held-out `examples`, each answered once at `temperature` (0 = greedy): sharded
+    over the ranks and gathered on every rank as {"accuracy": ..., "accuracy_<domain>": ...}. The
+    engine leaves the model's train/eval mode as it was."""
     import torch
 
-    from gpuscale.data.prompts import prompt_ids
+    from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
     from gpuscale.data.scoring import accuracy_by_domain, score_completion
-    from gpuscale.engines.generation import Sampling
+    from gpuscale.engines.generation import GenerationEngine, Sampling
 
+    eos = eos_token_ids(model, tokenizer)
+    # No torch.compile: a few hundred answers do not repay tens of seconds of compiling.
+    engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(tokenizer, eos), compile=False)
     generator = torch.Generator(device=ctx.device).manual_seed(seed * 1000 + ctx.rank)
-    sampling = Sampling(temperature=temperature)
     rows = []
     for batch in batched(ctx.shard(list(enumerate(examples))), batch_size):
-        prompts = [prompt_ids(loaded.tokenizer, example["question"]) for _, example in batch]
-        answers = engine.generate(prompts, max_new_tokens, sampling, generator).sequences()
-        rows += [{"domain": example.get("domain"),
-                  "correct": score_completion(index, 0, example, tokens, loaded.tokenizer, loaded.eos,
-                                              answer_mode)["correct"]}
-                 for (index, example), tokens in zip(batch, answers)]
+        prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]
+        generation = engine.generate(prompts, max_new_tokens, Sampling(temperature=temperature), generator)
+        for (index, example), tokens in zip(batch, generation.sequences()):
+            rows.append(score_completion(index, 0, example, tokens, tokenizer, eos, answer_mode))
     return accuracy_by_domain(row for rank_rows in ctx.gather(rows) for row in rank_rows)
+
+
+def save_model(model, tokenizer, ctx) -> Path:
+    """Rank 0 writes the model and its tokenizer to RUN_DIR/model (any recipe loads it with
+    `--model` that path); returns the directory on every rank."""
+    directory = Path(ctx.run_dir) / "model"
+    if ctx.is_main:
+        model.save_pretrained(directory, safe_serialization=True)
+        tokenizer.save_pretrained(directory)
+    return directory

@@ -30,7 +30,7 @@ from gpuscale.recipes.eggroll import noise as es
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.tasks import load_examples
     from gpuscale.engines.generation import GenerationEngine
-    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.common import load_generation_model, save_model
 
     if settings.population % ctx.world_size:
         raise ValueError(f"population: {settings.population}: must divide evenly over {ctx.world_size} ranks")
@@ -59,9 +59,8 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
                      fitness_mean=fitness_means[-1], fitness_max=float(fitness.max()),
                      fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1], **figures)
     after = evaluator.figures("after")
-    if settings.save_model and ctx.is_main:
-        loaded.model.save_pretrained(ctx.run_dir / "model")
-        loaded.tokenizer.save_pretrained(ctx.run_dir / "model")
+    if settings.save_model:
+        save_model(loaded.model, loaded.tokenizer, ctx)
     checksums = ctx.gather(weights_checksum(trainer.linears))
     everyone_tokens = sum(ctx.gather(tokens_total))
     if ctx.is_main:
@@ -212,25 +211,20 @@ class Trainer:
 
 
 class Evaluator:
-    """Held-out accuracy, greedy and at temperature 1, through an engine of its own (the training
-    engine's row terms would perturb it)."""
+    """Held-out accuracy, greedy and at temperature 1 (the training engine's row terms act only in
+    its own calls, so these see the unperturbed model)."""
 
     def __init__(self, settings: Settings, ctx, loaded, held_out: list[dict]):
         self.settings, self.ctx, self.loaded, self.held_out = settings, ctx, loaded, held_out
-        self.engine = None
 
     def figures(self, label: str, log_only: bool = False) -> dict:
-        from gpuscale.engines.generation import GenerationEngine
         from gpuscale.recipes.common import held_out_accuracy
 
-        s, loaded = self.settings, self.loaded
-        if self.engine is None:
-            self.engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad, compile=False)
-        figures = {}
+        s, figures = self.settings, {}
         for kind, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-            accuracy = held_out_accuracy(self.engine, loaded, self.held_out, self.ctx, temperature=temperature,
-                                         max_new_tokens=s.max_new_tokens, batch_size=max(s.batch_size, 1),
-                                         seed=s.seed, answer_mode=s.answer_mode)
+            accuracy = held_out_accuracy(self.loaded.model, self.loaded.tokenizer, self.held_out, self.ctx,
+                                         max_new_tokens=s.max_new_tokens, temperature=temperature, seed=s.seed,
+                                         batch_size=s.batch_size, answer_mode=s.answer_mode)
             if log_only:
                 figures[f"{kind}_accuracy"] = accuracy["accuracy"]
             else:

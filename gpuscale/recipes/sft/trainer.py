@@ -16,14 +16,15 @@ from gpuscale.recipes.sft.data import sft_rows, training_and_test_examples
 
 
 def run_sft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.common import held_out_accuracy, load_generation_model, save_model
 
     train, test = training_and_test_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     model, tokenizer = loaded.model, loaded.tokenizer
-    before = evaluate(model, tokenizer, test, ctx, settings.max_new_tokens, seed=settings.seed)
+    before = held_out_accuracy(model, tokenizer, test, ctx, max_new_tokens=settings.max_new_tokens, seed=settings.seed)
     trained = train_sft(sft_rows(train), settings, ctx, reporter, model=model, tokenizer=tokenizer)
-    after = evaluate(trained.model, tokenizer, test, ctx, settings.max_new_tokens, seed=settings.seed)
+    after = held_out_accuracy(trained.model, tokenizer, test, ctx, max_new_tokens=settings.max_new_tokens,
+                              seed=settings.seed)
     model_dir = save_model(trained.model, tokenizer, ctx) if settings.save_model else None
     if ctx.is_main:
         summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
@@ -136,44 +137,3 @@ def training_figures(trainer, callback, train_seconds: float) -> dict[str, Any]:
         "samples_per_s": callback.final.get("train_samples_per_second"),
         "train_seconds": seconds,
     }
-
-
-# ---- evaluation and saving -----------------------------------------------------------------------
-
-
-def evaluate(model, tokenizer, examples: list[dict], ctx, max_new_tokens: int, temperature: float = 0.0,
-             seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
-    """Accuracy on `examples`, sharded over the ranks and gathered on every rank: {"accuracy": ...,
-    "accuracy_<domain>": ...} (None without examples). Greedy unless a temperature is given. The
-    model's train/eval mode is left as it was."""
-    import torch
-
-    from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
-    from gpuscale.data.scoring import accuracy_by_domain, score_completion
-    from gpuscale.engines.generation import GenerationEngine, Sampling
-    from gpuscale.recipes.common import batched
-
-    was_training = model.training
-    eos = eos_token_ids(model, tokenizer)
-    # No torch.compile: a few hundred answers do not repay tens of seconds of compiling.
-    engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(tokenizer, eos), compile=False)
-    generator = torch.Generator(device=ctx.device).manual_seed(seed * 1000 + ctx.rank)
-    rows = []
-    for batch in batched(ctx.shard(list(enumerate(examples))), batch_size):
-        prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]
-        generation = engine.generate(prompts, max_new_tokens, Sampling(temperature=temperature), generator)
-        for (index, example), tokens in zip(batch, generation.sequences()):
-            rows.append(score_completion(index, 0, example, tokens, tokenizer, eos))
-    del engine
-    model.train(was_training)
-    return accuracy_by_domain(row for rank_rows in ctx.gather(rows) for row in rank_rows)
-
-
-def save_model(model, tokenizer, ctx):
-    """Rank 0 writes the model and its tokenizer to RUN_DIR/model (loadable with `--model` that
-    path); returns the directory on every rank."""
-    directory = ctx.run_dir / "model"
-    if ctx.is_main:
-        model.save_pretrained(directory, safe_serialization=True)
-        tokenizer.save_pretrained(directory)
-    return directory
