@@ -100,7 +100,8 @@ def main() -> None:
     parser.add_argument("--dataset", default="tiny-math")
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--problems", type=int, default=1024,
-                        help="problems for the batched runs (at most the data set's size: tiny-math has 2000 test problems)")
+                        help="problems for the batched runs (at most the data set's size: "
+                             "tiny-math has 2000 test problems)")
     parser.add_argument("--reference-problems", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=256, help="problems per batch per GPU")
     parser.add_argument("--alpha", type=float, default=4.0)
@@ -134,7 +135,8 @@ def main() -> None:
     if "accuracy" in results:
         print(f"\n{'method':<10} {'accuracy':>9}  per domain")
         for name, summary in results["accuracy"].items():
-            domains = {k.removeprefix("accuracy_"): round(v, 3) for k, v in summary.items() if k.startswith("accuracy_")}
+            domains = {k.removeprefix("accuracy_"): round(v, 3)
+                       for k, v in summary.items() if k.startswith("accuracy_")}
             print(f"{name:<10} {summary['accuracy']:>9.3f}  {domains}")
 
 

@@ -62,7 +62,8 @@ def main() -> None:
     counts = [n for n in map(int, opts.gpu_counts.split(",")) if n <= available]
     store = Store()
     rows = []
-    for recipe, build, figure in (("probe", probe_args, "tokens_per_s"), ("power-sampling", power_args, "problems_per_s")):
+    recipes = (("probe", probe_args, "tokens_per_s"), ("power-sampling", power_args, "problems_per_s"))
+    for recipe, build, figure in recipes:
         for model in opts.models.split(","):
             base = None
             for gpus in counts:

@@ -197,7 +197,8 @@ def with_cpu_run(home: Path, env: dict, size: str, seconds: float) -> dict:
 
 
 def with_feed(home: Path, env: dict, size: str, seconds: float) -> dict:
-    feeder = subprocess.Popen([sys.executable, str(HERE), "--child", "feed"], env=env, stdout=subprocess.PIPE, text=True)
+    feeder = subprocess.Popen([sys.executable, str(HERE), "--child", "feed"], env=env, stdout=subprocess.PIPE,
+                              text=True)
     try:
         feeder.stdout.readline()  # its run id: the run exists
         time.sleep(3)  # a few ticks in the store
@@ -250,7 +251,8 @@ def print_table(results: dict) -> None:
     print(f"| gpuscale-tui | {r['median_ms']:.0f} ms | {r['min_ms']:.0f} ms | {r['max_ms']:.0f} ms "
           f"| {r['imports_ms']:.0f} ms | {r['cpu_ms']:.0f} ms | {r['form_ms']:.0f} ms |")
     print()
-    print("| monitoring a live run, 1 s refresh | app CPU (% of one core) | seconds | polls | poll (median, worker thread) | rows |")
+    print("| monitoring a live run, 1 s refresh | app CPU (% of one core) | seconds | polls "
+          "| poll (median, worker thread) | rows |")
     print("|---|---|---|---|---|---|")
     for label, r in results["monitor"].items():
         poll = f"{r['poll_ms_median']:.1f} ms" if r["poll_ms_median"] is not None else "-"

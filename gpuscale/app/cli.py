@@ -259,7 +259,8 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     recipes = all_recipes()
     if args.json:
         print(json.dumps([
-            {"name": r.name, "summary": r.summary, "launcher": r.launcher, "settings": r.settings_cls.model_json_schema()}
+            {"name": r.name, "summary": r.summary, "launcher": r.launcher,
+             "settings": r.settings_cls.model_json_schema()}
             for r in recipes.values()
         ], indent=2))
         return 0

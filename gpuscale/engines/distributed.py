@@ -1,10 +1,10 @@
 """The rank side of a run: what every recipe's entry point does around its own work.
 
 `run_rank(Settings, main, settings_path)` is the body of `python -m gpuscale.recipes --recipe NAME
---settings FILE`, which torchrun (or accelerate) starts once per rank. It ties the rank's life to its launcher, sends its output to
-RUN_DIR/logs/rank<R>.log, initialises torch.distributed (nccl on GPUs, gloo on CPU), picks the device
-and dtype, and, if the recipe raises, writes RUN_DIR/errors/rank<R>.json for the supervisor before
-exiting non-zero.
+--settings FILE`, which torchrun (or accelerate) starts once per rank. It ties the rank's life to its
+launcher, sends its output to RUN_DIR/logs/rank<R>.log, initialises torch.distributed (nccl on GPUs,
+gloo on CPU), picks the device and dtype, and, if the recipe raises, writes RUN_DIR/errors/rank<R>.json
+for the supervisor before exiting non-zero.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -28,7 +28,8 @@ class Reporter:
         self.rank = rank
         path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", buffering=1)  # line-buffered: the supervisor sees each line at once
+        # Line-buffered: the supervisor sees each line at once. Held for the rank's life; close() ends it.
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115
         self._fault = _parse_fault(os.environ.get("GPUSCALE_INJECT_FAULT"), rank)
 
     def log(self, step: int, **scalars: float) -> None:

@@ -50,22 +50,21 @@ def list_gpus() -> list[dict]:
         return []
     import pynvml
 
-    gpus = []
-    for index in visible_gpu_indices():
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        gpus.append(
-            {
-                "index": index,
-                "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                "mem_total_mb": memory.total / MB,
-                "mem_used_mb": memory.used / MB,
-                "mem_free_mb": memory.free / MB,
-                "util": _safe(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                "compute_capability": list(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
-            }
-        )
-    return gpus
+    return [_gpu_info(pynvml, index) for index in visible_gpu_indices()]
+
+
+def _gpu_info(pynvml, index: int) -> dict:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    return {
+        "index": index,
+        "name": _text(pynvml.nvmlDeviceGetName(handle)),
+        "mem_total_mb": memory.total / MB,
+        "mem_used_mb": memory.used / MB,
+        "mem_free_mb": memory.free / MB,
+        "util": _safe(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+        "compute_capability": list(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
+    }
 
 
 def _text(value) -> str:
@@ -123,25 +122,25 @@ class GpuSampler:
         self._names = [_text(pynvml.nvmlDeviceGetName(h)) for h in self._handles]
 
     def sample(self, now: float | None = None) -> list[dict]:
-        nvml, now = self._nvml, now or time.time()
+        now = now or time.time()
         run_pids = {p.pid for p in self._tree.processes()}
-        rows = []
-        for index, handle, name in zip(self.indices, self._handles, self._names):
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            procs = _safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), [])
-            run_mem = sum((p.usedGpuMemory or 0) for p in procs if p.pid in run_pids)
-            rows.append(
-                {
-                    "run_id": self.run_id, "t": now, "kind": "gpu", "idx": index, "name": name,
-                    "mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB,
-                    "util": _safe(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                    "power_w": _safe(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
-                    "temp_c": _safe(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
-                    "sm_clock_mhz": _safe(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-                    "run_mem_mb": run_mem / MB,
-                }
-            )
-        return rows
+        return [self._gpu_row(index, handle, name, now, run_pids)
+                for index, handle, name in zip(self.indices, self._handles, self._names)]
+
+    def _gpu_row(self, index: int, handle, name: str, now: float, run_pids: set[int]) -> dict:
+        nvml = self._nvml
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        procs = _safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), [])
+        run_mem = sum((p.usedGpuMemory or 0) for p in procs if p.pid in run_pids)
+        return {
+            "run_id": self.run_id, "t": now, "kind": "gpu", "idx": index, "name": name,
+            "mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB,
+            "util": _safe(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+            "power_w": _safe(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+            "temp_c": _safe(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+            "sm_clock_mhz": _safe(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            "run_mem_mb": run_mem / MB,
+        }
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import run_json, gpuscale
+from conftest import gpuscale, run_json
 from gpuscale.engines import telemetry
 from gpuscale.engines.store import Store
 

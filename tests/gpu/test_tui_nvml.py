@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuscale, wait_for_metrics
-from gpuscale.engines import launch, telemetry
 from gpuscale.app.views.text import short_gpu_name
+from gpuscale.engines import launch, telemetry
 from gpuscale.engines.store import Store
 
 pytestmark = pytest.mark.gpu
@@ -33,10 +33,9 @@ def cuda_available() -> bool:
 def test_picker_and_monitor_show_the_real_gpu(home):
     if not cuda_available():
         pytest.skip("needs CUDA")
-    from tui_helpers import settle, wait_for
-
     from gpuscale.app.tui import GpuscaleApp
     from gpuscale.app.widgets.run_monitor import DeviceRow, RunMonitor
+    from tui_helpers import settle, wait_for
 
     gpus = telemetry.list_gpus()
     assert gpus, "CUDA is there but NVML lists no GPU"
@@ -53,7 +52,8 @@ def test_picker_and_monitor_show_the_real_gpu(home):
             async with app.run_test(size=(120, 40)) as pilot:
                 await settle(pilot)
                 # The app opened on the live run's monitor.
-                monitor = await wait_for(pilot, lambda: next(iter(app.screen.query(RunMonitor)), None), 30, "the monitor")
+                monitor = await wait_for(pilot, lambda: next(iter(app.screen.query(RunMonitor)), None), 30,
+                                         "the monitor")
                 rows = await wait_for(pilot, lambda: list(monitor.query(DeviceRow)), 30, "a GPU row")
                 row = rows[0].view
                 assert row.label == f"GPU {first['index']} {short_gpu_name(first['name'])}"

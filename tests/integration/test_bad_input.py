@@ -18,13 +18,15 @@ from conftest import gpuscale
      "model: 'nope': unknown model; known models: tiny-math, random-tiny, random-qwen2.5-0.5b"),
     (["run", "--recipe", "power-sampling", "--dataset", "nope"],
      "dataset: 'nope': unknown data set; known data sets: tiny-math, gsm8k"),
-    (["run", "--recipe", "power-sampling", "--dataset", "/no/such/file.jsonl"], "dataset: '/no/such/file.jsonl': no such file"),
+    (["run", "--recipe", "power-sampling", "--dataset", "/no/such/file.jsonl"],
+     "dataset: '/no/such/file.jsonl': no such file"),
     (["run", "--recipe", "power-sampling", "--dataset", "tiny-math:arithmetic,algebra"],
      "dataset: 'tiny-math:arithmetic,algebra': unknown domain 'algebra' of tiny-math; "
      "known domains: arithmetic, comparison, counting"),
     (["run", "--recipe", "power-sampling", "--dataset", "a.jsonl,tiny-math"],
      "dataset: 'a.jsonl,tiny-math': 'tiny-math' is not a .jsonl file"),
-    (["sbatch", "--recipe", "probe", "--nodes", "2", "--gpus-per-node", "8", "--set", "batch_size=-1"], "batch_size: '-1'"),
+    (["sbatch", "--recipe", "probe", "--nodes", "2", "--gpus-per-node", "8", "--set", "batch_size=-1"],
+     "batch_size: '-1'"),
 ])
 def test_bad_run_input_starts_and_writes_nothing(home, args, message):
     result = gpuscale(*args)
@@ -42,7 +44,8 @@ def test_malformed_preset(home, tmp_path):
     assert not home.exists()
 
 
-@pytest.mark.parametrize("command", [["show", "77"], ["logs", "77"], ["stop", "77"], ["export", "x1"], ["compare", "1", "2"]])
+@pytest.mark.parametrize("command", [["show", "77"], ["logs", "77"], ["stop", "77"], ["export", "x1"],
+                                     ["compare", "1", "2"]])
 def test_unknown_run_id(home, command):
     result = gpuscale(*command)
     assert result.returncode == 2

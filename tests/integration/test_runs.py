@@ -7,7 +7,6 @@ import signal
 import socket
 import time
 
-import psutil
 import pytest
 
 from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_for_metrics, wait_until

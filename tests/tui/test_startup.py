@@ -13,7 +13,8 @@ HEAVY = ("torch", "transformers")
 
 def modules_in_fresh_python(code: str, env: dict | None = None) -> set[str]:
     script = textwrap.dedent(code) + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env,
+                         timeout=120)
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 

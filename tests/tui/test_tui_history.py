@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tui_helpers import frozen_app, frozen_home, frozen_template, run_async, settle, wait_for  # noqa: F401
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.screens.run_detail import RunDetailScreen
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.engines.store import Store
+from tui_helpers import frozen_app, frozen_home, frozen_template, run_async, settle, wait_for  # noqa: F401
 
 
 def shown_ids(history: HistoryScreen) -> list[int]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import spawn_gpuscale
-from tui_helpers import run_async, settle, wait_for
-from gpuscale.app.tui import GpuscaleApp
 from gpuscale.app.screens.compare import CompareScreen
 from gpuscale.app.screens.history import HistoryScreen
+from gpuscale.app.tui import GpuscaleApp
 from gpuscale.app.widgets.run_monitor import DeviceRow, RunMonitor
 from gpuscale.engines import launch, telemetry
 from gpuscale.engines.store import Store
+from tui_helpers import run_async, settle, wait_for
 
 SIZE = (120, 40)
 
@@ -105,8 +105,11 @@ def test_launch_watch_stop_and_find_a_real_run(home, store):
             # The monitor opens on the new run; its figures and samples arrive.
             await wait_for(pilot, lambda: app.current_mode == "monitor" and monitor_of(app, run_id), 30, "the monitor")
             monitor = monitor_of(app, run_id)
-            await wait_for(pilot, lambda: monitor.view and (monitor.view.run["progress"] or {}).get("tokens_per_s", 0) > 0,
-                           90, "tokens/s above zero", explain=lambda: explain_monitor(monitor, store))
+            def tokens_counted():
+                return monitor.view and (monitor.view.run["progress"] or {}).get("tokens_per_s", 0) > 0
+
+            await wait_for(pilot, tokens_counted, 90, "tokens/s above zero",
+                           explain=lambda: explain_monitor(monitor, store))
             await wait_for(pilot, lambda: monitor.query(DeviceRow), 30, "a sample row")
             labels = [row.view.label for row in monitor.query(DeviceRow)]
             assert "host CPU" in labels or any(label.startswith("GPU") for label in labels)
@@ -158,7 +161,8 @@ def test_compare_two_real_runs(home, store):
             await settle(pilot)
             compare = app.screen
             assert isinstance(compare, CompareScreen)
-            rows = [compare.query_one("#compare-settings").get_row_at(i) for i in range(compare.query_one("#compare-settings").row_count)]
+            settings_table = compare.query_one("#compare-settings")
+            rows = [settings_table.get_row_at(i) for i in range(settings_table.row_count)]
             assert ["batch_size", "2", "3"] in rows
             figures = compare.query_one("#compare-figures")
             assert "tokens_per_s" in [figures.get_row_at(i)[0] for i in range(figures.row_count)]

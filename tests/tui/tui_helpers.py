@@ -138,8 +138,9 @@ def _cpu_samples(run_id: int, start: float, seconds: int) -> list[dict]:
     rows = []
     for i in range(seconds):
         t = start + i + 0.5
-        rows.append({"run_id": run_id, "t": t, "kind": "host", "idx": -1, "name": "cpu", "mem_used_mb": 6_000.0 + 10 * i,
-                     "mem_total_mb": 32_000.0, "util": 60.0 + 30 * math.sin(i / 5), "run_mem_mb": 900.0})
+        rows.append({"run_id": run_id, "t": t, "kind": "host", "idx": -1, "name": "cpu",
+                     "mem_used_mb": 6_000.0 + 10 * i, "mem_total_mb": 32_000.0, "util": 60.0 + 30 * math.sin(i / 5),
+                     "run_mem_mb": 900.0})
         for rank in range(2):
             rows.append({"run_id": run_id, "t": t, "kind": "rank", "idx": rank, "name": f"rank {rank}",
                          "run_mem_mb": 420.0 + rank * 5 + min(i, 30), "mem_total_mb": 32_000.0})
@@ -190,8 +191,8 @@ def write_frozen_history(home: Path) -> dict[str, int]:
 
     start = FROZEN_NOW - 7_200
     ids["cpu"] = _new_run(store, {"gpus": 2, "batch_size": 8}, start, 2, status="succeeded", ended_at=start + 245,
-                          summary={"world_size": 2, "dtype": "float32", "tokens_per_s": 61.3, "step_time_ms_median": 261.0,
-                                   "peak_mem_mb_per_rank": [449.0, 455.0]},
+                          summary={"world_size": 2, "dtype": "float32", "tokens_per_s": 61.3,
+                                   "step_time_ms_median": 261.0, "peak_mem_mb_per_rank": [449.0, 455.0]},
                           progress={"t": start + 245, "step": 240, "total": 240, "tokens_per_s": 61.3,
                                     "samples_per_s": 0.0, "tokens_per_s_by_rank": {"0": 30.8, "1": 30.5},
                                     "latest": {"step_time_ms": 259.0}})
@@ -210,7 +211,8 @@ def write_frozen_history(home: Path) -> dict[str, int]:
                           summary={"world_size": 8, "dtype": "bfloat16", "tokens_per_s": 10_412.5, "reward": 0.69,
                                    "loss": 0.41, "step_time_ms_median": 24.6},
                           progress={"t": start + 600, "step": 2000, "total": 2000, "tokens_per_s": 10_412.5,
-                                    "samples_per_s": 32.0, "tokens_per_s_by_rank": {}, "latest": {"loss": 0.41, "reward": 0.69}})
+                                    "samples_per_s": 32.0, "tokens_per_s_by_rank": {},
+                                    "latest": {"loss": 0.41, "reward": 0.69}})
     store.add_rows(_metrics(ids["big"], start, 600, [1_300.0] * 8, figures=True, every=5),
                    _gpu_samples(ids["big"], start + 600, 600, busy=8, every=5))
     _write_logs(store, ids["big"], 2, ["decode 2000 steps", "done"])

@@ -38,7 +38,8 @@ def test_torchrun_argv_single_and_multi_node(tmp_path):
     path = tmp_path / "settings.json"
     argv = launch.launcher_argv(recipe, Settings(), launch.DevicePlan(2, (0, 1)), path)
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in argv and argv[-6:] == ["-m", "gpuscale.recipes", "--recipe", "probe", "--settings", str(path)]
+    assert "--standalone" in argv
+    assert argv[-6:] == ["-m", "gpuscale.recipes", "--recipe", "probe", "--settings", str(path)]
     multi = Settings(nnodes=2, node_rank=1, rdzv_endpoint="node1:29400", rdzv_id="job7")
     argv = launch.torchrun_argv(multi, launch.DevicePlan(8, tuple(range(8))), recipe.rank_entry, path)
     joined = " ".join(argv)
@@ -48,7 +49,8 @@ def test_torchrun_argv_single_and_multi_node(tmp_path):
 
 
 def test_accelerate_argv(tmp_path):
-    argv = launch.accelerate_argv(Settings(precision="bf16"), launch.DevicePlan(4, (0, 1, 2, 3)), ["-m", "m"], tmp_path / "s")
+    plan = launch.DevicePlan(4, (0, 1, 2, 3))
+    argv = launch.accelerate_argv(Settings(precision="bf16"), plan, ["-m", "m"], tmp_path / "s")
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
     assert argv[argv.index("--mixed_precision") + 1] == "bf16"

@@ -130,7 +130,8 @@ def test_views_run_no_sql():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in ("execute", "executemany", "db", "conn"):
                 offending.append(f"{name}:{node.lineno} .{node.attr}")
-        offending += [f"{name} imports {m}" for m in imported_by(path, name) if m.startswith(("sqlite3", "sqlite_utils"))]
+        offending += [f"{name} imports {m}" for m in imported_by(path, name)
+                      if m.startswith(("sqlite3", "sqlite_utils"))]
     assert offending == []
 
 

@@ -49,7 +49,8 @@ def test_newer_schema_is_refused(tmp_path):
 def _writer(home, run_id, worker):
     store = Store(home)
     for i in range(200):
-        store.add_rows([{"run_id": run_id, "rank": worker, "t": float(i), "step": i, "name": "tokens", "value": 1.0}], [])
+        metric = {"run_id": run_id, "rank": worker, "t": float(i), "step": i, "name": "tokens", "value": 1.0}
+        store.add_rows([metric], [])
 
 
 def test_several_writers_at_once(tmp_path):

@@ -116,7 +116,7 @@ def test_log_tail_reads_the_end_then_only_what_is_new(tmp_path):
 
 def test_read_lines_returns_complete_lines_and_where_to_go_on(tmp_path):
     path = tmp_path / "rank0.log"
-    path.write_bytes("one\ntwo\nthr".encode())
+    path.write_bytes(b"one\ntwo\nthr")
     lines, offset = read_lines(path, 0)
     assert lines == ["one", "two"] and offset == len("one\ntwo\n")
     with open(path, "ab") as handle:

@@ -91,7 +91,8 @@ def test_shell_equivalent_and_preview(tmp_path):
     from gpuscale.recipes.registry import get_recipe
 
     recipe = get_recipe("probe")
-    settings = resolve_settings(recipe.settings_cls, overrides={"gpus": "0,3", "batch_size": "4", "steps": "9"}, environ={})
+    overrides = {"gpus": "0,3", "batch_size": "4", "steps": "9"}
+    settings = resolve_settings(recipe.settings_cls, overrides=overrides, environ={})
     assert shell_equivalent("probe", settings) == \
         "gpuscale run --recipe probe --gpus 0,3 --batch-size 4 --set steps=9"
     preview = launch_preview(recipe, settings, DevicePlan(2, (0, 3)), tmp_path,

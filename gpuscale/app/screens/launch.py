@@ -16,7 +16,6 @@ from gpuscale.app.widgets.settings_form import SettingsForm
 from gpuscale.engines import launch
 from gpuscale.engines.settings import SettingsError, resolve_settings
 
-
 HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"
 
 
@@ -94,7 +93,8 @@ class LaunchScreen(Screen):
         self.query_one("#recipe-summary", Static).update(Text.assemble((name, "bold"), f": {self.recipe.summary}"))
         box = self.query_one("#form-box", Vertical)
         box.remove_children()
-        self._form = SettingsForm(self.recipe.settings_cls, self._initial_settings(), cursor_blink=self.app.cursor_blink)
+        self._form = SettingsForm(self.recipe.settings_cls, self._initial_settings(),
+                                  cursor_blink=self.app.cursor_blink)
         box.mount(self._form)  # its Ready message brings the preview up to date
 
     def _initial_settings(self):

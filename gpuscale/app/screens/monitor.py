@@ -13,10 +13,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
-from gpuscale.engines import launch
-from gpuscale.engines.store import LIVE_STATUSES
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.widgets.run_monitor import RunMonitor
+from gpuscale.engines import launch
+from gpuscale.engines.store import LIVE_STATUSES
 
 LIVE_RUNS_EVERY_S = 2.0
 

@@ -11,8 +11,6 @@ from textual_plotext import PlotextPlot
 from gpuscale.app.views.feed import Series
 from gpuscale.app.views.text import spark_text
 
-
-
 SERIES_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red")
 
 class GaugeSparkline(Sparkline):

@@ -277,7 +277,8 @@ class RunMonitor(VerticalScroll):
         lines = [("total", feeds.rate_series(feed, "tokens", end, window, CHART_POINTS))]
         ranks = feed.ranks()
         if 1 < len(ranks) <= 4:  # more lines than that is noise: the text line gives each rank's figure
-            lines += [(f"rank {r}", feeds.rate_series(feed, "tokens", end, window, CHART_POINTS, rank=r)) for r in ranks]
+            lines += [(f"rank {r}", feeds.rate_series(feed, "tokens", end, window, CHART_POINTS, rank=r))
+                      for r in ranks]
         return tuple(lines)
 
     # ---- showing -----------------------------------------------------------------------------
@@ -360,6 +361,6 @@ class RunMonitor(VerticalScroll):
     class Updated(Message):
         """Posted after each poll was shown (the monitor screen titles its tab with the status)."""
 
-        def __init__(self, monitor: "RunMonitor", view: MonitorView):
+        def __init__(self, monitor: RunMonitor, view: MonitorView):
             super().__init__()
             self.monitor, self.view = monitor, view

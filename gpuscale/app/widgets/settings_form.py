@@ -64,14 +64,14 @@ class SettingsForm(VerticalScroll, can_focus=False):
     class Changed(Message):
         """A control changed; `error` is its inline error, or None."""
 
-        def __init__(self, form: "SettingsForm", field: str, error: str | None):
+        def __init__(self, form: SettingsForm, field: str, error: str | None):
             super().__init__()
             self.form, self.field, self.error = form, field, error
 
     class Ready(Message):
         """Every control is mounted: the form can be read."""
 
-        def __init__(self, form: "SettingsForm"):
+        def __init__(self, form: SettingsForm):
             super().__init__()
             self.form = form
 
