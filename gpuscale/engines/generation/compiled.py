@@ -7,6 +7,10 @@ from collections.abc import Callable
 
 import torch
 
+# Compiled versions of the decode step kept per process (dynamo's default, 8, is reached by a test
+# session or a training loop that builds several engines or changes the model's structure a few times).
+RECOMPILE_LIMIT = 64
+
 
 class _CompiledOrEager:
     """`fn` under torch.compile (static shapes); if compiling fails, `fn` itself from then on, with a
@@ -35,7 +39,8 @@ class _CompiledOrEager:
         if self.error is not None:
             return self.fn(*args, **kwargs)
         try:
-            with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+            limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+            with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, recompile_limit=limit):
                 return self.compiled(*args, **kwargs)
         except Exception as error:  # dynamo/inductor raise many types (Unsupported, InductorError, ...)
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():

@@ -12,14 +12,16 @@ import torch
 @contextlib.contextmanager
 def evaluation_mode(model: torch.nn.Module):
     """The model in eval mode (dropout off: log-probs must be the model's own) for the duration, then
-    every submodule back in the mode it was in, so that a training loop's model stays in training."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
+    every submodule back in the mode it was in, so that a training loop's model stays in training.
+    A model already in eval mode (inference) costs one walk over its modules."""
+    training = [module for module in model.modules() if module.training]
+    if training:
+        model.eval()
     try:
         yield
     finally:
-        for module, training in modes:
-            module.training = training
+        for module in training:
+            module.training = True
 
 
 def structure_signature(model: torch.nn.Module) -> tuple:
@@ -31,7 +33,8 @@ def structure_signature(model: torch.nn.Module) -> tuple:
     """
     hooks = torch.nn.modules.module
     modules = tuple(
-        (id(m), type(m), tuple(m._forward_hooks), tuple(m._forward_pre_hooks), "forward" in m.__dict__)
+        (id(m), type(m), (tuple(m._forward_hooks), tuple(m._forward_pre_hooks), "forward" in m.__dict__)
+         if m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ else None)
         for m in model.modules()
     )
     tensors = tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
