@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import export_text
 from gpuscale.app.views.logs import read_lines
 from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, progress_line, run_row
@@ -368,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("export", help="a run's record, metrics and samples")
-    p.add_argument("id"), p.add_argument("--format", choices=["json", "csv"], default="json")
+    p.add_argument("id"), p.add_argument("--format", choices=EXPORT_FORMATS, default="json")
     p.add_argument("--output", "-o")
     p.set_defaults(func=cmd_export)
 

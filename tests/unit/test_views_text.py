@@ -44,7 +44,8 @@ NOW = 1_000_000.0
 
 def test_one_number_format_for_every_figure():
     assert format_number(12345) == "12,345" and format_number(12345.0) == "12,345"  # an int as a float
-    assert format_number(261) == "261" and format_number(0.5) == "0.5"
+    assert format_number(261) == "261" and format_number(0.5) == "0.5" and format_number(261.46) == "261.5"
+    assert format_number(2261.3) == "2,261" and format_number(2261) == "2,261"  # a float like an int
     assert format_number(True) == "True"  # a bool is no number
 
 

@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
+from gpuscale.app.views.runs import run_title
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.engines import launch
 from gpuscale.engines.store import LIVE_STATUSES
@@ -23,7 +24,7 @@ LIVE_RUNS_EVERY_S = 2.0
 
 def tab_title(run: dict) -> str:
     marker = "●" if run["status"] in LIVE_STATUSES else "○"
-    return f"{marker} run {run['id']} {run['recipe']} {run['status']}"
+    return f"{marker} {run_title(run)} {run['status']}"
 
 
 class MonitorScreen(Screen):

@@ -11,13 +11,14 @@ SPARK_BARS = "▁▂▃▄▅▆▇█"
 
 
 def format_number(value: Any) -> str:
-    """A figure for people: `0.6931`, `261`, `12,345` (never `1.234e+04`), lists item by item;
-    anything that is not a number as it is (`bf16`, `True`)."""
+    """A figure for people: `0.6931`, `261.5`, `2,261`, `12,345` (never `1.234e+04`), lists item by item;
+    anything that is not a number as it is (`bf16`, `True`). Four significant digits, and from 1,000 on
+    whole numbers with thousands separators, whether the value came as an int or a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float, list)):
         return str(value)
     if isinstance(value, list):
         return "[" + ", ".join(format_number(v) for v in value) + "]"
-    if isinstance(value, int) or abs(value) >= 1e4:
+    if isinstance(value, int) or abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.4g}"
 
