@@ -8,6 +8,7 @@
 - `waste`: the waste rules (idle GPUs, unused memory, GPUs left out, stragglers).
 - `logs`: the ranks' logs, read incrementally.
 - `commands`: the launcher command a run will execute, and the same run as a `gpuscale run` line.
+- `export`: a run as a JSON or CSV file (`gpuscale export` and the TUI's export dialog).
 
 Everything takes `now` as an argument, so that tests and snapshots can freeze the clock. Reading the
 store goes through `gpuscale.engines.store.Store`'s methods.
