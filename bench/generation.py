@@ -206,7 +206,7 @@ def main(argv=None):
             torch.cuda.empty_cache()
 
     report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
         "device": device_name(device),
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),

@@ -19,9 +19,10 @@ The committed model under gpuscale/data/models/tiny-math/ is what this script pr
 What it builds: a byte-level BPE tokenizer trained on tiny-math text (digits always split one per
 token, so numbers are spelled out for the model), wrapped as a `PreTrainedTokenizerFast` with the
 model's chat template; a small Llama trained on the answers only (the prompt tokens carry no loss),
-with label smoothing 0.02 (see `answer_loss`), AdamW with warm-up and cosine decay. It is deliberately a short training: the recipes need a model that
-is right often but not always, and whose temperature-1 samples are clearly worse than its greedy answers
-(room for power sampling, RFT and GRPO to improve on it).
+with label smoothing 0.02 (see `answer_loss`), AdamW with warm-up and cosine decay. It is deliberately
+a short training: the recipes need a model that is right often but not always, and whose
+temperature-1 samples are clearly worse than its greedy answers (room for power sampling, RFT and
+GRPO to improve on it).
 """
 
 from __future__ import annotations

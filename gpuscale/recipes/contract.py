@@ -58,7 +58,7 @@ class Recipe(ABC):
         """The module and arguments that start one rank (settings file excluded)."""
         return ["-m", "gpuscale.recipes", "--recipe", self.name]
 
-    def check(self, settings: RunSettings) -> None:
+    def check(self, settings: RunSettings) -> None:  # noqa: B027 (optional hook: by default nothing to add)
         """Refuse, before launch, what can be known to be bad (raise SettingsError, DataError or
         ModelError with one line). The default checks nothing beyond the settings' own validation."""
 

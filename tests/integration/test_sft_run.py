@@ -4,8 +4,8 @@ under the real `accelerate launch` with 2 CPU ranks (DDP on gloo), a real superv
 from __future__ import annotations
 
 import torch
-from conftest import run_json
 
+from conftest import run_json
 from gpuscale.data.models import load_model
 from gpuscale.engines.metrics import Throughput
 from gpuscale.engines.store import Store

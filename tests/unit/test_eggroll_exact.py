@@ -90,12 +90,13 @@ def test_one_update_equals_the_closed_form_estimator(tiny, shaping):
     model, tokenizer = tiny
     settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, lr=0.5, fitness_shaping=shaping)
     linears = perturbed_linears(model)
-    noise = [es.layer_noise(m.weight, es.draws_for(POPULATION, True), RANK, 7, 1, i) for i, (_, m) in enumerate(linears)]
+    draws = es.draws_for(POPULATION, True)
+    noise = [es.layer_noise(m.weight, draws, RANK, 7, 1, i) for i, (_, m) in enumerate(linears)]
     # Fitness of each member, measured on its explicit copy: mean log-prob of a fixed answer.
     prompt = tokenizer("What is 2 plus 3?\n")["input_ids"]
     answer = tokenizer("2 + 3 = 5\n#### 5")["input_ids"]
-    raw = torch.tensor([float(teacher_forced_logprobs(explicit_member(model, noise, m, settings), prompt, answer).mean())
-                        for m in range(POPULATION)])
+    twins = [explicit_member(model, noise, m, settings) for m in range(POPULATION)]
+    raw = torch.tensor([float(teacher_forced_logprobs(twin, prompt, answer).mean()) for twin in twins])
     shaped = es.shape_fitness(raw, shaping, antithetic=True)
     # The recipe's update, on a copy.
     updated = copy.deepcopy(model)

@@ -102,7 +102,7 @@ def teacher_forced(model, generation):
     batch, steps = generation.tokens.shape
     out_logits = torch.zeros(batch, steps, logits.shape[-1])
     out_logprobs = torch.zeros(batch, steps)
-    for i, row in enumerate(rows):
+    for i in range(len(rows)):
         n = int(generation.lengths[i])
         first = width - n  # column of the first generated token; predicted one column earlier
         out_logits[i, :n] = logits[i, first - 1: width - 1]

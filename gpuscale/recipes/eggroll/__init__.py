@@ -31,7 +31,8 @@ class Settings(RunSettings):
 
     batch_size: int = Field(256, ge=1, description="rows (member x prompt x generation) per engine call per rank")
     method: Literal["eggroll", "naive"] = Field(
-        "eggroll", description="eggroll = all members in one batched forward; naive = perturb, generate, restore per member")
+        "eggroll",
+        description="eggroll = all members in one batched forward; naive = perturb, generate, restore per member")
     antithetic: bool = Field(True, description="members in pairs with noise +E and -E")
     population: int = Field(64, ge=2, le=1 << 20, description="members per step, over all ranks")
     rank: int = Field(1, ge=1, le=64, description="rank r of each perturbation A B^T")
@@ -39,17 +40,17 @@ class Settings(RunSettings):
     lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
     fitness_shaping: Literal["zscore", "centered_rank", "antithetic_sign"] = Field(
         "zscore", description="how raw fitnesses become update weights")
-    perturb: Literal["decoder_linears", "all_matrices"] = Field(
-        "decoder_linears", description="which weights evolve: the decoder layers' linear weights, or also embeddings and head")
     prompts_per_step: int = Field(16, ge=1, le=4096, description="training prompts every member answers each step")
     generations_per_prompt: int = Field(1, ge=1, le=256, description="answers per prompt and member")
     max_new_tokens: int = Field(48, ge=1, le=8192, description="answer length budget")
-    temperature: float = Field(0.0, ge=0.0, le=10.0, description="sampling temperature of the members' answers (0 = greedy)")
+    temperature: float = Field(0.0, ge=0.0, le=10.0,
+                               description="sampling temperature of the members' answers (0 = greedy)")
     steps: int = Field(20, ge=1, le=1_000_000, description="ES steps")
     eval_every: int = Field(10, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
     eval_examples: int = Field(200, ge=1, le=100_000, description="held-out test problems for the accuracy figures")
     save_model: bool = Field(True, description="save the final model in RUN_DIR/model")
-    answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field("strict", description="answer extraction of the reward")
+    answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field(
+        "strict", description="answer extraction of the reward")
 
     @field_validator("population")
     @classmethod

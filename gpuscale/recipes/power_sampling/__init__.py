@@ -34,7 +34,9 @@ class Settings(RunSettings):
     compile: bool = Field(False, description="torch.compile the decode step (CUDA only): faster steps, but each "
                           "process compiles for tens of seconds first; worth it for long runs")
     method: Literal["power", "sample", "greedy", "reference"] = Field(
-        "power", description="power = batched MCMC; sample / greedy = baselines; reference = one problem at a time with generate()"
+        "power",
+        description="power = batched MCMC; sample / greedy = baselines; "
+                    "reference = one problem at a time with generate()",
     )
     alpha: float = Field(4.0, ge=1.0, le=64.0, description="target p^alpha; proposal at temperature 1/alpha")
     max_new_tokens: int = Field(3072, ge=1, le=65536, description="answer length budget")

@@ -35,13 +35,16 @@ class Settings(RunSettings):
     gradient_accumulation: int = Field(1, ge=1, le=1024, description="micro-batches per optimizer step")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "linear", description="learning-rate schedule after the warm-up")
-    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="share of the steps spent warming up the learning rate")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0,
+                                description="share of the steps spent warming up the learning rate")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
-    max_length: int = Field(512, ge=8, le=131_072, description="longest prompt + completion, in tokens (longer are cut)")
+    max_length: int = Field(512, ge=8, le=131_072,
+                            description="longest prompt + completion, in tokens (longer are cut)")
     activation_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
                                            "(less memory, about a third more compute)")
     lora_rank: int = Field(0, ge=0, le=1024, description="0 = full fine-tune; otherwise LoRA adapters of this rank")
-    lora_alpha: float = Field(32.0, gt=0.0, le=4096.0, description="LoRA scaling numerator (alpha / rank scales the update)")
+    lora_alpha: float = Field(32.0, gt=0.0, le=4096.0,
+                              description="LoRA scaling numerator (alpha / rank scales the update)")
     lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
     save_model: bool = Field(False, description="save the trained model (merged if LoRA) to RUN_DIR/model")
     eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily "
@@ -64,7 +67,8 @@ class Settings(RunSettings):
 
 class SFT(Recipe):
     name = "sft"
-    summary = "supervised fine-tuning (TRL SFTTrainer, full or LoRA) on a task's training split, with accuracy before/after"
+    summary = ("supervised fine-tuning (TRL SFTTrainer, full or LoRA) on a task's training split, "
+               "with accuracy before/after")
     settings_cls = Settings
     launcher = "accelerate"
     promised_figures = ("world_size", "steps", "train_loss", "tokens_per_s", "accuracy_before", "accuracy_after")
