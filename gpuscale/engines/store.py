@@ -84,6 +84,21 @@ SAMPLE_COLUMNS = ("run_id", "t", "kind", "idx", "name", "mem_used_mb", "mem_tota
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+def _enable_wal(conn: sqlite3.Connection, attempts: int = 100) -> None:
+    """Put the file in WAL mode, once: asking again on every open needs a lock for which SQLite
+    does not always wait (busy_timeout), so two processes opening the store at the same moment
+    (two runs started at once) could fail with "database is locked". Retried briefly."""
+    for attempt in range(attempts):
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = wal")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05)
+
+
 class UnknownRun(LookupError):
     def __init__(self, run_id: Any):
         super().__init__(f"run id: {run_id!r}: no such run (see `gpuscale runs`)")
@@ -98,8 +113,8 @@ class Store:
         (self.home / "runs").mkdir(exist_ok=True)
         conn = sqlite3.connect(self.home / "runs.db", timeout=30, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 30000")
+        _enable_wal(conn)
         self.db = _sqlite_utils().Database(conn)
-        self.db.enable_wal()
         # WAL + NORMAL: a crash never corrupts the file; at worst the last tick is lost on power loss.
         conn.execute("PRAGMA synchronous = NORMAL")
         self._migrate()
