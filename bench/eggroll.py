@@ -1,0 +1,130 @@
+"""EGGROLL: the whole population in one batched forward, against the seed's structure and against
+plain batched inference.
+
+    python bench/eggroll.py --out eggroll.json [--gpus 2] [--model random-qwen2.5-0.5b] [--population 256]
+
+1. Members per second, from real `gpuscale run --recipe eggroll` runs at the same settings:
+   `method=eggroll` on 1 GPU (and on --gpus GPUs) against `method=naive` on 1 GPU (the seed's
+   structure: per member, perturb the weights in place, generate every prompt, restore). The figure
+   is the run summary's `members_per_s` (population / median step time; the first step, which
+   captures CUDA graphs, is left out when there are more).
+2. The population's throughput as a share of plain batched inference: in one process, the engine
+   generates the same rows (population x prompts) with the members' low-rank terms and without any,
+   greedy, same prompts, same length budget; the share is tokens/s with terms over tokens/s without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def run(method: str, gpus: int, args, steps: int, batch_size: int) -> dict:
+    cmd = [
+        sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", "eggroll", "--gpus", str(gpus),
+        "--model", args.model, "--dataset", args.dataset, "--batch-size", str(batch_size),
+        "--set", f"method={method}", "--set", f"population={args.population}", "--set", f"rank={args.rank}",
+        "--set", f"prompts_per_step={args.prompts}", "--set", f"max_new_tokens={args.max_new_tokens}",
+        "--set", f"steps={steps}", "--set", "eval_examples=8", "--set", "eval_every=0",
+        "--set", "save_model=false", "--set", f"seed={args.seed}", "--json",
+    ]
+    print("$ gpuscale", " ".join(cmd[3:]), flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(done.stderr[-4000:], flush=True)
+        raise SystemExit(f"{method} on {gpus} GPU(s) failed")
+    summary = json.loads(done.stdout)["summary"]
+    print(f"  -> {summary['members_per_s']:.2f} members/s, {summary['tokens_per_s']:.0f} tokens/s, "
+          f"median step {summary['step_seconds_median']:.3f} s", flush=True)
+    return summary
+
+
+def share_of_plain_inference(args) -> dict:
+    """Tokens/s of the engine with the population's row terms over tokens/s without, same rows."""
+    import torch
+
+    from gpuscale.data.models import build_random_model, load_model
+    from gpuscale.data.prompts import prompt_ids
+    from gpuscale.data.tasks import load_examples
+    from gpuscale.engines.generation import GenerationEngine, RowTerm, Sampling
+    from gpuscale.recipes.common import stand_in_tokenizer
+    from gpuscale.recipes.eggroll.trainer import perturbed_linears
+
+    device = torch.device("cuda")
+    if args.model.startswith("random-"):
+        model, tokenizer = build_random_model(args.model).to(device, torch.bfloat16), stand_in_tokenizer(args.model)
+    else:
+        model, tokenizer = load_model(args.model, dtype=torch.bfloat16, device=device)
+    model.eval()
+    questions = [e["question"] for e in load_examples(args.dataset, "train", args.prompts)]
+    prompts = [prompt_ids(tokenizer, q) for q in questions]
+    rows = [p for _ in range(args.population) for p in prompts]
+    engine = GenerationEngine(model, [], pad_token_id=0)  # no EOS: every row decodes the full budget
+    greedy = Sampling(temperature=0.0)
+
+    def timed() -> float:
+        times = []
+        for _ in range(args.repeats + 1):  # the first call captures the CUDA graphs
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            engine.generate(rows, args.max_new_tokens, greedy)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times[1:])
+
+    plain = timed()
+    for _, module in perturbed_linears(model):
+        down = torch.randn(args.population, module.in_features, args.rank, device=device, dtype=torch.bfloat16)
+        up = torch.randn(args.population, module.out_features, args.rank, device=device, dtype=torch.bfloat16)
+        engine.add_row_term(module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank)))
+    perturbed = timed()
+    tokens = len(rows) * args.max_new_tokens
+    return {"rows": len(rows), "tokens": tokens, "plain_seconds": plain, "population_seconds": perturbed,
+            "plain_tokens_per_s": tokens / plain, "population_tokens_per_s": tokens / perturbed,
+            "share": plain / perturbed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="random-qwen2.5-0.5b")
+    parser.add_argument("--dataset", default="tiny-math")
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--population", type=int, default=256)
+    parser.add_argument("--rank", type=int, default=1)
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per step (every member answers each)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=4, help="ES steps of the eggroll runs")
+    parser.add_argument("--naive-steps", type=int, default=2, help="ES steps of the naive run (slow)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed engine calls of the share measurement")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="eggroll.json")
+    args = parser.parse_args()
+    rows = args.population * args.prompts
+    results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args),
+               "naive_1gpu": run("naive", 1, args, args.naive_steps, args.prompts),
+               "eggroll_1gpu": run("eggroll", 1, args, args.steps, rows)}
+    if args.gpus > 1:
+        results[f"eggroll_{args.gpus}gpu"] = run("eggroll", args.gpus, args, args.steps, rows // args.gpus)
+    results["share"] = share_of_plain_inference(args)
+    with open(args.out, "w") as handle:
+        json.dump(results, handle, indent=2)
+    naive = results["naive_1gpu"]["members_per_s"]
+    one = results["eggroll_1gpu"]["members_per_s"]
+    print(f"\n{'run':<14} {'members/s':>10} {'vs naive':>9} {'vs 1 GPU':>9}")
+    for name in [k for k in results if k.endswith("gpu")]:
+        rate = results[name]["members_per_s"]
+        print(f"{name:<14} {rate:>10.2f} {rate / naive:>8.1f}x {rate / one:>8.2f}x")
+    share = results["share"]
+    print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, population {share['population_tokens_per_s']:.0f}"
+          f" tokens/s: share {share['share']:.3f} ({share['rows']} rows x {args.max_new_tokens} tokens)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    main()
