@@ -31,6 +31,18 @@ def home(tmp_path, monkeypatch) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matrices: one thread is fastest, and several threads spinning on a busy machine made a
+    4x64 matmul take 15 ms instead of 10 us."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def gpuscale(*args: str, env: dict | None = None, timeout: float = 240, entry: str = "gpuscale.app.cli"):
     """Run the real CLI; returns the CompletedProcess (text)."""
     return subprocess.run(

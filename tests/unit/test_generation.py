@@ -39,14 +39,7 @@ PAD = 0
 PROMPTS = [[5, 17, 33, 2, 91, 40, 7, 12, 150, 3, 99, 64], [8, 1, 44], [200], [31, 32, 33, 34, 35, 36, 37]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matrices: one thread is fastest, and several threads spinning on a busy machine made a
-    # 4x64 matmul take 15 ms instead of 10 us.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _sharpen(model, factor):
