@@ -7,7 +7,10 @@ figures (rank 0's is the run's summary). A plain file keeps ranks free of databa
 the same on every node.
 
 Supervisor side: `MetricsTailer` reads only complete new lines; `Throughput` turns token and sample
-counts into per-rank and total rates over a sliding window.
+counts into per-rank and total rates over a sliding window, and combines every other figure over the
+ranks: a rank logs its own running value (its accuracy so far, its acceptance rate), so the run's
+figure is each rank's latest value weighted by the samples that rank has done. The supervisor stores
+the combined values as metric rows of rank RUN_WIDE_RANK, which the front ends chart.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 RATE_WINDOW_S = 10.0
+# The rank of the metric rows that hold a figure combined over every rank (see Throughput.combined).
+RUN_WIDE_RANK = -1
 
 
 class Reporter:
@@ -113,23 +118,27 @@ class MetricsTailer:
 
 
 class Throughput:
-    """Per-rank and total tokens/s and samples/s over the last RATE_WINDOW_S seconds, plus the
-    latest value of every other metric, the step reached and the total announced by the ranks."""
+    """Per-rank and total tokens/s and samples/s over the last RATE_WINDOW_S seconds, every other
+    metric combined over the ranks, the step reached and the total announced by the ranks."""
 
     COUNTS = ("tokens", "samples")
 
     def __init__(self):
         self._events: dict[tuple[str, int], deque] = {}
-        self.latest: dict[str, float] = {}
+        self.by_rank: dict[str, dict[int, float]] = {}  # figure -> rank -> the rank's latest value
+        self.counted: dict[tuple[str, int], float] = {}  # (tokens or samples, rank) -> count so far
         self.step: dict[int, int] = {}
         self.totals: dict[int, int] = {}
         self.cumulative: dict[str, float] = {name: 0.0 for name in self.COUNTS}
         self.first_t: float | None = None
+        self.last_t: float | None = None
+        self._changed: dict[str, float] = {}  # figure -> time of its newest row since run_wide_rows
 
     def add(self, rows: list[dict]) -> None:
         for row in rows:
             name, rank, t = row["name"], row["rank"], row["t"]
             self.first_t = t if self.first_t is None else min(self.first_t, t)
+            self.last_t = t if self.last_t is None else max(self.last_t, t)
             if name == "total":
                 self.totals[rank] = int(row["value"])
                 continue
@@ -137,8 +146,33 @@ class Throughput:
             if name in self.COUNTS:
                 self._events.setdefault((name, rank), deque()).append((t, row["value"]))
                 self.cumulative[name] += row["value"]
+                self.counted[name, rank] = self.counted.get((name, rank), 0.0) + row["value"]
             else:
-                self.latest[name] = row["value"]
+                self.by_rank.setdefault(name, {})[rank] = row["value"]
+                self._changed[name] = max(t, self._changed.get(name, t))
+
+    def combined(self, name: str) -> float:
+        """The run's value of a figure: each rank's latest value weighted by the samples that rank
+        has done, so running means (accuracy, acceptance rate) combine into the run's own mean. A
+        plain mean over the ranks where none counts samples (a benchmark logs samples=0)."""
+        values = self.by_rank[name]
+        weights = {rank: self.counted.get(("samples", rank), 0.0) for rank in values}
+        weight = sum(weights.values())
+        if weight <= 0:
+            return sum(values.values()) / len(values)
+        return sum(values[rank] * weights[rank] for rank in values) / weight
+
+    @property
+    def latest(self) -> dict[str, float]:
+        return {name: self.combined(name) for name in self.by_rank}
+
+    def run_wide_rows(self, run_id: int) -> list[dict]:
+        """Metric rows of rank RUN_WIDE_RANK for the figures that changed since the last call."""
+        step = min(self.step.values()) if self.step else 0
+        rows = [{"run_id": run_id, "rank": RUN_WIDE_RANK, "t": t, "step": step, "name": name,
+                 "value": self.combined(name)} for name, t in sorted(self._changed.items())]
+        self._changed.clear()
+        return rows
 
     def rates(self, name: str, now: float) -> dict[int, float]:
         """Count per second for each rank: what it logged in the window over the window's span."""
@@ -153,8 +187,18 @@ class Throughput:
                 result[rank] = sum(v for _, v in list(events)[1:]) / span if span > 0 else 0.0
         return result
 
-    def progress(self, now: float) -> dict[str, Any]:
-        tokens, samples = self.rates("tokens", now), self.rates("samples", now)
+    def average_rates(self, name: str) -> dict[int, float]:
+        """Count per second for each rank over the whole run (first row to last), for a finished run."""
+        span = (self.last_t or 0.0) - (self.first_t or 0.0)
+        return {rank: count / span for (metric, rank), count in self.counted.items() if metric == name and span > 0}
+
+    def progress(self, now: float, finished: bool = False) -> dict[str, Any]:
+        """Where the run is; `finished`: its rates are the averages over the whole run, not the last
+        RATE_WINDOW_S seconds (which, once the ranks have stopped, hold nothing)."""
+        if finished:
+            tokens, samples = self.average_rates("tokens"), self.average_rates("samples")
+        else:
+            tokens, samples = self.rates("tokens", now), self.rates("samples", now)
         done = min(self.step.values()) if self.step else 0
         total = max(self.totals.values()) if self.totals else None
         return {
@@ -166,5 +210,5 @@ class Throughput:
             "tokens_per_s_by_rank": {str(r): v for r, v in sorted(tokens.items())},
             "tokens": self.cumulative["tokens"],
             "samples": self.cumulative["samples"],
-            "latest": dict(self.latest),
+            "latest": self.latest,
         }

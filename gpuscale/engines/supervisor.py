@@ -86,9 +86,13 @@ class Supervisor:
         now = time.time()
         rows = self.tailer.read_new()
         self.throughput.add(rows)
+        rows += self.throughput.run_wide_rows(self.run_id)  # the figures combined over the ranks
         samples = sampler.sample(now) if sampler else []
         self.store.add_rows(rows, samples)
-        self.store.update_run(self.run_id, progress=self.throughput.progress(now))
+        progress = self.throughput.progress(now)
+        if self.stop_requested_at is not None:
+            progress["stopping"] = True  # the front ends then show no ETA while the ranks wind down
+        self.store.update_run(self.run_id, progress=progress)
 
     def enforce_stop(self, launcher: subprocess.Popen) -> None:
         """SIGTERM the launcher's group once; SIGKILL everything of the run after the grace time."""
@@ -147,7 +151,7 @@ class Supervisor:
             hint = hint_for(error, self.run["settings"]) if hint is None else hint
         self.store.finish_run(
             self.run_id, status, exit_code=exit_code, summary=summary, error=error, hint=hint,
-            progress=self.throughput.progress(time.time()),
+            progress=self.throughput.progress(time.time(), finished=True),
         )
 
     def _run_figures(self, cpu_percent: float) -> dict:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from conftest import gpuscale, run_json
 
 
@@ -22,6 +24,9 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
         assert row["token_ids"] and isinstance(row["completion"], str) and row["gold"]
         assert row["correct"] == (row["extracted"] is not None and float(row["extracted"]) == float(row["gold"]))
     assert summary["accuracy"] == sum(r["correct"] for r in results) / 6
+    # The live figures combine both ranks (weighted by samples): they end where the summary does.
+    assert run["progress"]["latest"]["accuracy"] == pytest.approx(summary["accuracy"])
+    assert run["progress"]["tokens_per_s"] > 0  # a finished run's average, not an empty last window
 
 
 def test_seed_knobs_work_as_aliases(home):

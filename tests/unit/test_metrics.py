@@ -1,6 +1,6 @@
 import json
 
-from gpuscale.engines.metrics import MetricsTailer, Reporter, Throughput
+from gpuscale.engines.metrics import RUN_WIDE_RANK, MetricsTailer, Reporter, Throughput
 
 
 def test_reporter_and_tailer_roundtrip(tmp_path):
@@ -42,3 +42,36 @@ def test_throughput_rates_per_rank_and_total():
     assert progress["tokens_per_s"] == 400.0
     assert (progress["step"], progress["total"], progress["tokens"]) == (5, 10, 1000)
     assert progress["latest"] == {"loss": 1.5}
+
+
+def accuracy_rows(rank: int, batches: list[tuple[int, int]], t0: float = 100.0) -> list[dict]:
+    """What a rank logs per batch: `samples` done and its running accuracy so far (as power sampling does)."""
+    rows, done, correct = [], 0, 0
+    for step, (samples, right) in enumerate(batches, start=1):
+        done, correct = done + samples, correct + right
+        t = t0 + step
+        rows += [{"rank": rank, "t": t, "step": step, "name": "samples", "value": samples},
+                 {"rank": rank, "t": t, "step": step, "name": "accuracy", "value": correct / done}]
+    return rows
+
+
+def test_figures_combine_every_rank_weighted_by_samples():
+    tp = Throughput()
+    tp.add(accuracy_rows(0, [(2, 2), (2, 1)]))  # rank 0: 3 of 4 right, running value 0.75
+    tp.add(accuracy_rows(1, [(4, 1), (4, 1)]))  # rank 1: 2 of 8 right, running value 0.25
+    assert tp.latest["accuracy"] == 5 / 12  # the run's 5 of 12, not the last rank's 0.25 (or rank 0's 0.75)
+    rows = tp.run_wide_rows(run_id=3)
+    assert [(r["rank"], r["name"], r["value"], r["t"]) for r in rows] == [(RUN_WIDE_RANK, "accuracy", 5 / 12, 102.0)]
+    assert tp.run_wide_rows(run_id=3) == []  # nothing changed since
+    # Ranks that count no samples (a benchmark): the plain mean.
+    bench = Throughput()
+    bench.add([{"rank": r, "t": 1.0, "step": 1, "name": "step_time_ms", "value": v} for r, v in ((0, 10.0), (1, 20.0))])
+    assert bench.latest == {"step_time_ms": 15.0}
+
+
+def test_a_finished_runs_rates_are_its_averages_not_an_empty_window():
+    tp = Throughput()
+    tp.add([{"rank": r, "t": 100.0 + i, "step": i, "name": "tokens", "value": 50.0} for r in (0, 1) for i in range(5)])
+    assert tp.progress(now=1000.0)["tokens_per_s"] == 0.0  # long after the ranks stopped: the window is empty
+    final = tp.progress(now=1000.0, finished=True)
+    assert final["tokens_per_s"] == 500.0 / 4.0 and final["tokens_per_s_by_rank"] == {"0": 62.5, "1": 62.5}

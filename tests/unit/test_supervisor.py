@@ -25,3 +25,42 @@ def test_launch_leaves_no_file_open_in_the_supervisor(tmp_path):
     assert launcher.wait(30) == 0
     assert (run_dir / "logs" / "launcher.log").read_text() == "launcher started\n"  # the child's copy wrote it
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_the_headline_combines_every_rank_live_and_equals_the_summary_at_the_end(tmp_path):
+    """Two ranks whose running accuracies differ, through real metric files and a real store: the
+    stored progress, the progress line, the stored run-wide series (the Charts tab) and the finished
+    run's headline all give the run's accuracy, not the last rank's line."""
+    from gpuscale.app.views.feed import RunFeed, figure_series
+    from gpuscale.app.views.runs import progress_line
+    from gpuscale.engines.metrics import Reporter
+
+    store = Store(tmp_path)
+    run_id = store.create_run("power-sampling", {}, [sys.executable, "-c", "pass"], "host")
+    run_dir = tmp_path / "runs" / str(run_id)
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps({"gpu_indices": [], "nproc": 2}))
+    store.update_run(run_id, status="running", started_at=1.0)
+    supervisor = Supervisor(store, run_id)
+    ranks = [Reporter(run_dir, rank=0), Reporter(run_dir, rank=1)]
+    ranks[0].log(step=1, samples=4, accuracy=3 / 4)  # 3 of 4 right
+    ranks[1].log(step=1, samples=8, accuracy=2 / 8)  # 2 of 8 right: rank 1 writes last
+    supervisor.tick(sampler=None)
+    run = store.get_run(run_id)
+    assert run["progress"]["latest"]["accuracy"] == 5 / 12
+    assert "accuracy 0.4167" in progress_line(run, now=10.0)
+    feed = RunFeed(run_id, keep_s=float("inf"))
+    feed.poll(store, now=1e10)
+    charted = figure_series(feed, "accuracy", now=feed_end(store, run_id), window_s=60)
+    assert charted.ys[-1] == 5 / 12
+    ranks[0].summary({"accuracy": 5 / 12, "acceptance_rate": 0.3})
+    for reporter in ranks:
+        reporter.close()
+    supervisor.tick(sampler=None)  # the launcher has exited: the last tick reads the summary
+    supervisor.finish(exit_code=0, cpu_percent=1.0, leftovers=0)
+    run = store.get_run(run_id)
+    assert run["status"] == "succeeded" and run["progress"]["latest"]["accuracy"] == run["summary"]["accuracy"]
+
+
+def feed_end(store: Store, run_id: int) -> float:
+    return max(row["t"] for row in store.metrics(run_id)) + 1.0

@@ -82,8 +82,8 @@ def test_status_and_throughput_lines():
     assert throughput_text(progress) == "tokens/s 4,210 · samples/s 12.0"
     assert per_rank_text(progress) == "tokens/s per rank: 2,110 2,100"
     assert per_rank_text({"tokens_per_s_by_rank": {"0": 5.0}}) == ""
-    assert figures_text({"latest": {"step_time_ms": 12.5, "loss": 1.25, "reward": 0.5}}) == \
-        "reward 0.5 · loss 1.25 · step_time_ms 12.5"
+    latest = {"step_time_ms": 12.5, "loss": 1.25, "reward": 0.5}
+    assert figures_text({**run, "progress": {"latest": latest}}) == "reward 0.5 · loss 1.25 · step_time_ms 12.5"
 
 
 def test_shell_equivalent_and_preview(tmp_path):
@@ -118,7 +118,25 @@ def test_progress_line_has_status_rates_and_figures():
         "run 7 probe · succeeded · 1:40 elapsed · step 40/40 (100%) · tokens/s 12,345 · samples/s 3.2 · loss 0.6931"
     )
     queued = {"id": 8, "recipe": "probe", "status": "queued", "started_at": None, "progress": {}}
-    assert progress_line(queued, NOW) == "run 8 probe · queued · - elapsed"  # no rates before any are reported
+    assert progress_line(queued, NOW) == "run 8 probe · queued"  # no rates before any are reported, no stray dash
+
+
+def test_a_finished_runs_headline_is_its_summary():
+    """The last progress record can lag the ranks' summary (rank 0's running value, an older run):
+    once a run has ended, the headline shows the summary's figure."""
+    run = finished_run(summary={"accuracy": 0.4583, "problems": 24},
+                       progress={"t": NOW, "step": 4, "total": 4, "latest": {"accuracy": 0.5833, "forward_passes": 9}})
+    assert figures_text(run) == "accuracy 0.4583 · forward_passes 9"
+    assert "accuracy 0.5833" in figures_text({**run, "status": "running"})  # live: the progress record's
+
+
+def test_stopping_and_stopped_runs_show_no_eta():
+    progress = {"t": NOW, "step": 8, "total": 25}
+    running = {"status": "running", "started_at": NOW - 80, "ended_at": None, "progress": progress}
+    assert "ETA" in status_line(running, NOW)
+    assert status_line({**running, "progress": {**progress, "stopping": True}}, NOW) == \
+        "stopping · 1:20 elapsed · step 8/25 (32%)"
+    assert "ETA" not in status_line({**running, "status": "stopped", "ended_at": NOW}, NOW)
 
 
 def test_run_row_and_key_figures():

@@ -3,7 +3,8 @@ rows and charts show over a window the user picks.
 
 `RunFeed` reads one run's new rows on each poll and keeps them in time buckets: per device (GPU, or
 host and ranks on a CPU machine) the last sample of each bucket, per rank the tokens and samples
-counted, per figure (loss, reward, ...) the mean. It reads by rowid, not by time (through
+counted, per figure (loss, reward, ...) the mean of the run-wide values the supervisor combined over
+the ranks (rows of rank RUN_WIDE_RANK), or of the ranks' own values for a run recorded before those. It reads by rowid, not by time (through
 `Store.last_rowids`), so rows that a slow rank wrote late are never skipped, and a poll costs what is
 new only. `device_views`, `rate_series` and `figure_series` are what each row, sparkline and chart shows.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from gpuscale.app.views.runs import PREFERRED_FIGURES
 from gpuscale.app.views.text import format_mib, memory_text, short_gpu_name
+from gpuscale.engines.metrics import RUN_WIDE_RANK
 from gpuscale.engines.store import Store
 
 # Chart windows the user cycles through (seconds); a live feed keeps the longest.
@@ -56,6 +58,7 @@ class RunFeed:
     device_names: dict[str, str] = field(default_factory=dict)
     counts: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)  # (name, rank) -> bucket -> sum
     figures: dict[str, dict[int, list[float]]] = field(default_factory=dict)  # name -> bucket -> [sum, n]
+    run_wide: dict[str, dict[int, list[float]]] = field(default_factory=dict)  # the same, combined over ranks
     first_work_t: float | None = None  # when the first token or sample was counted
     _sample_rowid: int = 0
     _metric_rowid: int = 0
@@ -91,7 +94,8 @@ class RunFeed:
                 if total > 0:
                     self.first_work_t = first_t if self.first_work_t is None else min(self.first_work_t, first_t)
             elif name not in NOT_FIGURES:
-                cell = self.figures.setdefault(name, {}).setdefault(bucket, [0.0, 0])
+                table = self.run_wide if rank == RUN_WIDE_RANK else self.figures
+                cell = table.setdefault(name, {}).setdefault(bucket, [0.0, 0])
                 cell[0] += total
                 cell[1] += count
 
@@ -99,7 +103,8 @@ class RunFeed:
         if math.isinf(self.keep_s):
             return
         oldest = int(since / self.resolution_s)
-        for table in (*self.devices.values(), *self.counts.values(), *self.figures.values()):
+        tables = (*self.devices.values(), *self.counts.values(), *self.figures.values(), *self.run_wide.values())
+        for table in tables:
             for bucket in [b for b in table if b < oldest]:
                 del table[bucket]
 
@@ -125,7 +130,7 @@ class RunFeed:
 
     def figure_names(self) -> list[str]:
         """The recipe's own figures, the usual ones (accuracy, reward, loss) first."""
-        names = sorted(self.figures)
+        names = sorted(set(self.figures) | set(self.run_wide))
         return [n for n in PREFERRED_FIGURES if n in names] + [n for n in names if n not in PREFERRED_FIGURES]
 
 
@@ -237,9 +242,10 @@ def rate_series(feed: RunFeed, name: str, now: float, window_s: float, points: i
 
 
 def figure_series(feed: RunFeed, name: str, now: float, window_s: float, points: int = 60) -> Series:
-    """The mean of a figure (over ranks and steps) in each chart bucket that has one."""
+    """The mean of a figure's run-wide values in each chart bucket that has one (for a run recorded
+    before the supervisor combined figures over the ranks, the mean over ranks and steps)."""
     width, starts = chart_buckets(now, window_s, points, feed.resolution_s)
-    table = feed.figures.get(name, {})
+    table = feed.run_wide[name] if name in feed.run_wide else feed.figures.get(name, {})
     xs, ys = [], []
     for start in starts:
         first, last = int(start / feed.resolution_s), int((start + width) / feed.resolution_s)

@@ -4,6 +4,7 @@ runs compared. The CLI prints these, the TUI lays them out; both read them here.
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
+from gpuscale.engines.store import LIVE_STATUSES
 
 # Summary figures worth a column in a table of runs, in order of preference.
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
@@ -33,13 +34,17 @@ def eta_s(progress: dict, started_at: float | None) -> float | None:
 
 
 def status_line(run: dict, now: float) -> str:
-    """`running · 1:23 elapsed · step 40/100 (40%) · ETA 2:04`."""
+    """`running · 1:23 elapsed · step 40/100 (40%) · ETA 2:04`; `stopping` once a stop was asked for
+    (no ETA then), and no elapsed time before the run started."""
     progress = run.get("progress") or {}
-    parts = [run["status"], f"{format_duration(elapsed_s(run, now))} elapsed"]
+    stopping = run["status"] == "running" and progress.get("stopping")
+    parts = ["stopping" if stopping else run["status"]]
+    if (elapsed := elapsed_s(run, now)) is not None:
+        parts.append(f"{format_duration(elapsed)} elapsed")
     step, total = progress.get("step") or 0, progress.get("total")
     if total:
         parts.append(f"step {step}/{total} ({100 * step / total:.0f}%)")
-        eta = eta_s(progress, run.get("started_at")) if run["status"] == "running" else None
+        eta = eta_s(progress, run.get("started_at")) if run["status"] == "running" and not stopping else None
         if eta is not None:
             parts.append(f"ETA {format_duration(eta)}")
     elif step:
@@ -62,9 +67,20 @@ def per_rank_text(progress: dict) -> str:
     return "tokens/s per rank: " + " ".join(rates)
 
 
-def figures_text(progress: dict, limit: int = 4) -> str:
-    """The recipe's latest figures, the usual ones first: `reward 0.5 · loss 1.23`."""
-    latest = progress.get("latest") or {}
+def headline_figures(run: dict) -> dict:
+    """The figures a run's headline shows: while it runs, the latest ones combined over the ranks
+    (the supervisor's progress); once it ended, its summary's value wherever the summary has one,
+    so the headline and the summary never disagree."""
+    latest = dict((run.get("progress") or {}).get("latest") or {})
+    if run["status"] not in LIVE_STATUSES:
+        summary = run.get("summary") or {}
+        latest.update({name: summary[name] for name in latest if _is_number(summary.get(name))})
+    return latest
+
+
+def figures_text(run: dict, limit: int = 4) -> str:
+    """The recipe's figures for the headline, the usual ones first: `reward 0.5 · loss 1.23`."""
+    latest = headline_figures(run)
     names = [n for n in PREFERRED_FIGURES if n in latest] + sorted(n for n in latest if n not in PREFERRED_FIGURES)
     return " · ".join(f"{name} {format_number(latest[name])}" for name in names[:limit])
 
@@ -77,7 +93,7 @@ def progress_line(run: dict, now: float) -> str:
     parts = [run_title(run), status_line(run, now)]
     if progress.get("tokens_per_s") or progress.get("samples_per_s"):
         parts.append(throughput_text(progress))
-    if figures := figures_text(progress):
+    if figures := figures_text(run):
         parts.append(figures)
     return " · ".join(parts)
 

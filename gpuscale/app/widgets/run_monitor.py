@@ -254,7 +254,7 @@ class RunMonitor(VerticalScroll):
             run=run, live=live, status=f"{run_title(run)} · {status_line(run, now)}",
             step=progress.get("step") or 0, total=progress.get("total"),
             throughput=throughput_text(progress), per_rank=per_rank_text(progress),
-            figures=figures_text(progress),
+            figures=figures_text(run),
             warnings=warnings, devices=tuple(feeds.device_views(feed, end, window)),
             rate_lines=self._rate_lines(feed, end, window), figure_name=figure_name,
             figure_line=feeds.figure_series(feed, figure_name, end, window, CHART_POINTS) if figure_name else None,
