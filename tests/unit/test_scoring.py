@@ -56,3 +56,14 @@ def test_accuracy_overall_and_per_domain():
     assert accuracy_by_domain(rows) == {"accuracy": 0.5, "accuracy_arithmetic": 1.0, "accuracy_counting": 0.5}
     assert list(accuracy_by_domain(rows)) == ["accuracy", "accuracy_arithmetic", "accuracy_counting"]
     assert accuracy_by_domain([]) == {"accuracy": None}  # nothing measured is not 0%
+
+
+def test_decoding_many_rows_at_once_equals_decoding_each():
+    from gpuscale.data.models import load_model
+    from gpuscale.data.scoring import decode_completion, decode_completions
+
+    _model, tokenizer = load_model("tiny-math")
+    eos = [tokenizer.eos_token_id]
+    rows = [tokenizer("1 + 2 = 3\n#### 3")["input_ids"] + eos, [5, 6, 7, 10**6], []]
+    assert decode_completions(rows, tokenizer, eos) == [decode_completion(r, tokenizer, eos) for r in rows]
+    assert decode_completions(rows, tokenizer, eos)[0].endswith("#### 3")

@@ -218,7 +218,7 @@ class _FusedDecode:
         outputs = list(F.linear(x, self.weights[g][i], self.biases[g][i]).split(self.split_sizes[g], dim=-1))
         for j, terms in enumerate(self.row_terms[g][i]):
             for term in terms:
-                outputs[j] = outputs[j] + term(x)
+                term.add_into(outputs[j], x)
         return outputs
 
     def _attention(self, i, attention, x, position_embeddings, mask, cache):

@@ -48,8 +48,10 @@ class Generation:
         return self.tokens.shape[0]
 
     def sequences(self) -> list[list[int]]:
-        """The generated tokens of each row, without padding."""
-        return [row[keep].tolist() for row, keep in zip(self.tokens, self.mask)]
+        """The generated tokens of each row, without padding. One copy to the host for the whole
+        batch: indexing row by row on the GPU would cost a kernel and a synchronisation per row."""
+        tokens, mask = self.tokens.cpu(), self.mask.cpu()
+        return [row[keep].tolist() for row, keep in zip(tokens, mask)]
 
     def suffix_logprobs(self, cut: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, ...]:
         """Per row, over generated positions >= cut[i]: (sum of base log-probs, sum of sampled

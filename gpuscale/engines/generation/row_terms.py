@@ -45,12 +45,14 @@ class RowTerm:
     def groups(self) -> int:
         return self.down.shape[0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The term for input x [B, ..., in]: [B, ..., out]. Batch rows of a group are contiguous, so
-        the group's rows (and all their tokens) are one block of x."""
-        grouped = x.reshape(self.groups, -1, x.shape[-1])  # [G, rows of g x tokens, in]
-        low_rank = torch.bmm(grouped, self.down) * self.scale  # scale on the r-wide side: cheaper
-        return torch.bmm(low_rank, self.up.transpose(1, 2)).reshape(*x.shape[:-1], -1)
+    def add_into(self, output: torch.Tensor, x: torch.Tensor) -> None:
+        """output += scale * (x_g @ down[g]) @ up[g]^T for every group g, in place. Batch rows of a
+        group are contiguous, so the group's rows (and all their tokens) are one block of x and of
+        the output. The second product is accumulated straight into the output (baddbmm) instead of a
+        term tensor added to it, which halves the memory traffic on the [B, ..., out] side, the large
+        one. `output` may be a slice of a fused projection's output."""
+        low_rank = torch.bmm(x.reshape(self.groups, -1, x.shape[-1]), self.down) * self.scale
+        output.view(self.groups, -1, output.shape[-1]).baddbmm_(low_rank, self.up.transpose(1, 2))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.down, self.up, self.scale
@@ -88,9 +90,8 @@ class RowTerms:
 
     def _hook(self, term: RowTerm):
         def add_term(module, args, output):
-            if not self.active:  # outside engine calls the model is left as it is
-                return None
-            return output + term(args[0])
+            if self.active:  # outside engine calls the model is left as it is
+                term.add_into(output, args[0])
 
         return add_term
 

@@ -186,7 +186,7 @@ class Trainer:
 
     def _answer(self, members: list[int], prompts) -> tuple[list[float], int]:
         from gpuscale.data.rewards import correctness
-        from gpuscale.data.scoring import decode_completion
+        from gpuscale.data.scoring import decode_completions
         from gpuscale.engines.generation import Sampling
 
         s, loaded = self.settings, self.loaded
@@ -195,8 +195,8 @@ class Trainer:
                                           self.generator, samples_per_prompt=s.generations_per_prompt)
         answers = generation.sequences()
         golds = [gold for _ in members for _, gold in prompts for _ in range(s.generations_per_prompt)]
-        rewards = [correctness(decode_completion(tokens, loaded.tokenizer, loaded.eos), gold, s.answer_mode)
-                   for tokens, gold in zip(answers, golds)]
+        texts = decode_completions(answers, loaded.tokenizer, loaded.eos)
+        rewards = [correctness(text, gold, s.answer_mode) for text, gold in zip(texts, golds)]
         per_member = self.rows_per_member
         scores = [sum(rewards[i * per_member : (i + 1) * per_member]) / per_member for i in range(len(members))]
         return scores, int(generation.lengths.sum())
