@@ -121,8 +121,9 @@ def main() -> None:
         rate = results[name]["members_per_s"]
         print(f"{name:<14} {rate:>10.2f} {rate / naive:>8.1f}x {rate / one:>8.2f}x")
     share = results["share"]
-    print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, population {share['population_tokens_per_s']:.0f}"
-          f" tokens/s: share {share['share']:.3f} ({share['rows']} rows x {args.max_new_tokens} tokens)")
+    print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, "
+          f"population {share['population_tokens_per_s']:.0f} tokens/s: share {share['share']:.3f} "
+          f"({share['rows']} rows x {args.max_new_tokens} tokens)")
 
 
 if __name__ == "__main__":
