@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
+from gpuscale.app.views.export import PARTS as EXPORT_PARTS
 from gpuscale.app.views.export import export_text
-from gpuscale.app.views.logs import read_lines
+from gpuscale.app.views.logs import read_lines, world_size
 from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, progress_line, run_row
 from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
 from gpuscale.data.models import ModelError
@@ -27,6 +28,8 @@ from gpuscale.engines.store import STATUSES, Store, UnknownRun
 from gpuscale.recipes.registry import all_recipes, get_recipe
 
 EXIT_BAD_INPUT = 2
+ID_HELP = "the run's id (see `gpuscale runs`)"
+JSON_HELP = "print it as JSON"
 
 
 class BadInput(Exception):
@@ -188,6 +191,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     store = open_store()
     run = store.get_run(args.id)
+    ranks = world_size(run)
+    if args.rank is not None and ranks is not None and not 0 <= args.rank < ranks:
+        has = f"ranks 0-{ranks - 1}" if ranks > 1 else "only rank 0"
+        raise BadInput(f"rank: {args.rank}: run {run['id']} has {has}")
     log_dir = Path(run["run_dir"]) / "logs"
     offsets: dict[Path, int] = {}
     while True:
@@ -236,16 +243,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print("settings that differ:" if result["settings"] else "settings: identical")
     for key, (va, vb) in result["settings"].items():
         print(f"  {key}: {setting_text(va)} -> {setting_text(vb)}")
-    if result["figures"]:
-        print("summary figures:")
+    print("figures that differ:" if result["figures"] else "figures: none differ")
     for key, f in result["figures"].items():
         print(f"  {key}: {format_number(f['a'])} -> {format_number(f['b'])}, {delta_text(f['delta'], f['a'])}")
+    if result["same"]:
+        print("same in both: " + ", ".join(f"{key} {format_number(v)}" for key, v in result["same"].items()))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = open_store()
-    text = export_text(store, store.get_run(args.id)["id"], args.format)
+    text = export_text(store, store.get_run(args.id)["id"], args.format, args.what)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -345,70 +353,92 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("runs", help="the run history")
-    p.add_argument("--recipe"), p.add_argument("--status")
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--recipe", help="only the runs of this recipe")
+    p.add_argument("--status", help=f"only the runs in this status ({', '.join(STATUSES)})")
+    p.add_argument("--limit", type=int, default=50, help="at most this many runs, newest first (default 50)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_runs)
 
     for name, func, help_text in (("show", cmd_show, "one run: settings, summary, status"),
                                   ("stop", cmd_stop, "stop a run (SIGTERM, then SIGKILL after a few seconds)"),
                                   ("delete", cmd_delete, "remove a finished run from the history")):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("id")
+        p.add_argument("id", help=ID_HELP)
         if name == "show":
-            p.add_argument("--json", action="store_true")
+            p.add_argument("--json", action="store_true", help=JSON_HELP)
         p.set_defaults(func=func)
 
     p = sub.add_parser("logs", help="a run's launcher and rank logs")
-    p.add_argument("id"), p.add_argument("--rank", type=int)
-    p.add_argument("--follow", "-f", action="store_true")
+    p.add_argument("id", help=ID_HELP)
+    p.add_argument("--rank", type=int, help="only this rank's log")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the run ends")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("compare", help="two runs side by side: settings diff and figure deltas")
-    p.add_argument("a"), p.add_argument("b"), p.add_argument("--json", action="store_true")
+    p.add_argument("a", help="the first run's id")
+    p.add_argument("b", help="the second run's id")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("export", help="a run's record, metrics and samples")
-    p.add_argument("id"), p.add_argument("--format", choices=EXPORT_FORMATS, default="json")
-    p.add_argument("--output", "-o")
+    p.add_argument("id", help=ID_HELP)
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="json", help="json (default) or csv")
+    p.add_argument("--what", choices=EXPORT_PARTS, help="json: only this part (default: all of them); csv: "
+                   "metrics (default; one row per logged value), summary (name,value) or results (one row per item)")
+    p.add_argument("--output", "-o", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("recipes", help="the recipes and their settings")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print them as JSON, with every setting's schema")
     p.set_defaults(func=cmd_recipes)
 
     p = sub.add_parser("gpus", help="this machine's GPUs now")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_gpus)
 
     p = sub.add_parser("models", help="the models known by name (and any hub id or local path works)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("data", help="data sets")
     data = p.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     p = data.add_parser("export", help="a data set as JSON lines (question, answer)")
     p.add_argument("name", help="tiny-math, gsm8k, or a .jsonl file")
-    p.add_argument("--split", default="test", choices=["test", "train"])
-    p.add_argument("--limit", type=int)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="test", choices=["test", "train"], help="which split (default test)")
+    p.add_argument("--limit", type=int, help="at most this many examples")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as a run's `seed` setting (default 0)")
     p.set_defaults(func=cmd_data_export)
 
     p = sub.add_parser("sbatch", help="print a SLURM batch script for a multi-node run")
-    p.add_argument("--recipe", required=True)
-    p.add_argument("--nodes", type=int, required=True), p.add_argument("--gpus-per-node", type=int, required=True)
-    p.add_argument("--time", default="04:00:00"), p.add_argument("--partition")
-    p.add_argument("--port", type=int, default=29500)
-    p.add_argument("--preset", type=Path)
-    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--recipe", required=True, help="recipe name (see `gpuscale recipes`)")
+    p.add_argument("--nodes", type=int, required=True, help="how many nodes")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
+    p.add_argument("--time", default="04:00:00", help="the job's time limit (default 04:00:00)")
+    p.add_argument("--partition", help="the SLURM partition")
+    p.add_argument("--port", type=int, default=29500, help="the rendezvous port on the head node (default 29500)")
+    p.add_argument("--preset", type=Path, help="TOML file of settings (below --set)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting of the recipe; repeatable")
     p.set_defaults(func=cmd_sbatch)
     return parser
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of our output went away (`gpuscale runs | head`): stop quietly, as Unix tools do,
+    with the exit status of a process that SIGPIPE ended. Python's own flush of stdout at exit would
+    fail again and print a traceback, so stdout now points at /dev/null."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's flush at exit
+        return code
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except (SettingsError, UnknownRun, BadInput, DataError, ModelError) as exc:
         print(f"gpuscale: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -146,6 +146,17 @@ def test_run_row_and_key_figures():
         "accuracy 0.25, reward 1"
 
 
+def test_compare_keeps_settings_apart_from_figures_and_drops_equal_ones():
+    """A summary that echoes settings (`chains`, `method`) and has figures equal in both runs."""
+    a = finished_run(settings={"chains": 1, "method": "power", "seed": 0},
+                     summary={"chains": 1, "method": "power", "accuracy": 0.5, "problems": 24})
+    b = finished_run(id=8, settings={"chains": 1, "method": "plain", "seed": 0},
+                     summary={"chains": 1, "method": "plain", "accuracy": 0.25, "problems": 24})
+    result = compare_runs(a, b)
+    assert result["settings"] == {"method": ["power", "plain"]}  # no `chains: 1 -> 1`, no seed
+    assert list(result["figures"]) == ["accuracy"] and result["same"] == {"problems": 24}
+
+
 def test_compare_two_runs():
     a = finished_run()
     b = finished_run(id=8, settings={"gpus": [0, 1], "batch_size": 16, "seed": 1},
@@ -153,6 +164,7 @@ def test_compare_two_runs():
     result = compare_runs(a, b)
     assert result["settings"] == {"batch_size": [8, 16], "seed": [None, 1]}
     assert list(result["figures"]) == ["loss", "tokens_per_s"]  # numbers both runs have, no bools or texts
+    assert result["same"] == {}
     assert result["figures"]["tokens_per_s"] == {"a": 12345, "b": 24690, "delta": 12345}
     assert delta_text(12345, 12345) == "+12,345 (+100.0%)"
     assert delta_text(-0.25, 0.0) == "-0.25"  # no percentage of zero
@@ -191,6 +203,25 @@ def test_export_json_and_csv(store):
         export_text(store, run_id, "xml")
 
 
+def test_export_csv_of_the_summary_and_of_the_results(store):
+    run_id = stored_run(store)
+    store.update_run(run_id, summary={"accuracy": 0.5, "method": "power", "per_rank": [1.5, 2], "none": None})
+    run_dir = Path(store.get_run(run_id)["run_dir"])
+    run_dir.mkdir(parents=True)
+    rows = [{"index": 0, "correct": True, "token_ids": [5, 6]}, {"index": 1, "correct": False, "acceptance_rate": 0.25}]
+    (run_dir / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = list(csv.reader(io.StringIO(export_text(store, run_id, "csv", what="summary"))))
+    assert summary == [["name", "value"], ["accuracy", "0.5"], ["method", "power"], ["per_rank", "[1.5, 2]"],
+                       ["none", ""]]
+    results = list(csv.DictReader(io.StringIO(export_text(store, run_id, "csv", what="results"))))
+    assert list(results[0]) == ["index", "correct", "token_ids", "acceptance_rate"]  # every key, first seen first
+    assert json.loads(results[0]["token_ids"]) == [5, 6] and results[1]["acceptance_rate"] == "0.25"
+    assert json.loads(export_text(store, run_id, "json", what="results")) == rows
+    assert json.loads(export_text(store, run_id, "json", what="summary"))["accuracy"] == 0.5
+    with pytest.raises(ValueError, match="what"):
+        export_text(store, run_id, "csv", what="everything")
+
+
 # ---- the CLI and the TUI say the same -------------------------------------------------------------
 
 
@@ -219,3 +250,4 @@ def test_cli_show_and_compare_use_the_views(tmp_path, monkeypatch, capsys):
     assert cli.main(["compare", str(a), str(b)]) == 0
     compared = capsys.readouterr().out.splitlines()
     assert "  batch_size: 8 -> 16" in compared and "  tokens_per_s: 12,345 -> 24,690, +12,345 (+100.0%)" in compared
+    assert compared.index("figures that differ:") > compared.index("  batch_size: 8 -> 16")

@@ -65,5 +65,7 @@ class CompareScreen(Screen):
         figures = self.query_one("#compare-figures", DataTable)
         for name, f in result["figures"].items():
             figures.add_row(name, format_number(f["a"]), format_number(f["b"]), delta_text(f["delta"], f["a"]))
-        if not result["figures"]:
+        for name, value in result["same"].items():
+            figures.add_row(name, format_number(value), format_number(value), "same")
+        if not result["figures"] and not result["same"]:
             figures.add_row("(none)", "-", "-", "no figure in both")

@@ -1,4 +1,11 @@
-"""A run exported as a file: the CLI's `gpuscale export` and the TUI's export dialog write the same text."""
+"""A run exported as a file: the CLI's `gpuscale export` and the TUI's export dialog write the same text.
+
+JSON holds everything in one document: the run's record (with its settings and summary), its metrics,
+telemetry samples and per-item results. A CSV file is one table, so it holds one part (`what`):
+`metrics` (one row per logged value: run_id, rank, t, step, name, value; rank -1 is a figure
+combined over every rank), `summary` (name, value) or `results` (one row per item of results.jsonl,
+lists such as token ids written as JSON).
+"""
 
 from __future__ import annotations
 
@@ -9,20 +16,52 @@ import json
 from gpuscale.engines.store import METRIC_COLUMNS, Store
 
 FORMATS = ("json", "csv")
+PARTS = ("metrics", "summary", "results")
 
 
-def export_text(store: Store, run_id: int, fmt: str) -> str:
-    """`json`: the run's record, metrics, telemetry samples and per-item results, in one document;
-    `csv`: its metrics, one row each (what a spreadsheet or pandas reads)."""
+def export_text(store: Store, run_id: int, fmt: str, what: str | None = None) -> str:
+    """The run as `fmt`: JSON, the whole record or only the part `what`; CSV, the part `what`
+    (metrics unless told)."""
     if fmt not in FORMATS:
         raise ValueError(f"format: {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if what is not None and what not in PARTS:
+        raise ValueError(f"what: {what!r}: expected one of {', '.join(PARTS)}")
     run = store.get_run(run_id)
-    metrics = store.metrics(run["id"])
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(metrics)
-        return out.getvalue()
-    record = {"run": run, "metrics": metrics, "samples": store.samples(run["id"]), "results": store.results(run["id"])}
-    return json.dumps(record, indent=2)
+    if fmt == "json":
+        if what is None:
+            record = {"run": run, "metrics": store.metrics(run["id"]), "samples": store.samples(run["id"]),
+                      "results": store.results(run["id"])}
+            return json.dumps(record, indent=2)
+        return json.dumps(_part(store, run, what), indent=2)
+    what = what or "metrics"
+    if what == "metrics":
+        return _csv(store.metrics(run["id"]), METRIC_COLUMNS)
+    if what == "summary":
+        rows = [{"name": name, "value": _cell(value)} for name, value in (run["summary"] or {}).items()]
+        return _csv(rows, ("name", "value"))
+    rows = store.results(run["id"])
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # every key, in first-seen order
+    return _csv([{key: _cell(value) for key, value in row.items()} for row in rows], columns)
+
+
+def _part(store: Store, run: dict, what: str):
+    if what == "metrics":
+        return store.metrics(run["id"])
+    if what == "summary":
+        return run["summary"] or {}
+    return store.results(run["id"])
+
+
+def _cell(value):
+    """A CSV cell: numbers and text as they are, lists and mappings as JSON, None as empty."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return "" if value is None else value
+
+
+def _csv(rows: list[dict], columns) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()

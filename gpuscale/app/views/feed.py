@@ -4,9 +4,10 @@ rows and charts show over a window the user picks.
 `RunFeed` reads one run's new rows on each poll and keeps them in time buckets: per device (GPU, or
 host and ranks on a CPU machine) the last sample of each bucket, per rank the tokens and samples
 counted, per figure (loss, reward, ...) the mean of the run-wide values the supervisor combined over
-the ranks (rows of rank RUN_WIDE_RANK), or of the ranks' own values for a run recorded before those. It reads by rowid, not by time (through
-`Store.last_rowids`), so rows that a slow rank wrote late are never skipped, and a poll costs what is
-new only. `device_views`, `rate_series` and `figure_series` are what each row, sparkline and chart shows.
+the ranks (rows of rank RUN_WIDE_RANK), or of the ranks' own values for a run recorded before those.
+It reads by rowid, not by time (through `Store.last_rowids`), so rows that a slow rank wrote late are
+never skipped, and a poll costs what is new only. `device_views`, `rate_series` and `figure_series`
+are what each row, sparkline and chart shows.
 """
 
 from __future__ import annotations

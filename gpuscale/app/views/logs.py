@@ -3,8 +3,24 @@ the TUI keeps the last lines of each (`LogTail`), the CLI prints them as they co
 
 from __future__ import annotations
 
+import json
+import re
 from collections import deque
 from pathlib import Path
+
+
+def world_size(run: dict) -> int | None:
+    """How many ranks the run has: its device plan's ranks per node times its nodes, or for a run
+    without a plan the rank logs it wrote; None when neither tells."""
+    run_dir = Path(run.get("run_dir") or "")
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text())
+        return int(plan["nproc"]) * int((run.get("settings") or {}).get("nnodes") or 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    ranks = [int(m.group(1)) for path in (run_dir / "logs").glob("rank*.log")
+             if (m := re.fullmatch(r"rank(\d+)\.log", path.name))]
+    return max(ranks) + 1 if ranks and run.get("run_dir") else None
 
 
 def read_lines(path: Path, offset: int, limit: int | None = None) -> tuple[list[str], int]:

@@ -115,21 +115,28 @@ def run_row(run: dict, now: float) -> tuple[str, ...]:
 
 
 def compare_runs(a: dict, b: dict) -> dict:
-    """Settings that differ, and for every numeric summary figure both have: a, b and b - a."""
+    """The settings that differ; the numeric summary figures both runs have that differ (a, b and
+    b - a); and the figures that are the same in both (`same`). A summary entry that is also a setting
+    (a recipe echoes `method`, `chains`) is a setting, compared as one, not a figure."""
     keys = sorted(set(a["settings"]) | set(b["settings"]))
     settings_diff = {
         k: [a["settings"].get(k), b["settings"].get(k)] for k in keys if a["settings"].get(k) != b["settings"].get(k)
     }
-    figures = {}
-    for name in sorted(set(a["summary"]) & set(b["summary"])):
+    figures, same = {}, {}
+    for name in sorted((set(a["summary"] or {}) & set(b["summary"] or {})) - set(keys)):
         va, vb = a["summary"][name], b["summary"][name]
-        if _is_number(va) and _is_number(vb):
+        if not (_is_number(va) and _is_number(vb)):
+            continue
+        if va == vb:
+            same[name] = va
+        else:
             figures[name] = {"a": va, "b": vb, "delta": vb - va}
     return {
         "a": {"id": a["id"], "recipe": a["recipe"], "status": a["status"]},
         "b": {"id": b["id"], "recipe": b["recipe"], "status": b["status"]},
         "settings": settings_diff,
         "figures": figures,
+        "same": same,
     }
 
 
