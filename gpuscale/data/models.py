@@ -146,7 +146,9 @@ def _load_tokenizer(source: str, local: bool):
 
 
 def describe_models() -> list[dict[str, Any]]:
-    """One row per known model: name, path, parameters, architecture (for `gpuscale models --json`)."""
+    """One row per known model: name, path, parameters, architecture (for `gpuscale models --json`).
+    Read from the configs as plain JSON, with the parameters counted from the shape: importing
+    transformers and building the models on the meta device took seconds for a listing."""
     rows = []
     for name in KNOWN_MODELS:
         path = model_path() if name == TINY_MATH else None
@@ -154,39 +156,59 @@ def describe_models() -> list[dict[str, Any]]:
         rows.append({
             "name": name,
             "path": str(path) if path else None,
-            "architecture": (config.architectures or [None])[0] if config else None,
-            "model_type": config.model_type if config else None,
-            "parameters": _count_parameters(config) if config else None,
+            "architecture": (config.get("architectures") or [None])[0] if config else None,
+            "model_type": config.get("model_type") if config else None,
+            "parameters": decoder_parameters(config) if config else None,
             "description": MODEL_DESCRIPTIONS[name],
         })
     return rows
 
 
-def _config_of(name: str):
-    from transformers import AutoConfig
+# The causal-LM classes of the model types whose parameters decoder_parameters counts by arithmetic.
+CAUSAL_LM_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
+
+def _config_of(name: str) -> dict | None:
+    """A known model's config as a dict (the embedded model's config.json, or a random model's spec)."""
     if name in RANDOM_CONFIGS:
-        config = random_model_config(name)
-        config.architectures = [_causal_lm_class(config).__name__]
-        return config
+        spec = dict(RANDOM_CONFIGS[name])
+        return {**spec, "architectures": [CAUSAL_LM_CLASSES[spec["model_type"]]]}
     if not (model_path() / "config.json").is_file():
         return None  # not trained yet in this checkout
-    return AutoConfig.from_pretrained(model_path(), local_files_only=True)
+    return json.loads((model_path() / "config.json").read_text())
 
 
-def _causal_lm_class(config):
-    from transformers import AutoModelForCausalLM
+def decoder_parameters(config: dict) -> int:
+    """Parameters of a Llama- or Qwen2-shaped decoder, from its config: embeddings, per layer the
+    attention projections (and their biases) and the gated MLP and two norms, the final norm,
+    and the output head unless tied to the embeddings. Other model types are built on the meta device."""
+    if config.get("model_type") not in CAUSAL_LM_CLASSES:
+        return _count_parameters(config)
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    kv_width = config.get("num_key_value_heads", heads) * head_dim
+    attention = hidden * heads * head_dim * 2 + hidden * kv_width * 2
+    if config["model_type"] == "qwen2":  # Qwen2: biases on q, k and v
+        attention += heads * head_dim + 2 * kv_width
+    elif config.get("attention_bias", False):  # Llama's option: on q, k, v and o
+        attention += heads * head_dim + 2 * kv_width + hidden
+    mlp = 3 * hidden * config["intermediate_size"]
+    if config.get("mlp_bias", False):
+        mlp += 2 * config["intermediate_size"] + hidden
+    layer = attention + mlp + 2 * hidden
+    head = 0 if config.get("tie_word_embeddings", True) else vocab * hidden
+    return vocab * hidden + config["num_hidden_layers"] * layer + hidden + head
 
-    return AutoModelForCausalLM._model_mapping[type(config)]
 
-
-def _count_parameters(config) -> int:
+def _count_parameters(config: dict) -> int:
     """Parameters of the model a config describes, counted on the meta device (no memory, no init)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    spec = {key: value for key, value in config.items() if key not in ("model_type", "architectures")}
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **spec))
     return sum(p.numel() for p in model.parameters())
 
 
