@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
 from gpuscale.engines import launch, telemetry
 from gpuscale.engines.settings import SettingsError, parse_assignments, resolve_settings
-from gpuscale.engines.store import STATUSES, Store, UnknownRun
+from gpuscale.engines.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 from gpuscale.recipes.registry import all_recipes, get_recipe
 
 EXIT_BAD_INPUT = 2
@@ -34,6 +35,11 @@ JSON_HELP = "print it as JSON"
 
 class BadInput(Exception):
     """Raised for input errors found by the CLI itself; printed as one line, exit code 2."""
+
+
+# Errors the user can act on: one line, exit code 2, no traceback. A history that cannot be opened or
+# written (read-only, unreadable, damaged) is one of them: the line names the path and what to do.
+USER_ERRORS = (SettingsError, UnknownRun, BadInput, DataError, ModelError, StoreError)
 
 
 # ---- shared argument groups -----------------------------------------------------------------------
@@ -142,8 +148,10 @@ def public_run(run: dict) -> dict:
 # ---- history --------------------------------------------------------------------------------------
 
 
-def open_store() -> Store:
-    store = Store()
+def open_store(write: bool = False) -> Store:
+    """The history, after marking runs whose supervisor died lost. For reading, a home that cannot be
+    written is read as it is; `write` refuses it (StoreError naming the path)."""
+    store = Store() if write else Store.for_reading()
     launch.reconcile(store)
     return store
 
@@ -217,14 +225,14 @@ def print_new_lines(path: Path, offset: int, prefix: str) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    store = open_store()
+    store = open_store(write=True)
     run = launch.stop_run(store, store.get_run(args.id)["id"])
     print(f"run {run['id']}: {run['status']}")
     return 0 if run["status"] not in ("queued", "running") else 1
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    store = open_store()
+    store = open_store(write=True)
     run = store.get_run(args.id)
     if run["status"] in ("queued", "running"):
         raise BadInput(f"run id: {run['id']}: the run is {run['status']}; stop it first")
@@ -259,6 +267,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from gpuscale.engines.doctor import examine
+
+    findings = examine(gpuscale_home(), repair=args.repair)
+    for finding in findings:
+        print(("ok       " if finding.ok else "PROBLEM  ") + finding.text)
+    problems = sum(not finding.ok for finding in findings)
+    print(f"{problems} problem(s) left" if problems else "the history is healthy")
+    return 1 if problems else 0
 
 
 # ---- machine and recipes --------------------------------------------------------------------------
@@ -409,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as a run's `seed` setting (default 0)")
     p.set_defaults(func=cmd_data_export)
 
+    p = sub.add_parser("doctor", help="check the run history (runs.db, dead runs, run folders); repair what can be")
+    p.add_argument("--repair", action="store_true",
+                   help="also move a damaged runs.db aside and start a new history (the run folders are kept)")
+    p.set_defaults(func=cmd_doctor)
+
     p = sub.add_parser("sbatch", help="print a SLURM batch script for a multi-node run")
     p.add_argument("--recipe", required=True, help="recipe name (see `gpuscale recipes`)")
     p.add_argument("--nodes", type=int, required=True, help="how many nodes")
@@ -439,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return quiet_broken_pipe()
-    except (SettingsError, UnknownRun, BadInput, DataError, ModelError) as exc:
+    except USER_ERRORS as exc:
         print(f"gpuscale: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except sqlite3.DatabaseError as exc:  # met after the history opened (a page damaged later): still one line
+        print(f"gpuscale: error: {store_error(gpuscale_home(), exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

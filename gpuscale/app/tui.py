@@ -21,7 +21,7 @@ from textual.binding import Binding
 from gpuscale.app.screens.launch import LaunchScreen
 from gpuscale.app.views.export import export_text
 from gpuscale.engines import launch, telemetry
-from gpuscale.engines.store import Store, gpuscale_home
+from gpuscale.engines.store import Store, StoreError, gpuscale_home
 from gpuscale.recipes.registry import all_recipes
 
 # The first frame is the launch screen; the other screens (and textual-plotext, which draws the
@@ -87,7 +87,7 @@ class GpuscaleApp(App):
         if self.home not in stores:
             for other in list(stores):  # a test's previous home: close it rather than keep it open
                 stores.pop(other).close()
-            stores[self.home] = Store(self.home)
+            stores[self.home] = Store.for_reading(self.home)  # a read-only home still shows its history
         return stores[self.home]
 
     def on_ready(self) -> None:
@@ -105,6 +105,9 @@ class GpuscaleApp(App):
             store = self.store()
             launch.reconcile(store)
             live = [run["id"] for run in store.live_runs()]
+        except StoreError as exc:  # read-only, unreadable or damaged: its line names the file and what to do
+            self.from_thread(self.notify, str(exc), severity="error", timeout=30, markup=False)
+            return
         except Exception as exc:
             self.from_thread(self.notify, f"cannot read {self.home}: {exc}", severity="error")
             return

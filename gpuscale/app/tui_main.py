@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.recipe:  # headless: scripts, SLURM jobs, CI
         try:
             return cli.cmd_run(args)
-        except (cli.SettingsError, cli.UnknownRun, cli.BadInput) as exc:
+        except cli.USER_ERRORS as exc:  # one line, exit 2, as `gpuscale run`
             print(f"gpuscale-tui: error: {exc}", file=sys.stderr)
             return cli.EXIT_BAD_INPUT
     from gpuscale.app.tui import GpuscaleApp

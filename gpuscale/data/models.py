@@ -7,6 +7,7 @@ models stays cheap.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,102 @@ def _count_parameters(config: dict) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **spec))
     return sum(p.numel() for p in model.parameters())
+
+
+# A hub that does not answer within this is taken as unreachable (the libraries' own waits add up to
+# about 30 s before a rank gives up).
+HUB_CHECK_TIMEOUT_S = 5.0
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+
+
+def check_model(name: str) -> None:
+    """Refuse, in the front end before anything starts, a model a rank could not load, as far as can
+    be known cheaply (no weights are read): a local directory (or the embedded model) must have a
+    config.json that parses and names its model_type, weights, and safetensors files whose headers
+    read; a hub id must be in the local cache, or the hub must answer for it within
+    HUB_CHECK_TIMEOUT_S (none is asked with HF_HUB_OFFLINE). Raises ModelError with one line."""
+    if name in RANDOM_CONFIGS:
+        return
+    path = model_path() if name == TINY_MATH else Path(name).expanduser()
+    if path.is_dir():
+        check_model_directory(path)
+    elif looks_like_hub_id(name):
+        check_hub_model(name)
+    else:
+        check_model_name(name)
+
+
+def check_model_directory(path: Path) -> None:
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelError(f"model: {path}: no config.json, so not a Hugging Face model directory")
+    _check_config(config)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({path / shard for shard in _read_json(index).get("weight_map", {}).values()})
+        missing = [shard.name for shard in files if not shard.is_file()]
+        if missing:
+            raise ModelError(f"model: {index}: names {missing[0]}, which is not in the directory")
+    else:
+        files = sorted(file for pattern in WEIGHT_PATTERNS for file in path.glob(pattern))
+    if not files:
+        raise ModelError(f"model: {path}: no weights (model.safetensors or pytorch_model.bin)")
+    for file in files:
+        if file.suffix == ".safetensors":
+            _check_safetensors(file)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelError(f"model: {path}: cannot be read ({error})") from None
+    except json.JSONDecodeError as error:
+        raise ModelError(f"model: {path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+
+
+def _check_config(path: Path) -> None:
+    config = _read_json(path)
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise ModelError(f"model: {path}: no model_type, so transformers cannot tell which model it is")
+
+
+def _check_safetensors(path: Path) -> None:
+    """The header only (safetensors checks that it parses and that its tensors cover the file
+    exactly, so a truncated download is caught too); no tensor is read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            handle.metadata()
+    except (SafetensorError, OSError) as error:
+        raise ModelError(f"model: {path}: not a readable safetensors file ({error}); download it again") from None
+
+
+def check_hub_model(repo_id: str) -> None:
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        _check_config(Path(cached))
+        return
+    get_it = f"download it first (`hf download {repo_id}`) or pass a local model directory"
+    if constants.is_offline_mode():
+        raise ModelError(f"model: {repo_id!r}: not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
+                         f"and HF_HUB_OFFLINE is set; {get_it}")
+    try:
+        HfApi().model_info(repo_id, timeout=HUB_CHECK_TIMEOUT_S)
+    except GatedRepoError:
+        raise ModelError(f"model: {repo_id!r}: gated on the Hugging Face hub; accept its terms there and log in "
+                         "(`hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise ModelError(f"model: {repo_id!r}: no such model on the Hugging Face hub (if it is private, log in "
+                         "with `hf auth login`)") from None
+    except Exception as error:  # httpx's connection errors and timeouts, the hub's HTTP errors
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise ModelError(f"model: {repo_id!r}: the Hugging Face hub cannot be reached ({reason}) and the model "
+                         f"is not in the local cache; {get_it}") from None
 
 
 def check_model_name(name: str) -> str:

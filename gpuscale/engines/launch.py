@@ -20,7 +20,8 @@ from pathlib import Path
 from gpuscale.engines import telemetry
 from gpuscale.engines.process import kill_run_processes, process_alive, wait_for
 from gpuscale.engines.settings import RunSettings, SettingsError
-from gpuscale.engines.store import LIVE_STATUSES, Store
+from gpuscale.engines.store import LIVE_STATUSES, Store, merge_rank_results
+from gpuscale.engines.supervisor import partial_summary_from_store
 
 
 @dataclass(frozen=True)
@@ -197,11 +198,16 @@ QUEUED_GRACE_S = 60.0
 
 
 def reconcile(store: Store) -> list[int]:
-    """Mark runs whose supervisor died as `lost` and kill whatever is left of them.
+    """Mark runs whose supervisor died as `lost` and kill whatever is left of them; the rows their
+    ranks finished are merged into results.jsonl and their summary gives the figures so far
+    (marked partial), as the supervisor would have done.
 
-    Every front end calls this before it shows runs. Returns the ids it marked lost.
+    Every front end calls this before it shows runs; a read-only history is left as it is. Returns
+    the ids it marked lost.
     """
     reap_children()
+    if store.read_only:
+        return []
     lost = []
     for run in store.live_runs():
         if process_alive(run["supervisor_pid"], run["supervisor_started"]):
@@ -211,10 +217,12 @@ def reconcile(store: Store) -> list[int]:
         if run["supervisor_started"] is None and process_alive(run["supervisor_pid"], None):
             continue  # started but not yet registered itself
         message = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
-        if store.finish_run(run["id"], "lost", error=message):
-            lost.append(run["id"])
         if run["run_dir"]:
-            kill_run_processes(run["run_dir"])
+            kill_run_processes(run["run_dir"])  # before the merge: no rank may still be writing
+            merge_rank_results(run["run_dir"])
+        summary = {**(run["summary"] or {}), **partial_summary_from_store(store, run["id"])}
+        if store.finish_run(run["id"], "lost", error=message, summary=summary):
+            lost.append(run["id"])
     return lost
 
 

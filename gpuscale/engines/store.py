@@ -3,10 +3,16 @@
 Every front end and every supervisor opens its own connection; WAL lets several runs write at once
 while the TUI reads. The schema carries a version; `MIGRATIONS[i]` takes a database from version i to
 i + 1, so an old runs.db is upgraded in place and nothing stored is lost.
+
+A home that cannot be written (a shared, read-only copy of someone's runs) is still read:
+`Store.for_reading` falls back to a read-only connection, and any write then fails with a `StoreError`
+naming the path. Every failure to open or write the history is a `StoreError` of one line (the path,
+the reason, what to do), never SQLite's bare message.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -39,8 +45,10 @@ def _sqlite_utils():
 
 
 STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost")
-# Per-item results a recipe may merge into its run folder (one JSON object a line).
+# Per-item results a recipe may merge into its run folder (one JSON object a line), from the files
+# its ranks append to as they go, RUN_DIR/results/rank<R>.jsonl.
 RESULTS_FILE = "results.jsonl"
+RANK_RESULTS_DIR = "results"
 LIVE_STATUSES = ("queued", "running")
 
 
@@ -99,25 +107,130 @@ def _enable_wal(conn: sqlite3.Connection, attempts: int = 100) -> None:
             time.sleep(0.05)
 
 
+class StoreError(RuntimeError):
+    """The run history cannot be opened or written; the message is one line: path, reason, what to do."""
+
+
+class HomeNotWritable(StoreError):
+    """GPUSCALE_HOME (or its runs.db) cannot be written; reading may still work (`Store.for_reading`)."""
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror.lower()
+    return str(error) or type(error).__name__
+
+
+def _is_damaged(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text)
+
+
+def _is_not_writable(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, PermissionError) or (
+        isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES)
+    ) or "readonly" in text or "read-only" in text or "unable to open" in text
+
+
+def store_error(home: Path, error: BaseException, writing: bool = True) -> StoreError:
+    """The one-line error for an OS or SQLite error met opening or using the history in `home`."""
+    database = Path(home) / "runs.db"
+    if isinstance(error, StoreError):
+        return error
+    if _is_damaged(error):
+        return StoreError(
+            f"{database}: the run history is damaged ({_reason(error)}); move it aside "
+            f"(`gpuscale doctor --repair` does, keeping the run folders) and gpuscale starts a new one"
+        )
+    if writing and _is_not_writable(error):
+        return HomeNotWritable(
+            f"{home}: not writable ({_reason(error)}); starting, stopping or deleting runs needs a writable "
+            f"GPUSCALE_HOME (reading the history works)"
+        )
+    return StoreError(f"{database}: cannot read the run history ({_reason(error)}); check the owner and mode "
+                      f"of {home}, or point GPUSCALE_HOME elsewhere")
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that never writes. `mode=ro` reads a WAL database whose -wal and -shm files exist
+    or can be created. In a read-only folder after a clean close they do not exist and cannot be:
+    SQLite then refuses mode=ro ("attempt to write a readonly database"), and the file is opened as
+    `immutable`, which is safe there because a clean close leaves nothing in a WAL file."""
+    uri = Path(path).resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30, isolation_level=None)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:
+        conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    return conn
+
+
 class UnknownRun(LookupError):
     def __init__(self, run_id: Any):
         super().__init__(f"run id: {run_id!r}: no such run (see `gpuscale runs`)")
 
 
 class Store:
-    """Thin layer over runs.db; all JSON columns are decoded on the way out."""
+    """Thin layer over runs.db; all JSON columns are decoded on the way out.
 
-    def __init__(self, home: Path | None = None):
+    `Store(home)` opens the history for reading and writing (creating it), and raises `HomeNotWritable`
+    where that is not allowed; `Store(home, read_only=True)` never writes (an absent history reads as
+    empty), and every write method raises `HomeNotWritable`."""
+
+    def __init__(self, home: Path | None = None, read_only: bool = False):
         self.home = Path(home) if home else gpuscale_home()
+        self.path = self.home / "runs.db"
+        self.read_only = False  # until the schema is in place
+        try:
+            empty = read_only and not self.path.exists()  # raises PermissionError in an unreadable home
+            if empty:  # no history yet: an empty one, in memory
+                conn = sqlite3.connect(":memory:", isolation_level=None)
+            else:
+                conn = self._connect_read_only() if read_only else self._connect_for_writing()
+            self.db = _sqlite_utils().Database(conn)
+            if read_only and not empty:
+                self._check_version()
+            else:
+                self._migrate()
+        except (OSError, sqlite3.DatabaseError) as error:
+            raise store_error(self.home, error, writing=not read_only) from None
+        self.read_only = read_only
+
+    @classmethod
+    def for_reading(cls, home: Path | None = None) -> Store:
+        """The history to read: writable where the home allows it (so front ends can still mark dead
+        runs lost), else read-only. A damaged or unreadable history still raises StoreError."""
+        try:
+            return cls(home)
+        except HomeNotWritable:
+            return cls(home, read_only=True)
+
+    def _connect_for_writing(self) -> sqlite3.Connection:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "runs").mkdir(exist_ok=True)
-        conn = sqlite3.connect(self.home / "runs.db", timeout=30, isolation_level=None)
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 30000")
         _enable_wal(conn)
-        self.db = _sqlite_utils().Database(conn)
         # WAL + NORMAL: a crash never corrupts the file; at worst the last tick is lost on power loss.
         conn.execute("PRAGMA synchronous = NORMAL")
-        self._migrate()
+        return conn
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        return connect_read_only(self.path)
+
+    def _check_version(self) -> None:
+        """A read-only history cannot be migrated: it must be at this gpuscale's schema version."""
+        tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        row = self.db.execute("SELECT version FROM schema_version").fetchone() if "schema_version" in tables else None
+        version = row[0] if row else 0
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} is newer than this gpuscale "
+                             f"({SCHEMA_VERSION}); upgrade gpuscale")
+        if version < SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} is older than this gpuscale's "
+                             f"({SCHEMA_VERSION}) and the home is read-only; open it once where it can be written")
 
     def close(self) -> None:
         self.db.conn.close()
@@ -125,6 +238,9 @@ class Store:
     @contextmanager
     def transaction(self):
         """One SQLite transaction (the connection is in autocommit mode otherwise)."""
+        if self.read_only:
+            raise HomeNotWritable(f"{self.home}: opened read-only (the folder or its runs.db cannot be written); "
+                                  "starting, stopping or deleting runs needs a writable GPUSCALE_HOME")
         self.db.conn.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -139,7 +255,7 @@ class Store:
             row = self.db.execute("SELECT version FROM schema_version").fetchone()
             version = row[0] if row else 0
             if version > SCHEMA_VERSION:
-                raise RuntimeError(
+                raise StoreError(
                     f"{self.home / 'runs.db'}: schema version {version} is newer than this gpuscale "
                     f"({SCHEMA_VERSION}); upgrade gpuscale"
                 )
@@ -154,7 +270,7 @@ class Store:
         with self.transaction():
             run_id = self.db["runs"].insert(
                 {
-                    "recipe": recipe, "status": "queued", "settings": json.dumps(settings),
+                    "id": self._next_run_id(), "recipe": recipe, "status": "queued", "settings": json.dumps(settings),
                     "summary": "{}", "created_at": time.time(), "command": json.dumps(command),
                     "host": host,
                 }
@@ -162,6 +278,13 @@ class Store:
             run_dir = self.home / "runs" / str(run_id)
             self.db["runs"].update(run_id, {"run_dir": str(run_dir)})
         return run_id
+
+    def _next_run_id(self) -> int:
+        """Above every id in the table and every run folder: a deleted run keeps its folder, and so does
+        a history started anew (a damaged runs.db moved aside), so a new run must not reuse either."""
+        in_table = self.db.execute("SELECT max(id) FROM runs").fetchone()[0] or 0
+        folders = [int(entry.name) for entry in os.scandir(self.home / "runs") if entry.name.isdigit()]
+        return max([in_table, *folders]) + 1
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         for key in ("summary", "progress", "settings", "command"):
@@ -311,6 +434,38 @@ class Store:
             return "run_id = ? AND t > ? AND rowid <= ?", [run_id, since, upto_rowid]
         # Rowid range first (the unary + keeps SQLite off the run_id index): a poll costs the new rows only.
         return "rowid > ? AND rowid <= ? AND +run_id = ?", [after_rowid, upto_rowid, run_id]
+
+
+def merge_rank_results(run_dir: str | Path) -> Path | None:
+    """RUN_DIR/results.jsonl from the ranks' RUN_DIR/results/rank<R>.jsonl, for a run that ended
+    without its rank 0 merging them (stopped, failed, lost): what was finished is kept. Rows go in
+    example order ("index", then "chain") where every row has an index; a torn last line (a rank
+    killed mid-write) is skipped. Nothing is done where results.jsonl exists or no rank wrote a row;
+    returns the merged file, or None."""
+    run_dir = Path(run_dir)
+    merged = run_dir / RESULTS_FILE
+    if merged.exists():
+        return None
+    rows = []
+    for path in sorted((run_dir / RANK_RESULTS_DIR).glob("rank*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    if not rows:
+        return None
+    if all(isinstance(row, dict) and isinstance(row.get("index"), int) for row in rows):
+        rows.sort(key=lambda row: (row["index"], row.get("chain") or 0))
+    write_atomically(merged, "".join(json.dumps(row) + "\n" for row in rows))
+    return merged
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a whole file or nothing: a reader (or a process killed mid-write) never sees half of it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _decode_run(row: dict) -> dict:

@@ -4,7 +4,9 @@ Started by a front end in a session of its own, it outlives the terminal. It spa
 (torchrun or accelerate) in its own process group, and once per tick samples telemetry, tails the
 ranks' metrics into the store and checks the launcher. SIGTERM stops the run: SIGTERM to the launcher's
 group, SIGKILL after STOP_GRACE_S. When the launcher has exited, it records the status, the summary,
-and for a failed run the failing rank's first error line and a hint. No process of the run outlives it:
+and for a failed run the failing rank's first error line and a hint. A run that ended before rank 0
+wrote its summary and results (stopped, failed) keeps what it did: the ranks' results files merged
+into results.jsonl, and a summary of the figures so far marked partial. No process of the run outlives it:
 the launcher dies with it (PR_SET_PDEATHSIG) and, at the end, anything still carrying the run's mark is
 killed.
 """
@@ -25,9 +27,9 @@ from pathlib import Path
 import psutil
 
 from gpuscale.engines import telemetry
-from gpuscale.engines.metrics import MetricsTailer, Throughput
+from gpuscale.engines.metrics import RUN_WIDE_RANK, MetricsTailer, Throughput
 from gpuscale.engines.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
-from gpuscale.engines.store import Store
+from gpuscale.engines.store import Store, merge_rank_results
 
 STOP_GRACE_S = 7.0
 
@@ -137,8 +139,6 @@ class Supervisor:
             return None
 
     def finish(self, exit_code: int, cpu_percent: float, leftovers: int) -> None:
-        summary = dict(self.tailer.summaries.get(0, {}))
-        summary.update(self._run_figures(cpu_percent))
         if leftovers:
             print(f"killed {leftovers} leftover process(es) of the run", flush=True)
         if self.stop_requested_at is not None:
@@ -149,9 +149,15 @@ class Supervisor:
             status = "failed"
             error, hint = first_error(self.run_dir, exit_code)
             hint = hint_for(error, self.run["settings"]) if hint is None else hint
+        # A run that ended before rank 0 merged its results keeps the rows its ranks finished.
+        merge_rank_results(self.run_dir)
+        progress = self.throughput.progress(time.time(), finished=True)
+        summary = dict(self.tailer.summaries.get(0, {}))
+        if not summary and status != "succeeded":
+            summary = partial_summary(progress)
+        summary.update(self._run_figures(cpu_percent))
         self.store.finish_run(
-            self.run_id, status, exit_code=exit_code, summary=summary, error=error, hint=hint,
-            progress=self.throughput.progress(time.time(), finished=True),
+            self.run_id, status, exit_code=exit_code, summary=summary, error=error, hint=hint, progress=progress,
         )
 
     def _run_figures(self, cpu_percent: float) -> dict:
@@ -164,6 +170,25 @@ class Supervisor:
         if peaks:
             figures["peak_run_mem_mb"] = {f"{p['kind']}{p['idx']}": round(p["peak_run_mem_mb"] or 0, 1) for p in peaks}
         return figures
+
+
+def partial_summary(progress: dict) -> dict:
+    """The figures of a run that ended without rank 0's summary (stopped, failed, lost), from its
+    metrics so far (a `Throughput.progress`): steps done of the total, samples and tokens done, and
+    every other figure the ranks logged, combined over the ranks; marked `"partial": true`."""
+    figures = {"partial": True, **(progress.get("latest") or {})}
+    figures.update(steps_done=progress.get("step", 0), samples=progress.get("samples", 0.0),
+                   tokens=progress.get("tokens", 0.0))
+    if progress.get("total") is not None:
+        figures["steps_total"] = progress["total"]
+    return figures
+
+
+def partial_summary_from_store(store: Store, run_id: int) -> dict:
+    """`partial_summary` from the metrics already in the store: for a run whose supervisor died."""
+    throughput = Throughput()
+    throughput.add([row for row in store.metrics(run_id) if row["rank"] != RUN_WIDE_RANK])  # ranks' own rows
+    return partial_summary(throughput.progress(time.time(), finished=True))
 
 
 def rank_environment(environ, run_dir: Path, plan: dict) -> dict[str, str]:
@@ -230,7 +255,9 @@ def main() -> None:
     except BaseException as exc:
         traceback.print_exc()
         kill_run_processes(str(supervisor.run_dir), timeout=2.0)
-        store.finish_run(args.run_id, "failed", error=f"supervisor: {type(exc).__name__}: {exc}")
+        merge_rank_results(supervisor.run_dir)
+        store.finish_run(args.run_id, "failed", error=f"supervisor: {type(exc).__name__}: {exc}",
+                         summary=partial_summary_from_store(store, args.run_id))
         raise
 
 

@@ -11,8 +11,9 @@ A recipe is a subclass of `Recipe` that declares, as class attributes,
                    default on one CPU rank (the contract test runs them);
 
 and implements `run(settings, ctx, reporter)`, the work of one rank. `check(settings)` runs in the
-front end before anything is launched: a recipe refuses there what it can know is bad (data that does
-not parse, an empty data set) with one line naming the field, the value and the reason.
+front end before anything is launched: a recipe refuses there what it can know is bad (a model that
+cannot load, data that does not parse, an empty data set) with one line naming the field, the value
+and the reason.
 
 A recipe module's top level imports no torch (the TUI lists recipes at start-up and must open fast):
 torch and the engines are imported inside `run`. Ranks are started as
@@ -58,9 +59,14 @@ class Recipe(ABC):
         """The module and arguments that start one rank (settings file excluded)."""
         return ["-m", "gpuscale.recipes", "--recipe", self.name]
 
-    def check(self, settings: RunSettings) -> None:  # noqa: B027 (optional hook: by default nothing to add)
+    def check(self, settings: RunSettings) -> None:
         """Refuse, before launch, what can be known to be bad (raise SettingsError, DataError or
-        ModelError with one line). The default checks nothing beyond the settings' own validation."""
+        ModelError with one line). The default checks that the model can be loaded (config and
+        safetensors headers, or the hub id cached or reachable); a recipe that checks more calls
+        `super().check(settings)` first."""
+        from gpuscale.data.models import check_model
+
+        check_model(settings.model)
 
     @abstractmethod
     def run(self, settings: RunSettings, ctx: RankContext, reporter: Reporter) -> None:

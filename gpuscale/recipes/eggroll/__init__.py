@@ -78,6 +78,7 @@ class Eggroll(Recipe):
                       "eval_examples": 4, "eval_every": 0, "batch_size": 8}
 
     def check(self, settings: Settings) -> None:
+        super().check(settings)
         from gpuscale.data.tasks import check_dataset
 
         check_dataset(settings.dataset, "train", settings.max_examples)

@@ -56,6 +56,7 @@ class PowerSampling(Recipe):
     smoke_settings = {"max_examples": 2, "max_new_tokens": 8, "blocks": 2, "mcmc_steps": 1, "batch_size": 2}
 
     def check(self, settings: Settings) -> None:
+        super().check(settings)
         from gpuscale.data.tasks import check_dataset
 
         check_dataset(settings.dataset, settings.split, settings.max_examples)

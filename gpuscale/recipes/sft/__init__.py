@@ -78,6 +78,7 @@ class SFT(Recipe):
     def check(self, settings: Settings) -> None:
         """The data set must load (a bad JSONL line is refused with its file and line) and keep
         training examples once the evaluation's are held out of it (JSONL files are one split)."""
+        super().check(settings)
         from gpuscale.data.tasks import check_dataset, parse_dataset
 
         check_dataset(settings.dataset, "train", settings.max_examples)
