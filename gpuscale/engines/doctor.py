@@ -35,6 +35,8 @@ def examine(home: Path, repair: bool = False) -> list[Finding]:
     findings = [] if os.access(home, os.W_OK) else [Finding(
         False, f"{home}: not writable: the history can be read, but runs cannot be started, stopped or deleted")]
     findings += _check_database(home / "runs.db", repair)
+    if not findings[-1].ok:
+        return findings  # a history that cannot be opened: nothing more to check in it
     try:
         store = Store.for_reading(home)
     except StoreError as error:

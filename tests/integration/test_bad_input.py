@@ -1,11 +1,18 @@
 """Every bad input: exit code 2, one line naming the field, the value and the reason, nothing written."""
 
 import json
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
 
 import psutil
 import pytest
 
-from conftest import gpuscale
+from conftest import gpuscale, run_json
+from gpuscale.engines.store import Store
 
 
 @pytest.mark.parametrize("args, message", [
@@ -72,3 +79,191 @@ def test_bad_data_is_refused_before_launch(home, tmp_path, lines, where, reason)
     assert runs.returncode == 0 and json.loads(runs.stdout) == []
     assert not any((home / "runs").iterdir())  # no run folder
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(home) in " ".join(p.info["cmdline"] or [])]
+
+
+# ---- issue 11: a home that cannot be written or read, a damaged history ------------------------------
+
+# Root ignores file modes (CAP_DAC_OVERRIDE and friends), and CI runs the suite as root. There the CLI
+# runs with those capabilities dropped from its bounding set (util-linux's setpriv): a mode of 0555 then
+# stops its writes exactly as it stops any user's. As another user nothing needs dropping.
+NO_FILE_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
+
+
+def as_file_modes_apply(tmp_path) -> list[str]:
+    """The argv prefix under which file modes bind the CLI; skips where that cannot be had."""
+    if os.geteuid() != 0:
+        return []
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: file modes would not stop the CLI's writes")
+    probe = tmp_path / "mode-probe"
+    probe.mkdir(mode=0o555)
+    tried = subprocess.run([*NO_FILE_OVERRIDE, sys.executable, "-c", f"open({str(probe / 'x')!r}, 'w')"],
+                           capture_output=True)
+    probe.chmod(0o755)
+    if tried.returncode == 0:
+        pytest.skip("root keeps overriding file modes here (capabilities cannot be dropped)")
+    return NO_FILE_OVERRIDE
+
+
+def gpuscale_under_modes(prefix: list[str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, sys.executable, "-m", "gpuscale.app.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def write_history(home) -> int:
+    """One finished run with a metric and a folder, written as a run would leave it (store closed)."""
+    store = Store(home)
+    run_id = store.create_run("probe", {"batch_size": 2}, ["true"], "host")
+    (home / "runs" / str(run_id) / "logs").mkdir(parents=True)
+    (home / "runs" / str(run_id) / "logs" / "rank0.log").write_text("rank 0/1\n")
+    store.add_rows([{"run_id": run_id, "rank": 0, "t": 1.0, "step": 1, "name": "tokens", "value": 8.0}], [])
+    store.finish_run(run_id, "succeeded", summary={"tokens_per_s": 5.0})
+    store.close()
+    return run_id
+
+
+def set_modes(home, mode: int) -> None:
+    for path in [home, *home.rglob("*")]:
+        path.chmod(mode if path.is_dir() else mode & 0o444)
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuscale: error: "), result.stderr  # no traceback
+    return lines[0]
+
+
+@pytest.mark.parametrize("another_reader", [False, True], ids=["closed cleanly", "open elsewhere"])
+def test_read_only_home_reads_history_and_refuses_writes_in_one_line(home, tmp_path, another_reader):
+    """Closed cleanly, runs.db has no -wal/-shm files, and a read-only folder cannot get them (SQLite's
+    read-only WAL rule: the file is then read as immutable); open elsewhere, they exist and are read."""
+    prefix = as_file_modes_apply(tmp_path)
+    run_id = write_history(home)
+    reader = sqlite3.connect(home / "runs.db") if another_reader else None
+    if reader:
+        reader.execute("SELECT count(*) FROM runs").fetchone()
+    assert (home / "runs.db-wal").exists() == another_reader
+    before = sorted(p.name for p in home.iterdir()), (home / "runs.db").read_bytes()
+    set_modes(home, 0o555)
+    try:
+        listed = gpuscale_under_modes(prefix, "runs", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [(r["id"], r["status"]) for r in json.loads(listed.stdout)] == [(run_id, "succeeded")]
+        shown = gpuscale_under_modes(prefix, "show", str(run_id), "--json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["summary"] == {"tokens_per_s": 5.0}
+        exported = gpuscale_under_modes(prefix, "export", str(run_id))
+        assert exported.returncode == 0 and json.loads(exported.stdout)["metrics"][0]["value"] == 8.0
+        logs = gpuscale_under_modes(prefix, "logs", str(run_id))
+        assert logs.returncode == 0 and "[rank0] rank 0/1" in logs.stdout
+        for command in (["run", "--recipe", "probe", "--detach"], ["delete", str(run_id)], ["stop", str(run_id)]):
+            line = one_error_line(gpuscale_under_modes(prefix, *command))
+            assert line.startswith(f"gpuscale: error: {home}: not writable (")
+            assert "needs a writable GPUSCALE_HOME" in line
+        assert (sorted(p.name for p in home.iterdir()), (home / "runs.db").read_bytes()) == before
+    finally:
+        set_modes(home, 0o755)
+        if reader:
+            reader.close()
+    assert [r["id"] for r in Store(home).list_runs()] == [run_id]  # the delete did not happen
+
+
+def test_unreadable_home_is_one_line_naming_it(home, tmp_path):
+    prefix = as_file_modes_apply(tmp_path)
+    write_history(home)
+    home.chmod(0)
+    try:
+        for command in (["runs"], ["show", "1"], ["run", "--recipe", "probe", "--detach"]):
+            line = one_error_line(gpuscale_under_modes(prefix, *command))
+            assert str(home) in line and "permission denied" in line
+    finally:
+        home.chmod(0o755)
+
+
+def test_home_that_cannot_be_created_reads_as_an_empty_history(home, tmp_path):
+    prefix = as_file_modes_apply(tmp_path)
+    home.parent.chmod(0o555)  # GPUSCALE_HOME does not exist and cannot be made
+    try:
+        listed = gpuscale_under_modes(prefix, "runs", "--json")
+        assert listed.returncode == 0 and json.loads(listed.stdout) == []
+        line = one_error_line(gpuscale_under_modes(prefix, "run", "--recipe", "probe", "--detach"))
+        assert line.startswith(f"gpuscale: error: {home}: not writable (permission denied)")
+    finally:
+        home.parent.chmod(0o755)
+    assert not home.exists()
+
+
+def test_damaged_history_is_one_line_and_doctor_repairs_it(home):
+    run_id = write_history(home)
+    with open(home / "runs.db", "r+b") as handle:  # the SQLite header overwritten
+        handle.write(b"\0garbage" * 16)
+    for command in (["runs"], ["show", str(run_id)], ["run", "--recipe", "probe", "--detach"], ["delete", "1"]):
+        line = one_error_line(gpuscale(*command))
+        assert line == (f"gpuscale: error: {home / 'runs.db'}: the run history is damaged (file is not a database); "
+                        "move it aside (`gpuscale doctor --repair` does, keeping the run folders) and gpuscale "
+                        "starts a new one")
+    checked = gpuscale("doctor")
+    assert checked.returncode == 1 and "PROBLEM  " in checked.stdout and "damaged" in checked.stdout
+    repaired = gpuscale("doctor", "--repair")
+    assert repaired.returncode == 0, repaired.stdout
+    assert "moved to runs.db.damaged-" in repaired.stdout and "the history is healthy" in repaired.stdout
+    assert run_json("runs") == [] and (home / "runs" / str(run_id) / "logs" / "rank0.log").exists()
+    assert gpuscale("doctor").returncode == 0
+
+
+# ---- issue 11: model errors before launch -------------------------------------------------------------
+
+
+def copy_of_tiny_math(tmp_path):
+    from gpuscale.data.models import model_path
+
+    directory = tmp_path / "model"
+    shutil.copytree(model_path("tiny-math"), directory)
+    return directory
+
+
+def truncate_weights(directory):
+    path = directory / "model.safetensors"
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)  # a download cut off half-way
+    return f"{path}: not a readable safetensors file (Error while deserializing header: incomplete metadata"
+
+
+def remove_config(directory):
+    (directory / "config.json").unlink()
+    return f"{directory}: no config.json, so not a Hugging Face model directory"
+
+
+def break_config(directory):
+    (directory / "config.json").write_text('{"model_type": "llama",')
+    return f"{directory / 'config.json'}: not valid JSON (line 1: "
+
+
+@pytest.mark.parametrize("damage", [truncate_weights, remove_config, break_config])
+def test_broken_model_directory_is_refused_before_launch(home, tmp_path, damage):
+    directory = copy_of_tiny_math(tmp_path)
+    expected = damage(directory)
+    line = one_error_line(gpuscale("run", "--recipe", "power-sampling", "--gpus", "1", "--model", str(directory)))
+    assert line.startswith(f"gpuscale: error: model: {expected}")
+    assert run_json("runs") == [] and not any((home / "runs").iterdir())  # nothing recorded or started
+
+
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_hub_model_not_cached_fails_at_once_in_one_line(home, tmp_path, hub):
+    """The hub id is not in the (empty) cache: with HF_HUB_OFFLINE nothing is asked; with the hub at an
+    address that refuses connections, the check says so instead of a rank retrying for 30 s."""
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    if hub == "unreachable":
+        env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}")
+    line = one_error_line(gpuscale("run", "--recipe", "power-sampling", "--model", "someone/no-such-model", env=env))
+    reason = ("not in the local Hugging Face cache" if hub == "offline"
+              else "the Hugging Face hub cannot be reached (")
+    assert line.startswith(f"gpuscale: error: model: 'someone/no-such-model': {reason}")
+    assert "hf download someone/no-such-model" in line
+    assert run_json("runs") == []
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when this returns: connections are refused

@@ -1,9 +1,21 @@
+import json
 import multiprocessing
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 
-from gpuscale.engines.store import SCHEMA_VERSION, Store, UnknownRun
+from gpuscale.engines.doctor import examine
+from gpuscale.engines.store import (
+    SCHEMA_VERSION,
+    HomeNotWritable,
+    Store,
+    StoreError,
+    UnknownRun,
+    merge_rank_results,
+)
 
 
 def test_create_update_finish(tmp_path):
@@ -121,3 +133,121 @@ def test_buckets_read_by_rowid_after_the_first_read(tmp_path):
     store.close()
     with pytest.raises(sqlite3.ProgrammingError):
         store.recipe_names()
+
+
+# ---- issue 11: a damaged history, run ids, results kept by a run that ended early -------------------
+
+
+def damage_header(path) -> None:
+    """What a disk or a careless copy does: the first page's header overwritten."""
+    with open(path, "r+b") as handle:
+        handle.write(b"this is not the SQLite header at all, just bytes...." * 2)
+
+
+def test_a_damaged_history_is_one_line_naming_the_file_and_what_to_do(tmp_path):
+    Store(tmp_path).close()
+    damage_header(tmp_path / "runs.db")
+    for opening in (lambda: Store(tmp_path), lambda: Store.for_reading(tmp_path),
+                    lambda: Store(tmp_path, read_only=True)):
+        with pytest.raises(StoreError) as caught:
+            opening()
+        message = str(caught.value)
+        assert message.startswith(f"{tmp_path / 'runs.db'}: the run history is damaged (file is not a database)")
+        assert "gpuscale doctor --repair" in message and "\n" not in message
+
+
+def test_read_only_store_reads_and_refuses_every_write(tmp_path):
+    store = Store(tmp_path)
+    run_id = store.create_run("probe", {"batch_size": 2}, [], "h")
+    store.close()
+    reader = Store(tmp_path, read_only=True)
+    assert [r["id"] for r in reader.list_runs()] == [run_id]
+    for write in (lambda: reader.create_run("probe", {}, [], "h"), lambda: reader.delete_run(run_id),
+                  lambda: reader.finish_run(run_id, "lost")):
+        with pytest.raises(HomeNotWritable, match=f"^{tmp_path}: opened read-only"):
+            write()
+    assert Store(tmp_path).get_run(run_id)["status"] == "queued"  # nothing was written
+    # No history yet and none may be created: an empty one, and nothing appears on disk.
+    empty = Store(tmp_path / "none", read_only=True)
+    assert empty.list_runs() == [] and not (tmp_path / "none").exists()
+
+
+def test_new_runs_are_numbered_above_kept_folders(tmp_path):
+    """A deleted run keeps its folder, and so does a history started anew: a new run never reuses one."""
+    store = Store(tmp_path)
+    first, second = store.create_run("probe", {}, [], "h"), store.create_run("probe", {}, [], "h")
+    (tmp_path / "runs" / str(second)).mkdir()
+    store.delete_run(second)
+    assert store.create_run("probe", {}, [], "h") == second + 1
+    (tmp_path / "runs" / "40").mkdir()
+    assert store.create_run("probe", {}, [], "h") == 41
+    assert first == 1
+
+
+def test_rank_results_are_merged_in_example_order_skipping_a_torn_line(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "rank0.jsonl").write_text('{"index": 2, "chain": 0}\n{"index": 0, "chain": 1}\n'
+                                         '{"index": 0, "chain": 0}\n')
+    (results / "rank1.jsonl").write_text('{"index": 1, "chain": 0}\n{"index": 3, "cha')  # killed mid-write
+    merged = merge_rank_results(tmp_path)
+    assert merged == tmp_path / "results.jsonl"
+    rows = [json.loads(line) for line in merged.read_text().splitlines()]
+    assert [(r["index"], r["chain"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (2, 0)]
+    # Rank 0's own merge wins: an existing results.jsonl is never replaced.
+    merged.write_text('{"index": 9}\n')
+    assert merge_rank_results(tmp_path) is None and merged.read_text() == '{"index": 9}\n'
+    assert merge_rank_results(tmp_path / "nothing") is None
+
+
+# ---- gpuscale doctor ------------------------------------------------------------------------------
+
+
+def texts(findings, ok: bool) -> list[str]:
+    return [finding.text for finding in findings if finding.ok is ok]
+
+
+def test_doctor_finds_a_healthy_history_healthy(tmp_path):
+    store = Store(tmp_path)
+    run_id = store.create_run("probe", {}, [], "h")
+    (tmp_path / "runs" / str(run_id)).mkdir()
+    store.finish_run(run_id, "succeeded")
+    findings = examine(tmp_path)
+    assert texts(findings, False) == []
+    assert texts(findings, True) == [f"{tmp_path / 'runs.db'}: integrity ok, schema version {SCHEMA_VERSION}"]
+
+
+def test_doctor_marks_dead_runs_lost_and_reports_folders_and_rows_apart(tmp_path):
+    store = Store(tmp_path)
+    dead, gone = store.create_run("probe", {}, [], "h"), store.create_run("probe", {}, [], "h")
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    (tmp_path / "runs" / str(dead)).mkdir()
+    store.update_run(dead, status="running", supervisor_pid=exited.pid, supervisor_started=time.time() - 5)
+    store.finish_run(gone, "succeeded")  # its folder was never made (or was removed)
+    (tmp_path / "runs" / "17").mkdir()  # a deleted run's folder
+    findings = examine(tmp_path)
+    assert f"run {dead}: its supervisor had died; marked lost (its results so far kept)" in texts(findings, True)
+    assert store.get_run(dead)["status"] == "lost"
+    assert any("1 folder(s) without a row" in text and text.endswith("17; kept") for text in texts(findings, True))
+    assert texts(findings, False) == [f"run {gone}: its folder {tmp_path / 'runs' / str(gone)} is missing (its "
+                                      "logs and results are gone; the row is kept)"]
+
+
+def test_doctor_repair_moves_a_damaged_history_aside_and_keeps_the_run_folders(tmp_path):
+    store = Store(tmp_path)
+    run_id = store.create_run("probe", {}, [], "h")
+    (tmp_path / "runs" / str(run_id) / "logs").mkdir(parents=True)
+    store.close()
+    damage_header(tmp_path / "runs.db")
+    [problem] = examine(tmp_path)
+    assert not problem.ok and "damaged (file is not a database)" in problem.text and "--repair" in problem.text
+    assert (tmp_path / "runs.db").exists()  # only --repair moves it
+    findings = examine(tmp_path, repair=True)
+    assert texts(findings, False) == []
+    assert "moved to runs.db.damaged-" in findings[0].text
+    [aside] = tmp_path.glob("runs.db.damaged-*")
+    assert aside.read_bytes().startswith(b"this is not the SQLite header")
+    fresh = Store(tmp_path)
+    assert fresh.list_runs() == [] and (tmp_path / "runs" / str(run_id) / "logs").is_dir()
+    assert fresh.create_run("probe", {}, [], "h") == run_id + 1  # the kept folder is not reused
