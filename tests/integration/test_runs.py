@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,54 @@ def test_two_nodes_on_localhost_form_one_four_rank_job(home):
     assert ranks == {0, 1, 2, 3}
     summaries = [r["summary"] for r in runs if "world_size" in r["summary"]]
     assert [s["world_size"] for s in summaries] == [4]
+
+
+# ---- issue 11: a run that ends early keeps what it did ---------------------------------------------
+
+# Power sampling, one problem a batch, far more problems than the test waits for.
+PROBLEMS = 400
+SLOW_POWER_SAMPLING = ["--recipe", "power-sampling", "--gpus", "1", "--batch-size", "1",
+                       "--set", f"max_examples={PROBLEMS}", "--set", "max_new_tokens=24", "--set", "blocks=2",
+                       "--set", "mcmc_steps=1", "--set", "telemetry_interval=0.2"]
+
+
+def start_and_wait_for_batches(home, batches: int) -> int:
+    run_id = int(gpuscale("run", *SLOW_POWER_SAMPLING, "--detach").stdout)
+    store = Store(home)
+    wait_until(lambda: len(store.metrics(run_id, "samples")) >= batches, 180, message=f"{batches} batches")
+    return run_id
+
+
+def assert_kept_what_it_did(home, run: dict) -> None:
+    """results.jsonl holds the problems finished (in order), the summary the figures so far, marked
+    partial; its accuracy is that of the rows its metrics had counted."""
+    summary = run["summary"]
+    assert summary["partial"] is True and summary["steps_total"] == PROBLEMS
+    assert 3 <= summary["steps_done"] < PROBLEMS and summary["samples"] >= 3 and summary["tokens"] > 0
+    rows = Store(home).results(run["id"])
+    assert (Path(run["run_dir"]) / "results.jsonl").exists()
+    assert [row["index"] for row in rows] == list(range(len(rows)))
+    # A rank writes a batch's rows, then its metrics line: a run cut in between has one batch more.
+    counted = int(summary["samples"])
+    assert counted <= len(rows) <= counted + 1
+    assert summary["accuracy"] == pytest.approx(sum(row["correct"] for row in rows[:counted]) / counted)
+
+
+def test_stopped_run_keeps_its_results_and_a_partial_summary(home):
+    run_id = start_and_wait_for_batches(home, 3)
+    result = gpuscale("stop", str(run_id))
+    assert result.returncode == 0 and f"run {run_id}: stopped" in result.stdout
+    run = run_json("show", str(run_id))
+    assert run["status"] == "stopped"
+    assert_kept_what_it_did(home, run)
+    assert run["summary"]["duration_s"] > 0  # the supervisor's own figures are still there
+
+
+def test_lost_run_keeps_its_results_and_a_partial_summary(home):
+    run_id = start_and_wait_for_batches(home, 3)
+    run = Store(home).get_run(run_id)
+    os.kill(run["supervisor_pid"], signal.SIGKILL)
+    wait_until(lambda: not leftover_processes(run["run_dir"]), 20, message="the run's processes to go")
+    listed = run_json("runs")  # the front end finds the supervisor dead: lost, and keeps what the ranks did
+    assert listed[0]["status"] == "lost"
+    assert_kept_what_it_did(home, listed[0])
