@@ -1,7 +1,6 @@
 """Every bad input: exit code 2, one line naming the field, the value and the reason, nothing written."""
 
 import json
-import os
 import shutil
 import socket
 import sqlite3
@@ -12,6 +11,7 @@ import psutil
 import pytest
 
 from conftest import gpuscale, run_json
+from file_modes import as_file_modes_apply, set_modes, write_history
 from gpuscale.engines.store import Store
 
 
@@ -83,48 +83,9 @@ def test_bad_data_is_refused_before_launch(home, tmp_path, lines, where, reason)
 
 # ---- issue 11: a home that cannot be written or read, a damaged history ------------------------------
 
-# Root ignores file modes (CAP_DAC_OVERRIDE and friends), and CI runs the suite as root. There the CLI
-# runs with those capabilities dropped from its bounding set (util-linux's setpriv): a mode of 0555 then
-# stops its writes exactly as it stops any user's. As another user nothing needs dropping.
-NO_FILE_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
-
-
-def as_file_modes_apply(tmp_path) -> list[str]:
-    """The argv prefix under which file modes bind the CLI; skips where that cannot be had."""
-    if os.geteuid() != 0:
-        return []
-    if not shutil.which("setpriv"):
-        pytest.skip("running as root without setpriv: file modes would not stop the CLI's writes")
-    probe = tmp_path / "mode-probe"
-    probe.mkdir(mode=0o555)
-    tried = subprocess.run([*NO_FILE_OVERRIDE, sys.executable, "-c", f"open({str(probe / 'x')!r}, 'w')"],
-                           capture_output=True)
-    probe.chmod(0o755)
-    if tried.returncode == 0:
-        pytest.skip("root keeps overriding file modes here (capabilities cannot be dropped)")
-    return NO_FILE_OVERRIDE
-
-
 def gpuscale_under_modes(prefix: list[str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*prefix, sys.executable, "-m", "gpuscale.app.cli", *args], capture_output=True, text=True,
                           timeout=120)
-
-
-def write_history(home) -> int:
-    """One finished run with a metric and a folder, written as a run would leave it (store closed)."""
-    store = Store(home)
-    run_id = store.create_run("probe", {"batch_size": 2}, ["true"], "host")
-    (home / "runs" / str(run_id) / "logs").mkdir(parents=True)
-    (home / "runs" / str(run_id) / "logs" / "rank0.log").write_text("rank 0/1\n")
-    store.add_rows([{"run_id": run_id, "rank": 0, "t": 1.0, "step": 1, "name": "tokens", "value": 8.0}], [])
-    store.finish_run(run_id, "succeeded", summary={"tokens_per_s": 5.0})
-    store.close()
-    return run_id
-
-
-def set_modes(home, mode: int) -> None:
-    for path in [home, *home.rglob("*")]:
-        path.chmod(mode if path.is_dir() else mode & 0o444)
 
 
 def one_error_line(result) -> str:
