@@ -103,23 +103,30 @@ def main() -> None:
     parser.add_argument("--naive-steps", type=int, default=2, help="ES steps of the naive run (slow)")
     parser.add_argument("--repeats", type=int, default=3, help="timed engine calls of the share measurement")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--share-only", action="store_true", help="only the share of plain inference")
     parser.add_argument("--out", default="eggroll.json")
     args = parser.parse_args()
     rows = args.population * args.prompts
-    results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args),
-               "naive_1gpu": run("naive", 1, args, args.naive_steps, args.prompts),
-               "eggroll_1gpu": run("eggroll", 1, args, args.steps, rows)}
-    if args.gpus > 1:
-        results[f"eggroll_{args.gpus}gpu"] = run("eggroll", args.gpus, args, args.steps, rows // args.gpus)
+    results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args)}
+    if not args.share_only:
+        results["naive_1gpu"] = run("naive", 1, args, args.naive_steps, args.prompts)
+        results["eggroll_1gpu"] = run("eggroll", 1, args, args.steps, rows)
+        if args.gpus > 1:
+            results[f"eggroll_{args.gpus}gpu"] = run("eggroll", args.gpus, args, args.steps, rows // args.gpus)
     results["share"] = share_of_plain_inference(args)
     with open(args.out, "w") as handle:
         json.dump(results, handle, indent=2)
-    naive = results["naive_1gpu"]["members_per_s"]
-    one = results["eggroll_1gpu"]["members_per_s"]
-    print(f"\n{'run':<14} {'members/s':>10} {'vs naive':>9} {'vs 1 GPU':>9}")
-    for name in [k for k in results if k.endswith("gpu")]:
-        rate = results[name]["members_per_s"]
-        print(f"{name:<14} {rate:>10.2f} {rate / naive:>8.1f}x {rate / one:>8.2f}x")
+    print_tables(results, args)
+
+
+def print_tables(results: dict, args) -> None:
+    runs = [name for name in results if name.endswith("gpu")]
+    if runs:
+        naive, one = results["naive_1gpu"]["members_per_s"], results["eggroll_1gpu"]["members_per_s"]
+        print(f"\n{'run':<14} {'members/s':>10} {'vs naive':>9} {'vs 1 GPU':>9}")
+        for name in runs:
+            rate = results[name]["members_per_s"]
+            print(f"{name:<14} {rate:>10.2f} {rate / naive:>8.1f}x {rate / one:>8.2f}x")
     share = results["share"]
     print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, "
           f"population {share['population_tokens_per_s']:.0f} tokens/s: share {share['share']:.3f} "
