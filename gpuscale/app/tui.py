@@ -52,7 +52,10 @@ class GpuscaleApp(App):
     MODES = {"launch": LaunchScreen, "monitor": monitor_screen, "history": history_screen}
     DEFAULT_MODE = "launch"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
     BINDINGS = [
+        # q quits as in htop or k9s; a focused text field takes the key first and types it.
+        Binding("q", "quit", "Quit", show=False),
         Binding("f2", "switch_mode('launch')", "Launch"),
         Binding("f3", "switch_mode('monitor')", "Monitor"),
         Binding("f4", "switch_mode('history')", "History"),
@@ -149,11 +152,12 @@ class GpuscaleApp(App):
             if choice:
                 self._export(run_id, *choice)
 
-        self.push_screen(ExportDialog(run_id, Path.cwd(), cursor_blink=self.cursor_blink), chosen)
+        self.push_screen(ExportDialog(run_id, self.home / "exports", cursor_blink=self.cursor_blink), chosen)
 
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, run_id: int, fmt: str, path: Path) -> None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # GPUSCALE_HOME/exports on the first export
             path.write_text(export_text(self.store(), run_id, fmt))
             message, severity = f"run {run_id} exported to {path.resolve()}", "information"
         except Exception as exc:

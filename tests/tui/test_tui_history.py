@@ -74,7 +74,7 @@ def test_failed_run_shows_its_error_and_hint(frozen_home):
 
 def test_export_then_delete(frozen_home, tmp_path, monkeypatch):
     home, ids = frozen_home
-    monkeypatch.chdir(tmp_path)  # the export dialog offers a file in the current folder
+    monkeypatch.chdir(tmp_path)  # not where the export goes: GPUSCALE_HOME/exports
 
     async def scenario():
         app = frozen_app(home)
@@ -84,8 +84,10 @@ def test_export_then_delete(frozen_home, tmp_path, monkeypatch):
             await pilot.press("e")
             await settle(pilot)
             await pilot.press("enter")  # the offered json file
-            await wait_for(pilot, lambda: (tmp_path / "gpuscale-run-3.json").exists(), 10, "the export")
-            exported = json.loads((tmp_path / "gpuscale-run-3.json").read_text())
+            exported_file = home / "exports" / "gpuscale-run-3.json"
+            await wait_for(pilot, exported_file.exists, 10, "the export")
+            assert not (tmp_path / "gpuscale-run-3.json").exists()
+            exported = json.loads(exported_file.read_text())
             assert exported["run"]["id"] == 3 and exported["metrics"] and exported["samples"]
 
             await pilot.press("d")

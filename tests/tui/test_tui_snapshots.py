@@ -89,3 +89,21 @@ def test_compare_two_runs(frozen_home, snap_compare, size):
     home, _ = frozen_home  # run 3 against run 1
     keys = ("f4", "down", "down", "c", "down", "down", "c")
     assert snap_compare(frozen_app(home), terminal_size=size, run_before=snapshot_of(keys))
+
+
+def test_launch_screen_with_a_long_command(frozen_home, snap_compare):
+    """80x24 with several settings changed: the command box shows the whole shell command, wrapped."""
+    home, _ = frozen_home
+
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        await pilot.press("f2")
+        await settle(pilot)
+        for name, text in (("batch_size", "64"), ("steps", "1000"), ("prompt_tokens", "128"), ("seed", "7")):
+            pilot.app.screen.query_one(f"#field-{name}").focus()
+            await pilot.press("ctrl+u", *text)
+        pilot.app.screen.query_one("#recipes").focus()
+        pilot.app.clear_notifications()
+        await settle_screen(pilot)
+
+    assert snap_compare(frozen_app(home), terminal_size=(80, 24), run_before=run_before)

@@ -87,6 +87,19 @@ async def settle_screen(pilot, timeout: float = 10.0) -> None:
         last = shot
 
 
+def screen_text(app) -> str:
+    """What the terminal shows now, as text: one line per row of cells."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(segment.text for segment in strip) for strip in strips)
+
+
+def shown_whole(app, text: str) -> bool:
+    """Whether `text` is on screen, word after word, where a wrapped line or a box's border may
+    break it."""
+    words = " ".join(screen_text(app).replace("│", " ").split())
+    return " ".join(text.split()) in words
+
+
 async def wait_for(pilot, condition, timeout: float = 60.0, message: str = "condition", explain=None):
     """Poll `condition()` while the app runs; returns its first truthy value. On a timeout the
     error carries `explain()`, what the test knows of the state it waited on."""

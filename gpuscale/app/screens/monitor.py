@@ -38,6 +38,7 @@ class MonitorScreen(Screen):
         Binding("n", "next_tab", "Next run", show=False),
         Binding("p", "previous_tab", "Previous run", show=False),
         Binding("x", "close", "Close tab", show=False),
+        Binding("c", "charts", "Charts", show=False),
     ]
 
     def __init__(self):
@@ -146,6 +147,10 @@ class MonitorScreen(Screen):
     def action_figure(self) -> None:
         if monitor := self.active_monitor():
             monitor.next_figure()
+
+    def action_charts(self) -> None:
+        if monitor := self.active_monitor():
+            monitor.toggle_charts()
 
     def action_log(self) -> None:
         if monitor := self.active_monitor():

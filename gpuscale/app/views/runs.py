@@ -10,8 +10,9 @@ from gpuscale.engines.store import LIVE_STATUSES
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
 # The figures a recipe reports as it goes that people look for first.
 PREFERRED_FIGURES = ("accuracy", "reward", "loss")
-# A table of runs: the CLI's `gpuscale runs` and the TUI's history.
-RUN_COLUMNS = ("ID", "Recipe", "Status", "Started", "Duration", "Figures")
+# A table of runs: the CLI's `gpuscale runs` and the TUI's history. The figures come before the start
+# time, so at 80 columns what a run found is on screen and the date is what a narrow table cuts.
+RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")
 
 
 def run_title(run: dict) -> str:
@@ -107,8 +108,8 @@ def key_figures_text(run: dict, limit: int = 2) -> str:
 
 def run_row(run: dict, now: float) -> tuple[str, ...]:
     """The run's cells under RUN_COLUMNS."""
-    return (str(run["id"]), run["recipe"], run["status"], format_time(run["started_at"]),
-            format_duration(elapsed_s(run, now)), key_figures_text(run))
+    return (str(run["id"]), run["recipe"], run["status"], format_duration(elapsed_s(run, now)),
+            key_figures_text(run), format_time(run["started_at"]))
 
 
 # ---- two runs compared -----------------------------------------------------------------------

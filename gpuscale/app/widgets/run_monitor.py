@@ -106,7 +106,7 @@ class RunMonitor(VerticalScroll):
     """The monitor of one run; `stored=True` shows a finished run's whole history instead of a window."""
 
     def __init__(self, run_id: int, stored: bool = False, **kwargs):
-        super().__init__(classes="run-monitor", **kwargs)
+        super().__init__(classes="run-monitor -stored" if stored else "run-monitor", **kwargs)
         self.run_id = run_id
         self.stored = stored
         self.window_index = 0
@@ -130,6 +130,7 @@ class RunMonitor(VerticalScroll):
         yield ProgressBar(show_eta=False, classes="monitor-progress")
         yield Static("", classes="monitor-warnings")
         yield Static("", classes="monitor-throughput one-line")
+        yield Static("", classes="monitor-figures")  # the headline figures: wrapped, never cut
         yield Static("", classes="monitor-per-rank one-line")
         yield Vertical(classes="monitor-devices")
         with Horizontal(classes="monitor-charts"):
@@ -139,20 +140,22 @@ class RunMonitor(VerticalScroll):
         yield Log(max_lines=400, classes="monitor-log")
         if not self.stored:
             yield Static("w: chart window · f: next figure · r: next log · n/p: next/previous run · "
-                         "x: close a finished run's tab · d: details · s: stop", classes="monitor-hint")
+                         "x: close a finished run's tab · d: details · s: stop · c: charts or devices "
+                         "(short terminals)", classes="monitor-hint")
 
     def on_mount(self) -> None:
         self._status = self.query_one(".monitor-status", Static)
         self._progress = self.query_one(".monitor-progress", ProgressBar)
         self._warnings = self.query_one(".monitor-warnings", Static)
         self._throughput = self.query_one(".monitor-throughput", Static)
+        self._figures = self.query_one(".monitor-figures", Static)
         self._per_rank = self.query_one(".monitor-per-rank", Static)
         self._devices = self.query_one(".monitor-devices", Vertical)
         self._rate_chart = self.query_one(".rate-chart", TimeChart)
         self._figure_chart = self.query_one(".figure-chart", TimeChart)
         self._log_title = self.query_one(".monitor-log-title", Static)
         self._log = self.query_one(".monitor-log", Log)
-        for widget in (self._progress, self._warnings, self._per_rank):
+        for widget in (self._progress, self._warnings, self._per_rank, self._figures):
             widget.display = False
         self.poll_now()
 
@@ -169,6 +172,10 @@ class RunMonitor(VerticalScroll):
     def next_figure(self) -> None:
         self.figure_index += 1
         self.poll_now()
+
+    def toggle_charts(self) -> None:
+        """In a short terminal the charts and the device rows share one place: show the other one."""
+        self.toggle_class("-charts")
 
     def next_log_source(self) -> None:
         self.log_source_index += 1
@@ -324,7 +331,9 @@ class RunMonitor(VerticalScroll):
             lines.insert(0, f"✗ {view.error}")
         set_text(self._warnings, "\n".join(lines))  # changes seldom; may take several lines
         self._warnings.display = bool(lines)
-        set_text(self._throughput, view.throughput + (f" · {view.figures}" if view.figures else ""), fixed_size=True)
+        set_text(self._throughput, view.throughput, fixed_size=True)
+        set_text(self._figures, view.figures)  # changes a few times a minute; may take two lines
+        self._figures.display = bool(view.figures)
         set_text(self._per_rank, view.per_rank, fixed_size=True)
         self._per_rank.display = bool(view.per_rank)
 
@@ -351,7 +360,8 @@ class RunMonitor(VerticalScroll):
             self._figure_chart.show_lines("recipe figures", [], x_label)
 
     def _show_log(self, view: MonitorView) -> None:
-        set_text(self._log_title, f"log: {view.log_source}", fixed_size=True)
+        swap = " · c: charts or devices" if self.screen.has_class("-short") and not self.stored else ""
+        set_text(self._log_title, f"log: {view.log_source}{swap}", fixed_size=True)
         if view.log_lines is not None:
             self._log.clear()
             self._log.write_lines(view.log_lines)
