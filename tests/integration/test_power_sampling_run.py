@@ -22,6 +22,7 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
     assert [r["index"] for r in results] == list(range(6))  # both ranks' shares, merged in order
     for row in results:
         assert row["token_ids"] and isinstance(row["completion"], str) and row["gold"]
+        assert row["prompt_token_ids"] and all(isinstance(t, int) for t in row["prompt_token_ids"])
         assert row["correct"] == (row["extracted"] is not None and float(row["extracted"]) == float(row["gold"]))
     assert summary["accuracy"] == sum(r["correct"] for r in results) / 6
     # The live figures combine both ranks (weighted by samples): they end where the summary does.

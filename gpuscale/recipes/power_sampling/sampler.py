@@ -106,7 +106,8 @@ class BatchSampler:
         rows = []
         for row, tokens in enumerate(answers[: len(prompts) * chains]):
             index, example = batch[row // chains]
-            rows.append(score_completion(index, row % chains, example, tokens, self.tokenizer, self.eos, s.answer_mode))
+            scored = score_completion(index, row % chains, example, tokens, self.tokenizer, self.eos, s.answer_mode)
+            rows.append({**scored, "prompt_token_ids": prompts[row // chains]})  # what an auditor re-scores
         return rows
 
     def padded(self, prompts: list[list[int]]) -> list[list[int]]:
