@@ -12,7 +12,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from gpuscale.engines.generation import GenerationEngine, Sampling
-from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats, block_sizes, power_sample
+from gpuscale.recipes.power_sampling.mcmc import (
+    PowerSamplingStats,
+    _generate_suffix,
+    block_sizes,
+    power_sample,
+    power_sample_reference,
+)
 
 EOS, VOCAB, MAX_NEW, ALPHA = 3, 4, 3, 4.0
 PROMPT = [0, 1]
@@ -90,3 +96,48 @@ def test_chains_follow_p_to_the_alpha(toy_model):
     assert power_tv < 2 * noise_tv
     # ... while per-token temperature is a different distribution altogether.
     assert plain_tv > 0.3
+
+
+def test_reference_suffix_logprobs_are_the_models(toy_model):
+    """The reference's per-token log p and log q (from generate()'s logits) equal the model's own
+    teacher-forced log-probs at temperature 1 and at 1/alpha."""
+    torch.manual_seed(1)
+    prefix = PROMPT + [2]
+    tokens, log_p, log_q = _generate_suffix(toy_model, prefix, MAX_NEW, ALPHA, [EOS], pad_id=0)
+    ids = torch.tensor([prefix + tokens])
+    with torch.no_grad():
+        logits = toy_model(input_ids=ids).logits.float()[0, len(prefix) - 1 : -1]
+    chosen = ids[0, len(prefix):, None]
+    assert log_p == pytest.approx(torch.log_softmax(logits, -1).gather(-1, chosen).squeeze(1).tolist(), abs=1e-5)
+    assert log_q == pytest.approx(torch.log_softmax(ALPHA * logits, -1).gather(-1, chosen).squeeze(1).tolist(),
+                                  abs=1e-5)
+
+
+def test_reference_chains_are_distributed_as_the_batched_samplers(toy_model):
+    """`method=reference` (one generate() per block and per step, log-probs from generate()'s logits)
+    runs the same Markov chain as the batched sampler: after the same number of MH steps, their
+    chains' states follow one distribution (within sampling noise), which has moved well away from
+    where both started (plain sampling at 1/alpha) towards p(x)^alpha."""
+    # Answers of at most 2 tokens mix in a few steps: after 10, a chain without the proposal's terms
+    # in log r is about 5x the noise away (checked by breaking it).
+    max_new, steps, chains, rows = 2, 10, 300, 4000
+    stats = PowerSamplingStats()
+    torch.manual_seed(0)  # the reference draws from the global RNG, as the public code does
+    reference = Counter(
+        tuple(power_sample_reference(toy_model, PROMPT, ALPHA, max_new, 1, steps, [EOS], 0, stats))
+        for _ in range(chains)
+    )
+    reference = {k: v / chains for k, v in reference.items()}
+    engine = GenerationEngine(toy_model, eos_token_ids=EOS)
+    batched = empirical(power_sample(engine, [PROMPT] * rows, ALPHA, max_new, blocks=1, steps=steps,
+                                     generator=torch.Generator().manual_seed(0)))
+    start = empirical(engine.generate([PROMPT] * rows, max_new, Sampling(temperature=1 / ALPHA),
+                                      torch.Generator().manual_seed(1)))
+    # The expected TV between two samples of one distribution (sizes chains and rows).
+    noise_tv = 0.5 * sum(math.sqrt(2 * p * (1 - p) * (1 / chains + 1 / rows) / math.pi) for p in batched.values())
+    apart, moved = total_variation(reference, batched), total_variation(start, batched)
+    print(f"TV reference-batched {apart:.4f}  start-batched {moved:.4f}  noise {noise_tv:.4f}  "
+          f"acceptance {stats.acceptance_rate:.3f}")
+    assert stats.sampling_calls == chains * (1 + steps)  # one generate() for the block, one per MH step
+    assert apart < 2 * noise_tv
+    assert moved > 4 * noise_tv

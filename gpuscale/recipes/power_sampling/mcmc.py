@@ -111,19 +111,26 @@ def _count(stats: PowerSamplingStats, generation: Generation, cut: torch.Tensor 
 
 
 def _generate_suffix(model, prefix: list[int], max_new: int, alpha: float, eos_ids: list[int], pad_id: int):
-    """Sample up to max_new tokens after prefix at temperature 1/alpha; tokens, log p, log q."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([prefix], device=device)
+    """Sample up to max_new tokens after prefix at temperature 1/alpha; tokens, log p, log q.
+
+    As the public code does: one generate() call, and the log-probs from the logits it returns (fp32,
+    one row per step). Each log-prob is the chosen logit minus a logsumexp over the vocabulary, so no
+    [tokens, vocab] log_softmax is written out; tokens and log-probs come back in two host copies.
+    top_k=0 / top_p=1.0 make the proposal exactly the tempered softmax that log q describes (HF's
+    default top_k=50 would sample from another distribution than the one scored)."""
+    ids = torch.tensor([prefix], device=model.device)
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0 / alpha, top_k=0, top_p=1.0,
         max_new_tokens=max_new, eos_token_id=eos_ids, pad_token_id=pad_id,
         output_logits=True, return_dict_in_generate=True,
     )
     new = out.sequences[0, len(prefix):]
-    logits = torch.stack(out.logits, dim=1)[0, : len(new)].float()
-    log_p = torch.log_softmax(logits, -1).gather(-1, new[:, None]).squeeze(1)
-    log_q = torch.log_softmax(logits * alpha, -1).gather(-1, new[:, None]).squeeze(1)
-    return new.tolist(), log_p.tolist(), log_q.tolist()
+    logits = torch.cat(out.logits)[: len(new)].float()  # [steps, vocab]; generate() already gives fp32
+    chosen = logits.gather(-1, new[:, None]).squeeze(1)
+    log_p = chosen - torch.logsumexp(logits, -1)
+    log_q = alpha * chosen - torch.logsumexp(logits * alpha, -1)
+    log_p, log_q = torch.stack([log_p, log_q]).tolist()
+    return new.tolist(), log_p, log_q
 
 
 def power_sample_reference(
