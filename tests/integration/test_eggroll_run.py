@@ -24,6 +24,8 @@ def test_two_ranks_record_fitness_and_keep_identical_weights(home):
     assert all(len(values) == 1 for values in by_step.values())
     samples = [row for row in Store(home).metrics(run["id"], "samples") if row["rank"] >= 0]
     assert sum(row["value"] for row in samples) == 8 * 3  # members evaluated, over ranks and steps
+    names = {row["name"] for row in Store(home).metrics(run["id"])}
+    assert {"reward_arithmetic", "reward_comparison", "reward_counting"} & names  # the step's prompts' domains
 
 
 def test_the_batched_population_and_the_naive_structure_make_the_same_run(home):

@@ -70,18 +70,18 @@ def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, 
     trainer.noise = [es.layer_noise(m.weight, trainer.draws, RANK, 0, 1, i)
                      for i, (_, m) in enumerate(trainer.linears)]
     trainer._load_members(list(range(POPULATION)))
-    rows = [ids for _ in range(POPULATION) for ids, _ in prompts]
+    rows = [prompt["ids"] for _ in range(POPULATION) for prompt in prompts]
     generation = trainer.engine.generate(rows, 6, Sampling(temperature=1.0), torch.Generator().manual_seed(3))
     answers = generation.sequences()
     for member in range(POPULATION):
         twin = explicit_member(model, trainer.noise, member, trainer.settings)
-        for p, (prompt, _) in enumerate(prompts):
-            row = member * len(prompts) + p
-            expected = teacher_forced_logprobs(twin, prompt, answers[row])
+        for index, prompt in enumerate(prompts):
+            row = member * len(prompts) + index
+            expected = teacher_forced_logprobs(twin, prompt["ids"], answers[row])
             got = generation.base_logprobs[row, : len(answers[row])]
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     # ... and the unperturbed model would have given other log-probs: the terms are really there.
-    plain = teacher_forced_logprobs(model, prompts[0][0], answers[0])
+    plain = teacher_forced_logprobs(model, prompts[0]["ids"], answers[0])
     assert (plain - generation.base_logprobs[0, : len(answers[0])]).abs().max() > 1e-3
 
 

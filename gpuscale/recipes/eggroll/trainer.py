@@ -19,6 +19,7 @@ import math
 import random
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -48,16 +49,18 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     step_seconds, fitness_means, tokens_total = [], [], 0
     for step in range(1, settings.steps + 1):
         started = time.perf_counter()
-        fitness, tokens = trainer.step(step)
+        result = trainer.step(step)
         step_seconds.append(time.perf_counter() - started)
-        tokens_total += tokens
+        tokens_total += result.tokens
+        fitness = result.fitness
         fitness_means.append(float(fitness.mean()))
         figures = {}
         if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
             figures = evaluator.figures(f"step{step}", log_only=True)
-        reporter.log(step=step, tokens=tokens, samples=trainer.local_members,
+        reporter.log(step=step, tokens=result.tokens, samples=trainer.local_members,
                      fitness_mean=fitness_means[-1], fitness_max=float(fitness.max()),
-                     fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1], **figures)
+                     fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1],
+                     **result.reward_by_domain(), **figures)
     after = evaluator.figures("after")
     if settings.save_model:
         save_model(loaded.model, loaded.tokenizer, ctx)
@@ -91,6 +94,32 @@ def weights_checksum(linears) -> str:
     return digest.hexdigest()[:16]
 
 
+@dataclass
+class StepResult:
+    """What one step measured on this rank: the rewards of its members' answers (fitness of a
+    member = the mean reward of its answers), by domain too, and the tokens decoded; `fitness`
+    holds every member's, gathered from all ranks."""
+
+    domains: list[str]  # the domain of each of a member's answers, in row order
+    member_fitness: list[float] = field(default_factory=list)
+    tokens: int = 0
+    fitness: torch.Tensor | None = None
+    _domain_rewards: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, rewards: list[float], tokens: int) -> None:
+        per_member = len(self.domains)
+        for start in range(0, len(rewards), per_member):
+            answers = rewards[start : start + per_member]
+            self.member_fitness.append(sum(answers) / per_member)
+            for domain, reward in zip(self.domains, answers):
+                self._domain_rewards.setdefault(domain, []).append(reward)
+        self.tokens += tokens
+
+    def reward_by_domain(self) -> dict[str, float]:
+        """Mean reward of this rank's answers per domain, as `reward_<domain>`."""
+        return {f"reward_{domain}": sum(values) / len(values) for domain, values in self._domain_rewards.items()}
+
+
 class Trainer:
     def __init__(self, settings: Settings, ctx, loaded, engine, train: list[dict]):
         self.settings, self.ctx, self.loaded, self.engine, self.train = settings, ctx, loaded, engine, train
@@ -118,47 +147,49 @@ class Trainer:
             terms.append(term)
         return terms
 
-    def step(self, step: int) -> tuple[torch.Tensor, int]:
-        """One ES step; returns every member's fitness [population] and the tokens this rank decoded."""
+    def step(self, step: int) -> StepResult:
+        """One ES step: this rank's members answer, every member's fitness is gathered, and the
+        update is applied (the same on every rank)."""
         s = self.settings
         prompts = self._prompts(step)
         self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
                       for layer, (_, module) in enumerate(self.linears)]
         mine = list(range(self.first_member, self.first_member + self.local_members))
-        fitness, tokens = [], 0
+        result = StepResult(domains=[p["domain"] for p in prompts for _ in range(s.generations_per_prompt)])
         for start in range(0, len(mine), self.members_per_call):
-            members = mine[start : start + self.members_per_call]
-            scores, decoded = self._evaluate(members, prompts)
-            fitness += scores
-            tokens += decoded
-        everyone = self._gather(torch.tensor(fitness, device=self.ctx.device))
-        coefficients = es.draw_coefficients(es.shape_fitness(everyone, s.fitness_shaping, s.antithetic),
+            rewards, tokens = self._evaluate(mine[start : start + self.members_per_call], prompts)
+            result.add(rewards, tokens)
+        result.fitness = self._gather(torch.tensor(result.member_fitness, device=self.ctx.device))
+        coefficients = es.draw_coefficients(es.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic),
                                             s.antithetic)
         for (_, module), noise in zip(self.linears, self.noise):
             es.apply_step(module.weight, es.weight_step(noise, coefficients, s.population, s.sigma, s.lr, s.rank))
-        return everyone, tokens
+        return result
 
-    def _prompts(self, step: int) -> list[tuple[list[int], str]]:
-        """The step's prompts (token ids, gold answer): the same on every rank."""
+    def _prompts(self, step: int) -> list[dict]:
+        """The step's prompts (token ids, gold answer, domain): the same on every rank."""
         from gpuscale.data.prompts import prompt_ids
 
         chosen = random.Random(self.settings.seed * 1_000_003 + step).sample(self.train, self.settings.prompts_per_step)
-        return [(prompt_ids(self.loaded.tokenizer, e["question"]), e["answer"]) for e in chosen]
+        return [{"ids": prompt_ids(self.loaded.tokenizer, e["question"]), "answer": e["answer"],
+                 "domain": e.get("domain") or "all"} for e in chosen]
 
     def _evaluate(self, members: list[int], prompts) -> tuple[list[float], int]:
-        """Fitness of each member (a short last call is padded with copies of its last member, whose
-        scores are dropped: the engine's batch shape stays fixed)."""
+        """The reward of every answer of these members, member by member, and the tokens decoded for
+        them (a short last call is padded with copies of its last member, whose answers are dropped:
+        the engine's batch shape stays fixed)."""
         padded = members + [members[-1]] * (self.members_per_call - len(members))
         if self.settings.method == "naive":
             originals = self._perturb_in_place(padded[0])
             try:
-                scores, tokens = self._answer(padded, prompts)
+                rewards, lengths = self._answer(padded, prompts)
             finally:
                 self._restore(originals)
         else:
             self._load_members(padded)
-            scores, tokens = self._answer(padded, prompts)
-        return scores[: len(members)], tokens
+            rewards, lengths = self._answer(padded, prompts)
+        real_rows = len(members) * self.rows_per_member
+        return rewards[:real_rows], sum(lengths[:real_rows])
 
     def _load_members(self, members: list[int]) -> None:
         """Refill the row terms' buffers in place with these members' noise (graphs stay valid)."""
@@ -184,22 +215,21 @@ class Trainer:
         for (_, module), original in zip(self.linears, originals):
             module.weight.copy_(original)
 
-    def _answer(self, members: list[int], prompts) -> tuple[list[float], int]:
+    def _answer(self, members: list[int], prompts) -> tuple[list[float], list[int]]:
+        """Every member answers every prompt: each answer's reward and length, in row order."""
         from gpuscale.data.rewards import correctness
         from gpuscale.data.scoring import decode_completions
         from gpuscale.engines.generation import Sampling
 
         s, loaded = self.settings, self.loaded
-        rows = [ids for _ in members for ids, _ in prompts]
+        rows = [prompt["ids"] for _ in members for prompt in prompts]
         generation = self.engine.generate(rows, s.max_new_tokens, Sampling(temperature=s.temperature),
                                           self.generator, samples_per_prompt=s.generations_per_prompt)
         answers = generation.sequences()
-        golds = [gold for _ in members for _, gold in prompts for _ in range(s.generations_per_prompt)]
+        golds = [prompt["answer"] for _ in members for prompt in prompts for _ in range(s.generations_per_prompt)]
         texts = decode_completions(answers, loaded.tokenizer, loaded.eos)
         rewards = [correctness(text, gold, s.answer_mode) for text, gold in zip(texts, golds)]
-        per_member = self.rows_per_member
-        scores = [sum(rewards[i * per_member : (i + 1) * per_member]) / per_member for i in range(len(members))]
-        return scores, int(generation.lengths.sum())
+        return rewards, generation.lengths.tolist()
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:
         """Every rank's fitnesses in member order, as one tensor (all ranks hold equal shares)."""
