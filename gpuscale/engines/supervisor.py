@@ -76,7 +76,9 @@ class Supervisor:
     # ---- the run ------------------------------------------------------------------------------
 
     def launch(self) -> subprocess.Popen:
-        env = rank_environment(os.environ, self.run_dir, self.plan)
+        threads, why = omp_threads(os.environ, self.plan["nproc"])
+        print(f"OMP_NUM_THREADS={threads} per rank ({why})", flush=True)
+        env = rank_environment(os.environ, self.run_dir, self.plan, threads)
         # The launcher writes to its own copy of the descriptor: ours is closed once it has started.
         with open(self.run_dir / "logs" / "launcher.log", "ab") as log:
             return subprocess.Popen(
@@ -191,7 +193,7 @@ def partial_summary_from_store(store: Store, run_id: int) -> dict:
     return partial_summary(throughput.progress(time.time(), finished=True))
 
 
-def rank_environment(environ, run_dir: Path, plan: dict) -> dict[str, str]:
+def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = None) -> dict[str, str]:
     """The launcher's (and so every rank's) environment: the run marker, the devices, the threads."""
     env = dict(environ)
     env[RUN_DIR_ENV] = str(run_dir)
@@ -203,11 +205,33 @@ def rank_environment(environ, run_dir: Path, plan: dict) -> dict[str, str]:
     else:
         env["GPUSCALE_DEVICE"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
-    # The ranks share the cores. Left alone, torchrun gives each of several ranks one thread but a
-    # single rank every core, so 1 and N GPUs would differ in host threads too. A value the user set
-    # wins (on a busy machine one thread per rank beats several waiting at OpenMP barriers).
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan["nproc"])))
+    env["OMP_NUM_THREADS"] = threads or omp_threads(environ, plan["nproc"])[0]
     return env
+
+
+def omp_threads(environ, nproc: int, cores: int | None = None, busy: float | None = None) -> tuple[str, str]:
+    """OpenMP threads per rank, and why (the supervisor's log says both).
+
+    A value the user set wins. Otherwise the ranks share the cores that are free now. Left alone,
+    torchrun gives each of several ranks one thread but a single rank every core, so 1 and N GPUs
+    would differ in host threads too. Counting only free cores keeps a busy machine from collapsing:
+    a rank with more threads than free cores waits at every OpenMP barrier for a descheduled thread
+    (on 2 busy cores a tiny decode step took 500 ms with 2 threads, 1.6 ms with 1: bench/RESULTS.md),
+    while one thread on an idle machine loses at most the parallel speed-up.
+    """
+    if environ.get("OMP_NUM_THREADS"):
+        return environ["OMP_NUM_THREADS"], "set by the user"
+    cores = cores or os.cpu_count() or 1
+    busy = busy_cores(cores) if busy is None else busy
+    free = max(0, int(cores - busy + 0.5))
+    threads = max(1, free // nproc)
+    return str(threads), f"{cores} cores, {busy:.1f} busy, {free} free, {nproc} rank(s): free cores / ranks, at least 1"
+
+
+def busy_cores(cores: int) -> float:
+    """How many cores other work uses now: the larger of the 1-minute load average (what has been
+    running) and the last 0.2 s of CPU use (what has just started)."""
+    return max(os.getloadavg()[0], psutil.cpu_percent(interval=0.2) / 100 * cores)
 
 
 def first_error(run_dir: Path, exit_code: int) -> tuple[str, str | None]:

@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,10 +95,12 @@ def test_sbatch_script_is_valid_bash(tmp_path):
 
 
 @pytest.mark.parametrize("gpu_indices, nproc", [([], 2), ([0, 3], 2), ([5], 1)])
-def test_ranks_share_the_cores_unless_the_user_set_threads(monkeypatch, gpu_indices, nproc):
+def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu_indices, nproc):
+    from gpuscale.engines import supervisor
     from gpuscale.engines.supervisor import rank_environment
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(supervisor, "busy_cores", lambda cores: 0.3)  # an idle machine
     plan = {"gpu_indices": gpu_indices, "nproc": nproc}
     env = rank_environment({"PATH": "/bin"}, Path("/runs/7"), plan)
     assert env["OMP_NUM_THREADS"] == str(16 // nproc)
@@ -105,3 +108,36 @@ def test_ranks_share_the_cores_unless_the_user_set_threads(monkeypatch, gpu_indi
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpu_indices))
     assert (env.get("GPUSCALE_DEVICE") == "cpu") == (not gpu_indices)
     assert rank_environment({"OMP_NUM_THREADS": "3"}, Path("/runs/7"), plan)["OMP_NUM_THREADS"] == "3"
+
+
+@pytest.mark.parametrize("cores, busy, nproc, threads", [
+    (2, 2.0, 1, "1"),   # CI's two cores, both taken by other work: one thread, not two at barriers
+    (2, 1.0, 2, "1"),
+    (16, 12.0, 2, "2"),  # four free cores for two ranks
+    (16, 15.8, 1, "1"),
+    (2, 0.2, 1, "2"),   # an idle laptop keeps its parallel speed-up
+])
+def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores, busy, nproc, threads):
+    """Issue 11, item 8: ranks on a busy machine ran 40-250x slower with cores / ranks threads."""
+    from gpuscale.engines import supervisor
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(supervisor, "busy_cores", lambda cores: busy)
+    env = supervisor.rank_environment({}, Path("/runs/7"), {"gpu_indices": [], "nproc": nproc})
+    assert env["OMP_NUM_THREADS"] == threads
+    value, why = supervisor.omp_threads({}, nproc)
+    assert value == threads and f"{cores} cores" in why and f"{busy:.1f} busy" in why
+    assert supervisor.omp_threads({"OMP_NUM_THREADS": "4"}, nproc) == ("4", "set by the user")
+
+
+def test_busy_cores_sees_work_that_just_started():
+    """A loop started now shows in the CPU use at once, before the load average catches up."""
+    from gpuscale.engines.supervisor import busy_cores
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert busy_cores(os.cpu_count() or 1) >= 0.5
+    finally:
+        spinner.kill()
+        spinner.wait()
