@@ -21,7 +21,7 @@ from gpuscale.engines import telemetry
 from gpuscale.engines.process import kill_run_processes, process_alive, wait_for
 from gpuscale.engines.settings import RunSettings, SettingsError
 from gpuscale.engines.store import LIVE_STATUSES, Store, merge_rank_results
-from gpuscale.engines.supervisor import partial_summary_from_store
+from gpuscale.engines.supervisor import summary_from_files
 
 
 @dataclass(frozen=True)
@@ -217,10 +217,11 @@ def reconcile(store: Store) -> list[int]:
         if run["supervisor_started"] is None and process_alive(run["supervisor_pid"], None):
             continue  # started but not yet registered itself
         message = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
+        summary = run["summary"] or {}
         if run["run_dir"]:
-            kill_run_processes(run["run_dir"])  # before the merge: no rank may still be writing
+            kill_run_processes(run["run_dir"])  # first: no rank may still be writing
             merge_rank_results(run["run_dir"])
-        summary = {**(run["summary"] or {}), **partial_summary_from_store(store, run["id"])}
+            summary = {**summary, **summary_from_files(run["run_dir"], run["id"])}
         if store.finish_run(run["id"], "lost", error=message, summary=summary):
             lost.append(run["id"])
     return lost

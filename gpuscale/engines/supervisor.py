@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from gpuscale.engines import telemetry
-from gpuscale.engines.metrics import RUN_WIDE_RANK, MetricsTailer, Throughput
+from gpuscale.engines.metrics import MetricsTailer, Throughput
 from gpuscale.engines.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
 from gpuscale.engines.store import Store, merge_rank_results
 
@@ -186,11 +186,14 @@ def partial_summary(progress: dict) -> dict:
     return figures
 
 
-def partial_summary_from_store(store: Store, run_id: int) -> dict:
-    """`partial_summary` from the metrics already in the store: for a run whose supervisor died."""
+def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
+    """The summary of a run whose supervisor is gone, from the ranks' metric files, which hold all
+    they logged, after the supervisor's last tick too: rank 0's own summary where it wrote one, else
+    `partial_summary` of the figures so far."""
+    tailer = MetricsTailer(Path(run_dir) / "metrics", run_id)
     throughput = Throughput()
-    throughput.add([row for row in store.metrics(run_id) if row["rank"] != RUN_WIDE_RANK])  # ranks' own rows
-    return partial_summary(throughput.progress(time.time(), finished=True))
+    throughput.add(tailer.read_new())
+    return dict(tailer.summaries.get(0) or partial_summary(throughput.progress(time.time(), finished=True)))
 
 
 def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = None) -> dict[str, str]:
@@ -281,7 +284,7 @@ def main() -> None:
         kill_run_processes(str(supervisor.run_dir), timeout=2.0)
         merge_rank_results(supervisor.run_dir)
         store.finish_run(args.run_id, "failed", error=f"supervisor: {type(exc).__name__}: {exc}",
-                         summary=partial_summary_from_store(store, args.run_id))
+                         summary=summary_from_files(supervisor.run_dir, args.run_id))
         raise
 
 
