@@ -228,3 +228,13 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]  # closed again when this returns: connections are refused
+
+
+@pytest.mark.parametrize("recipe", ["eggroll", "power-sampling", "probe", "sft"])
+def test_every_recipe_checks_its_model_before_launch(home, tmp_path, recipe):
+    """The model check is the base class's: a recipe with checks of its own still runs it (super())."""
+    directory = copy_of_tiny_math(tmp_path)
+    expected = remove_config(directory)
+    line = one_error_line(gpuscale("run", "--recipe", recipe, "--gpus", "1", "--model", str(directory)))
+    assert line == f"gpuscale: error: model: {expected}"
+    assert run_json("runs") == []
