@@ -180,3 +180,21 @@ def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str 
         if mine:
             return mine[0]["msg"].removeprefix("Value error, ")
     return None
+
+
+# ---- batch size sized for the card (issue 11: a default of 8 used 1% of an H200) -----------------
+
+CPU_BATCH_SIZE = 8  # the default on CPU ranks, where memory is not what limits a batch
+AUTO_MEMORY_SHARE = 0.5  # of the memory free on the card once the model is loaded
+AUTO_BATCH_CAP = 512  # more rows per batch bring little on one GPU (bench/RESULTS.md) and coarser progress
+
+
+def auto_batch_size(free_bytes: int, bytes_per_item: int, items: int | None = None,
+                    share: float = AUTO_MEMORY_SHARE, cap: int = AUTO_BATCH_CAP) -> int:
+    """Items per batch on a GPU when the user gave no batch_size: as many as fill `share` of the
+    memory free after loading the model (the rest is headroom for the allocator, activations and
+    CUDA graphs), at most `cap`, at most the `items` this rank has (a larger batch would be padding),
+    at least 1. A pure function of the numbers, so that the rule is tested without a GPU."""
+    fits = int(free_bytes * share // max(1, bytes_per_item))
+    size = min(fits, cap, items) if items else min(fits, cap)
+    return max(1, size)

@@ -12,9 +12,9 @@ Metropolis-Hastings sampler on the generation engine, and the reference structur
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpuscale.engines.settings import RunSettings
 from gpuscale.recipes.contract import Recipe
@@ -31,6 +31,11 @@ class Settings(RunSettings):
     }
     KEY_ALIASES = {"steps": "mcmc_steps", "max_new": "max_new_tokens", "temp": "temperature"}
 
+    batch_size: int | None = Field(
+        None, ge=1,
+        description="problems per rank per batch; empty = auto: 8 on CPU, on a GPU as many as fill half its "
+                    "free memory (at most 512)",
+    )
     compile: bool = Field(False, description="torch.compile the decode step (CUDA only): faster steps, but each "
                           "process compiles for tens of seconds first; worth it for long runs")
     method: Literal["power", "sample", "greedy", "reference"] = Field(
@@ -46,6 +51,11 @@ class Settings(RunSettings):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="temperature of method=sample")
     split: Literal["test", "train"] = Field("test", description="data set split")
     answer_mode: Literal["auto", "strict", "boxed", "flexible"] = Field("auto", description="answer extraction")
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _auto_words(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
 
 
 class PowerSampling(Recipe):

@@ -18,6 +18,7 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     examples = load_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
     mine = ctx.shard(list(enumerate(examples)))
     loaded = load_generation_model(settings.model, ctx)
+    settings = with_batch_size(settings, loaded.model, len(mine), ctx)
     sampler = BatchSampler(settings, loaded.model, loaded.tokenizer, loaded.eos, loaded.pad, ctx)
     batches = batched(mine, settings.batch_size)
     warm_up_seconds = sampler.warm_up(batches[0]) if batches else 0.0
@@ -38,6 +39,41 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     if ctx.is_main:
         merge_results(ctx.run_dir, [row for rank in everyone for row in rank["results"]])
         reporter.summary(summarise(settings, everyone))
+
+
+def with_batch_size(settings: Settings, model, problems: int, ctx) -> Settings:
+    """The settings with batch_size resolved where the user gave none: 8 problems on CPU ranks; on a
+    GPU as many as fill half the memory free once the model is loaded (engines.settings.auto_batch_size,
+    at most 512 and at most this rank's problems). The rank's log says what was chosen and why."""
+    if settings.batch_size is not None:
+        return settings
+    from gpuscale.engines.settings import CPU_BATCH_SIZE, auto_batch_size
+
+    if ctx.device.type != "cuda":
+        size, why = CPU_BATCH_SIZE, "the CPU default"
+    else:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        per_problem = bytes_per_problem(model.config, model.dtype.itemsize, settings.max_new_tokens, settings.chains)
+        size = auto_batch_size(free, per_problem, items=problems)
+        why = (f"half of the {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB at about "
+               f"{per_problem / 2**20:.1f} MiB per problem, at most 512 and at most this rank's {problems} problems")
+    print(f"batch_size auto: {size} ({why}); --batch-size N sets it", flush=True)
+    return settings.model_copy(update={"batch_size": size})
+
+
+def bytes_per_problem(config, dtype_bytes: int, max_new_tokens: int, chains: int) -> int:
+    """GPU memory one problem takes in the batched sampler, per its chains: the KV cache of the
+    engine's two slots (current answers and candidates), each of the columns the engine is built with
+    below, and a few fp32 vocabulary-sized rows per decode step (logits, noise, probabilities)."""
+    columns = 2 * max_new_tokens + 512
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv_cache = 2 * columns * config.num_hidden_layers * 2 * kv_heads * head_dim * dtype_bytes
+    vocabulary_rows = 4 * config.vocab_size * 4
+    return chains * (kv_cache + vocabulary_rows)
 
 
 # Tokens per answer in the warm-up: enough decode steps for every CUDA graph to be captured (two
@@ -150,6 +186,7 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
     summary = {
         "method": settings.method,
         "problems": problems,
+        "batch_size": settings.batch_size,  # as resolved on rank 0 when the settings said auto
         "chains": settings.chains,
         **accuracy_by_domain(rows),  # accuracy, and accuracy_<domain> for each domain
         "acceptance_rate": sum(rank["accepted"] for rank in everyone) / proposals if proposals else None,
