@@ -444,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                    help="any setting of the recipe; repeatable")
     p.set_defaults(func=cmd_sbatch)
+
+    from gpuscale.app.demo import add_demo_parser  # here: demo imports this module's commands
+
+    add_demo_parser(sub)
     return parser
 
 
