@@ -23,8 +23,11 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
     for row in results:
         assert row["token_ids"] and isinstance(row["completion"], str) and row["gold"]
         assert row["prompt_token_ids"] and all(isinstance(t, int) for t in row["prompt_token_ids"])
+        assert len(row["logprobs"]) == row["tokens"] and all(lp <= 0 for lp in row["logprobs"])
+        assert 0.0 <= row["acceptance_rate"] <= 1.0  # the share of this chain's MH moves accepted
         assert row["correct"] == (row["extracted"] is not None and float(row["extracted"]) == float(row["gold"]))
     assert summary["accuracy"] == sum(r["correct"] for r in results) / 6
+    assert_an_auditor_can_rescore(results[3])
     # The live figures combine both ranks (weighted by samples): they end where the summary does.
     assert run["progress"]["latest"]["accuracy"] == pytest.approx(summary["accuracy"])
     assert run["progress"]["tokens_per_s"] > 0  # a finished run's average, not an empty last window
@@ -57,3 +60,18 @@ def test_local_model_directory_and_gsm8k_format_jsonl(home, tmp_path):
     assert run["status"] == "succeeded", run["error"]
     results = json.loads(gpuscale("export", str(run["id"])).stdout)["results"]
     assert [r["gold"] for r in results] == [e["answer"].rsplit("#### ", 1)[1] for e in examples]
+
+
+def assert_an_auditor_can_rescore(row: dict) -> None:
+    """A results row holds what it takes to check it: the model's log-prob of every answer token,
+    given the prompt's ids, is the one the row records."""
+    import torch
+
+    from gpuscale.data.models import load_model
+
+    model, _tokenizer = load_model("tiny-math", dtype=torch.float32)
+    prompt, answer = row["prompt_token_ids"], row["token_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(answer)[:, None]).squeeze(1)
+    torch.testing.assert_close(torch.tensor(row["logprobs"]), expected, rtol=0, atol=1e-4)

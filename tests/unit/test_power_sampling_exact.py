@@ -124,7 +124,7 @@ def test_reference_chains_are_distributed_as_the_batched_samplers(toy_model):
     stats = PowerSamplingStats()
     torch.manual_seed(0)  # the reference draws from the global RNG, as the public code does
     reference = Counter(
-        tuple(power_sample_reference(toy_model, PROMPT, ALPHA, max_new, 1, steps, [EOS], 0, stats))
+        tuple(power_sample_reference(toy_model, PROMPT, ALPHA, max_new, 1, steps, [EOS], 0, stats).tokens)
         for _ in range(chains)
     )
     reference = {k: v / chains for k, v in reference.items()}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -61,9 +62,11 @@ def power_sample(
     generator: torch.Generator | None = None,
     stats: PowerSamplingStats | None = None,
     samples_per_prompt: int = 1,
+    accepted_per_row: torch.Tensor | None = None,
 ) -> Generation:
     """`samples_per_prompt` chains per prompt (row i * k + j: chain j of prompt i; the prompt is
-    prefilled once for all k); returns the chains' final states."""
+    prefilled once for all k); returns the chains' final states. `accepted_per_row` (a [rows] long
+    tensor on the engine's device), if given, counts each chain's accepted moves."""
     stats = stats if stats is not None else PowerSamplingStats()
     proposal = Sampling(temperature=1.0 / alpha)
     current: Generation | None = None
@@ -76,13 +79,13 @@ def power_sample(
             current = engine.extend(current, target, proposal, generator)
             _count(stats, current, cut=before)
         for _ in range(steps):
-            current = _mh_step(engine, current, target, alpha, proposal, generator, stats)
+            current = _mh_step(engine, current, target, alpha, proposal, generator, stats, accepted_per_row)
         if bool(current.ended_with_eos.all()):
             break  # every answer is complete: further blocks would add nothing
     return current
 
 
-def _mh_step(engine, current, target, alpha, proposal, generator, stats) -> Generation:
+def _mh_step(engine, current, target, alpha, proposal, generator, stats, accepted_per_row=None) -> Generation:
     lengths = current.lengths
     uniform = torch.rand(lengths.shape, generator=generator, device=lengths.device)
     cut = (uniform * lengths).long().clamp_max(lengths - 1).clamp_min(0)
@@ -93,6 +96,8 @@ def _mh_step(engine, current, target, alpha, proposal, generator, stats) -> Gene
     accepted = log_u < log_r
     stats.proposals += accepted.numel()
     stats.accepted += int(accepted.sum())
+    if accepted_per_row is not None:
+        accepted_per_row += accepted
     return engine.accept(current, candidate, accepted)
 
 
@@ -133,11 +138,19 @@ def _generate_suffix(model, prefix: list[int], max_new: int, alpha: float, eos_i
     return new.tolist(), log_p, log_q
 
 
+class ReferenceChain(NamedTuple):
+    tokens: list[int]
+    log_p: list[float]  # the base model's log-prob of each token
+    accepted: int  # MH moves accepted
+    proposed: int
+
+
 def power_sample_reference(
     model, prompt: list[int], alpha: float, max_new_tokens: int, blocks: int, steps: int,
     eos_ids: list[int], pad_id: int, stats: PowerSamplingStats,
-) -> list[int]:
-    """One chain for one prompt, with generate(); returns the answer's tokens."""
+) -> ReferenceChain:
+    """One chain for one prompt, with generate(); returns the answer's tokens and log-probs."""
+    accepted_before, proposed_before = stats.accepted, stats.proposals
     tokens: list[int] = []
     log_p: list[float] = []
     log_q: list[float] = []
@@ -164,4 +177,4 @@ def power_sample_reference(
                 tokens, log_p, log_q = tokens[:cut] + new, log_p[:cut] + new_p, log_q[:cut] + new_q
         if ended():
             break
-    return tokens
+    return ReferenceChain(tokens, log_p, stats.accepted - accepted_before, stats.proposals - proposed_before)

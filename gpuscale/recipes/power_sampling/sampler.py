@@ -140,10 +140,13 @@ class BatchSampler:
         prompts = [prompt_ids(self.tokenizer, example["question"]) for _, example in batch]
         answers = self.sample(self.padded(prompts), s, generator, stats)
         rows = []
-        for row, tokens in enumerate(answers[: len(prompts) * chains]):
+        for row, chain in enumerate(answers[: len(prompts) * chains]):
             index, example = batch[row // chains]
-            scored = score_completion(index, row % chains, example, tokens, self.tokenizer, self.eos, s.answer_mode)
-            rows.append({**scored, "prompt_token_ids": prompts[row // chains]})  # what an auditor re-scores
+            scored = score_completion(index, row % chains, example, chain["token_ids"], self.tokenizer, self.eos,
+                                      s.answer_mode)
+            # What an auditor needs to check the row: the prompt's ids and each token's log-prob.
+            rows.append({**scored, "prompt_token_ids": prompts[row // chains], "logprobs": chain["logprobs"],
+                         "acceptance_rate": chain["acceptance_rate"]})
         return rows
 
     def padded(self, prompts: list[list[int]]) -> list[list[int]]:
@@ -154,25 +157,42 @@ class BatchSampler:
             return prompts
         return padded_to(prompts, self.settings.batch_size)
 
-    def sample(self, prompts: list[list[int]], s: Settings, generator, stats: PowerSamplingStats) -> list[list[int]]:
-        """`s.chains` answers per prompt, chain j of prompt i in row i * chains + j; the engine
-        prefills each prompt once for all its chains."""
+    def sample(self, prompts: list[list[int]], s: Settings, generator, stats: PowerSamplingStats) -> list[dict]:
+        """`s.chains` answers per prompt, chain j of prompt i in row i * chains + j (the engine
+        prefills each prompt once for all its chains). Each answer: its token ids, the base model's
+        log-prob of each, and, for MCMC, the share of the chain's moves that were accepted."""
+        import torch
+
         from gpuscale.engines.generation import Sampling
         from gpuscale.recipes.power_sampling.mcmc import power_sample, power_sample_reference
 
         if s.method == "reference":
-            return [power_sample_reference(self.model, p, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
-                                           self.eos, self.pad, stats) for p in prompts for _ in range(s.chains)]
+            chains = [power_sample_reference(self.model, p, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
+                                             self.eos, self.pad, stats) for p in prompts for _ in range(s.chains)]
+            return [answer(c.tokens, c.log_p, c.accepted, c.proposed) for c in chains]
         if s.method == "power":
+            accepted = torch.zeros(len(prompts) * s.chains, dtype=torch.long, device=self.generator.device)
+            proposals_before = stats.proposals
             generation = power_sample(self.engine, prompts, s.alpha, s.max_new_tokens, s.blocks, s.mcmc_steps,
-                                      generator, stats, samples_per_prompt=s.chains)
+                                      generator, stats, samples_per_prompt=s.chains, accepted_per_row=accepted)
+            moves = (stats.proposals - proposals_before) // len(accepted)  # every chain moves at every step
+            accepted = accepted.tolist()
         else:
             sampling = Sampling(temperature=0.0 if s.method == "greedy" else s.temperature)
             generation = self.engine.generate(prompts, s.max_new_tokens, sampling, generator,
                                               samples_per_prompt=s.chains)
             stats.decoded_tokens += int(generation.lengths.sum())
             stats.sampling_calls += 1
-        return generation.sequences()
+            moves, accepted = 0, [0] * generation.batch_size
+        logprobs = generation.base_logprobs.cpu().tolist()
+        return [answer(tokens, logprobs[row][: len(tokens)], accepted[row], moves)
+                for row, tokens in enumerate(generation.sequences())]
+
+
+def answer(tokens: list[int], logprobs: list[float], accepted: int, proposed: int) -> dict:
+    """One chain's answer as a results row gets it (acceptance None where nothing was proposed)."""
+    return {"token_ids": tokens, "logprobs": [round(value, 6) for value in logprobs],
+            "acceptance_rate": accepted / proposed if proposed else None}
 
 
 def summarise(settings: Settings, everyone: list[dict]) -> dict:
