@@ -101,8 +101,8 @@ def test_one_update_equals_the_closed_form_estimator(tiny, shaping):
     # The recipe's update, on a copy.
     updated = copy.deepcopy(model)
     coefficients = es.draw_coefficients(shaped, antithetic=True)
-    for (_, module), layer in zip(perturbed_linears(updated), noise):
-        es.apply_step(module.weight, es.weight_step(layer, coefficients, POPULATION, SIGMA, 0.5, RANK))
+    updater = es.Updater([module.weight for _, module in perturbed_linears(updated)], "sgd", 0.5)
+    updater.apply(noise, coefficients, POPULATION, SIGMA, 0.5, RANK)
     # The closed form, member by member.
     for (name, module), (_, new), layer in zip(linears, perturbed_linears(updated), noise):
         expected = module.weight.detach().clone()
@@ -122,3 +122,23 @@ def test_shaping_by_hand():
     torch.testing.assert_close(es.shape_fitness(torch.tensor([3.0, 1.0, 2.0]), "centered_rank", False),
                                torch.tensor([0.5, -0.5, 0.0]))
     torch.testing.assert_close(es.shape_fitness(raw, "antithetic_sign", True), torch.tensor([-0.5, 0.5, 0.0, -0.0]))
+
+
+def test_bf16_weights_keep_steps_too_small_for_bf16_in_fp32_masters():
+    weight = torch.full((4, 3), 1.0, dtype=torch.bfloat16)
+    noise = [es.LayerNoise(a=torch.ones(1, 4, 1), b=torch.ones(1, 3, 1))]
+    updater = es.Updater([weight], "sgd", lr=1.0)
+    tiny = 1e-3  # bf16 holds 1.0 and 1.0078: a step of 1e-3 added to the weight would vanish
+    for _ in range(10):
+        updater.apply(noise, torch.tensor([tiny]), population=1, sigma=1.0, lr=1.0, rank=1)
+    torch.testing.assert_close(updater.masters[0], torch.full((4, 3), 1.01))
+    assert float(weight[0, 0]) == float(torch.tensor(1.01).to(torch.bfloat16))  # the master, rounded
+
+
+def test_adam_moves_every_weight_by_lr_along_the_estimates_sign_at_its_first_step():
+    weight = torch.zeros(2, 2)
+    a, b = torch.tensor([[[1.0], [-2.0]]]), torch.tensor([[[3.0], [0.5]]])
+    updater = es.Updater([weight], "adam", lr=0.01)
+    updater.apply([es.LayerNoise(a=a, b=b)], torch.tensor([1.0]), population=1, sigma=1.0, lr=0.01, rank=1)
+    # Adam's first step is lr * m / sqrt(v) = lr * sign(gradient), upward (maximize).
+    torch.testing.assert_close(weight, 0.01 * torch.sign(a[0] @ b[0].T), rtol=0, atol=1e-6)

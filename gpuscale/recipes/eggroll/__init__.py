@@ -38,6 +38,8 @@ class Settings(RunSettings):
     rank: int = Field(1, ge=1, le=64, description="rank r of each perturbation A B^T")
     sigma: float = Field(0.01, gt=0, le=1.0, description="perturbation scale")
     lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
+    optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="sgd = the step as HyperscaleES applies it; adam = torch Adam on the ES gradient at lr")
     fitness_shaping: Literal["zscore", "centered_rank", "antithetic_sign"] = Field(
         "zscore", description="how raw fitnesses become update weights")
     prompts_per_step: int = Field(16, ge=1, le=4096, description="training prompts every member answers each step")

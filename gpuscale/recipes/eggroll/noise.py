@@ -97,7 +97,30 @@ def weight_step(noise: LayerNoise, coefficients: torch.Tensor, population: int, 
     return total * (lr * sigma / (math.sqrt(rank) * math.sqrt(population)))
 
 
-@torch.no_grad()
-def apply_step(weight: torch.Tensor, step: torch.Tensor) -> None:
-    """W += step, added in fp32 and written back in W's dtype."""
-    weight.copy_((weight.float() + step).to(weight.dtype))
+class Updater:
+    """Applies each step to the perturbed matrices.
+
+    Steps accumulate in fp32 master copies when the model's weights are bf16 or fp16: an ES step is
+    often below half a bf16 ulp of the weight it changes, and would round away if added to the
+    weight itself; the weights then take the masters' values, rounded. fp32 weights are their own
+    masters. `optimizer="sgd"` adds the step as HyperscaleES does; `"adam"` hands the ES gradient
+    estimate (the step at lr 1) to torch.optim.Adam at `lr`, on the masters."""
+
+    def __init__(self, weights: list[torch.Tensor], optimizer: str, lr: float):
+        self.weights = weights
+        self.masters = [w if w.dtype == torch.float32 else w.detach().float().clone() for w in weights]
+        self.adam = torch.optim.Adam(self.masters, lr=lr, maximize=True) if optimizer == "adam" else None
+
+    @torch.no_grad()
+    def apply(self, noises: list[LayerNoise], coefficients: torch.Tensor, population: int, sigma: float,
+              lr: float, rank: int) -> None:
+        for master, noise in zip(self.masters, noises):
+            if self.adam is None:
+                master += weight_step(noise, coefficients, population, sigma, lr, rank)
+            else:
+                master.grad = weight_step(noise, coefficients, population, sigma, 1.0, rank)
+        if self.adam is not None:
+            self.adam.step()
+        for weight, master in zip(self.weights, self.masters):
+            if master is not weight:
+                weight.copy_(master)

@@ -134,6 +134,7 @@ class Trainer:
         self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
         self.terms = self._add_row_terms() if settings.method == "eggroll" else []
         self.noise: list[es.LayerNoise] = []
+        self.updater = es.Updater([module.weight for _, module in self.linears], settings.optimizer, settings.lr)
 
     def _add_row_terms(self):
         from gpuscale.engines.generation import RowTerm
@@ -162,8 +163,7 @@ class Trainer:
         result.fitness = self._gather(torch.tensor(result.member_fitness, device=self.ctx.device))
         coefficients = es.draw_coefficients(es.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic),
                                             s.antithetic)
-        for (_, module), noise in zip(self.linears, self.noise):
-            es.apply_step(module.weight, es.weight_step(noise, coefficients, s.population, s.sigma, s.lr, s.rank))
+        self.updater.apply(self.noise, coefficients, s.population, s.sigma, s.lr, s.rank)
         return result
 
     def _prompts(self, step: int) -> list[dict]:
