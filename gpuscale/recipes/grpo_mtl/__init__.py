@@ -1,0 +1,145 @@
+"""grpo-mtl: GRPO over a mixture of task domains with TRL's GRPOTrainer, optionally with PCGrad.
+
+The seeds' fourth system (GURU's six domains on verl/Ray, a mixed-domain baseline against multi-task
+learning with PCGrad) on TRL. Every training row carries its `domain`; each domain has its own reward
+functions (correct final answer, plus an optional format reward, `reward_weights`), so TRL logs each
+domain's training reward. Completions come from gpuscale's generation engine through TRL's
+`rollout_func` hook (`generator=engine`), or from TRL's own paths (`transformers`: `model.generate`;
+`continuous`: transformers' continuous batching), so the three can be compared on the same run.
+`mtl=pcgrad` replaces the plain backward by per-domain gradients, projected against each other
+(Yu et al. 2020) and summed into `.grad` before clipping and the optimizer step.
+
+Before and after training: held-out accuracy per domain, greedy and sampled at temperature 1.
+`save_model` writes the trained model (merged if LoRA) with its tokenizer to RUN_DIR/model.
+
+Files: this one (settings and the recipe, no torch), data.py (training rows and held-out examples),
+rollout.py (the engine behind `rollout_func`), pcgrad.py (the projection, per-domain losses and
+gradients), trainer.py (a rank's work and the GRPOTrainer subclass).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from gpuscale.engines.settings import RunSettings, SettingsError
+from gpuscale.recipes.contract import Recipe
+
+
+class Settings(RunSettings):
+    # The seed's verl knobs (shared/seeds/004) keep working, short and long spellings.
+    KEY_ALIASES = {
+        "rollout.n": "num_generations",
+        "actor_rollout_ref.rollout.n": "num_generations",
+        "data.train_batch_size": "prompts_per_step",
+        "train_batch_size": "prompts_per_step",
+        "ppo_micro_batch_size_per_gpu": "batch_size",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "batch_size",
+        "data.max_prompt_length": "max_prompt_length",
+        "max_response_length": "max_completion_length",
+        "data.max_response_length": "max_completion_length",
+        "trainer.total_training_steps": "max_steps",
+        "steps": "max_steps",
+        "actor_rollout_ref.actor.optim.lr": "learning_rate",
+        "lr": "learning_rate",
+        "kl_coef": "beta",
+    }
+
+    batch_size: int = Field(8, ge=1, le=65_536, description="completions per rank per micro-batch "
+                            "(the seed's ppo_micro_batch_size_per_gpu); micro-batches are accumulated up to "
+                            "the step's prompts_per_step x num_generations completions")
+    num_generations: int = Field(8, ge=2, le=1024, description="completions per prompt, one GRPO group "
+                                 "(the seed's rollout.n)")
+    prompts_per_step: int = Field(8, ge=1, le=65_536, description="prompts per optimizer step over all ranks "
+                                  "(the seed's data.train_batch_size)")
+    max_prompt_length: int = Field(256, ge=8, le=131_072,
+                                   description="longer training prompts (in tokens) are left out")
+    max_completion_length: int = Field(256, ge=1, le=131_072, description="answer length budget, in tokens "
+                                       "(the seed's max_response_length), in training and evaluation")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of the rollouts")
+    beta: float = Field(0.0, ge=0.0, le=10.0, description="KL coefficient against the initial model "
+                        "(0 = no reference model, TRL's default)")
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = Field(
+        "dapo", description="TRL's loss normalisation (dapo: over all tokens of the step)")
+    learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="peak learning rate (1e-4 suits the "
+                                 "embedded tiny-math model, 3e-4 collapsed it; 0.5B+ models want about 1e-6)")
+    max_steps: int = Field(200, ge=1, le=10_000_000, description="optimizer steps")
+    lr_scheduler: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
+        "constant", description="learning-rate schedule after the warm-up")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="share of the steps spent warming up")
+    max_grad_norm: float = Field(1.0, ge=0.0, le=1e6, description="gradient clipping (0 = none)")
+    lora_rank: int = Field(0, ge=0, le=1024, description="0 = full fine-tune; otherwise LoRA adapters of this rank")
+    lora_alpha: float = Field(32.0, gt=0.0, le=4096.0,
+                              description="LoRA scaling numerator (alpha / rank scales the update)")
+    lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
+    reward_weights: str = Field("correctness=1,format=0", description="reward=weight for every domain, "
+                                "domain.reward=weight for one (rewards: correctness, format)")
+    generator: Literal["engine", "transformers", "continuous"] = Field(
+        "engine", description="engine = gpuscale's generation engine; transformers = TRL's model.generate; "
+                              "continuous = TRL's transformers continuous batching")
+    mtl: Literal["none", "pcgrad"] = Field("none", description="none = one loss over the mixed domains; "
+                                           "pcgrad = per-domain gradients projected (gradient surgery)")
+    eval_examples: int = Field(200, ge=0, le=100_000, description="held-out test problems scored before and "
+                               "after training, greedy and sampled (0 = no evaluation)")
+    save_model: bool = Field(False, description="save the trained model (merged if LoRA) to RUN_DIR/model")
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _check_reward_weights(cls, value: str) -> str:
+        from gpuscale.data.rewards import parse_reward_weights
+
+        parse_reward_weights(value)  # ValueError with one line
+        return value.strip()
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _check_targets(cls, value: str) -> str:
+        value = value.strip()
+        if value != "all-linear" and not re.fullmatch(r"\w+(\s*,\s*\w+)*", value):
+            raise ValueError("expected all-linear or module names like q_proj,v_proj")
+        return value
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+
+def accumulation_steps(settings: Settings, world_size: int) -> int:
+    """Micro-batches per optimizer step so that one step trains on the whole generation batch
+    (prompts_per_step x num_generations completions) once; SettingsError if it does not divide."""
+    per_micro_step = settings.batch_size * world_size
+    if settings.completions_per_step % per_micro_step:
+        raise SettingsError(
+            f"batch_size: {settings.batch_size}: prompts_per_step x num_generations "
+            f"({settings.prompts_per_step} x {settings.num_generations} = {settings.completions_per_step}) must be "
+            f"a multiple of batch_size x ranks ({settings.batch_size} x {world_size})")
+    return settings.completions_per_step // per_micro_step
+
+
+class GrpoMtl(Recipe):
+    name = "grpo-mtl"
+    summary = ("GRPO over a mixture of task domains (TRL GRPOTrainer, gpuscale's generation engine), "
+               "optionally with PCGrad; held-out accuracy per domain before/after")
+    settings_cls = Settings
+    launcher = "accelerate"
+    promised_figures = ("world_size", "steps", "generator", "mtl", "tokens_per_s", "generation_seconds",
+                        "training_seconds", "accuracy_greedy_before", "accuracy_greedy_after",
+                        "accuracy_sampled_before", "accuracy_sampled_after")
+    smoke_settings = {"max_examples": 8, "batch_size": 4, "num_generations": 2, "prompts_per_step": 2,
+                      "max_steps": 1, "max_completion_length": 8, "eval_examples": 2}
+
+    def check(self, settings: Settings) -> None:
+        """The data set must load and keep training examples once the evaluation's are held out;
+        the step's completions must split into equal micro-batches on one rank at least."""
+        super().check(settings)
+        from gpuscale.data.tasks import check_dataset
+
+        check_dataset(settings.dataset, "train", settings.max_examples)
+        accumulation_steps(settings, 1)
+
+    def run(self, settings: Settings, ctx, reporter) -> None:
+        from gpuscale.recipes.grpo_mtl.trainer import run_grpo_mtl
+
+        run_grpo_mtl(settings, ctx, reporter)

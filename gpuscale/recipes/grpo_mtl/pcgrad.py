@@ -1,0 +1,62 @@
+"""PCGrad (Yu et al. 2020, "Gradient Surgery for Multi-Task Learning"), as pure functions on gradients.
+
+For each task i: g_i' = g_i; for every other task j, in a random order drawn from the caller's
+generator, if g_i' . g_j < 0 then g_i' -= (g_i' . g_j / |g_j|^2) g_j, always against the ORIGINAL g_j.
+The update is the SUM of the projected gradients (the paper's reduction; a popular PyTorch port
+averages instead, which also divides the learning rate by the number of tasks).
+
+A task's gradient is a list of tensors (one per parameter), so that nothing is flattened into one
+more copy of the model. Dot products accumulate in fp32 (fp64 for fp64 gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+    """The dot product of two gradients given as lists of tensors (in fp32 at least)."""
+    dtype = torch.promote_types(a[0].dtype, torch.float32)
+    total = torch.zeros((), dtype=dtype, device=a[0].device)
+    for x, y in zip(a, b, strict=True):
+        total += torch.dot(x.reshape(-1).to(dtype), y.reshape(-1).to(dtype))
+    return total
+
+
+def projected_gradients(grads_by_domain: list[list[torch.Tensor]],
+                        generator: torch.Generator | None = None) -> list[list[torch.Tensor]]:
+    """Each task's gradient projected off the normal plane of every other task's original gradient
+    it conflicts with, the others taken in a random order per task drawn from `generator` (a CPU
+    generator: with the same seed and the same calls, every rank draws the same orders). The
+    inputs are not modified."""
+    count = len(grads_by_domain)
+    squared_norms = [dot(g, g) for g in grads_by_domain]
+    result = []
+    for i, own in enumerate(grads_by_domain):
+        projected = [t.clone() for t in own]
+        for j in (j for j in torch.randperm(count, generator=generator).tolist() if j != i):
+            along = dot(projected, grads_by_domain[j])
+            if along < 0 and squared_norms[j] > 0:
+                scale = (along / squared_norms[j]).item()
+                for p, g in zip(projected, grads_by_domain[j]):
+                    p.add_(g, alpha=-scale)
+        result.append(projected)
+    return result
+
+
+def pcgrad(grads_by_domain: list[list[torch.Tensor]], generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """The PCGrad update: the sum of `projected_gradients` (one tensor per parameter)."""
+    projected = projected_gradients(grads_by_domain, generator)
+    return [torch.stack(parts).sum(0) for parts in zip(*projected)]
+
+
+def gradient_cosines(grads_by_domain: list[list[torch.Tensor]]) -> dict[tuple[int, int], float]:
+    """The cosine between every pair (i < j) of the tasks' original gradients (0 where one is zero)."""
+    norms = [dot(g, g).sqrt() for g in grads_by_domain]
+    cosines = {}
+    for i in range(len(grads_by_domain)):
+        for j in range(i + 1, len(grads_by_domain)):
+            denominator = norms[i] * norms[j]
+            value = dot(grads_by_domain[i], grads_by_domain[j]) / denominator if denominator > 0 else 0.0
+            cosines[(i, j)] = float(value)
+    return cosines

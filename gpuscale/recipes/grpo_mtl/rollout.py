@@ -1,0 +1,97 @@
+"""gpuscale's generation engine as TRL's `rollout_func`: GRPOTrainer(rollout_func=EngineRollout(...)).
+
+TRL 1.16 calls `rollout_func(prompts, trainer)` with this rank's prompts, each already repeated
+num_generations times in a row (its docstring says otherwise), and wants one completion per entry:
+{"prompt_ids", "completion_ids", "logprobs"} as lists per row. Each run of identical prompts is
+prefilled once and sampled for all its rows (`samples_per_prompt`). The log-probs returned are those
+of the distribution sampled from (temperature applied), which is what TRL's own recomputation gives
+(its fused LM head divides the logits by the same temperature).
+
+The engine is built on first use on the unwrapped model (trainer.model: the PEFT model with LoRA, the
+plain model otherwise; never the DDP wrapper, whose forward would prepare a backward). It follows
+the optimizer's updates by itself and leaves the train/eval mode as it found it.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import groupby
+
+
+class EngineRollout:
+    """Callable for `GRPOTrainer(rollout_func=...)`.
+
+    tokenizer: turns prompts (chats or text) into ids as `data.prompts.prompt_ids` does.
+    max_new_tokens / temperature: the trainer's max_completion_length and temperature.
+    seed: the sampling stream's seed (each rank adds its own offset).
+    max_columns: KV columns to reserve once (longest prompt + budget), so the buffers never regrow.
+    compile: torch.compile the engine's decode step (CUDA).
+    `seconds` adds up the time spent generating.
+    """
+
+    def __init__(self, tokenizer, max_new_tokens: int, temperature: float, seed: int = 0,
+                 max_columns: int = 0, compile: bool = False):
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.seed = seed
+        self.max_columns = max_columns
+        self.compile = compile
+        self.engine = None
+        self.generator = None
+        self.seconds = 0.0
+
+    def __call__(self, prompts: list, trainer) -> dict[str, list]:
+        from gpuscale.engines.generation import Sampling
+
+        started = time.perf_counter()
+        engine = self._engine_for(trainer)
+        ids = [self._prompt_ids(prompt) for prompt in prompts]
+        unique, per_prompt = repeated_runs(ids)
+        if per_prompt is None:  # runs of different lengths: every row prefilled by itself
+            unique, per_prompt = ids, 1
+        generation = engine.generate(unique, self.max_new_tokens, Sampling(temperature=self.temperature),
+                                     self.generator, samples_per_prompt=per_prompt)
+        completions = generation.sequences()
+        logprobs = [row[: len(tokens)] for row, tokens in zip(generation.sampled_logprobs.cpu().tolist(),
+                                                              completions)]
+        if engine.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(engine.device)
+        self.seconds += time.perf_counter() - started
+        return {"prompt_ids": [list(row) for row in ids], "completion_ids": completions, "logprobs": logprobs}
+
+    def _engine_for(self, trainer):
+        if self.engine is None:
+            import torch
+
+            from gpuscale.data.prompts import eos_token_ids, pad_token_id
+            from gpuscale.engines.generation import GenerationEngine
+
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            eos = eos_token_ids(model, self.tokenizer)
+            self.engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(self.tokenizer, eos),
+                                           compile=None if self.compile else False,  # None: on where it can be (CUDA)
+                                           max_columns=self.max_columns)
+            rank = trainer.accelerator.process_index
+            self.generator = torch.Generator(device=self.engine.device).manual_seed(self.seed * 1000 + rank)
+        return self.engine
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        """A prompt as data.py writes it: one user message (chat template applied with the
+        generation prompt, as TRL does), or text that TRL would tokenize with the special tokens."""
+        from gpuscale.data.prompts import prompt_ids
+
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        if len(prompt) != 1 or prompt[0]["role"] != "user":
+            raise ValueError("the engine's rollout takes one-message user prompts (data.py writes them)")
+        return prompt_ids(self.tokenizer, prompt[0]["content"])
+
+def repeated_runs(rows: list[list[int]]) -> tuple[list[list[int]], int | None]:
+    """(the distinct rows of each run of consecutive equal rows, the common run length), or (…, None)
+    when the runs differ in length."""
+    runs = [(key, sum(1 for _ in group)) for key, group in groupby(rows)]
+    lengths = {length for _, length in runs}
+    return [list(key) for key, _ in runs], (lengths.pop() if len(lengths) == 1 else None)
