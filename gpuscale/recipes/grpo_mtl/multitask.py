@@ -1,0 +1,160 @@
+"""TRL's GRPOTrainer over several task domains, with PCGrad as an option.
+
+`MultiTaskGRPOTrainer` adds to GRPOTrainer:
+- each completion carries its domain's index (`domain_ids`), for per-domain losses;
+- the time spent generating is measured (`time/generation` per step; `generation_seconds` in all);
+- `mtl="pcgrad"`: `training_step` computes one loss per domain on that domain's rows (`domain_loss`,
+  scaled so that the domains' losses add up to TRL's loss on the whole micro-batch), one gradient per
+  domain with `torch.autograd.grad` through the unwrapped model (a per-domain gradient bypasses
+  DDP's hooks, which only reduce what a backward accumulates), accumulates them over the step's
+  micro-batches, all-reduces them by hand across ranks (the mean, as DDP would), projects them
+  (pcgrad.py) and writes their sum into `.grad`; the trainer's own clipping and optimizer step
+  follow. Every rank evaluates every domain in the same order, even one it holds no row of: TRL's
+  loss runs collectives (for its metrics).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from trl import GRPOTrainer
+
+from gpuscale.recipes.grpo_mtl.pcgrad import gradient_cosines, pcgrad
+
+# How a domain's loss on its own rows relates to TRL's loss on the whole micro-batch, per loss type:
+# "tokens_global": normalised by the step's global token count (the same for any subset of rows);
+# "rows": a mean over the rows (scale by the domain's share of rows); "tokens_local": a mean over the
+# micro-batch's tokens (scale by the domain's share of tokens).
+LOSS_NORMALISATION = {"dapo": "tokens_global", "cispo": "tokens_global", "vespo": "tokens_global",
+                      "grpo": "rows", "sapo": "rows", "dr_grpo": "rows", "luspo": "rows", "bnpo": "tokens_local"}
+
+
+class MultiTaskGRPOTrainer(GRPOTrainer):
+    def __init__(self, *args, domains: list[str], mtl: str = "none", mtl_seed: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.domains = list(domains)
+        self.domain_index = {domain: i for i, domain in enumerate(self.domains)}
+        self.mtl = mtl
+        if mtl == "pcgrad" and self.loss_type not in LOSS_NORMALISATION:
+            raise ValueError(f"loss_type: {self.loss_type!r}: PCGrad cannot split this loss by domain")
+        # The same seed on every rank, drawn from the same number of times: the same orders everywhere.
+        self.pcgrad_generator = torch.Generator().manual_seed(mtl_seed)
+        self.generation_seconds = 0.0
+        self._domain_grads: list[list[torch.Tensor]] | None = None
+        self._micro_steps = 0
+
+    # ---- generation: timing and domain ids -----------------------------------------------------
+
+    def _generate(self, prompts: list):
+        started = self._now()
+        result = super()._generate(prompts)
+        seconds = self._now() - started
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["time/generation"].append(seconds)
+        if mode == "train":
+            self.generation_seconds += seconds
+        return result
+
+    def _now(self) -> float:
+        if self.accelerator.device.type == "cuda":
+            torch.cuda.synchronize(self.accelerator.device)
+        return time.perf_counter()
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        output["domain_ids"] = torch.tensor([self.domain_index[row["domain"]] for row in inputs],
+                                            device=self.accelerator.device)
+        return output
+
+    # ---- PCGrad --------------------------------------------------------------------------------
+
+    def domain_loss(self, model, inputs: dict, domain: int) -> torch.Tensor:
+        """TRL's loss on the rows of one domain, scaled so that the domains' losses add up to TRL's
+        loss on all the rows. A micro-batch without rows of the domain gives a zero loss through a
+        masked row (the model still runs: the loss's collectives must run on every rank)."""
+        rows = (inputs["domain_ids"] == domain).nonzero().squeeze(1)
+        empty = rows.numel() == 0
+        subset = select_rows(inputs, rows if not empty else torch.zeros(1, dtype=torch.long, device=rows.device))
+        if empty:
+            subset["completion_mask"] = torch.zeros_like(subset["completion_mask"])
+        loss = self._compute_loss(model, subset)
+        return loss * self._share(inputs, subset, len(rows))
+
+    def _share(self, inputs: dict, subset: dict, rows: int) -> float:
+        normalisation = LOSS_NORMALISATION[self.loss_type]
+        if normalisation == "tokens_global":
+            return 1.0
+        if normalisation == "rows":
+            return rows / inputs["completion_mask"].shape[0]
+        total = inputs["completion_mask"].sum().item()
+        return subset["completion_mask"].sum().item() / total if total else 0.0
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        if self.mtl != "pcgrad":
+            return super().training_step(model, inputs, num_items_in_batch)
+        started = time.perf_counter()
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        module = self.accelerator.unwrap_model(model)  # not DDP: its hooks expect a backward
+        parameters = [p for p in module.parameters() if p.requires_grad]
+        total = torch.zeros((), device=self.accelerator.device)
+        for domain in range(len(self.domains)):
+            with self.compute_loss_context_manager():
+                loss = self.domain_loss(module, inputs, domain)
+            grads = torch.autograd.grad(loss, parameters, allow_unused=True)
+            self._accumulate(domain, grads, parameters)
+            total += loss.detach()
+        self._micro_steps += 1
+        if self._micro_steps % self.current_gradient_accumulation_steps == 0:
+            self._write_pcgrad(parameters)
+        # GRPOTrainer.training_step's bookkeeping (its generation buffer index and step time).
+        self._step += 1
+        self._current_train_step_time += time.perf_counter() - started
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["step_time"].append(self._current_train_step_time)
+            self._current_train_step_time = 0.0
+        return total
+
+    def _accumulate(self, domain: int, grads, parameters) -> None:
+        if self._domain_grads is None:
+            self._domain_grads = [[torch.zeros_like(p) for p in parameters] for _ in self.domains]
+        for buffer, grad in zip(self._domain_grads[domain], grads):
+            if grad is not None:
+                buffer.add_(grad)
+
+    def _write_pcgrad(self, parameters) -> None:
+        """All-reduce the step's per-domain gradients, record how they conflict, project, and write
+        the sum into each parameter's .grad (the trainer clips and steps next)."""
+        grads = self._domain_grads
+        self._domain_grads = None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            for domain_grads in grads:
+                all_reduce_mean(domain_grads)
+        cosines = gradient_cosines(grads)
+        metrics = self._metrics["train"]
+        if cosines:
+            metrics["pcgrad/conflict_share"].append(sum(c < 0 for c in cosines.values()) / len(cosines))
+        for (i, j), cosine in cosines.items():
+            metrics[f"pcgrad/cosine_{self.domains[i]}_{self.domains[j]}"].append(cosine)
+        for parameter, update in zip(parameters, pcgrad(grads, self.pcgrad_generator)):
+            parameter.grad = update.to(parameter.dtype)
+
+
+def select_rows(inputs: dict, rows: torch.Tensor) -> dict:
+    """The inputs of the given rows: every per-row tensor indexed, everything else as it is."""
+    size = inputs["completion_ids"].shape[0]
+    return {key: value[rows] if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size
+            else value for key, value in inputs.items()}
+
+
+def all_reduce_mean(tensors: list[torch.Tensor]) -> None:
+    """Average tensors over the ranks in place, through one flat buffer (one collective)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset: offset + t.numel()].view_as(t))
+        offset += t.numel()

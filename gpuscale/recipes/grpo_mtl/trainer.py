@@ -1,0 +1,193 @@
+"""A rank's work in grpo-mtl: evaluate, train with TRL's GRPOTrainer over the domains, evaluate, save.
+
+The trainer itself (TRL's GRPOTrainer with domain ids, generation timing and PCGrad) is in
+multitask.py; this module builds it from the settings and turns its logs into the run's summary.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
+from gpuscale.recipes.grpo_mtl.data import domains_of, grpo_rows, training_and_test_examples
+
+# Peak dense bf16 FLOP/s by card, for MFU (NVIDIA's data sheets, without sparsity).
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
+    from gpuscale.recipes.common import load_generation_model, save_model
+
+    train, test = training_and_test_examples(settings)
+    loaded = load_generation_model(settings.model, ctx)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    before = evaluate(model, tokenizer, test, settings, ctx)
+    rows, dropped = grpo_rows(train, tokenizer, settings.max_prompt_length)
+    if not rows:
+        raise ValueError(f"max_prompt_length: {settings.max_prompt_length}: every training prompt is longer")
+    trained = train_grpo(rows, settings, ctx, reporter, model, tokenizer)
+    after = evaluate(trained.model, tokenizer, test, settings, ctx)
+    model_dir = save_model(trained.model, tokenizer, ctx) if settings.save_model else None
+    if ctx.is_main:
+        summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
+                   "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
+                   "train_examples": len(rows), "prompts_too_long": dropped, "eval_examples": len(test),
+                   **trained.figures}
+        summary.update({f"{name}_before": value for name, value in before.items()})
+        summary.update({f"{name}_after": value for name, value in after.items()})
+        summary["model_dir"] = str(model_dir) if model_dir else None
+        reporter.summary(summary)
+
+
+def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx) -> dict[str, float | None]:
+    """Held-out accuracy, overall and per domain, greedy and sampled at temperature 1:
+    {"accuracy_greedy": ..., "accuracy_greedy_<domain>": ..., "accuracy_sampled": ..., ...}."""
+    from gpuscale.recipes.common import held_out_accuracy
+
+    figures: dict[str, float | None] = {}
+    for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+        accuracy = held_out_accuracy(model, tokenizer, examples, ctx, max_new_tokens=settings.max_completion_length,
+                                     temperature=temperature, seed=settings.seed, answer_mode="strict") \
+            if examples else {"accuracy": None}
+        figures.update({name.replace("accuracy", f"accuracy_{label}", 1): v for name, v in accuracy.items()})
+    return figures
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainedModel:
+    """The trained model (LoRA merged, in the rank's dtype, in eval mode) and the training's figures."""
+
+    model: Any
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def train_grpo(rows: list[dict], settings: Settings, ctx, reporter, model, tokenizer) -> TrainedModel:
+    """GRPO on `rows` ({"prompt", "answer", "domain"}, the same on every rank: the trainer shards them)."""
+    import torch
+
+    if settings.lora_rank == 0 and ctx.dtype != torch.float32:
+        model = model.float()  # fp32 master weights; the forward runs under bf16/fp16 autocast
+    trainer, callback = build_trainer(rows, settings, ctx, reporter, model, tokenizer)
+    started = time.perf_counter()
+    trainer.train()
+    seconds = callback.final.get("train_runtime") or time.perf_counter() - started
+    figures = training_figures(trainer, callback, seconds, ctx, settings)
+    model = trainer.model
+    del trainer
+    gc.collect()
+    if settings.lora_rank:
+        model = model.merge_and_unload()
+    return TrainedModel(model.to(ctx.dtype).eval(), figures)
+
+
+def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, tokenizer):
+    """(MultiTaskGRPOTrainer, its ReporterCallback) for the run's settings."""
+    import datasets
+    from trl import GRPOConfig
+
+    from gpuscale.data.rewards import RewardRouter, parse_reward_weights
+    from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
+    from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
+    from gpuscale.recipes.grpo_mtl.rollout import EngineRollout
+    from gpuscale.recipes.sft.trainer import lora_config
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
+    datasets.disable_progress_bars()
+    domains = domains_of(rows)
+    weights, per_domain = parse_reward_weights(settings.reward_weights)
+    router = RewardRouter(weights, per_domain)
+    args = trainer_args(
+        settings, ctx, GRPOConfig,
+        num_generations=settings.num_generations,
+        gradient_accumulation_steps=accumulation_steps(settings, ctx.world_size),
+        max_completion_length=settings.max_completion_length,
+        temperature=settings.temperature,
+        beta=settings.beta,
+        loss_type=settings.loss_type,
+        reward_weights=router.reward_weights(domains),
+        use_transformers_continuous_batching=settings.generator == "continuous",
+        # PCGrad differentiates each domain's loss separately; checkpointing would recompute per domain.
+        activation_checkpointing=False,
+        torch_compile=False,  # `compile` is the engine's (its decode step), not the training forward's
+        remove_unused_columns=False,
+        log_completions=False,
+    )
+    rollout = None
+    if settings.generator == "engine":
+        rollout = EngineRollout(tokenizer, settings.max_completion_length, settings.temperature, seed=settings.seed,
+                                max_columns=settings.max_prompt_length + settings.max_completion_length,
+                                compile=settings.compile)
+    callback = ReporterCallback(reporter, ctx.world_size)
+    trainer = MultiTaskGRPOTrainer(
+        model=model,
+        reward_funcs=router.reward_funcs(domains),
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=lora_config(settings),
+        callbacks=[callback],
+        rollout_func=rollout,
+        domains=domains,
+        mtl=settings.mtl,
+        mtl_seed=settings.seed,
+    )
+    return trainer, callback
+
+
+def training_figures(trainer, callback, seconds: float, ctx, settings: Settings) -> dict[str, Any]:
+    """The summary's training figures: steps, rates, the generation/training split of the time, MFU
+    where the card's peak is known, and each domain's training reward at the start and the end."""
+    history = [entry for entry in trainer.state.log_history if "reward" in entry]
+    tokens = callback.tokens_seen
+    generation = trainer.generation_seconds
+    figures = {
+        "steps": trainer.state.global_step,
+        "train_tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "train_seconds": seconds,
+        "generation_seconds": generation,
+        "training_seconds": max(seconds - generation, 0.0),
+        "generation_share": generation / seconds if seconds > 0 else None,
+        "mfu": mfu(trainer.model, tokens / seconds / ctx.world_size if seconds > 0 else 0.0, ctx.device),
+    }
+    for key in ("reward", "completions/mean_length", "entropy", "kl", "pcgrad/conflict_share"):
+        figures.update(first_and_last(history, key))
+    for domain in trainer.domains:
+        figures.update(first_and_last(history, f"rewards/correctness_{domain}/mean", f"train_accuracy_{domain}"))
+    return figures
+
+
+def first_and_last(history: list[dict], key: str, name: str | None = None, window: int = 10) -> dict[str, float]:
+    """The mean of a logged figure over the first and the last `window` logs holding it (fewer if
+    the run logged it fewer than 2 x window times): {name_first, name_last}; {} if never logged."""
+    import math
+
+    values = [entry[key] for entry in history
+              if isinstance(entry.get(key), (int, float)) and not math.isnan(entry[key])]
+    if not values:
+        return {}
+    width = max(1, min(window, len(values) // 2))
+    name = name or key.replace("/", "_")
+    return {f"{name}_first": sum(values[:width]) / width, f"{name}_last": sum(values[-width:]) / width}
+
+
+def mfu(model, tokens_per_s_per_device: float, device) -> float | None:
+    """Model FLOPs utilisation: 6 x parameters x tokens/s over the card's peak bf16 FLOP/s (None
+    off known GPUs). Attention's sequence-squared term is left out, as the issue defines it."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((flops for card, flops in PEAK_BF16_FLOPS.items() if card in name), None)
+    if peak is None:
+        return None
+    parameters = sum(p.numel() for p in model.parameters())
+    return 6 * parameters * tokens_per_s_per_device / peak
