@@ -8,8 +8,9 @@ from gpuscale.engines.store import LIVE_STATUSES
 
 # Summary figures worth a column in a table of runs, in order of preference.
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
-# The figures a recipe reports as it goes that people look for first.
-PREFERRED_FIGURES = ("accuracy", "reward", "loss")
+# The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
+# of several parts is running, e.g. rft's generate / train / evaluate).
+PREFERRED_FIGURES = ("accuracy", "reward", "loss", "phase")
 # A table of runs: the CLI's `gpuscale runs` and the TUI's history. The figures come before the start
 # time, so at 80 columns what a run found is on screen and the date is what a narrow table cuts.
 RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")

@@ -1,0 +1,137 @@
+"""RFT: generated samples/s of gpuscale's generation against the seed's structure, and SFT tokens/s
+on 1 and on N GPUs, from real `gpuscale run --recipe rft` runs.
+
+    python bench/rft.py --out rft.json [--gpus 2] [--model random-qwen2.5-0.5b] [--questions 64]
+
+1. Generation: two runs at the same settings (30 samples per question at temperature 0.7, 8
+   questions per call, the same questions and length budget, one GPU): `generator=gpuscale` (the
+   generation engine: one prefill per question shared by its samples, CUDA graphs) and
+   `generator=transformers` (`model.generate` with `num_return_sequences`, the seed's datagen.py).
+   The figures are the run summaries' `samples_per_s` (all calls) and `samples_per_s_steady`
+   (without each rank's first call, which captures graphs / compiles).
+2. Training: the gpuscale run's kept set is reused (`data_from`) for a fixed number of SFT steps on
+   1 GPU and on --gpus GPUs, same per-device batch; tokens/s is the summary's (the trainer's own
+   count over its training time) and MFU = 6 x parameters x tokens/s / (GPUs x peak), attention's
+   share of the FLOPs left out (short sequences).
+
+A random model (`random-qwen2.5-0.5b`, the shape of Qwen2.5-0.5B) answers noise, so no sample is
+correct: the runs set include_gold=true so that there is a set to train on; its speed is what counts.
+On CPU (the script's own test) pass `--model tiny-math --gpus 2` and small sizes; the ranks are
+then CPU processes and MFU means nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def gpuscale_run(args, gpus: int, *settings: str) -> dict:
+    cmd = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", "rft", "--gpus", str(gpus),
+           "--model", args.model, "--dataset", args.dataset, "--set", f"seed={args.seed}",
+           "--set", "eval_examples=0", "--set", "save_model=false", "--set", "include_gold=true",
+           "--set", f"max_new_tokens={args.max_new_tokens}", "--set", f"max_length={args.max_length}",
+           "--set", f"precision={args.precision}", "--json"]
+    for setting in settings:
+        cmd += ["--set", setting]
+    print("$ gpuscale", " ".join(cmd[3:]), flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+    if done.returncode != 0:
+        print(done.stderr[-4000:], flush=True)
+        raise SystemExit("the run could not start")
+    run = json.loads(done.stdout)
+    if run["status"] != "succeeded":
+        raise SystemExit(f"run {run['id']} {run['status']}: {run['error']}")
+    return run
+
+
+def generation(args, generator: str, batch_size: int) -> dict:
+    run = gpuscale_run(args, 1, f"generator={generator}", f"max_examples={args.questions}",
+                       f"samples_per_question={args.samples}", f"batch_size={batch_size}",
+                       f"temperature={args.temperature}", f"compile={str(args.compile and generator == 'gpuscale')}",
+                       "max_steps=1", "train_batch_size=1")
+    s = run["summary"]
+    print(f"  -> {generator}: {s['samples_per_s']:.1f} samples/s ({s['samples_per_s_steady'] or 0:.1f} without the "
+          f"first call), {s['generated_tokens_per_s']:.0f} tokens/s, {s['generation_seconds']:.1f} s", flush=True)
+    return {"run": run["id"], **{key: s.get(key) for key in (
+        "samples_per_s", "samples_per_s_steady", "generated_tokens_per_s", "generation_seconds", "generated_samples",
+        "sample_accuracy", "kept_examples")}}
+
+
+def training(args, gpus: int, data_from: int, parameters: int) -> dict:
+    run = gpuscale_run(args, gpus, f"data_from={data_from}", f"max_steps={args.train_steps}",
+                       f"train_batch_size={args.train_batch_size}", f"learning_rate={args.learning_rate}",
+                       f"lora_rank={args.lora_rank}")
+    s = run["summary"]
+    mfu = 6 * parameters * s["tokens_per_s"] / (gpus * args.peak_tflops * 1e12) if s["tokens_per_s"] else None
+    print(f"  -> {gpus} GPU(s): {s['tokens_per_s']:.0f} tokens/s, MFU {100 * (mfu or 0):.2f}%, "
+          f"{s['steps']} steps in {s['train_seconds']:.1f} s", flush=True)
+    return {"run": run["id"], "gpus": gpus, "tokens_per_s": s["tokens_per_s"], "mfu": mfu,
+            "train_seconds": s["train_seconds"], "steps": s["steps"], "train_tokens": s["train_tokens"]}
+
+
+def model_parameters(name: str) -> int:
+    from gpuscale.data.models import describe_models
+
+    known = {row["name"]: row["parameters"] for row in describe_models()}
+    if name in known and known[name]:
+        return known[name]
+    from gpuscale.data.models import load_model
+
+    model, _ = load_model(name)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random-qwen2.5-0.5b")
+    parser.add_argument("--dataset", default="tiny-math")
+    parser.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU training run")
+    parser.add_argument("--questions", type=int, default=64, help="training questions generated for")
+    parser.add_argument("--samples", type=int, default=30, help="samples per question")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--batch-size", type=int, default=8, help="questions per call (both generators)")
+    parser.add_argument("--engine-batch-size", type=int, default=None,
+                        help="also time gpuscale at this many questions per call (its own best)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the engine's decode step")
+    parser.add_argument("--train-steps", type=int, default=30)
+    parser.add_argument("--train-batch-size", type=int, default=8, help="per device")
+    parser.add_argument("--learning-rate", type=float, default=2e-5)
+    parser.add_argument("--lora-rank", type=int, default=0)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100/H200)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
+    parser.add_argument("--out", default="rft.json")
+    args = parser.parse_args()
+    os.environ["GPUSCALE_HOME"] = args.home or tempfile.mkdtemp(prefix="gpuscale-bench-rft-")
+
+    results = {"settings": vars(args), "generation": {}, "training": []}
+    results["generation"]["gpuscale"] = engine = generation(args, "gpuscale", args.batch_size)
+    results["generation"]["transformers"] = baseline = generation(args, "transformers", args.batch_size)
+    if args.engine_batch_size:
+        results["generation"]["gpuscale_own_batch"] = generation(args, "gpuscale", args.engine_batch_size)
+    results["generation"]["speedup"] = engine["samples_per_s"] / baseline["samples_per_s"]
+    results["generation"]["speedup_steady"] = (engine["samples_per_s_steady"] or 0) / (
+        baseline["samples_per_s_steady"] or float("inf"))
+    parameters = model_parameters(args.model)
+    results["parameters"] = parameters
+    for gpus in sorted({1, args.gpus}):
+        results["training"].append(training(args, gpus, engine["run"], parameters))
+    one, most = results["training"][0], results["training"][-1]
+    results["training_scaling"] = most["tokens_per_s"] / one["tokens_per_s"] if one["tokens_per_s"] else None
+    with open(args.out, "w") as handle:
+        json.dump(results, handle, indent=1)
+    print(f"generation: gpuscale {results['generation']['speedup']:.1f}x transformers "
+          f"({results['generation']['speedup_steady']:.1f}x without first calls); training: {args.gpus} GPUs "
+          f"{results['training_scaling']:.2f}x one; written to {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

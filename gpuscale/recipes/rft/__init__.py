@@ -1,0 +1,101 @@
+"""rft: rejection-sampling fine-tuning (Yuan et al. 2023; the seeds' third system) in one run.
+
+1. Generate. Each training question is answered `samples_per_question` times at `temperature`,
+   `batch_size` questions per engine call, their k samples sharing one prefill (generation engine:
+   CUDA graphs on GPU); the questions are sharded over the ranks. The answers the strict checker
+   marks correct are kept, duplicates dropped (normalized text, or Yuan et al.'s distinct equation
+   lists), at most `keep_per_question` each, the gold answer added with `include_gold`. The kept set
+   is gathered and written to RUN_DIR/generated.jsonl (question, completion, domain, source), the
+   yield (share of questions with a correct answer, per domain) to RUN_DIR/generation.json.
+   `data_from=RUN_ID` (or a path to such a file) skips this and trains on an earlier run's set.
+   `generator=transformers` generates with `model.generate` and `num_return_sequences`, as the
+   seed did: the baseline the bench compares with.
+2. Train. Every rank fine-tunes on the whole kept set with sft's `train_sft` (TRL SFTTrainer, DDP
+   under `accelerate launch`, full or LoRA, merged after).
+3. Evaluate. Greedy and temperature-1 accuracy per domain on `eval_examples` held-out test
+   problems, before generation and after training; the trained model goes to RUN_DIR/model.
+
+The monitor shows the phase as the figure `phase` (0 = base evaluation, 1 = generate, 2 = train,
+3 = final evaluation) and one step count over the whole run (generation batches, then optimizer
+steps).
+
+Files: this one (settings and the recipe, no torch), filtering.py (what is kept), generate.py (the
+generation phase), trainer.py (a rank's whole run).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.sft import Settings as SFTSettings
+
+
+class Settings(SFTSettings):
+    # The seed's knob names: `oversample`, `MICRO_BATCH_SIZE` (sequences per generate call).
+    KEY_ALIASES = {**SFTSettings.KEY_ALIASES, "oversample": "samples_per_question", "k": "samples_per_question",
+                   "micro_batch_size": "max_rows_per_call", "per_device_train_batch_size": "train_batch_size"}
+    ENV_ALIASES = {"MICRO_BATCH_SIZE": "max_rows_per_call"}
+
+    batch_size: int = Field(8, ge=1, description="training questions per generation call per rank "
+                            "(each answered samples_per_question times)")
+    samples_per_question: int = Field(30, ge=1, le=4096, description="answers sampled per training question "
+                                      "(the seed's oversample)")
+    temperature: float = Field(0.7, gt=0.0, le=10.0, description="sampling temperature of the generated answers")
+    max_rows_per_call: int | None = Field(None, ge=1, description="at most this many sequences per generation "
+                                          "call (the seed's MICRO_BATCH_SIZE); fewer questions per call then")
+    keep_per_question: int = Field(4, ge=0, le=4096,
+                                   description="distinct correct answers kept per question (0 = all)")
+    dedupe: Literal["text", "equations"] = Field("text", description="text = normalized text; equations = Yuan et "
+                                          "al.'s distinct equation lists")
+    include_gold: bool = Field(False, description="train on each question's gold answer too")
+    generator: Literal["gpuscale", "transformers"] = Field(
+        "gpuscale", description="gpuscale = the generation engine; transformers = model.generate with "
+        "num_return_sequences (the seed's structure, the bench's baseline)")
+    data_from: str | None = Field(None, description="a run id (or path to its generated.jsonl) whose kept set "
+                                  "to train on instead of generating")
+    train_batch_size: int = Field(8, ge=1, description="training sequences per rank per micro-batch")
+    epochs: float = Field(3.0, gt=0.0, le=1000.0, description="passes over the kept set")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "cosine", description="learning-rate schedule after the warm-up")
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems scored greedily and at "
+                               "temperature 1 before and after (0 = no evaluation)")
+    eval_batch_size: int = Field(64, ge=1, description="test problems per evaluation call per rank")
+    max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
+    save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model")
+
+
+class RFT(Recipe):
+    name = "rft"
+    summary = ("rejection-sampling fine-tuning: sample answers, keep the correct distinct ones, "
+               "SFT on them, accuracy before/after")
+    settings_cls = Settings
+    launcher = "accelerate"
+    promised_figures = ("world_size", "kept_examples", "yield", "samples_per_s", "steps", "train_loss",
+                        "tokens_per_s", "accuracy_before", "accuracy_after", "sampled_accuracy_before",
+                        "sampled_accuracy_after")
+    smoke_settings = {"max_examples": 4, "samples_per_question": 4, "batch_size": 2, "max_new_tokens": 24,
+                      "max_steps": 2, "train_batch_size": 2, "max_length": 96, "eval_examples": 4,
+                      "save_model": False}
+
+    def check(self, settings: Settings) -> None:
+        """The model loads, the training split (unless the set comes from data_from) and the test
+        split parse, and data_from names a run or file that holds a generated set."""
+        super().check(settings)
+        from gpuscale.data.tasks import check_dataset
+
+        if settings.data_from:
+            from gpuscale.recipes.rft.data import generated_set_path
+
+            generated_set_path(settings.data_from)
+        else:
+            check_dataset(settings.dataset, "train", settings.max_examples)
+        if settings.eval_examples:
+            check_dataset(settings.dataset, "test", settings.eval_examples)
+
+    def run(self, settings: Settings, ctx, reporter) -> None:
+        from gpuscale.recipes.rft.trainer import run_rft
+
+        run_rft(settings, ctx, reporter)

@@ -1,0 +1,156 @@
+"""RFT's generation phase on one rank: its share of the training questions answered k times each,
+the answers filtered (filtering.py), the kept rows and the figures given back.
+
+Two samplers behind one call, `sample(prompts) -> token ids of k answers per prompt` (row i * k + j
+is answer j of prompt i):
+- `EngineSampler`: gpuscale's generation engine; a call's k samples per question share one prefill,
+  and the batch shape stays fixed (a short last batch is padded) so CUDA graphs are captured once;
+- `TransformersSampler`: `model.generate(..., num_return_sequences=k)` on left-padded prompts, the
+  seed's structure (its datagen.py, 8 questions at a time): the bench's baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gpuscale.recipes.rft.filtering import kept_answers, yield_by_domain
+
+
+@dataclass
+class GenerationResult:
+    """What a rank's generation produced: the kept rows (question, completion, domain, source, and
+    `index`, the question's place in the training set), one record per question (domain, samples
+    that were correct), and the counts behind the rates."""
+
+    kept: list[dict] = field(default_factory=list)
+    questions: list[dict] = field(default_factory=list)
+    samples: int = 0
+    correct: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    first_call_seconds: float = 0.0  # includes CUDA graph capture / compilation on a GPU
+    first_call_samples: int = 0
+
+
+def questions_per_call(settings) -> int:
+    """`batch_size` questions per call, fewer where max_rows_per_call (the seed's MICRO_BATCH_SIZE)
+    caps the sequences of one call."""
+    if settings.max_rows_per_call is None:
+        return settings.batch_size
+    return max(1, min(settings.batch_size, settings.max_rows_per_call // settings.samples_per_question))
+
+
+def generation_batches(settings, ctx, train: list[dict]) -> list[list[tuple[int, dict]]]:
+    """This rank's questions (with their index in the training set), cut into calls."""
+    from gpuscale.recipes.common import batched
+
+    return batched(ctx.shard(list(enumerate(train))), questions_per_call(settings))
+
+
+def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
+    """Answer every question of `batches` `samples_per_question` times and keep the filtered answers.
+    `log(batch_number, **figures)` is called after each call (counts of that call, running figures)."""
+    from gpuscale.data.prompts import prompt_ids
+    from gpuscale.data.scoring import decode_completions
+
+    sampler = make_sampler(settings, ctx, loaded, questions_per_call(settings))
+    k = settings.samples_per_question
+    result = GenerationResult()
+    for number, batch in enumerate(batches, start=1):
+        started = time.perf_counter()
+        tokens = sampler([prompt_ids(loaded.tokenizer, example["question"]) for _, example in batch])
+        texts = decode_completions(tokens, loaded.tokenizer, loaded.eos)
+        seconds = time.perf_counter() - started
+        result.seconds += seconds
+        if number == 1:
+            result.first_call_seconds, result.first_call_samples = seconds, len(tokens)
+        call_tokens = sum(len(row) for row in tokens)
+        result.tokens += call_tokens
+        result.samples += len(tokens)
+        for position, (index, example) in enumerate(batch):
+            _keep(result, index, example, texts[position * k : (position + 1) * k], settings)
+        log(number, tokens=call_tokens, samples=len(tokens), sample_accuracy=result.correct / result.samples,
+            **yield_by_domain(result.questions))
+    del sampler
+    _release_memory(ctx)
+    return result
+
+
+def _keep(result: GenerationResult, index: int, example: dict, answers: list[str], settings) -> None:
+    from gpuscale.data.rewards import correctness
+
+    correct = sum(correctness(answer, example["answer"], mode="strict") for answer in answers)
+    result.correct += int(correct)
+    domain = example.get("domain") or "all"
+    result.questions.append({"index": index, "domain": domain, "correct_samples": int(correct)})
+    kept = kept_answers(answers, example["answer"], dedupe=settings.dedupe, keep=settings.keep_per_question,
+                        include_gold=settings.include_gold)
+    result.kept += [{"index": index, "question": example["question"], "completion": completion,
+                     "domain": domain, "source": source} for completion, source in kept]
+
+
+def _release_memory(ctx) -> None:
+    import gc
+
+    gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()  # the KV cache and graphs go back before training allocates
+
+
+# ---- samplers ------------------------------------------------------------------------------------
+
+
+def make_sampler(settings, ctx, loaded, questions: int):
+    if settings.generator == "transformers":
+        return TransformersSampler(settings, ctx, loaded)
+    return EngineSampler(settings, ctx, loaded, questions)
+
+
+class EngineSampler:
+    def __init__(self, settings, ctx, loaded, questions: int):
+        from gpuscale.engines.generation import GenerationEngine, Sampling
+
+        self.engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,
+                                       compile=settings.compile and ctx.device.type == "cuda")
+        self.sampling = Sampling(temperature=settings.temperature)
+        self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
+        self.questions, self.k, self.max_new_tokens = questions, settings.samples_per_question, settings.max_new_tokens
+
+    def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
+        from gpuscale.recipes.common import padded_to
+
+        generation = self.engine.generate(padded_to(prompts, self.questions), self.max_new_tokens, self.sampling,
+                                          self.generator, samples_per_prompt=self.k)
+        return generation.sequences()[: len(prompts) * self.k]  # the padding's answers dropped
+
+
+class TransformersSampler:
+    """The seed's structure: left-padded prompts, `model.generate` with sampling and
+    `num_return_sequences`, plain multinomial sampling at the temperature (no top-k/top-p, as the
+    engine samples)."""
+
+    def __init__(self, settings, ctx, loaded):
+        self.model, self.eos, self.pad = loaded.model, loaded.eos, loaded.pad
+        self.settings, self.device = settings, ctx.device
+        torch.manual_seed(settings.seed * 1000 + ctx.rank)
+
+    def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        s = self.settings
+        with torch.no_grad():
+            output = self.model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=s.temperature,
+                top_k=0, top_p=1.0, num_return_sequences=s.samples_per_question, max_new_tokens=s.max_new_tokens,
+                eos_token_id=self.eos, pad_token_id=self.pad)
+        return [self._until_eos(row) for row in output[:, width:].tolist()]
+
+    def _until_eos(self, row: list[int]) -> list[int]:
+        for position, token in enumerate(row):
+            if token in self.eos:
+                return row[: position + 1]
+        return row

@@ -1,0 +1,161 @@
+"""A rank's whole RFT run: evaluate the base model, generate (or reuse) the kept set, train on it
+with sft's `train_sft`, evaluate again, save.
+
+One step count runs through the phases (the front ends show progress from one counter and one
+total): `PhasedReporter` shifts each phase's steps past the previous phase's and adds the `phase`
+figure to every record.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gpuscale.recipes.rft import Settings
+from gpuscale.recipes.rft.data import (
+    GENERATED_FILE,
+    generated_set_path,
+    read_generated,
+    read_generation_figures,
+    write_generated,
+)
+
+BASE_EVALUATION, GENERATE, TRAIN, FINAL_EVALUATION = 0, 1, 2, 3
+
+
+class PhasedReporter:
+    """The rank's Reporter as each phase sees it: steps counted from 1 within the phase, logged after
+    the steps of the phases before; `total(n)` announces n steps for this phase plus the steps the
+    later phases are known to need (`after`)."""
+
+    def __init__(self, reporter):
+        self.reporter = reporter
+        self.phase, self.offset, self.last_step, self.after = BASE_EVALUATION, 0, 0, 0
+
+    def start(self, phase: int, steps: int, after: int = 0) -> PhasedReporter:
+        self.phase, self.offset, self.after = phase, self.last_step, after
+        self.total(steps)
+        self.reporter.log(step=self.offset, phase=phase)
+        return self
+
+    def log(self, step: int, **figures) -> None:
+        self.last_step = self.offset + int(step)
+        self.reporter.log(step=self.last_step, phase=self.phase, **figures)
+
+    def total(self, steps: int) -> None:
+        self.reporter.total(self.offset + int(steps) + self.after)
+
+
+def run_rft(settings: Settings, ctx, reporter) -> None:
+    from gpuscale.recipes.common import load_generation_model, save_model
+    from gpuscale.recipes.rft.generate import generation_batches
+    from gpuscale.recipes.sft.data import training_and_test_examples
+    from gpuscale.recipes.sft.trainer import train_sft
+
+    train, test = training_and_test_examples(settings)
+    loaded = load_generation_model(settings.model, ctx)
+    batches = [] if settings.data_from else generation_batches(settings, ctx, train)
+    phases = PhasedReporter(reporter)
+
+    phases.start(BASE_EVALUATION, 1, after=len(batches) + 1)
+    before = evaluate(loaded.model, loaded.tokenizer, test, settings, ctx, "before")
+    phases.log(1, **headline(before, "before"))
+
+    phases.start(GENERATE, len(batches), after=1)
+    if settings.data_from:
+        path = generated_set_path(settings.data_from)
+        rows, generation = read_generated(path), {**read_generation_figures(path), "data_from": str(path)}
+    else:
+        rows, generation = generate_phase(settings, ctx, loaded, batches, phases)
+
+    phases.start(TRAIN, 0, after=1)  # the trainer announces its steps when it starts
+    training_settings = settings.model_copy(update={"batch_size": settings.train_batch_size})
+    trained = train_sft(rows, training_settings, ctx, phases, model=loaded.model, tokenizer=loaded.tokenizer)
+
+    phases.start(FINAL_EVALUATION, 1)
+    after = evaluate(trained.model, loaded.tokenizer, test, settings, ctx, "after")
+    phases.log(1, **headline(after, "after"))
+    model_dir = save_model(trained.model, loaded.tokenizer, ctx) if settings.save_model else None
+    if ctx.is_main:
+        reporter.summary({
+            "world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
+            "generator": settings.generator, "train_questions": len(train), "eval_examples": len(test),
+            **training_figures(trained.figures), **generation, **before, **after, **gains(before, after),
+            "generated_set": str(ctx.run_dir / GENERATED_FILE) if not settings.data_from else generation["data_from"],
+            "model_dir": str(model_dir) if model_dir else None,
+        })
+
+
+def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedReporter) -> tuple[list[dict], dict]:
+    """Every rank generates its share; the kept rows and the per-question records are gathered on
+    every rank (each trains on the whole set); rank 0 writes them to the run folder. Returns the
+    rows and the generation's figures."""
+    from gpuscale.recipes.rft.filtering import yield_by_domain
+    from gpuscale.recipes.rft.generate import generate_kept_set
+
+    started = time.perf_counter()
+    mine = generate_kept_set(settings, ctx, loaded, batches, phases.log)
+    wall = time.perf_counter() - started
+    everyone = ctx.gather({"kept": mine.kept, "questions": mine.questions, "samples": mine.samples,
+                           "correct": mine.correct, "tokens": mine.tokens, "seconds": mine.seconds,
+                           "first": mine.first_call_seconds, "first_samples": mine.first_call_samples,
+                           "wall": wall})
+    rows = sorted((row for rank in everyone for row in rank["kept"]), key=lambda row: row["index"])
+    questions = [question for rank in everyone for question in rank["questions"]]
+    samples, tokens = sum(r["samples"] for r in everyone), sum(r["tokens"] for r in everyone)
+    seconds = max(r["seconds"] for r in everyone)  # the slowest rank sets the phase's time
+    steady = max(r["seconds"] - r["first"] for r in everyone)
+    steady_samples = samples - sum(r["first_samples"] for r in everyone)
+    figures = {
+        "samples_per_question": settings.samples_per_question, "temperature": settings.temperature,
+        "generated_samples": samples, "sample_accuracy": sum(r["correct"] for r in everyone) / max(1, samples),
+        **yield_by_domain(questions), "kept_examples": len(rows),
+        "kept_samples": sum(row["source"] == "sample" for row in rows),
+        "generation_seconds": seconds, "generation_wall_seconds": max(r["wall"] for r in everyone),
+        "samples_per_s": samples / seconds if seconds > 0 else None,
+        "generated_tokens_per_s": tokens / seconds if seconds > 0 else None,
+        # Without each rank's first call (CUDA graph capture, compilation): the rate that scales.
+        "samples_per_s_steady": steady_samples / steady if steady > 0 else None,
+    }
+    if ctx.is_main:
+        write_generated(ctx.run_dir, [{key: row[key] for key in ("question", "completion", "domain", "source")}
+                                      for row in rows], figures)
+    if not rows:
+        raise RuntimeError("no sampled answer was correct: nothing to train on (raise samples_per_question "
+                           "or max_new_tokens, or include_gold=true)")
+    return rows, figures
+
+
+def evaluate(model, tokenizer, test: list[dict], settings: Settings, ctx, when: str) -> dict:
+    """Greedy and temperature-1 accuracy, overall and per domain, strict answers:
+    `accuracy_<when>[_<domain>]` and `sampled_accuracy_<when>[_<domain>]`."""
+    from gpuscale.recipes.common import held_out_accuracy
+
+    if not test:
+        return {f"accuracy_{when}": None, f"sampled_accuracy_{when}": None}
+    figures = {}
+    for prefix, temperature in (("accuracy", 0.0), ("sampled_accuracy", 1.0)):
+        found = held_out_accuracy(model, tokenizer, test, ctx, max_new_tokens=settings.max_new_tokens,
+                                  temperature=temperature, seed=settings.seed, batch_size=settings.eval_batch_size,
+                                  answer_mode="strict")
+        figures.update({name.replace("accuracy", f"{prefix}_{when}", 1): value for name, value in found.items()})
+    return figures
+
+
+def training_figures(figures: dict) -> dict:
+    """train_sft's figures, its samples/s renamed: `samples_per_s` is the generation's here."""
+    renamed = {"samples_per_s": "train_samples_per_s"}
+    return {renamed.get(name, name): value for name, value in figures.items()}
+
+
+def headline(figures: dict, when: str) -> dict:
+    """The two overall accuracies only, for the monitor (the per-domain ones go to the summary)."""
+    return {name: figures[name] for name in (f"accuracy_{when}", f"sampled_accuracy_{when}")}
+
+
+def gains(before: dict, after: dict) -> dict:
+    """after - before for the two headline accuracies, in points."""
+    out = {}
+    for prefix in ("accuracy", "sampled_accuracy"):
+        a, b = before.get(f"{prefix}_before"), after.get(f"{prefix}_after")
+        out[f"{prefix}_gain_points"] = 100 * (b - a) if a is not None and b is not None else None
+    return out

@@ -1,0 +1,80 @@
+"""End to end on CPU: the rft recipe through the real CLI, 2 CPU ranks under the real `accelerate
+launch`: generation sharded over the ranks, the kept set gathered and written to the run folder,
+TRL SFT with DDP on gloo, evaluation before and after, the model saved; then a second run trains on
+the first one's set (`data_from`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from conftest import gpuscale, run_json
+from gpuscale.data.models import load_model
+from gpuscale.data.rewards import correctness
+from gpuscale.data.tasks import load_examples
+from gpuscale.engines.store import Store
+from gpuscale.recipes.registry import get_recipe
+
+TINY_RFT = ["--recipe", "rft", "--set", "max_examples=16", "--set", "samples_per_question=4",
+            "--set", "batch_size=4", "--set", "keep_per_question=2", "--set", "max_new_tokens=48",
+            "--set", "max_length=96", "--set", "train_batch_size=2", "--set", "eval_examples=8",
+            "--set", "learning_rate=1e-4"]
+
+
+def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
+    run = run_json("run", *TINY_RFT, "--gpus", "2", "--set", "max_steps=3", "--set", "include_gold=true")
+    assert run["status"] == "succeeded", run["error"]
+    command = run["command"]
+    assert "--multi_gpu" in command and command[command.index("--num_processes") + 1] == "2"
+    summary = run["summary"]
+    missing = [figure for figure in get_recipe("rft").promised_figures if figure not in summary]
+    assert not missing
+    assert summary["world_size"] == 2 and summary["steps"] == 3
+    assert summary["generated_samples"] == 16 * 4 and 0 <= summary["yield"] <= 1
+    assert summary["samples_per_s"] == summary["generated_samples"] / summary["generation_seconds"]
+    for when in ("before", "after"):
+        assert 0 <= summary[f"accuracy_{when}"] <= 1 and 0 <= summary[f"sampled_accuracy_{when}"] <= 1
+
+    # The kept set is in the run folder: every question's gold answer, and samples that are correct.
+    run_dir = Path(run["run_dir"])
+    rows = [json.loads(line) for line in (run_dir / "generated.jsonl").read_text().splitlines()]
+    assert len(rows) == summary["kept_examples"]
+    assert all(set(row) == {"question", "completion", "domain", "source"} for row in rows)
+    gold = {example["question"]: example["answer"] for example in load_examples("tiny-math", "train", 16)}
+    assert {row["question"] for row in rows if row["source"] == "gold"} == set(gold)  # both ranks' questions
+    samples = [row for row in rows if row["source"] == "sample"]
+    assert len(samples) == summary["kept_samples"]
+    assert all(correctness(row["completion"], gold[row["question"]], mode="strict") for row in samples)
+    for question in gold:
+        mine = [row["completion"] for row in samples if row["question"] == question]
+        assert len(mine) <= 2 and len(set(mine)) == len(mine)
+
+    # The monitor saw every phase, in order, on one rising step count.
+    phases = Store(home).metrics(run["id"], "phase")
+    rank0 = [m for m in phases if m["rank"] == 0]
+    assert [m["value"] for m in rank0] == sorted(m["value"] for m in rank0)
+    assert {m["value"] for m in rank0} == {0, 1, 2, 3}
+    assert [m["step"] for m in rank0] == sorted(m["step"] for m in rank0)
+
+    # The trained model is in the run folder, loads like any model, and differs from the base.
+    trained, tokenizer = load_model(summary["model_dir"])
+    original, _ = load_model("tiny-math")
+    assert tokenizer is not None
+    assert any(not torch.equal(w, original.state_dict()[name]) for name, w in trained.state_dict().items())
+
+    # A second run trains on the first run's set instead of generating.
+    again = run_json("run", *TINY_RFT, "--gpus", "1", "--set", "max_steps=1", "--set", f"data_from={run['id']}",
+                     "--set", "save_model=false")
+    assert again["status"] == "succeeded", again["error"]
+    assert again["summary"]["data_from"] == str(run_dir / "generated.jsonl")
+    assert again["summary"]["yield"] == summary["yield"]
+    assert not (Path(again["run_dir"]) / "generated.jsonl").exists()
+
+
+def test_data_from_a_run_that_does_not_exist_is_refused_before_launch(home):
+    result = gpuscale("run", "--recipe", "rft", "--set", "data_from=41")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith("data_from: '41': no run 41 in the history")
+    assert Store(home).list_runs() == []
