@@ -1,0 +1,155 @@
+"""grpo-mtl's pieces on the embedded model, in-process with one rank: its settings, the engine as
+TRL's rollout_func (its log-probs are TRL's own recomputation), per-domain losses and gradients that
+add up to TRL's, and a PCGrad step that writes the projected sum of the domains' gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpuscale.data.models import load_model
+from gpuscale.engines.distributed import RankContext
+from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.settings import SettingsError, resolve_settings
+from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
+from gpuscale.recipes.grpo_mtl.data import grpo_rows
+from gpuscale.recipes.grpo_mtl.pcgrad import pcgrad
+from gpuscale.recipes.grpo_mtl.rollout import repeated_runs
+from gpuscale.recipes.grpo_mtl.trainer import build_trainer
+
+GENERATIONS = 4
+
+
+def test_the_seed_s_verl_knobs_are_settings():
+    settings = resolve_settings(Settings, overrides={
+        "rollout.n": "4", "data.train_batch_size": "16", "ppo_micro_batch_size_per_gpu": "2",
+        "max_prompt_length": "128", "max_response_length": "64", "reward_weights": "correctness=1,counting.format=0.5",
+    }, environ={})
+    assert (settings.num_generations, settings.prompts_per_step, settings.batch_size) == (4, 16, 2)
+    assert (settings.max_prompt_length, settings.max_completion_length) == (128, 64)
+    assert accumulation_steps(settings, world_size=2) == 16  # 64 completions / (2 per rank x 2 ranks)
+    with pytest.raises(SettingsError, match="batch_size: 3: .* multiple of batch_size x ranks"):
+        accumulation_steps(settings.model_copy(update={"batch_size": 3}), world_size=1)
+    with pytest.raises(SettingsError, match="reward_weights: .*unknown reward 'speed'"):
+        resolve_settings(Settings, overrides={"reward_weights": "speed=1"}, environ={})
+
+
+def test_runs_of_repeated_prompts_are_prefilled_once():
+    assert repeated_runs([[1, 2], [1, 2], [3], [3]]) == ([[1, 2], [3]], 2)
+    assert repeated_runs([[1, 2], [1, 2], [3]]) == ([[1, 2], [3]], None)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A 1-rank MultiTaskGRPOTrainer on tiny-math with the engine generating at temperature 0.7."""
+    torch.manual_seed(0)
+    run_dir = tmp_path_factory.mktemp("grpo")
+    model, tokenizer = load_model("tiny-math")
+    from gpuscale.data.tasks import load_examples
+
+    examples = load_examples("tiny-math", "train", 40)
+    # Rows of two domains only: the third domain is absent from the batch (its loss must be zero).
+    examples = [e for e in examples if e["domain"] in ("arithmetic", "counting")][:4]
+    rows, _ = grpo_rows(examples, tokenizer, 256)
+    settings = Settings(num_generations=GENERATIONS, prompts_per_step=4, batch_size=16, max_steps=1,
+                        max_completion_length=24, temperature=0.7, learning_rate=1e-3, mtl="pcgrad")
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, run_dir)
+    reporter = Reporter(run_dir, 0)
+    all_rows = rows + [{**rows[0], "domain": "comparison"}]  # the trainer knows three domains
+    trainer, _callback = build_trainer(all_rows, settings, ctx, reporter, model, tokenizer)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by train()
+    batch = [row for row in rows for _ in range(GENERATIONS)]
+    yield trainer, batch
+    reporter.close()
+
+
+def test_the_engine_s_log_probs_are_trl_s_recomputation(setup):
+    trainer, batch = setup
+    inputs = trainer._generate_and_score_completions(batch)
+    assert trainer.model.training  # the engine left the mode as it found it
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        recomputed, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, inputs["completion_ids"].shape[1])
+    real = inputs["completion_mask"].bool()
+    assert real.sum() > 20
+    sampled = inputs["sampling_per_token_logps"]
+    assert torch.allclose(sampled[real], recomputed[real], atol=1e-4)
+    # Each prompt's samples differ (they were drawn, not copied), and the prompts are TRL's own.
+    groups = inputs["completion_ids"].view(-1, GENERATIONS, inputs["completion_ids"].shape[1])
+    assert any(len({tuple(row.tolist()) for row in group}) > 1 for group in groups)
+    assert inputs["domain_ids"].tolist() == [trainer.domain_index[row["domain"]] for row in batch]
+
+
+def scored_inputs(trainer, batch):
+    """A micro-batch with advantages of both signs (the generated ones may all be zero)."""
+    inputs = trainer._generate_and_score_completions(batch)
+    inputs["advantages"] = torch.linspace(-1.0, 2.0, inputs["advantages"].shape[0])
+    return inputs
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_per_domain_losses_and_gradients_add_up_to_trl_s(setup, loss_type):
+    trainer, batch = setup
+    trainer.loss_type = loss_type
+    try:
+        inputs = scored_inputs(trainer, batch)
+        parameters = [p for p in trainer.model.parameters() if p.requires_grad]
+        full = trainer._compute_loss(trainer.model, inputs)
+        full_grads = torch.autograd.grad(full, parameters)
+        parts = [trainer.domain_loss(trainer.model, inputs, d) for d in range(len(trainer.domains))]
+        absent = trainer.domain_index["comparison"]
+        assert parts[absent].item() == 0.0
+        assert full.abs() > 1e-3
+        assert torch.allclose(sum(parts), full, atol=1e-6)
+        summed = [torch.zeros_like(p) for p in parameters]
+        for part in parts:
+            for total, grad in zip(summed, torch.autograd.grad(part, parameters, allow_unused=True)):
+                if grad is not None:
+                    total += grad
+        for total, grad in zip(summed, full_grads):
+            assert torch.allclose(total, grad, atol=1e-6)
+    finally:
+        trainer.loss_type = "dapo"
+
+
+def conflicting_inputs(trainer, batch) -> dict:
+    """A micro-batch whose domains 0 and 1 pull against each other: domain 1's rows are copies of
+    half of domain 0's rows with the opposite advantages."""
+    from gpuscale.recipes.grpo_mtl.multitask import select_rows
+
+    inputs = scored_inputs(trainer, batch)
+    rows = inputs["completion_ids"].shape[0]
+    copies = select_rows(inputs, torch.arange(rows // 2))
+    merged = {key: torch.cat([value, copies[key]]) if isinstance(value, torch.Tensor) and value.dim() > 0
+              else value for key, value in inputs.items()}
+    merged["advantages"][rows:] *= -1
+    merged["domain_ids"] = torch.tensor([0] * rows + [1] * (rows // 2))
+    return merged
+
+
+def test_a_pcgrad_step_writes_the_projected_sum_of_the_domains_gradients(setup, monkeypatch):
+    trainer, batch = setup
+    prepared = conflicting_inputs(trainer, batch)
+    monkeypatch.setattr(trainer, "_generate_and_score_completions", lambda rows: prepared)
+    parameters = [p for p in trainer.model.parameters() if p.requires_grad]
+    for p in parameters:
+        p.grad = None
+    seed_state = trainer.pcgrad_generator.get_state()
+    trainer.training_step(trainer.model, batch, None)
+    written = [p.grad.clone() for p in parameters]
+    assert trainer._metrics["train"]["pcgrad/conflict_share"][-1] > 0
+    # The same step by hand, on the micro-batch the trainer trained on.
+    inputs = trainer._buffered_inputs[0]
+    per_domain = []
+    for d in range(len(trainer.domains)):
+        grads = torch.autograd.grad(trainer.domain_loss(trainer.model, inputs, d), parameters, allow_unused=True)
+        per_domain.append([g if g is not None else torch.zeros_like(p) for g, p in zip(grads, parameters)])
+    expected = pcgrad(per_domain, torch.Generator().set_state(seed_state))
+    for got, want in zip(written, expected):
+        assert torch.allclose(got, want, atol=1e-6)
+    # ... which is not the plain sum: the projection changed it.
+    plain = [sum(parts) for parts in zip(*per_domain)]
+    assert not all(torch.allclose(got, raw, atol=1e-6) for got, raw in zip(written, plain))
