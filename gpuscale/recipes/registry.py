@@ -23,6 +23,7 @@ BUILTIN = {
     "power-sampling": "gpuscale.recipes.power_sampling:PowerSampling",
     "sft": "gpuscale.recipes.sft:SFT",
     "eggroll": "gpuscale.recipes.eggroll:Eggroll",
+    "grpo-mtl": "gpuscale.recipes.grpo_mtl:GrpoMtl",
     "rft": "gpuscale.recipes.rft:RFT",
 }
 
