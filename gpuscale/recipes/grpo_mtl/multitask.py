@@ -4,7 +4,8 @@
 - each completion carries its domain's index (`domain_ids`), for per-domain losses;
 - the time spent generating is measured (`time/generation` per step; `generation_seconds` in all);
 - `mtl="pcgrad"`: `training_step` computes one loss per domain on that domain's rows (`domain_loss`,
-  scaled so that the domains' losses add up to TRL's loss on the whole micro-batch), one gradient per
+  scaled so that the domains' losses add up to TRL's loss on the whole micro-batch; the rows padded
+  with masked ones to the same count on every rank, since TRL's loss gathers per-row metrics), one gradient per
   domain with `torch.autograd.grad` through the unwrapped model (a per-domain gradient bypasses
   DDP's hooks, which only reduce what a backward accumulates), accumulates them over the step's
   micro-batches, all-reduces them by hand across ranks (the mean, as DDP would), projects them
@@ -70,26 +71,38 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
 
     # ---- PCGrad --------------------------------------------------------------------------------
 
-    def domain_loss(self, model, inputs: dict, domain: int) -> torch.Tensor:
+    def domain_loss(self, model, inputs: dict, domain: int, padded_rows: int | None = None) -> torch.Tensor:
         """TRL's loss on the rows of one domain, scaled so that the domains' losses add up to TRL's
-        loss on all the rows. A micro-batch without rows of the domain gives a zero loss through a
-        masked row (the model still runs: the loss's collectives must run on every rank)."""
+        loss on all the rows. The rows are padded with masked copies to `padded_rows` (every rank
+        must pass the same count: TRL's loss gathers per-row metrics, and gloo/NCCL need equal
+        sizes); a micro-batch without rows of the domain thus still runs the model (and the
+        collectives) and gives a zero loss."""
         rows = (inputs["domain_ids"] == domain).nonzero().squeeze(1)
-        empty = rows.numel() == 0
-        subset = select_rows(inputs, rows if not empty else torch.zeros(1, dtype=torch.long, device=rows.device))
-        if empty:
-            subset["completion_mask"] = torch.zeros_like(subset["completion_mask"])
+        padded_rows = max(padded_rows or 0, len(rows), 1)
+        padding = padded_rows - len(rows)
+        indices = torch.cat([rows, torch.zeros(padding, dtype=torch.long, device=rows.device)])
+        subset = select_rows(inputs, indices)
+        if padding:
+            subset["completion_mask"] = subset["completion_mask"].clone()
+            subset["completion_mask"][len(rows):] = 0
         loss = self._compute_loss(model, subset)
-        return loss * self._share(inputs, subset, len(rows))
+        return loss * self._share(inputs, subset)
 
-    def _share(self, inputs: dict, subset: dict, rows: int) -> float:
+    def _share(self, inputs: dict, subset: dict) -> float:
         normalisation = LOSS_NORMALISATION[self.loss_type]
         if normalisation == "tokens_global":
             return 1.0
         if normalisation == "rows":
-            return rows / inputs["completion_mask"].shape[0]
+            return subset["completion_mask"].shape[0] / inputs["completion_mask"].shape[0]
         total = inputs["completion_mask"].sum().item()
         return subset["completion_mask"].sum().item() / total if total else 0.0
+
+    def _rows_per_domain_on_any_rank(self, domain_ids: torch.Tensor) -> list[int]:
+        """Per domain, the most rows any rank holds in this micro-batch (one all-reduce)."""
+        counts = torch.bincount(domain_ids, minlength=len(self.domains))
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        return counts.tolist()
 
     def training_step(self, model, inputs, num_items_in_batch):
         if self.mtl != "pcgrad":
@@ -100,9 +113,10 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
         module = self.accelerator.unwrap_model(model)  # not DDP: its hooks expect a backward
         parameters = [p for p in module.parameters() if p.requires_grad]
         total = torch.zeros((), device=self.accelerator.device)
+        padded_rows = self._rows_per_domain_on_any_rank(inputs["domain_ids"])
         for domain in range(len(self.domains)):
             with self.compute_loss_context_manager():
-                loss = self.domain_loss(module, inputs, domain)
+                loss = self.domain_loss(module, inputs, domain, padded_rows[domain])
             grads = torch.autograd.grad(loss, parameters, allow_unused=True)
             self._accumulate(domain, grads, parameters)
             total += loss.detach()
