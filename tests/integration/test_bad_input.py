@@ -17,7 +17,7 @@ from gpuscale.engines.store import Store
 
 @pytest.mark.parametrize("args, message", [
     (["run", "--recipe", "nope"],
-     "recipe: 'nope': unknown recipe; known recipes: eggroll, power-sampling, probe, rft, sft"),
+     "recipe: 'nope': unknown recipe; known recipes: eggroll, grpo-mtl, power-sampling, probe, rft, sft"),
     (["run", "--recipe", "probe", "--set", "bogus=1"], "bogus: unknown setting"),
     (["run", "--recipe", "probe", "--batch-size", "0"], "batch_size: '0': Input should be greater than or equal to 1"),
     (["run", "--recipe", "probe", "--gpus", "999"], "gpus: 999: "),
