@@ -9,6 +9,10 @@ What `--dataset` accepts (`parse_dataset`):
   from a seed. Train and test are disjoint by construction: a question belongs to the test split iff a
   hash of its text says so, whatever the seed.
 - `tiny-math:arithmetic,counting`: the same problems, only those of the named domains.
+- `tiny-math-conflict`: two domains built to pull GRPO's gradients apart, for seeing what PCGrad
+  does: every tiny-math-style counting question twice, `counting` wanting the number of occurrences
+  N and `repeats` the number of repeats N - 1 (see "tiny-math-conflict" below for why they conflict).
+  Its subsets work as tiny-math's do (`tiny-math-conflict:repeats`).
 - `gsm8k`: `openai/gsm8k` (config `main`) through `datasets`, an optional dependency imported lazily
   (domain "gsm8k").
 - `a.jsonl` or `a.jsonl,b.jsonl`: local GSM8K-format files (one split by themselves). A row's domain is
@@ -17,7 +21,8 @@ What `--dataset` accepts (`parse_dataset`):
 
 Order, and what `max_examples` takes: always the first N of the data set's order. A generated task's
 order is its generator's (tiny-math draws its domains 50/25/25 from a seeded stream, so its first N hold
-every domain in about those shares; a domain subset keeps the same problems in the same order). Files
+every domain in about those shares; a domain subset keeps the same problems in the same order;
+tiny-math-conflict alternates the two domains, each twin right after its counting problem). Files
 are read in order; when they hold several domains, the rows are interleaved round-robin across domains
 (in the order the domains first appear, each domain's rows in file order), so the first N represent
 every domain equally until one runs out.
@@ -36,7 +41,7 @@ from pathlib import Path
 
 from gpuscale.data.answers import extract_strict, to_number
 
-KNOWN_TASKS = ("tiny-math", "gsm8k")
+KNOWN_TASKS = ("tiny-math", "tiny-math-conflict", "gsm8k")
 SPLITS = ("train", "test")
 GSM8K_HUB_ID = "openai/gsm8k"
 GSM8K_CONFIG = "main"
@@ -72,7 +77,7 @@ class DatasetSpec:
 
 def task_domains(task: str) -> tuple[str, ...]:
     """The domains a known task's rows carry."""
-    return TINY_MATH_DOMAINS if task == "tiny-math" else (GSM8K_DOMAIN,)
+    return {"tiny-math": TINY_MATH_DOMAINS, "tiny-math-conflict": CONFLICT_DOMAINS}.get(task, (GSM8K_DOMAIN,))
 
 
 def parse_dataset(name: str) -> DatasetSpec:
@@ -145,6 +150,8 @@ def load_examples(
     spec = _parse_named(name_or_path)
     if spec.task == "tiny-math":
         return tiny_math_examples(split, max_examples, seed, spec.domains)
+    if spec.task == "tiny-math-conflict":
+        return conflict_examples(split, max_examples, seed, spec.domains)
     if spec.paths:
         examples = interleave_domains([row for path in spec.paths for row in read_jsonl(path)])
     else:
@@ -304,7 +311,13 @@ def tiny_math_examples(split: str, max_examples: int | None, seed: int = 0,
                        domains: tuple[str, ...] | None = None) -> list[dict]:
     """The split's problems (TINY_MATH_SIZES of them), or only those of `domains`, the first
     `max_examples` of them: a domain subset holds the same problems as the whole task, in its order."""
-    problems = itertools.islice(_tiny_math_stream(split, seed), TINY_MATH_SIZES[split])
+    return _first_of_split(_tiny_math_stream(split, seed), split, max_examples, domains)
+
+
+def _first_of_split(stream: Iterator[dict], split: str, max_examples: int | None,
+                    domains: tuple[str, ...] | None) -> list[dict]:
+    """The first `max_examples` of the split's TINY_MATH_SIZES examples (of `domains` only, if given)."""
+    problems = itertools.islice(stream, TINY_MATH_SIZES[split])
     if domains is not None:
         problems = (example for example in problems if example["domain"] in domains)
     return list(itertools.islice(problems, max_examples))
@@ -425,15 +438,30 @@ def _comparison(rng: random.Random) -> dict:
 
 
 def _counting(rng: random.Random) -> dict:
+    return _counting_example(*_word_list(rng))
+
+
+def _word_list(rng: random.Random) -> tuple[list[str], str, int]:
+    """(a shuffled list of 4 to 10 words, the target word, how often it occurs in the list)."""
     target = rng.choice(LIST_WORDS)
     others = [w for w in LIST_WORDS if w != target]
     length = rng.randint(4, 10)
     hits = rng.randint(1, min(6, length - 1))
     words = [target] * hits + [rng.choice(others) for _ in range(length - hits)]
     rng.shuffle(words)
-    question = f"Here is a list: {', '.join(words)}. How many times does {target} appear in it?"
-    steps = [f"Counting {target}: " + ", ".join(str(i) for i in range(1, hits + 1)) + "."]
-    return _example("counting", question, steps, hits)
+    return words, target, hits
+
+
+def _counting_question(words: list[str], target: str) -> str:
+    return f"Here is a list: {', '.join(words)}. How many times does {target} appear in it?"
+
+
+def _counting_steps(target: str, hits: int) -> list[str]:
+    return [f"Counting {target}: " + ", ".join(str(i) for i in range(1, hits + 1)) + "."]
+
+
+def _counting_example(words: list[str], target: str, hits: int) -> dict:
+    return _example("counting", _counting_question(words, target), _counting_steps(target, hits), hits)
 
 
 _DOMAIN_GENERATORS: dict[str, Callable[[random.Random], dict]] = {
@@ -441,3 +469,52 @@ _DOMAIN_GENERATORS: dict[str, Callable[[random.Random], dict]] = {
     "comparison": _comparison,
     "counting": _counting,
 }
+
+
+# ---------------------------------------------------------------------------------------------------
+# tiny-math-conflict: two domains whose GRPO gradients pull against each other
+#
+# Every problem comes twice, with the same question: a tiny-math counting question ("Here is a list:
+# ... How many times does plum appear in it?"). Domain `counting` wants the number of occurrences, N;
+# domain `repeats` wants the number of repeats after the first occurrence, N - 1. The prompt does not
+# say which convention is asked: that is what makes the gradients conflict. On a counting question the
+# embedded model answers N about two times in three and N - 1 (stopping its count one short) most of
+# the other times, so both domains' groups of samples hold right and wrong answers, and GRPO raises
+# the probability of N on `counting` rows while lowering it in favour of N - 1 on their `repeats`
+# twins: the same prompts, opposite directions. (Its per-domain gradients had a cosine of -0.25 on
+# average in groups of 8 samples of 4 twin pairs; tiny-math's domains about 0.) No model can satisfy
+# both domains, so what shows is how each method trades them off: plain GRPO follows the sum of the
+# two gradients, PCGrad removes from each the part that undoes the other (and on tiny-math, whose
+# domains barely conflict, hardly changes anything).
+#
+# Other constructions were tried on the embedded model and conflicted far less (a mean cosine about
+# 0): a prompt marking the convention ("One more plum is added to it.", "..., less one?") is text the
+# model never saw, which scatters its answers, so the two domains' samples no longer overlap; and a
+# negated answer (`#### -N`) is never sampled, so that domain's groups all score 0, leaving its GRPO
+# advantages and gradient at zero.
+#
+# Twins share a split (the test split holds the problems whose question hashes to it, as tiny-math's
+# do), so no test question is trained on under either convention.
+
+CONFLICT_DOMAINS = ("counting", "repeats")
+
+
+def conflict_examples(split: str, max_examples: int | None, seed: int = 0,
+                      domains: tuple[str, ...] | None = None) -> list[dict]:
+    """The split's tiny-math-conflict rows (TINY_MATH_SIZES of them: a counting problem, then its
+    `repeats` twin, and so on), or only those of `domains`, the first `max_examples` of them."""
+    return _first_of_split(_conflict_stream(split, seed), split, max_examples, domains)
+
+
+def _conflict_stream(split: str, seed: int) -> Iterator[dict]:
+    rng = random.Random(f"tiny-math-conflict/{split}/{seed}")
+    want_test = split == "test"
+    seen = set()
+    while True:
+        words, target, hits = _word_list(rng)
+        counting = _counting_example(words, target, hits)
+        if is_test_question(counting["question"]) == want_test and counting["question"] not in seen:
+            seen.add(counting["question"])
+            yield counting
+            steps = _counting_steps(target, hits) + [f"Repeats after the first: {hits} - 1 = {hits - 1}."]
+            yield _example("repeats", counting["question"], steps, hits - 1)

@@ -356,3 +356,51 @@ def test_check_says_when_the_hub_package_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     message = _check_error("gsm8k")
     assert "'datasets' package" in message and ".jsonl" in message
+
+
+# ---------------------------------------------------------------------------------------------------
+# tiny-math-conflict: every counting question twice, answered N (counting) and N - 1 (repeats)
+
+
+@pytest.fixture(scope="module")
+def conflict_test():
+    return load_examples("tiny-math-conflict", "test", max_examples=400, seed=0)
+
+
+def test_conflict_rows_are_twins_of_the_two_domains(conflict_test):
+    assert "tiny-math-conflict" in KNOWN_TASKS and len(conflict_test) == 400
+    assert [e["domain"] for e in conflict_test] == ["counting", "repeats"] * 200
+    for counting, repeats in zip(conflict_test[::2], conflict_test[1::2]):
+        assert repeats["question"] == counting["question"]
+    # Distinct problems: every question once per domain.
+    assert len({e["question"] for e in conflict_test}) == 200
+
+
+def test_conflict_answers_count_occurrences_and_repeats(conflict_test):
+    for example in conflict_test:
+        match = re.fullmatch(COUNTING_QUESTION, example["question"])
+        words, target = match.group(1).split(", "), match.group(2)
+        expected = words.count(target) - (example["domain"] == "repeats")
+        assert int(gold_answer(example)) == expected, example
+        assert example["answer"].splitlines()[-1] == f"#### {expected}"
+    # Repeats can be 0 (a word that occurs once), never negative.
+    assert min(int(gold_answer(e)) for e in conflict_test if e["domain"] == "repeats") == 0
+
+
+def test_conflict_train_and_test_never_share_a_question(conflict_test):
+    train = load_examples("tiny-math-conflict", "train", max_examples=4000, seed=0)
+    assert {e["question"] for e in train}.isdisjoint({e["question"] for e in conflict_test})
+    assert all(is_test_question(e["question"]) for e in load_examples("tiny-math-conflict", "test", 50, seed=5))
+    assert not any(is_test_question(e["question"]) for e in train)
+    other_seed = load_examples("tiny-math-conflict", "train", max_examples=100, seed=1)
+    assert len({e["question"] for e in train[:100]} & {e["question"] for e in other_seed}) < 10
+
+
+def test_conflict_domain_subsets_and_names(conflict_test):
+    repeats = load_examples("tiny-math-conflict:repeats", "test", max_examples=200)
+    assert repeats == conflict_test[1::2]
+    for value in ("tiny-math-conflict", "tiny-math-conflict:counting,repeats"):
+        assert check_dataset_name(value) == value
+    message = _data_error("tiny-math-conflict:arithmetic")
+    assert "'arithmetic'" in message and "counting" in message and "repeats" in message
+    check_dataset("tiny-math-conflict", "train", max_examples=8)
