@@ -123,10 +123,12 @@ def test_dropout_is_off_during_engine_calls(setting):
 # ---- (a) optimizer steps -------------------------------------------------------------------------
 
 
-def train_steps(model, steps=3, lr=3e-2):
-    """A few real AdamW steps of next-token loss on random tokens (in place, as a training loop does)."""
+def train_steps(model, steps=3, lr=3e-2, fused=False):
+    """A few real AdamW steps of next-token loss on random tokens (in place, as a training loop does).
+    `fused`: the fused AdamW kernel, transformers' Trainer's default, which updates the weights
+    without bumping their version counters."""
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused)
     ids = torch.randint(1, 500, (4, 16), generator=torch.Generator().manual_seed(9)).to(device)
     for _ in range(steps):
         loss = model(input_ids=ids, labels=ids).loss
@@ -135,13 +137,14 @@ def train_steps(model, steps=3, lr=3e-2):
         optimizer.zero_grad()
 
 
-def test_decode_equals_teacher_forcing_after_optimizer_steps(setting):
+@pytest.mark.parametrize("fused_optimizer", [False, True], ids=["adamw", "adamw-fused"])
+def test_decode_equals_teacher_forcing_after_optimizer_steps(setting, fused_optimizer):
     device = setting[0]
     model = fresh_model(device)
     engine = make_engine(model, setting)
     before = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
     assert_decode_equals_teacher_forcing(model, before, setting)
-    train_steps(model)
+    train_steps(model, fused=fused_optimizer)
     after = engine.generate(PROMPTS, 16, SAMPLING, seeded(device, 0))
     assert_decode_equals_teacher_forcing(model, after, setting)
     # The step moved the model: the same engine would be off if it decoded the old weights.

@@ -97,7 +97,7 @@ class _FusedDecode:
     each layer's matmuls (k_proj, v_proj, up_proj); at larger batches it also gives cuBLAS wider
     matrices than k/v_proj's few columns. Norms, rotary embedding, activation, o_proj and down_proj
     are the model's own modules: only the wiring is ours. The copies follow the model: `refresh()`
-    (at every engine call) copies again, in place, any weight changed since.
+    (at every engine call) copies them again, in place.
 
     The wiring bypasses the forward of the decoder, its layers, their attention and MLP modules and
     the five fused linears: `still_valid()` says whether those are still the modules it was built
@@ -121,7 +121,6 @@ class _FusedDecode:
         self.row_terms: list[list[list[list[RowTerm]]]] = [
             [[[] for _ in names] for _ in decoder.layers] for _, names in self.GROUPS]
         self._bypassed = self._bypassed_modules()
-        self._seen = self._source_state()
 
     @staticmethod
     def _linears(layer, group) -> list:
@@ -181,24 +180,18 @@ class _FusedDecode:
         tensors = [getattr(m, name) for m in self._linears(layer, group)]
         return None if tensors[0] is None else torch.cat([t.detach() for t in tensors])
 
-    def _source_state(self):
-        """(address, version) of every copied tensor: in-place updates bump the version counter."""
-        return [(t.data_ptr(), t._version) for layer in self.decoder.layers for group in self.GROUPS
-                for m in self._linears(layer, group) for t in (m.weight, m.bias) if t is not None]
-
+    @torch.no_grad()
     def refresh(self):
-        """Copy again, into the same buffers (captured CUDA graphs keep their addresses), if a weight
-        changed since (an optimizer step, load_state_dict, ...)."""
-        state = self._source_state()
-        if state == self._seen:
-            return
-        with torch.no_grad():
-            for g, group in enumerate(self.GROUPS):
-                for i, layer in enumerate(self.decoder.layers):
-                    self.weights[g][i].copy_(self._cat(layer, group, "weight"))
-                    if self.biases[g][i] is not None:
-                        self.biases[g][i].copy_(self._cat(layer, group, "bias"))
-        self._seen = state
+        """Copy the model's weights into the fused buffers again, in place (captured CUDA graphs keep
+        their addresses). At every engine call, whether or not they changed: version counters cannot
+        tell, since fused optimizer kernels (torch's AdamW(fused=True), transformers' Trainer's
+        default) update weights without bumping them. The copy is one read and write of the fused
+        weights, small beside a generate call."""
+        for g, group in enumerate(self.GROUPS):
+            for i, layer in enumerate(self.decoder.layers):
+                for fused, name in ((self.weights[g][i], "weight"), (self.biases[g][i], "bias")):
+                    if fused is not None:
+                        torch.cat([getattr(m, name) for m in self._linears(layer, group)], out=fused)
 
     def __call__(self, input_ids, positions, mask, cache) -> torch.Tensor:
         """Last hidden states [B, H] of one token per row ([B] ids at [B] positions), attention
