@@ -481,11 +481,11 @@ _DOMAIN_GENERATORS: dict[str, Callable[[random.Random], dict]] = {
 # embedded model answers N about two times in three and N - 1 (stopping its count one short) most of
 # the other times, so both domains' groups of samples hold right and wrong answers, and GRPO raises
 # the probability of N on `counting` rows while lowering it in favour of N - 1 on their `repeats`
-# twins: the same prompts, opposite directions. (Its per-domain gradients had a cosine of -0.25 on
-# average in groups of 8 samples of 4 twin pairs; tiny-math's domains about 0.) No model can satisfy
-# both domains, so what shows is how each method trades them off: plain GRPO follows the sum of the
-# two gradients, PCGrad removes from each the part that undoes the other (and on tiny-math, whose
-# domains barely conflict, hardly changes anything).
+# twins: the same prompts, opposite directions. (The two gradients' cosine was -0.3 on average over
+# 8 steps of 4 twin pairs x 8 samples, tests/unit/test_conflict_gradients.py; tiny-math's domains'
+# about 0.) No model can satisfy both domains, so what shows is how each method trades them off:
+# plain GRPO follows the sum of the two gradients, PCGrad removes from each the part that undoes the
+# other (and on tiny-math, whose domains barely conflict, hardly changes anything).
 #
 # Other constructions were tried on the embedded model and conflicted far less (a mean cosine about
 # 0): a prompt marking the convention ("One more plum is added to it.", "..., less one?") is text the
