@@ -51,7 +51,7 @@ def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = Tru
     parser.add_argument("--batch-size", type=str, help="sequences per rank per step")
     parser.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
     parser.add_argument("--model", help="model name, hub id or local path")
-    parser.add_argument("--dataset", help="data set name or local JSONL file")
+    parser.add_argument("--dataset", help="tiny-math[:DOMAIN,...], tiny-math-conflict, gsm8k, or JSONL files (a.jsonl,b.jsonl)")
     parser.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="any setting of the recipe; repeatable")
