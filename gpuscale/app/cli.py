@@ -51,7 +51,8 @@ def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = Tru
     parser.add_argument("--batch-size", type=str, help="sequences per rank per step")
     parser.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
     parser.add_argument("--model", help="model name, hub id or local path")
-    parser.add_argument("--dataset", help="tiny-math[:DOMAIN,...], tiny-math-conflict, gsm8k, or JSONL files (a.jsonl,b.jsonl)")
+    parser.add_argument("--dataset",
+                        help="tiny-math[:DOMAIN,...], tiny-math-conflict, gsm8k, or JSONL files (a.jsonl,b.jsonl)")
     parser.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="any setting of the recipe; repeatable")
@@ -422,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="data sets")
     data = p.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     p = data.add_parser("export", help="a data set as JSON lines (question, answer)")
-    p.add_argument("name", help="tiny-math, gsm8k, or a .jsonl file")
+    p.add_argument("name", help="tiny-math[:DOMAIN,...], tiny-math-conflict, gsm8k, or a .jsonl file")
     p.add_argument("--split", default="test", choices=["test", "train"], help="which split (default test)")
     p.add_argument("--limit", type=int, help="at most this many examples")
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as a run's `seed` setting (default 0)")
