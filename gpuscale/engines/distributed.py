@@ -132,6 +132,11 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
         ctx = init_rank(settings, run_dir)
         print(f"rank {rank}/{ctx.world_size} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
         main(settings, ctx, reporter)
+        if dist.is_initialized():
+            # Leave together: a rank that tears its gloo group down while a peer is still finishing a
+            # collective can abort in gloo's threads ("terminate called without an active exception",
+            # seen once in CI after a run's work and summary were done), and the run counts as failed.
+            dist.barrier()
     except BaseException as exc:
         _write_error(run_dir, rank, exc)
         traceback.print_exc()

@@ -25,7 +25,7 @@ from gpuscale.engines.store import Store
     (["run", "--recipe", "power-sampling", "--model", "nope"],
      "model: 'nope': unknown model; known models: tiny-math, random-tiny, random-qwen2.5-0.5b"),
     (["run", "--recipe", "power-sampling", "--dataset", "nope"],
-     "dataset: 'nope': unknown data set; known data sets: tiny-math, gsm8k"),
+     "dataset: 'nope': unknown data set; known data sets: tiny-math, tiny-math-conflict, gsm8k"),
     (["run", "--recipe", "power-sampling", "--dataset", "/no/such/file.jsonl"],
      "dataset: '/no/such/file.jsonl': no such file"),
     (["run", "--recipe", "power-sampling", "--dataset", "tiny-math:arithmetic,algebra"],
