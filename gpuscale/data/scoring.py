@@ -6,7 +6,7 @@ one result row per completion, the same fields everywhere, so results.jsonl file
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gpuscale.data.answers import extract_answer, is_correct
 from gpuscale.data.tasks import gold_answer
@@ -45,12 +45,18 @@ def accuracy_by_domain(rows: Iterable[Mapping]) -> dict[str, float | None]:
     """`accuracy` over all rows (each with `correct`), and `accuracy_<domain>` for every domain the
     rows carry (sorted by name; rows without a domain count only in the overall figure). With no
     rows the accuracy is None: there is nothing to measure, which is not the same as 0."""
-    rows = list(rows)
-    figures = {"accuracy": _mean_correct(rows)}
-    for domain in sorted({row["domain"] for row in rows if row.get("domain")}):
-        figures[f"accuracy_{domain}"] = _mean_correct([row for row in rows if row.get("domain") == domain])
+    return share_by_domain(rows, "accuracy", lambda row: bool(row["correct"]))
+
+
+def share_by_domain(items: Iterable[Mapping], name: str, counts: Callable[[Mapping], bool]) -> dict[str, float | None]:
+    """`name`: the share of items for which `counts(item)` holds, and `name_<domain>` for every domain
+    the items carry (sorted; items without a domain count only overall). None where there are no items."""
+    items = list(items)
+
+    def share(chosen: list[Mapping]) -> float | None:
+        return sum(bool(counts(item)) for item in chosen) / len(chosen) if chosen else None
+
+    figures = {name: share(items)}
+    for domain in sorted({item["domain"] for item in items if item.get("domain")}):
+        figures[f"{name}_{domain}"] = share([item for item in items if item.get("domain") == domain])
     return figures
-
-
-def _mean_correct(rows: list[Mapping]) -> float | None:
-    return sum(bool(row["correct"]) for row in rows) / len(rows) if rows else None

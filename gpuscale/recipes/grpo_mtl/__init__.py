@@ -19,7 +19,6 @@ gradients), trainer.py (a rank's work and the GRPOTrainer subclass).
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -96,10 +95,9 @@ class Settings(RunSettings):
     @field_validator("lora_targets")
     @classmethod
     def _check_targets(cls, value: str) -> str:
-        value = value.strip()
-        if value != "all-linear" and not re.fullmatch(r"\w+(\s*,\s*\w+)*", value):
-            raise ValueError("expected all-linear or module names like q_proj,v_proj")
-        return value
+        from gpuscale.recipes.sft import checked_lora_targets
+
+        return checked_lora_targets(value)
 
     @property
     def completions_per_step(self) -> int:

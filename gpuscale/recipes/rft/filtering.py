@@ -74,12 +74,6 @@ def kept_answers(completions: Iterable[str], gold: str, *, dedupe: str = "text",
 def yield_by_domain(questions: Iterable[Mapping]) -> dict[str, float | None]:
     """The yield: the share of questions with at least one correct sample (`yield`), and per domain
     (`yield_<domain>`). Each item holds `domain` and `correct_samples`."""
-    questions = list(questions)
-    figures = {"yield": _share_solved(questions)}
-    for domain in sorted({q["domain"] for q in questions if q.get("domain")}):
-        figures[f"yield_{domain}"] = _share_solved([q for q in questions if q.get("domain") == domain])
-    return figures
+    from gpuscale.data.scoring import share_by_domain
 
-
-def _share_solved(questions: list[Mapping]) -> float | None:
-    return sum(q["correct_samples"] > 0 for q in questions) / len(questions) if questions else None
+    return share_by_domain(questions, "yield", lambda question: question["correct_samples"] > 0)

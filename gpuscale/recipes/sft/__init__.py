@@ -25,6 +25,13 @@ from gpuscale.engines.settings import RunSettings, SettingsError
 from gpuscale.recipes.contract import Recipe
 
 
+def checked_lora_targets(value: str) -> str:
+    """`lora_targets` as peft takes it: all-linear, or module names like q_proj,v_proj."""
+    value = value.strip()
+    if value != "all-linear" and not re.fullmatch(r"\w+(\s*,\s*\w+)*", value):
+        raise ValueError("expected all-linear or module names like q_proj,v_proj")
+    return value
+
 class Settings(RunSettings):
     KEY_ALIASES = {"lr": "learning_rate", "grad_accum": "gradient_accumulation", "micro_batch_size": "batch_size"}
 
@@ -59,10 +66,7 @@ class Settings(RunSettings):
     @field_validator("lora_targets")
     @classmethod
     def _check_targets(cls, value: str) -> str:
-        value = value.strip()
-        if value != "all-linear" and not re.fullmatch(r"\w+(\s*,\s*\w+)*", value):
-            raise ValueError("expected all-linear or module names like q_proj,v_proj")
-        return value
+        return checked_lora_targets(value)
 
 
 class SFT(Recipe):
