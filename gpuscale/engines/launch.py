@@ -142,13 +142,15 @@ def display_command(argv: list[str]) -> str:
 # ---- start, stop, reconcile -----------------------------------------------------------------------
 
 
-def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None) -> int:
+def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None,
+              notes: dict | None = None) -> int:
     """Check the run's input (`recipe.check`: data that does not parse, an empty data set...), then
     record the run and start its supervisor in a new session; returns the run id. Nothing is
-    recorded or started for input the recipe refuses."""
+    recorded or started for input the recipe refuses. `notes` are recorded with the settings in the
+    history (e.g. `batch_size_source`, where `--batch-size auto` found its batch), not given to ranks."""
     plan = plan or plan_devices(settings.gpus)
     recipe.check(settings)
-    run_id = store.create_run(recipe.name, settings.model_dump(), [], socket.gethostname())
+    run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname())
     run_dir = Path(store.get_run(run_id)["run_dir"])
     for sub in ("logs", "metrics", "errors"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)

@@ -149,6 +149,21 @@ def resolve_settings(
     environ: Mapping[str, str] | None = None,
 ) -> RunSettings:
     """Merge the layers and validate once. Raises SettingsError naming field, value and reason."""
+    merged = merge_layers(settings_cls, preset, overrides, environ)
+    try:
+        return settings_cls.model_validate(merged)
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc)) from None
+
+
+def merge_layers(
+    settings_cls: type[RunSettings],
+    preset: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The layers merged, by field name, not yet validated (a front end may resolve a word such as
+    `batch_size=auto` first)."""
     merged: dict[str, Any] = {}
     layers = [
         ("preset", read_preset(preset) if preset else {}),
@@ -158,10 +173,7 @@ def resolve_settings(
     for _origin, layer in layers:
         for key, value in layer.items():
             merged[settings_cls.field_for_key(key)] = value
-    try:
-        return settings_cls.model_validate(merged)
-    except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc)) from None
+    return merged
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -85,7 +85,22 @@ def _v1(db: sqlite_utils.Database) -> None:
     db["samples"].create_index(["run_id", "t"])
 
 
-MIGRATIONS = [_v1]
+def _v2(db: sqlite_utils.Database) -> None:
+    """Issue 15: tuned batch sizes, one row per key (recipe, model, device, precision, shape)."""
+    db["tunings"].create(
+        {
+            "id": int, "recipe": str, "model": str, "device": str, "precision": str, "shape": str,
+            "batch_size": int, "throughput": float, "figure": str, "peak_memory_bytes": int,
+            "memory_total_bytes": int, "memory_cap": float, "compile": int, "trials": str, "stopped": str,
+            "seconds": float, "created_at": float,
+        },
+        pk="id",
+    )
+    db["tunings"].create_index(["recipe", "model", "device", "precision", "shape"], unique=True)
+
+
+MIGRATIONS = [_v1, _v2]
+TUNING_KEY = ("recipe", "model", "device", "precision", "shape")
 METRIC_COLUMNS = ("run_id", "rank", "t", "step", "name", "value")
 SAMPLE_COLUMNS = ("run_id", "t", "kind", "idx", "name", "mem_used_mb", "mem_total_mb", "util", "power_w",
                   "temp_c", "sm_clock_mhz", "run_mem_mb")
@@ -394,6 +409,30 @@ class Store:
         keys = ("kind", "idx", "name", "peak_mem_used_mb", "mem_total_mb", "peak_run_mem_mb", "mean_util", "samples")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
+    # ---- tuned batch sizes (issue 15) ------------------------------------------------------------
+
+    def save_tuning(self, key: dict, **fields: Any) -> None:
+        """Store the tuning result for `key` (TUNING_KEY's fields), replacing an earlier one.
+        `trials` may be a list (stored as JSON)."""
+        if not isinstance(fields.get("trials", ""), str):
+            fields["trials"] = json.dumps(fields["trials"])
+        row = {**{name: key[name] for name in TUNING_KEY}, "created_at": time.time(), **fields}
+        with self.transaction():
+            self.db.execute(f"DELETE FROM tunings WHERE {' AND '.join(f'{k} = ?' for k in TUNING_KEY)}",
+                            [key[name] for name in TUNING_KEY])
+            self.db["tunings"].insert(row)
+
+    def find_tuning(self, key: dict) -> dict | None:
+        """The stored result for `key`, trials decoded; None when none is stored."""
+        rows = list(self.db["tunings"].rows_where(" AND ".join(f"{k} = ?" for k in TUNING_KEY),
+                                                  [key[name] for name in TUNING_KEY]))
+        return _decode_tuning(rows[0]) if rows else None
+
+    def list_tunings(self, recipe: str | None = None) -> list[dict]:
+        rows = self.db["tunings"].rows_where("recipe = ?" if recipe else None, [recipe] if recipe else [],
+                                             order_by="created_at desc")
+        return [_decode_tuning(row) for row in rows]
+
     # ---- incremental reads for the live monitor ---------------------------------------------
 
     def last_rowids(self) -> tuple[int, int]:
@@ -466,6 +505,13 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def _decode_tuning(row: dict) -> dict:
+    row = dict(row)
+    row["trials"] = json.loads(row["trials"]) if row.get("trials") else []
+    row["compile"] = bool(row.get("compile"))
+    return row
 
 
 def _decode_run(row: dict) -> dict:

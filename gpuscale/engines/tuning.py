@@ -6,9 +6,9 @@
    (a share of the card, 90% by default), throughput gains less than `min_gain` (5%) over the best so
    far, or `max_batch` is reached. Peers stop at "it fits"; the curve of throughput against batch
    flattens long before memory runs out (issue 15's H200 measurements), so flattening stops it too.
-2. Bisection near the best: the midpoint between the best and its tested neighbour above (the
-   largest batches are the likeliest to be faster), then below, while a midpoint is at least
-   `min_step` away from both ends, at most `refine_trials` trials.
+2. Bisection near the best: the midpoint between the best and its tried neighbour above (which
+   failed, passed the cap or was slower), and below too where the one above fitted but was slower
+   (a peak between them), at most `refine_trials` trials, never twice at one batch.
 3. Confirmation: the chosen batch is measured once more. A batch that fitted on its first trial can
    run out of memory on the next (the allocator's cache is fragmented by then, and a real run also
    keeps what earlier batches left): such a batch counts as not fitting, and the next best smaller
@@ -172,14 +172,19 @@ class _Search:
             self.run(candidate, "refine")
 
     def next_midpoint(self) -> int | None:
-        """The untried midpoint between the best and its nearest tried neighbour above, else below."""
+        """The untried midpoint between the best and its nearest tried neighbour above; below it only
+        where the neighbour above fitted but was slower (a peak between them). With nothing tried
+        above (the largest batch allowed) there is nothing to refine."""
         best = self.best()
         if best is None:
             return None
         tried = sorted({t.batch_size for t in self.result.trials})
         above = [size for size in tried if size > best.batch_size]
         below = [size for size in tried if size < best.batch_size]
-        for neighbour in ([above[0]] if above else []) + ([below[-1]] if below else []):
+        neighbours = [above[0]] if above else []
+        if above and below and above[0] in self.fitting():
+            neighbours.append(below[-1])
+        for neighbour in neighbours:
             middle = self.snap((best.batch_size + neighbour) / 2, best.batch_size, neighbour)
             if middle is not None and middle not in tried:
                 return middle

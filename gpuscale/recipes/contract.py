@@ -10,7 +10,9 @@ A recipe is a subclass of `Recipe` that declares, as class attributes,
 - `smoke_settings` the smallest settings that still exercise the whole recipe on the embedded
                    default on one CPU rank (the contract test runs them);
 
-and implements `run(settings, ctx, reporter)`, the work of one rank. `check(settings)` runs in the
+and implements `run(settings, ctx, reporter)`, the work of one rank. A recipe that can be tuned
+(`gpuscale tune`, `--batch-size auto`, issue 15) declares `tuning` (its throughput figure and the
+settings that change the shape of its work) and implements `trial_session(settings, ctx)`. `check(settings)` runs in the
 front end before anything is launched: a recipe refuses there what it can know is bad (a model that
 cannot load, data that does not parse, an empty data set) with one line naming the field, the value
 and the reason.
@@ -23,6 +25,9 @@ torch and the engines are imported inside `run`. Ranks are started as
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from gpuscale.engines.settings import RunSettings
@@ -30,8 +35,28 @@ from gpuscale.engines.settings import RunSettings
 if TYPE_CHECKING:  # torch is imported only inside a rank
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.metrics import Reporter
+    from gpuscale.engines.tuning import Trial
 
 Launcher = Literal["torchrun", "accelerate"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How a recipe is tuned (issue 15). `figure`: the throughput its trials measure (problems_per_s,
+    tokens_per_s...); `shape_settings`: the settings that change the shape of the work (answer length,
+    chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what the
+    tuned batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow
+    recipe cost minutes and are never the best); `cpu_batch_size`: what `--batch-size auto` means on
+    CPU with nothing stored (None: the settings' default)."""
+
+    figure: str
+    shape_settings: tuple[str, ...] = ()
+    knob: str = "batch_size per rank"
+    start: int = 8
+    cpu_batch_size: int | None = None
+
+
+TrialFn = Callable[[int], "Trial"]
 
 
 class Recipe(ABC):
@@ -41,6 +66,7 @@ class Recipe(ABC):
     launcher: ClassVar[Launcher] = "torchrun"
     promised_figures: ClassVar[tuple[str, ...]] = ()
     smoke_settings: ClassVar[dict[str, Any]] = {}
+    tuning: ClassVar[Tuning | None] = None  # None: `gpuscale tune` refuses the recipe
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -67,6 +93,22 @@ class Recipe(ABC):
         from gpuscale.data.models import check_model
 
         check_model(settings.model)
+
+    def trial_session(self, settings: RunSettings, ctx: RankContext) -> AbstractContextManager[TrialFn]:
+        """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of
+        the real work at that batch on `ctx.device`, warm-up excluded, with `throughput` in
+        `tuning.figure` and `step_seconds`; out of memory is raised (torch.cuda.OutOfMemoryError),
+        and peak memory is measured around the call by the tuner (recipes/tuning.py)."""
+        raise NotImplementedError(f"recipe {self.name} cannot be tuned")
+
+    def tune_batch_sizes(self, settings: RunSettings) -> list[int] | None:
+        """The batch sizes a tuner may try (None: any); a training recipe gives the divisors of the
+        global batch the user asked for, so that gradient accumulation can keep it."""
+        return None
+
+    def with_batch_size(self, settings: RunSettings, batch_size: int) -> RunSettings:
+        """The settings with the tuned batch; a training recipe also rescales gradient accumulation."""
+        return settings.model_copy(update={"batch_size": batch_size})
 
     @abstractmethod
     def run(self, settings: RunSettings, ctx: RankContext, reporter: Reporter) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 
 from pydantic import Field
 
 from gpuscale.engines.settings import RunSettings
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.contract import Recipe, Tuning
 
 
 class Settings(RunSettings):
@@ -31,9 +32,14 @@ class Probe(Recipe):
     settings_cls = Settings
     promised_figures = ("world_size", "tokens_per_s", "step_time_ms_median", "peak_mem_mb_per_rank")
     smoke_settings = {"steps": 2, "prompt_tokens": 4, "warmup_steps": 0, "batch_size": 2}
+    tuning = Tuning(figure="tokens_per_s", knob="sequences decoded together per rank",
+                    shape_settings=("prompt_tokens",), start=8)
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         run_probe(settings, ctx, reporter)
+
+    def trial_session(self, settings: Settings, ctx):
+        return probe_trial_session(settings, ctx)
 
 
 def load_probe_model(settings: Settings, ctx):
@@ -96,3 +102,35 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
                 "parameters": sum(p.numel() for p in model.parameters()),
             }
         )
+
+
+TRIAL_STEPS = 8  # decode steps timed per trial, after `warmup_steps` (at least 2) untimed ones
+
+
+@contextmanager
+def probe_trial_session(settings: Settings, ctx):
+    """The probe's work at a batch size: prefill random prompts, decode; tokens/s of the timed steps."""
+    import torch
+
+    from gpuscale.engines.tuning import Trial
+    from gpuscale.recipes.tuning import timed_steps
+
+    model = load_probe_model(settings, ctx)
+    generator = torch.Generator().manual_seed(settings.seed)
+
+    def trial(batch_size: int) -> Trial:
+        prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens), generator=generator)
+        with torch.inference_mode():
+            out = model(input_ids=prompts.to(ctx.device), use_cache=True)
+            state = {"cache": out.past_key_values, "next": out.logits[:, -1].argmax(-1, keepdim=True)}
+
+            def decode_step() -> int:
+                out = model(input_ids=state["next"], past_key_values=state["cache"], use_cache=True)
+                state["next"] = out.logits[:, -1].argmax(-1, keepdim=True)
+                return batch_size
+
+            rate, seconds = timed_steps(decode_step, min(settings.steps, TRIAL_STEPS), ctx.synchronize,
+                                        warm_up=max(2, settings.warmup_steps))
+        return Trial(batch_size, throughput=rate, step_seconds=seconds)
+
+    yield trial

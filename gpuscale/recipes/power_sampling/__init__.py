@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from gpuscale.engines.settings import RunSettings
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.contract import Recipe, Tuning
 
 
 class Settings(RunSettings):
@@ -64,6 +64,13 @@ class PowerSampling(Recipe):
     settings_cls = Settings
     promised_figures = ("method", "problems", "accuracy", "problems_per_s", "tokens_per_s", "warm_up_seconds")
     smoke_settings = {"max_examples": 2, "max_new_tokens": 8, "blocks": 2, "mcmc_steps": 1, "batch_size": 2}
+    tuning = Tuning(figure="problems_per_s", knob="problems per rank per batch", cpu_batch_size=8,
+                    shape_settings=("dataset", "split", "method", "max_new_tokens", "blocks", "mcmc_steps", "chains"))
+
+    def trial_session(self, settings: Settings, ctx):
+        from gpuscale.recipes.power_sampling.trial import trial_session
+
+        return trial_session(settings, ctx)
 
     def check(self, settings: Settings) -> None:
         super().check(settings)

@@ -1,0 +1,224 @@
+"""Tuning a recipe on one device (issue 15): its trials, run by the pure search of engines/tuning.py.
+
+`tune_recipe(recipe, settings, device)` opens the recipe's trial session (model and data loaded
+once, in this process), runs `search_batch_size` with it, and measures each trial's peak memory
+around the call: on a GPU the allocator's peak reserved bytes (what runs out), on CPU the process's
+peak resident memory (VmHWM, reset before each trial through /proc/self/clear_refs), against
+`memory_cap` of the card's memory or of the host's RAM. An out-of-memory error is a failed trial,
+not the end of the tuning.
+
+`tuning_key(...)` is what a stored result is found by: recipe, model, device name, precision and
+the recipe's shape-changing settings. Nothing here imports torch at module level (the TUI reads
+stored results through it).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuscale.engines.settings import RunSettings, SettingsError
+from gpuscale.engines.tuning import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MEMORY_CAP,
+    OUT_OF_MEMORY,
+    Trial,
+    TuneResult,
+    search_batch_size,
+)
+from gpuscale.recipes.contract import Recipe
+
+CPU_DEVICE_NAME = "cpu"
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    recipe: str
+    model: str
+    device: str  # the GPU's name (NVML's), or "cpu"
+    precision: str  # resolved: bf16, fp16 or fp32
+    shape: str  # JSON of the recipe's shape-changing settings, keys sorted
+
+    def as_dict(self) -> dict:
+        return {"recipe": self.recipe, "model": self.model, "device": self.device, "precision": self.precision,
+                "shape": self.shape}
+
+
+def resolved_precision(precision: str, compute_capability: tuple[int, int] | list[int] | None) -> str:
+    """The dtype `precision` means on a device (as engines.distributed.resolve_dtype decides it):
+    auto = bf16 from compute capability 8.0, fp16 below, fp32 on CPU (no capability)."""
+    if precision != "auto":
+        return precision
+    if not compute_capability:
+        return "fp32"
+    return "bf16" if compute_capability[0] >= 8 else "fp16"
+
+
+def tuning_key(recipe: Recipe, settings: RunSettings, device_name: str, precision: str) -> TuningKey:
+    if recipe.tuning is None:
+        raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
+    shape = {name: getattr(settings, name) for name in recipe.tuning.shape_settings}
+    return TuningKey(recipe.name, settings.model, device_name, precision, json.dumps(shape, sort_keys=True))
+
+
+# ---- the device --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where trials run: `index` None is the CPU."""
+
+    index: int | None
+    name: str
+    compute_capability: tuple[int, int] | None
+
+    @property
+    def torch_name(self) -> str:
+        return "cpu" if self.index is None else f"cuda:{self.index}"
+
+
+def pick_device(gpu_indices: tuple[int, ...] | list[int]) -> Device:
+    """The first GPU the run would use (NVML's name and capability), or the CPU where there is none."""
+    from gpuscale.engines import telemetry
+
+    if not gpu_indices:
+        return Device(None, CPU_DEVICE_NAME, None)
+    gpus = {gpu["index"]: gpu for gpu in telemetry.list_gpus()}
+    gpu = gpus.get(gpu_indices[0], {})
+    capability = tuple(gpu.get("compute_capability") or ()) or None
+    return Device(gpu_indices[0], gpu.get("name", f"GPU {gpu_indices[0]}"), capability)
+
+
+# ---- running the trials --------------------------------------------------------------------------------
+
+
+@dataclass
+class TuneOutcome:
+    key: TuningKey
+    result: TuneResult
+    memory_total_bytes: int
+    memory_cap: float
+    seconds: float
+    compile: bool = False
+
+
+def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory_cap: float = DEFAULT_MEMORY_CAP,
+                max_batch: int = DEFAULT_MAX_BATCH, start: int | None = None,
+                progress: Callable[[Trial], None] | None = None) -> TuneOutcome:
+    """Search the batch size of `recipe` at `settings` on `device`, trials in this process."""
+    import torch
+
+    from gpuscale.engines.distributed import RankContext, resolve_dtype
+
+    if recipe.tuning is None:
+        raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
+    torch_device = torch.device(device.torch_name)
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    dtype = resolve_dtype(settings.precision, torch_device)
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    total = device_memory_bytes(torch_device)
+    if start is None:
+        start = 1 if torch_device.type == "cpu" else recipe.tuning.start
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpuscale-tune-") as scratch:
+        ctx = RankContext(0, 0, 1, torch_device, dtype, Path(scratch))
+        torch.manual_seed(settings.seed)
+        with recipe.trial_session(settings, ctx) as trial:
+            result = search_batch_size(
+                lambda size: measured(trial, size, torch_device), memory_limit_bytes=memory_cap * total,
+                start=start, max_batch=max_batch, allowed=recipe.tune_batch_sizes(settings), progress=progress)
+    key = tuning_key(recipe, settings, device.name, precision)
+    return TuneOutcome(key, result, total, memory_cap, time.perf_counter() - started, settings.compile)
+
+
+def device_memory_bytes(device) -> int:
+    import psutil
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    return psutil.virtual_memory().total
+
+
+def measured(trial: Callable[[int], Trial], batch_size: int, device) -> Trial:
+    """One trial with its peak memory; out of memory gives a failed trial and the memory back."""
+    import torch
+
+    release_memory(device)
+    peak = PeakMemory(device)
+    try:
+        outcome = trial(batch_size)
+    except torch.cuda.OutOfMemoryError:
+        outcome = Trial(batch_size, failure=OUT_OF_MEMORY)
+    except RuntimeError as error:  # CPU allocators and some CUDA paths say it in a plain RuntimeError
+        if "out of memory" not in str(error).lower():
+            raise
+        outcome = Trial(batch_size, failure=OUT_OF_MEMORY)
+    if outcome.failure:
+        release_memory(device)
+        return outcome
+    return Trial(**{**outcome.as_dict(), "peak_memory_bytes": outcome.peak_memory_bytes or peak.bytes()})
+
+
+def release_memory(device) -> None:
+    """What the last trial held goes back (its engine, KV cache, graphs), so trials do not add up."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class PeakMemory:
+    """Peak memory from now on: the CUDA allocator's peak reserved bytes, or on CPU the process's
+    peak resident set (VmHWM), reset by writing 5 to /proc/self/clear_refs (Linux); where that is
+    not allowed, the resident set when read (a lower bound)."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.high_water_mark = True
+        except OSError:
+            self.high_water_mark = False
+
+    def bytes(self) -> int:
+        import psutil
+        import torch
+
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_reserved(self.device)
+        if self.high_water_mark:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return psutil.Process().memory_info().rss
+
+
+def timed_steps(step: Callable[[], int], steps: int, synchronize: Callable[[], None],
+                warm_up: int = 1) -> tuple[float, float]:
+    """Run `step` (returning the work it did: problems, tokens...) `warm_up` times untimed, then
+    `steps` times timed; returns (work per second, median seconds of a step)."""
+    import statistics
+
+    for _ in range(warm_up):
+        step()
+        synchronize()
+    seconds, work = [], 0
+    for _ in range(steps):
+        started = time.perf_counter()
+        work += step()
+        synchronize()
+        seconds.append(time.perf_counter() - started)
+    return work / sum(seconds), statistics.median(seconds)
