@@ -7,6 +7,7 @@ started or written. `run` exits 0 only when the run succeeded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ from gpuscale.app.views.text import format_number, format_time, memory_text, set
 from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
 from gpuscale.engines import launch, telemetry
-from gpuscale.engines.settings import SettingsError, parse_assignments, resolve_settings
+from gpuscale.engines.settings import SettingsError, merge_layers, parse_assignments, resolve_settings
 from gpuscale.engines.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 from gpuscale.recipes.registry import all_recipes, get_recipe
 
@@ -48,7 +49,9 @@ USER_ERRORS = (SettingsError, UnknownRun, BadInput, DataError, ModelError, Store
 def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:
     parser.add_argument("--recipe", required=recipe_required, help="recipe name (see `gpuscale recipes`)")
     parser.add_argument("--gpus", help="'all', a count, or indices like 0,3 (CPU machines: number of ranks)")
-    parser.add_argument("--batch-size", type=str, help="sequences per rank per step")
+    parser.add_argument("--batch-size", type=str,
+                        help="per rank per step: a number, or auto (a stored `gpuscale tune` result, else tune first "
+                             "on a GPU; the CPU default on CPU)")
     parser.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
     parser.add_argument("--model", help="model name, hub id or local path")
     parser.add_argument("--dataset",
@@ -72,20 +75,35 @@ FLAG_FIELDS = ("gpus", "batch_size", "precision", "model", "dataset", "nnodes", 
 def settings_from_args(args: argparse.Namespace):
     """The recipe and its validated settings from the command line (and preset, and environment)."""
     recipe = get_recipe(args.recipe)
+    settings = resolve_settings(recipe.settings_cls, preset=args.preset, overrides=overrides_from_args(args))
+    return recipe, settings
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict:
     overrides = {field: getattr(args, field) for field in FLAG_FIELDS if getattr(args, field, None) is not None}
     overrides.update(parse_assignments(args.assignments))
-    settings = resolve_settings(recipe.settings_cls, preset=args.preset, overrides=overrides)
-    return recipe, settings
+    return overrides
+
+
+def run_settings_from_args(args: argparse.Namespace):
+    """As settings_from_args, with `batch_size` resolved where it says `auto` (a stored tuning result,
+    or `gpuscale tune` first on a GPU; app/tuning.py); also the notes recorded with the run."""
+    from gpuscale.app.tuning import settings_with_batch
+
+    recipe = get_recipe(args.recipe)
+    merged = merge_layers(recipe.settings_cls, preset=args.preset, overrides=overrides_from_args(args))
+    settings, notes = settings_with_batch(recipe, merged)
+    return recipe, settings, notes
 
 
 # ---- run ------------------------------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    recipe, settings = settings_from_args(args)
+    recipe, settings, notes = run_settings_from_args(args)
     plan = launch.plan_devices(settings.gpus)
     store = Store()
-    run_id = launch.start_run(store, recipe, settings, plan)
+    run_id = launch.start_run(store, recipe, settings, plan, notes=notes)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
@@ -144,6 +162,97 @@ def public_run(run: dict) -> dict:
     keys = ("id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error", "hint",
             "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid")
     return {key: run.get(key) for key in keys}
+
+
+# ---- tune -----------------------------------------------------------------------------------------
+
+PRECISIONS_TO_SEARCH = ("bf16", "fp16", "fp32")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Trials on one device (the first of --gpus; the CPU where there is none), the table and the
+    choice printed and stored (issue 15)."""
+    from gpuscale.recipes.tuning import pick_device
+
+    if not 0 < args.memory_cap <= 1:
+        raise BadInput(f"memory-cap: {args.memory_cap}: a share of the card's memory, above 0 and at most 1")
+    if args.max_batch < 1 or (args.start is not None and args.start < 1):
+        raise BadInput(f"max-batch/start: {args.max_batch}/{args.start}: both must be at least 1")
+    recipe, settings = tune_settings_from_args(args)
+    if recipe.tuning is None:
+        raise BadInput(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
+    device = pick_device(launch.plan_devices(settings.gpus).gpu_indices)
+    store = Store()
+    precisions = [settings.precision]
+    if args.precision_search:
+        precisions = [p for p in PRECISIONS_TO_SEARCH
+                      if p != "fp16" or device.index is not None]  # fp16 on CPU: slow, never the best
+    outcomes = [tune_once(recipe, settings.model_copy(update={"precision": p}), device, store, args)
+                for p in precisions]
+    best = max((o for o in outcomes if o.result.chosen), key=lambda o: o.result.chosen.throughput, default=None)
+    if args.compile_search and best is not None:
+        compare_compile(recipe, settings.model_copy(update={"precision": best.key.precision}), device, best, args)
+    if args.json:
+        print(json.dumps([{**o.key.as_dict(), "chosen": o.result.batch_size, "stopped": o.result.stopped,
+                           "seconds": o.seconds, "trials": [t.as_dict() for t in o.result.trials]}
+                          for o in outcomes], indent=2))
+    return 0 if best is not None else 1
+
+
+def tune_settings_from_args(args: argparse.Namespace):
+    if args.settings_json:  # `--batch-size auto` hands its run's settings over as they are
+        recipe = get_recipe(args.recipe)
+        return recipe, recipe.settings_cls.model_validate_json(Path(args.settings_json).read_text())
+    return settings_from_args(args)
+
+
+def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
+    from gpuscale.app.tuning import outcome_record, trial_line, trial_rows
+    from gpuscale.recipes.tuning import tune_recipe
+
+    figure = recipe.tuning.figure
+    print(f"tuning {recipe.name} ({recipe.tuning.knob}) on {device.name}, precision {settings.precision}, "
+          f"memory cap {args.memory_cap:.0%}, batches up to {args.max_batch}", file=sys.stderr)
+    count = {"trials": 0}
+
+    def progress(trial) -> None:
+        count["trials"] += 1
+        print(trial_line(count["trials"], trial, figure), file=sys.stderr, flush=True)
+
+    outcome = tune_recipe(recipe, settings, device, memory_cap=args.memory_cap, max_batch=args.max_batch,
+                          start=args.start, progress=progress)
+    out = sys.stderr if args.json else sys.stdout
+    with contextlib.redirect_stdout(out):
+        print_table(trial_rows([t.as_dict() for t in outcome.result.trials], figure))
+    chosen = outcome.result.chosen
+    print(f"doubling stopped: {outcome.result.stopped}; {count['trials']} trials in {outcome.seconds:.1f} s",
+          file=out)
+    if chosen is None:
+        print(f"no batch fitted under {args.memory_cap:.0%} of {device.name}'s memory; nothing stored", file=out)
+        return outcome
+    store.save_tuning(outcome.key.as_dict(), **outcome_record(outcome, figure))
+    print(f"chosen: batch {chosen.batch_size}, {chosen.throughput:.4g} {figure}, "
+          f"{chosen.peak_memory_bytes / 1e9:.2f} GB peak of {outcome.memory_total_bytes / 1e9:.1f} GB "
+          f"({outcome.key.precision}); stored: `--batch-size auto` uses it for this model and shape", file=out)
+    return outcome
+
+
+def compare_compile(recipe, settings, device, best, args: argparse.Namespace) -> None:
+    """The chosen batch measured again with `compile` flipped; the faster one is said (not applied)."""
+    from gpuscale.recipes.tuning import tune_recipe
+
+    batch = best.result.chosen.batch_size
+    flipped = tune_recipe(recipe, settings.model_copy(update={"compile": not settings.compile}), device,
+                          memory_cap=args.memory_cap, max_batch=batch, start=batch)
+    other = flipped.result.chosen
+    out = sys.stderr if args.json else sys.stdout
+    if other is None:
+        print(f"compile={not settings.compile}: batch {batch} did not fit", file=out)
+        return
+    gain = other.throughput / best.result.chosen.throughput - 1
+    print(f"compile={not settings.compile} at batch {batch}: {other.throughput:.4g} {recipe.tuning.figure} "
+          f"({gain:+.0%}); " + (f"add --set compile={str(not settings.compile).lower()}" if gain > 0.05
+                                else f"keep compile={str(settings.compile).lower()}"), file=out)
 
 
 # ---- history --------------------------------------------------------------------------------------
@@ -371,6 +480,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     add_follow_options(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("tune", help="find the throughput-best batch size on one GPU by short trials; stored "
+                                    "for `--batch-size auto`")
+    p.add_argument("--recipe", required=True, help="recipe name (see `gpuscale recipes`)")
+    p.add_argument("--gpus", help="the GPU to tune on, e.g. 3 or 3,4 (its first one); default the first GPU")
+    p.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
+    p.add_argument("--model", help="model name, hub id or local path")
+    p.add_argument("--dataset", help="as for `gpuscale run`")
+    p.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting of the recipe (those that shape the work are part of the stored key)")
+    p.add_argument("--max-batch", type=int, default=4096, help="the largest batch tried (default 4096)")
+    p.add_argument("--start", type=int, help="the first batch tried (default: the recipe's on a GPU, 1 on CPU)")
+    p.add_argument("--memory-cap", type=float, default=0.9,
+                   help="a batch whose peak memory passes this share of the card (of RAM on CPU) does not fit "
+                        "(default 0.9)")
+    p.add_argument("--precision-search", action="store_true", help="tune at bf16, fp16 and fp32 and compare")
+    p.add_argument("--compile-search", action="store_true", help="measure the chosen batch with compile flipped")
+    p.add_argument("--json", action="store_true", help="print the trials as JSON (the table goes to stderr)")
+    p.add_argument("--settings-json", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_tune, gpus=None)
 
     p = sub.add_parser("runs", help="the run history")
     p.add_argument("--recipe", help="only the runs of this recipe")

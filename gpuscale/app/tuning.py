@@ -1,0 +1,147 @@
+"""The front ends' side of tuning (issue 15): `gpuscale tune`, and the batch a run gets from
+`--batch-size auto`, shared by the CLI and the TUI. No torch here: trials run in `gpuscale tune`
+(recipes/tuning.py imports torch inside it), and `auto` on a GPU with nothing stored runs that
+command as a child process, so that the memory its trials held goes back before the run starts.
+
+Where a run's batch comes from, recorded in its settings as `batch_size_source`:
+- a number the user gave: "given";
+- `auto`: a stored result for (recipe, model, GPU, precision, shape) -> "stored (tuned DATE)"; with
+  none on a GPU, `gpuscale tune` first -> "tuned DATE"; on CPU the recipe's CPU default -> "default";
+- nothing given on a GPU: a stored result if there is one, else the recipe's default.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuscale.engines.launch import plan_devices
+from gpuscale.engines.settings import RunSettings, SettingsError, resolve_settings
+from gpuscale.engines.store import Store
+from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.tuning import Device, pick_device, resolved_precision, tuning_key
+
+
+def wants_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def tuned_date(row: dict) -> str:
+    return time.strftime("%Y-%m-%d", time.localtime(row["created_at"]))
+
+
+@dataclass
+class BatchChoice:
+    batch_size: int | None  # None: the settings' own default (power sampling sizes it in the rank)
+    source: str
+    stored: dict | None = None
+
+
+def stored_tuning(store: Store, recipe: Recipe, settings: RunSettings, device: Device) -> dict | None:
+    """The stored result for this recipe, model, shape, device and precision, or None."""
+    if recipe.tuning is None:
+        return None
+    precision = resolved_precision(settings.precision, device.compute_capability)
+    return store.find_tuning(tuning_key(recipe, settings, device.name, precision).as_dict())
+
+
+def choose_batch(recipe: Recipe, settings: RunSettings, device: Device, store: Store, auto: bool) -> BatchChoice:
+    """The batch for a run whose batch_size is `auto` (or, `auto` False, not given) on `device`."""
+    stored = stored_tuning(store, recipe, settings, device)
+    if stored:
+        return BatchChoice(stored["batch_size"], f"stored (tuned {tuned_date(stored)})", stored)
+    if not auto or recipe.tuning is None:
+        return BatchChoice(None, "default")
+    if device.index is None:
+        return BatchChoice(recipe.tuning.cpu_batch_size, "default")
+    tune_in_child(recipe, settings)
+    stored = stored_tuning(store, recipe, settings, device)
+    if not stored:
+        raise SettingsError(f"batch_size: 'auto': no batch of {recipe.name} fitted on {device.name} "
+                            f"(see the trials above); give a number")
+    return BatchChoice(stored["batch_size"], f"tuned {tuned_date(stored)}", stored)
+
+
+def tune_in_child(recipe: Recipe, settings: RunSettings) -> None:
+    """`gpuscale tune` for these settings in a child process (its GPU memory goes back when it ends)."""
+    with tempfile.TemporaryDirectory(prefix="gpuscale-tune-") as scratch:
+        path = Path(scratch) / "settings.json"
+        path.write_text(settings.model_dump_json())
+        print(f"batch_size auto: nothing stored for {recipe.name} on this GPU; tuning first", file=sys.stderr)
+        result = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "tune", "--recipe", recipe.name,
+                                 "--settings-json", str(path)], stdout=sys.stderr)
+    if result.returncode != 0:
+        raise SettingsError(f"batch_size: 'auto': tuning {recipe.name} failed (exit {result.returncode}); "
+                            "give a number, or run `gpuscale tune` to see why")
+
+
+def validated(recipe: Recipe, merged: dict[str, Any]) -> RunSettings:
+    """`merged` (settings by field name) validated; SettingsError naming field, value and reason."""
+    return resolve_settings(recipe.settings_cls, overrides=merged, environ={})
+
+
+def settings_with_batch(recipe: Recipe, merged: dict[str, Any], store: Store | None = None,
+                        validate=validated) -> tuple[RunSettings, dict]:
+    """Validate `merged` (the layers of a run's settings) with its batch resolved; returns the
+    settings and the notes recorded with the run (`batch_size_source`)."""
+    requested = merged.get("batch_size")
+    auto = wants_auto(requested)
+    if requested is not None and not auto:
+        return validate(recipe, merged), {"batch_size_source": "given"}
+    if auto and recipe.tuning is None:
+        raise SettingsError(f"batch_size: 'auto': recipe {recipe.name} cannot be tuned; give a number")
+    settings = validate(recipe, {key: value for key, value in merged.items() if key != "batch_size"})
+    device = pick_device(plan_devices(settings.gpus).gpu_indices)
+    if recipe.tuning is None or (not auto and device.index is None):
+        return settings, {"batch_size_source": "default"}
+    choice = choose_batch(recipe, settings, device, store or Store(), auto)
+    if choice.batch_size is not None:
+        settings = recipe.with_batch_size(settings, choice.batch_size)
+    return settings, {"batch_size_source": choice.source}
+
+
+# ---- what `gpuscale tune` prints --------------------------------------------------------------------
+
+
+def memory_gb(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1e9:.2f} GB"
+
+
+def trial_line(number: int, trial, figure: str) -> str:
+    if trial.failure:
+        return f"trial {number}: batch {trial.batch_size}: {trial.failure}"
+    cap = ", over the memory cap" if trial.over_cap else ""
+    return (f"trial {number}: batch {trial.batch_size}: {trial.throughput:.4g} {figure}, "
+            f"{memory_gb(trial.peak_memory_bytes)} peak, {trial.step_seconds:.3g} s/step ({trial.phase}){cap}")
+
+
+def trial_rows(trials: list[dict], figure: str) -> list[list[str]]:
+    rows = [["BATCH", figure.upper(), "PEAK MEMORY", "STEP S", "PHASE", "NOTE"]]
+    for trial in trials:
+        note = trial["failure"] or ("over the memory cap" if trial["over_cap"] else "")
+        rows.append([str(trial["batch_size"]), "-" if trial["throughput"] is None else f"{trial['throughput']:.4g}",
+                     memory_gb(trial["peak_memory_bytes"]),
+                     "-" if trial["step_seconds"] is None else f"{trial['step_seconds']:.3g}", trial["phase"], note])
+    return rows
+
+
+def tuning_summary(row: dict) -> str:
+    """One line for the TUI's form and the CLI: the tuned batch, its throughput and memory."""
+    share = (f" ({row['peak_memory_bytes'] / row['memory_total_bytes']:.0%} of {memory_gb(row['memory_total_bytes'])})"
+             if row.get("memory_total_bytes") else "")
+    return (f"tuned batch {row['batch_size']}: {row['throughput']:.4g} {row['figure']}, "
+            f"{memory_gb(row['peak_memory_bytes'])}{share} on {row['device']} {row['precision']}, {tuned_date(row)}")
+
+
+def outcome_record(outcome, figure: str) -> dict:
+    """The store's fields for a TuneOutcome (recipes/tuning.py)."""
+    chosen = outcome.result.chosen
+    return {"batch_size": chosen.batch_size, "throughput": chosen.throughput, "figure": figure,
+            "peak_memory_bytes": chosen.peak_memory_bytes, "memory_total_bytes": outcome.memory_total_bytes,
+            "memory_cap": outcome.memory_cap, "compile": outcome.compile, "stopped": outcome.result.stopped,
+            "trials": [trial.as_dict() for trial in outcome.result.trials], "seconds": outcome.seconds}
