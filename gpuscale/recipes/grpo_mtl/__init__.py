@@ -123,7 +123,8 @@ class GrpoMtl(Recipe):
     settings_cls = Settings
     launcher = "accelerate"
     promised_figures = ("world_size", "steps", "generator", "mtl", "tokens_per_s", "generation_seconds",
-                        "training_seconds", "accuracy_greedy_before", "accuracy_greedy_after",
+                        "training_seconds", "step_seconds_median", "generation_seconds_per_step",
+                        "accuracy_greedy_before", "accuracy_greedy_after",
                         "accuracy_sampled_before", "accuracy_sampled_after")
     smoke_settings = {"max_examples": 8, "batch_size": 4, "num_generations": 2, "prompts_per_step": 2,
                       "max_steps": 1, "max_completion_length": 8, "eval_examples": 2}

@@ -3,6 +3,7 @@
 `MultiTaskGRPOTrainer` adds to GRPOTrainer:
 - each completion carries its domain's index (`domain_ids`), for per-domain losses;
 - the time spent generating is measured (`time/generation` per step; `generation_seconds` in all);
+  `StepClock` times each optimizer step end to end and the generation inside it;
 - `mtl="pcgrad"`: `training_step` computes one loss per domain on that domain's rows (`domain_loss`,
   scaled so that the domains' losses add up to TRL's loss on the whole micro-batch; the rows padded
   with masked ones to the same count on every rank, since TRL's loss gathers per-row metrics), one gradient per
@@ -20,6 +21,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from gpuscale.recipes.grpo_mtl.pcgrad import gradient_cosines, pcgrad
@@ -172,3 +174,25 @@ def all_reduce_mean(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.copy_(flat[offset: offset + t.numel()].view_as(t))
         offset += t.numel()
+
+
+class StepClock(TrainerCallback):
+    """Wall time of every optimizer step, from the end of the previous one (or the start of training)
+    to the end of this one, the device synchronised, and the trainer's generation seconds within it:
+    `step_seconds` and `generation_seconds`, one entry per step."""
+
+    def __init__(self, trainer: MultiTaskGRPOTrainer):
+        self.trainer = trainer
+        self.step_seconds: list[float] = []
+        self.generation_seconds: list[float] = []
+        self._last_time = 0.0
+        self._last_generation = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_time, self._last_generation = self.trainer._now(), self.trainer.generation_seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now, generation = self.trainer._now(), self.trainer.generation_seconds
+        self.step_seconds.append(now - self._last_time)
+        self.generation_seconds.append(generation - self._last_generation)
+        self._last_time, self._last_generation = now, generation

@@ -74,11 +74,16 @@ def train_grpo(rows: list[dict], settings: Settings, ctx, reporter, model, token
 
     if settings.lora_rank == 0 and ctx.dtype != torch.float32:
         model = model.float()  # fp32 master weights; the forward runs under bf16/fp16 autocast
+    from gpuscale.recipes.grpo_mtl.multitask import StepClock
+
     trainer, callback = build_trainer(rows, settings, ctx, reporter, model, tokenizer)
+    clock = StepClock(trainer)
+    trainer.add_callback(clock)
     started = time.perf_counter()
     trainer.train()
     seconds = callback.final.get("train_runtime") or time.perf_counter() - started
     figures = training_figures(trainer, callback, seconds, ctx, settings)
+    figures.update(per_step_figures(clock))
     model = trainer.model
     del trainer
     gc.collect()
@@ -162,6 +167,21 @@ def training_figures(trainer, callback, seconds: float, ctx, settings: Settings)
     for domain in trainer.domains:
         figures.update(first_and_last(history, f"rewards/correctness_{domain}/mean", f"train_accuracy_{domain}"))
     return figures
+
+
+def per_step_figures(clock) -> dict[str, float | None]:
+    """Medians over the optimizer steps, the first left out when there are more (it builds the
+    optimizer's state and the engine's buffers, captures graphs): the step's wall time, its
+    generation part and the rest (scoring, the loss's forward and backward, the optimizer step)."""
+    import statistics
+
+    steps = list(zip(clock.step_seconds, clock.generation_seconds))
+    typical = steps[1:] or steps
+    if not typical:
+        return {"step_seconds_median": None, "generation_seconds_per_step": None, "training_seconds_per_step": None}
+    return {"step_seconds_median": statistics.median(step for step, _ in typical),
+            "generation_seconds_per_step": statistics.median(generation for _, generation in typical),
+            "training_seconds_per_step": statistics.median(step - generation for step, generation in typical)}
 
 
 def first_and_last(history: list[dict], key: str, name: str | None = None, window: int = 10) -> dict[str, float]:
