@@ -53,7 +53,7 @@ def teacher_forced_logprobs(model, prompt: list[int], answer: list[int]) -> torc
 def make_trainer(model, tokenizer, static_shapes: bool) -> Trainer:
     settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, prompts_per_step=2, batch_size=8,
                         max_new_tokens=6, temperature=1.0)
-    ctx = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
+    ctx = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"), synchronize=lambda: None)
     loaded = GenerationModel(model, tokenizer, eos=[tokenizer.eos_token_id], pad=tokenizer.pad_token_id or 0)
     engine = GenerationEngine(model, loaded.eos, pad_token_id=loaded.pad, static_shapes=static_shapes)
     train = [{"question": f"Tom has {n} apples and buys {n + 1} more. How many apples does he have?",

@@ -73,6 +73,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
             "method": settings.method, "population": settings.population, "world_size": ctx.world_size,
             "steps": settings.steps, "members_per_s": settings.population / typical,
             "tokens_per_s": everyone_tokens / sum(step_seconds), "step_seconds_median": typical,
+            **{f"{phase}_seconds_median": seconds for phase, seconds in trainer.clock.medians().items()},
             "fitness_mean_first": fitness_means[0], "fitness_mean_last": fitness_means[-1],
             "perturbed_matrices": len(trainer.linears),
             "weights_identical_across_ranks": len(set(checksums)) == 1, "weights_checksum": checksums[0],
@@ -92,6 +93,31 @@ def weights_checksum(linears) -> str:
     for _, module in linears:
         digest.update(module.weight.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+class PhaseClock:
+    """Seconds per phase of a step, summed within a step (a step may make several engine calls) and
+    kept per step; `medians` leaves the first step out (it captures graphs). Each lap synchronises
+    the device, so a phase's time is its own and not the queue's before it."""
+
+    def __init__(self, synchronize):
+        self.synchronize, self.steps = synchronize, []
+        self.last = 0.0
+
+    def start(self) -> None:
+        self.synchronize()
+        self.steps.append({})
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        self.synchronize()
+        now = time.perf_counter()
+        self.steps[-1][phase] = self.steps[-1].get(phase, 0.0) + now - self.last
+        self.last = now
+
+    def medians(self) -> dict[str, float]:
+        kept = self.steps[1:] or self.steps
+        return {phase: statistics.median(step.get(phase, 0.0) for step in kept) for phase in kept[0]}
 
 
 @dataclass
@@ -135,6 +161,7 @@ class Trainer:
         self.terms = self._add_row_terms() if settings.method == "eggroll" else []
         self.noise: list[es.LayerNoise] = []
         self.updater = es.Updater([module.weight for _, module in self.linears], settings.optimizer, settings.lr)
+        self.clock = PhaseClock(ctx.synchronize)  # where a step's time goes: noise, generate, score, gather, update
 
     def _add_row_terms(self):
         from gpuscale.engines.generation import RowTerm
@@ -151,19 +178,23 @@ class Trainer:
     def step(self, step: int) -> StepResult:
         """One ES step: this rank's members answer, every member's fitness is gathered, and the
         update is applied (the same on every rank)."""
-        s = self.settings
+        s, clock = self.settings, self.clock
+        clock.start()
         prompts = self._prompts(step)
         self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
                       for layer, (_, module) in enumerate(self.linears)]
+        clock.lap("noise")
         mine = list(range(self.first_member, self.first_member + self.local_members))
         result = StepResult(domains=[p["domain"] for p in prompts for _ in range(s.generations_per_prompt)])
         for start in range(0, len(mine), self.members_per_call):
             rewards, tokens = self._evaluate(mine[start : start + self.members_per_call], prompts)
             result.add(rewards, tokens)
         result.fitness = self._gather(torch.tensor(result.member_fitness, device=self.ctx.device))
+        clock.lap("gather")  # the rewards ended on the host: this is the gather, waiting for the others included
         coefficients = es.draw_coefficients(es.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic),
                                             s.antithetic)
         self.updater.apply(self.noise, coefficients, s.population, s.sigma, s.lr, s.rank)
+        clock.lap("update")
         return result
 
     def _prompts(self, step: int) -> list[dict]:
@@ -223,13 +254,16 @@ class Trainer:
 
         s, loaded = self.settings, self.loaded
         rows = [prompt["ids"] for _ in members for prompt in prompts]
+        self.clock.lap("load")
         generation = self.engine.generate(rows, s.max_new_tokens, Sampling(temperature=s.temperature),
                                           self.generator, samples_per_prompt=s.generations_per_prompt)
-        answers = generation.sequences()
+        answers, lengths = generation.sequences(), generation.lengths.tolist()
+        self.clock.lap("generate")
         golds = [prompt["answer"] for _ in members for prompt in prompts for _ in range(s.generations_per_prompt)]
         texts = decode_completions(answers, loaded.tokenizer, loaded.eos)
         rewards = [correctness(text, gold, s.answer_mode) for text, gold in zip(texts, golds)]
-        return rewards, generation.lengths.tolist()
+        self.clock.lap("score")
+        return rewards, lengths
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:
         """Every rank's fitnesses in member order, as one tensor (all ranks hold equal shares)."""
