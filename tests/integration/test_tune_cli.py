@@ -1,0 +1,77 @@
+"""Issue 15 through the real CLI on CPU: `gpuscale tune` runs real trials on the embedded model and
+stores its choice; `--batch-size auto` in a real run takes a stored result (and says so in the run's
+settings), or the CPU default; a bad batch_size is still refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from conftest import gpuscale, run_json
+from gpuscale.engines.store import Store
+
+TINY_POWER = ["--set", "max_new_tokens=8", "--set", "blocks=2", "--set", "mcmc_steps=1"]
+
+
+def test_tune_power_sampling_on_cpu_runs_real_trials_and_stores_the_choice(home):
+    result = gpuscale("tune", "--recipe", "power-sampling", "--max-batch", "4", *TINY_POWER, timeout=120)
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("trial ")]
+    assert progress[0].startswith("trial 1: batch 1: ") and "problems_per_s" in progress[0]
+    table = result.stdout.splitlines()
+    assert table[0].split()[:2] == ["BATCH", "PROBLEMS_PER_S"]
+    assert len(progress) == len([line for line in table[1:] if line.split()[0].isdigit()])
+    [stored] = Store(home).list_tunings("power-sampling")
+    assert stored["device"] == "cpu" and stored["precision"] == "fp32" and stored["model"] == "tiny-math"
+    assert json.loads(stored["shape"])["max_new_tokens"] == 8
+    assert stored["batch_size"] in (1, 2, 3, 4) and stored["throughput"] > 0
+    assert stored["peak_memory_bytes"] > 50 * 2**20  # the process holds the model: tens of MB at least
+    assert len(stored["trials"]) == len(progress)
+    assert f"chosen: batch {stored['batch_size']}," in result.stdout
+
+
+TUNED_AT = 1_795_000_000.0
+TUNED_DAY = time.strftime("%Y-%m-%d", time.localtime(TUNED_AT))
+
+
+def save_probe_tuning(home, batch_size: int, prompt_tokens: int = 4) -> None:
+    key = {"recipe": "probe", "model": "tiny-math", "device": "cpu", "precision": "fp32",
+           "shape": json.dumps({"prompt_tokens": prompt_tokens})}
+    Store(home).save_tuning(key, batch_size=batch_size, throughput=1.0, figure="tokens_per_s", trials=[],
+                            created_at=TUNED_AT)
+
+
+def test_auto_in_a_real_run_uses_the_stored_result_and_records_it(home):
+    save_probe_tuning(home, batch_size=3)
+    run = run_json("run", "--recipe", "probe", "--gpus", "1", "--batch-size", "auto", "--set", "steps=2",
+                   "--set", "prompt_tokens=4")
+    assert run["status"] == "succeeded"
+    assert run["settings"]["batch_size"] == 3
+    assert run["settings"]["batch_size_source"] == f"stored (tuned {TUNED_DAY})"
+    rank_settings = json.loads((home / "runs" / str(run["id"]) / "settings.json").read_text())
+    assert rank_settings["batch_size"] == 3  # what the rank ran with
+
+
+def test_auto_on_cpu_with_nothing_stored_is_the_cpu_default(home):
+    save_probe_tuning(home, batch_size=3, prompt_tokens=16)  # another shape: not this run's key
+    run = run_json("run", "--recipe", "probe", "--gpus", "1", "--set", "batch_size=auto", "--set", "steps=2",
+                   "--set", "prompt_tokens=4")
+    assert run["status"] == "succeeded"
+    assert (run["settings"]["batch_size"], run["settings"]["batch_size_source"]) == (8, "default")
+
+
+@pytest.mark.parametrize("value, reason", [("0", "greater than or equal to 1"), ("lots", "valid integer")])
+def test_a_bad_batch_size_is_still_refused(home, value, reason):
+    result = gpuscale("run", "--recipe", "probe", "--batch-size", value)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"gpuscale: error: batch_size: {value!r}: "
+                                                  + result.stderr.split(f"{value!r}: ", 1)[1].strip()]
+    assert reason in result.stderr
+    assert not home.exists()
+
+
+def test_tune_refuses_a_bad_memory_cap(home):
+    result = gpuscale("tune", "--recipe", "probe", "--memory-cap", "1.5")
+    assert result.returncode == 2 and "memory-cap: 1.5:" in result.stderr

@@ -1,0 +1,162 @@
+"""Issue 15: the batch-size search against simulated throughput/memory curves, and the store of
+tuned results (round trip, and an old runs.db upgraded with nothing lost)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from gpuscale.engines.store import SCHEMA_VERSION, Store
+from gpuscale.engines.tuning import OUT_OF_MEMORY, Trial, search_batch_size
+
+GB = 10**9
+
+
+class Card:
+    """A simulated card: throughput saturates as peak / (1 + half / batch), memory grows linearly
+    from the model's `base`, and a batch above `oom_above` runs out of memory. `oom_on_retry` lists
+    batches that fit on their first trial and run out of memory on every later one."""
+
+    def __init__(self, peak=100.0, half=200, base=1 * GB, per_item=GB // 10, oom_above=10**9, oom_on_retry=()):
+        self.peak, self.half, self.base, self.per_item = peak, half, base, per_item
+        self.oom_above, self.oom_on_retry = oom_above, set(oom_on_retry)
+        self.calls: list[int] = []
+
+    def __call__(self, batch: int) -> Trial:
+        retried = batch in self.calls
+        self.calls.append(batch)
+        if batch > self.oom_above or (retried and batch in self.oom_on_retry):
+            return Trial(batch, failure=OUT_OF_MEMORY)
+        rate = self.peak / (1 + self.half / batch)
+        return Trial(batch, throughput=rate, peak_memory_bytes=self.base + batch * self.per_item,
+                     step_seconds=batch / rate)
+
+
+def best_of_sweep(card: Card, limit: float, max_batch: int) -> float:
+    fitting = [card(b) for b in range(1, max_batch + 1)]
+    return max(t.throughput for t in fitting if t.failure is None and t.peak_memory_bytes <= limit)
+
+
+def test_doubling_stops_at_out_of_memory_and_refines_below_it():
+    card = Card(half=10_000, oom_above=700)  # still far from flat when memory runs out
+    result = search_batch_size(card, memory_limit_bytes=None, start=8)
+    assert [t.batch_size for t in result.trials if t.phase == "double"] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert result.stopped == "batch 1024: out of memory"
+    refined = [t.batch_size for t in result.trials if t.phase == "refine"]
+    assert refined and all(512 < b < 1024 for b in refined)  # between the best and the failure
+    assert 512 < result.batch_size <= 700
+    assert result.chosen.throughput >= 0.9 * best_of_sweep(Card(half=10_000, oom_above=700), float("inf"), 700)
+
+
+def test_five_percent_flattening_stops_doubling_long_before_memory_runs_out():
+    card = Card(half=20, oom_above=100_000)
+    result = search_batch_size(card, memory_limit_bytes=None, start=1)
+    doubled = [t.batch_size for t in result.trials if t.phase == "double"]
+    assert doubled[-1] <= 1024 and "gained less than 5%" in result.stopped
+    last, before = result.trials[len(doubled) - 1], result.trials[len(doubled) - 2]
+    assert last.throughput < before.throughput * 1.05
+    assert before.throughput >= 0 and all(t.failure is None for t in result.trials)
+    assert result.chosen.throughput >= 0.9 * card.peak  # within 10% of the plateau
+
+
+def test_a_gain_just_above_the_threshold_keeps_doubling():
+    """A curve whose every doubling gains 6% is followed to max_batch."""
+    def gaining(batch: int) -> Trial:
+        rate = 1.06 ** batch.bit_length()
+        return Trial(batch, throughput=rate, peak_memory_bytes=batch, step_seconds=1.0)
+
+    result = search_batch_size(gaining, memory_limit_bytes=None, start=1, max_batch=256)
+    assert result.stopped == "the largest batch allowed" and result.batch_size == 256
+
+
+def test_the_memory_cap_is_a_limit_like_out_of_memory():
+    card = Card(half=10_000, base=1 * GB, per_item=GB // 10)  # batch b takes 1 + b/10 GB
+    cap = 0.9 * 80 * GB  # 90% of an 80 GB card: batches up to 710 fit
+    result = search_batch_size(card, memory_limit_bytes=cap, start=8)
+    over = [t for t in result.trials if t.over_cap]
+    assert over and over[0].batch_size == 1024 and result.stopped == "batch 1024: over the memory cap"
+    assert result.chosen.peak_memory_bytes <= cap
+    assert result.batch_size > 512  # refined up between 512 and the cap
+
+
+def test_a_batch_that_fits_once_but_not_on_its_second_trial_is_dropped():
+    """OOM at a batch that fitted on the first try: the confirming trial fails, the batch counts as
+    not fitting, and the next best smaller batch is chosen (and confirmed)."""
+    card = Card(half=10_000, oom_above=100_000, oom_on_retry={512})
+    result = search_batch_size(card, memory_limit_bytes=None, start=64, max_batch=512)
+    confirms = [(t.batch_size, t.failure) for t in result.trials if t.phase == "confirm"]
+    assert confirms[0] == (512, OUT_OF_MEMORY)
+    assert result.batch_size < 512 and result.chosen.failure is None
+    assert confirms[-1] == (result.batch_size, None)
+
+
+def test_nothing_fits_gives_no_choice():
+    result = search_batch_size(Card(oom_above=0), memory_limit_bytes=None, start=4)
+    assert result.chosen is None and result.batch_size is None
+    assert result.stopped == "batch 4: out of memory"
+
+
+def test_allowed_batch_sizes_restrict_every_trial():
+    """A training recipe's divisors of its global batch: only those are tried."""
+    card = Card(half=10_000, oom_above=40)
+    allowed = [1, 2, 3, 4, 6, 8, 12, 16, 24, 48]
+    result = search_batch_size(card, memory_limit_bytes=None, allowed=allowed)
+    assert {t.batch_size for t in result.trials} <= set(allowed)
+    assert result.batch_size == 24
+
+
+def test_progress_sees_every_trial_in_order():
+    seen = []
+    result = search_batch_size(Card(), memory_limit_bytes=None, start=2, max_batch=16, progress=seen.append)
+    assert seen == result.trials
+
+
+# ---- the store ----------------------------------------------------------------------------------
+
+KEY = {"recipe": "power-sampling", "model": "tiny-math", "device": "NVIDIA H200", "precision": "bf16",
+       "shape": '{"max_new_tokens": 256}'}
+
+
+def test_store_round_trip_and_replace(tmp_path):
+    store = Store(tmp_path)
+    assert store.find_tuning(KEY) is None
+    trials = [Trial(8, 2.0, 10, 0.5).as_dict(), Trial(16, failure=OUT_OF_MEMORY).as_dict()]
+    store.save_tuning(KEY, batch_size=8, throughput=2.0, figure="problems_per_s", peak_memory_bytes=10,
+                      memory_total_bytes=100, memory_cap=0.9, compile=False, trials=trials, stopped="x", seconds=1.5)
+    row = Store(tmp_path).find_tuning(KEY)
+    assert (row["batch_size"], row["throughput"], row["figure"], row["trials"]) == (8, 2.0, "problems_per_s", trials)
+    assert [Trial.from_dict(t) for t in row["trials"]][1].failure == OUT_OF_MEMORY
+    assert store.find_tuning({**KEY, "shape": '{"max_new_tokens": 512}'}) is None  # another shape, another key
+    store.save_tuning(KEY, batch_size=16, throughput=3.0, figure="problems_per_s", trials=[])
+    assert [r["batch_size"] for r in store.list_tunings("power-sampling")] == [16]  # replaced, not added
+
+
+def test_an_old_history_is_upgraded_with_its_runs_kept(tmp_path):
+    """A runs.db of schema version 1 (before tuning existed) gains the table; its runs stay."""
+    import gpuscale.engines.store as store_module
+
+    old = Store.__new__(Store)  # build a version-1 file with version 1's migrations only
+    conn = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    old.db = store_module._sqlite_utils().Database(conn)
+    store_module._v1(old.db)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (1)")
+    conn.execute("INSERT INTO runs (id, recipe, status, settings, summary) VALUES (7, 'probe', 'succeeded', '{}', "
+                 "'{\"tokens_per_s\": 5.0}')")
+    conn.close()
+    (tmp_path / "runs").mkdir()
+    store = Store(tmp_path)
+    assert store.get_run(7)["summary"] == {"tokens_per_s": 5.0}
+    store.save_tuning(KEY, batch_size=4, throughput=1.0, figure="problems_per_s", trials=[])
+    assert store.find_tuning(KEY)["batch_size"] == 4
+    version = sqlite3.connect(tmp_path / "runs.db").execute("SELECT version FROM schema_version").fetchone()[0]
+    assert version == SCHEMA_VERSION == 2
+
+
+@pytest.mark.parametrize("precision, capability, expected", [
+    ("auto", None, "fp32"), ("auto", (9, 0), "bf16"), ("auto", (7, 5), "fp16"), ("fp32", (9, 0), "fp32")])
+def test_the_key_uses_the_precision_the_device_resolves(precision, capability, expected):
+    from gpuscale.recipes.tuning import resolved_precision
+
+    assert resolved_precision(precision, capability) == expected
