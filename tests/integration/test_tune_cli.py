@@ -5,13 +5,17 @@ settings), or the CPU default; a bad batch_size is still refused before anything
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import gpuscale, run_json
 from gpuscale.engines.store import Store
 
+REPO = Path(__file__).resolve().parents[2]
 TINY_POWER = ["--set", "max_new_tokens=8", "--set", "blocks=2", "--set", "mcmc_steps=1"]
 
 
@@ -75,3 +79,16 @@ def test_a_bad_batch_size_is_still_refused(home, value, reason):
 def test_tune_refuses_a_bad_memory_cap(home):
     result = gpuscale("tune", "--recipe", "probe", "--memory-cap", "1.5")
     assert result.returncode == 2 and "memory-cap: 1.5:" in result.stderr
+
+
+def test_the_bench_script_runs_on_cpu_with_tiny_sizes(tmp_path, home):
+    out = tmp_path / "tune.json"
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "tune.py"), "--recipe", "probe", "--max-batch", "4",
+                             "--sweep-items", "8", "--set", "steps=2", "--set", "prompt_tokens=4", "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert [row["batch_size"] for row in report["sweep"]] == [1, 2, 3, 4]
+    assert report["tuned_batch"] in (1, 2, 3, 4) and report["device"] == "cpu"
+    assert 0 < report["tuned_vs_best"] <= 1.0 + 1e-9 or report["tuned_batch"] != report["sweep_best_batch"]
+    assert report["tune_seconds"] > 0 and report["sweep_seconds"] > 0

@@ -1,0 +1,148 @@
+"""Issue 15: is `gpuscale tune`'s batch as fast as the best of a full sweep, at a fraction of its cost?
+
+In one process on one device (the first GPU, else the CPU), for one recipe, model and shape:
+1. `gpuscale tune`'s search (recipes/tuning.py `tune_recipe`: doubling, bisection, a confirming
+   trial), timed from loading the model to its choice;
+2. a full sweep: every power of two and every midpoint between two (1, 2, 3, 4, 6, 8, 12, ...) up to
+   --max-batch, the first out of memory, or the memory cap; each batch size measured as a short real
+   run would be: --sweep-items items of work (at least --min-sweep-batches batches of the recipe's
+   trial), so each figure is items / seconds over that work. The sweep's time counts loading its
+   model once, as the tuning's does.
+
+It prints and writes (--out) the sweep table, the tuning's trials, the tuned batch's throughput
+against the sweep's best (target: within 10%) and the tuning's time against the sweep's (target:
+under 10%; this ratio depends on --sweep-items, which stands for the length of the run being tuned,
+and is printed with it).
+
+On the GPU machine (one GPU):
+
+    python bench/tune.py --recipe power-sampling --model tiny-math --set max_new_tokens=256 \
+        --set blocks=4 --set mcmc_steps=3 --out bench/tune-power-tiny.json
+    python bench/tune.py --recipe power-sampling --model random-qwen2.5-0.5b --set max_new_tokens=256 \
+        --set blocks=4 --set mcmc_steps=3 --out bench/tune-power-qwen.json
+    python bench/tune.py --recipe probe --model random-qwen2.5-0.5b --set prompt_tokens=512 \
+        --sweep-items 65536 --out bench/tune-probe-qwen.json
+
+On CPU (its test, tests/integration/test_tune_cli.py):
+
+    python bench/tune.py --recipe probe --max-batch 4 --sweep-items 8 --set steps=2 --set prompt_tokens=4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import socket
+import sys
+import time
+
+
+def sweep_sizes(max_batch: int) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and the midpoints between them."""
+    sizes, power = [1], 2
+    while power <= max_batch:
+        sizes += [size for size in (power * 3 // 4, power) if size > sizes[-1]]
+        power *= 2
+    return [size for size in sizes if size <= max_batch]
+
+
+def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
+    """Each batch size over --sweep-items items of work; stops at the first that does not fit."""
+    import torch
+
+    from gpuscale.engines.distributed import RankContext, resolve_dtype
+    from gpuscale.engines.tuning import Trial
+    from gpuscale.recipes.tuning import device_memory_bytes, measured
+
+    torch_device = torch.device(device.torch_name)
+    limit = args.memory_cap * device_memory_bytes(torch_device)
+    rows, started = [], time.perf_counter()
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as scratch:
+        ctx = RankContext(0, 0, 1, torch_device, resolve_dtype(settings.precision, torch_device), Path(scratch))
+        with recipe.trial_session(settings, ctx) as trial:
+            for size in sweep_sizes(args.max_batch):
+                batches = max(args.min_sweep_batches, math.ceil(args.sweep_items / size))
+                each = [measured(trial, size, torch_device) for _ in range(batches)]
+                failed = next((t for t in each if t.failure), None)
+                peak = max((t.peak_memory_bytes or 0) for t in each)
+                seconds = sum(t.step_seconds for t in each if t.failure is None)
+                work = sum(t.throughput * t.step_seconds for t in each if t.failure is None)
+                row = Trial(size, throughput=None if failed else work / seconds, peak_memory_bytes=peak,
+                            step_seconds=None if failed else seconds / batches,
+                            failure=failed.failure if failed else None, phase="sweep",
+                            over_cap=not failed and peak > limit).as_dict()
+                rows.append({**row, "batches": batches})
+                print(f"sweep: batch {size}: " + (row["failure"] or f"{row['throughput']:.4g}/s, "
+                      f"{peak / 1e9:.2f} GB{' (over the cap)' if row['over_cap'] else ''}"), file=sys.stderr,
+                      flush=True)
+                if failed or row["over_cap"]:
+                    break
+    return rows, time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--model", default="tiny-math")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--max-batch", type=int, default=2048)
+    parser.add_argument("--memory-cap", type=float, default=0.9)
+    parser.add_argument("--sweep-items", type=int, default=1024, help="items of work per swept batch size")
+    parser.add_argument("--min-sweep-batches", type=int, default=2)
+    parser.add_argument("--out", help="write the JSON here too")
+    args = parser.parse_args(argv)
+
+    from gpuscale.engines import telemetry
+    from gpuscale.engines.settings import parse_assignments, resolve_settings
+    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.tuning import pick_device, tune_recipe
+
+    recipe = get_recipe(args.recipe)
+    overrides = {"model": args.model, "precision": args.precision, **parse_assignments(args.assignments)}
+    settings = resolve_settings(recipe.settings_cls, overrides=overrides, environ={})
+    device = pick_device(telemetry.visible_gpu_indices()[:1])
+    figure = recipe.tuning.figure
+
+    outcome = tune_recipe(recipe, settings, device, memory_cap=args.memory_cap, max_batch=args.max_batch,
+                          progress=lambda t: print(f"tune: {t}", file=sys.stderr, flush=True))
+    sweep, sweep_seconds = run_sweep(recipe, settings, device, args)
+    fitting = [row for row in sweep if row["failure"] is None and not row["over_cap"]]
+    best = max(fitting, key=lambda row: row["throughput"]) if fitting else None
+    chosen = outcome.result.batch_size
+    at_chosen = next((row for row in sweep if row["batch_size"] == chosen), None)
+    report = {
+        "recipe": recipe.name, "model": args.model, "figure": figure, "device": device.name,
+        "precision": outcome.key.precision, "shape": json.loads(outcome.key.shape), "host": socket.gethostname(),
+        "date": time.strftime("%Y-%m-%d"), "command": "python " + " ".join(["bench/tune.py", *sys.argv[1:]]),
+        "sweep_items": args.sweep_items, "sweep": sweep, "sweep_seconds": sweep_seconds,
+        "tune_trials": [trial.as_dict() for trial in outcome.result.trials], "tune_seconds": outcome.seconds,
+        "tuned_batch": chosen, "tuned_trial_throughput": outcome.result.chosen.throughput if chosen else None,
+        # The tuned batch's throughput as the sweep measured it (a tuned batch between two swept sizes
+        # is compared through its own trial figure).
+        "tuned_sweep_throughput": at_chosen["throughput"] if at_chosen else None,
+        "sweep_best_batch": best["batch_size"] if best else None,
+        "sweep_best_throughput": best["throughput"] if best else None,
+    }
+    tuned = report["tuned_sweep_throughput"] or report["tuned_trial_throughput"]
+    report["tuned_vs_best"] = tuned / best["throughput"] if tuned and best else None
+    report["tune_time_share"] = outcome.seconds / sweep_seconds if sweep_seconds else None
+    report["within_10_percent"] = bool(report["tuned_vs_best"] and report["tuned_vs_best"] >= 0.9)
+    report["under_10_percent_of_sweep_time"] = bool(report["tune_time_share"] and report["tune_time_share"] < 0.1)
+    print(json.dumps(report, indent=2))
+    print(f"{recipe.name} on {device.name}: tuned batch {chosen} at {tuned or 0:.4g} {figure} vs the sweep's best "
+          f"batch {report['sweep_best_batch']} at {report['sweep_best_throughput'] or 0:.4g} "
+          f"({(report['tuned_vs_best'] or 0):.0%}); tuning {outcome.seconds:.1f} s vs sweep {sweep_seconds:.1f} s "
+          f"({(report['tune_time_share'] or 0):.1%})", file=sys.stderr)
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(report, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
