@@ -55,6 +55,8 @@ def load_probe_model(settings: Settings, ctx):
 def run_probe(settings: Settings, ctx, reporter) -> None:
     import torch
 
+    from gpuscale.recipes.tuning import out_of_memory_names
+
     model = load_probe_model(settings, ctx)
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(settings.seed + ctx.rank)
@@ -70,7 +72,8 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
         cache, next_tokens = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         for step in range(settings.warmup_steps + settings.steps):
             start = time.perf_counter()
-            out = model(input_ids=next_tokens, past_key_values=cache, use_cache=True)
+            with out_of_memory_names(settings.batch_size, step + 1, settings.warmup_steps + settings.steps):
+                out = model(input_ids=next_tokens, past_key_values=cache, use_cache=True)
             next_tokens = out.logits[:, -1].argmax(-1, keepdim=True)
             ctx.synchronize()
             elapsed = time.perf_counter() - start

@@ -19,6 +19,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,3 +223,17 @@ def timed_steps(step: Callable[[], int], steps: int, synchronize: Callable[[], N
         synchronize()
         seconds.append(time.perf_counter() - started)
     return work / sum(seconds), statistics.median(seconds)
+
+
+@contextmanager
+def out_of_memory_names(batch_size: int, step: int, steps: int):
+    """An out-of-memory error of a real run says at which batch size and step memory ran out."""
+    import torch
+
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as error:
+        message = (f"out of memory at step {step} of {steps} with batch_size {batch_size}; lower it, or "
+                   f"`gpuscale tune` finds the largest batch that fits and is fastest")
+        print(message, flush=True)
+        raise torch.cuda.OutOfMemoryError(message) from error

@@ -160,3 +160,16 @@ def test_the_key_uses_the_precision_the_device_resolves(precision, capability, e
     from gpuscale.recipes.tuning import resolved_precision
 
     assert resolved_precision(precision, capability) == expected
+
+
+def test_an_out_of_memory_error_in_a_run_names_the_batch_and_the_step(capsys):
+    import torch
+
+    from gpuscale.recipes.tuning import out_of_memory_names
+
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory at step 3 of 10 with batch_size 512"):
+        with out_of_memory_names(512, 3, 10):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert "batch_size 512" in capsys.readouterr().out  # the rank's log says it too
+    with out_of_memory_names(512, 3, 10):
+        pass  # nothing raised, nothing said

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.tasks import load_examples
     from gpuscale.recipes.common import RankResults, batched, load_generation_model, merge_results
+    from gpuscale.recipes.tuning import out_of_memory_names
 
     examples = load_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
     mine = ctx.shard(list(enumerate(examples)))
@@ -26,7 +27,8 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     results, started = RankResults(ctx.run_dir, ctx.rank), time.perf_counter()
     for number, batch in enumerate(batches, start=1):
         before = sampler.stats_snapshot()
-        results.add(sampler.run(batch))
+        with out_of_memory_names(settings.batch_size, number, len(batches)):
+            results.add(sampler.run(batch))
         done = sampler.stats_snapshot()
         reporter.log(
             step=number, samples=len(batch), tokens=done["decoded_tokens"] - before["decoded_tokens"],
