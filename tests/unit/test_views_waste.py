@@ -20,7 +20,7 @@ def ticks(gpus: dict[int, tuple[float, float]], seconds: int = 10) -> list[dict]
 def test_one_gpu_with_little_memory_in_use_is_told_to_raise_batch_size():
     samples = ticks({0: (60_000, 95), 1: (62_000, 97), 2: (58_000, 96), 3: (4_800, 94)})
     assert waste_warnings(samples, NOW, working_since=NOW - 60) == [
-        "GPU 3: 6% of memory in use — raise batch_size"
+        "GPU 3: 6% of memory in use — raise batch_size (`gpuscale tune` finds it)"
     ]
 
 
@@ -34,7 +34,7 @@ def test_idle_gpus_are_counted_and_named():
 def test_many_low_memory_gpus_share_one_line():
     samples = ticks({i: (4_000 + 1_000 * i, 95) for i in range(8)})  # 5% .. 14%
     assert waste_warnings(samples, NOW, working_since=NOW - 60) == [
-        "GPU 0-7: 5-14% of memory in use — raise batch_size"
+        "GPU 0-7: 5-14% of memory in use — raise batch_size (`gpuscale tune` finds it)"
     ]
 
 

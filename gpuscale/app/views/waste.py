@@ -62,6 +62,10 @@ def _idle_gpus(judged: dict[int, list[dict]]) -> list[str]:
     return [f"{len(idle)} of {len(judged)} GPUs idle ({_gpu_list(idle)})"]
 
 
+# What to do about it: `gpuscale tune` finds the fastest batch that fits (issue 15).
+RAISE_BATCH = "raise batch_size (`gpuscale tune` finds it)"
+
+
 def _low_memory_gpus(judged: dict[int, list[dict]]) -> list[str]:
     low = {}
     for idx, rows in judged.items():
@@ -70,9 +74,9 @@ def _low_memory_gpus(judged: dict[int, list[dict]]) -> list[str]:
         if fraction is not None and fraction < LOW_MEMORY_FRACTION:
             low[idx] = fraction
     if len(low) <= 2:  # one line per GPU while that stays short ...
-        return [f"GPU {idx}: {100 * f:.0f}% of memory in use — raise batch_size" for idx, f in low.items()]
+        return [f"GPU {idx}: {100 * f:.0f}% of memory in use — {RAISE_BATCH}" for idx, f in low.items()]
     spread = _percent_range([100 * f for f in low.values()])
-    return [f"{_gpu_list(list(low))}: {spread} of memory in use — raise batch_size"]
+    return [f"{_gpu_list(list(low))}: {spread} of memory in use — {RAISE_BATCH}"]
 
 
 def _percent_range(percents: list[float]) -> str:
