@@ -5,6 +5,7 @@ and ratios are computed from them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -58,3 +59,64 @@ def test_grpo_mtl_bench_times_every_generator_and_two_ranks(home, tmp_path):
     assert ratios["engine_gpus"] == 2 and ratios["engine_scaling"] == pytest.approx(scaling)
     assert ratios["scaling_efficiency"] == pytest.approx(scaling / 2)
     assert "step_transformers_over_engine" in done.stdout and "engine_2gpu" in done.stdout
+
+
+TINY_SCALING = ["--probe-batch", "4", "--probe-steps", "6", "--sft-batch", "2", "--train-steps", "3"]
+
+
+def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(home, tmp_path):
+    out = tmp_path / "scaling.json"
+    done = bench("scaling.py", "--cpu", "--gpu-counts", "1,2", "--recipes", "probe,sft", "--models", "tiny-math",
+                 *TINY_SCALING, "--out", str(out))
+    results = json.loads(out.read_text())
+    assert results["gpus_available"] == 0 and results["device_name"] == "cpu" and results["date"]
+    rows = {(row["recipe"], row["gpus"]): row for row in results["rows"]}
+    assert set(rows) == {("probe", 1), ("probe", 2), ("sft", 1), ("sft", 2)}
+    store = Store(home, read_only=True)
+    for (recipe, gpus), row in rows.items():
+        summary = store.get_run(row["run"])["summary"]
+        assert summary["world_size"] == gpus and row["model"] == "tiny-math"
+        assert row["command"].startswith(f"gpuscale run --recipe {recipe} --gpus {gpus} --model tiny-math")
+        assert row["total"] > 0 and row["per_gpu"] == pytest.approx(row["total"] / gpus)
+        assert len(row["run_mem_mb_per_gpu"]) in (0, gpus)  # CPU: each rank's RSS, when sampled
+    for recipe in ("probe", "sft"):
+        one, two = rows[(recipe, 1)], rows[(recipe, 2)]
+        assert one["efficiency"] == pytest.approx(1.0)
+        assert two["efficiency"] == pytest.approx(two["total"] / (2 * one["total"]))
+    assert rows[("probe", 1)]["figure"] == "tokens_per_s" and "comm_share" not in rows[("probe", 2)]
+    assert rows[("probe", 1)]["total"] == store.get_run(rows[("probe", 1)]["run"])["summary"]["tokens_per_s"]
+    # Weak scaling: every rank trains on the same sequences per step at both counts.
+    assert "--set max_examples=6" in rows[("sft", 1)]["command"]
+    assert "--set max_examples=12" in rows[("sft", 2)]["command"]
+    one, two = rows[("sft", 1)], rows[("sft", 2)]
+    assert one["figure"] == "tokens_per_s_steady" and one["comm_share"] is None
+    for row in (one, two):
+        summary = store.get_run(row["run"])["summary"]
+        assert summary["steps"] == 3 and 0 < row["step_seconds"] <= summary["train_seconds"]
+        assert row["total"] == pytest.approx(summary["train_tokens"] / 3 / row["step_seconds"])
+    assert two["comm_share"] == pytest.approx((two["step_seconds"] - one["step_seconds"]) / two["step_seconds"])
+    assert "tokens_per_s_steady" in done.stdout and "comm" in done.stdout  # the table
+
+
+def load_bench(script: str):
+    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), ROOT / "bench" / script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scaling_rows_of_several_invocations_merge_and_scale_against_the_one_gpu_row():
+    scaling = load_bench("scaling.py")
+    earlier = [{"recipe": "sft", "model": "m", "gpus": 1, "total": 100.0, "step_seconds": 1.0},
+               {"recipe": "sft", "model": "m", "gpus": 2, "total": 1.0, "step_seconds": 9.0}]
+    new = [{"recipe": "sft", "model": "m", "gpus": 2, "total": 180.0, "step_seconds": 1.25},
+           {"recipe": "probe", "model": "m", "gpus": 2, "total": 50.0}]
+    rows = scaling.merged(earlier, new)
+    scaling.add_scaling(rows)
+    by_key = {(row["recipe"], row["gpus"]): row for row in rows}
+    assert len(rows) == 3 and by_key[("sft", 2)]["total"] == 180.0  # the new row replaced the earlier one
+    assert by_key[("sft", 2)]["efficiency"] == pytest.approx(0.9)
+    assert by_key[("sft", 2)]["comm_share"] == pytest.approx(0.2)
+    assert by_key[("sft", 1)]["comm_share"] is None
+    assert by_key[("probe", 2)]["efficiency"] is None  # no 1-GPU row to scale against
