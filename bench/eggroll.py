@@ -65,10 +65,9 @@ def share_of_plain_inference(args) -> dict:
     questions = [e["question"] for e in load_examples(args.dataset, "train", args.prompts)]
     prompts = [prompt_ids(tokenizer, q) for q in questions]
     rows = [p for _ in range(args.population) for p in prompts]
-    engine = GenerationEngine(model, [], pad_token_id=0)  # no EOS: every row decodes the full budget
     greedy = Sampling(temperature=0.0)
 
-    def timed() -> float:
+    def timed(engine) -> float:
         times = []
         for _ in range(args.repeats + 1):  # the first call captures the CUDA graphs
             torch.cuda.synchronize()
@@ -78,16 +77,26 @@ def share_of_plain_inference(args) -> dict:
             times.append(time.perf_counter() - started)
         return statistics.median(times[1:])
 
-    plain = timed()
+    # No EOS: every row decodes the full budget.
+    plain = timed(GenerationEngine(model, [], pad_token_id=0))
+    terms = []
     for _, module in perturbed_linears(model):
         down = torch.randn(args.population, module.in_features, args.rank, device=device, dtype=torch.bfloat16)
         up = torch.randn(args.population, module.out_features, args.rank, device=device, dtype=torch.bfloat16)
-        engine.add_row_term(module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank)))
-    perturbed = timed()
+        terms.append((module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank))))
     tokens = len(rows) * args.max_new_tokens
-    return {"rows": len(rows), "tokens": tokens, "plain_seconds": plain, "population_seconds": perturbed,
-            "plain_tokens_per_s": tokens / plain, "population_tokens_per_s": tokens / perturbed,
-            "share": plain / perturbed}
+    result = {"rows": len(rows), "tokens": tokens, "plain_seconds": plain, "plain_tokens_per_s": tokens / plain}
+    for kernel in ("auto", *(("bmm", "broadcast") if args.all_kernels else ())):
+        RowTerm.kernel = kernel  # the same terms, computed by each row-term kernel (a new engine: new graphs)
+        engine = GenerationEngine(model, [], pad_token_id=0)
+        for module, term in terms:
+            engine.add_row_term(module, term)
+        perturbed = timed(engine)
+        suffix = "" if kernel == "auto" else f"_{kernel}"
+        result.update({f"population_seconds{suffix}": perturbed, f"population_tokens_per_s{suffix}": tokens / perturbed,
+                       f"share{suffix}": plain / perturbed})
+    RowTerm.kernel = "auto"
+    return result
 
 
 def main() -> None:
@@ -104,6 +113,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed engine calls of the share measurement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--share-only", action="store_true", help="only the share of plain inference")
+    parser.add_argument("--all-kernels", action="store_true", help="the share with each row-term kernel too")
     parser.add_argument("--out", default="eggroll.json")
     args = parser.parse_args()
     rows = args.population * args.prompts
@@ -131,6 +141,9 @@ def print_tables(results: dict, args) -> None:
     print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, "
           f"population {share['population_tokens_per_s']:.0f} tokens/s: share {share['share']:.3f} "
           f"({share['rows']} rows x {args.max_new_tokens} tokens)")
+    for kernel in ("bmm", "broadcast"):
+        if f"share_{kernel}" in share:
+            print(f"  row-term kernel {kernel}: share {share[f'share_{kernel}']:.3f}")
 
 
 if __name__ == "__main__":

@@ -301,11 +301,14 @@ def assert_groups_match_perturbed_copies(model, terms, generation, groups, setti
 
 @pytest.mark.parametrize("groups, samples_per_prompt", [(2, 1), (4, 2), (8, 2)],
                          ids=["2-groups", "4-groups-shared-prefill", "8-groups-own-prefill"])
-def test_row_terms_equal_explicitly_perturbed_weights(setting, groups, samples_per_prompt):
+@pytest.mark.parametrize("rank, kernel", [(2, "bmm"), (1, "broadcast"), (2, "broadcast")])
+def test_row_terms_equal_explicitly_perturbed_weights(setting, groups, samples_per_prompt, rank, kernel,
+                                                      monkeypatch):
     device = setting[0]
+    monkeypatch.setattr(RowTerm, "kernel", kernel)
     model = fresh_model(device)
     engine = make_engine(model, setting)
-    terms = make_row_terms(model, groups)
+    terms = make_row_terms(model, groups, rank=rank)
     handles = [engine.add_row_term(name, term) for name, term in terms.items()]
     out = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0), samples_per_prompt=samples_per_prompt)
     assert engine._use_fused == (engine._fused is not None)  # terms keep the fused projections
