@@ -68,17 +68,26 @@ def gpuscale_run(arguments: list[str]) -> dict:
                           capture_output=True, text=True)
     if done.returncode != 0:
         print(done.stderr[-4000:], flush=True)
-        raise SystemExit("the run could not start")
+        raise RunFailed("the run could not start: " + done.stderr.strip()[-300:])
     run = json.loads(done.stdout)
     if run["status"] != "succeeded":
-        raise SystemExit(f"run {run['id']} {run['status']}: {run['error']}")
+        raise RunFailed(f"run {run['id']} {run['status']}: {run['error']}")
     return run
+
+
+class RunFailed(RuntimeError):
+    pass
 
 
 def measure(args, generator: str, gpus: int) -> dict:
     """One run and its figures (see the module docstring)."""
     arguments = run_settings(args, generator, gpus)
-    run = gpuscale_run(arguments)
+    try:
+        run = gpuscale_run(arguments)
+    except RunFailed as failure:  # recorded; the other runs still give their figures
+        print(f"  -> failed: {failure}", flush=True)
+        return {"generator": generator, "gpus": gpus, "error": str(failure),
+                "command": "gpuscale run " + " ".join(arguments)}
     s = run["summary"]
     step = s["step_seconds_median"]
     completions = args.prompts_per_step * gpus * args.generations
@@ -132,6 +141,9 @@ def print_table(results: dict) -> None:
 
     print(f"\n{'run':<18} {'step s':>8} {'gen s':>8} {'train s':>8} {'compl/s':>9} {'tokens/s':>9} {'MFU':>7}")
     for name, r in results["runs"].items():
+        if "error" in r:
+            print(f"{name:<18} failed: {r['error'][:80]}")
+            continue
         mfu = cell(100 * r["mfu_steady"], ".2f") + "%" if r["mfu_steady"] is not None else "-"
         print(f"{name:<18} {cell(r['step_seconds'], '8.3f')} {cell(r['generation_seconds_per_step'], '8.3f')} "
               f"{cell(r['training_seconds_per_step'], '8.3f')} {cell(r['completions_per_s'], '9.1f')} "

@@ -181,11 +181,15 @@ def gpuscale_run(arguments: list[str], env: dict) -> dict:
                           capture_output=True, text=True, env=env)
     if done.returncode != 0:
         print(done.stderr[-3000:], flush=True)
-        raise SystemExit("the run could not start")
+        raise RunFailed("the run could not start: " + done.stderr.strip()[-300:])
     run = json.loads(done.stdout)
     if run["status"] != "succeeded":
-        raise SystemExit(f"run {run['id']} {run['status']}: {run['error']}")
+        raise RunFailed(f"run {run['id']} {run['status']}: {run['error']}")
     return run
+
+
+class RunFailed(RuntimeError):
+    pass
 
 
 def run_memory(store: Store, run_id: int, kind: str) -> list[float]:
@@ -196,7 +200,13 @@ def run_memory(store: Store, run_id: int, kind: str) -> list[float]:
 def measure(recipe: str, model: str, gpus: int, opts, env: dict) -> dict:
     bench = RECIPES[recipe]
     arguments = ["--recipe", recipe, "--gpus", str(gpus), "--model", model, *bench.arguments(opts, gpus)]
-    run = gpuscale_run(arguments, env)
+    command = "gpuscale run " + " ".join(arguments)
+    try:
+        run = gpuscale_run(arguments, env)
+    except RunFailed as failure:  # recorded as a row; the sweep goes on
+        print(f"  -> failed: {failure}", flush=True)
+        return {"recipe": recipe, "model": model, "gpus": gpus, "figure": None, "total": None, "per_gpu": None,
+                "run_mem_mb_per_gpu": [], "memory_spread": None, "error": str(failure), "command": command}
     store = Store(read_only=True)  # the run is over: reading takes no write lock
     figures = bench.figures(run["summary"], store, run["id"])
     memory = run_memory(store, run["id"], "rank" if opts.cpu else "gpu")
@@ -204,8 +214,7 @@ def measure(recipe: str, model: str, gpus: int, opts, env: dict) -> dict:
     spread = (max(memory) - min(memory)) / max(memory) if memory and max(memory) else None
     row = {"recipe": recipe, "model": model, "gpus": gpus, **figures,
            "per_gpu": figures["total"] / gpus if figures["total"] else None,
-           "run_mem_mb_per_gpu": memory, "memory_spread": spread, "run": run["id"],
-           "command": "gpuscale run " + " ".join(arguments)}
+           "run_mem_mb_per_gpu": memory, "memory_spread": spread, "run": run["id"], "command": command}
     print(f"  -> {row['total'] or 0:.2f} {row['figure']}" +
           (f", step {row['step_seconds']:.3f} s" if row.get("step_seconds") else ""), flush=True)
     return row
@@ -239,6 +248,9 @@ def print_table(rows: list[dict]) -> None:
     print(f"\n{'recipe':<15} {'model':<20} {'GPUs':>4} {'figure':<20} {'total':>10} {'per GPU':>10} {'eff.':>6} "
           f"{'step s':>8} {'comm':>6}  run memory per GPU (MiB), spread")
     for r in rows:
+        if "error" in r:
+            print(f"{r['recipe']:<15} {r['model']:<20} {r['gpus']:>4} failed: {r['error'][:80]}")
+            continue
         spread = f"{100 * r['memory_spread']:.1f}%" if r["memory_spread"] is not None else "-"
         comm = f"{100 * r['comm_share']:.1f}%" if r.get("comm_share") is not None else "-"
         print(f"{r['recipe']:<15} {r['model']:<20} {r['gpus']:>4} {r['figure']:<20} {cell(r['total'], '10.2f')} "
