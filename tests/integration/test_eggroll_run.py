@@ -1,5 +1,7 @@
 """eggroll end to end on CPU ranks: the real CLI, torchrun on gloo, the embedded model and tasks."""
 
+import pytest
+
 from conftest import run_json
 from gpuscale.engines.store import Store
 
@@ -28,11 +30,15 @@ def test_two_ranks_record_fitness_and_keep_identical_weights(home):
     assert {"reward_arithmetic", "reward_comparison", "reward_counting"} & names  # the step's prompts' domains
 
 
-def test_the_batched_population_and_the_naive_structure_make_the_same_run(home):
-    """Greedy answers of the low-rank terms equal those of the explicitly perturbed weights, so both
-    methods see the same fitnesses and end with the same weights (fp32 on CPU)."""
-    batched = run_json("run", "--recipe", "eggroll", "--gpus", "1", *SMALL, "--set", "method=eggroll")
-    naive = run_json("run", "--recipe", "eggroll", "--gpus", "1", *SMALL, "--set", "method=naive")
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_the_batched_population_and_the_naive_structure_make_the_same_run(home, temperature):
+    """The answers of the low-rank terms equal those of the explicitly perturbed weights, so both
+    methods see the same fitnesses and end with the same weights (fp32 on CPU): greedy, and sampled
+    too, since with common random numbers every member draws with the step's numbers whether it
+    answers alone (naive) or in the population's batch."""
+    same = (*SMALL, "--set", f"temperature={temperature}")
+    batched = run_json("run", "--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=eggroll")
+    naive = run_json("run", "--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=naive")
     assert batched["status"] == naive["status"] == "succeeded"
     store = Store(home)
     series = [[row["value"] for row in store.metrics(run["id"], "fitness_mean") if row["rank"] == 0]

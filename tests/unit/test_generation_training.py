@@ -402,3 +402,18 @@ def test_samples_per_prompt_share_one_prefill(setting, sampling):
     # Same noise draws (one [rows, vocab] per step either way): the same rows.
     assert torch.equal(shared.tokens, repeated.tokens)
     torch.testing.assert_close(shared.base_logprobs, repeated.base_logprobs, atol=tolerance(setting), rtol=0)
+
+
+def test_noise_period_gives_row_groups_the_same_random_numbers():
+    """Common random numbers: with noise_period = P, rows i and i + P sample with the same numbers,
+    so the same prompt in two groups gets the same answer when nothing else differs; without it
+    they are independent draws."""
+    model = fresh_model("cpu")
+    engine = GenerationEngine(model, [], pad_token_id=0)
+    rows = PROMPTS + PROMPTS
+    shared = engine.generate(rows, 12, SAMPLING, seeded("cpu", 3), noise_period=len(PROMPTS)).sequences()
+    assert shared[: len(PROMPTS)] == shared[len(PROMPTS):]
+    independent = engine.generate(rows, 12, SAMPLING, seeded("cpu", 3)).sequences()
+    assert independent[: len(PROMPTS)] != independent[len(PROMPTS):]
+    with pytest.raises(ValueError, match="noise_period"):
+        engine.generate(rows, 4, SAMPLING, seeded("cpu", 3), noise_period=len(PROMPTS) + 1)

@@ -146,6 +146,7 @@ class GenerationEngine:
         sampling: Sampling = Sampling(),
         generator: torch.Generator | None = None,
         samples_per_prompt: int = 1,
+        noise_period: int | None = None,
     ) -> Generation:
         """Sample up to max_new_tokens after each prompt (a list of token-id lists, or [B, P]).
 
@@ -153,12 +154,18 @@ class GenerationEngine:
         samples_per_prompt: k rows per prompt, row i * k + j being sample j of prompt i; the prompt's
             KV is computed once and copied to its k rows (unless row terms put those rows in
             different groups: then each row computes its own).
+        noise_period: rows i and i + noise_period draw with the same random numbers at every step
+            (common random numbers: row groups that answer the same prompts with different row
+            terms then differ only where their terms change a draw, which takes the sampling noise
+            out of comparisons between groups). None: every row draws its own.
         """
         if samples_per_prompt < 1:
             raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
         prompt_ids, prompt_lengths = self._pad_prompts(prompts)
         batch = prompt_ids.shape[0] * samples_per_prompt
         self._row_terms.check_batch(batch)
+        if noise_period is not None and (noise_period < 1 or batch % noise_period):
+            raise ValueError(f"noise_period must divide the batch ({batch} rows), got {noise_period}")
         sharing = samples_per_prompt if self._row_terms.share_prefill(batch, samples_per_prompt) else 1
         # Prefill rows: each prompt once per group of `sharing` samples.
         prefill_ids, prefill_lengths = (t.repeat_interleave(samples_per_prompt // sharing, 0)
@@ -176,7 +183,8 @@ class GenerationEngine:
         last_prompt_token = prompt_ids.gather(1, (prompt_lengths - 1)[:, None]).squeeze(1)
         finished = torch.full((batch,), max_new_tokens == 0, device=self.device)
         steps = self._decode(
-            slot, last_prompt_token, zeros, finished, max_new_tokens, max_new_tokens, sampling, generator
+            slot, last_prompt_token, zeros, finished, max_new_tokens, max_new_tokens, sampling, generator,
+            noise_period,
         )
         return self._assemble(slot, None, prompt_ids, prompt_lengths, start, zeros, max_new_tokens, steps)
 
@@ -426,7 +434,8 @@ class GenerationEngine:
     # ---- the decode loop -------------------------------------------------------------------------
 
     def _decode(
-        self, slot, first_input, generated, finished, limit: int, steps: int, sampling: Sampling, generator
+        self, slot, first_input, generated, finished, limit: int, steps: int, sampling: Sampling, generator,
+        noise_period: int | None = None,
     ) -> int:
         """Run up to `steps` decode steps in `slot`; returns how many ran."""
         s = self._state
@@ -443,10 +452,20 @@ class GenerationEngine:
             if step % check_every == 0 and bool(s.finished.all()):
                 return step
             if not sampling.greedy:
-                s.noise.uniform_(generator=generator)
+                self._draw_noise(generator, noise_period)
             self._step(slot, sampling)
             self._cursor.host_write_col += 1
         return steps
+
+    def _draw_noise(self, generator, period: int | None):
+        """The next step's uniform numbers, outside the graph; with a period, the first `period`
+        rows' numbers repeated down the batch."""
+        noise = self._state.noise
+        if period is None or period == noise.shape[0]:
+            noise.uniform_(generator=generator)
+            return
+        noise[:period].uniform_(generator=generator)
+        noise.view(-1, period, noise.shape[-1])[1:].copy_(noise[:period])
 
     def _step(self, slot: int, sampling: Sampling):
         if not self._slots[slot].allocated:

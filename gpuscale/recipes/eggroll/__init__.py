@@ -47,6 +47,9 @@ class Settings(RunSettings):
     max_new_tokens: int = Field(48, ge=1, le=8192, description="answer length budget")
     temperature: float = Field(0.0, ge=0.0, le=10.0,
                                description="sampling temperature of the members' answers (0 = greedy)")
+    common_random_numbers: bool = Field(
+        True, description="with temperature > 0, every member samples its answers with the same random numbers "
+                          "in a step, so members' fitnesses differ by their noise, not by their luck")
     steps: int = Field(20, ge=1, le=1_000_000, description="ES steps")
     eval_every: int = Field(10, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
     eval_examples: int = Field(200, ge=1, le=100_000, description="held-out test problems for the accuracy figures")

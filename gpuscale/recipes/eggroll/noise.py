@@ -40,6 +40,11 @@ def noise_seed(seed: int, step: int, layer: int) -> int:
     return (seed * 1_000_003 + step * 10_007 + layer) % (2**63 - 1)
 
 
+def sampling_seed(seed: int, step: int) -> int:
+    """The seed of a step's sampling random numbers when members share them (common random numbers)."""
+    return (seed * 1_000_003 + step * 10_007 + 7_919) % (2**63 - 1) ^ 0x5A5A5A5A
+
+
 def draws_for(population: int, antithetic: bool) -> int:
     return population // 2 if antithetic else population
 

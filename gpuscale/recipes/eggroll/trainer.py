@@ -158,6 +158,7 @@ class Trainer:
         self.draws = es.draws_for(settings.population, settings.antithetic)
         self.signs = es.member_signs(settings.population, settings.antithetic, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
+        self.step_number = 0
         self.terms = self._add_row_terms() if settings.method == "eggroll" else []
         self.noise: list[es.LayerNoise] = []
         self.updater = es.Updater([module.weight for _, module in self.linears], settings.optimizer, settings.lr)
@@ -179,6 +180,7 @@ class Trainer:
         """One ES step: this rank's members answer, every member's fitness is gathered, and the
         update is applied (the same on every rank)."""
         s, clock = self.settings, self.clock
+        self.step_number = step
         clock.start()
         prompts = self._prompts(step)
         self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
@@ -256,7 +258,8 @@ class Trainer:
         rows = [prompt["ids"] for _ in members for prompt in prompts]
         self.clock.lap("load")
         generation = self.engine.generate(rows, s.max_new_tokens, Sampling(temperature=s.temperature),
-                                          self.generator, samples_per_prompt=s.generations_per_prompt)
+                                          self._generator_for_call(), samples_per_prompt=s.generations_per_prompt,
+                                          noise_period=self.rows_per_member if s.common_random_numbers else None)
         answers, lengths = generation.sequences(), generation.lengths.tolist()
         self.clock.lap("generate")
         golds = [prompt["answer"] for _ in members for prompt in prompts for _ in range(s.generations_per_prompt)]
@@ -264,6 +267,13 @@ class Trainer:
         rewards = [correctness(text, gold, s.answer_mode) for text, gold in zip(texts, golds)]
         self.clock.lap("score")
         return rewards, lengths
+
+    def _generator_for_call(self) -> torch.Generator:
+        """With common random numbers, every call of a step (every member, on every rank) starts from
+        the step's seed; otherwise the rank's generator runs on."""
+        if self.settings.common_random_numbers:
+            self.generator.manual_seed(es.sampling_seed(self.settings.seed, self.step_number))
+        return self.generator
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:
         """Every rank's fitnesses in member order, as one tensor (all ranks hold equal shares)."""
