@@ -78,7 +78,7 @@ def share_of_plain_inference(args) -> dict:
         return statistics.median(times[1:])
 
     # No EOS: every row decodes the full budget.
-    plain = timed(GenerationEngine(model, [], pad_token_id=0))
+    plain = timed(GenerationEngine(model, [], pad_token_id=0, compile=args.compile))
     terms = []
     for _, module in perturbed_linears(model):
         down = torch.randn(args.population, module.in_features, args.rank, device=device, dtype=torch.bfloat16)
@@ -88,7 +88,7 @@ def share_of_plain_inference(args) -> dict:
     result = {"rows": len(rows), "tokens": tokens, "plain_seconds": plain, "plain_tokens_per_s": tokens / plain}
     for kernel in ("auto", *(("bmm", "broadcast") if args.all_kernels else ())):
         RowTerm.kernel = kernel  # the same terms, computed by each row-term kernel (a new engine: new graphs)
-        engine = GenerationEngine(model, [], pad_token_id=0)
+        engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
         for module, term in terms:
             engine.add_row_term(module, term)
         perturbed = timed(engine)
@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--share-only", action="store_true", help="only the share of plain inference")
     parser.add_argument("--all-kernels", action="store_true", help="the share with each row-term kernel too")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the engine's step in the share "
+                        "measurement (the recipe's runs compile only with --set compile=true)")
     parser.add_argument("--out", default="eggroll.json")
     args = parser.parse_args()
     rows = args.population * args.prompts
