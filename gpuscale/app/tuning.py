@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ def stored_tuning(store: Store, recipe: Recipe, settings: RunSettings, device: D
     return store.find_tuning(tuning_key(recipe, settings, device.name, precision).as_dict())
 
 
-def choose_batch(recipe: Recipe, settings: RunSettings, device: Device, store: Store, auto: bool) -> BatchChoice:
+def choose_batch(recipe: Recipe, settings: RunSettings, device: Device, store: Store, auto: bool,
+                 on_tune_line: Callable[[str], None] | None = None) -> BatchChoice:
     """The batch for a run whose batch_size is `auto` (or, `auto` False, not given) on `device`."""
     stored = stored_tuning(store, recipe, settings, device)
     if stored:
@@ -59,7 +61,7 @@ def choose_batch(recipe: Recipe, settings: RunSettings, device: Device, store: S
         return BatchChoice(None, "default")
     if device.index is None:
         return BatchChoice(recipe.tuning.cpu_batch_size, "default")
-    tune_in_child(recipe, settings)
+    tune_in_child(recipe, settings, on_tune_line)
     stored = stored_tuning(store, recipe, settings, device)
     if not stored:
         raise SettingsError(f"batch_size: 'auto': no batch of {recipe.name} fitted on {device.name} "
@@ -67,16 +69,25 @@ def choose_batch(recipe: Recipe, settings: RunSettings, device: Device, store: S
     return BatchChoice(stored["batch_size"], f"tuned {tuned_date(stored)}", stored)
 
 
-def tune_in_child(recipe: Recipe, settings: RunSettings) -> None:
-    """`gpuscale tune` for these settings in a child process (its GPU memory goes back when it ends)."""
+def tune_in_child(recipe: Recipe, settings: RunSettings, on_line: Callable[[str], None] | None = None) -> None:
+    """`gpuscale tune` for these settings in a child process (its GPU memory goes back when it ends).
+    Its output goes to stderr, or line by line to `on_line` (the TUI, which has no terminal to print on)."""
     with tempfile.TemporaryDirectory(prefix="gpuscale-tune-") as scratch:
         path = Path(scratch) / "settings.json"
         path.write_text(settings.model_dump_json())
-        print(f"batch_size auto: nothing stored for {recipe.name} on this GPU; tuning first", file=sys.stderr)
-        result = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "tune", "--recipe", recipe.name,
-                                 "--settings-json", str(path)], stdout=sys.stderr)
-    if result.returncode != 0:
-        raise SettingsError(f"batch_size: 'auto': tuning {recipe.name} failed (exit {result.returncode}); "
+        say = on_line or (lambda line: print(line, file=sys.stderr))
+        say(f"batch_size auto: nothing stored for {recipe.name} on this GPU; tuning first")
+        argv = [sys.executable, "-m", "gpuscale.app.cli", "tune", "--recipe", recipe.name, "--settings-json", str(path)]
+        if on_line is None:
+            returncode = subprocess.run(argv, stdout=sys.stderr).returncode
+        else:
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  text=True) as child:
+                for line in child.stdout:
+                    on_line(line.rstrip("\n"))
+            returncode = child.returncode
+    if returncode != 0:
+        raise SettingsError(f"batch_size: 'auto': tuning {recipe.name} failed (exit {returncode}); "
                             "give a number, or run `gpuscale tune` to see why")
 
 
@@ -86,9 +97,11 @@ def validated(recipe: Recipe, merged: dict[str, Any]) -> RunSettings:
 
 
 def settings_with_batch(recipe: Recipe, merged: dict[str, Any], store: Store | None = None,
-                        validate=validated) -> tuple[RunSettings, dict]:
+                        validate=validated, on_tune_line: Callable[[str], None] | None = None
+                        ) -> tuple[RunSettings, dict]:
     """Validate `merged` (the layers of a run's settings) with its batch resolved; returns the
-    settings and the notes recorded with the run (`batch_size_source`)."""
+    settings and the notes recorded with the run (`batch_size_source`). `on_tune_line` gets the
+    output of `gpuscale tune` where `auto` must tune first (else it goes to stderr)."""
     requested = merged.get("batch_size")
     auto = wants_auto(requested)
     if requested is not None and not auto:
@@ -99,7 +112,7 @@ def settings_with_batch(recipe: Recipe, merged: dict[str, Any], store: Store | N
     device = pick_device(plan_devices(settings.gpus).gpu_indices)
     if recipe.tuning is None or (not auto and device.index is None):
         return settings, {"batch_size_source": "default"}
-    choice = choose_batch(recipe, settings, device, store or Store(), auto)
+    choice = choose_batch(recipe, settings, device, store or Store(), auto, on_tune_line)
     if choice.batch_size is not None:
         settings = recipe.with_batch_size(settings, choice.batch_size)
     return settings, {"batch_size_source": choice.source}

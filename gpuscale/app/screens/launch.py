@@ -1,4 +1,9 @@
-"""Launch: pick a recipe, tune its settings, see the exact command, start it with one key."""
+"""Launch: pick a recipe, tune its settings, see the exact command, start it with one key.
+
+`batch_size` takes `auto` where the recipe can be tuned (issue 15), as `gpuscale run --batch-size auto`
+does and through the same code (app/tuning.py): a stored tuning result for this recipe, model,
+device, precision and shape, or `gpuscale tune` first on a GPU, or the CPU default. The line under
+the form shows the stored result whenever there is one."""
 
 from __future__ import annotations
 
@@ -10,11 +15,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
+from gpuscale.app.tuning import settings_with_batch, stored_tuning, tuning_summary, validated, wants_auto
 from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
 from gpuscale.app.widgets.settings_form import SettingsForm
 from gpuscale.engines import launch
 from gpuscale.engines.settings import SettingsError, resolve_settings
+from gpuscale.recipes.tuning import pick_device
 
 HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"
 
@@ -24,6 +31,31 @@ def recipe_option(recipe) -> Option:
     prompt = Text.assemble((recipe.name, "bold"), "  ", (recipe.summary, "dim"))
     prompt.no_wrap, prompt.overflow = True, "ellipsis"
     return Option(prompt, id=recipe.name)
+
+
+def auto_batch(recipe, values: dict) -> bool:
+    """The form asks for `batch_size` auto, and the recipe can be tuned (else `auto` is a bad value)."""
+    return recipe.tuning is not None and wants_auto(values.get("batch_size"))
+
+
+def form_settings(recipe, values: dict):
+    """The form's settings validated; with `batch_size` auto, all but the batch (the launch finds it)."""
+    if auto_batch(recipe, values):
+        values = {name: value for name, value in values.items() if name != "batch_size"}
+    return validated(recipe, values)
+
+
+def tuning_line(recipe, settings, device, row: dict | None, auto: bool) -> str:
+    """What the form says about tuning: the stored result, or what `auto` will do without one."""
+    if row:
+        return tuning_summary(row) + ("" if auto else " · batch_size auto uses it")
+    if not auto:
+        return ""
+    if device.index is None:
+        batch = recipe.tuning.cpu_batch_size or settings.batch_size
+        return f"batch_size auto: nothing tuned for this shape on cpu; the CPU default ({batch or 'auto'})"
+    return (f"batch_size auto: nothing tuned for this shape on {device.name}; launching tunes first "
+            f"(gpuscale tune, minutes)")
 
 
 def error_field(error: SettingsError, fields: list[str]) -> str | None:
@@ -57,6 +89,7 @@ class LaunchScreen(Screen):
             with Vertical(id="launch-main"):
                 yield Static("", id="recipe-summary")
                 yield Vertical(id="form-box")
+                yield Static("", id="tuning-line")
                 yield Static(HELP, id="field-help")  # then the focused setting's description
         yield Static("", id="preview")
         yield Footer(compact=True)
@@ -94,7 +127,8 @@ class LaunchScreen(Screen):
         box = self.query_one("#form-box", Vertical)
         box.remove_children()
         self._form = SettingsForm(self.recipe.settings_cls, self._initial_settings(),
-                                  cursor_blink=self.app.cursor_blink)
+                                  cursor_blink=self.app.cursor_blink,
+                                  auto_fields=("batch_size",) if self.recipe.tuning else ())
         box.mount(self._form)  # its Ready message brings the preview up to date
 
     def _initial_settings(self):
@@ -144,8 +178,9 @@ class LaunchScreen(Screen):
         if available is None:
             preview.update("reading this machine's GPUs…")
             return
+        values = form.values()
         try:
-            settings = resolve_settings(self.recipe.settings_cls, overrides=form.values())
+            settings = form_settings(self.recipe, values)
             plan = launch.plan_devices(settings.gpus, available)
         except SettingsError as exc:
             field = error_field(exc, form.fields)
@@ -154,13 +189,40 @@ class LaunchScreen(Screen):
             self.not_ready = str(exc)
             preview.update(Text(f"not ready to launch: {exc}", style="bold"))
             self.query_one(GpuPicker).show_plan(None, None)
+            self.show_tuning_line("")
             return
         form.show_error("gpus", None)  # valid now, whatever plan_devices said before
         self.settings, self.plan = settings, plan
         self.query_one(GpuPicker).show_plan(settings.gpus, plan.nproc)
         command = launch_preview(self.recipe, settings, plan, self.app.home)
         shell = shell_equivalent(self.recipe.name, settings)
+        if auto_batch(self.recipe, values):
+            shell += " --batch-size auto"
+        if self.recipe.tuning is not None:
+            device = pick_device(plan.gpu_indices, self.query_one(GpuPicker).gpus or [])
+            self.look_up_tuning(self.recipe, settings, device, auto_batch(self.recipe, values))
+        else:
+            self.show_tuning_line("")
         preview.update(Text.assemble(("$ ", "bold"), command, "\n", ("same from a shell: ", "dim"), (shell, "dim")))
+
+    @work(thread=True, exclusive=True, group="tuning-line", exit_on_error=False)
+    def look_up_tuning(self, recipe, settings, device, auto: bool) -> None:
+        """The stored tuning result for the form's settings (SQLite: in a thread, like every read)."""
+        try:
+            row = stored_tuning(self.app.store(), recipe, settings, device)
+        except Exception:  # an unreadable store must not take the form down; the history says why
+            row = None
+        line = tuning_line(recipe, settings, device, row, auto)
+        self.app.from_thread(self._tuning_found, recipe, settings, line)
+
+    def _tuning_found(self, recipe, settings, line: str) -> None:
+        if recipe is self.recipe and settings == self.settings:  # not a look-up for an older form
+            self.show_tuning_line(line)
+
+    def show_tuning_line(self, text: str) -> None:
+        line = self.query_one("#tuning-line", Static)
+        line.update(text)
+        line.display = bool(text)  # no empty row where there is nothing to say
 
     def action_launch(self) -> None:
         form = self.form()
@@ -179,16 +241,25 @@ class LaunchScreen(Screen):
             return
         self.launching = True
         self.notify(f"launching {self.recipe.name} on {self.plan.describe()}…")
-        self._start(self.recipe, self.settings, self.plan)
+        self._start(self.recipe, form.values(), self.plan)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
-    def _start(self, recipe, settings, plan) -> None:
+    def _start(self, recipe, values: dict, plan) -> None:
+        """The batch resolved as the CLI resolves it (`auto`: stored, tuned first, or the CPU default),
+        then the run started, with where its batch came from in its notes."""
         try:
-            run_id = launch.start_run(self.app.store(), recipe, settings, plan)
-        except Exception as exc:  # e.g. the run folder cannot be written
+            store = self.app.store()
+            settings, notes = settings_with_batch(recipe, values, store, on_tune_line=self._tuning_output)
+            run_id = launch.start_run(store, recipe, settings, plan, notes=notes)
+        except Exception as exc:  # e.g. tuning failed, or the run folder cannot be written
             self.app.from_thread(self._failed, exc)
             return
         self.app.from_thread(self._started, run_id)
+
+    def _tuning_output(self, line: str) -> None:
+        """A line of `gpuscale tune` run by `auto` before the launch: shown where the tuning line is."""
+        if line.strip():
+            self.app.from_thread(self.show_tuning_line, line.strip())
 
     def _failed(self, exc: Exception) -> None:
         self.launching = False

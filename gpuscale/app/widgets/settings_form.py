@@ -80,9 +80,13 @@ class SettingsForm(VerticalScroll, can_focus=False):
             super().__init__()
             self.field, self.description = field, description
 
-    def __init__(self, settings_cls: type[RunSettings], initial: RunSettings, cursor_blink: bool = True, **kwargs):
+    def __init__(self, settings_cls: type[RunSettings], initial: RunSettings, cursor_blink: bool = True,
+                 auto_fields: tuple[str, ...] = (), **kwargs):
+        """`auto_fields`: the settings where the word `auto` is also accepted (the front end resolves
+        it before validating: `batch_size` of a recipe that can be tuned)."""
         super().__init__(**kwargs)
         self.settings_cls = settings_cls
+        self.auto_fields = auto_fields
         self.initial = initial
         self.cursor_blink = cursor_blink
         self.fields = ordered_fields(settings_cls)
@@ -145,7 +149,9 @@ class SettingsForm(VerticalScroll, can_focus=False):
     # ---- errors ------------------------------------------------------------------------------
 
     def check(self, name: str) -> str | None:
-        error = check_field(self.settings_cls, name, self.value(name))
+        value = self.value(name)
+        auto = name in self.auto_fields and isinstance(value, str) and value.lower() == "auto"
+        error = None if auto else check_field(self.settings_cls, name, value)
         self.show_error(name, error)
         return error
 
