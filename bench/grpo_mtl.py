@@ -66,11 +66,15 @@ def gpuscale_run(arguments: list[str]) -> dict:
     print("$ gpuscale run", " ".join(arguments), flush=True)
     done = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "run", *arguments, "--json"],
                           capture_output=True, text=True)
-    if done.returncode != 0:
-        print(done.stderr[-4000:], flush=True)
-        raise RunFailed("the run could not start: " + done.stderr.strip()[-300:])
-    run = json.loads(done.stdout)
+    try:  # a run that failed still prints its record (exit 1); only bad input prints none (exit 2)
+        run = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        print(done.stderr[-3000:], flush=True)
+        raise RunFailed("the run could not start: " + done.stderr.strip()[-300:]) from None
     if run["status"] != "succeeded":
+        logs = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "logs", str(run["id"]), "--rank", "0"],
+                              capture_output=True, text=True)
+        print(logs.stdout[-3000:], flush=True)  # the rank's traceback
         raise RunFailed(f"run {run['id']} {run['status']}: {run['error']}")
     return run
 
