@@ -25,11 +25,12 @@ import sys
 import time
 
 
-def run(method: str, gpus: int, args, steps: int, batch_size: int) -> dict:
+def run(method: str, gpus: int, args, steps: int, batch_size: int, population: int | None = None) -> dict:
     cmd = [
         sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", "eggroll", "--gpus", str(gpus),
         "--model", args.model, "--dataset", args.dataset, "--batch-size", str(batch_size),
-        "--set", f"method={method}", "--set", f"population={args.population}", "--set", f"rank={args.rank}",
+        "--set", f"method={method}", "--set", f"population={population or args.population}",
+        "--set", f"rank={args.rank}",
         "--set", f"prompts_per_step={args.prompts}", "--set", f"max_new_tokens={args.max_new_tokens}",
         "--set", f"steps={steps}", "--set", "eval_examples=8", "--set", "eval_every=0",
         "--set", "save_model=false", "--set", f"seed={args.seed}", "--json",
@@ -78,7 +79,10 @@ def share_of_plain_inference(args) -> dict:
         return statistics.median(times[1:])
 
     # No EOS: every row decodes the full budget.
-    plain = timed(GenerationEngine(model, [], pad_token_id=0, compile=args.compile))
+    plain_engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
+    plain = timed(plain_engine)
+    if args.profile:
+        print_profile(plain_engine, rows, args, greedy, "plain inference")
     terms = []
     for _, module in perturbed_linears(model):
         down = torch.randn(args.population, module.in_features, args.rank, device=device, dtype=torch.bfloat16)
@@ -92,11 +96,25 @@ def share_of_plain_inference(args) -> dict:
         for module, term in terms:
             engine.add_row_term(module, term)
         perturbed = timed(engine)
+        if args.profile:
+            print_profile(engine, rows, args, greedy, f"population, row-term kernel {kernel}")
         suffix = "" if kernel == "auto" else f"_{kernel}"
         result.update({f"population_seconds{suffix}": perturbed, f"population_tokens_per_s{suffix}": tokens / perturbed,
                        f"share{suffix}": plain / perturbed})
     RowTerm.kernel = "auto"
     return result
+
+
+def print_profile(engine, rows, args, sampling, label: str) -> None:
+    """The GPU kernels of one engine call, by total time (where the population's extra time goes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.generate(rows, args.max_new_tokens, sampling)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+    print(f"\n{label}:\n{table}", flush=True)
 
 
 def main() -> None:
@@ -113,6 +131,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed engine calls of the share measurement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--share-only", action="store_true", help="only the share of plain inference")
+    parser.add_argument("--skip-naive", action="store_true", help="leave out the (slow) naive run")
+    parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")
     parser.add_argument("--all-kernels", action="store_true", help="the share with each row-term kernel too")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's step in the share "
                         "measurement (the recipe's runs compile only with --set compile=true)")
@@ -121,10 +141,15 @@ def main() -> None:
     rows = args.population * args.prompts
     results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args)}
     if not args.share_only:
-        results["naive_1gpu"] = run("naive", 1, args, args.naive_steps, args.prompts)
+        if not args.skip_naive:
+            results["naive_1gpu"] = run("naive", 1, args, args.naive_steps, args.prompts)
         results["eggroll_1gpu"] = run("eggroll", 1, args, args.steps, rows)
         if args.gpus > 1:
+            # Strong scaling (the same population split over the GPUs) and weak scaling (each GPU
+            # keeps the one-GPU run's members: a population args.gpus times larger).
             results[f"eggroll_{args.gpus}gpu"] = run("eggroll", args.gpus, args, args.steps, rows // args.gpus)
+            results[f"eggroll_{args.gpus}gpu_weak"] = run("eggroll", args.gpus, args, args.steps, rows,
+                                                          population=args.population * args.gpus)
     results["share"] = share_of_plain_inference(args)
     with open(args.out, "w") as handle:
         json.dump(results, handle, indent=2)
@@ -132,13 +157,15 @@ def main() -> None:
 
 
 def print_tables(results: dict, args) -> None:
-    runs = [name for name in results if name.endswith("gpu")]
+    runs = [name for name in results if "gpu" in name and "members_per_s" in results[name]]
     if runs:
-        naive, one = results["naive_1gpu"]["members_per_s"], results["eggroll_1gpu"]["members_per_s"]
-        print(f"\n{'run':<14} {'members/s':>10} {'vs naive':>9} {'vs 1 GPU':>9}")
+        naive = results.get("naive_1gpu", {}).get("members_per_s")
+        one = results["eggroll_1gpu"]["members_per_s"]
+        print(f"\n{'run':<19} {'members/s':>10} {'vs naive':>9} {'vs 1 GPU':>9}")
         for name in runs:
             rate = results[name]["members_per_s"]
-            print(f"{name:<14} {rate:>10.2f} {rate / naive:>8.1f}x {rate / one:>8.2f}x")
+            versus_naive = f"{rate / naive:>8.1f}x" if naive else f"{'-':>9}"
+            print(f"{name:<19} {rate:>10.2f} {versus_naive} {rate / one:>8.2f}x")
     share = results["share"]
     print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, "
           f"population {share['population_tokens_per_s']:.0f} tokens/s: share {share['share']:.3f} "
