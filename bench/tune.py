@@ -4,24 +4,39 @@ In one process on one device (the first GPU, else the CPU), for one recipe, mode
 1. `gpuscale tune`'s search (recipes/tuning.py `tune_recipe`: doubling, bisection, a confirming
    trial), timed from loading the model to its choice;
 2. a full sweep: every power of two and every midpoint between two (1, 2, 3, 4, 6, 8, 12, ...) up to
-   --max-batch, the first out of memory, or the memory cap; each batch size measured as a short real
-   run would be: --sweep-items items of work (at least --min-sweep-batches batches of the recipe's
-   trial), so each figure is items / seconds over that work. The sweep's time counts loading its
-   model once, as the tuning's does.
+   --max-batch (default: the run's work per rank where the recipe knows it), brought down to the sizes
+   the recipe allows (a training recipe's divisors of its step, eggroll's whole members), up to the
+   first out of memory or the memory cap; each batch size measured as a short real run would be:
+   trials until --sweep-items of work in the figure's unit (problems, tokens, members, samples), at
+   least --min-sweep-batches of them, so each figure is work / seconds. The sweep's time counts
+   loading its model once, as the tuning's does.
 
 It prints and writes (--out) the sweep table, the tuning's trials, the tuned batch's throughput
 against the sweep's best (target: within 10%) and the tuning's time against the sweep's (target:
 under 10%; this ratio depends on --sweep-items, which stands for the length of the run being tuned,
 and is printed with it).
 
-On the GPU machine (one GPU):
+On the GPU machine (one GPU), each meant to end within about two minutes (estimates, not measured:
+where one runs longer, lower --max-batch):
 
     python bench/tune.py --recipe power-sampling --model tiny-math --set max_new_tokens=256 \
-        --set blocks=4 --set mcmc_steps=3 --out bench/tune-power-tiny.json
+        --set blocks=4 --set mcmc_steps=3 --max-batch 256 --sweep-items 1 --min-sweep-batches 1 \
+        --out bench/tune-power-tiny.json
     python bench/tune.py --recipe power-sampling --model random-qwen2.5-0.5b --set max_new_tokens=256 \
-        --set blocks=4 --set mcmc_steps=3 --out bench/tune-power-qwen.json
+        --set blocks=4 --set mcmc_steps=3 --max-batch 128 --sweep-items 1 --min-sweep-batches 1 \
+        --out bench/tune-power-qwen.json  # nearer three minutes: a batch at this shape takes seconds
     python bench/tune.py --recipe probe --model random-qwen2.5-0.5b --set prompt_tokens=512 \
-        --sweep-items 65536 --out bench/tune-probe-qwen.json
+        --max-batch 512 --sweep-items 1024 --out bench/tune-probe-qwen.json
+    python bench/tune.py --recipe eggroll --model tiny-math --sweep-items 1 --min-sweep-batches 1 \
+        --out bench/tune-eggroll-tiny.json
+    python bench/tune.py --recipe eggroll --model random-qwen2.5-0.5b --set population=32 \
+        --set prompts_per_step=8 --sweep-items 1 --min-sweep-batches 1 --out bench/tune-eggroll-qwen.json
+    python bench/tune.py --recipe rft --model random-qwen2.5-0.5b --max-batch 32 --sweep-items 1 \
+        --min-sweep-batches 1 --out bench/tune-rft-qwen.json
+    python bench/tune.py --recipe sft --model random-qwen2.5-0.5b --set gradient_accumulation=8 \
+        --sweep-items 1 --out bench/tune-sft-qwen.json
+    python bench/tune.py --recipe grpo-mtl --model random-qwen2.5-0.5b --sweep-items 1 \
+        --out bench/tune-grpo-mtl-qwen.json
 
 On CPU (its test, tests/integration/test_tune_cli.py):
 
@@ -32,19 +47,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import socket
 import sys
 import time
 
 
-def sweep_sizes(max_batch: int) -> list[int]:
-    """1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and the midpoints between them."""
+def sweep_sizes(max_batch: int, allowed: list[int] | None = None) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and the midpoints between them; where the
+    recipe allows only some sizes (a training recipe's divisors of its step, eggroll's whole members),
+    each one brought down to the nearest allowed size, and the largest allowed size too."""
     sizes, power = [1], 2
     while power <= max_batch:
         sizes += [size for size in (power * 3 // 4, power) if size > sizes[-1]]
         power *= 2
-    return [size for size in sizes if size <= max_batch]
+    sizes = [size for size in sizes if size <= max_batch]
+    if allowed is None:
+        return sizes
+    allowed = [size for size in allowed if size <= max_batch]
+    snapped = {max((a for a in allowed if a <= size), default=None) for size in sizes} | {max(allowed, default=None)}
+    return sorted(size for size in snapped if size is not None)
 
 
 def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
@@ -53,7 +74,7 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
 
     from gpuscale.engines.distributed import RankContext, resolve_dtype
     from gpuscale.engines.tuning import Trial
-    from gpuscale.recipes.tuning import device_memory_bytes, measured
+    from gpuscale.recipes.tuning import device_memory_bytes, measured, run_ranks
 
     torch_device = torch.device(device.torch_name)
     limit = args.memory_cap * device_memory_bytes(torch_device)
@@ -64,9 +85,14 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
     with tempfile.TemporaryDirectory() as scratch:
         ctx = RankContext(0, 0, 1, torch_device, resolve_dtype(settings.precision, torch_device), Path(scratch))
         with recipe.trial_session(settings, ctx) as trial:
-            for size in sweep_sizes(args.max_batch):
-                batches = max(args.min_sweep_batches, math.ceil(args.sweep_items / size))
-                each = [measured(trial, size, torch_device) for _ in range(batches)]
+            for size in sweep_sizes(args.max_batch, recipe.tune_batch_sizes(settings, run_ranks(settings))):
+                # Trials until --sweep-items of work (in the figure's unit: problems, tokens, members...)
+                # and at least --min-sweep-batches of them; a trial's work is its throughput x its time.
+                each = [measured(trial, size, torch_device)]
+                while each[-1].failure is None and (len(each) < args.min_sweep_batches or sum(
+                        t.throughput * t.step_seconds for t in each) < args.sweep_items):
+                    each.append(measured(trial, size, torch_device))
+                batches = len(each)
                 failed = next((t for t in each if t.failure), None)
                 peak = max((t.peak_memory_bytes or 0) for t in each)
                 seconds = sum(t.step_seconds for t in each if t.failure is None)
@@ -90,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny-math")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--max-batch", type=int, default=2048)
+    parser.add_argument("--max-batch", type=int, help="default: the run's work per rank where the recipe knows "
+                        "it, else 2048")
     parser.add_argument("--memory-cap", type=float, default=0.9)
     parser.add_argument("--sweep-items", type=int, default=1024, help="items of work per swept batch size")
     parser.add_argument("--min-sweep-batches", type=int, default=2)
@@ -100,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     from gpuscale.engines import telemetry
     from gpuscale.engines.settings import parse_assignments, resolve_settings
     from gpuscale.recipes.registry import get_recipe
-    from gpuscale.recipes.tuning import pick_device, tune_recipe
+    from gpuscale.recipes.tuning import default_max_batch, pick_device, tune_recipe
 
     recipe = get_recipe(args.recipe)
     overrides = {"model": args.model, "precision": args.precision, **parse_assignments(args.assignments)}
     settings = resolve_settings(recipe.settings_cls, overrides=overrides, environ={})
     device = pick_device(telemetry.visible_gpu_indices()[:1])
     figure = recipe.tuning.figure
+    args.max_batch = args.max_batch or min(2048, default_max_batch(recipe, settings))
 
     outcome = tune_recipe(recipe, settings, device, memory_cap=args.memory_cap, max_batch=args.max_batch,
                           progress=lambda t: print(f"tune: {t}", file=sys.stderr, flush=True))

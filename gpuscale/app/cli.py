@@ -176,7 +176,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if not 0 < args.memory_cap <= 1:
         raise BadInput(f"memory-cap: {args.memory_cap}: a share of the card's memory, above 0 and at most 1")
-    if args.max_batch < 1 or (args.start is not None and args.start < 1):
+    if (args.max_batch is not None and args.max_batch < 1) or (args.start is not None and args.start < 1):
         raise BadInput(f"max-batch/start: {args.max_batch}/{args.start}: both must be at least 1")
     recipe, settings = tune_settings_from_args(args)
     if recipe.tuning is None:
@@ -208,18 +208,19 @@ def tune_settings_from_args(args: argparse.Namespace):
 
 def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
     from gpuscale.app.tuning import outcome_record, trial_line, trial_rows
-    from gpuscale.recipes.tuning import tune_recipe
+    from gpuscale.recipes.tuning import default_max_batch, tune_recipe
 
     figure = recipe.tuning.figure
+    max_batch = args.max_batch or default_max_batch(recipe, settings)  # the run's work per rank, where known
     print(f"tuning {recipe.name} ({recipe.tuning.knob}) on {device.name}, precision {settings.precision}, "
-          f"memory cap {args.memory_cap:.0%}, batches up to {args.max_batch}", file=sys.stderr)
+          f"memory cap {args.memory_cap:.0%}, batches up to {max_batch}", file=sys.stderr)
     count = {"trials": 0}
 
     def progress(trial) -> None:
         count["trials"] += 1
         print(trial_line(count["trials"], trial, figure), file=sys.stderr, flush=True)
 
-    outcome = tune_recipe(recipe, settings, device, memory_cap=args.memory_cap, max_batch=args.max_batch,
+    outcome = tune_recipe(recipe, settings, device, memory_cap=args.memory_cap, max_batch=max_batch,
                           start=args.start, progress=progress)
     out = sys.stderr if args.json else sys.stdout
     with contextlib.redirect_stdout(out):
@@ -491,7 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                    help="any setting of the recipe (those that shape the work are part of the stored key)")
-    p.add_argument("--max-batch", type=int, default=4096, help="the largest batch tried (default 4096)")
+    p.add_argument("--max-batch", type=int, help="the largest batch tried (default: the run's work per rank "
+                   "where the recipe knows it, e.g. power-sampling's max_examples over its ranks; at most 4096)")
     p.add_argument("--start", type=int, help="the first batch tried (default: the recipe's on a GPU, 1 on CPU)")
     p.add_argument("--memory-cap", type=float, default=0.9,
                    help="a batch whose peak memory passes this share of the card (of RAM on CPU) does not fit "

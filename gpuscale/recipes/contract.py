@@ -12,7 +12,8 @@ A recipe is a subclass of `Recipe` that declares, as class attributes,
 
 and implements `run(settings, ctx, reporter)`, the work of one rank. A recipe that can be tuned
 (`gpuscale tune`, `--batch-size auto`, issue 15) declares `tuning` (its throughput figure and the
-settings that change the shape of its work) and implements `trial_session(settings, ctx)`. `check(settings)` runs in the
+settings that change the shape of its work) and implements `trial_session(settings, ctx)`, and where
+its batch is bounded or constrained `tune_batch_sizes` / `tune_max_batch`. `check(settings)` runs in the
 front end before anything is launched: a recipe refuses there what it can know is bad (a model that
 cannot load, data that does not parse, an empty data set) with one line naming the field, the value
 and the reason.
@@ -101,9 +102,15 @@ class Recipe(ABC):
         and peak memory is measured around the call by the tuner (recipes/tuning.py)."""
         raise NotImplementedError(f"recipe {self.name} cannot be tuned")
 
-    def tune_batch_sizes(self, settings: RunSettings) -> list[int] | None:
-        """The batch sizes a tuner may try (None: any); a training recipe gives the divisors of the
-        global batch the user asked for, so that gradient accumulation can keep it."""
+    def tune_batch_sizes(self, settings: RunSettings, ranks: int = 1) -> list[int] | None:
+        """The batch sizes a tuner may try for a run of `ranks` ranks (None: any); a training recipe
+        gives the divisors of its per-rank share of the global batch the user asked for, so that
+        gradient accumulation can keep it."""
+        return None
+
+    def tune_max_batch(self, settings: RunSettings, ranks: int = 1) -> int | None:
+        """The most work one of `ranks` ranks can take in one batch (a larger batch would be padding
+        only): the default of `gpuscale tune --max-batch`. None where it is not known up front."""
         return None
 
     def with_batch_size(self, settings: RunSettings, batch_size: int) -> RunSettings:

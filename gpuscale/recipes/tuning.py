@@ -109,10 +109,45 @@ class TuneOutcome:
     compile: bool = False
 
 
+def run_ranks(settings: RunSettings) -> int:
+    """How many ranks a run of these settings starts on this machine (1 where its `gpus` cannot be
+    planned here): a rank's share of the work, and of a training recipe's global batch, depends on it."""
+    from gpuscale.engines.launch import plan_devices
+
+    try:
+        return plan_devices(settings.gpus).nproc * settings.nnodes
+    except SettingsError:
+        return 1
+
+
+def micro_batches(rank_batch: int, most_accumulation: int | None = None) -> list[int]:
+    """The micro-batches a training recipe may run for `rank_batch` rows per optimizer step on a rank:
+    the divisors of it (gradient accumulation = rank_batch // micro-batch keeps the step's batch), with
+    at most `most_accumulation` micro-batches per step."""
+    return [d for d in range(1, rank_batch + 1)
+            if rank_batch % d == 0 and (most_accumulation is None or rank_batch // d <= most_accumulation)]
+
+
+def micro_batch_within(rank_batch: int, wanted: int, most_accumulation: int | None = None) -> int:
+    """The largest allowed micro-batch up to `wanted` (a tuned batch found for another share of the
+    global batch need not divide this one), else the smallest allowed."""
+    allowed = micro_batches(rank_batch, most_accumulation) or [rank_batch]
+    return max((d for d in allowed if d <= wanted), default=allowed[0])
+
+
+def default_max_batch(recipe: Recipe, settings: RunSettings, ranks: int | None = None) -> int:
+    """The largest batch `gpuscale tune` tries when not told: the run's work per rank where the
+    recipe knows it (a larger batch would be padding), at most DEFAULT_MAX_BATCH."""
+    ranks = run_ranks(settings) if ranks is None else ranks
+    work = recipe.tune_max_batch(settings, ranks)
+    return max(1, min(work, DEFAULT_MAX_BATCH)) if work else DEFAULT_MAX_BATCH
+
+
 def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory_cap: float = DEFAULT_MEMORY_CAP,
-                max_batch: int = DEFAULT_MAX_BATCH, start: int | None = None,
+                max_batch: int | None = None, start: int | None = None,
                 progress: Callable[[Trial], None] | None = None) -> TuneOutcome:
-    """Search the batch size of `recipe` at `settings` on `device`, trials in this process."""
+    """Search the batch size of `recipe` at `settings` on `device`, trials in this process.
+    `max_batch` None: the run's work per rank where the recipe knows it (default_max_batch)."""
     import torch
 
     from gpuscale.engines.distributed import RankContext, resolve_dtype
@@ -127,6 +162,9 @@ def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory
     total = device_memory_bytes(torch_device)
     if start is None:
         start = 1 if torch_device.type == "cpu" else recipe.tuning.start
+    ranks = run_ranks(settings)
+    if max_batch is None:
+        max_batch = default_max_batch(recipe, settings, ranks)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpuscale-tune-") as scratch:
         ctx = RankContext(0, 0, 1, torch_device, dtype, Path(scratch))
@@ -134,7 +172,7 @@ def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory
         with recipe.trial_session(settings, ctx) as trial:
             result = search_batch_size(
                 lambda size: measured(trial, size, torch_device), memory_limit_bytes=memory_cap * total,
-                start=start, max_batch=max_batch, allowed=recipe.tune_batch_sizes(settings), progress=progress)
+                start=start, max_batch=max_batch, allowed=recipe.tune_batch_sizes(settings, ranks), progress=progress)
     key = tuning_key(recipe, settings, device.name, precision)
     return TuneOutcome(key, result, total, memory_cap, time.perf_counter() - started, settings.compile)
 

@@ -12,7 +12,7 @@ applies the same update from noise it regenerates itself (noise.py).
 generate every prompt, restore; same engine, same noise, same update, so only the structure differs.
 
 Files: this one (settings and the recipe, no torch), noise.py (perturbations, shaping, update),
-trainer.py (a rank's work).
+trainer.py (a rank's work), trial.py (its tuning trial: ES steps at a batch, weights restored).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from gpuscale.engines.settings import RunSettings
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.contract import Recipe, Tuning
 
 
 class Settings(RunSettings):
@@ -88,6 +88,27 @@ class Eggroll(Recipe):
 
         check_dataset(settings.dataset, "train", settings.max_examples)
         check_dataset(settings.dataset, "test", settings.eval_examples)
+
+    # Tuning (issue 15): the batch is rows per engine call, a whole number of members' rows
+    # (prompts_per_step x generations_per_prompt each); a call holds at most the rank's members.
+    tuning = Tuning(figure="members_per_s", knob="rows (member x prompt x generation) per engine call per rank",
+                    shape_settings=("dataset", "method", "population", "prompts_per_step", "generations_per_prompt",
+                                    "max_new_tokens", "temperature", "rank"),
+                    start=256)  # the default: smaller calls mean many calls per step, trials of minutes
+
+    def trial_session(self, settings: Settings, ctx):
+        from gpuscale.recipes.eggroll.trial import trial_session
+
+        return trial_session(settings, ctx)
+
+    def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
+        rows = settings.prompts_per_step * settings.generations_per_prompt
+        if settings.method == "naive":
+            return [rows]  # one member per call whatever batch_size says
+        return [rows * members for members in range(1, max(1, settings.population // ranks) + 1)]
+
+    def tune_max_batch(self, settings: Settings, ranks: int = 1) -> int | None:
+        return settings.prompts_per_step * settings.generations_per_prompt * max(1, settings.population // ranks)
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.eggroll.trainer import run_eggroll

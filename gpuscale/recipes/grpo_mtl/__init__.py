@@ -14,7 +14,8 @@ Before and after training: held-out accuracy per domain, greedy and sampled at t
 
 Files: this one (settings and the recipe, no torch), data.py (training rows and held-out examples),
 rollout.py (the engine behind `rollout_func`), pcgrad.py (the projection, per-domain losses and
-gradients), trainer.py (a rank's work and the GRPOTrainer subclass).
+gradients), trainer.py (a rank's work and the GRPOTrainer subclass), trial.py (its tuning trial, on
+recipes/training_trial.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.engines.settings import RunSettings, SettingsError
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.contract import Recipe, Tuning
 
 
 class Settings(RunSettings):
@@ -116,6 +117,14 @@ def accumulation_steps(settings: Settings, world_size: int) -> int:
     return settings.completions_per_step // per_micro_step
 
 
+def rank_share(settings: Settings, ranks: int) -> int:
+    """A rank's completions per optimizer step (all of them where the ranks do not divide them: the
+    run then refuses its batch_size anyway, in accumulation_steps)."""
+    if settings.completions_per_step % ranks:
+        return settings.completions_per_step
+    return settings.completions_per_step // ranks
+
+
 class GrpoMtl(Recipe):
     name = "grpo-mtl"
     summary = ("GRPO over a mixture of task domains (TRL GRPOTrainer, gpuscale's generation engine), "
@@ -137,6 +146,33 @@ class GrpoMtl(Recipe):
 
         check_dataset(settings.dataset, "train", settings.max_examples)
         accumulation_steps(settings, 1)
+
+    # Tuning (issue 15): the per-device micro-batch of the loss's forward and backward; the
+    # accumulation follows from it (accumulation_steps), so the step's completions stay as asked.
+    tuning = Tuning(figure="tokens_per_s",
+                    knob="completions per device per micro-batch (accumulation keeps the step's completions)",
+                    shape_settings=("dataset", "max_prompt_length", "max_completion_length", "lora_rank",
+                                    "lora_targets", "beta", "completions_per_step"),
+                    start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
+
+    def trial_session(self, settings: Settings, ctx):
+        from gpuscale.recipes.grpo_mtl.trial import trial_session
+
+        return trial_session(settings, ctx)
+
+    def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
+        from gpuscale.recipes.tuning import micro_batches
+
+        return micro_batches(rank_share(settings, ranks))
+
+    def tune_max_batch(self, settings: Settings, ranks: int = 1) -> int | None:
+        return rank_share(settings, ranks)
+
+    def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
+        from gpuscale.recipes.tuning import micro_batch_within, run_ranks
+
+        micro = micro_batch_within(rank_share(settings, run_ranks(settings)), batch_size)
+        return settings.model_copy(update={"batch_size": micro})
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.grpo_mtl.trainer import run_grpo_mtl

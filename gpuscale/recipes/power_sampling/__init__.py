@@ -72,6 +72,10 @@ class PowerSampling(Recipe):
 
         return trial_session(settings, ctx)
 
+    def tune_max_batch(self, settings: Settings, ranks: int = 1) -> int | None:
+        """A rank's share of max_examples (each rank takes every ranks-th problem)."""
+        return -(-settings.max_examples // ranks) if settings.max_examples else None
+
     def check(self, settings: Settings) -> None:
         super().check(settings)
         from gpuscale.data.tasks import check_dataset

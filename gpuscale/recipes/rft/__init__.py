@@ -20,7 +20,7 @@ The monitor shows the phase as the figure `phase` (0 = base evaluation, 1 = gene
 steps).
 
 Files: this one (settings and the recipe, no torch), filtering.py (what is kept), generate.py (the
-generation phase), trainer.py (a rank's whole run).
+generation phase), trainer.py (a rank's whole run), trial.py (its tuning trial: generation calls).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.contract import Recipe, Tuning
 from gpuscale.recipes.sft import Settings as SFTSettings
 
 
@@ -94,6 +94,27 @@ class RFT(Recipe):
             check_dataset(settings.dataset, "train", settings.max_examples)
         if settings.eval_examples:
             check_dataset(settings.dataset, "test", settings.eval_examples)
+
+    # Tuning (issue 15): the generation phase's questions per call (the phase where a batch is
+    # chosen; training's micro-batch is train_batch_size).
+    tuning = Tuning(figure="samples_per_s", knob="training questions per generation call per rank",
+                    shape_settings=("dataset", "samples_per_question", "max_new_tokens", "temperature", "generator",
+                                    "max_rows_per_call"))
+
+    def trial_session(self, settings: Settings, ctx):
+        from gpuscale.recipes.rft.trial import trial_session
+
+        return trial_session(settings, ctx)
+
+    def tune_max_batch(self, settings: Settings, ranks: int = 1) -> int | None:
+        """A rank's share of max_examples questions; with max_rows_per_call, the questions it lets
+        into one call (a larger batch_size changes nothing)."""
+        limits = []
+        if settings.max_examples:
+            limits.append(-(-settings.max_examples // ranks))
+        if settings.max_rows_per_call:
+            limits.append(max(1, settings.max_rows_per_call // settings.samples_per_question))
+        return min(limits) if limits else None
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.rft.trainer import run_rft

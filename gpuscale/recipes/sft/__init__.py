@@ -11,7 +11,7 @@ ranks). `save_model` writes the trained model (merged if LoRA) to RUN_DIR/model,
 loads with `--model RUN_DIR/model`.
 
 Files: this one (settings and the recipe, no torch), trainer.py (a rank's work; `train_sft` is the
-training phase other recipes reuse, e.g. RFT).
+training phase other recipes reuse, e.g. RFT), trial.py (its tuning trial, on recipes/training_trial.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from gpuscale.engines.settings import RunSettings, SettingsError
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.contract import Recipe, Tuning
 
 
 def checked_lora_targets(value: str) -> str:
@@ -32,6 +32,9 @@ def checked_lora_targets(value: str) -> str:
         raise ValueError("expected all-linear or module names like q_proj,v_proj")
     return value
 
+MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
+
+
 class Settings(RunSettings):
     KEY_ALIASES = {"lr": "learning_rate", "grad_accum": "gradient_accumulation", "micro_batch_size": "batch_size"}
 
@@ -39,7 +42,7 @@ class Settings(RunSettings):
                                  "LoRA usually wants about 1e-4 to 2e-4)")
     epochs: float = Field(1.0, gt=0.0, le=1000.0, description="passes over the training examples")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
-    gradient_accumulation: int = Field(1, ge=1, le=1024, description="micro-batches per optimizer step")
+    gradient_accumulation: int = Field(1, ge=1, le=MOST_ACCUMULATION, description="micro-batches per optimizer step")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "linear", description="learning-rate schedule after the warm-up")
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0,
@@ -68,6 +71,12 @@ class Settings(RunSettings):
     def _check_targets(cls, value: str) -> str:
         return checked_lora_targets(value)
 
+    @property
+    def rank_batch(self) -> int:
+        """Sequences per optimizer step on a rank (batch_size x gradient_accumulation): what tuning
+        the micro-batch keeps, and part of a tuning result's key."""
+        return self.batch_size * self.gradient_accumulation
+
 
 class SFT(Recipe):
     name = "sft"
@@ -94,6 +103,33 @@ class SFT(Recipe):
         if not train:
             raise SettingsError(f"eval_examples: {settings.eval_examples}: holds out every example of "
                                 f"{settings.dataset}, none is left to train on; lower it")
+
+    # Tuning (issue 15): the per-device micro-batch; gradient accumulation is rescaled so that the
+    # sequences per optimizer step (batch_size x gradient_accumulation per rank) stay as asked.
+    tuning = Tuning(figure="tokens_per_s",
+                    knob="sequences per device per micro-batch (gradient accumulation keeps the step's batch)",
+                    shape_settings=("dataset", "max_length", "lora_rank", "lora_targets", "activation_checkpointing",
+                                    "rank_batch"),
+                    start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
+
+    def trial_session(self, settings: Settings, ctx):
+        from gpuscale.recipes.sft.trial import trial_session
+
+        return trial_session(settings, ctx)
+
+    def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
+        from gpuscale.recipes.tuning import micro_batches
+
+        return micro_batches(settings.rank_batch, MOST_ACCUMULATION)
+
+    def tune_max_batch(self, settings: Settings, ranks: int = 1) -> int | None:
+        return settings.rank_batch
+
+    def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
+        from gpuscale.recipes.tuning import micro_batch_within
+
+        micro = micro_batch_within(settings.rank_batch, batch_size, MOST_ACCUMULATION)
+        return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": settings.rank_batch // micro})
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.sft.trainer import run_sft

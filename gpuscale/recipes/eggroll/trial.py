@@ -1,0 +1,55 @@
+"""eggroll's tuning trial (issue 15): ES steps of the real trainer (its members answer the run's
+prompts through the row terms, fitnesses, the update) at a given batch of rows per engine call;
+throughput in members per second. The weights each step updates are put back after every trial, so
+that every trial starts from the same model and later trials see the answers earlier ones saw."""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+
+from gpuscale.recipes.eggroll import Settings
+
+TIMED_STEPS = 1  # a step is already every member's answers: population x prompts rows of decoding
+
+
+@contextmanager
+def trial_session(settings: Settings, ctx):
+    import torch
+
+    from gpuscale.data.tasks import load_examples
+    from gpuscale.engines.generation import GenerationEngine
+    from gpuscale.engines.tuning import Trial
+    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears
+    from gpuscale.recipes.tuning import timed_steps
+
+    train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
+    loaded = load_generation_model(settings.model, ctx)
+    loaded.model.requires_grad_(False)
+    linears = perturbed_linears(loaded.model)
+    # On the host: a copy on the card would count in every trial's peak memory.
+    originals = [module.weight.detach().to("cpu", copy=True) for _, module in linears]
+    step_numbers = itertools.count(1)  # each step its own prompts and noise, as in a run
+
+    def trial(batch_size: int) -> Trial:
+        sized = settings.model_copy(update={"batch_size": batch_size})
+        engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,
+                                  compile=sized.compile and ctx.device.type == "cuda")
+        try:
+            trainer = Trainer(sized, ctx, loaded, engine, train)
+
+            def step() -> int:
+                trainer.step(next(step_numbers))
+                return trainer.local_members
+
+            # The first step captures graphs and sizes the KV cache: untimed, as the run's summary leaves it out.
+            rate, seconds = timed_steps(step, TIMED_STEPS, ctx.synchronize, warm_up=1)
+        finally:
+            engine.remove_row_terms()
+            with torch.no_grad():
+                for (_, module), original in zip(linears, originals):
+                    module.weight.copy_(original)
+        return Trial(batch_size, throughput=rate, step_seconds=seconds)
+
+    yield trial

@@ -1,0 +1,24 @@
+"""sft's tuning trial (issue 15): optimizer steps on the run's training rows, tokenized and cut to
+max_length as the run's trainer gets them, at a per-device micro-batch (recipes/training_trial.py)."""
+
+from __future__ import annotations
+
+from gpuscale.recipes.sft import Settings
+from gpuscale.recipes.training_trial import TrainingRows, training_trial_session
+
+ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of distinct rows at most
+
+
+def trial_session(settings: Settings, ctx):
+    def rows_for(tokenizer) -> TrainingRows:
+        from gpuscale.recipes.sft.data import sft_rows, training_and_test_examples
+        from gpuscale.recipes.sft.trainer import tokenized_dataset
+
+        wanted = ROWS_PER_STEP_LOADED * settings.rank_batch
+        limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})
+        train, _test = training_and_test_examples(limited)
+        encoded = tokenized_dataset(sft_rows(train), tokenizer)
+        return TrainingRows([ids[: settings.max_length] for ids in encoded["input_ids"]],
+                            [mask[: settings.max_length] for mask in encoded["completion_mask"]])
+
+    return training_trial_session(settings, ctx, settings.rank_batch, rows_for)

@@ -1,0 +1,120 @@
+"""Issue 15 for every recipe beyond power-sampling and probe: `gpuscale tune` runs each recipe's real
+trial on CPU (the embedded tiny-math model, tiny settings) and stores a choice; a training recipe's
+tuned micro-batch keeps the global batch the user asked for when `--batch-size auto` applies it; and
+`--max-batch` defaults to the run's work per rank where the recipe knows it.
+
+The CLI runs in this process (`cli.main`): the trials are the same code, without a second torch import
+per recipe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuscale.app import cli
+from gpuscale.app.tuning import settings_with_batch
+from gpuscale.engines.settings import merge_layers, parse_assignments, resolve_settings
+from gpuscale.engines.store import Store
+from gpuscale.recipes.grpo_mtl import accumulation_steps
+from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.tuning import default_max_batch
+
+# Tiny settings per recipe; eggroll and rft leave --max-batch to its default (the run's work per rank).
+TINY = {
+    "eggroll": ["--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=6"],
+    "rft": ["--set", "max_examples=4", "--set", "samples_per_question=2", "--set", "max_new_tokens=6",
+            "--set", "eval_examples=2"],
+    # batch_size stays the default 8 (as under --batch-size auto): 8 x 2 = 16 sequences per step.
+    "sft": ["--set", "gradient_accumulation=2", "--set", "max_length=48", "--set", "max_examples=16",
+            "--set", "eval_examples=2", "--max-batch", "4"],
+    # 4 prompts x 2 completions = 8 completions per step.
+    "grpo-mtl": ["--set", "prompts_per_step=4", "--set", "num_generations=2", "--set", "max_completion_length=6",
+                 "--set", "max_examples=8", "--set", "eval_examples=2", "--max-batch", "4"],
+}
+DEFAULT_MAX_BATCH = {"eggroll": 2 * 4, "rft": 4}  # prompts x members; max_examples on one rank
+
+
+def tiny_settings(name: str):
+    """The recipe's settings as `gpuscale tune` with TINY[name] resolves them."""
+    assignments = [arg.split("=", 1) for arg in TINY[name] if "=" in arg]
+    overrides = parse_assignments([f"{key}={value}" for key, value in assignments])
+    return resolve_settings(get_recipe(name).settings_cls, overrides=overrides, environ={})
+
+
+def tune(name: str, capsys) -> tuple[int, str, str]:
+    code = cli.main(["tune", "--recipe", name, *TINY[name]])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tune_runs_the_recipes_real_trials_on_cpu_and_stores_a_choice(name, home, capsys, one_torch_thread):
+    recipe = get_recipe(name)
+    code, out, err = tune(name, capsys)
+    assert code == 0, err
+    [stored] = Store(home).list_tunings(name)
+    assert (stored["device"], stored["precision"], stored["model"]) == ("cpu", "fp32", "tiny-math")
+    assert stored["figure"] == recipe.tuning.figure and stored["throughput"] > 0
+    assert stored["peak_memory_bytes"] > 50 * 2**20  # the process holds the model: tens of MB at least
+    assert f"chosen: batch {stored['batch_size']}," in out
+    trials = stored["trials"]
+    assert len(trials) >= 2 and all(trial["throughput"] > 0 for trial in trials)
+    assert len({trial["batch_size"] for trial in trials}) >= 2  # a search, not one measurement
+    settings = tiny_settings(name)
+    allowed = recipe.tune_batch_sizes(settings, 1)
+    if allowed is not None:
+        assert all(trial["batch_size"] in allowed for trial in trials)
+    largest = DEFAULT_MAX_BATCH.get(name, 4)
+    assert f"batches up to {largest}" in err
+    assert max(trial["batch_size"] for trial in trials) <= largest
+    assert json.loads(stored["shape"]) == {key: getattr(settings, key) for key in recipe.tuning.shape_settings}
+
+
+@pytest.mark.parametrize("name", ["sft", "grpo-mtl"])
+def test_auto_takes_the_tuned_micro_batch_and_keeps_the_global_batch(name, home, capsys, one_torch_thread):
+    recipe = get_recipe(name)
+    code, _out, err = tune(name, capsys)
+    assert code == 0, err
+    [stored] = Store(home).list_tunings(name)
+    asked = tiny_settings(name)
+    overrides = {**parse_assignments([a for a in TINY[name] if "=" in a]), "batch_size": "auto", "gpus": 1}
+    settings, notes = settings_with_batch(recipe, merge_layers(recipe.settings_cls, overrides=overrides, environ={}),
+                                          Store(home))
+    assert notes["batch_size_source"].startswith("stored (tuned ")
+    assert settings.batch_size == stored["batch_size"] <= 4
+    if name == "sft":
+        assert settings.batch_size * settings.gradient_accumulation == asked.rank_batch == 16
+        assert settings.gradient_accumulation == 16 // stored["batch_size"] >= 4
+    else:
+        accumulation = accumulation_steps(settings, 1)  # what the run's trainer is given
+        assert settings.batch_size * accumulation == asked.completions_per_step == 8
+        assert accumulation >= 2
+
+
+def test_a_tuned_batch_that_does_not_divide_the_step_is_brought_down_to_one_that_does():
+    sft, grpo = get_recipe("sft"), get_recipe("grpo-mtl")
+    settings = resolve_settings(sft.settings_cls, overrides={"batch_size": 4, "gradient_accumulation": 3},
+                                environ={})
+    assert sft.tune_batch_sizes(settings) == [1, 2, 3, 4, 6, 12]
+    tuned = sft.with_batch_size(settings, 8)  # tuned for another share: 8 does not divide 12
+    assert (tuned.batch_size, tuned.gradient_accumulation) == (6, 2)
+    settings = resolve_settings(grpo.settings_cls, overrides={"prompts_per_step": 3, "num_generations": 4,
+                                                              "gpus": 1}, environ={})
+    assert grpo.tune_batch_sizes(settings, 1) == [1, 2, 3, 4, 6, 12]
+    assert grpo.tune_batch_sizes(settings, 2) == [1, 2, 3, 6]  # 6 completions per rank
+    assert grpo.with_batch_size(settings, 5).batch_size == 4
+
+
+def test_max_batch_defaults_to_the_runs_work_per_rank():
+    power = get_recipe("power-sampling")
+    settings = resolve_settings(power.settings_cls, overrides={"max_examples": 5}, environ={})
+    assert default_max_batch(power, settings, ranks=1) == 5
+    assert default_max_batch(power, settings, ranks=2) == 3  # every second problem: 3 on rank 0
+    unbounded = resolve_settings(power.settings_cls, environ={})
+    assert default_max_batch(power, unbounded, ranks=1) == 4096  # unknown: the search's own cap
+    eggroll = get_recipe("eggroll")
+    settings = resolve_settings(eggroll.settings_cls, overrides={"population": 8, "prompts_per_step": 3},
+                                environ={})
+    assert default_max_batch(eggroll, settings, ranks=2) == 3 * 4  # 4 members per rank, 3 rows each
+    assert eggroll.tune_batch_sizes(settings, 2) == [3, 6, 9, 12]
