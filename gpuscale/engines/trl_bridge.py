@@ -154,6 +154,10 @@ SETTING_TO_CONFIG = {
     "compile": "torch_compile",
 }
 
+# Config fields renamed between the transformers versions gpuscale supports: the newer name, and the
+# older one used where the config class lacks it (transformers 5.17 has only gradient_checkpointing).
+RENAMED_FIELDS = {"activation_checkpointing": "gradient_checkpointing"}
+
 
 def trainer_args(settings, ctx, config_cls, **recipe_specific):
     """A `config_cls` (SFTConfig, GRPOConfig, TrainingArguments...) for this rank.
@@ -170,7 +174,7 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
     fields = {f.name for f in dataclasses.fields(config_cls)}
     values: dict[str, Any] = {}
     for setting, field in SETTING_TO_CONFIG.items():
-        if field in fields and setting in type(settings).model_fields:
+        if (field in fields or RENAMED_FIELDS.get(field) in fields) and setting in type(settings).model_fields:
             values[field] = getattr(settings, setting)
     if values.get("max_steps") is None and "max_steps" in values:
         values["max_steps"] = -1  # the trainer's "train for num_train_epochs"
@@ -192,4 +196,7 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
     if on_cpu and ctx.world_size > 1:
         values["ddp_backend"] = "gloo"  # the group the rank started (accelerate would try MPI first)
     values.update(recipe_specific)
+    for newer, older in RENAMED_FIELDS.items():
+        if newer in values and newer not in fields and older in fields:
+            values[older] = values.pop(newer)
     return config_cls(**values)

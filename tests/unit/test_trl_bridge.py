@@ -125,3 +125,18 @@ def test_a_real_trainer_reports_every_step(tmp_path):
     assert all(r["loss"] > 0 and r["samples"] == 2 for r in steps)
     assert sum(r["tokens"] for r in steps) == trainer.state.num_input_tokens_seen > 0
     assert "train_loss" in callback.final
+
+
+def test_a_config_with_the_older_checkpointing_name_gets_it(tmp_path):
+    """transformers 5.17 (the GPU image's floor) calls it gradient_checkpointing: a setting or a
+    recipe's activation_checkpointing must reach it under that name, not fail or vanish."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)} - {"activation_checkpointing"}
+    OlderArguments = dataclasses.make_dataclass(  # noqa: N806 (a class)
+        "OlderArguments", [(name, object, dataclasses.field(default=None)) for name in sorted(names)])
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    assert trainer_args(Settings(activation_checkpointing=True), ctx, OlderArguments).gradient_checkpointing is True
+    assert trainer_args(Settings(), ctx, OlderArguments, activation_checkpointing=False).gradient_checkpointing is False
