@@ -90,18 +90,14 @@ def share_of_plain_inference(args) -> dict:
         terms.append((module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank))))
     tokens = len(rows) * args.max_new_tokens
     result = {"rows": len(rows), "tokens": tokens, "plain_seconds": plain, "plain_tokens_per_s": tokens / plain}
-    for kernel in ("auto", *(("bmm", "broadcast") if args.all_kernels else ())):
-        RowTerm.kernel = kernel  # the same terms, computed by each row-term kernel (a new engine: new graphs)
-        engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
-        for module, term in terms:
-            engine.add_row_term(module, term)
-        perturbed = timed(engine)
-        if args.profile:
-            print_profile(engine, rows, args, greedy, f"population, row-term kernel {kernel}")
-        suffix = "" if kernel == "auto" else f"_{kernel}"
-        result.update({f"population_seconds{suffix}": perturbed, f"population_tokens_per_s{suffix}": tokens / perturbed,
-                       f"share{suffix}": plain / perturbed})
-    RowTerm.kernel = "auto"
+    engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
+    for module, term in terms:
+        engine.add_row_term(module, term)
+    perturbed = timed(engine)
+    if args.profile:
+        print_profile(engine, rows, args, greedy, "population")
+    result.update({"population_seconds": perturbed, "population_tokens_per_s": tokens / perturbed,
+                   "share": plain / perturbed})
     return result
 
 
@@ -133,7 +129,6 @@ def main() -> None:
     parser.add_argument("--share-only", action="store_true", help="only the share of plain inference")
     parser.add_argument("--skip-naive", action="store_true", help="leave out the (slow) naive run")
     parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")
-    parser.add_argument("--all-kernels", action="store_true", help="the share with each row-term kernel too")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's step in the share "
                         "measurement (the recipe's runs compile only with --set compile=true)")
     parser.add_argument("--out", default="eggroll.json")
@@ -170,9 +165,6 @@ def print_tables(results: dict, args) -> None:
     print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, "
           f"population {share['population_tokens_per_s']:.0f} tokens/s: share {share['share']:.3f} "
           f"({share['rows']} rows x {args.max_new_tokens} tokens)")
-    for kernel in ("bmm", "broadcast"):
-        if f"share_{kernel}" in share:
-            print(f"  row-term kernel {kernel}: share {share[f'share_{kernel}']:.3f}")
 
 
 if __name__ == "__main__":

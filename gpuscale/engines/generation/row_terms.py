@@ -45,30 +45,15 @@ class RowTerm:
     def groups(self) -> int:
         return self.down.shape[0]
 
-    # How add_into computes the term: "bmm" (two batched matmuls) or "broadcast" (per rank component,
-    # a multiply-reduce and one in-place multiply-add over the output). At rank 1 a batched matmul
-    # has a dimension of size 1, which GEMM kernels handle poorly; the broadcast form reads x and the
-    # output once each. "auto" takes "broadcast" at rank 1 (at rank 2 and up its bf16 sum
-    # rounds once per component). bench/eggroll.py times both.
-    kernel = "auto"
-    BROADCAST_MAX_RANK = 1
-
     def add_into(self, output: torch.Tensor, x: torch.Tensor) -> None:
         """output += scale * (x_g @ down[g]) @ up[g]^T for every group g, in place. Batch rows of a
         group are contiguous, so the group's rows (and all their tokens) are one block of x and of
-        the output. The term is accumulated straight into the output instead of a term tensor added
-        to it, which halves the memory traffic on the [B, ..., out] side, the large one. `output` may
-        be a slice of a fused projection's output."""
-        groups, rank = self.groups, self.down.shape[2]
-        x = x.reshape(groups, -1, x.shape[-1])  # [G, rows and tokens of the group, in]
-        output = output.view(groups, -1, output.shape[-1])
-        kernel = self.kernel if self.kernel != "auto" else ("broadcast" if rank <= self.BROADCAST_MAX_RANK else "bmm")
-        if kernel == "bmm":
-            output.baddbmm_(torch.bmm(x, self.down) * self.scale, self.up.transpose(1, 2))
-            return
-        for k in range(rank):
-            low = torch.linalg.vecdot(x, self.down[:, None, :, k]) * self.scale  # [G, n]
-            output.addcmul_(low.unsqueeze(-1), self.up[:, None, :, k])
+        the output. The second product is accumulated straight into the output (baddbmm) instead of a
+        term tensor added to it, which halves the memory traffic on the [B, ..., out] side, the large
+        one. `output` may be a slice of a fused projection's output. (A broadcast multiply-add at
+        rank 1 instead of the batched matmuls was slower on an H200: bench/RESULTS.md.)"""
+        low_rank = torch.bmm(x.reshape(self.groups, -1, x.shape[-1]), self.down) * self.scale
+        output.view(self.groups, -1, output.shape[-1]).baddbmm_(low_rank, self.up.transpose(1, 2))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.down, self.up, self.scale
