@@ -1,0 +1,51 @@
+"""Issue 11, item 12: do the reference's generate() arguments cost time against the public code's?
+
+    python3 bench/generate_kwargs.py     # one GPU; the Qwen2.5-0.5B shape in bf16, 96 new tokens a call
+
+Six variants of one generate() call: the arguments `power_sample_reference` passes, those of the public
+code's structure (bench/reference_parity.py), and the reference's with one difference each. The
+variants take turns, 4 calls each, the first left out; the figure is ms per generated token.
+"""
+
+import statistics
+import time
+
+import torch
+
+from gpuscale.data.models import build_random_model
+
+PROMPT_TOKENS, NEW_TOKENS, CALLS = 120, 96, 4
+
+
+def variants(attention_mask: torch.Tensor) -> dict[str, dict]:
+    common = dict(do_sample=True, temperature=0.25, output_logits=True, return_dict_in_generate=True)
+    reference = dict(common, attention_mask=attention_mask, top_k=0, top_p=1.0, eos_token_id=[1, 2], pad_token_id=0)
+    return {
+        "reference": reference,
+        "public": dict(common, eos_token_id=1, pad_token_id=1, output_scores=True),
+        "ref, no mask": {k: v for k, v in reference.items() if k != "attention_mask"},
+        "ref, top_k 50": {k: v for k, v in reference.items() if k not in ("top_k", "top_p")},
+        "ref, one eos": dict(reference, eos_token_id=1, pad_token_id=1),
+        "ref, no top_p": {k: v for k, v in reference.items() if k != "top_p"},
+    }
+
+
+def main() -> None:
+    model = build_random_model("random-qwen2.5-0.5b").to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(100, 1000, (1, PROMPT_TOKENS), device="cuda")
+    calls = variants(torch.ones_like(ids))
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(CALLS):
+        for name, kwargs in calls.items():
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, **kwargs)
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - started) / (out.sequences.shape[1] - PROMPT_TOKENS))
+    for name, seconds in times.items():
+        every = [round(1000 * s, 2) for s in seconds]
+        print(f"  {name:<14} {1000 * statistics.median(seconds[1:]):6.2f} ms/token  {every}")
+
+
+if __name__ == "__main__":
+    main()
