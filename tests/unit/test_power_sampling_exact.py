@@ -141,3 +141,39 @@ def test_reference_chains_are_distributed_as_the_batched_samplers(toy_model):
     assert stats.sampling_calls == chains * (1 + steps)  # one generate() for the block, one per MH step
     assert apart < 2 * noise_tv
     assert moved > 4 * noise_tv
+
+
+def test_reference_has_the_public_codes_structure_and_no_full_vocabulary_log_softmax(toy_model, monkeypatch):
+    """Issue 11, item 12 (the reference was slower than the code it stands for): like the public code,
+    one generate() per block and per MCMC step and nothing else that runs the model; and its log-probs
+    come from a logsumexp per token, not from [steps, vocab] log_softmax tensors (the cost that made it
+    2.2x slower). Its speed against a rewrite of the public code is in bench/RESULTS.md."""
+    blocks, steps = 2, 3
+    calls = {"generate": 0, "forward": 0, "log_softmax": 0}
+    inside_generate = False
+    generate, forward, log_softmax = type(toy_model).generate, type(toy_model).forward, torch.log_softmax
+
+    def counted_generate(self, *args, **kwargs):
+        nonlocal inside_generate
+        calls["generate"] += 1
+        inside_generate = True
+        try:
+            return generate(self, *args, **kwargs)
+        finally:
+            inside_generate = False
+
+    def counted_forward(self, *args, **kwargs):
+        calls["forward"] += not inside_generate  # a model call of its own, outside generate()
+        return forward(self, *args, **kwargs)
+
+    def counted_log_softmax(*args, **kwargs):
+        calls["log_softmax"] += 1
+        return log_softmax(*args, **kwargs)
+
+    monkeypatch.setattr(type(toy_model), "generate", counted_generate)
+    monkeypatch.setattr(type(toy_model), "forward", counted_forward)
+    monkeypatch.setattr(torch, "log_softmax", counted_log_softmax)
+    torch.manual_seed(0)
+    # No EOS id the toy model can draw: every block runs, as with a random model.
+    power_sample_reference(toy_model, PROMPT, ALPHA, 4, blocks, steps, [VOCAB + 7], 0, PowerSamplingStats())
+    assert calls == {"generate": blocks * (1 + steps), "forward": 0, "log_softmax": 0}
