@@ -36,10 +36,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from benchruns import RunFailed, gpuscale_run  # noqa: E402
 
 GENERATORS = ("transformers", "continuous", "engine")
 
@@ -60,27 +62,6 @@ def run_settings(args, generator: str, gpus: int) -> list[str]:
     for key, value in settings.items():
         cmd += ["--set", f"{key}={value}"]
     return cmd
-
-
-def gpuscale_run(arguments: list[str]) -> dict:
-    print("$ gpuscale run", " ".join(arguments), flush=True)
-    done = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "run", *arguments, "--json"],
-                          capture_output=True, text=True)
-    try:  # a run that failed still prints its record (exit 1); only bad input prints none (exit 2)
-        run = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        print(done.stderr[-3000:], flush=True)
-        raise RunFailed("the run could not start: " + done.stderr.strip()[-300:]) from None
-    if run["status"] != "succeeded":
-        logs = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "logs", str(run["id"]), "--rank", "0"],
-                              capture_output=True, text=True)
-        print(logs.stdout[-3000:], flush=True)  # the rank's traceback
-        raise RunFailed(f"run {run['id']} {run['status']}: {run['error']}")
-    return run
-
-
-class RunFailed(RuntimeError):
-    pass
 
 
 def measure(args, generator: str, gpus: int) -> dict:

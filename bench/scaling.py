@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +51,9 @@ from pathlib import Path
 
 from gpuscale.engines import telemetry
 from gpuscale.engines.store import Store
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from benchruns import RunFailed, gpuscale_run  # noqa: E402
 
 MODELS = ("tiny-math", "random-qwen2.5-0.5b")
 
@@ -173,27 +175,6 @@ RECIPES = {
 
 
 # ---- runs and rows ----------------------------------------------------------------------------------
-
-
-def gpuscale_run(arguments: list[str], env: dict) -> dict:
-    print("$ gpuscale run", " ".join(arguments), flush=True)
-    done = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "run", *arguments, "--json"],
-                          capture_output=True, text=True, env=env)
-    try:  # a run that failed still prints its record (exit 1); only bad input prints none (exit 2)
-        run = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        print(done.stderr[-3000:], flush=True)
-        raise RunFailed("the run could not start: " + done.stderr.strip()[-300:]) from None
-    if run["status"] != "succeeded":
-        logs = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "logs", str(run["id"]), "--rank", "0"],
-                              capture_output=True, text=True, env=env)
-        print(logs.stdout[-3000:], flush=True)  # the rank's traceback
-        raise RunFailed(f"run {run['id']} {run['status']}: {run['error']}")
-    return run
-
-
-class RunFailed(RuntimeError):
-    pass
 
 
 def run_memory(store: Store, run_id: int, kind: str) -> list[float]:
