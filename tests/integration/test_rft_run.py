@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import gpuscale, run_json
+from conftest import gpuscale, leftover_processes, run_json, wait_until
 from gpuscale.data.models import load_model
 from gpuscale.data.rewards import correctness
 from gpuscale.data.tasks import load_examples
@@ -78,3 +78,31 @@ def test_data_from_a_run_that_does_not_exist_is_refused_before_launch(home):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith("data_from: '41': no run 41 in the history")
     assert Store(home).list_runs() == []
+
+
+def test_a_run_stopped_while_generating_keeps_its_partial_kept_set_for_data_from(home):
+    """Stopped in the generation phase: the kept rows of the calls each rank finished are in
+    results.jsonl, and a later run trains on them with data_from."""
+    run_id = int(gpuscale("run", *TINY_RFT, "--gpus", "2", "--set", "max_examples=4000", "--set", "eval_examples=2",
+                          "--set", "include_gold=true", "--detach").stdout)
+    store = Store(home)
+
+    def generated_calls() -> int:
+        return sum(1 for m in store.metrics(run_id, "phase") if m["value"] == 1)
+
+    wait_until(lambda: generated_calls() >= 6, 180, message="six generation calls")
+    assert gpuscale("stop", str(run_id)).returncode == 0
+    run = run_json("show", str(run_id))
+    assert run["status"] == "stopped" and not leftover_processes(run["run_dir"])
+    run_dir = Path(run["run_dir"])
+    assert not (run_dir / "generated.jsonl").exists()  # the whole set was never gathered
+    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert len(rows) >= 4  # at least the gold answers of the questions of the calls counted
+    assert {row["source"] for row in rows} <= {"gold", "sample"}
+    gold = {e["question"]: e["answer"] for e in load_examples("tiny-math", "train", 4000)}
+    assert all(row["question"] in gold for row in rows)
+    assert all(correctness(row["completion"], gold[row["question"]], mode="strict") for row in rows)
+
+    reused = run_json("run", *TINY_RFT, "--gpus", "1", "--set", f"data_from={run_id}", "--set", "max_steps=1")
+    assert reused["status"] == "succeeded", reused["error"]
+    assert reused["summary"]["kept_examples"] == len(rows)

@@ -14,7 +14,8 @@ GENERATION_FILE = "generation.json"  # the generation's figures (yield...), for 
 
 def generated_set_path(data_from: str) -> Path:
     """The generated.jsonl that `data_from` names: a run id of this GPUSCALE_HOME, a run folder, or
-    the file itself. SettingsError with one line if there is none."""
+    the file itself; for a run stopped while generating, the partial kept set its ranks saved
+    (results.jsonl). SettingsError with one line if there is none."""
     text = str(data_from).strip()
     if text.isdigit():
         from gpuscale.engines.store import Store, UnknownRun
@@ -23,14 +24,22 @@ def generated_set_path(data_from: str) -> Path:
             run_dir = Store.for_reading().get_run(int(text))["run_dir"]
         except UnknownRun:
             raise SettingsError(f"data_from: {text!r}: no run {text} in the history") from None
-        path = Path(run_dir or "") / GENERATED_FILE
+        path = _kept_set_in(Path(run_dir or ""))
     else:
         path = Path(text).expanduser()
-        path = path / GENERATED_FILE if path.is_dir() else path
+        path = _kept_set_in(path) if path.is_dir() else path
     if not path.is_file():
         raise SettingsError(f"data_from: {text!r}: {path} does not exist (a run of rft that finished generating "
                             "has one)")
     return path
+
+
+def _kept_set_in(run_dir: Path) -> Path:
+    """A run folder's whole kept set, or else the partial one of a run stopped while generating."""
+    from gpuscale.engines.store import RESULTS_FILE
+
+    whole, partial = run_dir / GENERATED_FILE, run_dir / RESULTS_FILE
+    return partial if not whole.is_file() and partial.is_file() else whole
 
 
 def read_generated(path: Path) -> list[dict]:

@@ -55,10 +55,14 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
     `log(batch_number, **figures)` is called after each call (counts of that call, running figures)."""
     from gpuscale.data.prompts import prompt_ids
     from gpuscale.data.scoring import decode_completions
+    from gpuscale.recipes.common import RankResults
 
     sampler = make_sampler(settings, ctx, loaded, questions_per_call(settings))
     k = settings.samples_per_question
     result = GenerationResult()
+    # Each call's kept rows go to the rank's results file at once: a run stopped (or lost) while
+    # generating keeps its partial kept set in RUN_DIR/results.jsonl, which `data_from` can train on.
+    saved = RankResults(ctx.run_dir, ctx.rank)
     for number, batch in enumerate(batches, start=1):
         started = time.perf_counter()
         tokens = sampler([prompt_ids(loaded.tokenizer, example["question"]) for _, example in batch])
@@ -70,8 +74,10 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
         call_tokens = sum(len(row) for row in tokens)
         result.tokens += call_tokens
         result.samples += len(tokens)
+        kept_before = len(result.kept)
         for position, (index, example) in enumerate(batch):
             _keep(result, index, example, texts[position * k : (position + 1) * k], settings)
+        saved.add(result.kept[kept_before:])
         log(number, tokens=call_tokens, samples=len(tokens), sample_accuracy=result.correct / result.samples,
             **yield_by_domain(result.questions))
     del sampler

@@ -63,7 +63,8 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
     phases.start(GENERATE, len(batches), after=1)
     if settings.data_from:
         path = generated_set_path(settings.data_from)
-        rows, generation = read_generated(path), {**read_generation_figures(path), "data_from": str(path)}
+        rows = read_generated(path)
+        generation = {"kept_examples": len(rows), **read_generation_figures(path), "data_from": str(path)}
     else:
         rows, generation = generate_phase(settings, ctx, loaded, batches, phases)
 
