@@ -50,9 +50,9 @@ def teacher_forced_logprobs(model, prompt: list[int], answer: list[int]) -> torc
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(answer)[:, None]).squeeze(1)
 
 
-def make_trainer(model, tokenizer, static_shapes: bool) -> Trainer:
+def make_trainer(model, tokenizer, static_shapes: bool, **settings) -> Trainer:
     settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, prompts_per_step=2, batch_size=8,
-                        max_new_tokens=6, temperature=1.0)
+                        max_new_tokens=6, temperature=1.0, **settings)
     ctx = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"), synchronize=lambda: None)
     loaded = GenerationModel(model, tokenizer, eos=[tokenizer.eos_token_id], pad=tokenizer.pad_token_id or 0)
     engine = GenerationEngine(model, loaded.eos, pad_token_id=loaded.pad, static_shapes=static_shapes)
@@ -142,3 +142,28 @@ def test_adam_moves_every_weight_by_lr_along_the_estimates_sign_at_its_first_ste
     updater.apply([es.LayerNoise(a=a, b=b)], torch.tensor([1.0]), population=1, sigma=1.0, lr=0.01, rank=1)
     # Adam's first step is lr * m / sqrt(v) = lr * sign(gradient), upward (maximize).
     torch.testing.assert_close(weight, 0.01 * torch.sign(a[0] @ b[0].T), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["eggroll", "naive"])
+def test_gold_logprob_fitness_is_each_members_teacher_forced_score(tiny, method):
+    """fitness=gold_logprob: each member's score of each prompt is the mean log-prob that the
+    member's explicit copy gives the training answer (and EOS) by teacher forcing; the batched
+    population (row terms in the model's own forward) and the naive structure both."""
+    model, tokenizer = tiny
+    trainer = make_trainer(model, tokenizer, static_shapes=False, fitness="gold_logprob", method=method)
+    prompts = trainer._prompts(step=1)
+    trainer.noise = [es.layer_noise(m.weight, trainer.draws, RANK, 0, 1, i)
+                     for i, (_, m) in enumerate(trainer.linears)]
+    scores = []
+    for start in range(0, POPULATION, trainer.members_per_call):
+        scores += trainer._evaluate(list(range(start, start + trainer.members_per_call)), prompts)[0]
+    for member in range(POPULATION):
+        twin = explicit_member(model, trainer.noise, member, trainer.settings)
+        for index, prompt in enumerate(prompts):
+            expected = teacher_forced_logprobs(twin, prompt["ids"], prompt["gold_ids"]).mean()
+            assert scores[member * len(prompts) + index] == pytest.approx(float(expected), abs=1e-5)
+    # The members differ: the terms (or the perturbed weights) acted.
+    assert len({round(score, 4) for score in scores[:: len(prompts)]}) == POPULATION
+    # Outside its calls the model is the unperturbed one.
+    plain = teacher_forced_logprobs(model, prompts[0]["ids"], prompts[0]["gold_ids"]).mean()
+    assert float(plain) != pytest.approx(scores[0], abs=1e-4)

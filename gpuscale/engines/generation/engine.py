@@ -294,6 +294,11 @@ class GenerationEngine:
             raise ValueError(f"row term tensors must be {self.dtype} on {self.device}, like the model")
         return self._row_terms.add(resolved, term)
 
+    def row_terms_in_forward(self):
+        """A context in which the model's own forward passes add the row terms too, as engine calls
+        do: to score given tokens (teacher forcing) under each group's low-rank term."""
+        return self._row_terms.activated()
+
     def remove_row_terms(self):
         """Take every row term off."""
         self._row_terms.clear()

@@ -44,6 +44,10 @@ class Settings(RunSettings):
         "zscore", description="how raw fitnesses become update weights")
     prompts_per_step: int = Field(16, ge=1, le=4096, description="training prompts every member answers each step")
     generations_per_prompt: int = Field(1, ge=1, le=256, description="answers per prompt and member")
+    fitness: Literal["correctness", "gold_logprob"] = Field(
+        "correctness", description="correctness = mean reward of the members' sampled answers; gold_logprob = mean "
+                                   "per-token log-prob of the training answers given the questions (teacher "
+                                   "forcing: nothing sampled, a smooth signal)")
     max_new_tokens: int = Field(48, ge=1, le=8192, description="answer length budget")
     temperature: float = Field(0.0, ge=0.0, le=10.0,
                                description="sampling temperature of the members' answers (0 = greedy)")
@@ -62,6 +66,13 @@ class Settings(RunSettings):
     def _pairs_are_whole(cls, value: int, info: ValidationInfo) -> int:
         if info.data.get("antithetic", True) and value % 2:
             raise ValueError("must be even with antithetic pairs")
+        return value
+
+    @field_validator("fitness")
+    @classmethod
+    def _gold_samples_nothing(cls, value: str, info: ValidationInfo) -> str:
+        if value == "gold_logprob" and info.data.get("generations_per_prompt", 1) != 1:
+            raise ValueError("gold_logprob samples no answers: generations_per_prompt must be 1")
         return value
 
     @field_validator("fitness_shaping")

@@ -159,6 +159,8 @@ class Trainer:
         self.signs = es.member_signs(settings.population, settings.antithetic, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
         self.step_number = 0
+        end = loaded.tokenizer.eos_token_id  # what ends a training answer, as sft tokenizes it
+        self._answer_end = end if end is not None else loaded.eos[0]
         self.terms = self._add_row_terms() if settings.method == "eggroll" else []
         self.noise: list[es.LayerNoise] = []
         self.updater = es.Updater([module.weight for _, module in self.linears], settings.optimizer, settings.lr)
@@ -204,23 +206,28 @@ class Trainer:
         from gpuscale.data.prompts import prompt_ids
 
         chosen = random.Random(self.settings.seed * 1_000_003 + step).sample(self.train, self.settings.prompts_per_step)
-        return [{"ids": prompt_ids(self.loaded.tokenizer, e["question"]), "answer": e["answer"],
-                 "domain": e.get("domain") or "all"} for e in chosen]
+        tokenizer = self.loaded.tokenizer
+        return [{"ids": prompt_ids(tokenizer, e["question"]), "answer": e["answer"], "domain": e.get("domain") or "all",
+                 # the training answer as SFT tokenizes it (fitness gold_logprob)
+                 "gold_ids": tokenizer(e["answer"], add_special_tokens=False)["input_ids"] + [self._answer_end]}
+                for e in chosen]
 
     def _evaluate(self, members: list[int], prompts) -> tuple[list[float], int]:
         """The reward of every answer of these members, member by member, and the tokens decoded for
         them (a short last call is padded with copies of its last member, whose answers are dropped:
         the engine's batch shape stays fixed)."""
         padded = members + [members[-1]] * (self.members_per_call - len(members))
+        score = self._answer if self.settings.fitness == "correctness" else self._gold_logprobs
         if self.settings.method == "naive":
             originals = self._perturb_in_place(padded[0])
             try:
-                rewards, lengths = self._answer(padded, prompts)
+                rewards, lengths = score(padded, prompts)
             finally:
                 self._restore(originals)
         else:
             self._load_members(padded)
-            rewards, lengths = self._answer(padded, prompts)
+            with self.engine.row_terms_in_forward():
+                rewards, lengths = score(padded, prompts)
         real_rows = len(members) * self.rows_per_member
         return rewards[:real_rows], sum(lengths[:real_rows])
 
@@ -267,6 +274,34 @@ class Trainer:
         rewards = [correctness(text, gold, s.answer_mode) for text, gold in zip(texts, golds)]
         self.clock.lap("score")
         return rewards, lengths
+
+    @torch.no_grad()
+    def _gold_logprobs(self, members: list[int], prompts) -> tuple[list[float], list[int]]:
+        """Every member's mean per-token log-prob of each prompt's training answer (and EOS), by
+        teacher forcing: one forward of the body over all rows (the members' row terms act in it),
+        the head in slices of rows so that [rows, tokens, vocab] logits never exist at once."""
+        model, device = self.loaded.model, self.ctx.device
+        rows = [prompt["ids"] + prompt["gold_ids"] for _ in members for prompt in prompts]
+        answers = [len(prompt["gold_ids"]) for _ in members for prompt in prompts]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), self.loaded.pad, dtype=torch.long)
+        for i, row in enumerate(rows):  # right padding: a causal model's earlier positions never see it
+            ids[i, : len(row)] = torch.tensor(row)
+        lengths, answer_lengths = torch.tensor([len(row) for row in rows]), torch.tensor(answers)
+        ids = ids.to(device)
+        mask = (torch.arange(width)[None] < lengths[:, None]).to(device, torch.long)
+        # Position t predicts token t + 1: the answer's tokens are predicted from len - answer - 1 on.
+        position, first = torch.arange(width - 1)[None], (lengths - answer_lengths - 1)[:, None]
+        scored = ((position >= first) & (position < (lengths - 1)[:, None])).to(device)
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        head, totals = model.get_output_embeddings(), []
+        rows_per_slice = max(1, (1 << 26) // (width * head.out_features))
+        for start in range(0, len(rows), rows_per_slice):
+            part = slice(start, start + rows_per_slice)
+            logits = head(hidden[part, :-1]).float()
+            token_logprobs = logits.gather(-1, ids[part, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+            totals.append((token_logprobs * scored[part]).sum(1))
+        return (torch.cat(totals).cpu() / answer_lengths).tolist(), answers
 
     def _generator_for_call(self) -> torch.Generator:
         """With common random numbers, every call of a step (every member, on every rank) starts from
