@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
-
 from conftest import spawn_gpuscale
 from gpuscale.app.screens.compare import CompareScreen
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.app.widgets.run_monitor import DeviceRow, RunMonitor
-from gpuscale.engines import launch, telemetry
+from gpuscale.engines import telemetry
 from gpuscale.engines.store import Store
-from tui_helpers import run_async, settle, wait_for
+from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)
-
-
-@pytest.fixture
-def store(home):
-    """The test's own view of the history; any run still live at the end is stopped."""
-    store = Store(home)
-    yield store
-    for run in store.live_runs():
-        launch.stop_run(store, run["id"])
 
 
 async def type_setting(pilot, name: str, text: str) -> None:

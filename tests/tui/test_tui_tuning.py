@@ -7,24 +7,13 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from gpuscale.app.tui import GpuscaleApp
-from gpuscale.engines import launch
 from gpuscale.engines.store import Store
-from tui_helpers import run_async, settle, wait_for
+from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)
 TUNED_AT = 1_795_000_000.0
 TUNED_DAY = time.strftime("%Y-%m-%d", time.localtime(TUNED_AT))
-
-
-@pytest.fixture
-def store(home):
-    store = Store(home)
-    yield store
-    for run in store.live_runs():
-        launch.stop_run(store, run["id"])
 
 
 def save_probe_tuning(store: Store, batch_size: int, prompt_tokens: int) -> None:

@@ -18,6 +18,7 @@ import pytest
 from textual.worker import WorkerCancelled
 
 from gpuscale.app.tui import GpuscaleApp
+from gpuscale.engines import launch
 from gpuscale.engines.store import Store
 
 # 2027-01-15 08:00:00 UTC: the frozen "now" of every snapshot.
@@ -250,3 +251,13 @@ def write_frozen_history(home: Path) -> dict[str, int]:
     _write_logs(store, ids["live"], 2, ["step 1100 loss 0.95", "step 1200 loss 0.93"])
     store.close()
     return ids
+
+
+@pytest.fixture
+def store(home):
+    """The test's own view of the history; any run still live at the end is stopped (a fixture:
+    test modules import it by name)."""
+    store = Store(home)
+    yield store
+    for run in store.live_runs():
+        launch.stop_run(store, run["id"])
