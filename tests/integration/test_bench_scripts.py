@@ -78,7 +78,8 @@ def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(
         assert summary["world_size"] == gpus and row["model"] == "tiny-math"
         assert row["command"].startswith(f"gpuscale run --recipe {recipe} --gpus {gpus} --model tiny-math")
         assert row["total"] > 0 and row["per_gpu"] == pytest.approx(row["total"] / gpus)
-        assert len(row["run_mem_mb_per_gpu"]) in (0, gpus)  # CPU: each rank's RSS, when sampled
+        # CPU: the RSS of each rank the sampler caught alive (a short rank can end between samples).
+        assert len(row["run_mem_mb_per_gpu"]) <= gpus and all(mb > 0 for mb in row["run_mem_mb_per_gpu"])
     for recipe in ("probe", "sft"):
         one, two = rows[(recipe, 1)], rows[(recipe, 2)]
         assert one["efficiency"] == pytest.approx(1.0)
