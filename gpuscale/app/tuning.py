@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.engines.launch import plan_devices
-from gpuscale.engines.settings import RunSettings, SettingsError, resolve_settings
+from gpuscale.engines.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
 from gpuscale.engines.store import Store
 from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.tuning import Device, pick_device, resolved_precision, tuning_key
+from gpuscale.recipes.tuning import Device, pick_device, tuning_key
 
 
 def wants_auto(value: Any) -> bool:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from gpuscale.engines.metrics import Reporter
 from gpuscale.engines.process import die_with_parent
-from gpuscale.engines.settings import RunSettings
+from gpuscale.engines.settings import RunSettings, resolved_precision
 
 
 @dataclass
@@ -66,13 +66,12 @@ class RankContext:
         return psutil.Process().memory_info().rss / 2**20
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    if precision == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        major, _minor = torch.cuda.get_device_capability(device)
-        return torch.bfloat16 if major >= 8 else torch.float16
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return DTYPES[resolved_precision(precision, capability)]
 
 
 def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:

@@ -176,6 +176,16 @@ def merge_layers(
     return merged
 
 
+def resolved_precision(precision: str, compute_capability: tuple[int, int] | list[int] | None) -> str:
+    """What `precision` means on a device (the ranks' dtype and a tuning result's key alike; no torch):
+    auto = bf16 from compute capability 8.0, fp16 below, fp32 on CPU (no capability)."""
+    if precision != "auto":
+        return precision
+    if not compute_capability:
+        return "fp32"
+    return "bf16" if compute_capability[0] >= 8 else "fp16"
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     field = ".".join(str(part) for part in error["loc"][:1]) or "settings"

@@ -50,16 +50,6 @@ class TuningKey:
                 "shape": self.shape}
 
 
-def resolved_precision(precision: str, compute_capability: tuple[int, int] | list[int] | None) -> str:
-    """The dtype `precision` means on a device (as engines.distributed.resolve_dtype decides it):
-    auto = bf16 from compute capability 8.0, fp16 below, fp32 on CPU (no capability)."""
-    if precision != "auto":
-        return precision
-    if not compute_capability:
-        return "fp32"
-    return "bf16" if compute_capability[0] >= 8 else "fp16"
-
-
 def tuning_key(recipe: Recipe, settings: RunSettings, device_name: str, precision: str) -> TuningKey:
     if recipe.tuning is None:
         raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
@@ -150,7 +140,7 @@ def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory
     `max_batch` None: the run's work per rank where the recipe knows it (default_max_batch)."""
     import torch
 
-    from gpuscale.engines.distributed import RankContext, resolve_dtype
+    from gpuscale.engines.distributed import DTYPES, RankContext, resolve_dtype
 
     if recipe.tuning is None:
         raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
@@ -158,7 +148,7 @@ def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory
     if torch_device.type == "cuda":
         torch.cuda.set_device(torch_device)
     dtype = resolve_dtype(settings.precision, torch_device)
-    precision = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    precision = next(name for name, known in DTYPES.items() if known == dtype)
     total = device_memory_bytes(torch_device)
     if start is None:
         start = 1 if torch_device.type == "cpu" else recipe.tuning.start

@@ -157,7 +157,7 @@ def test_an_old_history_is_upgraded_with_its_runs_kept(tmp_path):
 @pytest.mark.parametrize("precision, capability, expected", [
     ("auto", None, "fp32"), ("auto", (9, 0), "bf16"), ("auto", (7, 5), "fp16"), ("fp32", (9, 0), "fp32")])
 def test_the_key_uses_the_precision_the_device_resolves(precision, capability, expected):
-    from gpuscale.recipes.tuning import resolved_precision
+    from gpuscale.engines.settings import resolved_precision
 
     assert resolved_precision(precision, capability) == expected
 
