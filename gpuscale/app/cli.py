@@ -46,12 +46,11 @@ USER_ERRORS = (SettingsError, UnknownRun, BadInput, DataError, ModelError, Store
 # ---- shared argument groups -----------------------------------------------------------------------
 
 
-def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:
+def add_setting_options(parser: argparse.ArgumentParser, recipe_required: bool = True,
+                        gpus_help: str = "'all', a count, or indices like 0,3 (CPU machines: number of ranks)") -> None:
+    """The options that make a recipe's settings (shared by `run` and `tune`)."""
     parser.add_argument("--recipe", required=recipe_required, help="recipe name (see `gpuscale recipes`)")
-    parser.add_argument("--gpus", help="'all', a count, or indices like 0,3 (CPU machines: number of ranks)")
-    parser.add_argument("--batch-size", type=str,
-                        help="per rank per step: a number, or auto (a stored `gpuscale tune` result, else tune first "
-                             "on a GPU; the CPU default on CPU)")
+    parser.add_argument("--gpus", help=gpus_help)
     parser.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
     parser.add_argument("--model", help="model name, hub id or local path")
     parser.add_argument("--dataset",
@@ -59,6 +58,13 @@ def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = Tru
     parser.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="any setting of the recipe; repeatable")
+
+
+def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:
+    add_setting_options(parser, recipe_required)
+    parser.add_argument("--batch-size", type=str,
+                        help="per rank per step: a number, or auto (a stored `gpuscale tune` result, else tune first "
+                             "on a GPU; the CPU default on CPU)")
     parser.add_argument("--nnodes", help="nodes in a multi-node job")
     parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
     parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")
@@ -484,14 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="find the throughput-best batch size on one GPU by short trials; stored "
                                     "for `--batch-size auto`")
-    p.add_argument("--recipe", required=True, help="recipe name (see `gpuscale recipes`)")
-    p.add_argument("--gpus", help="the GPU to tune on, e.g. 3 or 3,4 (its first one); default the first GPU")
-    p.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
-    p.add_argument("--model", help="model name, hub id or local path")
-    p.add_argument("--dataset", help="as for `gpuscale run`")
-    p.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
-    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                   help="any setting of the recipe (those that shape the work are part of the stored key)")
+    add_setting_options(p, gpus_help="the GPU to tune on, e.g. 3 or 3,4 (its first one); default the first GPU")
     p.add_argument("--max-batch", type=int, help="the largest batch tried (default: the run's work per rank "
                    "where the recipe knows it, e.g. power-sampling's max_examples over its ranks; at most 4096)")
     p.add_argument("--start", type=int, help="the first batch tried (default: the recipe's on a GPU, 1 on CPU)")
@@ -502,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-search", action="store_true", help="measure the chosen batch with compile flipped")
     p.add_argument("--json", action="store_true", help="print the trials as JSON (the table goes to stderr)")
     p.add_argument("--settings-json", help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_tune, gpus=None)
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("runs", help="the run history")
     p.add_argument("--recipe", help="only the runs of this recipe")
