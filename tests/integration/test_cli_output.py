@@ -11,11 +11,13 @@ from gpuscale.engines.store import Store
 
 def test_a_reader_that_closes_early_ends_the_output_quietly(home):
     """`gpuscale runs | head -1`: far more rows than a pipe holds, and the reader leaves after one line."""
+    # 10,000 rows print about 430 kB: several times a pipe's 64 kB plus the reader's buffer, so the
+    # writer cannot finish before the reader leaves (1,500 rows, 64.5 kB, sometimes could, and exited 0)
     store = Store(home)
-    for number in range(1500):
+    for number in range(10_000):
         store.create_run("probe", {"seed": number}, ["true"], "host")
     store.close()
-    writer = subprocess.Popen([sys.executable, "-m", "gpuscale.app.cli", "runs", "--limit", "1500"],
+    writer = subprocess.Popen([sys.executable, "-m", "gpuscale.app.cli", "runs", "--limit", "10000"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = writer.stdout.readline()
     writer.stdout.close()  # as `head -1` does
