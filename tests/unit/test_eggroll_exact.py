@@ -144,6 +144,19 @@ def test_adam_moves_every_weight_by_lr_along_the_estimates_sign_at_its_first_ste
     torch.testing.assert_close(weight, 0.01 * torch.sign(a[0] @ b[0].T), rtol=0, atol=1e-6)
 
 
+def test_cosine_schedule_runs_from_lr_to_a_hundredth_and_adam_takes_each_steps_lr():
+    lrs = [es.scheduled_lr(0.3, "cosine", step, 5) for step in range(1, 6)]
+    assert lrs[0] == 0.3 and lrs[-1] == pytest.approx(0.003)
+    assert lrs[2] == pytest.approx((0.3 + 0.003) / 2)  # the cosine's midpoint
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    assert es.scheduled_lr(0.3, "constant", 4, 5) == 0.3
+    weight = torch.zeros(1, 1)
+    updater = es.Updater([weight], "adam", lr=0.01)
+    noise = [es.LayerNoise(a=torch.ones(1, 1, 1), b=torch.ones(1, 1, 1))]
+    updater.apply(noise, torch.tensor([1.0]), population=1, sigma=1.0, lr=0.002, rank=1)
+    torch.testing.assert_close(weight, torch.full((1, 1), 0.002))  # Adam's first step: lr x sign
+
+
 @pytest.mark.parametrize("method", ["eggroll", "naive"])
 def test_gold_logprob_fitness_is_each_members_teacher_forced_score(tiny, method):
     """fitness=gold_logprob: each member's score of each prompt is the mean log-prob that the

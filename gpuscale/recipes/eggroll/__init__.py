@@ -38,6 +38,8 @@ class Settings(RunSettings):
     rank: int = Field(1, ge=1, le=64, description="rank r of each perturbation A B^T")
     sigma: float = Field(0.01, gt=0, le=1.0, description="perturbation scale")
     lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="constant = lr at every step; cosine = from lr down to lr / 100 at the last step")
     optimizer: Literal["sgd", "adam"] = Field(
         "sgd", description="sgd = the step as HyperscaleES applies it; adam = torch Adam on the ES gradient at lr")
     fitness_shaping: Literal["zscore", "centered_rank", "antithetic_sign"] = Field(

@@ -102,6 +102,17 @@ def weight_step(noise: LayerNoise, coefficients: torch.Tensor, population: int, 
     return total * (lr * sigma / (math.sqrt(rank) * math.sqrt(population)))
 
 
+def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
+    """The step size of step `step` (1-based) of `steps`: constant, or a cosine from lr at step 1 down
+    to lr / 100 at the last step (an ES estimate's noise keeps moving the weights at a fixed size,
+    which undoes what early steps found; the floor keeps the last steps from doing nothing)."""
+    if schedule == "constant" or steps <= 1:
+        return lr
+    progress = (step - 1) / (steps - 1)
+    floor = lr / 100
+    return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 class Updater:
     """Applies each step to the perturbed matrices.
 
@@ -120,11 +131,13 @@ class Updater:
     def apply(self, noises: list[LayerNoise], coefficients: torch.Tensor, population: int, sigma: float,
               lr: float, rank: int) -> None:
         for master, noise in zip(self.masters, noises):
-            if self.adam is None:
+            if self.adam is None:  # sgd: lr scales the step; adam: lr is Adam's (set below)
                 master += weight_step(noise, coefficients, population, sigma, lr, rank)
             else:
                 master.grad = weight_step(noise, coefficients, population, sigma, 1.0, rank)
         if self.adam is not None:
+            for group in self.adam.param_groups:
+                group["lr"] = lr
             self.adam.step()
         for weight, master in zip(self.weights, self.masters):
             if master is not weight:

@@ -197,7 +197,8 @@ class Trainer:
         clock.lap("gather")  # the rewards ended on the host: this is the gather, waiting for the others included
         coefficients = es.draw_coefficients(es.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic),
                                             s.antithetic)
-        self.updater.apply(self.noise, coefficients, s.population, s.sigma, s.lr, s.rank)
+        lr = es.scheduled_lr(s.lr, s.lr_schedule, step, s.steps)
+        self.updater.apply(self.noise, coefficients, s.population, s.sigma, lr, s.rank)
         clock.lap("update")
         return result
 
