@@ -121,3 +121,13 @@ def test_scaling_rows_of_several_invocations_merge_and_scale_against_the_one_gpu
     assert by_key[("sft", 2)]["comm_share"] == pytest.approx(0.2)
     assert by_key[("sft", 1)]["comm_share"] is None
     assert by_key[("probe", 2)]["efficiency"] is None  # no 1-GPU row to scale against
+
+
+def test_curve_averages_each_metric_over_windows_of_steps_and_ranks():
+    curve = load_bench("curve.py")
+    records = [{"step": 0, "name": "reward", "value": 9.0},  # before training: not a step
+               {"step": 1, "name": "reward", "value": 0.2}, {"step": 1, "name": "reward", "value": 0.4},  # two ranks
+               {"step": 2, "name": "reward", "value": 0.6}, {"step": 3, "name": "reward", "value": 1.0},
+               {"step": 3, "name": "loss", "value": 5.0}]
+    assert curve.chosen(["rew*"], {"reward", "loss"}) == ["reward"]
+    assert curve.windows(records, ["reward"], window=2) == [(2, {"reward": pytest.approx(0.4)}), (3, {"reward": 1.0})]
