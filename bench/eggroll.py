@@ -11,6 +11,9 @@ plain batched inference.
 2. The population's throughput as a share of plain batched inference: in one process, the engine
    generates the same rows (population x prompts) with the members' low-rank terms and without any,
    greedy, same prompts, same length budget; the share is tokens/s with terms over tokens/s without.
+
+Both parts perturb the norms' gains too (a row scale per norm), as the recipe does by default;
+`--frozen-norms` leaves them out (the figures measured before perturb_norms existed).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def run(method: str, gpus: int, args, steps: int, batch_size: int, population: i
         sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", "eggroll", "--gpus", str(gpus),
         "--model", args.model, "--dataset", args.dataset, "--batch-size", str(batch_size),
         "--set", f"method={method}", "--set", f"population={population or args.population}",
-        "--set", f"rank={args.rank}",
+        "--set", f"rank={args.rank}", "--set", f"perturb_norms={not args.frozen_norms}",
         "--set", f"prompts_per_step={args.prompts}", "--set", f"max_new_tokens={args.max_new_tokens}",
         "--set", f"steps={steps}", "--set", "eval_examples=8", "--set", "eval_every=0",
         "--set", "save_model=false", "--set", f"seed={args.seed}", "--json",
@@ -53,9 +56,9 @@ def share_of_plain_inference(args) -> dict:
     from gpuscale.data.models import build_random_model, load_model
     from gpuscale.data.prompts import prompt_ids
     from gpuscale.data.tasks import load_examples
-    from gpuscale.engines.generation import GenerationEngine, RowTerm, Sampling
+    from gpuscale.engines.generation import GenerationEngine, RowScale, RowTerm, Sampling
     from gpuscale.recipes.common import stand_in_tokenizer
-    from gpuscale.recipes.eggroll.trainer import perturbed_linears
+    from gpuscale.recipes.eggroll.trainer import perturbed_linears, perturbed_norms
 
     device = torch.device("cuda")
     if args.model.startswith("random-"):
@@ -88,6 +91,9 @@ def share_of_plain_inference(args) -> dict:
         down = torch.randn(args.population, module.in_features, args.rank, device=device, dtype=torch.bfloat16)
         up = torch.randn(args.population, module.out_features, args.rank, device=device, dtype=torch.bfloat16)
         terms.append((module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank))))
+    for _, module in [] if args.frozen_norms else perturbed_norms(model):
+        factors = 1 + 1e-3 * torch.randn(args.population, module.weight.shape[0], device=device)
+        terms.append((module, RowScale(factors)))
     tokens = len(rows) * args.max_new_tokens
     result = {"rows": len(rows), "tokens": tokens, "plain_seconds": plain, "plain_tokens_per_s": tokens / plain}
     engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
@@ -126,6 +132,7 @@ def main() -> None:
     parser.add_argument("--naive-steps", type=int, default=2, help="ES steps of the naive run (slow)")
     parser.add_argument("--repeats", type=int, default=3, help="timed engine calls of the share measurement")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frozen-norms", action="store_true", help="perturb the linear layers only")
     parser.add_argument("--share-only", action="store_true", help="only the share of plain inference")
     parser.add_argument("--skip-naive", action="store_true", help="leave out the (slow) naive run")
     parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")

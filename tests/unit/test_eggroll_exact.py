@@ -1,11 +1,12 @@
 """EGGROLL against explicit computations on a tiny fp32 model.
 
 - The population forward: each member's answers, sampled by the engine with the members' low-rank
-  terms in one batch, have the log-probs that a copy of the model with weights W + sigma * E_i gives
-  them by teacher forcing (prefill and every decode step).
+  terms (and norm-gain row scales) in one batch, have the log-probs that a copy of the model with
+  weights W + sigma * E_i and gains g + sigma * e_i gives them by teacher forcing (prefill and every
+  decode step).
 - The update: from fitnesses measured on explicit per-member copies, the recipe's step equals the
-  closed-form estimator W + lr * N^(-1/2) * sum_i s_i * sigma/sqrt(r) * sign_i * A_i B_i^T, summed
-  member by member.
+  closed-form estimator W + lr * N^(-1/2) * sum_i s_i * sigma/sqrt(r) * sign_i * A_i B_i^T (and
+  g + lr * N^(-1/2) * sum_i s_i * sigma * sign_i * e_i), summed member by member.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gpuscale.engines.generation import GenerationEngine, Sampling
 from gpuscale.recipes.common import GenerationModel
 from gpuscale.recipes.eggroll import Settings
 from gpuscale.recipes.eggroll import noise as es
-from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears
+from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
 
 POPULATION, RANK, SIGMA = 4, 2, 0.05
 
@@ -33,13 +34,17 @@ def tiny():
     return model.eval(), tokenizer
 
 
-def explicit_member(model, noise: list[es.LayerNoise], member: int, settings: Settings):
-    """A copy of the model whose perturbed weights are W + sigma * sign * A B^T / sqrt(r)."""
+def explicit_member(model, noise: list[es.LayerNoise], norm_noise: list[torch.Tensor], member: int,
+                    settings: Settings):
+    """A copy of the model whose perturbed weights are W + sigma * sign * A B^T / sqrt(r) and whose
+    norms' gains are g + sigma * sign * e."""
     twin = copy.deepcopy(model)
     draw, sign = es.member_draw(member, settings.antithetic), (-1) ** member if settings.antithetic else 1
     with torch.no_grad():
         for (_, module), layer in zip(perturbed_linears(twin), noise):
             module.weight += sign * settings.sigma / math.sqrt(settings.rank) * layer.a[draw] @ layer.b[draw].T
+        for (_, module), gains in zip(perturbed_norms(twin), norm_noise):
+            module.weight += sign * settings.sigma * gains[draw]
     return twin
 
 
@@ -67,14 +72,13 @@ def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, 
     trainer = make_trainer(model, tokenizer, static_shapes)
     assert trainer.members_per_call == POPULATION  # all four members in one engine call
     prompts = trainer._prompts(step=1)
-    trainer.noise = [es.layer_noise(m.weight, trainer.draws, RANK, 0, 1, i)
-                     for i, (_, m) in enumerate(trainer.linears)]
+    trainer.draw_noise(step=1)
     trainer._load_members(list(range(POPULATION)))
     rows = [prompt["ids"] for _ in range(POPULATION) for prompt in prompts]
     generation = trainer.engine.generate(rows, 6, Sampling(temperature=1.0), torch.Generator().manual_seed(3))
     answers = generation.sequences()
     for member in range(POPULATION):
-        twin = explicit_member(model, trainer.noise, member, trainer.settings)
+        twin = explicit_member(model, trainer.noise, trainer.norm_noise, member, trainer.settings)
         for index, prompt in enumerate(prompts):
             row = member * len(prompts) + index
             expected = teacher_forced_logprobs(twin, prompt["ids"], answers[row])
@@ -89,20 +93,22 @@ def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, 
 def test_one_update_equals_the_closed_form_estimator(tiny, shaping):
     model, tokenizer = tiny
     settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, lr=0.5, fitness_shaping=shaping)
-    linears = perturbed_linears(model)
+    linears, norms = perturbed_linears(model), perturbed_norms(model)
     draws = es.draws_for(POPULATION, True)
     noise = [es.layer_noise(m.weight, draws, RANK, 7, 1, i) for i, (_, m) in enumerate(linears)]
+    norm_noise = [es.vector_noise(m.weight, draws, 7, 1, len(linears) + i) for i, (_, m) in enumerate(norms)]
     # Fitness of each member, measured on its explicit copy: mean log-prob of a fixed answer.
     prompt = tokenizer("What is 2 plus 3?\n")["input_ids"]
     answer = tokenizer("2 + 3 = 5\n#### 5")["input_ids"]
-    twins = [explicit_member(model, noise, m, settings) for m in range(POPULATION)]
+    twins = [explicit_member(model, noise, norm_noise, m, settings) for m in range(POPULATION)]
     raw = torch.tensor([float(teacher_forced_logprobs(twin, prompt, answer).mean()) for twin in twins])
     shaped = es.shape_fitness(raw, shaping, antithetic=True)
     # The recipe's update, on a copy.
     updated = copy.deepcopy(model)
     coefficients = es.draw_coefficients(shaped, antithetic=True)
-    updater = es.Updater([module.weight for _, module in perturbed_linears(updated)], "sgd", 0.5)
-    updater.apply(noise, coefficients, POPULATION, SIGMA, 0.5, RANK)
+    updated_modules = perturbed_linears(updated) + perturbed_norms(updated)
+    updater = es.Updater([module.weight for _, module in updated_modules], "sgd", 0.5)
+    updater.apply(noise + norm_noise, coefficients, POPULATION, SIGMA, 0.5, RANK)
     # The closed form, member by member.
     for (name, module), (_, new), layer in zip(linears, perturbed_linears(updated), noise):
         expected = module.weight.detach().clone()
@@ -111,8 +117,14 @@ def test_one_update_equals_the_closed_form_estimator(tiny, shaping):
             expected += (0.5 / math.sqrt(POPULATION) * float(shaped[m]) * SIGMA / math.sqrt(RANK) * sign
                          * layer.a[draw] @ layer.b[draw].T)
         torch.testing.assert_close(new.weight.detach(), expected, rtol=0, atol=1e-6, msg=name)
-    assert any((new.weight - old.weight).abs().max() > 1e-6
-               for (_, old), (_, new) in zip(linears, perturbed_linears(updated)))
+    for (name, module), (_, new), gains in zip(norms, perturbed_norms(updated), norm_noise):
+        expected = module.weight.detach().clone()
+        for m in range(POPULATION):
+            expected += 0.5 / math.sqrt(POPULATION) * float(shaped[m]) * SIGMA * (-1) ** m * gains[m // 2]
+        torch.testing.assert_close(new.weight.detach(), expected, rtol=0, atol=1e-6, msg=name)
+    assert len(norms) == 2 * len(model.model.layers) + 1  # two per block and the final one
+    assert all((new.weight - old.weight).abs().max() > 1e-6
+               for (_, old), (_, new) in zip(linears + norms, updated_modules))
 
 
 def test_shaping_by_hand():
@@ -165,13 +177,12 @@ def test_gold_logprob_fitness_is_each_members_teacher_forced_score(tiny, method)
     model, tokenizer = tiny
     trainer = make_trainer(model, tokenizer, static_shapes=False, fitness="gold_logprob", method=method)
     prompts = trainer._prompts(step=1)
-    trainer.noise = [es.layer_noise(m.weight, trainer.draws, RANK, 0, 1, i)
-                     for i, (_, m) in enumerate(trainer.linears)]
+    trainer.draw_noise(step=1)
     scores = []
     for start in range(0, POPULATION, trainer.members_per_call):
         scores += trainer._evaluate(list(range(start, start + trainer.members_per_call)), prompts)[0]
     for member in range(POPULATION):
-        twin = explicit_member(model, trainer.noise, member, trainer.settings)
+        twin = explicit_member(model, trainer.noise, trainer.norm_noise, member, trainer.settings)
         for index, prompt in enumerate(prompts):
             expected = teacher_forced_logprobs(twin, prompt["ids"], prompt["gold_ids"]).mean()
             assert scores[member * len(prompts) + index] == pytest.approx(float(expected), abs=1e-5)

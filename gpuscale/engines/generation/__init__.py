@@ -10,7 +10,8 @@ What it gives (see `GenerationEngine`):
 - `accept(current, proposal, accepted)`: per row, keep the proposal or the current sequence (the
   Metropolis-Hastings step of power sampling), KV cache included, so the next resample is cheap again.
 - `add_row_term(modules, RowTerm(down, up, scale))`: a low-rank term per group of rows on chosen
-  linear layers (EGGROLL's population members), from buffers the caller refills in place.
+  linear layers (EGGROLL's population members), from buffers the caller refills in place; a
+  `RowScale(factors)` per group of rows scales a layer's output channels (a member's norm gains).
 
 Safe inside a training loop: each call runs the model in eval mode and leaves every module's mode
 as it found it, and notices what changed in the model since the last call (optimizer steps, LoRA
@@ -90,11 +91,11 @@ from .engine import (
 from .fused import FUSED_WEIGHTS_MAX_BYTES
 from .kv import attention_mask_4d
 from .results import Generation, StaleGenerationError
-from .row_terms import RowTerm, RowTermHandle
+from .row_terms import RowScale, RowTerm, RowTermHandle
 from .sampling import Sampling, filter_logits, sample_tokens
 
 __all__ = [
     "COLUMN_GRANULE", "CUDA_GRAPH_WARMUP_STEPS", "CUDA_STOP_CHECK_EVERY", "DEFAULT_COMPILE_MODE",
-    "FUSED_WEIGHTS_MAX_BYTES", "Generation", "GenerationEngine", "RowTerm", "RowTermHandle", "Sampling",
-    "StaleGenerationError", "attention_mask_4d", "filter_logits", "sample_tokens",
+    "FUSED_WEIGHTS_MAX_BYTES", "Generation", "GenerationEngine", "RowScale", "RowTerm", "RowTermHandle",
+    "Sampling", "StaleGenerationError", "attention_mask_4d", "filter_logits", "sample_tokens",
 ]

@@ -19,7 +19,7 @@ from .fused import (
 from .kv import _Cursor, _SlotCache, attention_mask_4d
 from .model_state import evaluation_mode, structure_signature
 from .results import Generation, StaleGenerationError, _pad_columns
-from .row_terms import RowTerm, RowTermHandle, RowTerms
+from .row_terms import RowScale, RowTerm, RowTermHandle, RowTerms
 from .sampling import Sampling
 from .state import _DecodeState, _sample_and_record
 
@@ -281,17 +281,20 @@ class GenerationEngine:
         )
 
     def add_row_term(
-        self, modules: str | torch.nn.Module | Sequence[str | torch.nn.Module], term: RowTerm
+        self, modules: str | torch.nn.Module | Sequence[str | torch.nn.Module], term: RowTerm | RowScale
     ) -> RowTermHandle:
-        """Add `term` to the output of each given linear layer (a module, or its name in the model)
-        in every forward of later engine calls, prefill and decode: rows of group g get
-        scale * (x @ term.down[g]) @ term.up[g]^T (see `row_terms`). Refill the term's tensors in
-        place between calls; `handle.remove()` or `remove_row_terms()` takes terms off again."""
+        """Add `term` to the output of each given layer (a module, or its name in the model) in every
+        forward of later engine calls, prefill and decode: rows of group g of a linear layer's output
+        get scale * (x @ term.down[g]) @ term.up[g]^T; a RowScale multiplies them by factors[g] (see
+        `row_terms`). Refill the term's tensors in place between calls; `handle.remove()` or
+        `remove_row_terms()` takes terms off again."""
         if isinstance(modules, (str, torch.nn.Module)):
             modules = [modules]
         resolved = [self.model.get_submodule(m) if isinstance(m, str) else m for m in modules]
-        if term.down.device != self.device or term.down.dtype != self.dtype:
-            raise ValueError(f"row term tensors must be {self.dtype} on {self.device}, like the model")
+        if term.tensors()[0].device != self.device:
+            raise ValueError(f"row term tensors must be on {self.device}, like the model")
+        if isinstance(term, RowTerm) and term.down.dtype != self.dtype:  # a RowScale's factors may be fp32
+            raise ValueError(f"a row term's down and up must be {self.dtype}, like the model")
         return self._row_terms.add(resolved, term)
 
     def row_terms_in_forward(self):

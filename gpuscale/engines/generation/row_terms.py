@@ -1,11 +1,14 @@
-"""Per-row low-rank terms on chosen linear layers (EGGROLL-style population perturbations).
+"""Per-row terms on chosen layers (EGGROLL-style population perturbations): low-rank terms on linear
+layers (`RowTerm`), and per-channel scales of an output (`RowScale`, a norm's perturbed gain).
 
 The batch rows are split into G contiguous groups of equal size; group g's rows see the linear layer
 W + scale * up[g] @ down[g]^T, i.e. every forward through the layer adds
 
     y[rows of g] += scale * (x[rows of g] @ down[g]) @ up[g]^T
 
-(two small batched matmuls, never a materialised weight). The term's tensors are read at their
+(two small batched matmuls, never a materialised weight); a `RowScale` multiplies group g's rows of
+the output by factors[g] channel by channel (an RMSNorm y = g * n(x) whose gain becomes g + d[g] is
+y * (1 + d[g] / g): one multiply). The term's tensors are read at their
 addresses on every forward, including the replay of a captured CUDA graph: the caller refills them
 in place (`term.down.copy_(...)`, `term.scale.fill_(...)`) between engine calls. Replacing them by
 new tensors works too, but costs a recapture.
@@ -58,6 +61,40 @@ class RowTerm:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.down, self.up, self.scale
 
+    def check_module(self, module: torch.nn.Module) -> None:
+        in_features, out_features = getattr(module, "in_features", None), getattr(module, "out_features", None)
+        if in_features is None or out_features is None:
+            raise ValueError(f"{type(module).__name__} is not a linear layer (no in/out_features)")
+        if (self.down.shape[1], self.up.shape[1]) != (in_features, out_features):
+            raise ValueError(f"term of shapes down {tuple(self.down.shape)}, up {tuple(self.up.shape)} "
+                             f"does not fit a linear layer {in_features} -> {out_features}")
+
+
+class RowScale:
+    """factors [G, channels]: group g's rows of the module's output are multiplied by factors[g]."""
+
+    def __init__(self, factors: torch.Tensor):
+        if factors.dim() != 2:
+            raise ValueError(f"need factors [G, channels]; got {tuple(factors.shape)}")
+        self.factors = factors
+
+    @property
+    def groups(self) -> int:
+        return self.factors.shape[0]
+
+    def add_into(self, output: torch.Tensor, x: torch.Tensor) -> None:
+        """output[rows of g] *= factors[g], in place (x, the module's input, is not needed)."""
+        output.view(self.groups, -1, output.shape[-1]).mul_(self.factors[:, None, :])
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.factors,)
+
+    def check_module(self, module: torch.nn.Module) -> None:
+        weight = getattr(module, "weight", None)
+        if weight is None or weight.dim() != 1 or weight.shape[0] != self.factors.shape[1]:
+            raise ValueError(f"{type(module).__name__} has no gain vector of {self.factors.shape[1]} channels "
+                             "for a row scale")
+
 
 class RowTermHandle:
     """What `GenerationEngine.add_row_term` returns: `remove()` takes those terms off again."""
@@ -77,19 +114,14 @@ class RowTerms:
         self.entries: list[tuple[torch.nn.Module, RowTerm, torch.utils.hooks.RemovableHandle]] = []
         self.active = False
 
-    def add(self, modules: Sequence[torch.nn.Module], term: RowTerm) -> RowTermHandle:
+    def add(self, modules: Sequence[torch.nn.Module], term: RowTerm | RowScale) -> RowTermHandle:
         for module in modules:
-            in_features, out_features = getattr(module, "in_features", None), getattr(module, "out_features", None)
-            if in_features is None or out_features is None:
-                raise ValueError(f"{type(module).__name__} is not a linear layer (no in/out_features)")
-            if (term.down.shape[1], term.up.shape[1]) != (in_features, out_features):
-                raise ValueError(f"term of shapes down {tuple(term.down.shape)}, up {tuple(term.up.shape)} "
-                                 f"does not fit a linear layer {in_features} -> {out_features}")
+            term.check_module(module)
         added = [(module, term, module.register_forward_hook(self._hook(term))) for module in modules]
         self.entries += added
         return RowTermHandle(self, added)
 
-    def _hook(self, term: RowTerm):
+    def _hook(self, term: RowTerm | RowScale):
         def add_term(module, args, output):
             if self.active:  # outside engine calls the model is left as it is
                 term.add_into(output, args[0])
@@ -105,7 +137,7 @@ class RowTerms:
     def clear(self):
         self.remove(list(self.entries))
 
-    def of(self, module: torch.nn.Module) -> list[RowTerm]:
+    def of(self, module: torch.nn.Module) -> list[RowTerm | RowScale]:
         return [term for m, term, _ in self.entries if m is module]
 
     def hook_ids(self) -> set[int]:

@@ -36,6 +36,10 @@ class Settings(RunSettings):
     antithetic: bool = Field(True, description="members in pairs with noise +E and -E")
     population: int = Field(64, ge=2, le=1 << 20, description="members per step, over all ranks")
     rank: int = Field(1, ge=1, le=64, description="rank r of each perturbation A B^T")
+    perturb_norms: bool = Field(
+        True, description="also perturb the norms' gain vectors (full-rank noise, as the paper's non-matrix "
+                          "parameters); the final norm sets how sharp the answers are, which the decoder's "
+                          "matrices cannot (their outputs are normalised before the head)")
     sigma: float = Field(0.01, gt=0, le=1.0, description="perturbation scale")
     lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
     lr_schedule: Literal["constant", "cosine"] = Field(

@@ -14,6 +14,10 @@ Update, as HyperscaleES applies it (its gradient estimate handed to SGD):
 
 with s the shaped fitnesses; per pair that is one coefficient c_p = s_{2p} - s_{2p+1}, and the sum is
 one (diag(c) A)^T B product per matrix, accumulated in fp32 and written back in the weights' dtype.
+
+Gain vectors (the norms' weights, `perturb_norms`) get full-rank noise, as the paper's non-matrix
+parameters: member i sees g + sigma * sign_i * e_i, e_i standard normal, and the update is
+g <- g + lr * N^(-1/2) * sigma * sum_p c_p e_p.
 """
 
 from __future__ import annotations
@@ -56,6 +60,12 @@ def layer_noise(weight: torch.Tensor, draws: int, rank: int, seed: int, step: in
     generator = torch.Generator(device=weight.device).manual_seed(noise_seed(seed, step, layer))
     both = torch.randn(draws, out_features + in_features, rank, generator=generator, device=weight.device)
     return LayerNoise(a=both[:, :out_features], b=both[:, out_features:])
+
+
+def vector_noise(weight: torch.Tensor, draws: int, seed: int, step: int, layer: int) -> torch.Tensor:
+    """Every draw's noise for one gain vector: [draws, size], fp32, on the weight's device."""
+    generator = torch.Generator(device=weight.device).manual_seed(noise_seed(seed, step, layer))
+    return torch.randn(draws, weight.shape[0], generator=generator, device=weight.device)
 
 
 def member_signs(population: int, antithetic: bool, device=None) -> torch.Tensor:
@@ -102,6 +112,14 @@ def weight_step(noise: LayerNoise, coefficients: torch.Tensor, population: int, 
     return total * (lr * sigma / (math.sqrt(rank) * math.sqrt(population)))
 
 
+def parameter_step(noise: LayerNoise | torch.Tensor, coefficients: torch.Tensor, population: int, sigma: float,
+                   lr: float, rank: int) -> torch.Tensor:
+    """A matrix's step (`weight_step`) or a gain vector's: lr * N^(-1/2) * sigma * sum_p c_p e_p."""
+    if isinstance(noise, LayerNoise):
+        return weight_step(noise, coefficients, population, sigma, lr, rank)
+    return coefficients.float() @ noise * (lr * sigma / math.sqrt(population))
+
+
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
     """The step size of step `step` (1-based) of `steps`: constant, or a cosine from lr at step 1 down
     to lr / 100 at the last step (an ES estimate's noise keeps moving the weights at a fixed size,
@@ -114,7 +132,7 @@ def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
 
 
 class Updater:
-    """Applies each step to the perturbed matrices.
+    """Applies each step to the perturbed matrices and gain vectors.
 
     Steps accumulate in fp32 master copies when the model's weights are bf16 or fp16: an ES step is
     often below half a bf16 ulp of the weight it changes, and would round away if added to the
@@ -128,13 +146,13 @@ class Updater:
         self.adam = torch.optim.Adam(self.masters, lr=lr, maximize=True) if optimizer == "adam" else None
 
     @torch.no_grad()
-    def apply(self, noises: list[LayerNoise], coefficients: torch.Tensor, population: int, sigma: float,
-              lr: float, rank: int) -> None:
+    def apply(self, noises: list[LayerNoise | torch.Tensor], coefficients: torch.Tensor, population: int,
+              sigma: float, lr: float, rank: int) -> None:
         for master, noise in zip(self.masters, noises):
             if self.adam is None:  # sgd: lr scales the step; adam: lr is Adam's (set below)
-                master += weight_step(noise, coefficients, population, sigma, lr, rank)
+                master += parameter_step(noise, coefficients, population, sigma, lr, rank)
             else:
-                master.grad = weight_step(noise, coefficients, population, sigma, 1.0, rank)
+                master.grad = parameter_step(noise, coefficients, population, sigma, 1.0, rank)
         if self.adam is not None:
             for group in self.adam.param_groups:
                 group["lr"] = lr

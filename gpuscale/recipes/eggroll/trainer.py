@@ -64,7 +64,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     after = evaluator.figures("after")
     if settings.save_model:
         save_model(loaded.model, loaded.tokenizer, ctx)
-    checksums = ctx.gather(weights_checksum(trainer.linears))
+    checksums = ctx.gather(weights_checksum(trainer.linears + trainer.norms))
     everyone_tokens = sum(ctx.gather(tokens_total))
     if ctx.is_main:
         # Step 1 also captures CUDA graphs and allocates the KV cache: the median leaves it out.
@@ -75,7 +75,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
             "tokens_per_s": everyone_tokens / sum(step_seconds), "step_seconds_median": typical,
             **{f"{phase}_seconds_median": seconds for phase, seconds in trainer.clock.medians().items()},
             "fitness_mean_first": fitness_means[0], "fitness_mean_last": fitness_means[-1],
-            "perturbed_matrices": len(trainer.linears),
+            "perturbed_matrices": len(trainer.linears), "perturbed_norms": len(trainer.norms),
             "weights_identical_across_ranks": len(set(checksums)) == 1, "weights_checksum": checksums[0],
             **before, **after,
         })
@@ -88,9 +88,17 @@ def perturbed_linears(model) -> list[tuple[str, torch.nn.Linear]]:
             if isinstance(module, torch.nn.Linear) and ".layers." in name]
 
 
-def weights_checksum(linears) -> str:
+def perturbed_norms(model) -> list[tuple[str, torch.nn.Module]]:
+    """Every norm with a gain vector (RMSNorm-style `weight` [hidden]): the decoder blocks' and the
+    final one (perturb_norms)."""
+    return [(name, module) for name, module in model.named_modules()
+            if "norm" in type(module).__name__.lower() and getattr(module, "weight", None) is not None
+            and module.weight.dim() == 1]
+
+
+def weights_checksum(modules) -> str:
     digest = hashlib.sha256()
-    for _, module in linears:
+    for _, module in modules:
         digest.update(module.weight.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
 
@@ -150,6 +158,7 @@ class Trainer:
     def __init__(self, settings: Settings, ctx, loaded, engine, train: list[dict]):
         self.settings, self.ctx, self.loaded, self.engine, self.train = settings, ctx, loaded, engine, train
         self.linears = perturbed_linears(loaded.model)
+        self.norms = perturbed_norms(loaded.model) if settings.perturb_norms else []
         self.local_members = settings.population // ctx.world_size
         self.first_member = ctx.rank * self.local_members
         self.rows_per_member = settings.prompts_per_step * settings.generations_per_prompt
@@ -161,22 +170,38 @@ class Trainer:
         self.step_number = 0
         end = loaded.tokenizer.eos_token_id  # what ends a training answer, as sft tokenizes it
         self._answer_end = end if end is not None else loaded.eos[0]
-        self.terms = self._add_row_terms() if settings.method == "eggroll" else []
-        self.noise: list[es.LayerNoise] = []
-        self.updater = es.Updater([module.weight for _, module in self.linears], settings.optimizer, settings.lr)
+        self.terms, self.scales = self._add_row_terms() if settings.method == "eggroll" else ([], [])
+        self.noise: list[es.LayerNoise] = []  # the step's, per linear
+        self.norm_noise: list[torch.Tensor] = []  # the step's, per norm
+        self.updater = es.Updater([module.weight for _, module in self.linears + self.norms], settings.optimizer,
+                                  settings.lr)
         self.clock = PhaseClock(ctx.synchronize)  # where a step's time goes: noise, generate, score, gather, update
 
     def _add_row_terms(self):
-        from gpuscale.engines.generation import RowTerm
+        """A low-rank term on every perturbed linear and a row scale on every perturbed norm, one
+        group of rows per member of a call; `_load_members` fills them."""
+        from gpuscale.engines.generation import RowScale, RowTerm
 
-        s, groups, terms = self.settings, self.members_per_call, []
+        s, groups, terms, scales = self.settings, self.members_per_call, [], []
         for _, module in self.linears:
             buffers = [torch.zeros(groups, size, s.rank, dtype=module.weight.dtype, device=module.weight.device)
                        for size in (module.in_features, module.out_features)]
             term = RowTerm(*buffers, scale=s.sigma / math.sqrt(s.rank))
             self.engine.add_row_term(module, term)
             terms.append(term)
-        return terms
+        for _, module in self.norms:  # fp32 factors: 1 + sigma e / g is too close to 1 for bf16
+            scale = RowScale(torch.ones(groups, module.weight.shape[0], device=module.weight.device))
+            self.engine.add_row_term(module, scale)
+            scales.append(scale)
+        return terms, scales
+
+    def draw_noise(self, step: int) -> None:
+        """The step's noise of every perturbed linear and norm (the same on every rank)."""
+        s = self.settings
+        self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
+                      for layer, (_, module) in enumerate(self.linears)]
+        self.norm_noise = [es.vector_noise(module.weight, self.draws, s.seed, step, len(self.linears) + index)
+                           for index, (_, module) in enumerate(self.norms)]
 
     def step(self, step: int) -> StepResult:
         """One ES step: this rank's members answer, every member's fitness is gathered, and the
@@ -185,8 +210,7 @@ class Trainer:
         self.step_number = step
         clock.start()
         prompts = self._prompts(step)
-        self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
-                      for layer, (_, module) in enumerate(self.linears)]
+        self.draw_noise(step)
         clock.lap("noise")
         mine = list(range(self.first_member, self.first_member + self.local_members))
         result = StepResult(domains=[p["domain"] for p in prompts for _ in range(s.generations_per_prompt)])
@@ -198,7 +222,7 @@ class Trainer:
         coefficients = es.draw_coefficients(es.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic),
                                             s.antithetic)
         lr = es.scheduled_lr(s.lr, s.lr_schedule, step, s.steps)
-        self.updater.apply(self.noise, coefficients, s.population, s.sigma, lr, s.rank)
+        self.updater.apply(self.noise + self.norm_noise, coefficients, s.population, s.sigma, lr, s.rank)
         clock.lap("update")
         return result
 
@@ -239,21 +263,27 @@ class Trainer:
         for term, noise in zip(self.terms, self.noise):
             term.down.copy_(noise.b[draws])
             term.up.copy_(noise.a[draws] * signs)
+        for scale, noise, (_, module) in zip(self.scales, self.norm_noise, self.norms):
+            # (g + sigma s e) n(x) = g n(x) (1 + sigma s e / g); a gain of exactly 0 keeps its 0
+            gain = module.weight.float()
+            shift = self.settings.sigma * noise[draws] * signs[:, :, 0]
+            scale.factors.copy_(torch.where(gain != 0, 1 + shift / gain, torch.ones_like(shift)))
 
     @torch.no_grad()
     def _perturb_in_place(self, member: int) -> list[torch.Tensor]:
         """The seed's structure: clone the weights, add the member's full perturbation to them."""
         s, draw = self.settings, es.member_draw(member, self.settings.antithetic)
         scale = float(self.signs[member]) * s.sigma / math.sqrt(s.rank)
-        originals = []
+        originals = [module.weight.detach().clone() for _, module in self.linears + self.norms]
         for (_, module), noise in zip(self.linears, self.noise):
-            originals.append(module.weight.detach().clone())
             module.weight.add_((noise.a[draw] @ noise.b[draw].T * scale).to(module.weight.dtype))
+        for (_, module), noise in zip(self.norms, self.norm_noise):
+            module.weight.add_((noise[draw] * float(self.signs[member]) * s.sigma).to(module.weight.dtype))
         return originals
 
     @torch.no_grad()
     def _restore(self, originals: list[torch.Tensor]) -> None:
-        for (_, module), original in zip(self.linears, originals):
+        for (_, module), original in zip(self.linears + self.norms, originals):
             module.weight.copy_(original)
 
     def _answer(self, members: list[int], prompts) -> tuple[list[float], list[int]]:

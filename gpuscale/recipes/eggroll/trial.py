@@ -21,15 +21,15 @@ def trial_session(settings: Settings, ctx):
     from gpuscale.engines.generation import GenerationEngine
     from gpuscale.engines.tuning import Trial
     from gpuscale.recipes.common import load_generation_model
-    from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears
+    from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
     from gpuscale.recipes.tuning import timed_steps
 
     train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
     loaded = load_generation_model(settings.model, ctx)
     loaded.model.requires_grad_(False)
-    linears = perturbed_linears(loaded.model)
+    updated = perturbed_linears(loaded.model) + perturbed_norms(loaded.model)  # all a step may change
     # On the host: a copy on the card would count in every trial's peak memory.
-    originals = [module.weight.detach().to("cpu", copy=True) for _, module in linears]
+    originals = [module.weight.detach().to("cpu", copy=True) for _, module in updated]
     step_numbers = itertools.count(1)  # each step its own prompts and noise, as in a run
 
     def trial(batch_size: int) -> Trial:
@@ -48,7 +48,7 @@ def trial_session(settings: Settings, ctx):
         finally:
             engine.remove_row_terms()
             with torch.no_grad():
-                for (_, module), original in zip(linears, originals):
+                for (_, module), original in zip(updated, originals):
                     module.weight.copy_(original)
         return Trial(batch_size, throughput=rate, step_seconds=seconds)
 
