@@ -17,7 +17,7 @@ from peft import LoraConfig, get_peft_model
 from test_generation import PAD, PROMPTS, _on_cpu, _sharpen, teacher_forced
 
 from gpuscale.data.models import build_random_model
-from gpuscale.engines.generation import GenerationEngine, RowTerm, Sampling
+from gpuscale.engines.generation import GenerationEngine, RowScale, RowTerm, Sampling
 
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SAMPLING = Sampling(0.9, top_k=40)
@@ -345,6 +345,37 @@ def test_row_terms_refilled_in_place_change_the_next_call(setting):
     engine.remove_row_terms()
     plain = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0))
     assert_decode_equals_teacher_forcing(model, plain, setting)
+
+
+def test_row_scales_equal_explicitly_scaled_norm_gains(setting):
+    """A RowScale on every norm: group g's rows decode as a copy whose gains are g * factors[g]
+    (EGGROLL's perturbed norms), in prefill and decode, next to low-rank terms on the linears."""
+    device = setting[0]
+    model = fresh_model(device)
+    engine = make_engine(model, setting)
+    terms = make_row_terms(model, groups=2)
+    for name, term in terms.items():
+        engine.add_row_term(name, term)
+    generator = torch.Generator().manual_seed(5)
+    norms = {name: module for name, module in model.named_modules() if name.endswith("norm")}
+    scales = {name: RowScale((1 + 0.3 * torch.randn(2, module.weight.shape[0], generator=generator)).to(device))
+              for name, module in norms.items()}
+    for name, scale in scales.items():
+        engine.add_row_term(name, scale)
+    out = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0))
+    rows_per_group = out.batch_size // 2
+    for group in range(2):
+        twin = perturbed_copy(model, terms, group)
+        with torch.no_grad():
+            for name, scale in scales.items():
+                twin.get_submodule(name).weight.mul_(scale.factors[group].to(twin.dtype))
+        rows = slice(group * rows_per_group, (group + 1) * rows_per_group)
+        mask = out.mask[rows].cpu()
+        torch.testing.assert_close(out.base_logprobs[rows].cpu()[mask], teacher_forced_logprobs(twin, out, rows)[mask],
+                                   atol=tolerance(setting), rtol=0)
+    assert len(scales) == 2 * len(model.model.layers) + 1
+    with pytest.raises(ValueError, match="no gain vector"):
+        engine.add_row_term(model.model.layers[0].mlp.gate_proj, RowScale(torch.ones(2, 64)))
 
 
 def test_row_terms_are_validated():
