@@ -40,6 +40,9 @@ class Settings(RunSettings):
         True, description="also perturb the norms' gain vectors (full-rank noise, as the paper's non-matrix "
                           "parameters); the final norm sets how sharp the answers are, which the decoder's "
                           "matrices cannot (their outputs are normalised before the head)")
+    norm_sigma: float = Field(0.03, gt=0, le=1.0, description="perturbation scale of the norms' gains: they "
+                              "sit near 1 where the matrices' entries sit near 0.03, so sigma would move them "
+                              "relatively 30 times less")
     sigma: float = Field(0.01, gt=0, le=1.0, description="perturbation scale")
     lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
     lr_schedule: Literal["constant", "cosine"] = Field(

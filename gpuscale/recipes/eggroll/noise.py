@@ -16,8 +16,8 @@ with s the shaped fitnesses; per pair that is one coefficient c_p = s_{2p} - s_{
 one (diag(c) A)^T B product per matrix, accumulated in fp32 and written back in the weights' dtype.
 
 Gain vectors (the norms' weights, `perturb_norms`) get full-rank noise, as the paper's non-matrix
-parameters: member i sees g + sigma * sign_i * e_i, e_i standard normal, and the update is
-g <- g + lr * N^(-1/2) * sigma * sum_p c_p e_p.
+parameters: member i sees g + sigma * sign_i * e_i, e_i normal of std norm_sigma / sigma, and the
+update is g <- g + lr * N^(-1/2) * sigma * sum_p c_p e_p.
 """
 
 from __future__ import annotations
@@ -62,10 +62,13 @@ def layer_noise(weight: torch.Tensor, draws: int, rank: int, seed: int, step: in
     return LayerNoise(a=both[:, :out_features], b=both[:, out_features:])
 
 
-def vector_noise(weight: torch.Tensor, draws: int, seed: int, step: int, layer: int) -> torch.Tensor:
-    """Every draw's noise for one gain vector: [draws, size], fp32, on the weight's device."""
+def vector_noise(weight: torch.Tensor, draws: int, seed: int, step: int, layer: int,
+                 std: float = 1.0) -> torch.Tensor:
+    """Every draw's noise for one gain vector: [draws, size], fp32, on the weight's device, of
+    standard deviation `std` (norm_sigma / sigma: the members' gains are then g + norm_sigma * e, and
+    the update, with sigma, is the estimator of that perturbation)."""
     generator = torch.Generator(device=weight.device).manual_seed(noise_seed(seed, step, layer))
-    return torch.randn(draws, weight.shape[0], generator=generator, device=weight.device)
+    return torch.randn(draws, weight.shape[0], generator=generator, device=weight.device) * std
 
 
 def member_signs(population: int, antithetic: bool, device=None) -> torch.Tensor:

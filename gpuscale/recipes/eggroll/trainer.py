@@ -200,7 +200,8 @@ class Trainer:
         s = self.settings
         self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
                       for layer, (_, module) in enumerate(self.linears)]
-        self.norm_noise = [es.vector_noise(module.weight, self.draws, s.seed, step, len(self.linears) + index)
+        self.norm_noise = [es.vector_noise(module.weight, self.draws, s.seed, step, len(self.linears) + index,
+                                           std=s.norm_sigma / s.sigma)
                            for index, (_, module) in enumerate(self.norms)]
 
     def step(self, step: int) -> StepResult:
