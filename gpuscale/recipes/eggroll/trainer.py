@@ -89,11 +89,11 @@ def perturbed_linears(model) -> list[tuple[str, torch.nn.Linear]]:
 
 
 def perturbed_norms(model) -> list[tuple[str, torch.nn.Module]]:
-    """Every norm with a gain vector (RMSNorm-style `weight` [hidden]): the decoder blocks' and the
-    final one (perturb_norms)."""
+    """Every norm with a gain vector and no bias (RMSNorm-style y = weight * n(x), so a member's gain
+    is a row scale of y): the decoder blocks' and the final one (perturb_norms)."""
     return [(name, module) for name, module in model.named_modules()
             if "norm" in type(module).__name__.lower() and getattr(module, "weight", None) is not None
-            and module.weight.dim() == 1]
+            and module.weight.dim() == 1 and getattr(module, "bias", None) is None]
 
 
 def weights_checksum(modules) -> str:
@@ -189,7 +189,7 @@ class Trainer:
             term = RowTerm(*buffers, scale=s.sigma / math.sqrt(s.rank))
             self.engine.add_row_term(module, term)
             terms.append(term)
-        for _, module in self.norms:  # fp32 factors: 1 + sigma e / g is too close to 1 for bf16
+        for _, module in self.norms:  # fp32 factors: 1 + shift / g is too close to 1 for bf16
             scale = RowScale(torch.ones(groups, module.weight.shape[0], device=module.weight.device))
             self.engine.add_row_term(module, scale)
             scales.append(scale)
@@ -265,7 +265,8 @@ class Trainer:
             term.down.copy_(noise.b[draws])
             term.up.copy_(noise.a[draws] * signs)
         for scale, noise, (_, module) in zip(self.scales, self.norm_noise, self.norms):
-            # (g + sigma s e) n(x) = g n(x) (1 + sigma s e / g); a gain of exactly 0 keeps its 0
+            # (g + shift) n(x) = g n(x) (1 + shift / g), shift = sigma x sign x noise (noise has std
+            # norm_sigma / sigma); a gain of exactly 0 keeps its 0
             gain = module.weight.float()
             shift = self.settings.sigma * noise[draws] * signs[:, :, 0]
             scale.factors.copy_(torch.where(gain != 0, 1 + shift / gain, torch.ones_like(shift)))
