@@ -108,10 +108,10 @@ class RowTermHandle:
 
 
 class RowTerms:
-    """The engine's terms: one forward hook per (module, term), active only inside engine calls."""
+    """The engine's terms and scales: one forward hook per (module, term), active only inside engine calls."""
 
     def __init__(self):
-        self.entries: list[tuple[torch.nn.Module, RowTerm, torch.utils.hooks.RemovableHandle]] = []
+        self.entries: list[tuple[torch.nn.Module, RowTerm | RowScale, torch.utils.hooks.RemovableHandle]] = []
         self.active = False
 
     def add(self, modules: Sequence[torch.nn.Module], term: RowTerm | RowScale) -> RowTermHandle:
