@@ -3,7 +3,6 @@ ending at EOS or at the budget; and the generation phase keeps only strictly cor
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +15,7 @@ from gpuscale.recipes.common import load_generation_model
 from gpuscale.recipes.rft import Settings
 from gpuscale.recipes.rft.generate import generate_kept_set, make_sampler
 
-CTX = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"), dtype=torch.float32, run_dir=Path("."))
+CTX = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"), dtype=torch.float32, run_dir=None)
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +37,15 @@ def test_each_sampler_gives_k_answers_per_question_that_end_at_eos_or_the_budget
             assert not any(token in loaded.eos for token in row[:-1])
 
 
-def test_the_generation_phase_keeps_only_strictly_correct_distinct_answers(loaded):
+def test_the_generation_phase_keeps_only_strictly_correct_distinct_answers(loaded, tmp_path):
+    ctx = SimpleNamespace(**{**vars(CTX), "run_dir": tmp_path})  # its rank results file goes there, not the checkout
     settings = Settings(samples_per_question=6, batch_size=4, max_new_tokens=48, keep_per_question=3)
     train = load_examples("tiny-math", "train", 8)
     batches = [list(enumerate(train))[:4], list(enumerate(train))[4:]]
     logged = []
-    result = generate_kept_set(settings, CTX, loaded, batches, lambda number, **figures: logged.append(number))
+    result = generate_kept_set(settings, ctx, loaded, batches, lambda number, **figures: logged.append(number))
     assert logged == [1, 2] and result.samples == 8 * 6
+    assert (tmp_path / "results" / "rank0.jsonl").read_text().count("\n") == len(result.kept)
     assert len(result.questions) == 8 and result.correct == sum(q["correct_samples"] for q in result.questions)
     assert result.kept, "the embedded model answers some of these correctly"
     for row in result.kept:
