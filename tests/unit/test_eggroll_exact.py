@@ -20,6 +20,7 @@ import torch
 
 from gpuscale.data.models import load_model
 from gpuscale.engines.generation import GenerationEngine, Sampling
+from gpuscale.engines.settings import resolve_settings
 from gpuscale.recipes.common import GenerationModel
 from gpuscale.recipes.eggroll import Settings
 from gpuscale.recipes.eggroll import noise as es
@@ -162,6 +163,8 @@ def test_cosine_schedule_runs_from_lr_to_a_hundredth_and_adam_takes_each_steps_l
     assert lrs[2] == pytest.approx((0.3 + 0.003) / 2)  # the cosine's midpoint
     assert all(a > b for a, b in zip(lrs, lrs[1:]))
     assert es.scheduled_lr(0.3, "constant", 4, 5) == 0.3
+    # The setting is named as sft's and grpo-mtl's; its first name (RESULTS' commands) still works.
+    assert resolve_settings(Settings, overrides={"lr_schedule": "cosine"}).lr_scheduler == "cosine"
     weight = torch.zeros(1, 1)
     updater = es.Updater([weight], "adam", lr=0.01)
     noise = [es.LayerNoise(a=torch.ones(1, 1, 1), b=torch.ones(1, 1, 1))]

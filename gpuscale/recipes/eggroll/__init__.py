@@ -27,7 +27,8 @@ from gpuscale.recipes.contract import Recipe, Tuning
 
 class Settings(RunSettings):
     KEY_ALIASES = {"population_size": "population", "noise_rank": "rank", "learning_rate": "lr",
-                   "epochs": "steps", "num_epochs": "steps"}
+                   "epochs": "steps", "num_epochs": "steps",
+                   "lr_schedule": "lr_scheduler"}  # the name it had at first (bench/RESULTS.md's commands)
 
     batch_size: int = Field(256, ge=1, description="rows (member x prompt x generation) per engine call per rank")
     method: Literal["eggroll", "naive"] = Field(
@@ -45,7 +46,7 @@ class Settings(RunSettings):
                               "relatively 30 times less")
     sigma: float = Field(0.01, gt=0, le=1.0, description="perturbation scale")
     lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
-    lr_schedule: Literal["constant", "cosine"] = Field(
+    lr_scheduler: Literal["constant", "cosine"] = Field(
         "constant", description="constant = lr at every step; cosine = from lr down to lr / 100 at the last step")
     optimizer: Literal["sgd", "adam"] = Field(
         "sgd", description="sgd = the step as HyperscaleES applies it; adam = torch Adam on the ES gradient at lr")

@@ -222,7 +222,7 @@ class Trainer:
         clock.lap("gather")  # the rewards ended on the host: this is the gather, waiting for the others included
         coefficients = es.draw_coefficients(es.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic),
                                             s.antithetic)
-        lr = es.scheduled_lr(s.lr, s.lr_schedule, step, s.steps)
+        lr = es.scheduled_lr(s.lr, s.lr_scheduler, step, s.steps)
         self.updater.apply(self.noise + self.norm_noise, coefficients, s.population, s.sigma, lr, s.rank)
         clock.lap("update")
         return result
