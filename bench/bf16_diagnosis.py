@@ -161,6 +161,22 @@ def forward_watch(model, found: dict):
             module.register_forward_hook(check(name))
 
 
+def watch_before_clipping(trainer, found: dict) -> None:
+    """The first step whose gradients hold a non-finite value before clipping (clipping by a
+    non-finite norm spreads one bad value over every gradient): which tensors, how many values."""
+    clip = trainer.accelerator.clip_grad_norm_
+
+    def checked_clip(parameters, *args, **kwargs):
+        parameters = list(parameters)
+        bad = {name: int((~torch.isfinite(p.grad)).sum()) for name, p in trainer.model.named_parameters()
+               if p.grad is not None and not torch.isfinite(p.grad).all()}
+        if bad and "grad_before_clipping" not in found:
+            found["grad_before_clipping"] = {"step": trainer.state.global_step + 1, "tensors": bad}
+        return clip(parameters, *args, **kwargs)
+
+    trainer.accelerator.clip_grad_norm_ = checked_clip
+
+
 def probe_training(args) -> dict:
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.metrics import Reporter
@@ -182,12 +198,17 @@ def probe_training(args) -> dict:
         model.set_attn_implementation("eager")
     rows, _ = grpo_rows(train, loaded.tokenizer, settings.max_prompt_length)
     overrides = {"optim": "adamw_torch"} if args.variant == "unfused-adamw" else {}
+    if args.variant == "bf16-head":  # the head as TRL runs it by default: under the rank's autocast
+        import gpuscale.recipes.grpo_mtl.trainer as grpo_trainer
+
+        grpo_trainer.lm_head_in_fp32 = lambda ctx: False
     trainer, _ = build_trainer(rows, settings, ctx, Reporter(run_dir, 0), model, loaded.tokenizer)
     for key, value in overrides.items():
         setattr(trainer.args, key, value)
     watch = NonFiniteWatch(trainer.model)
     trainer.add_callback(watch.as_callback())
     forward_watch(trainer.model, watch.found)
+    watch_before_clipping(trainer, watch.found)
     started = time.perf_counter()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends it: keep what was found
     with contextlib.suppress(KeyboardInterrupt):
@@ -201,17 +222,61 @@ def probe_training(args) -> dict:
             "mean_length": [round(e.get("completions/mean_length", 0), 1) for e in history]}
 
 
+def probe_head(args) -> dict:
+    """TRL's fused LM head (chunked log-probs without logits, Triton on CUDA) under bf16 autocast over
+    fp32 weights, against log_softmax in fp32, for many counts of scored tokens; and the fp32-output
+    bf16 GEMM it accumulates its gradients with, against the same product in fp32."""
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+    from trl.trainer.utils import _ChunkedLogProbFunction as Chunked
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    generator = torch.Generator(device=device).manual_seed(0)
+    weight = (torch.randn(512, 128, device=device, generator=generator) * 0.05).requires_grad_()
+    counts = list(range(1, 65)) + random.Random(0).sample(range(65, 4000), args.batches)
+    bad = {"head_nonfinite": [], "head_error": [], "addmm_nonfinite": [], "addmm_error": []}
+    for n in counts:
+        hidden = torch.randn(n, 128, device=device, generator=generator, requires_grad=True)
+        targets = torch.randint(0, 512, (n,), device=device, generator=generator)
+        upstream = torch.randn(n, device=device, generator=generator)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logps, *_ = Chunked.apply(hidden, weight, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+                                      ("log_probs", "entropy"))
+        grad_h, grad_w = torch.autograd.grad((logps * upstream).sum(), (hidden, weight))
+        reference = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, targets[:, None]).squeeze(-1)
+        ref_h, ref_w = torch.autograd.grad((reference * upstream).sum(), (hidden, weight))
+        if not all(torch.isfinite(t).all() for t in (logps, grad_h, grad_w)):
+            bad["head_nonfinite"].append(n)
+        elif (grad_w - ref_w).abs().max() > 0.05 * ref_w.abs().max() + 1e-3:
+            bad["head_error"].append([n, float((grad_w - ref_w).abs().max()), float(ref_w.abs().max())])
+        a = torch.randn(512, n, device=device, generator=generator).to(torch.bfloat16)
+        b = torch.randn(n, 128, device=device, generator=generator).to(torch.bfloat16)
+        acc = torch.zeros(512, 128, device=device)
+        if device.type == "cuda":
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        else:
+            acc.addmm_(a.float(), b.float())
+        expected = a.float() @ b.float()
+        if not torch.isfinite(acc).all():
+            bad["addmm_nonfinite"].append(n)
+        elif (acc - expected).abs().max() > 1e-2 * expected.abs().max() + 1e-3:
+            bad["addmm_error"].append([n, float((acc - expected).abs().max())])
+    result = {"probe": "head", "counts_tried": len(counts), **bad}
+    print(result, flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--probe", choices=("attention", "training"), required=True)
-    parser.add_argument("--variant", default="sdpa", choices=("sdpa", "eager", "no-cudnn", "unfused-adamw"))
+    parser.add_argument("--probe", choices=("attention", "training", "head"), required=True)
+    parser.add_argument("--variant", default="sdpa", choices=("sdpa", "eager", "no-cudnn", "unfused-adamw",
+                                                                   "bf16-head"))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    result = probe_attention(args) if args.probe == "attention" else probe_training(args)
+    result = {"attention": probe_attention, "training": probe_training, "head": probe_head}[args.probe](args)
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 
