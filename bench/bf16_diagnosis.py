@@ -11,22 +11,25 @@ Two probes, both on the embedded tiny model:
    watch that stops at the first non-finite gradient or weight and names the step and the tensor;
    `--variant` picks the attention path or the optimizer to compare.
 
-Usage: python bench/bf16_diagnosis.py --probe attention --out FILE.json
-       python bench/bf16_diagnosis.py --probe training --variant sdpa --steps 200 --out FILE.json
+Usage: python bench/bf16_diagnosis.py --probe attention
+       python bench/bf16_diagnosis.py --probe training --variant sdpa --steps 200
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import random
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from record import one_card, write_result  # noqa: E402
 
 
 def attention_contexts():
@@ -274,10 +277,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--rows", type=int, default=16)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default=None, help="default: "
+                        "bench/results/grpo_mtl/bf16-<probe>-<variant>-<date>-<card>.json")
     args = parser.parse_args()
     result = {"attention": probe_attention, "training": probe_training, "head": probe_head}[args.probe](args)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    name = f"bf16-{args.probe}" + (f"-{args.variant}-seed{args.seed}" if args.probe == "training" else "")
+    write_result("grpo_mtl", name, vars(args), result, out=args.out,
+                 card=one_card(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """EGGROLL: the whole population in one batched forward, against the seed's structure and against
 plain batched inference.
 
-    python bench/eggroll.py --out eggroll.json [--gpus 2] [--model random-qwen2.5-0.5b] [--population 256]
+    python bench/eggroll.py [--gpus 2] [--model random-qwen2.5-0.5b] [--population 256]
 
 1. Members per second, from real `gpuscale run --recipe eggroll` runs at the same settings:
    `method=eggroll` on 1 GPU (and on --gpus GPUs) against `method=naive` on 1 GPU (the seed's
@@ -26,6 +26,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from record import write_result  # noqa: E402
 
 
 def run(method: str, gpus: int, args, steps: int, batch_size: int, population: int | None = None) -> dict:
@@ -138,10 +141,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's step in the share "
                         "measurement (the recipe's runs compile only with --set compile=true)")
-    parser.add_argument("--out", default="eggroll.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/eggroll/<what>-<date>-<card>.json")
     args = parser.parse_args()
     rows = args.population * args.prompts
-    results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args)}
+    results = {}
     if not args.share_only:
         if not args.skip_naive:
             results["naive_1gpu"] = run("naive", 1, args, args.naive_steps, args.prompts)
@@ -153,8 +156,7 @@ def main() -> None:
             results[f"eggroll_{args.gpus}gpu_weak"] = run("eggroll", args.gpus, args, args.steps, rows,
                                                           population=args.population * args.gpus)
     results["share"] = share_of_plain_inference(args)
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
+    write_result("eggroll", "share" if args.share_only else "speed", vars(args), results, out=args.out)
     print_tables(results, args)
 
 

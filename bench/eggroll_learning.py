@@ -1,7 +1,7 @@
 """EGGROLL learning on the embedded default: several settings side by side, held-out accuracy before,
 during and after (issue 12's learning figure).
 
-    python bench/eggroll_learning.py --out eggroll-learning.json \
+    python bench/eggroll_learning.py \
         --configs "sigma=0.01,lr=0.05;sigma=0.003,lr=0.1" --set population=512 --set prompts_per_step=32 \
         --set temperature=1.0 --set steps=60 --set eval_every=15 --set eval_examples=500
 
@@ -21,6 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from record import write_result  # noqa: E402
 
 
 def launch(settings: list[str]) -> subprocess.Popen:
@@ -48,7 +51,7 @@ def main() -> None:
     parser.add_argument("--configs", required=True, help="';'-separated configs of ','-separated key=value")
     parser.add_argument("--set", action="append", default=[], help="a setting common to every config")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
-    parser.add_argument("--out", default="eggroll-learning.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/eggroll/learning-<date>-<card>.json")
     args = parser.parse_args()
     os.environ["GPUSCALE_HOME"] = args.home or tempfile.mkdtemp(prefix="gpuscale-bench-eggroll-")
     configs = [[item.strip() for item in config.split(",") if item.strip()] for config in args.configs.split(";")]
@@ -62,9 +65,8 @@ def main() -> None:
         results.append({"config": config, "run": run["id"], "status": run["status"], "error": run.get("error"),
                         "figures": figures, "curve": curve(run["id"]),
                         "members_per_s": summary.get("members_per_s")})
-    with open(args.out, "w") as handle:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "common": args.set, "seconds": time.time() - started,
-                   "results": results}, handle, indent=1)
+    write_result("eggroll", "learning", {"configs": configs, "common": args.set, "home": args.home},
+                 {"seconds": time.time() - started, "results": results}, out=args.out)
     print(f"\n{'config':<32} {'status':<10} {'greedy':>15} {'sampled':>15}")
     for r in results:
         f = r["figures"]

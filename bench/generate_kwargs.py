@@ -8,11 +8,16 @@ variants take turns, 4 calls each, the first left out; the figure is ms per gene
 """
 
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from gpuscale.data.models import build_random_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from record import one_card, write_result  # noqa: E402
 
 PROMPT_TOKENS, NEW_TOKENS, CALLS = 120, 96, 4
 
@@ -42,9 +47,15 @@ def main() -> None:
             out = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, **kwargs)
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - started) / (out.sequences.shape[1] - PROMPT_TOKENS))
+    figures = {}
     for name, seconds in times.items():
         every = [round(1000 * s, 2) for s in seconds]
-        print(f"  {name:<14} {1000 * statistics.median(seconds[1:]):6.2f} ms/token  {every}")
+        figures[name] = {"ms_per_token_median": 1000 * statistics.median(seconds[1:]), "ms_per_token_calls": every}
+        print(f"  {name:<14} {figures[name]['ms_per_token_median']:6.2f} ms/token  {every}")
+    write_result("power_sampling", "generate-kwargs", {"model": "random-qwen2.5-0.5b", "dtype": "bfloat16",
+                                                       "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+                                                       "calls": CALLS, "variants": list(calls)},
+                 figures, card=one_card(torch.cuda.get_device_name(0)))
 
 
 if __name__ == "__main__":

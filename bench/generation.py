@@ -1,6 +1,6 @@
 """Decode speed: transformers' generate() against gpuscale's GenerationEngine, in the same run.
 
-    python bench/generation.py --out generation.json                      # GPU: Qwen2.5-0.5B shape, bf16
+    python bench/generation.py                                          # GPU: Qwen2.5-0.5B shape, bf16
     python bench/generation.py --device cpu --model random-tiny --new-tokens 16 --out /tmp/g.json  # smoke
 
 For each batch size: milliseconds per decode step of (a) model.generate() (dynamic cache, what users
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import transformers
@@ -36,6 +36,9 @@ from transformers import GenerationConfig
 from gpuscale.data.models import build_random_model
 from gpuscale.engines.distributed import resolve_dtype
 from gpuscale.engines.generation import GenerationEngine, Sampling
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from record import one_card, write_result  # noqa: E402
 
 TARGET_SPEEDUP = {1: 15.0, 64: 10.0}  # engine vs generate(), on the GPU
 
@@ -61,7 +64,8 @@ def parse_args(argv=None):
                         help="the engine's fused q/k/v and gate/up matmuls (auto: its default)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="JSON file for all figures")
+    parser.add_argument("--out", default=None, help="JSON file for all figures (default: "
+                        "bench/results/generation/engine-vs-generate-<date>-<card>.json)")
     return parser.parse_args(argv)
 
 
@@ -216,10 +220,11 @@ def main(argv=None):
         "weight_bytes": weights, "copy_bandwidth_bytes_per_s": bandwidth, "floor_ms_per_step": floor_ms,
         "results": results,
     }
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
     print_table(report)
-    print(f"wrote {args.out}")
+    settings = ("model", "dtype", "prompt_tokens", "new_tokens", "repeats", "compile_mode", "fuse_weights")
+    write_result("generation", "engine-vs-generate", {key: report[key] for key in settings},
+                 {key: value for key, value in report.items() if key not in settings},
+                 out=args.out, card=one_card(report["device"]))
     return report
 
 

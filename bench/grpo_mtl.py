@@ -2,7 +2,7 @@
 batching and of gpuscale's engine, and the engine on N GPUs, from real `gpuscale run --recipe grpo-mtl`
 runs at the same settings.
 
-    python bench/grpo_mtl.py --out grpo_mtl.json [--gpus 2] [--model random-qwen2.5-0.5b] [--skip continuous]
+    python bench/grpo_mtl.py [--gpus 2] [--model random-qwen2.5-0.5b] [--skip continuous]
 
 Runs (issue 14, "Speed"): generator=transformers, generator=continuous and generator=engine on one GPU,
 and generator=engine on --gpus GPUs. Every run: `--prompts-per-step` prompts per GPU per step, each
@@ -34,14 +34,13 @@ processes then and MFU is empty.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
 from benchruns import RunFailed, gpuscale_run  # noqa: E402
+from record import write_result  # noqa: E402
 
 GENERATORS = ("transformers", "continuous", "engine")
 
@@ -156,7 +155,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated generators to leave out "
                         "(transformers, continuous, engine-multi)")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
-    parser.add_argument("--out", default="grpo_mtl.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/grpo_mtl/speed-<date>-<card>.json")
     args = parser.parse_args()
     os.environ["GPUSCALE_HOME"] = args.home or tempfile.mkdtemp(prefix="gpuscale-bench-grpo-")
     skip = {name.strip() for name in args.skip.split(",") if name.strip()}
@@ -170,12 +169,9 @@ def main() -> None:
             runs[f"{generator}_1gpu"] = measure(args, generator, 1)
     if args.gpus > 1 and "engine-multi" not in skip:
         runs[f"engine_{args.gpus}gpu"] = measure(args, "engine", args.gpus)
-    results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args), "runs": runs,
-               "ratios": ratios(runs, args.gpus), "targets": TARGETS}
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
+    results = {"runs": runs, "ratios": ratios(runs, args.gpus), "targets": TARGETS}
     print_table(results)
-    print(f"\nwritten to {args.out}")
+    write_result("grpo_mtl", "speed", vars(args), results, out=args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Power sampling: gpuscale's batched MCMC against the reference structure, and 2 GPUs against 1.
 
-    python bench/power_sampling.py --out power_sampling.json [--gpus 2] [--reference-problems 8]
+    python bench/power_sampling.py [--gpus 2] [--reference-problems 8]
 
 Every measurement is a real `gpuscale run --recipe power-sampling` (CLI, supervisor, torchrun) at the
 same algorithm settings (alpha, max_new_tokens, blocks, mcmc_steps); only `method`, the number of
@@ -21,8 +21,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from record import write_result  # noqa: E402
 
 
 def run(method: str, gpus: int, problems: int, args, extra: list[str] = ()) -> dict:
@@ -112,15 +114,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--accuracy", type=int, default=0, help="also the accuracy table on this many problems")
     parser.add_argument("--skip-speed", action="store_true")
-    parser.add_argument("--out", default="power_sampling.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/power_sampling/<what>-<date>-<card>.json")
     args = parser.parse_args()
-    results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args)}
+    results = {}
     if not args.skip_speed:
         results["speed"] = speed(args)
     if args.accuracy:
         results["accuracy"] = accuracy(args)
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
+    what = "-".join(part for part, done in (("speed", "speed" in results), ("accuracy", "accuracy" in results)) if done)
+    write_result("power_sampling", what or "nothing", vars(args), results, out=args.out)
     if "speed" in results:
         figures = results["speed"]
         base, one = figures["reference_1gpu"]["problems_per_s"], figures["gpuscale_1gpu"]["problems_per_s"]

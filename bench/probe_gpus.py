@@ -1,6 +1,6 @@
 """Probe on the GPU machine: tokens/s per GPU at 1 and N GPUs, NVML samples, supervisor CPU use.
 
-    python bench/probe_gpus.py --gpus 2 --out results.json [--model random-qwen2.5-0.5b]
+    python bench/probe_gpus.py --gpus 2 [--model random-qwen2.5-0.5b]
 
 Runs `gpuscale run --recipe probe` (the real CLI, supervisor and torchrun) once on GPU 0 alone and once
 on the first N GPUs with the same per-GPU settings, then reads the run history for what the
@@ -15,9 +15,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from gpuscale.engines.store import Store
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from record import write_result  # noqa: E402
 
 
 def run_probe(gpus: int, args) -> dict:
@@ -48,15 +50,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--interval", type=float, default=1.0)
-    parser.add_argument("--out", default="probe_gpus.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/probe/probe_gpus-<date>-<card>.json")
     args = parser.parse_args()
     store = Store()
-    results = {"date": time.strftime("%Y-%m-%d"), "settings": vars(args), "runs": {}}
+    results = {"runs": {}}
     for gpus in sorted({1, args.gpus}):
         run = run_probe(gpus, args)
         results["runs"][gpus] = {"summary": run["summary"], "gpus": gpu_figures(store, run["id"]), "id": run["id"]}
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
+    write_result("probe", "probe_gpus", vars(args), results, out=args.out)
     one = results["runs"][1]["summary"]["tokens_per_s"]
     print(f"\n{'GPUs':>4} {'tok/s total':>12} {'tok/s per GPU':>30} {'scaling':>8} {'sup. CPU %':>10}")
     for gpus, run in results["runs"].items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -31,6 +32,9 @@ from torch.autograd import DeviceType
 from gpuscale.data.models import build_random_model
 from gpuscale.engines.distributed import resolve_dtype
 from gpuscale.engines.generation import GenerationEngine, Sampling
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from record import one_card, write_result  # noqa: E402
 
 VARIANTS = {
     "plain": dict(fuse_weights=False, compile=False),
@@ -209,8 +213,9 @@ def main(argv=None):
         if r["variant"] == variants[-1]:
             print(f"\ntop {args.top} {unit}s, batch {r['batch']}, {r['variant']}")
             print(kernel_table(r["rows"], args.top), end="")
-    with open(out / "summary.json", "w") as f:
-        json.dump([{k: v for k, v in r.items() if k != "rows"} for r in results], f, indent=2)
+    write_result("generation", "profile-decode", vars(args),
+                 {"device": name, "runs": [{k: v for k, v in r.items() if k != "rows"} for r in results]},
+                 out=out / "summary.json", card=one_card(name))
     print(f"\nfull tables and traces in {out}")
 
 

@@ -2,7 +2,7 @@
 one process, on the same model, prompts and settings (issue 11, item 12).
 
     python bench/reference_parity.py --model random-qwen2.5-0.5b --device cuda --precision bf16 \
-        --max-new-tokens 256 --blocks 4 --mcmc-steps 3 --problems 3 --out reference_parity.json
+        --max-new-tokens 256 --blocks 4 --mcmc-steps 3 --problems 3
 
 `gpuscale` is `power_sample_reference` (mcmc.py), which the recipe runs for `method=reference`.
 `public structure` is written here from the paper's public code's description (Karan & Du,
@@ -18,10 +18,11 @@ lengths), and the ratio of the two.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.common import stand_in_tokenizer
 from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats, power_sample_reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from record import one_card, write_result  # noqa: E402
 
 
 def public_suffix(model, context: list[int], new_tokens: int, alpha: float, eos: int):
@@ -82,7 +86,8 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=4.0)
     parser.add_argument("--problems", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="default: "
+                        "bench/results/power_sampling/reference-parity-<model>-<date>-<card>.json")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -127,10 +132,9 @@ def main() -> None:
               f"{f['ms_per_token']:7.2f} ms/token")
     ratio = figures["gpuscale"]["ms_per_token"] / figures["public structure"]["ms_per_token"]
     print(f"  gpuscale / public structure, per decoded token: {ratio:.3f}")
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump({"settings": vars(args), "device": str(device), "figures": figures, "ratio": ratio}, handle,
-                      indent=1)
+    write_result("power_sampling", f"reference-parity-{args.model}", vars(args),
+                 {"device": str(device), "runs": figures, "ratio": ratio}, out=args.out,
+                 card=one_card(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu")
 
 
 if __name__ == "__main__":

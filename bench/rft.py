@@ -1,7 +1,7 @@
 """RFT: generated samples/s of gpuscale's generation against the seed's structure, and SFT tokens/s
 on 1 and on N GPUs, from real `gpuscale run --recipe rft` runs.
 
-    python bench/rft.py --out rft.json [--gpus 2] [--model random-qwen2.5-0.5b] [--questions 64]
+    python bench/rft.py [--gpus 2] [--model random-qwen2.5-0.5b] [--questions 64]
 
 1. Generation: two runs at the same settings (30 samples per question at temperature 0.7, 8
    questions per call, the same questions and length budget, one GPU): `generator=gpuscale` (the
@@ -28,6 +28,9 @@ import os
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from record import write_result  # noqa: E402
 
 
 def gpuscale_run(args, gpus: int, *settings: str) -> dict:
@@ -109,11 +112,11 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100/H200)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
-    parser.add_argument("--out", default="rft.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/rft/<what>-<date>-<card>.json")
     args = parser.parse_args()
     os.environ["GPUSCALE_HOME"] = args.home or tempfile.mkdtemp(prefix="gpuscale-bench-rft-")
 
-    results = {"settings": vars(args), "generation": {}, "training": []}
+    results = {"generation": {}, "training": []}
     results["generation"]["gpuscale"] = engine = generation(args, "gpuscale", args.batch_size)
     results["generation"]["transformers"] = baseline = generation(args, "transformers", args.batch_size)
     if args.engine_batch_size:
@@ -131,9 +134,7 @@ def main() -> None:
         one, most = results["training"][0], results["training"][-1]
         results["training_scaling"] = most["tokens_per_s"] / one["tokens_per_s"] if one["tokens_per_s"] else None
         print(f"training: {args.gpus} GPUs {results['training_scaling']:.2f}x one", flush=True)
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=1)
-    print(f"written to {args.out}", flush=True)
+    write_result("rft", "generation-speed" if args.skip_training else "speed", vars(args), results, out=args.out)
 
 
 if __name__ == "__main__":

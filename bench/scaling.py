@@ -1,8 +1,8 @@
 """Weak scaling of every recipe over the GPUs of one host: 1, 2, 4, 8 GPUs (as many as there are).
 
-    python bench/scaling.py --out scaling.json [--gpu-counts 1,2,4,8] [--recipes probe,eggroll] [--models tiny-math]
+    python bench/scaling.py [--gpu-counts 1,2,4,8] [--recipes probe,eggroll] [--models tiny-math]
     python bench/scaling.py --cpu --gpu-counts 1,2 ...     # ranks as CPU processes (the script's test)
-    python bench/scaling.py --recipes rft,grpo-mtl --append --out scaling.json   # a sweep in several parts
+    python bench/scaling.py --recipes rft,grpo-mtl --append --out FILE.json   # a sweep in several parts
 
 Each point is a real `gpuscale run` (CLI, supervisor, torchrun or accelerate). Weak scaling: every GPU
 gets the same work at every count (the per-GPU size knobs below: a rank's batch, its prompts,
@@ -44,7 +44,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,7 @@ from gpuscale.engines.store import Store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
 from benchruns import RunFailed, gpuscale_run  # noqa: E402
+from record import figures_of, write_result  # noqa: E402
 
 MODELS = ("tiny-math", "random-qwen2.5-0.5b")
 
@@ -267,10 +267,12 @@ def parse_options(argv: list[str] | None = None):
     size.add_argument("--sft-batch", type=int, default=16, help="sequences per GPU per step (sft and rft's SFT)")
     size.add_argument("--train-steps", type=int, default=5,
                       help="steps of every training recipe (eggroll, rft's SFT, grpo-mtl, sft); the first is left out")
-    parser.add_argument("--out", default="scaling.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/scaling/weak-scaling-<date>-<card>.json")
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out (a sweep split "
                         "into several invocations); a row of the same recipe, model and count is replaced")
     opts = parser.parse_args(argv)
+    if opts.append and not opts.out:
+        parser.error("--append needs --out (the file whose rows to keep)")
     unknown = set(opts.recipes.split(",")) - set(RECIPES)
     if unknown:
         parser.error(f"--recipes: unknown {sorted(unknown)}")
@@ -292,14 +294,13 @@ def main() -> None:
     rows = [measure(recipe, model, n, opts, env)
             for recipe in opts.recipes.split(",") for model in opts.models.split(",") for n in counts]
     if opts.append and os.path.exists(opts.out):
-        rows = merged(json.loads(Path(opts.out).read_text())["rows"], rows)
+        rows = merged(figures_of(json.loads(Path(opts.out).read_text()))["rows"], rows)
     add_scaling(rows)
     device = gpus[0]["name"] if gpus else "cpu"
-    with open(opts.out, "w") as handle:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "gpus_available": len(gpus), "device_name": device,
-                   "settings": vars(opts), "rows": rows}, handle, indent=2)
     print_table(rows)
-    print(f"\nwritten to {opts.out}")
+    write_result("scaling", "weak-scaling", vars(opts), {"gpus_available": len(gpus), "device_name": device,
+                                                         "rows": rows},
+                 out=opts.out, card="cpu" if opts.cpu else None)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How fast the TUI opens and how much CPU it costs while it monitors a live run.
 
-    python bench/tui_perf.py [--seconds 30] [--repeats 5] [--size 120x40] [--json OUT.json]
+    python bench/tui_perf.py [--seconds 30] [--repeats 5] [--size 120x40] [--out OUT.json]
 
 Two figures, each measured in a fresh child process so that nothing is cached or shared:
 
@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from record import write_result  # noqa: E402
 
 HERE = Path(__file__).resolve()
 
@@ -213,7 +216,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", default="120x40")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", "--out", dest="json", type=Path, help="default: "
+                        "bench/results/tui/tui-perf-<date>-<card>.json")
     parser.add_argument("--child", choices=["first-frame", "monitor", "feed"], help=argparse.SUPPRESS)
     parser.add_argument("--spawned-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -237,8 +241,8 @@ def main() -> None:
             "8-gpu-feed": with_feed(homes["8-gpu-feed"], envs["8-gpu-feed"], args.size, args.seconds),
         }
     print_table(results)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    write_result("tui", "tui-perf", {"seconds": args.seconds, "repeats": args.repeats, "size": args.size}, results,
+                 out=args.json)
 
 
 def print_table(results: dict) -> None:

@@ -11,7 +11,7 @@ In one process on one device (the first GPU, else the CPU), for one recipe, mode
    least --min-sweep-batches of them, so each figure is work / seconds. The sweep's time counts
    loading its model once, as the tuning's does.
 
-It prints and writes (--out) the sweep table, the tuning's trials, the tuned batch's throughput
+It prints and writes (bench/results/tune/, or --out) the sweep table, the tuning's trials, the tuned batch's throughput
 against the sweep's best (target: within 10%) and the tuning's time against the sweep's (target:
 under 10%; this ratio depends on --sweep-items, which stands for the length of the run being tuned,
 and is printed with it).
@@ -20,23 +20,20 @@ On the GPU machine (one GPU), each meant to end within about two minutes (estima
 where one runs longer, lower --max-batch):
 
     python bench/tune.py --recipe power-sampling --model tiny-math --set max_new_tokens=256 \
-        --set blocks=4 --set mcmc_steps=3 --max-batch 256 --sweep-items 1 --min-sweep-batches 1 \
-        --out bench/tune-power-tiny.json
+        --set blocks=4 --set mcmc_steps=3 --max-batch 256 --sweep-items 1 --min-sweep-batches 1
     python bench/tune.py --recipe power-sampling --model random-qwen2.5-0.5b --set max_new_tokens=256 \
-        --set blocks=4 --set mcmc_steps=3 --max-batch 128 --sweep-items 1 --min-sweep-batches 1 \
-        --out bench/tune-power-qwen.json  # nearer three minutes: a batch at this shape takes seconds
+        --set blocks=4 --set mcmc_steps=3 --max-batch 128 --sweep-items 1 --min-sweep-batches 1
+        # (nearer three minutes: a batch at this shape takes seconds)
     python bench/tune.py --recipe probe --model random-qwen2.5-0.5b --set prompt_tokens=512 \
-        --max-batch 512 --sweep-items 1024 --out bench/tune-probe-qwen.json
-    python bench/tune.py --recipe eggroll --model tiny-math --sweep-items 1 --min-sweep-batches 1 \
-        --out bench/tune-eggroll-tiny.json
+        --max-batch 512 --sweep-items 1024
+    python bench/tune.py --recipe eggroll --model tiny-math --sweep-items 1 --min-sweep-batches 1
     python bench/tune.py --recipe eggroll --model random-qwen2.5-0.5b --set population=32 \
-        --set prompts_per_step=8 --sweep-items 1 --min-sweep-batches 1 --out bench/tune-eggroll-qwen.json
+        --set prompts_per_step=8 --sweep-items 1 --min-sweep-batches 1
     python bench/tune.py --recipe rft --model random-qwen2.5-0.5b --max-batch 32 --sweep-items 1 \
-        --min-sweep-batches 1 --out bench/tune-rft-qwen.json
+        --min-sweep-batches 1
     python bench/tune.py --recipe sft --model random-qwen2.5-0.5b --set gradient_accumulation=8 \
-        --sweep-items 1 --out bench/tune-sft-qwen.json
-    python bench/tune.py --recipe grpo-mtl --model random-qwen2.5-0.5b --sweep-items 1 \
-        --out bench/tune-grpo-mtl-qwen.json
+        --sweep-items 1
+    python bench/tune.py --recipe grpo-mtl --model random-qwen2.5-0.5b --sweep-items 1
 
 On CPU (its test, tests/integration/test_tune_cli.py):
 
@@ -50,6 +47,10 @@ import json
 import socket
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from record import one_card, write_result  # noqa: E402
 
 
 def sweep_sizes(max_batch: int, allowed: list[int] | None = None) -> list[int]:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-cap", type=float, default=0.9)
     parser.add_argument("--sweep-items", type=int, default=1024, help="items of work per swept batch size")
     parser.add_argument("--min-sweep-batches", type=int, default=2)
-    parser.add_argument("--out", help="write the JSON here too")
+    parser.add_argument("--out", help="default: bench/results/tune/<recipe>-<model>-<date>-<card>.json")
     args = parser.parse_args(argv)
 
     from gpuscale.engines import telemetry
@@ -146,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "recipe": recipe.name, "model": args.model, "figure": figure, "device": device.name,
         "precision": outcome.key.precision, "shape": json.loads(outcome.key.shape), "host": socket.gethostname(),
-        "date": time.strftime("%Y-%m-%d"), "command": "python " + " ".join(["bench/tune.py", *sys.argv[1:]]),
         "sweep_items": args.sweep_items, "sweep": sweep, "sweep_seconds": sweep_seconds,
         "tune_trials": [trial.as_dict() for trial in outcome.result.trials], "tune_seconds": outcome.seconds,
         "tuned_batch": chosen, "tuned_trial_throughput": outcome.result.chosen.throughput if chosen else None,
@@ -166,9 +166,8 @@ def main(argv: list[str] | None = None) -> int:
           f"batch {report['sweep_best_batch']} at {report['sweep_best_throughput'] or 0:.4g} "
           f"({(report['tuned_vs_best'] or 0):.0%}); tuning {outcome.seconds:.1f} s vs sweep {sweep_seconds:.1f} s "
           f"({(report['tune_time_share'] or 0):.1%})", file=sys.stderr)
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_result("tune", f"{recipe.name}-{args.model}", vars(args), report, out=args.out,
+                 card="cpu" if device.index is None else one_card(device.name))
     return 0
 
 

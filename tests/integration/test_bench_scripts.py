@@ -16,6 +16,7 @@ import pytest
 from gpuscale.engines.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ("date", "commit", "command", "card", "versions", "settings", "figures")  # bench/record.py's
 
 
 def bench(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -31,7 +32,9 @@ def test_grpo_mtl_bench_times_every_generator_and_two_ranks(home, tmp_path):
     done = bench("grpo_mtl.py", "--model", "tiny-math", "--gpus", "2", "--prompts-per-step", str(prompts),
                  "--generations", str(generations), "--max-completion-length", "6", "--batch-size", "2",
                  "--steps", "2", "--precision", "auto", "--home", str(home), "--out", str(out))
-    results = json.loads(out.read_text())
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["settings"]["gpus"] == 2
+    results = record["figures"]
     runs = results["runs"]
     assert set(runs) == {"transformers_1gpu", "continuous_1gpu", "engine_1gpu", "engine_2gpu"}
     store = Store(home, read_only=True)  # the runs are over; reading takes no write lock
@@ -68,8 +71,11 @@ def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(
     out = tmp_path / "scaling.json"
     done = bench("scaling.py", "--cpu", "--gpu-counts", "1,2", "--recipes", "probe,sft", "--models", "tiny-math",
                  *TINY_SCALING, "--out", str(out))
-    results = json.loads(out.read_text())
-    assert results["gpus_available"] == 0 and results["device_name"] == "cpu" and results["date"]
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["card"] == "cpu" and record["date"]
+    assert record["command"].startswith("python bench/scaling.py --cpu ")
+    results = record["figures"]
+    assert results["gpus_available"] == 0 and results["device_name"] == "cpu"
     rows = {(row["recipe"], row["gpus"]): row for row in results["rows"]}
     assert set(rows) == {("probe", 1), ("probe", 2), ("sft", 1), ("sft", 2)}
     store = Store(home, read_only=True)
@@ -131,3 +137,43 @@ def test_curve_averages_each_metric_over_windows_of_steps_and_ranks():
                {"step": 3, "name": "loss", "value": 5.0}]
     assert curve.chosen(["rew*"], {"reward", "loss"}) == ["reward"]
     assert curve.windows(records, ["reward"], window=2) == [(2, {"reward": pytest.approx(0.4)}), (3, {"reward": 1.0})]
+
+
+def test_write_result_writes_every_schema_key_without_importing_torch(tmp_path):
+    """bench/record.py in a fresh interpreter: every key of the schema, the default path
+    results/<recipe>/<name>-<date>-<card>.json, no overwriting, and torch left unimported."""
+    script = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / "bench")!r})
+import record
+record.RESULTS = __import__("pathlib").Path({str(tmp_path)!r})
+first = record.write_result("sft", "speed", {{"batch": 8}}, {{"tokens_per_s": 1.5}}, card="cpu")
+again = record.write_result("sft", "speed", {{"batch": 8}}, {{"tokens_per_s": 1.6}}, card="cpu")
+out = record.write_result("sft", "speed", {{}}, {{}}, command="python bench/x.py --y 'a b'",
+                          out={str(tmp_path / "o.json")!r})
+print(json.dumps([str(first), str(again), str(out), "torch" in sys.modules]))
+"""
+    done = subprocess.run([sys.executable, "-c", script, "--flag", "two words"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    first, again, out, torch_imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not torch_imported
+    data = json.loads(Path(first).read_text())
+    assert tuple(data) == SCHEMA
+    date = data["date"][:10]
+    assert Path(first) == tmp_path / "sft" / f"speed-{date}-cpu.json" and data["date"][10] == "T"
+    assert Path(again) == tmp_path / "sft" / f"speed-{date}-cpu-run2.json"  # the first one is kept
+    assert data["card"] == "cpu" and data["settings"] == {"batch": 8} and data["figures"] == {"tokens_per_s": 1.5}
+    assert data["commit"] is None or len(data["commit"]) == 40
+    assert data["command"] == "python -c --flag 'two words'"
+    assert data["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert set(data["versions"]) <= {"python", "torch", "transformers", "trl", "accelerate", "peft"}
+    assert json.loads(Path(out).read_text())["command"] == "python bench/x.py --y 'a b'"
+
+
+def test_card_labels_name_the_card_and_count():
+    record = load_bench("record.py")
+    assert record.card_label("cpu") == "cpu"
+    assert record.card_label({"names": ["NVIDIA H200"], "count": 1}) == "h200"
+    assert record.card_label({"names": ["NVIDIA H100 80GB HBM3"] * 2, "count": 2}) == "h100x2"
+    assert record.one_card("cpu (x86_64, 2 threads)") == "cpu"

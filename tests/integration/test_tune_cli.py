@@ -87,7 +87,7 @@ def test_the_bench_script_runs_on_cpu_with_tiny_sizes(tmp_path, home):
                              "--sweep-items", "8", "--set", "steps=2", "--set", "prompt_tokens=4", "--out", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    report = json.loads(out.read_text())
+    report = json.loads(out.read_text())["figures"]  # bench/record.py's schema
     assert [row["batch_size"] for row in report["sweep"]] == [1, 2, 3, 4]
     assert report["tuned_batch"] in (1, 2, 3, 4) and report["device"] == "cpu"
     assert 0 < report["tuned_vs_best"] <= 1.0 + 1e-9 or report["tuned_batch"] != report["sweep_best_batch"]

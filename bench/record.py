@@ -1,0 +1,138 @@
+"""One schema for every bench result: `write_result` writes it, every bench script calls it.
+
+A result file holds: date (ISO 8601, UTC), commit (`git rev-parse HEAD` of the checkout, null outside
+git), command (the script's command line, shell-quoted), card ({"names": [...], "count": N} of the
+visible CUDA devices, or "cpu"), versions (python and, where installed, torch, transformers, trl,
+accelerate, peft), settings and figures (the script's own). By default it goes to
+bench/results/<recipe>/<name>-<date>-<card>.json; a script's --out names another path.
+
+Nothing here imports torch: the card comes from torch if the caller already imported it, else from
+nvidia-smi; versions come from the installed packages' metadata.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+ROOT = BENCH.parent
+PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft")
+KEYS = ("date", "commit", "command", "card", "versions", "settings", "figures")
+
+
+def commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed from the repository root: `python bench/x.py --flag value`, shell-quoted."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv:
+        try:
+            argv[0] = os.path.relpath(os.path.abspath(argv[0]), ROOT)
+        except ValueError:  # another drive
+            pass
+    return shlex.join(["python", *argv])
+
+
+def card() -> dict | str:
+    """The visible CUDA devices: {"names": [...], "count": N}, or "cpu" when there are none."""
+    names: list[str] = []
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        except Exception:  # a broken driver: fall back to nvidia-smi
+            names = []
+    if not names and os.environ.get("CUDA_VISIBLE_DEVICES") != "" and shutil.which("nvidia-smi"):
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=20)
+            rows = [line.split(",", 1) for line in done.stdout.splitlines() if "," in line]
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:
+                wanted = [part.strip() for part in visible.split(",")]
+                rows = [row for row in rows if row[0].strip() in wanted]
+            names = [name.strip() for _, name in rows] if done.returncode == 0 else []
+        except (OSError, subprocess.SubprocessError):
+            names = []
+    return {"names": names, "count": len(names)} if names else "cpu"
+
+
+def one_card(name: str) -> dict | str:
+    """The card of a measurement on one device, by its name ("cpu..." for the CPU)."""
+    return "cpu" if name.lower().startswith("cpu") else {"names": [name], "count": 1}
+
+
+def card_label(found: dict | str) -> str:
+    """A file name's card part: "cpu", "h100", "h200x2" (the model number of the first card, x the count)."""
+    if found == "cpu" or not isinstance(found, dict) or not found.get("names"):
+        return "cpu"
+    name = found["names"][0]
+    match = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Za-z]*)\b", name.replace("NVIDIA", ""))
+    label = (match.group(1) if match else re.sub(r"[^a-z0-9]+", "", name.lower())[:12] or "gpu").lower()
+    return label if found["count"] == 1 else f"{label}x{found['count']}"
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version()}
+    for package in PACKAGES:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def record(settings: dict, figures: dict, command: str | None = None, card_found: dict | str | None = None) -> dict:
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": commit(),
+            "command": command if command is not None else command_line(),
+            "card": card_found if card_found is not None else card(), "versions": versions(),
+            "settings": settings, "figures": figures}
+
+
+def default_path(recipe: str, name: str, date: str, card_found: dict | str) -> Path:
+    stem = f"{name}-{date[:10]}-{card_label(card_found)}"
+    path = RESULTS / recipe / f"{stem}.json"
+    number = 2
+    while path.exists():  # never overwrite a measurement; rename the new file to say what differs
+        path = RESULTS / recipe / f"{stem}-run{number}.json"
+        number += 1
+    return path
+
+
+def write_result(recipe: str, name: str, settings: dict, figures: dict, command: str | None = None,
+                 out: str | os.PathLike | None = None, card: dict | str | None = None) -> Path:
+    """Write one result in the shared schema and return its path.
+
+    recipe: the folder under bench/results/ (power_sampling, eggroll, rft, grpo_mtl, sft, probe, tune,
+    generation, tui, scaling, diagnosis); name: what was measured, the file name's first part;
+    command: default the running script's command line; out: write there instead of the default
+    path; card: what to record instead of the visible CUDA devices (e.g. "cpu" for CPU ranks)."""
+    result = record(settings, figures, command, card)
+    path = Path(out) if out else default_path(recipe, name, result["date"], result["card"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"written to {path}", flush=True)
+    return path
+
+
+def figures_of(data: dict) -> dict:
+    """A result's figures, from the shared schema or an older per-script file (the whole file)."""
+    return data["figures"] if set(KEYS) <= set(data) else data
