@@ -180,6 +180,78 @@ def watch_before_clipping(trainer, found: dict) -> None:
     trainer.accelerator.clip_grad_norm_ = checked_clip
 
 
+def capture_first_bad_micro_batch(trainer, found: dict) -> None:
+    """After each micro-batch's backward, check the gradients; at the first that holds a non-finite
+    value, keep that micro-batch's inputs and replay its loss and backward under each attention path
+    and with the head in fp32 (`found["replay"]`), then stop training."""
+    step = trainer.training_step
+
+    def checked_step(model, inputs, *args, **kwargs):
+        loss = step(model, inputs, *args, **kwargs)
+        if "replay" in found or all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters()):
+            return loss
+        prepared = trainer._buffered_inputs[(trainer._step - 1) % trainer.args.steps_per_generation]
+        found["replay"] = replay(trainer, model, prepared)
+        trainer.control.should_training_stop = True
+        return loss
+
+    trainer.training_step = checked_step
+
+
+def replay(trainer, model, inputs: dict) -> dict:
+    """The micro-batch's loss and backward again from the same weights, once per variant: are the
+    gradients finite, and in which layers' attention did a non-finite gradient first appear."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from trl.trainer.utils import add_fused_lm_head
+
+    prompt_mask, completion_mask = inputs["prompt_mask"], inputs["completion_mask"]
+    shape = {"rows": int(prompt_mask.shape[0]), "prompt_columns": int(prompt_mask.shape[1]),
+             "completion_columns": int(completion_mask.shape[1]), "scored_tokens": int(completion_mask.sum()),
+             "rows_left_padded": int((prompt_mask[:, 0] == 0).sum())}
+    variants = {"as-trained": contextlib.nullcontext}
+    for backend in ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"):
+        variants[backend.lower()] = lambda b=backend: sdpa_kernel(getattr(SDPBackend, b))
+    outcome = {"batch": shape}
+    for name, context in [*variants.items(), ("eager", contextlib.nullcontext), ("fp32-head", contextlib.nullcontext)]:
+        if name == "eager":
+            model.set_attn_implementation("eager")
+        if name == "fp32-head":
+            model.set_attn_implementation("sdpa")
+            add_fused_lm_head(model, temperature=trainer.temperature, cast_lm_head_to_fp32=True,
+                              outputs=("log_probs", "entropy"))
+        outcome[name] = replay_once(trainer, model, inputs, context)
+    return outcome
+
+
+def replay_once(trainer, model, inputs, context) -> dict:
+    layers = {}
+
+    def record(index):
+        def hook(module, grad_input, grad_output):
+            out_ok = all(g is None or torch.isfinite(g).all() for g in grad_output)
+            in_ok = all(g is None or torch.isfinite(g).all() for g in grad_input)
+            layers[index] = {"grad_output_finite": bool(out_ok), "grad_input_finite": bool(in_ok)}
+        return hook
+
+    handles = [layer.self_attn.register_full_backward_hook(record(i))
+               for i, layer in enumerate(model.model.layers)]
+    saved = [p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    try:
+        with context(), trainer.compute_loss_context_manager():
+            loss = trainer.compute_loss(model, inputs)
+        loss.backward()
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        return {"loss": float(loss), "nonfinite_grads": bad, "attention": layers}
+    except RuntimeError as error:
+        return {"error": str(error).splitlines()[0][:200]}
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p, g in zip(model.parameters(), saved):
+            p.grad = g
+
+
 def probe_training(args) -> dict:
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.metrics import Reporter
@@ -201,10 +273,6 @@ def probe_training(args) -> dict:
         model.set_attn_implementation("eager")
     rows, _ = grpo_rows(train, loaded.tokenizer, settings.max_prompt_length)
     overrides = {"optim": "adamw_torch"} if args.variant == "unfused-adamw" else {}
-    if args.variant == "bf16-head":  # the head as TRL runs it by default: under the rank's autocast
-        import gpuscale.recipes.grpo_mtl.trainer as grpo_trainer
-
-        grpo_trainer.lm_head_in_fp32 = lambda ctx: False
     trainer, _ = build_trainer(rows, settings, ctx, Reporter(run_dir, 0), model, loaded.tokenizer)
     for key, value in overrides.items():
         setattr(trainer.args, key, value)
@@ -212,6 +280,8 @@ def probe_training(args) -> dict:
     trainer.add_callback(watch.as_callback())
     forward_watch(trainer.model, watch.found)
     watch_before_clipping(trainer, watch.found)
+    if args.replay:
+        capture_first_bad_micro_batch(trainer, watch.found)
     started = time.perf_counter()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends it: keep what was found
     with contextlib.suppress(KeyboardInterrupt):
@@ -271,10 +341,11 @@ def probe_head(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--probe", choices=("attention", "training", "head"), required=True)
-    parser.add_argument("--variant", default="sdpa", choices=("sdpa", "eager", "no-cudnn", "unfused-adamw",
-                                                                   "bf16-head"))
+    parser.add_argument("--variant", default="sdpa", choices=("sdpa", "eager", "no-cudnn", "unfused-adamw"))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replay", action="store_true", help="training: replay the first micro-batch whose "
+                        "gradients turn non-finite under each attention path and with the head in fp32")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--out", default=None, help="default: "

@@ -123,7 +123,6 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         torch_compile=False,  # `compile` is the engine's (its decode step), not the training forward's
         remove_unused_columns=False,
         log_completions=False,
-        cast_lm_head_to_fp32=lm_head_in_fp32(ctx),
     )
     rollout = None
     if settings.generator == "engine":
@@ -145,18 +144,6 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         mtl_seed=settings.seed,
     )
     return trainer, callback
-
-
-def lm_head_in_fp32(ctx) -> bool:
-    """Whether TRL's fused LM head (log-probs and entropy without materialising the logits) runs in
-    fp32 rather than under the rank's half-precision autocast. On CUDA that head's bf16 path (Triton
-    folds of bf16 logit tiles, gradients accumulated by a bf16 GEMM into fp32) turned the whole
-    gradient non-finite once every hundred-odd steps; in fp32 the loss's log-probs are also those of
-    the distribution the engine samples from (its logits are fp32). Costs one fp32 GEMM over the
-    vocabulary per scored token."""
-    import torch
-
-    return ctx.dtype != torch.float32
 
 
 def training_figures(trainer, callback, seconds: float, ctx, settings: Settings) -> dict[str, Any]:
