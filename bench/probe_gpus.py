@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 
 def run_probe(gpus: int, args) -> dict:

@@ -124,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the JSON here too")
     args = parser.parse_args(argv)
 
-    from gpuscale.engines import telemetry
-    from gpuscale.engines.settings import parse_assignments, resolve_settings
     from gpuscale.recipes.registry import get_recipe
     from gpuscale.recipes.tuning import default_max_batch, pick_device, tune_recipe
+    from gpuscale.runs import telemetry
+    from gpuscale.runs.settings import parse_assignments, resolve_settings
 
     recipe = get_recipe(args.recipe)
     overrides = {"model": args.model, "precision": args.precision, **parse_assignments(args.assignments)}

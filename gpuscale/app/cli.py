@@ -24,10 +24,10 @@ from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, progr
 from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
 from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
-from gpuscale.engines import launch, telemetry
-from gpuscale.engines.settings import SettingsError, merge_layers, parse_assignments, resolve_settings
-from gpuscale.engines.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 from gpuscale.recipes.registry import all_recipes, get_recipe
+from gpuscale.runs import launch, telemetry
+from gpuscale.runs.settings import SettingsError, merge_layers, parse_assignments, resolve_settings
+from gpuscale.runs.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 
 EXIT_BAD_INPUT = 2
 ID_HELP = "the run's id (see `gpuscale runs`)"
@@ -387,7 +387,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from gpuscale.engines.doctor import examine
+    from gpuscale.runs.doctor import examine
 
     findings = examine(gpuscale_home(), repair=args.repair)
     for finding in findings:

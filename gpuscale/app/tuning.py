@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.engines.launch import plan_devices
-from gpuscale.engines.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
-from gpuscale.engines.store import Store
 from gpuscale.recipes.contract import Recipe
 from gpuscale.recipes.tuning import Device, pick_device, tuning_key
+from gpuscale.runs.launch import plan_devices
+from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
+from gpuscale.runs.store import Store
 
 
 def wants_auto(value: Any) -> bool:

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from gpuscale.engines.metrics import Reporter
-from gpuscale.engines.process import die_with_parent
-from gpuscale.engines.settings import RunSettings, resolved_precision
+from gpuscale.runs.process import die_with_parent
+from gpuscale.runs.settings import RunSettings, resolved_precision
 
 
 @dataclass

@@ -62,7 +62,7 @@ class RankResults:
     """A rank's per-example results, appended to RUN_DIR/results/rank<R>.jsonl as each batch is
     done: a run that is stopped or dies keeps what it finished. Rank 0 merges every rank's rows into
     RUN_DIR/results.jsonl at the end (`merge_results`); where it never gets there, whoever records the
-    run's end merges the files (`gpuscale.engines.store.merge_rank_results`)."""
+    run's end merges the files (`gpuscale.runs.store.merge_rank_results`)."""
 
     def __init__(self, run_dir: Path, rank: int):
         self.path = Path(run_dir) / "results" / f"rank{rank}.jsonl"
@@ -79,7 +79,7 @@ class RankResults:
 def merge_results(run_dir: Path, rows: list[dict], key=lambda row: (row["index"], row.get("chain", 0))) -> Path:
     """Every rank's rows, in example order, as RUN_DIR/results.jsonl (written by rank 0, whole or not
     at all: a run stopped meanwhile gets the supervisor's merge of the rank files instead)."""
-    from gpuscale.engines.store import write_atomically
+    from gpuscale.runs.store import write_atomically
 
     path = Path(run_dir) / RESULTS_FILE
     write_atomically(path, "".join(json.dumps(row) + "\n" for row in sorted(rows, key=key)))

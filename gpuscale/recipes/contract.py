@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from gpuscale.engines.settings import RunSettings
+from gpuscale.runs.settings import RunSettings
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
     from gpuscale.engines.distributed import RankContext

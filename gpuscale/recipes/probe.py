@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 from pydantic import Field
 
-from gpuscale.engines.settings import RunSettings
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings
 
 
 class Settings(RunSettings):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_for_metrics, wait_until
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 FAST = ["--recipe", "probe", "--set", "steps=4", "--set", "prompt_tokens=8", "--batch-size", "2"]
 LONG = ["--recipe", "probe", "--set", "steps=100000", "--set", "prompt_tokens=8", "--batch-size", "2",

@@ -20,11 +20,11 @@ import torch
 
 from gpuscale.data.models import load_model
 from gpuscale.engines.generation import GenerationEngine, Sampling
-from gpuscale.engines.settings import resolve_settings
 from gpuscale.recipes.common import GenerationModel
 from gpuscale.recipes.eggroll import Settings
 from gpuscale.recipes.eggroll import noise as es
 from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
+from gpuscale.runs.settings import resolve_settings
 
 POPULATION, RANK, SIGMA = 4, 2, 0.05
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gpuscale.engines.doctor import examine
-from gpuscale.engines.store import (
+from gpuscale.runs.doctor import examine
+from gpuscale.runs.store import (
     SCHEMA_VERSION,
     HomeNotWritable,
     Store,

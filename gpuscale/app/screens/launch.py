@@ -19,9 +19,9 @@ from gpuscale.app.tuning import settings_with_batch, stored_tuning, tuning_summa
 from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
 from gpuscale.app.widgets.settings_form import SettingsForm
-from gpuscale.engines import launch
-from gpuscale.engines.settings import SettingsError, resolve_settings
 from gpuscale.recipes.tuning import pick_device
+from gpuscale.runs import launch
+from gpuscale.runs.settings import SettingsError, resolve_settings
 
 HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"
 

@@ -7,7 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
-from gpuscale.engines.launch import display_command, launcher_argv
+from gpuscale.runs.launch import display_command, launcher_argv
 
 
 def launch_preview(recipe, settings, plan, home: Path, environ: dict | None = None) -> str:

@@ -23,7 +23,7 @@ from gpuscale.app.views.runs import elapsed_s, figures_text, per_rank_text, run_
 from gpuscale.app.views.text import format_duration
 from gpuscale.app.views.waste import WASTE_WINDOW_S, waste_warnings
 from gpuscale.app.widgets.charts import GaugeSparkline, TimeChart
-from gpuscale.engines.store import LIVE_STATUSES
+from gpuscale.runs.store import LIVE_STATUSES
 
 
 def set_text(widget: Static, text, fixed_size: bool = False) -> None:

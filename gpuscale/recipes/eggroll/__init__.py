@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from gpuscale.engines.settings import RunSettings
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings
 
 
 class Settings(RunSettings):

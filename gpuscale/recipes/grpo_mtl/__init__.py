@@ -24,8 +24,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.engines.settings import RunSettings, SettingsError
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 class Settings(RunSettings):

@@ -45,11 +45,11 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
 
 def with_batch_size(settings: Settings, model, problems: int, ctx) -> Settings:
     """The settings with batch_size resolved where the user gave none: 8 problems on CPU ranks; on a
-    GPU as many as fill half the memory free once the model is loaded (engines.settings.auto_batch_size,
+    GPU as many as fill half the memory free once the model is loaded (runs.settings.auto_batch_size,
     at most 512 and at most this rank's problems). The rank's log says what was chosen and why."""
     if settings.batch_size is not None:
         return settings
-    from gpuscale.engines.settings import CPU_BATCH_SIZE, auto_batch_size
+    from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
 
     if ctx.device.type != "cuda":
         size, why = CPU_BATCH_SIZE, "the CPU default"

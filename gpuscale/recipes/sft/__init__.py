@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.engines.settings import RunSettings, SettingsError
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 def checked_lora_targets(value: str) -> str:

@@ -1,4 +1,4 @@
-"""One supervisor per run: `python -m gpuscale.engines.supervisor RUN_ID --home HOME`.
+"""One supervisor per run: `python -m gpuscale.runs.supervisor RUN_ID --home HOME`.
 
 Started by a front end in a session of its own, it outlives the terminal. It spawns the launcher
 (torchrun or accelerate) in its own process group, and once per tick samples telemetry, tails the
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import psutil
 
-from gpuscale.engines import telemetry
-from gpuscale.engines.metrics import MetricsTailer, Throughput
-from gpuscale.engines.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
-from gpuscale.engines.store import Store, merge_rank_results
+from gpuscale.runs import telemetry
+from gpuscale.runs.metrics import MetricsTailer, Throughput
+from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
+from gpuscale.runs.store import Store, merge_rank_results
 
 STOP_GRACE_S = 7.0
 

@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscale.engines import telemetry
-from gpuscale.engines.process import kill_run_processes, process_alive, wait_for
-from gpuscale.engines.settings import RunSettings, SettingsError
-from gpuscale.engines.store import LIVE_STATUSES, Store, merge_rank_results
-from gpuscale.engines.supervisor import summary_from_files
+from gpuscale.runs import telemetry
+from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
+from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.runs.store import LIVE_STATUSES, Store, merge_rank_results
+from gpuscale.runs.supervisor import summary_from_files
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     store.update_run(run_id, command=argv)
     with open(run_dir / "logs" / "supervisor.log", "ab") as log:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "gpuscale.engines.supervisor", str(run_id), "--home", str(store.home)],
+            [sys.executable, "-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(store.home)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )
