@@ -26,6 +26,7 @@ from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
 from gpuscale.recipes.registry import all_recipes, get_recipe
 from gpuscale.runs import launch, telemetry
+from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import SettingsError, merge_layers, parse_assignments, resolve_settings
 from gpuscale.runs.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 
@@ -320,11 +321,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.rank is not None and ranks is not None and not 0 <= args.rank < ranks:
         has = f"ranks 0-{ranks - 1}" if ranks > 1 else "only rank 0"
         raise BadInput(f"rank: {args.rank}: run {run['id']} has {has}")
-    log_dir = Path(run["run_dir"]) / "logs"
+    folder = RunDir(run["run_dir"])
     offsets: dict[Path, int] = {}
     while True:
-        for path in sorted(log_dir.glob("*.log")):
-            if args.rank is not None and path.name != f"rank{args.rank}.log":
+        for path in sorted(folder.logs.glob("*.log")):
+            if args.rank is not None and path != folder.log(args.rank):
                 continue
             offsets[path] = print_new_lines(path, offsets.get(path, 0), prefix=f"[{path.stem}] ")
         if not args.follow or store.get_run(run["id"])["status"] not in ("queued", "running"):

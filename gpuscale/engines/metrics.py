@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuscale.runs.run_dir import RunDir
+
 
 class Reporter:
     def __init__(self, run_dir: str | Path, rank: int):
         self.rank = rank
-        path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+        path = RunDir(run_dir).metrics(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         # Line-buffered: the supervisor sees each line at once. Held for the rank's life; close() ends it.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115

@@ -36,9 +36,9 @@ def generated_set_path(data_from: str) -> Path:
 
 def _kept_set_in(run_dir: Path) -> Path:
     """A run folder's whole kept set, or else the partial one of a run stopped while generating."""
-    from gpuscale.runs.store import RESULTS_FILE
+    from gpuscale.runs.run_dir import RunDir
 
-    whole, partial = run_dir / GENERATED_FILE, run_dir / RESULTS_FILE
+    whole, partial = run_dir / GENERATED_FILE, RunDir(run_dir).results
     return partial if not whole.is_file() and partial.is_file() else whole
 
 
