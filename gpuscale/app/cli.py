@@ -94,8 +94,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 
 def run_settings_from_args(args: argparse.Namespace):
     """As settings_from_args, with `batch_size` resolved where it says `auto` (a stored tuning result,
-    or `gpuscale tune` first on a GPU; app/tuning.py); also the notes recorded with the run."""
-    from gpuscale.app.tuning import settings_with_batch
+    or `gpuscale tune` first on a GPU; app/batch_choice.py); also the notes recorded with the run."""
+    from gpuscale.app.batch_choice import settings_with_batch
 
     recipe = get_recipe(args.recipe)
     merged = merge_layers(recipe.settings_cls, preset=args.preset, overrides=overrides_from_args(args))
@@ -179,7 +179,7 @@ PRECISIONS_TO_SEARCH = ("bf16", "fp16", "fp32")
 def cmd_tune(args: argparse.Namespace) -> int:
     """Trials on one device (the first of --gpus; the CPU where there is none), the table and the
     choice printed and stored (issue 15)."""
-    from gpuscale.recipes.tuning import pick_device
+    from gpuscale.recipes.device_trials import pick_device
 
     if not 0 < args.memory_cap <= 1:
         raise BadInput(f"memory-cap: {args.memory_cap}: a share of the card's memory, above 0 and at most 1")
@@ -214,8 +214,8 @@ def tune_settings_from_args(args: argparse.Namespace):
 
 
 def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
-    from gpuscale.app.tuning import outcome_record, trial_line, trial_rows
-    from gpuscale.recipes.tuning import default_max_batch, tune_recipe
+    from gpuscale.app.batch_choice import outcome_record, trial_line, trial_rows
+    from gpuscale.recipes.device_trials import default_max_batch, tune_recipe
 
     figure = recipe.tuning.figure
     max_batch = args.max_batch or default_max_batch(recipe, settings)  # the run's work per rank, where known
@@ -247,7 +247,7 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
 
 def compare_compile(recipe, settings, device, best, args: argparse.Namespace) -> None:
     """The chosen batch measured again with `compile` flipped; the faster one is said (not applied)."""
-    from gpuscale.recipes.tuning import tune_recipe
+    from gpuscale.recipes.device_trials import tune_recipe
 
     batch = best.result.chosen.batch_size
     flipped = tune_recipe(recipe, settings.model_copy(update={"compile": not settings.compile}), device,

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from gpuscale.runs.settings import RunSettings
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
+    from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.metrics import Reporter
-    from gpuscale.engines.tuning import Trial
 
 Launcher = Literal["torchrun", "accelerate"]
 
@@ -99,7 +99,7 @@ class Recipe(ABC):
         """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of
         the real work at that batch on `ctx.device`, warm-up excluded, with `throughput` in
         `tuning.figure` and `step_seconds`; out of memory is raised (torch.cuda.OutOfMemoryError),
-        and peak memory is measured around the call by the tuner (recipes/tuning.py)."""
+        and peak memory is measured around the call by the tuner (recipes/device_trials.py)."""
         raise NotImplementedError(f"recipe {self.name} cannot be tuned")
 
     def tune_batch_sizes(self, settings: RunSettings, ranks: int = 1) -> list[int] | None:

@@ -42,8 +42,8 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
     the recipe's tune_batch_sizes says which b may be tried)."""
     import torch
 
-    from gpuscale.engines.tuning import Trial
-    from gpuscale.recipes.tuning import timed_steps
+    from gpuscale.engines.batch_search import Trial
+    from gpuscale.recipes.device_trials import timed_steps
 
     loaded, model = trainable_model(settings, ctx)
     frozen = reference_model(settings, ctx) if reference else None

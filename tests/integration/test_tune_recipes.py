@@ -13,10 +13,10 @@ import json
 import pytest
 
 from gpuscale.app import cli
-from gpuscale.app.tuning import settings_with_batch
+from gpuscale.app.batch_choice import settings_with_batch
+from gpuscale.recipes.device_trials import default_max_batch
 from gpuscale.recipes.grpo_mtl import accumulation_steps
 from gpuscale.recipes.registry import get_recipe
-from gpuscale.recipes.tuning import default_max_batch
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
 from gpuscale.runs.store import Store
 

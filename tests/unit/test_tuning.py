@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from gpuscale.engines.tuning import OUT_OF_MEMORY, Trial, search_batch_size
+from gpuscale.engines.batch_search import OUT_OF_MEMORY, Trial, search_batch_size
 from gpuscale.runs.store import SCHEMA_VERSION, Store
 
 GB = 10**9
@@ -165,7 +165,7 @@ def test_the_key_uses_the_precision_the_device_resolves(precision, capability, e
 def test_an_out_of_memory_error_in_a_run_names_the_batch_and_the_step(capsys):
     import torch
 
-    from gpuscale.recipes.tuning import out_of_memory_names
+    from gpuscale.recipes.device_trials import out_of_memory_names
 
     with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory at step 3 of 10 with batch_size 512"):
         with out_of_memory_names(512, 3, 10):

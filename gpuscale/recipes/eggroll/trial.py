@@ -18,11 +18,11 @@ def trial_session(settings: Settings, ctx):
     import torch
 
     from gpuscale.data.tasks import load_examples
+    from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.generation import GenerationEngine
-    from gpuscale.engines.tuning import Trial
     from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
-    from gpuscale.recipes.tuning import timed_steps
 
     train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
     loaded = load_generation_model(settings.model, ctx)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.tasks import load_examples
     from gpuscale.recipes.common import RankResults, batched, load_generation_model, merge_results
-    from gpuscale.recipes.tuning import out_of_memory_names
+    from gpuscale.recipes.device_trials import out_of_memory_names
 
     examples = load_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
     mine = ctx.shard(list(enumerate(examples)))

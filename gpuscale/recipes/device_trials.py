@@ -1,4 +1,4 @@
-"""Tuning a recipe on one device (issue 15): its trials, run by the pure search of engines/tuning.py.
+"""Tuning a recipe on one device (issue 15): its trials, run by the pure search of engines/batch_search.py.
 
 `tune_recipe(recipe, settings, device)` opens the recipe's trial session (model and data loaded
 once, in this process), runs `search_batch_size` with it, and measures each trial's peak memory
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscale.engines.tuning import (
+from gpuscale.engines.batch_search import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MEMORY_CAP,
     OUT_OF_MEMORY,

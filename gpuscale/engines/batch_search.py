@@ -14,7 +14,7 @@
    keeps what earlier batches left): such a batch counts as not fitting, and the next best smaller
    one is chosen and confirmed in turn.
 
-No torch here: `measure` is the recipe's trial (recipes/tuning.py turns an out-of-memory error into a
+No torch here: `measure` is the recipe's trial (recipes/device_trials.py turns an out-of-memory error into a
 failed Trial), so the logic is tested against a simulated curve.
 """
 
