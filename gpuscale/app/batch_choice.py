@@ -1,4 +1,4 @@
-"""The front ends' side of tuning (issue 15): `gpuscale tune`, and the batch a run gets from
+"""The front ends' side of tuning: `gpuscale tune`, and the batch a run gets from
 `--batch-size auto`, shared by the CLI and the TUI. No torch here: trials run in `gpuscale tune`
 (recipes/device_trials.py imports torch inside it), and `auto` on a GPU with nothing stored runs that
 command as a child process, so that the memory its trials held goes back before the run starts.

@@ -178,7 +178,7 @@ PRECISIONS_TO_SEARCH = ("bf16", "fp16", "fp32")
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Trials on one device (the first of --gpus; the CPU where there is none), the table and the
-    choice printed and stored (issue 15)."""
+    choice printed and stored, for `--batch-size auto` to find later."""
     from gpuscale.recipes.device_trials import pick_device
 
     if not 0 < args.memory_cap <= 1:

@@ -11,7 +11,7 @@ A recipe is a subclass of `Recipe` that declares, as class attributes,
                    default on one CPU rank (the contract test runs them);
 
 and implements `run(settings, ctx, reporter)`, the work of one rank. A recipe that can be tuned
-(`gpuscale tune`, `--batch-size auto`, issue 15) declares `tuning` (its throughput figure and the
+(`gpuscale tune`, `--batch-size auto`) declares `tuning` (its throughput figure and the
 settings that change the shape of its work) and implements `trial_session(settings, ctx)`, and where
 its batch is bounded or constrained `tune_batch_sizes` / `tune_max_batch`. `check(settings)` runs in the
 front end before anything is launched: a recipe refuses there what it can know is bad (a model that
@@ -43,12 +43,12 @@ Launcher = Literal["torchrun", "accelerate"]
 
 @dataclass(frozen=True)
 class Tuning:
-    """How a recipe is tuned (issue 15). `figure`: the throughput its trials measure (problems_per_s,
-    tokens_per_s...); `shape_settings`: the settings that change the shape of the work (answer length,
-    chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what the
-    tuned batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow
-    recipe cost minutes and are never the best); `cpu_batch_size`: what `--batch-size auto` means on
-    CPU with nothing stored (None: the settings' default)."""
+    """How a recipe is tuned (`gpuscale tune`, recipes/device_trials.py). `figure`: the throughput its trials measure
+    (problems_per_s, tokens_per_s...); `shape_settings`: the settings that change the shape of the work (answer
+    length, chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what the tuned
+    batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow recipe cost minutes and are
+    never the best); `cpu_batch_size`: what `--batch-size auto` means on CPU with nothing stored (None: the
+    settings' default)."""
 
     figure: str
     shape_settings: tuple[str, ...] = ()

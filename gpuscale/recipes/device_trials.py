@@ -1,4 +1,4 @@
-"""Tuning a recipe on one device (issue 15): its trials, run by the pure search of engines/batch_search.py.
+"""Tuning a recipe on one device: its trials, run by the pure search of engines/batch_search.py.
 
 `tune_recipe(recipe, settings, device)` opens the recipe's trial session (model and data loaded
 once, in this process), runs `search_batch_size` with it, and measures each trial's peak memory

@@ -1,4 +1,4 @@
-"""The tuning trial of the training recipes, sft and grpo-mtl (issue 15): one optimizer step of the
+"""The tuning trial of the training recipes, sft and grpo-mtl (`gpuscale tune`): one optimizer step of the
 real model on the run's real rows, at a per-device micro-batch, gradient accumulation making up the
 rest of the rank's share of the global batch; throughput in tokens per second (every token of the
 step's sequences, as the run's tokens_per_s counts them).

@@ -409,7 +409,7 @@ class Store:
         keys = ("kind", "idx", "name", "peak_mem_used_mb", "mem_total_mb", "peak_run_mem_mb", "mean_util", "samples")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
-    # ---- tuned batch sizes (issue 15) ------------------------------------------------------------
+    # ---- tuned batch sizes (`gpuscale tune`, `--batch-size auto`) ----------------------------------------------------
 
     def save_tuning(self, key: dict, **fields: Any) -> None:
         """Store the tuning result for `key` (TUNING_KEY's fields), replacing an earlier one.

@@ -125,7 +125,7 @@ def test_two_nodes_on_localhost_form_one_four_rank_job(home):
     assert [s["world_size"] for s in summaries] == [4]
 
 
-# ---- issue 11: a run that ends early keeps what it did ---------------------------------------------
+# ---- a run that ends early keeps what it did ---------------------------------------------
 
 # Power sampling, one problem a batch, far more problems than the test waits for.
 PROBLEMS = 400

@@ -135,7 +135,7 @@ def test_buckets_read_by_rowid_after_the_first_read(tmp_path):
         store.recipe_names()
 
 
-# ---- issue 11: a damaged history, run ids, results kept by a run that ended early -------------------
+# ---- a damaged history, run ids, results kept by a run that ended early -------------------
 
 
 def damage_header(path) -> None:

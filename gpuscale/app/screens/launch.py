@@ -1,6 +1,6 @@
 """Launch: pick a recipe, tune its settings, see the exact command, start it with one key.
 
-`batch_size` takes `auto` where the recipe can be tuned (issue 15), as `gpuscale run --batch-size auto`
+`batch_size` takes `auto` where the recipe can be tuned, as `gpuscale run --batch-size auto`
 does and through the same code (app/batch_choice.py): a stored tuning result for this recipe, model,
 device, precision and shape, or `gpuscale tune` first on a GPU, or the CPU default. The line under
 the form shows the stored result whenever there is one."""

@@ -110,7 +110,7 @@ class Eggroll(Recipe):
         check_dataset(settings.dataset, "train", settings.max_examples)
         check_dataset(settings.dataset, "test", settings.eval_examples)
 
-    # Tuning (issue 15): the batch is rows per engine call, a whole number of members' rows
+    # Tuning (`gpuscale tune`): the batch is rows per engine call, a whole number of members' rows
     # (prompts_per_step x generations_per_prompt each); a call holds at most the rank's members.
     tuning = Tuning(figure="members_per_s", knob="rows (member x prompt x generation) per engine call per rank",
                     shape_settings=("dataset", "method", "population", "prompts_per_step", "generations_per_prompt",

@@ -1,4 +1,4 @@
-"""eggroll's tuning trial (issue 15): ES steps of the real trainer (its members answer the run's
+"""eggroll's tuning trial (`gpuscale tune`): ES steps of the real trainer (its members answer the run's
 prompts through the row terms, fitnesses, the update) at a given batch of rows per engine call;
 throughput in members per second. The weights each step updates are put back after every trial, so
 that every trial starts from the same model and later trials see the answers earlier ones saw."""

@@ -29,7 +29,8 @@ from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 class Settings(RunSettings):
-    # The seed's verl knobs (shared/seeds/004) keep working, short and long spellings.
+    # verl's names for the same knobs keep working, short and long spellings: configs written for verl
+    # carry over as they are.
     KEY_ALIASES = {
         "rollout.n": "num_generations",
         "actor_rollout_ref.rollout.n": "num_generations",
@@ -149,7 +150,7 @@ class GrpoMtl(Recipe):
         check_dataset(settings.dataset, "train", settings.max_examples)
         accumulation_steps(settings, 1)
 
-    # Tuning (issue 15): the per-device micro-batch of the loss's forward and backward; the
+    # Tuning (`gpuscale tune`): the per-device micro-batch of the loss's forward and backward; the
     # accumulation follows from it (accumulation_steps), so the step's completions stay as asked.
     tuning = Tuning(figure="tokens_per_s",
                     knob="completions per device per micro-batch (accumulation keeps the step's completions)",

@@ -1,4 +1,4 @@
-"""rft's tuning trial (issue 15): the generation phase's calls at a given number of questions per call,
+"""rft's tuning trial (`gpuscale tune`): the generation phase's calls at a given number of questions per call,
 each question answered samples_per_question times, on the run's training questions; throughput in
 samples (answers) per second. Filtering and training are left out: their cost does not depend on
 the generation batch."""

@@ -104,7 +104,7 @@ class SFT(Recipe):
             raise SettingsError(f"eval_examples: {settings.eval_examples}: holds out every example of "
                                 f"{settings.dataset}, none is left to train on; lower it")
 
-    # Tuning (issue 15): the per-device micro-batch; gradient accumulation is rescaled so that the
+    # Tuning (`gpuscale tune`): the per-device micro-batch; gradient accumulation is rescaled so that the
     # sequences per optimizer step (batch_size x gradient_accumulation per rank) stay as asked.
     tuning = Tuning(figure="tokens_per_s",
                     knob="sequences per device per micro-batch (gradient accumulation keeps the step's batch)",
