@@ -48,8 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscale.engines import telemetry
-from gpuscale.engines.store import Store
+from gpuscale.runs import telemetry
+from gpuscale.runs.store import Store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
 from benchruns import RunFailed, gpuscale_run  # noqa: E402

@@ -1,7 +1,7 @@
 """Issue 15: is `gpuscale tune`'s batch as fast as the best of a full sweep, at a fraction of its cost?
 
 In one process on one device (the first GPU, else the CPU), for one recipe, model and shape:
-1. `gpuscale tune`'s search (recipes/tuning.py `tune_recipe`: doubling, bisection, a confirming
+1. `gpuscale tune`'s search (recipes/device_trials.py `tune_recipe`: doubling, bisection, a confirming
    trial), timed from loading the model to its choice;
 2. a full sweep: every power of two and every midpoint between two (1, 2, 3, 4, 6, 8, 12, ...) up to
    --max-batch (default: the run's work per rank where the recipe knows it), brought down to the sizes
@@ -73,9 +73,9 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
     """Each batch size over --sweep-items items of work; stops at the first that does not fit."""
     import torch
 
+    from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.distributed import RankContext, resolve_dtype
-    from gpuscale.engines.tuning import Trial
-    from gpuscale.recipes.tuning import device_memory_bytes, measured, run_ranks
+    from gpuscale.recipes.device_trials import device_memory_bytes, measured, run_ranks
 
     torch_device = torch.device(device.torch_name)
     limit = args.memory_cap * device_memory_bytes(torch_device)
@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="default: bench/results/tune/<recipe>-<model>-<date>-<card>.json")
     args = parser.parse_args(argv)
 
-    from gpuscale.engines import telemetry
-    from gpuscale.engines.settings import parse_assignments, resolve_settings
+    from gpuscale.recipes.device_trials import default_max_batch, pick_device, tune_recipe
     from gpuscale.recipes.registry import get_recipe
-    from gpuscale.recipes.tuning import default_max_batch, pick_device, tune_recipe
+    from gpuscale.runs import telemetry
+    from gpuscale.runs.settings import parse_assignments, resolve_settings
 
     recipe = get_recipe(args.recipe)
     overrides = {"model": args.model, "precision": args.precision, **parse_assignments(args.assignments)}

@@ -1,4 +1,4 @@
-"""Tests of a GPUSCALE_HOME that file modes make read-only or unreadable (issue 11).
+"""Tests of a GPUSCALE_HOME that file modes make read-only or unreadable.
 
 Root ignores file modes (CAP_DAC_OVERRIDE and friends), and CI runs the suite as root. There the
 process under test runs with those capabilities dropped from its bounding set (util-linux's setpriv):
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 NO_FILE_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
 

@@ -24,10 +24,11 @@ from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, progr
 from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
 from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
-from gpuscale.engines import launch, telemetry
-from gpuscale.engines.settings import SettingsError, merge_layers, parse_assignments, resolve_settings
-from gpuscale.engines.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 from gpuscale.recipes.registry import all_recipes, get_recipe
+from gpuscale.runs import launch, telemetry
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.settings import SettingsError, merge_layers, parse_assignments, resolve_settings
+from gpuscale.runs.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 
 EXIT_BAD_INPUT = 2
 ID_HELP = "the run's id (see `gpuscale runs`)"
@@ -93,8 +94,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 
 def run_settings_from_args(args: argparse.Namespace):
     """As settings_from_args, with `batch_size` resolved where it says `auto` (a stored tuning result,
-    or `gpuscale tune` first on a GPU; app/tuning.py); also the notes recorded with the run."""
-    from gpuscale.app.tuning import settings_with_batch
+    or `gpuscale tune` first on a GPU; app/batch_choice.py); also the notes recorded with the run."""
+    from gpuscale.app.batch_choice import settings_with_batch
 
     recipe = get_recipe(args.recipe)
     merged = merge_layers(recipe.settings_cls, preset=args.preset, overrides=overrides_from_args(args))
@@ -177,8 +178,8 @@ PRECISIONS_TO_SEARCH = ("bf16", "fp16", "fp32")
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Trials on one device (the first of --gpus; the CPU where there is none), the table and the
-    choice printed and stored (issue 15)."""
-    from gpuscale.recipes.tuning import pick_device
+    choice printed and stored, for `--batch-size auto` to find later."""
+    from gpuscale.recipes.device_trials import pick_device
 
     if not 0 < args.memory_cap <= 1:
         raise BadInput(f"memory-cap: {args.memory_cap}: a share of the card's memory, above 0 and at most 1")
@@ -213,8 +214,8 @@ def tune_settings_from_args(args: argparse.Namespace):
 
 
 def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
-    from gpuscale.app.tuning import outcome_record, trial_line, trial_rows
-    from gpuscale.recipes.tuning import default_max_batch, tune_recipe
+    from gpuscale.app.batch_choice import outcome_record, trial_line, trial_rows
+    from gpuscale.recipes.device_trials import default_max_batch, tune_recipe
 
     figure = recipe.tuning.figure
     max_batch = args.max_batch or default_max_batch(recipe, settings)  # the run's work per rank, where known
@@ -246,7 +247,7 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
 
 def compare_compile(recipe, settings, device, best, args: argparse.Namespace) -> None:
     """The chosen batch measured again with `compile` flipped; the faster one is said (not applied)."""
-    from gpuscale.recipes.tuning import tune_recipe
+    from gpuscale.recipes.device_trials import tune_recipe
 
     batch = best.result.chosen.batch_size
     flipped = tune_recipe(recipe, settings.model_copy(update={"compile": not settings.compile}), device,
@@ -320,11 +321,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.rank is not None and ranks is not None and not 0 <= args.rank < ranks:
         has = f"ranks 0-{ranks - 1}" if ranks > 1 else "only rank 0"
         raise BadInput(f"rank: {args.rank}: run {run['id']} has {has}")
-    log_dir = Path(run["run_dir"]) / "logs"
+    folder = RunDir(run["run_dir"])
     offsets: dict[Path, int] = {}
     while True:
-        for path in sorted(log_dir.glob("*.log")):
-            if args.rank is not None and path.name != f"rank{args.rank}.log":
+        for path in sorted(folder.logs.glob("*.log")):
+            if args.rank is not None and path != folder.log(args.rank):
                 continue
             offsets[path] = print_new_lines(path, offsets.get(path, 0), prefix=f"[{path.stem}] ")
         if not args.follow or store.get_run(run["id"])["status"] not in ("queued", "running"):
@@ -387,7 +388,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from gpuscale.engines.doctor import examine
+    from gpuscale.runs.doctor import examine
 
     findings = examine(gpuscale_home(), repair=args.repair)
     for finding in findings:

@@ -35,10 +35,10 @@ def add_demo_parser(sub) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gpuscale.app.cli import BadInput, cmd_compare, follow_run
     from gpuscale.app.views.text import format_number
-    from gpuscale.engines import launch
-    from gpuscale.engines.settings import resolve_settings
-    from gpuscale.engines.store import Store
     from gpuscale.recipes.registry import get_recipe
+    from gpuscale.runs import launch
+    from gpuscale.runs.settings import resolve_settings
+    from gpuscale.runs.store import Store
 
     if args.problems < 1:
         raise BadInput(f"problems: {args.problems}: at least 1")

@@ -20,9 +20,9 @@ from textual.binding import Binding
 
 from gpuscale.app.screens.launch import LaunchScreen
 from gpuscale.app.views.export import export_text
-from gpuscale.engines import launch, telemetry
-from gpuscale.engines.store import Store, StoreError, gpuscale_home
 from gpuscale.recipes.registry import all_recipes
+from gpuscale.runs import launch, telemetry
+from gpuscale.runs.store import Store, StoreError, gpuscale_home
 
 # The first frame is the launch screen; the other screens (and textual-plotext, which draws the
 # monitor's charts) are imported when first shown: about 50 ms less before the first frame.

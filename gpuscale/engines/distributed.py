@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from gpuscale.engines.metrics import Reporter
-from gpuscale.engines.process import die_with_parent
-from gpuscale.engines.settings import RunSettings, resolved_precision
+from gpuscale.runs.process import die_with_parent
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.settings import RunSettings, resolved_precision
 
 
 @dataclass
@@ -92,7 +93,7 @@ def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
 
 def _redirect_output(run_dir: Path, rank: int) -> None:
     """Send this rank's stdout and stderr (Python's and C++'s) to its own log file."""
-    log_path = run_dir / "logs" / f"rank{rank}.log"
+    log_path = RunDir(run_dir).log(rank)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush(), sys.stderr.flush()
@@ -111,7 +112,7 @@ def _write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
         "message": lines[-1].strip(),
         "traceback": "".join(traceback.format_exception(exc)),
     }
-    path = run_dir / "errors" / f"rank{rank}.json"
+    path = RunDir(run_dir).error(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))
 

@@ -1,37 +1,25 @@
-"""Rank metrics: the rank side writes JSON lines, the supervisor side tails them into the store.
-
-Rank side: `Reporter.log(step=..., tokens=..., loss=...)` appends one line per call to
-RUN_DIR/metrics/rank<R>.jsonl; standard names are tokens and samples (counts done since the last
-call), loss, reward, accuracy, and any other scalar. `Reporter.summary({...})` writes the rank's final
-figures (rank 0's is the run's summary). A plain file keeps ranks free of database locks and works
-the same on every node.
-
-Supervisor side: `MetricsTailer` reads only complete new lines; `Throughput` turns token and sample
-counts into per-rank and total rates over a sliding window, and combines every other figure over the
-ranks: a rank logs its own running value (its accuracy so far, its acceptance rate), so the run's
-figure is each rank's latest value weighted by the samples that rank has done. The supervisor stores
-the combined values as metric rows of rank RUN_WIDE_RANK, which the front ends chart.
+"""Rank metrics, the writing side: `Reporter.log(step=..., tokens=..., loss=...)` appends one line per
+call to RUN_DIR/metrics/rank<R>.jsonl; standard names are tokens and samples (counts done since the
+last call), loss, reward, accuracy, and any other scalar. `Reporter.summary({...})` writes the rank's
+final figures (rank 0's is the run's summary). A plain file keeps ranks free of database locks and
+works the same on every node. The supervisor reads the files back with `gpuscale.runs.metrics`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
-RATE_WINDOW_S = 10.0
-# The rank of the metric rows that hold a figure combined over every rank (see Throughput.combined).
-RUN_WIDE_RANK = -1
+from gpuscale.runs.run_dir import RunDir
 
 
 class Reporter:
     def __init__(self, run_dir: str | Path, rank: int):
         self.rank = rank
-        path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+        path = RunDir(run_dir).metrics(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         # Line-buffered: the supervisor sees each line at once. Held for the rank's life; close() ends it.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
@@ -71,144 +59,3 @@ def _parse_fault(spec: str | None, rank: int) -> tuple[str, int] | None:
     if len(parts) != 3 or int(parts[0]) != rank:
         return None
     return parts[1], int(parts[2])
-
-
-class MetricsTailer:
-    """Reads what ranks appended since the last call; a partly written line waits for the next."""
-
-    def __init__(self, metrics_dir: Path, run_id: int):
-        self.metrics_dir = Path(metrics_dir)
-        self.run_id = run_id
-        self._offsets: dict[Path, int] = {}
-        self.summaries: dict[int, dict] = {}
-
-    def read_new(self) -> list[dict]:
-        rows: list[dict] = []
-        for path in sorted(self.metrics_dir.glob("rank*.jsonl")):
-            for record in self._new_records(path):
-                rows.extend(self._to_rows(record))
-        return rows
-
-    def _new_records(self, path: Path) -> list[dict]:
-        offset = self._offsets.get(path, 0)
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offsets[path] = offset + len(complete)
-        records = []
-        for line in complete.splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a rank killed mid-write leaves a torn line; the rest is still good
-        return records
-
-    def _to_rows(self, record: dict) -> list[dict]:
-        rank = int(record.get("rank", -1))
-        if "summary" in record:
-            self.summaries[rank] = record["summary"]
-            return []
-        t, step = float(record["t"]), int(record.get("step", 0))
-        return [
-            {"run_id": self.run_id, "rank": rank, "t": t, "step": step, "name": name, "value": value}
-            for name, value in record.items()
-            if name not in ("t", "rank", "step") and isinstance(value, (int, float)) and math.isfinite(value)
-        ]
-
-
-class Throughput:
-    """Per-rank and total tokens/s and samples/s over the last RATE_WINDOW_S seconds, every other
-    metric combined over the ranks, the step reached and the total announced by the ranks."""
-
-    COUNTS = ("tokens", "samples")
-
-    def __init__(self):
-        self._events: dict[tuple[str, int], deque] = {}
-        self.by_rank: dict[str, dict[int, float]] = {}  # figure -> rank -> the rank's latest value
-        self.counted: dict[tuple[str, int], float] = {}  # (tokens or samples, rank) -> count so far
-        self.step: dict[int, int] = {}
-        self.totals: dict[int, int] = {}
-        self.cumulative: dict[str, float] = {name: 0.0 for name in self.COUNTS}
-        self.first_t: float | None = None
-        self.last_t: float | None = None
-        self._changed: dict[str, float] = {}  # figure -> time of its newest row since run_wide_rows
-
-    def add(self, rows: list[dict]) -> None:
-        for row in rows:
-            name, rank, t = row["name"], row["rank"], row["t"]
-            self.first_t = t if self.first_t is None else min(self.first_t, t)
-            self.last_t = t if self.last_t is None else max(self.last_t, t)
-            if name == "total":
-                self.totals[rank] = int(row["value"])
-                continue
-            self.step[rank] = max(self.step.get(rank, 0), row["step"])
-            if name in self.COUNTS:
-                self._events.setdefault((name, rank), deque()).append((t, row["value"]))
-                self.cumulative[name] += row["value"]
-                self.counted[name, rank] = self.counted.get((name, rank), 0.0) + row["value"]
-            else:
-                self.by_rank.setdefault(name, {})[rank] = row["value"]
-                self._changed[name] = max(t, self._changed.get(name, t))
-
-    def combined(self, name: str) -> float:
-        """The run's value of a figure: each rank's latest value weighted by the samples that rank
-        has done, so running means (accuracy, acceptance rate) combine into the run's own mean. A
-        plain mean over the ranks where none counts samples (a benchmark logs samples=0)."""
-        values = self.by_rank[name]
-        weights = {rank: self.counted.get(("samples", rank), 0.0) for rank in values}
-        weight = sum(weights.values())
-        if weight <= 0:
-            return sum(values.values()) / len(values)
-        return sum(values[rank] * weights[rank] for rank in values) / weight
-
-    @property
-    def latest(self) -> dict[str, float]:
-        return {name: self.combined(name) for name in self.by_rank}
-
-    def run_wide_rows(self, run_id: int) -> list[dict]:
-        """Metric rows of rank RUN_WIDE_RANK for the figures that changed since the last call."""
-        step = min(self.step.values()) if self.step else 0
-        rows = [{"run_id": run_id, "rank": RUN_WIDE_RANK, "t": t, "step": step, "name": name,
-                 "value": self.combined(name)} for name, t in sorted(self._changed.items())]
-        self._changed.clear()
-        return rows
-
-    def rates(self, name: str, now: float) -> dict[int, float]:
-        """Count per second for each rank: what it logged in the window over the window's span."""
-        result = {}
-        for (metric, rank), events in self._events.items():
-            if metric != name:
-                continue
-            while events and events[0][0] < now - RATE_WINDOW_S:
-                events.popleft()
-            if len(events) >= 2:
-                span = events[-1][0] - events[0][0]
-                result[rank] = sum(v for _, v in list(events)[1:]) / span if span > 0 else 0.0
-        return result
-
-    def average_rates(self, name: str) -> dict[int, float]:
-        """Count per second for each rank over the whole run (first row to last), for a finished run."""
-        span = (self.last_t or 0.0) - (self.first_t or 0.0)
-        return {rank: count / span for (metric, rank), count in self.counted.items() if metric == name and span > 0}
-
-    def progress(self, now: float, finished: bool = False) -> dict[str, Any]:
-        """Where the run is; `finished`: its rates are the averages over the whole run, not the last
-        RATE_WINDOW_S seconds (which, once the ranks have stopped, hold nothing)."""
-        if finished:
-            tokens, samples = self.average_rates("tokens"), self.average_rates("samples")
-        else:
-            tokens, samples = self.rates("tokens", now), self.rates("samples", now)
-        done = min(self.step.values()) if self.step else 0
-        total = max(self.totals.values()) if self.totals else None
-        return {
-            "t": now,
-            "step": done,
-            "total": total,
-            "tokens_per_s": sum(tokens.values()),
-            "samples_per_s": sum(samples.values()),
-            "tokens_per_s_by_rank": {str(r): v for r, v in sorted(tokens.items())},
-            "tokens": self.cumulative["tokens"],
-            "samples": self.cumulative["samples"],
-            "latest": self.latest,
-        }

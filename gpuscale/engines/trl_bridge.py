@@ -26,10 +26,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+
+from gpuscale.runs.run_dir import RunDir
 
 # Keys of a trainer's logs that are not per-step figures.
 CUMULATIVE_TOKEN_KEYS = ("num_tokens", "num_input_tokens_seen")  # TRL's first, transformers' second
@@ -180,7 +181,7 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
         values["max_steps"] = -1  # the trainer's "train for num_train_epochs"
     on_cpu = ctx.device.type != "cuda"
     values.update(
-        output_dir=str(Path(ctx.run_dir) / "trainer"),
+        output_dir=str(RunDir(ctx.run_dir).trainer),
         report_to="none",
         save_strategy="no",
         logging_strategy="steps",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RESULTS_FILE = "results.jsonl"
+from gpuscale.runs.run_dir import RunDir
 
 
 @dataclass
@@ -62,10 +62,10 @@ class RankResults:
     """A rank's per-example results, appended to RUN_DIR/results/rank<R>.jsonl as each batch is
     done: a run that is stopped or dies keeps what it finished. Rank 0 merges every rank's rows into
     RUN_DIR/results.jsonl at the end (`merge_results`); where it never gets there, whoever records the
-    run's end merges the files (`gpuscale.engines.store.merge_rank_results`)."""
+    run's end merges the files (`gpuscale.runs.store.merge_rank_results`)."""
 
     def __init__(self, run_dir: Path, rank: int):
-        self.path = Path(run_dir) / "results" / f"rank{rank}.jsonl"
+        self.path = RunDir(run_dir).rank_results(rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("")
         self.rows: list[dict] = []
@@ -79,9 +79,9 @@ class RankResults:
 def merge_results(run_dir: Path, rows: list[dict], key=lambda row: (row["index"], row.get("chain", 0))) -> Path:
     """Every rank's rows, in example order, as RUN_DIR/results.jsonl (written by rank 0, whole or not
     at all: a run stopped meanwhile gets the supervisor's merge of the rank files instead)."""
-    from gpuscale.engines.store import write_atomically
+    from gpuscale.runs.store import write_atomically
 
-    path = Path(run_dir) / RESULTS_FILE
+    path = RunDir(run_dir).results
     write_atomically(path, "".join(json.dumps(row) + "\n" for row in sorted(rows, key=key)))
     return path
 
@@ -114,7 +114,7 @@ def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_to
 def save_model(model, tokenizer, ctx) -> Path:
     """Rank 0 writes the model and its tokenizer to RUN_DIR/model (any recipe loads it with
     `--model` that path); returns the directory on every rank."""
-    directory = Path(ctx.run_dir) / "model"
+    directory = RunDir(ctx.run_dir).model
     if ctx.is_main:
         model.save_pretrained(directory, safe_serialization=True)
         tokenizer.save_pretrained(directory)

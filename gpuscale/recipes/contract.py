@@ -11,7 +11,7 @@ A recipe is a subclass of `Recipe` that declares, as class attributes,
                    default on one CPU rank (the contract test runs them);
 
 and implements `run(settings, ctx, reporter)`, the work of one rank. A recipe that can be tuned
-(`gpuscale tune`, `--batch-size auto`, issue 15) declares `tuning` (its throughput figure and the
+(`gpuscale tune`, `--batch-size auto`) declares `tuning` (its throughput figure and the
 settings that change the shape of its work) and implements `trial_session(settings, ctx)`, and where
 its batch is bounded or constrained `tune_batch_sizes` / `tune_max_batch`. `check(settings)` runs in the
 front end before anything is launched: a recipe refuses there what it can know is bad (a model that
@@ -31,24 +31,24 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from gpuscale.engines.settings import RunSettings
+from gpuscale.runs.settings import RunSettings
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
+    from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.metrics import Reporter
-    from gpuscale.engines.tuning import Trial
 
 Launcher = Literal["torchrun", "accelerate"]
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """How a recipe is tuned (issue 15). `figure`: the throughput its trials measure (problems_per_s,
-    tokens_per_s...); `shape_settings`: the settings that change the shape of the work (answer length,
-    chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what the
-    tuned batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow
-    recipe cost minutes and are never the best); `cpu_batch_size`: what `--batch-size auto` means on
-    CPU with nothing stored (None: the settings' default)."""
+    """How a recipe is tuned (`gpuscale tune`, recipes/device_trials.py). `figure`: the throughput its trials measure
+    (problems_per_s, tokens_per_s...); `shape_settings`: the settings that change the shape of the work (answer
+    length, chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what the tuned
+    batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow recipe cost minutes and are
+    never the best); `cpu_batch_size`: what `--batch-size auto` means on CPU with nothing stored (None: the
+    settings' default)."""
 
     figure: str
     shape_settings: tuple[str, ...] = ()
@@ -99,7 +99,7 @@ class Recipe(ABC):
         """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of
         the real work at that batch on `ctx.device`, warm-up excluded, with `throughput` in
         `tuning.figure` and `step_seconds`; out of memory is raised (torch.cuda.OutOfMemoryError),
-        and peak memory is measured around the call by the tuner (recipes/tuning.py)."""
+        and peak memory is measured around the call by the tuner (recipes/device_trials.py)."""
         raise NotImplementedError(f"recipe {self.name} cannot be tuned")
 
     def tune_batch_sizes(self, settings: RunSettings, ranks: int = 1) -> list[int] | None:

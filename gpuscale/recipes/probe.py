@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 from pydantic import Field
 
-from gpuscale.engines.settings import RunSettings
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings
 
 
 class Settings(RunSettings):
@@ -55,7 +55,7 @@ def load_probe_model(settings: Settings, ctx):
 def run_probe(settings: Settings, ctx, reporter) -> None:
     import torch
 
-    from gpuscale.recipes.tuning import out_of_memory_names
+    from gpuscale.recipes.device_trials import out_of_memory_names
 
     model = load_probe_model(settings, ctx)
     vocab = model.config.vocab_size
@@ -115,8 +115,8 @@ def probe_trial_session(settings: Settings, ctx):
     """The probe's work at a batch size: prefill random prompts, decode; tokens/s of the timed steps."""
     import torch
 
-    from gpuscale.engines.tuning import Trial
-    from gpuscale.recipes.tuning import timed_steps
+    from gpuscale.engines.batch_search import Trial
+    from gpuscale.recipes.device_trials import timed_steps
 
     model = load_probe_model(settings, ctx)
     generator = torch.Generator().manual_seed(settings.seed)

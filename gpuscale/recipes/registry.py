@@ -12,8 +12,8 @@ import importlib
 from functools import lru_cache
 from importlib.metadata import entry_points
 
-from gpuscale.engines.settings import SettingsError
 from gpuscale.recipes.contract import Recipe
+from gpuscale.runs.settings import SettingsError
 
 GROUP = "gpuscale.recipes"
 

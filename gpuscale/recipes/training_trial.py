@@ -1,4 +1,4 @@
-"""The tuning trial of the training recipes, sft and grpo-mtl (issue 15): one optimizer step of the
+"""The tuning trial of the training recipes, sft and grpo-mtl (`gpuscale tune`): one optimizer step of the
 real model on the run's real rows, at a per-device micro-batch, gradient accumulation making up the
 rest of the rank's share of the global batch; throughput in tokens per second (every token of the
 step's sequences, as the run's tokens_per_s counts them).
@@ -42,8 +42,8 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
     the recipe's tune_batch_sizes says which b may be tried)."""
     import torch
 
-    from gpuscale.engines.tuning import Trial
-    from gpuscale.recipes.tuning import timed_steps
+    from gpuscale.engines.batch_search import Trial
+    from gpuscale.recipes.device_trials import timed_steps
 
     loaded, model = trainable_model(settings, ctx)
     frozen = reference_model(settings, ctx) if reference else None

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import gpuscale, run_json
 from file_modes import as_file_modes_apply, set_modes, write_history
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 
 @pytest.mark.parametrize("args, message", [
@@ -82,7 +82,7 @@ def test_bad_data_is_refused_before_launch(home, tmp_path, lines, where, reason)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(home) in " ".join(p.info["cmdline"] or [])]
 
 
-# ---- issue 11: a home that cannot be written or read, a damaged history ------------------------------
+# ---- a home that cannot be written or read, a damaged history ------------------------------
 
 def gpuscale_under_modes(prefix: list[str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*prefix, sys.executable, "-m", "gpuscale.app.cli", *args], capture_output=True, text=True,
@@ -173,7 +173,7 @@ def test_damaged_history_is_one_line_and_doctor_repairs_it(home):
     assert gpuscale("doctor").returncode == 0
 
 
-# ---- issue 11: model errors before launch -------------------------------------------------------------
+# ---- model errors before launch -------------------------------------------------------------
 
 
 def copy_of_tiny_math(tmp_path):

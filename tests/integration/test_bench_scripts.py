@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ("date", "commit", "command", "card", "versions", "settings", "figures")  # bench/record.py's

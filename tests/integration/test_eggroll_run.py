@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import run_json
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 SMALL = ["--set", "population=8", "--set", "prompts_per_step=4", "--set", "max_new_tokens=24",
          "--set", "steps=3", "--set", "eval_examples=8", "--set", "sigma=0.05", "--set", "lr=0.5",

@@ -9,8 +9,8 @@ import torch
 from conftest import run_json
 from gpuscale.data.models import load_model
 from gpuscale.data.tasks import TINY_MATH_DOMAINS
-from gpuscale.engines.store import Store
 from gpuscale.recipes.registry import get_recipe
+from gpuscale.runs.store import Store
 
 TINY_GRPO = ["--recipe", "grpo-mtl", "--gpus", "2", "--set", "mtl=pcgrad", "--set", "rollout.n=4",
              "--set", "data.train_batch_size=4", "--set", "ppo_micro_batch_size_per_gpu=4",

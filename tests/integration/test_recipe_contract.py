@@ -13,9 +13,9 @@ from textual.app import App
 
 from conftest import run_json
 from gpuscale.app.widgets.settings_form import SettingsForm
-from gpuscale.engines.settings import resolve_settings
 from gpuscale.recipes.contract import Recipe
 from gpuscale.recipes.registry import all_recipes
+from gpuscale.runs.settings import resolve_settings
 
 RECIPES = sorted(all_recipes())
 

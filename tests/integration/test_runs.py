@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_for_metrics, wait_until
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 FAST = ["--recipe", "probe", "--set", "steps=4", "--set", "prompt_tokens=8", "--batch-size", "2"]
 LONG = ["--recipe", "probe", "--set", "steps=100000", "--set", "prompt_tokens=8", "--batch-size", "2",
@@ -125,7 +125,7 @@ def test_two_nodes_on_localhost_form_one_four_rank_job(home):
     assert [s["world_size"] for s in summaries] == [4]
 
 
-# ---- issue 11: a run that ends early keeps what it did ---------------------------------------------
+# ---- a run that ends early keeps what it did ---------------------------------------------
 
 # Power sampling, one problem a batch, far more problems than the test waits for.
 PROBLEMS = 400

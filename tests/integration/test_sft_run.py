@@ -7,9 +7,9 @@ import torch
 
 from conftest import run_json
 from gpuscale.data.models import load_model
-from gpuscale.engines.metrics import Throughput
-from gpuscale.engines.store import Store
 from gpuscale.recipes.registry import get_recipe
+from gpuscale.runs.metrics import Throughput
+from gpuscale.runs.store import Store
 
 TINY_SFT = ["--recipe", "sft", "--batch-size", "2", "--set", "max_examples=16", "--set", "max_steps=3",
             "--set", "max_length=64", "--set", "eval_examples=4", "--set", "max_new_tokens=48",

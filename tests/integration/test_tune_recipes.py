@@ -13,12 +13,12 @@ import json
 import pytest
 
 from gpuscale.app import cli
-from gpuscale.app.tuning import settings_with_batch
-from gpuscale.engines.settings import merge_layers, parse_assignments, resolve_settings
-from gpuscale.engines.store import Store
+from gpuscale.app.batch_choice import settings_with_batch
+from gpuscale.recipes.device_trials import default_max_batch
 from gpuscale.recipes.grpo_mtl import accumulation_steps
 from gpuscale.recipes.registry import get_recipe
-from gpuscale.recipes.tuning import default_max_batch
+from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
+from gpuscale.runs.store import Store
 
 # Tiny settings per recipe; eggroll and rft leave --max-batch to its default (the run's work per rank).
 TINY = {

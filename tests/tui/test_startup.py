@@ -1,4 +1,4 @@
-"""DESIGN.md's start-up rule for the TUI: importing and opening it never imports torch (the first
+"""The TUI's start-up rule (ARCHITECTURE.md): importing and opening it never imports torch (the first
 frame must come within a second on a login node), checked in a fresh interpreter."""
 
 from __future__ import annotations

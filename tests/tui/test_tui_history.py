@@ -9,7 +9,7 @@ import json
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.screens.run_detail import RunDetailScreen
 from gpuscale.app.widgets.run_monitor import RunMonitor
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 from tui_helpers import frozen_app, frozen_home, frozen_template, run_async, settle, wait_for  # noqa: F401
 
 

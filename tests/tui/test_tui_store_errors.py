@@ -11,7 +11,7 @@ import textwrap
 from file_modes import as_file_modes_apply, set_modes, write_history
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.tui import GpuscaleApp
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 from tui_helpers import run_async, settle, wait_for
 
 SIZE = (120, 40)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from gpuscale.engines import launch
-from gpuscale.engines.store import Store
+from gpuscale.runs import launch
+from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (apt-get install tmux; CI installs it)")

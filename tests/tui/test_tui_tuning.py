@@ -8,7 +8,7 @@ import json
 import time
 
 from gpuscale.app.tui import GpuscaleApp
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)

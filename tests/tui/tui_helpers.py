@@ -18,8 +18,8 @@ import pytest
 from textual.worker import WorkerCancelled
 
 from gpuscale.app.tui import GpuscaleApp
-from gpuscale.engines import launch
-from gpuscale.engines.store import Store
+from gpuscale.runs import launch
+from gpuscale.runs.store import Store
 
 # 2027-01-15 08:00:00 UTC: the frozen "now" of every snapshot.
 FROZEN_NOW = 1_800_000_000.0

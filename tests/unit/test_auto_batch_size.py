@@ -11,9 +11,9 @@ import torch
 
 from gpuscale.data.models import random_model_config
 from gpuscale.engines.distributed import RankContext
-from gpuscale.engines.settings import CPU_BATCH_SIZE, auto_batch_size, resolve_settings
 from gpuscale.recipes.power_sampling import Settings
 from gpuscale.recipes.power_sampling.sampler import bytes_per_problem, with_batch_size
+from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size, resolve_settings
 
 GiB = 2**30
 H200_FREE = 140 * GiB  # what an H200 has free once a 0.5B model is loaded

@@ -20,11 +20,10 @@ import torch
 
 from gpuscale.data.models import load_model
 from gpuscale.engines.generation import GenerationEngine, Sampling
-from gpuscale.engines.settings import resolve_settings
 from gpuscale.recipes.common import GenerationModel
-from gpuscale.recipes.eggroll import Settings
-from gpuscale.recipes.eggroll import noise as es
+from gpuscale.recipes.eggroll import Settings, evolution
 from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
+from gpuscale.runs.settings import resolve_settings
 
 POPULATION, RANK, SIGMA = 4, 2, 0.05
 
@@ -35,12 +34,12 @@ def tiny():
     return model.eval(), tokenizer
 
 
-def explicit_member(model, noise: list[es.LayerNoise], norm_noise: list[torch.Tensor], member: int,
+def explicit_member(model, noise: list[evolution.LayerNoise], norm_noise: list[torch.Tensor], member: int,
                     settings: Settings):
     """A copy of the model whose perturbed weights are W + sigma * sign * A B^T / sqrt(r) and whose
     norms' gains are g + sigma * sign * e."""
     twin = copy.deepcopy(model)
-    draw, sign = es.member_draw(member, settings.antithetic), (-1) ** member if settings.antithetic else 1
+    draw, sign = evolution.member_draw(member, settings.antithetic), (-1) ** member if settings.antithetic else 1
     with torch.no_grad():
         for (_, module), layer in zip(perturbed_linears(twin), noise):
             module.weight += sign * settings.sigma / math.sqrt(settings.rank) * layer.a[draw] @ layer.b[draw].T
@@ -95,20 +94,20 @@ def test_one_update_equals_the_closed_form_estimator(tiny, shaping):
     model, tokenizer = tiny
     settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, lr=0.5, fitness_shaping=shaping)
     linears, norms = perturbed_linears(model), perturbed_norms(model)
-    draws = es.draws_for(POPULATION, True)
-    noise = [es.layer_noise(m.weight, draws, RANK, 7, 1, i) for i, (_, m) in enumerate(linears)]
-    norm_noise = [es.vector_noise(m.weight, draws, 7, 1, len(linears) + i) for i, (_, m) in enumerate(norms)]
+    draws = evolution.draws_for(POPULATION, True)
+    noise = [evolution.layer_noise(m.weight, draws, RANK, 7, 1, i) for i, (_, m) in enumerate(linears)]
+    norm_noise = [evolution.vector_noise(m.weight, draws, 7, 1, len(linears) + i) for i, (_, m) in enumerate(norms)]
     # Fitness of each member, measured on its explicit copy: mean log-prob of a fixed answer.
     prompt = tokenizer("What is 2 plus 3?\n")["input_ids"]
     answer = tokenizer("2 + 3 = 5\n#### 5")["input_ids"]
     twins = [explicit_member(model, noise, norm_noise, m, settings) for m in range(POPULATION)]
     raw = torch.tensor([float(teacher_forced_logprobs(twin, prompt, answer).mean()) for twin in twins])
-    shaped = es.shape_fitness(raw, shaping, antithetic=True)
+    shaped = evolution.shape_fitness(raw, shaping, antithetic=True)
     # The recipe's update, on a copy.
     updated = copy.deepcopy(model)
-    coefficients = es.draw_coefficients(shaped, antithetic=True)
+    coefficients = evolution.draw_coefficients(shaped, antithetic=True)
     updated_modules = perturbed_linears(updated) + perturbed_norms(updated)
-    updater = es.Updater([module.weight for _, module in updated_modules], "sgd", 0.5)
+    updater = evolution.Updater([module.weight for _, module in updated_modules], "sgd", 0.5)
     updater.apply(noise + norm_noise, coefficients, POPULATION, SIGMA, 0.5, RANK)
     # The closed form, member by member.
     for (name, module), (_, new), layer in zip(linears, perturbed_linears(updated), noise):
@@ -130,17 +129,18 @@ def test_one_update_equals_the_closed_form_estimator(tiny, shaping):
 
 def test_shaping_by_hand():
     raw = torch.tensor([0.0, 1.0, 0.5, 0.5])
-    z = es.shape_fitness(raw, "zscore", antithetic=True)
+    z = evolution.shape_fitness(raw, "zscore", antithetic=True)
     torch.testing.assert_close(z, (raw - 0.5) / torch.sqrt(torch.tensor(0.125) + 1e-5))
-    torch.testing.assert_close(es.shape_fitness(torch.tensor([3.0, 1.0, 2.0]), "centered_rank", False),
+    torch.testing.assert_close(evolution.shape_fitness(torch.tensor([3.0, 1.0, 2.0]), "centered_rank", False),
                                torch.tensor([0.5, -0.5, 0.0]))
-    torch.testing.assert_close(es.shape_fitness(raw, "antithetic_sign", True), torch.tensor([-0.5, 0.5, 0.0, -0.0]))
+    torch.testing.assert_close(evolution.shape_fitness(raw, "antithetic_sign", True),
+                               torch.tensor([-0.5, 0.5, 0.0, -0.0]))
 
 
 def test_bf16_weights_keep_steps_too_small_for_bf16_in_fp32_masters():
     weight = torch.full((4, 3), 1.0, dtype=torch.bfloat16)
-    noise = [es.LayerNoise(a=torch.ones(1, 4, 1), b=torch.ones(1, 3, 1))]
-    updater = es.Updater([weight], "sgd", lr=1.0)
+    noise = [evolution.LayerNoise(a=torch.ones(1, 4, 1), b=torch.ones(1, 3, 1))]
+    updater = evolution.Updater([weight], "sgd", lr=1.0)
     tiny = 1e-3  # bf16 holds 1.0 and 1.0078: a step of 1e-3 added to the weight would vanish
     for _ in range(10):
         updater.apply(noise, torch.tensor([tiny]), population=1, sigma=1.0, lr=1.0, rank=1)
@@ -151,23 +151,23 @@ def test_bf16_weights_keep_steps_too_small_for_bf16_in_fp32_masters():
 def test_adam_moves_every_weight_by_lr_along_the_estimates_sign_at_its_first_step():
     weight = torch.zeros(2, 2)
     a, b = torch.tensor([[[1.0], [-2.0]]]), torch.tensor([[[3.0], [0.5]]])
-    updater = es.Updater([weight], "adam", lr=0.01)
-    updater.apply([es.LayerNoise(a=a, b=b)], torch.tensor([1.0]), population=1, sigma=1.0, lr=0.01, rank=1)
+    updater = evolution.Updater([weight], "adam", lr=0.01)
+    updater.apply([evolution.LayerNoise(a=a, b=b)], torch.tensor([1.0]), population=1, sigma=1.0, lr=0.01, rank=1)
     # Adam's first step is lr * m / sqrt(v) = lr * sign(gradient), upward (maximize).
     torch.testing.assert_close(weight, 0.01 * torch.sign(a[0] @ b[0].T), rtol=0, atol=1e-6)
 
 
 def test_cosine_schedule_runs_from_lr_to_a_hundredth_and_adam_takes_each_steps_lr():
-    lrs = [es.scheduled_lr(0.3, "cosine", step, 5) for step in range(1, 6)]
+    lrs = [evolution.scheduled_lr(0.3, "cosine", step, 5) for step in range(1, 6)]
     assert lrs[0] == 0.3 and lrs[-1] == pytest.approx(0.003)
     assert lrs[2] == pytest.approx((0.3 + 0.003) / 2)  # the cosine's midpoint
     assert all(a > b for a, b in zip(lrs, lrs[1:]))
-    assert es.scheduled_lr(0.3, "constant", 4, 5) == 0.3
+    assert evolution.scheduled_lr(0.3, "constant", 4, 5) == 0.3
     # The setting is named as sft's and grpo-mtl's; its first name (RESULTS' commands) still works.
     assert resolve_settings(Settings, overrides={"lr_schedule": "cosine"}).lr_scheduler == "cosine"
     weight = torch.zeros(1, 1)
-    updater = es.Updater([weight], "adam", lr=0.01)
-    noise = [es.LayerNoise(a=torch.ones(1, 1, 1), b=torch.ones(1, 1, 1))]
+    updater = evolution.Updater([weight], "adam", lr=0.01)
+    noise = [evolution.LayerNoise(a=torch.ones(1, 1, 1), b=torch.ones(1, 1, 1))]
     updater.apply(noise, torch.tensor([1.0]), population=1, sigma=1.0, lr=0.002, rank=1)
     torch.testing.assert_close(weight, torch.full((1, 1), 0.002))  # Adam's first step: lr x sign
 

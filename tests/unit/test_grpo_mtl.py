@@ -10,12 +10,12 @@ import torch
 from gpuscale.data.models import load_model
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.metrics import Reporter
-from gpuscale.engines.settings import SettingsError, resolve_settings
+from gpuscale.engines.rollout import repeated_runs
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
 from gpuscale.recipes.grpo_mtl.data import grpo_rows
 from gpuscale.recipes.grpo_mtl.pcgrad import pcgrad
-from gpuscale.recipes.grpo_mtl.rollout import repeated_runs
 from gpuscale.recipes.grpo_mtl.trainer import build_trainer
+from gpuscale.runs.settings import SettingsError, resolve_settings
 
 GENERATIONS = 4
 

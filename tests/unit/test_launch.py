@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuscale.engines import launch
-from gpuscale.engines.settings import SettingsError
 from gpuscale.recipes.probe import Settings
 from gpuscale.recipes.registry import get_recipe
+from gpuscale.runs import launch
+from gpuscale.runs.settings import SettingsError
 
 
 def test_plan_on_a_gpu_machine():
@@ -96,8 +96,8 @@ def test_sbatch_script_is_valid_bash(tmp_path):
 
 @pytest.mark.parametrize("gpu_indices, nproc", [([], 2), ([0, 3], 2), ([5], 1)])
 def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu_indices, nproc):
-    from gpuscale.engines import supervisor
-    from gpuscale.engines.supervisor import rank_environment
+    from gpuscale.runs import supervisor
+    from gpuscale.runs.supervisor import rank_environment
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(supervisor, "busy_cores", lambda cores: 0.3)  # an idle machine
@@ -119,7 +119,7 @@ def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu
 ])
 def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores, busy, nproc, threads):
     """Issue 11, item 8: ranks on a busy machine ran 40-250x slower with cores / ranks threads."""
-    from gpuscale.engines import supervisor
+    from gpuscale.runs import supervisor
 
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     monkeypatch.setattr(supervisor, "busy_cores", lambda cores: busy)
@@ -132,7 +132,7 @@ def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores,
 
 def test_busy_cores_sees_work_that_just_started():
     """A loop started now shows in the CPU use at once, before the load average catches up."""
-    from gpuscale.engines.supervisor import busy_cores
+    from gpuscale.runs.supervisor import busy_cores
 
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

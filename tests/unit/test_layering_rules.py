@@ -1,6 +1,8 @@
-"""DESIGN.md's one-way rule, as a test: app -> recipes -> engines, data. The core never imports
-textual; nothing under engines/ imports recipes/ or app/; the app starts without torch; the views the
-CLI and the TUI share import neither textual nor torch, and run no SQL.
+"""The one-way rule between the floors (ARCHITECTURE.md), as a test: app -> recipes -> engines -> data,
+and app -> runs -> data. The control plane (runs/) imports neither torch, transformers nor textual,
+nor anything from engines/, recipes/ or app/; nothing under engines/ imports recipes/ or app/; no
+recipe package imports another one; the core never imports textual; the app starts without torch;
+the views the CLI and the TUI share import neither textual nor torch, and run no SQL.
 
 Each rule is checked twice where it can be: by importing every module in a fresh interpreter (what
 really gets loaded) and by reading every import statement (which also catches an import inside a
@@ -21,6 +23,8 @@ import gpuscale
 
 PACKAGE_ROOT = Path(gpuscale.__file__).parent
 HEAVY = ("torch", "transformers", "textual")
+# The recipe packages: none imports another (the modules directly under recipes/ are shared by all).
+RECIPE_PACKAGES = ("eggroll", "grpo_mtl", "power_sampling", "rft", "sft", "probe")
 
 
 def modules_after(code: str) -> set[str]:
@@ -33,6 +37,8 @@ def all_modules(package: str) -> list[str]:
     """`package` and every module under it, subpackages included (`__main__` modules left out:
     importing one runs a program)."""
     pkg = importlib.import_module(package)
+    if not hasattr(pkg, "__path__"):  # a plain module (recipes/probe.py)
+        return [package]
     names = [package] + [m.name for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}.")]
     return [name for name in names if not name.endswith(".__main__")]
 
@@ -110,9 +116,47 @@ def test_core_never_imports_textual(package):
 
 def test_engines_never_import_recipes_or_the_app():
     loaded = modules_after("\n".join(f"import {name}" for name in all_modules("gpuscale.engines")))
-    assert "gpuscale.engines.store" in loaded
+    assert "gpuscale.engines.metrics" in loaded
     assert sorted(m for m in loaded if m.startswith(("gpuscale.recipes", "gpuscale.app"))) == []
     assert forbidden_imports("gpuscale.engines", ("gpuscale.recipes", "gpuscale.app")) == []
+
+
+def test_the_control_plane_imports_no_torch_textual_nor_the_upper_floors():
+    """runs/ is what the login node runs (launch, supervisor, store, telemetry): it stays light and
+    never reaches up into the rank side, the recipes or the front ends."""
+    names = all_modules("gpuscale.runs")
+    assert "gpuscale.runs.supervisor" in names and "gpuscale.runs.store" in names
+    loaded = modules_after("\n".join(f"import {name}" for name in names))
+    assert [name for name in HEAVY if name in loaded] == []
+    assert sorted(m for m in loaded if m.startswith(("gpuscale.engines", "gpuscale.recipes", "gpuscale.app"))) == []
+    assert forbidden_imports("gpuscale.runs", HEAVY + ("gpuscale.engines", "gpuscale.recipes", "gpuscale.app")) == []
+
+
+def recipe_package(module: str) -> str | None:
+    """The recipe package a module belongs to (gpuscale.recipes.sft.trainer -> sft), None for the
+    shared modules directly under recipes/."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["gpuscale", "recipes"] and parts[2] in RECIPE_PACKAGES \
+        else None
+
+
+def test_the_recipe_packages_are_known():
+    found = {recipe_package(name) for name in source_files("gpuscale.recipes")} - {None}
+    assert found == set(RECIPE_PACKAGES)
+
+
+@pytest.mark.xfail(strict=True, reason="recipes/training.py lands next")
+def test_no_recipe_imports_another_recipe():
+    crossings = []
+    for name, path in source_files("gpuscale.recipes").items():
+        own = recipe_package(name)
+        if own is not None:
+            crossings += [f"{name} imports {m}" for m in sorted(imported_by(path, name))
+                          if recipe_package(m) not in (None, own)]
+    for own in RECIPE_PACKAGES:
+        loaded = modules_after("\n".join(f"import {name}" for name in all_modules(f"gpuscale.recipes.{own}")))
+        crossings += [f"{own} loads {m}" for m in sorted(loaded) if recipe_package(m) not in (None, own)]
+    assert crossings == []
 
 
 def test_views_import_neither_textual_nor_torch():

@@ -1,6 +1,7 @@
 import json
 
-from gpuscale.engines.metrics import RUN_WIDE_RANK, MetricsTailer, Reporter, Throughput
+from gpuscale.engines.metrics import Reporter
+from gpuscale.runs.metrics import RUN_WIDE_RANK, MetricsTailer, Throughput
 
 
 def test_reporter_and_tailer_roundtrip(tmp_path):

@@ -1,7 +1,7 @@
 import pytest
 
-from gpuscale.engines.settings import SettingsError, check_field, parse_assignments, resolve_settings
 from gpuscale.recipes.probe import Settings
+from gpuscale.runs.settings import SettingsError, check_field, parse_assignments, resolve_settings
 
 
 def test_layers_later_wins(tmp_path):

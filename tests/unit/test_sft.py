@@ -12,10 +12,10 @@ from gpuscale.data.models import load_model
 from gpuscale.data.prompts import prompt_ids
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.metrics import Reporter
-from gpuscale.engines.settings import SettingsError
 from gpuscale.recipes.sft import SFT, Settings
 from gpuscale.recipes.sft.data import training_and_test_examples
 from gpuscale.recipes.sft.trainer import tokenized_dataset, train_sft
+from gpuscale.runs.settings import SettingsError
 
 
 def test_rows_become_prompt_then_completion_with_the_loss_on_the_completion():

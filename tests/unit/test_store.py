@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gpuscale.engines.doctor import examine
-from gpuscale.engines.store import (
+from gpuscale.runs.doctor import examine
+from gpuscale.runs.store import (
     SCHEMA_VERSION,
     HomeNotWritable,
     Store,
@@ -135,7 +135,7 @@ def test_buckets_read_by_rowid_after_the_first_read(tmp_path):
         store.recipe_names()
 
 
-# ---- issue 11: a damaged history, run ids, results kept by a run that ended early -------------------
+# ---- a damaged history, run ids, results kept by a run that ended early -------------------
 
 
 def damage_header(path) -> None:

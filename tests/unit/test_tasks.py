@@ -298,7 +298,7 @@ def test_check_dataset_name_accepts_the_new_forms_and_names_a_missing_file(tmp_p
 
 
 def test_the_settings_validator_refuses_a_bad_domain():
-    from gpuscale.engines.settings import RunSettings
+    from gpuscale.runs.settings import RunSettings
 
     assert RunSettings(dataset="tiny-math:arithmetic,counting").dataset == "tiny-math:arithmetic,counting"
     with pytest.raises(ValueError, match="unknown domain 'algebra' of tiny-math; known domains: arithmetic"):

@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from gpuscale.engines.store import SCHEMA_VERSION, Store
-from gpuscale.engines.tuning import OUT_OF_MEMORY, Trial, search_batch_size
+from gpuscale.engines.batch_search import OUT_OF_MEMORY, Trial, search_batch_size
+from gpuscale.runs.store import SCHEMA_VERSION, Store
 
 GB = 10**9
 
@@ -134,7 +134,7 @@ def test_store_round_trip_and_replace(tmp_path):
 
 def test_an_old_history_is_upgraded_with_its_runs_kept(tmp_path):
     """A runs.db of schema version 1 (before tuning existed) gains the table; its runs stay."""
-    import gpuscale.engines.store as store_module
+    import gpuscale.runs.store as store_module
 
     old = Store.__new__(Store)  # build a version-1 file with version 1's migrations only
     conn = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
@@ -157,7 +157,7 @@ def test_an_old_history_is_upgraded_with_its_runs_kept(tmp_path):
 @pytest.mark.parametrize("precision, capability, expected", [
     ("auto", None, "fp32"), ("auto", (9, 0), "bf16"), ("auto", (7, 5), "fp16"), ("fp32", (9, 0), "fp32")])
 def test_the_key_uses_the_precision_the_device_resolves(precision, capability, expected):
-    from gpuscale.engines.settings import resolved_precision
+    from gpuscale.runs.settings import resolved_precision
 
     assert resolved_precision(precision, capability) == expected
 
@@ -165,7 +165,7 @@ def test_the_key_uses_the_precision_the_device_resolves(precision, capability, e
 def test_an_out_of_memory_error_in_a_run_names_the_batch_and_the_step(capsys):
     import torch
 
-    from gpuscale.recipes.tuning import out_of_memory_names
+    from gpuscale.recipes.device_trials import out_of_memory_names
 
     with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory at step 3 of 10 with batch_size 512"):
         with out_of_memory_names(512, 3, 10):

@@ -35,7 +35,7 @@ from gpuscale.app.views.text import (
     short_gpu_name,
     spark_text,
 )
-from gpuscale.engines.store import Store
+from gpuscale.runs.store import Store
 
 NOW = 1_000_000.0
 
@@ -88,9 +88,9 @@ def test_status_and_throughput_lines():
 
 
 def test_shell_equivalent_and_preview(tmp_path):
-    from gpuscale.engines.launch import DevicePlan
-    from gpuscale.engines.settings import resolve_settings
     from gpuscale.recipes.registry import get_recipe
+    from gpuscale.runs.launch import DevicePlan
+    from gpuscale.runs.settings import resolve_settings
 
     recipe = get_recipe("probe")
     overrides = {"gpus": "0,3", "batch_size": "4", "steps": "9"}

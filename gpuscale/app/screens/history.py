@@ -14,8 +14,8 @@ from textual.widgets import DataTable, Footer, Header, Label, Select, Static
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.views.runs import RUN_COLUMNS, run_row
-from gpuscale.engines import launch
-from gpuscale.engines.store import LIVE_STATUSES, STATUSES
+from gpuscale.runs import launch
+from gpuscale.runs.store import LIVE_STATUSES, STATUSES
 
 REFRESH_S = 3.0
 HINT = "Enter: open · c: compare (pick two) · e: export · d: delete"

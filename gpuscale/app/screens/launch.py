@@ -1,7 +1,7 @@
 """Launch: pick a recipe, tune its settings, see the exact command, start it with one key.
 
-`batch_size` takes `auto` where the recipe can be tuned (issue 15), as `gpuscale run --batch-size auto`
-does and through the same code (app/tuning.py): a stored tuning result for this recipe, model,
+`batch_size` takes `auto` where the recipe can be tuned, as `gpuscale run --batch-size auto`
+does and through the same code (app/batch_choice.py): a stored tuning result for this recipe, model,
 device, precision and shape, or `gpuscale tune` first on a GPU, or the CPU default. The line under
 the form shows the stored result whenever there is one."""
 
@@ -15,13 +15,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpuscale.app.tuning import settings_with_batch, stored_tuning, tuning_summary, validated, wants_auto
+from gpuscale.app.batch_choice import settings_with_batch, stored_tuning, tuning_summary, validated, wants_auto
 from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
 from gpuscale.app.widgets.settings_form import SettingsForm
-from gpuscale.engines import launch
-from gpuscale.engines.settings import SettingsError, resolve_settings
-from gpuscale.recipes.tuning import pick_device
+from gpuscale.recipes.device_trials import pick_device
+from gpuscale.runs import launch
+from gpuscale.runs.settings import SettingsError, resolve_settings
 
 HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"
 

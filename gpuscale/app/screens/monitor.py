@@ -16,8 +16,8 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.views.runs import run_title
 from gpuscale.app.widgets.run_monitor import RunMonitor
-from gpuscale.engines import launch
-from gpuscale.engines.store import LIVE_STATUSES
+from gpuscale.runs import launch
+from gpuscale.runs.store import LIVE_STATUSES
 
 LIVE_RUNS_EVERY_S = 2.0
 

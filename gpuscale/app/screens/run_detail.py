@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, Ta
 from gpuscale.app.views.runs import run_title, status_line
 from gpuscale.app.views.text import format_number, format_time, setting_text
 from gpuscale.app.widgets.run_monitor import RunMonitor
-from gpuscale.engines import launch
+from gpuscale.runs import launch
 
 
 def run_heading(run: dict, now: float) -> Text:

@@ -7,13 +7,14 @@ import os
 import shlex
 from pathlib import Path
 
-from gpuscale.engines.launch import display_command, launcher_argv
+from gpuscale.runs.launch import display_command, launcher_argv
+from gpuscale.runs.run_dir import RunDir
 
 
 def launch_preview(recipe, settings, plan, home: Path, environ: dict | None = None) -> str:
     """The launcher command the run will execute. Its run folder is known only once it starts (NEW
     stands for its id), and the store's folder is written as the user set it ($GPUSCALE_HOME or ~)."""
-    settings_path = Path(home) / "runs" / "NEW" / "settings.json"
+    settings_path = RunDir(Path(home) / "runs" / "NEW").settings
     command = display_command(launcher_argv(recipe, settings, plan, settings_path))
     return command.replace(str(home), home_text(Path(home), os.environ if environ is None else environ))
 

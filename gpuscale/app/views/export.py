@@ -13,7 +13,7 @@ import csv
 import io
 import json
 
-from gpuscale.engines.store import METRIC_COLUMNS, Store
+from gpuscale.runs.store import METRIC_COLUMNS, Store
 
 FORMATS = ("json", "csv")
 PARTS = ("metrics", "summary", "results")

@@ -8,17 +8,19 @@ import re
 from collections import deque
 from pathlib import Path
 
+from gpuscale.runs.run_dir import RunDir
+
 
 def world_size(run: dict) -> int | None:
     """How many ranks the run has: its device plan's ranks per node times its nodes, or for a run
     without a plan the rank logs it wrote; None when neither tells."""
     run_dir = Path(run.get("run_dir") or "")
     try:
-        plan = json.loads((run_dir / "plan.json").read_text())
+        plan = json.loads(RunDir(run_dir).plan.read_text())
         return int(plan["nproc"]) * int((run.get("settings") or {}).get("nnodes") or 1)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    ranks = [int(m.group(1)) for path in (run_dir / "logs").glob("rank*.log")
+    ranks = [int(m.group(1)) for path in RunDir(run_dir).rank_logs()
              if (m := re.fullmatch(r"rank(\d+)\.log", path.name))]
     return max(ranks) + 1 if ranks and run.get("run_dir") else None
 

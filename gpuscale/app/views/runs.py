@@ -4,7 +4,7 @@ runs compared. The CLI prints these, the TUI lays them out; both read them here.
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
-from gpuscale.engines.store import LIVE_STATUSES
+from gpuscale.runs.store import LIVE_STATUSES
 
 # Summary figures worth a column in a table of runs, in order of preference.
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")

@@ -62,7 +62,7 @@ def _idle_gpus(judged: dict[int, list[dict]]) -> list[str]:
     return [f"{len(idle)} of {len(judged)} GPUs idle ({_gpu_list(idle)})"]
 
 
-# What to do about it: `gpuscale tune` finds the fastest batch that fits (issue 15).
+# What to do about it: `gpuscale tune` finds the fastest batch that fits (app/batch_choice.py).
 RAISE_BATCH = "raise batch_size (`gpuscale tune` finds it)"
 
 

@@ -9,7 +9,6 @@ was shown, and a monitor that is not on screen does no work. Everything it shows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from textual import work
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -23,7 +22,8 @@ from gpuscale.app.views.runs import elapsed_s, figures_text, per_rank_text, run_
 from gpuscale.app.views.text import format_duration
 from gpuscale.app.views.waste import WASTE_WINDOW_S, waste_warnings
 from gpuscale.app.widgets.charts import GaugeSparkline, TimeChart
-from gpuscale.engines.store import LIVE_STATUSES
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.store import LIVE_STATUSES
 
 
 def set_text(widget: Static, text, fixed_size: bool = False) -> None:
@@ -238,7 +238,7 @@ class RunMonitor(VerticalScroll):
             self._feed = RunFeed(self.run_id, feeds.stored_resolution(duration), keep_s=float("inf"))
         else:
             self._feed = RunFeed(self.run_id)
-        self._logs = LogTail(Path(run["run_dir"] or ".") / "logs")
+        self._logs = LogTail(RunDir(run["run_dir"] or ".").logs)
 
     def _view(self, run: dict, live: bool, now: float) -> MonitorView:
         feed = self._feed

@@ -15,7 +15,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Label, Select, Static, Switch
 
-from gpuscale.engines.settings import RunSettings, check_field
+from gpuscale.runs.settings import RunSettings, check_field
 
 # What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
 FIRST_FIELDS = ("gpus", "batch_size", "precision")

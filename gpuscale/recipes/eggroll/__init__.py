@@ -6,12 +6,12 @@ W + sigma * A_i B_i^T / sqrt(r) on every perturbed matrix. Members are contiguou
 one engine batch: the shared matmul x W^T runs once for all of them, and each member adds its thin
 (x B_i) A_i^T through the engine's per-row term, so no weight is ever cloned. Members are sharded
 over ranks; the scalar fitnesses (mean reward of a member's answers) are all-gathered and every rank
-applies the same update from noise it regenerates itself (noise.py).
+applies the same update from noise it regenerates itself (evolution.py).
 
 `method=naive` is the structure its users had (seed 002): per member, perturb the weights in place,
 generate every prompt, restore; same engine, same noise, same update, so only the structure differs.
 
-Files: this one (settings and the recipe, no torch), noise.py (perturbations, shaping, update),
+Files: this one (settings and the recipe, no torch), evolution.py (perturbations, shaping, update),
 trainer.py (a rank's work), trial.py (its tuning trial: ES steps at a batch, weights restored).
 """
 
@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from gpuscale.engines.settings import RunSettings
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings
 
 
 class Settings(RunSettings):
@@ -110,7 +110,7 @@ class Eggroll(Recipe):
         check_dataset(settings.dataset, "train", settings.max_examples)
         check_dataset(settings.dataset, "test", settings.eval_examples)
 
-    # Tuning (issue 15): the batch is rows per engine call, a whole number of members' rows
+    # Tuning (`gpuscale tune`): the batch is rows per engine call, a whole number of members' rows
     # (prompts_per_step x generations_per_prompt each); a call holds at most the rank's members.
     tuning = Tuning(figure="members_per_s", knob="rows (member x prompt x generation) per engine call per rank",
                     shape_settings=("dataset", "method", "population", "prompts_per_step", "generations_per_prompt",

@@ -9,7 +9,7 @@ One step, on every rank:
    contiguous block each in the batch (`method=naive`: one member at a time, weights perturbed in
    place and restored from a copy, the structure users had);
 4. fitness of a member = mean correctness of its answers; all-gathered as one tensor;
-5. shaped fitnesses -> one low-rank sum per matrix -> W += step (noise.py).
+5. shaped fitnesses -> one low-rank sum per matrix -> W += step (evolution.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gpuscale.recipes.eggroll import Settings
-from gpuscale.recipes.eggroll import noise as es
+from gpuscale.recipes.eggroll import Settings, evolution
 
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
@@ -164,16 +163,16 @@ class Trainer:
         self.rows_per_member = settings.prompts_per_step * settings.generations_per_prompt
         calls_width = max(1, settings.batch_size // self.rows_per_member)
         self.members_per_call = 1 if settings.method == "naive" else min(calls_width, self.local_members)
-        self.draws = es.draws_for(settings.population, settings.antithetic)
-        self.signs = es.member_signs(settings.population, settings.antithetic, device=ctx.device)
+        self.draws = evolution.draws_for(settings.population, settings.antithetic)
+        self.signs = evolution.member_signs(settings.population, settings.antithetic, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
         self.step_number = 0
         end = loaded.tokenizer.eos_token_id  # what ends a training answer, as sft tokenizes it
         self._answer_end = end if end is not None else loaded.eos[0]
         self.terms, self.scales = self._add_row_terms() if settings.method == "eggroll" else ([], [])
-        self.noise: list[es.LayerNoise] = []  # the step's, per linear
+        self.noise: list[evolution.LayerNoise] = []  # the step's, per linear
         self.norm_noise: list[torch.Tensor] = []  # the step's, per norm
-        self.updater = es.Updater([module.weight for _, module in self.linears + self.norms], settings.optimizer,
+        self.updater = evolution.Updater([module.weight for _, module in self.linears + self.norms], settings.optimizer,
                                   settings.lr)
         self.clock = PhaseClock(ctx.synchronize)  # where a step's time goes: noise, generate, score, gather, update
 
@@ -198,9 +197,9 @@ class Trainer:
     def draw_noise(self, step: int) -> None:
         """The step's noise of every perturbed linear and norm (the same on every rank)."""
         s = self.settings
-        self.noise = [es.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
+        self.noise = [evolution.layer_noise(module.weight, self.draws, s.rank, s.seed, step, layer)
                       for layer, (_, module) in enumerate(self.linears)]
-        self.norm_noise = [es.vector_noise(module.weight, self.draws, s.seed, step, len(self.linears) + index,
+        self.norm_noise = [evolution.vector_noise(module.weight, self.draws, s.seed, step, len(self.linears) + index,
                                            std=s.norm_sigma / s.sigma)
                            for index, (_, module) in enumerate(self.norms)]
 
@@ -220,9 +219,9 @@ class Trainer:
             result.add(rewards, tokens)
         result.fitness = self._gather(torch.tensor(result.member_fitness, device=self.ctx.device))
         clock.lap("gather")  # the rewards ended on the host: this is the gather, waiting for the others included
-        coefficients = es.draw_coefficients(es.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic),
-                                            s.antithetic)
-        lr = es.scheduled_lr(s.lr, s.lr_scheduler, step, s.steps)
+        shaped = evolution.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic)
+        coefficients = evolution.draw_coefficients(shaped, s.antithetic)
+        lr = evolution.scheduled_lr(s.lr, s.lr_scheduler, step, s.steps)
         self.updater.apply(self.noise + self.norm_noise, coefficients, s.population, s.sigma, lr, s.rank)
         clock.lap("update")
         return result
@@ -259,7 +258,8 @@ class Trainer:
 
     def _load_members(self, members: list[int]) -> None:
         """Refill the row terms' buffers in place with these members' noise (graphs stay valid)."""
-        draws = torch.tensor([es.member_draw(m, self.settings.antithetic) for m in members], device=self.ctx.device)
+        draws = torch.tensor([evolution.member_draw(m, self.settings.antithetic) for m in members],
+                             device=self.ctx.device)
         signs = self.signs[members][:, None, None]
         for term, noise in zip(self.terms, self.noise):
             term.down.copy_(noise.b[draws])
@@ -274,7 +274,7 @@ class Trainer:
     @torch.no_grad()
     def _perturb_in_place(self, member: int) -> list[torch.Tensor]:
         """The seed's structure: clone the weights, add the member's full perturbation to them."""
-        s, draw = self.settings, es.member_draw(member, self.settings.antithetic)
+        s, draw = self.settings, evolution.member_draw(member, self.settings.antithetic)
         scale = float(self.signs[member]) * s.sigma / math.sqrt(s.rank)
         originals = [module.weight.detach().clone() for _, module in self.linears + self.norms]
         for (_, module), noise in zip(self.linears, self.noise):
@@ -340,7 +340,7 @@ class Trainer:
         """With common random numbers, every call of a step (every member, on every rank) starts from
         the step's seed; otherwise the rank's generator runs on."""
         if self.settings.common_random_numbers:
-            self.generator.manual_seed(es.sampling_seed(self.settings.seed, self.step_number))
+            self.generator.manual_seed(evolution.sampling_seed(self.settings.seed, self.step_number))
         return self.generator
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""eggroll's tuning trial (issue 15): ES steps of the real trainer (its members answer the run's
+"""eggroll's tuning trial (`gpuscale tune`): ES steps of the real trainer (its members answer the run's
 prompts through the row terms, fitnesses, the update) at a given batch of rows per engine call;
 throughput in members per second. The weights each step updates are put back after every trial, so
 that every trial starts from the same model and later trials see the answers earlier ones saw."""
@@ -18,11 +18,11 @@ def trial_session(settings: Settings, ctx):
     import torch
 
     from gpuscale.data.tasks import load_examples
+    from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.generation import GenerationEngine
-    from gpuscale.engines.tuning import Trial
     from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
-    from gpuscale.recipes.tuning import timed_steps
 
     train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
     loaded = load_generation_model(settings.model, ctx)

@@ -24,12 +24,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.engines.settings import RunSettings, SettingsError
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 class Settings(RunSettings):
-    # The seed's verl knobs (shared/seeds/004) keep working, short and long spellings.
+    # verl's names for the same knobs keep working, short and long spellings: configs written for verl
+    # carry over as they are.
     KEY_ALIASES = {
         "rollout.n": "num_generations",
         "actor_rollout_ref.rollout.n": "num_generations",
@@ -149,7 +150,7 @@ class GrpoMtl(Recipe):
         check_dataset(settings.dataset, "train", settings.max_examples)
         accumulation_steps(settings, 1)
 
-    # Tuning (issue 15): the per-device micro-batch of the loss's forward and backward; the
+    # Tuning (`gpuscale tune`): the per-device micro-batch of the loss's forward and backward; the
     # accumulation follows from it (accumulation_steps), so the step's completions stay as asked.
     tuning = Tuning(figure="tokens_per_s",
                     knob="completions per device per micro-batch (accumulation keeps the step's completions)",
@@ -163,7 +164,7 @@ class GrpoMtl(Recipe):
         return trial_session(settings, ctx)
 
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
-        from gpuscale.recipes.tuning import micro_batches
+        from gpuscale.recipes.device_trials import micro_batches
 
         return micro_batches(rank_share(settings, ranks))
 
@@ -171,7 +172,7 @@ class GrpoMtl(Recipe):
         return rank_share(settings, ranks)
 
     def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
-        from gpuscale.recipes.tuning import micro_batch_within, run_ranks
+        from gpuscale.recipes.device_trials import micro_batch_within, run_ranks
 
         micro = micro_batch_within(rank_share(settings, run_ranks(settings)), batch_size)
         return settings.model_copy(update={"batch_size": micro})

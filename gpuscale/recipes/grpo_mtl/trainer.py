@@ -98,9 +98,9 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     from trl import GRPOConfig
 
     from gpuscale.data.rewards import RewardRouter, parse_reward_weights
+    from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
-    from gpuscale.recipes.grpo_mtl.rollout import EngineRollout
     from gpuscale.recipes.sft.trainer import lora_config
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning

@@ -1,4 +1,4 @@
-"""grpo-mtl's tuning trial (issue 15): optimizer steps of the loss's forward and backward on the run's
+"""grpo-mtl's tuning trial (`gpuscale tune`): optimizer steps of the loss's forward and backward on the run's
 training prompts, each followed by a completion of the full max_completion_length (the gold answer's
 tokens repeated: the longest a rollout can be, so that the tuned micro-batch fits the longest step),
 at a per-device micro-batch (recipes/training_trial.py). The rollouts' generation is not in it."""
@@ -12,8 +12,8 @@ ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of disti
 
 
 def trial_session(settings: Settings, ctx):
+    from gpuscale.recipes.device_trials import run_ranks
     from gpuscale.recipes.grpo_mtl import rank_share
-    from gpuscale.recipes.tuning import run_ranks
 
     share = rank_share(settings, run_ranks(settings))
 

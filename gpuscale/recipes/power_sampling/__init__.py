@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.engines.settings import RunSettings
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings
 
 
 class Settings(RunSettings):

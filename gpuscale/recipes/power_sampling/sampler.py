@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.tasks import load_examples
     from gpuscale.recipes.common import RankResults, batched, load_generation_model, merge_results
-    from gpuscale.recipes.tuning import out_of_memory_names
+    from gpuscale.recipes.device_trials import out_of_memory_names
 
     examples = load_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
     mine = ctx.shard(list(enumerate(examples)))
@@ -45,11 +45,11 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
 
 def with_batch_size(settings: Settings, model, problems: int, ctx) -> Settings:
     """The settings with batch_size resolved where the user gave none: 8 problems on CPU ranks; on a
-    GPU as many as fill half the memory free once the model is loaded (engines.settings.auto_batch_size,
+    GPU as many as fill half the memory free once the model is loaded (runs.settings.auto_batch_size,
     at most 512 and at most this rank's problems). The rank's log says what was chosen and why."""
     if settings.batch_size is not None:
         return settings
-    from gpuscale.engines.settings import CPU_BATCH_SIZE, auto_batch_size
+    from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
 
     if ctx.device.type != "cuda":
         size, why = CPU_BATCH_SIZE, "the CPU default"

@@ -14,14 +14,14 @@ TIMED_BATCHES = 1  # one batch is already hundreds of decode steps (every block 
 def trial_session(settings: Settings, ctx):
     from gpuscale.data.tasks import load_examples
     from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.power_sampling.sampler import BatchSampler
-    from gpuscale.recipes.tuning import timed_steps
 
     examples = load_examples(settings.dataset, settings.split, None, seed=settings.seed)
     loaded = load_generation_model(settings.model, ctx)
 
     def trial(batch_size: int):
-        from gpuscale.engines.tuning import Trial
+        from gpuscale.engines.batch_search import Trial
 
         sized = settings.model_copy(update={"batch_size": batch_size})
         sampler = BatchSampler(sized, loaded.model, loaded.tokenizer, loaded.eos, loaded.pad, ctx)

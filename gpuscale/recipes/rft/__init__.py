@@ -95,7 +95,7 @@ class RFT(Recipe):
         if settings.eval_examples:
             check_dataset(settings.dataset, "test", settings.eval_examples)
 
-    # Tuning (issue 15): the generation phase's questions per call (the phase where a batch is
+    # Tuning (`gpuscale tune`): the generation phase's questions per call (the phase where a batch is
     # chosen; training's micro-batch is train_batch_size).
     tuning = Tuning(figure="samples_per_s", knob="training questions per generation call per rank",
                     shape_settings=("dataset", "samples_per_question", "max_new_tokens", "temperature", "generator",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuscale.engines.settings import SettingsError
+from gpuscale.runs.settings import SettingsError
 
 GENERATED_FILE = "generated.jsonl"
 GENERATION_FILE = "generation.json"  # the generation's figures (yield...), for a later data_from
@@ -18,7 +18,7 @@ def generated_set_path(data_from: str) -> Path:
     (results.jsonl). SettingsError with one line if there is none."""
     text = str(data_from).strip()
     if text.isdigit():
-        from gpuscale.engines.store import Store, UnknownRun
+        from gpuscale.runs.store import Store, UnknownRun
 
         try:
             run_dir = Store.for_reading().get_run(int(text))["run_dir"]
@@ -36,9 +36,9 @@ def generated_set_path(data_from: str) -> Path:
 
 def _kept_set_in(run_dir: Path) -> Path:
     """A run folder's whole kept set, or else the partial one of a run stopped while generating."""
-    from gpuscale.engines.store import RESULTS_FILE
+    from gpuscale.runs.run_dir import RunDir
 
-    whole, partial = run_dir / GENERATED_FILE, run_dir / RESULTS_FILE
+    whole, partial = run_dir / GENERATED_FILE, RunDir(run_dir).results
     return partial if not whole.is_file() and partial.is_file() else whole
 
 
@@ -56,7 +56,7 @@ def read_generation_figures(path: Path) -> dict:
 
 
 def write_generated(run_dir: Path, rows: list[dict], figures: dict) -> Path:
-    from gpuscale.engines.store import write_atomically
+    from gpuscale.runs.store import write_atomically
 
     path = Path(run_dir) / GENERATED_FILE
     write_atomically(path, "".join(json.dumps(row) + "\n" for row in rows))

@@ -1,4 +1,4 @@
-"""rft's tuning trial (issue 15): the generation phase's calls at a given number of questions per call,
+"""rft's tuning trial (`gpuscale tune`): the generation phase's calls at a given number of questions per call,
 each question answered samples_per_question times, on the run's training questions; throughput in
 samples (answers) per second. Filtering and training are left out: their cost does not depend on
 the generation batch."""
@@ -15,11 +15,11 @@ TIMED_CALLS = 2
 @contextmanager
 def trial_session(settings: Settings, ctx):
     from gpuscale.data.prompts import prompt_ids
-    from gpuscale.engines.tuning import Trial
+    from gpuscale.engines.batch_search import Trial
     from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.rft.generate import make_sampler, questions_per_call
     from gpuscale.recipes.sft.data import training_and_test_examples
-    from gpuscale.recipes.tuning import timed_steps
 
     train, _test = training_and_test_examples(settings)
     loaded = load_generation_model(settings.model, ctx)

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.engines.settings import RunSettings, SettingsError
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 def checked_lora_targets(value: str) -> str:
@@ -104,7 +104,7 @@ class SFT(Recipe):
             raise SettingsError(f"eval_examples: {settings.eval_examples}: holds out every example of "
                                 f"{settings.dataset}, none is left to train on; lower it")
 
-    # Tuning (issue 15): the per-device micro-batch; gradient accumulation is rescaled so that the
+    # Tuning (`gpuscale tune`): the per-device micro-batch; gradient accumulation is rescaled so that the
     # sequences per optimizer step (batch_size x gradient_accumulation per rank) stay as asked.
     tuning = Tuning(figure="tokens_per_s",
                     knob="sequences per device per micro-batch (gradient accumulation keeps the step's batch)",
@@ -118,7 +118,7 @@ class SFT(Recipe):
         return trial_session(settings, ctx)
 
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
-        from gpuscale.recipes.tuning import micro_batches
+        from gpuscale.recipes.device_trials import micro_batches
 
         return micro_batches(settings.rank_batch, MOST_ACCUMULATION)
 
@@ -126,7 +126,7 @@ class SFT(Recipe):
         return settings.rank_batch
 
     def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
-        from gpuscale.recipes.tuning import micro_batch_within
+        from gpuscale.recipes.device_trials import micro_batch_within
 
         micro = micro_batch_within(settings.rank_batch, batch_size, MOST_ACCUMULATION)
         return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": settings.rank_batch // micro})

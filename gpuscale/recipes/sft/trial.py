@@ -1,4 +1,4 @@
-"""sft's tuning trial (issue 15): optimizer steps on the run's training rows, tokenized and cut to
+"""sft's tuning trial (`gpuscale tune`): optimizer steps on the run's training rows, tokenized and cut to
 max_length as the run's trainer gets them, at a per-device micro-batch (recipes/training_trial.py)."""
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str 
     return None
 
 
-# ---- batch size sized for the card (issue 11: a default of 8 used 1% of an H200) -----------------
+# ---- batch size sized for the card (a fixed default of 8 used 1% of an H200's memory) --------------
 
 CPU_BATCH_SIZE = 8  # the default on CPU ranks, where memory is not what limits a batch
 AUTO_MEMORY_SHARE = 0.5  # of the memory free on the card once the model is loaded

@@ -1,4 +1,4 @@
-"""One supervisor per run: `python -m gpuscale.engines.supervisor RUN_ID --home HOME`.
+"""One supervisor per run: `python -m gpuscale.runs.supervisor RUN_ID --home HOME`.
 
 Started by a front end in a session of its own, it outlives the terminal. It spawns the launcher
 (torchrun or accelerate) in its own process group, and once per tick samples telemetry, tails the
@@ -26,10 +26,11 @@ from pathlib import Path
 
 import psutil
 
-from gpuscale.engines import telemetry
-from gpuscale.engines.metrics import MetricsTailer, Throughput
-from gpuscale.engines.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
-from gpuscale.engines.store import Store, merge_rank_results
+from gpuscale.runs import telemetry
+from gpuscale.runs.metrics import MetricsTailer, Throughput
+from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.store import Store, merge_rank_results
 
 STOP_GRACE_S = 7.0
 
@@ -40,13 +41,13 @@ class Supervisor:
         self.run = store.get_run(run_id)
         self.run_id = run_id
         self.run_dir = Path(self.run["run_dir"])
-        self.plan = json.loads((self.run_dir / "plan.json").read_text())
+        self.plan = json.loads(RunDir(self.run_dir).plan.read_text())
         self.interval = float(self.run["settings"].get("telemetry_interval", 1.0))
         self.stop_requested_at: float | None = None
         self.term_sent = False
         self.killed = False
         self.throughput = Throughput()
-        self.tailer = MetricsTailer(self.run_dir / "metrics", run_id)
+        self.tailer = MetricsTailer(RunDir(self.run_dir).metrics_dir, run_id)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False), self._wake_w.setblocking(False)
 
@@ -80,7 +81,7 @@ class Supervisor:
         print(f"OMP_NUM_THREADS={threads} per rank ({why})", flush=True)
         env = rank_environment(os.environ, self.run_dir, self.plan, threads)
         # The launcher writes to its own copy of the descriptor: ours is closed once it has started.
-        with open(self.run_dir / "logs" / "launcher.log", "ab") as log:
+        with open(RunDir(self.run_dir).launcher_log, "ab") as log:
             return subprocess.Popen(
                 self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 process_group=0, preexec_fn=lambda: die_with_parent(signal.SIGTERM), cwd=self.run_dir,
@@ -190,7 +191,7 @@ def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
     """The summary of a run whose supervisor is gone, from the ranks' metric files, which hold all
     they logged, after the supervisor's last tick too: rank 0's own summary where it wrote one, else
     `partial_summary` of the figures so far."""
-    tailer = MetricsTailer(Path(run_dir) / "metrics", run_id)
+    tailer = MetricsTailer(RunDir(run_dir).metrics_dir, run_id)
     throughput = Throughput()
     throughput.add(tailer.read_new())
     return dict(tailer.summaries.get(0) or partial_summary(throughput.progress(time.time(), finished=True)))
@@ -240,7 +241,7 @@ def busy_cores(cores: int) -> float:
 def first_error(run_dir: Path, exit_code: int) -> tuple[str, str | None]:
     """The first error written by any rank (by time), else the launcher log's last error line."""
     records = []
-    for path in (run_dir / "errors").glob("rank*.json"):
+    for path in RunDir(run_dir).error_files():
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
@@ -248,7 +249,7 @@ def first_error(run_dir: Path, exit_code: int) -> tuple[str, str | None]:
     if records:
         first = min(records, key=lambda r: r["t"])
         return f"rank {first['rank']}: {first['message']}", None
-    log = run_dir / "logs" / "launcher.log"
+    log = RunDir(run_dir).launcher_log
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     for line in reversed(lines):
         if "Error" in line or "error:" in line:

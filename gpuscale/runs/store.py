@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuscale.runs.run_dir import RunDir
+
 if TYPE_CHECKING:  # imported for real by _sqlite_utils(), off the TUI's first frame
     import sqlite_utils
 
@@ -47,8 +49,6 @@ def _sqlite_utils():
 STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost")
 # Per-item results a recipe may merge into its run folder (one JSON object a line), from the files
 # its ranks append to as they go, RUN_DIR/results/rank<R>.jsonl.
-RESULTS_FILE = "results.jsonl"
-RANK_RESULTS_DIR = "results"
 LIVE_STATUSES = ("queued", "running")
 
 
@@ -382,7 +382,7 @@ class Store:
     def results(self, run_id: int) -> list[dict]:
         """The per-item results the recipe merged into RUN_DIR/results.jsonl (empty if it wrote none)."""
         run_dir = self.get_run(run_id)["run_dir"]
-        path = Path(run_dir or "") / RESULTS_FILE
+        path = RunDir(run_dir or "").results
         if not run_dir or not path.exists():
             return []
         with open(path) as handle:
@@ -409,7 +409,7 @@ class Store:
         keys = ("kind", "idx", "name", "peak_mem_used_mb", "mem_total_mb", "peak_run_mem_mb", "mean_util", "samples")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
-    # ---- tuned batch sizes (issue 15) ------------------------------------------------------------
+    # ---- tuned batch sizes (`gpuscale tune`, `--batch-size auto`) ----------------------------------------------------
 
     def save_tuning(self, key: dict, **fields: Any) -> None:
         """Store the tuning result for `key` (TUNING_KEY's fields), replacing an earlier one.
@@ -481,12 +481,12 @@ def merge_rank_results(run_dir: str | Path) -> Path | None:
     example order ("index", then "chain") where every row has an index; a torn last line (a rank
     killed mid-write) is skipped. Nothing is done where results.jsonl exists or no rank wrote a row;
     returns the merged file, or None."""
-    run_dir = Path(run_dir)
-    merged = run_dir / RESULTS_FILE
+    folder = RunDir(run_dir)
+    merged = folder.results
     if merged.exists():
         return None
     rows = []
-    for path in sorted((run_dir / RANK_RESULTS_DIR).glob("rank*.jsonl")):
+    for path in folder.rank_results_files():
         for line in path.read_text(errors="replace").splitlines():
             try:
                 rows.append(json.loads(line))

@@ -1,6 +1,6 @@
-"""The front ends' side of tuning (issue 15): `gpuscale tune`, and the batch a run gets from
+"""The front ends' side of tuning: `gpuscale tune`, and the batch a run gets from
 `--batch-size auto`, shared by the CLI and the TUI. No torch here: trials run in `gpuscale tune`
-(recipes/tuning.py imports torch inside it), and `auto` on a GPU with nothing stored runs that
+(recipes/device_trials.py imports torch inside it), and `auto` on a GPU with nothing stored runs that
 command as a child process, so that the memory its trials held goes back before the run starts.
 
 Where a run's batch comes from, recorded in its settings as `batch_size_source`:
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.engines.launch import plan_devices
-from gpuscale.engines.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
-from gpuscale.engines.store import Store
 from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.tuning import Device, pick_device, tuning_key
+from gpuscale.recipes.device_trials import Device, pick_device, tuning_key
+from gpuscale.runs.launch import plan_devices
+from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
+from gpuscale.runs.store import Store
 
 
 def wants_auto(value: Any) -> bool:
@@ -152,7 +152,7 @@ def tuning_summary(row: dict) -> str:
 
 
 def outcome_record(outcome, figure: str) -> dict:
-    """The store's fields for a TuneOutcome (recipes/tuning.py)."""
+    """The store's fields for a TuneOutcome (recipes/device_trials.py)."""
     chosen = outcome.result.chosen
     return {"batch_size": chosen.batch_size, "throughput": chosen.throughput, "figure": figure,
             "peak_memory_bytes": chosen.peak_memory_bytes, "memory_total_bytes": outcome.memory_total_bytes,

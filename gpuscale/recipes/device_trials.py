@@ -1,4 +1,4 @@
-"""Tuning a recipe on one device (issue 15): its trials, run by the pure search of engines/tuning.py.
+"""Tuning a recipe on one device: its trials, run by the pure search of engines/batch_search.py.
 
 `tune_recipe(recipe, settings, device)` opens the recipe's trial session (model and data loaded
 once, in this process), runs `search_batch_size` with it, and measures each trial's peak memory
@@ -23,8 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscale.engines.settings import RunSettings, SettingsError
-from gpuscale.engines.tuning import (
+from gpuscale.engines.batch_search import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MEMORY_CAP,
     OUT_OF_MEMORY,
@@ -33,6 +32,7 @@ from gpuscale.engines.tuning import (
     search_batch_size,
 )
 from gpuscale.recipes.contract import Recipe
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 CPU_DEVICE_NAME = "cpu"
 
@@ -76,7 +76,7 @@ class Device:
 def pick_device(gpu_indices: tuple[int, ...] | list[int], listing: list[dict] | None = None) -> Device:
     """The first GPU the run would use (NVML's name and capability), or the CPU where there is none.
     `listing`: the GPUs as telemetry.list_gpus gives them, where the caller has read them already."""
-    from gpuscale.engines import telemetry
+    from gpuscale.runs import telemetry
 
     if not gpu_indices:
         return Device(None, CPU_DEVICE_NAME, None)
@@ -102,7 +102,7 @@ class TuneOutcome:
 def run_ranks(settings: RunSettings) -> int:
     """How many ranks a run of these settings starts on this machine (1 where its `gpus` cannot be
     planned here): a rank's share of the work, and of a training recipe's global batch, depends on it."""
-    from gpuscale.engines.launch import plan_devices
+    from gpuscale.runs.launch import plan_devices
 
     try:
         return plan_devices(settings.gpus).nproc * settings.nnodes

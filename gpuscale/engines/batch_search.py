@@ -1,11 +1,11 @@
-"""Finding the throughput-best batch size by short trials (issue 15): the search, as a pure function.
+"""Finding the throughput-best batch size by short trials: the search, as a pure function.
 
 `search_batch_size(measure, ...)` calls `measure(batch_size) -> Trial` and decides what to try next:
 
 1. Doubling from `start` until a trial runs out of memory, its peak memory passes `memory_limit_bytes`
    (a share of the card, 90% by default), throughput gains less than `min_gain` (5%) over the best so
    far, or `max_batch` is reached. Peers stop at "it fits"; the curve of throughput against batch
-   flattens long before memory runs out (issue 15's H200 measurements), so flattening stops it too.
+   flattens long before memory runs out (so it did when measured on an H200), so flattening stops it too.
 2. Bisection near the best: the midpoint between the best and its tried neighbour above (which
    failed, passed the cap or was slower), and below too where the one above fitted but was slower
    (a peak between them), at most `refine_trials` trials, never twice at one batch.
@@ -14,7 +14,7 @@
    keeps what earlier batches left): such a batch counts as not fitting, and the next best smaller
    one is chosen and confirmed in turn.
 
-No torch here: `measure` is the recipe's trial (recipes/tuning.py turns an out-of-memory error into a
+No torch here: `measure` is the recipe's trial (recipes/device_trials.py turns an out-of-memory error into a
 failed Trial), so the logic is tested against a simulated curve.
 """
 

@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscale.engines import telemetry
-from gpuscale.engines.process import kill_run_processes, process_alive, wait_for
-from gpuscale.engines.settings import RunSettings, SettingsError
-from gpuscale.engines.store import LIVE_STATUSES, Store, merge_rank_results
-from gpuscale.engines.supervisor import summary_from_files
+from gpuscale.runs import telemetry
+from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.runs.store import LIVE_STATUSES, Store, merge_rank_results
+from gpuscale.runs.supervisor import summary_from_files
 
 
 @dataclass(frozen=True)
@@ -151,17 +152,15 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     plan = plan or plan_devices(settings.gpus)
     recipe.check(settings)
     run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname())
-    run_dir = Path(store.get_run(run_id)["run_dir"])
-    for sub in ("logs", "metrics", "errors"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    settings_path = run_dir / "settings.json"
+    folder = RunDir(store.get_run(run_id)["run_dir"]).make()
+    settings_path = folder.settings
     settings_path.write_text(settings.model_dump_json(indent=2))
-    (run_dir / "plan.json").write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
+    folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
     argv = launcher_argv(recipe, settings, plan, settings_path)
     store.update_run(run_id, command=argv)
-    with open(run_dir / "logs" / "supervisor.log", "ab") as log:
+    with open(folder.supervisor_log, "ab") as log:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "gpuscale.engines.supervisor", str(run_id), "--home", str(store.home)],
+            [sys.executable, "-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(store.home)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscale.engines import launch
-from gpuscale.engines.process import process_alive
-from gpuscale.engines.store import LIVE_STATUSES, SCHEMA_VERSION, Store, StoreError, connect_read_only
+from gpuscale.runs import launch
+from gpuscale.runs.process import process_alive
+from gpuscale.runs.store import LIVE_STATUSES, SCHEMA_VERSION, Store, StoreError, connect_read_only
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,121 @@
+"""The run folder's layout, in one place: every path a front end, the supervisor or a rank reads or
+writes under RUN_DIR goes through `RunDir`.
+
+    RUN_DIR/
+        settings.json           the run's settings (the recipe's pydantic model), read by every rank
+        plan.json               the device plan: number of ranks and GPU indices
+        logs/rank<R>.log        each rank's stdout and stderr
+        logs/launcher.log       torchrun's or accelerate's own output
+        logs/supervisor.log     the supervisor's
+        metrics/rank<R>.jsonl   each rank's metric lines (engines.metrics.Reporter)
+        errors/rank<R>.json     the error a rank died of
+        results/rank<R>.jsonl   each rank's per-example results, as they are done
+        results.jsonl           every rank's results merged, in example order
+        model/                  a trained model and its tokenizer
+        trainer/                TRL's output folder
+        checkpoints/            checkpoints to resume from
+
+Plain paths only (no torch): the front ends, the supervisor and the ranks all use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# The folders a run starts with; the others are made by whoever writes into them.
+START_FOLDERS = ("logs", "metrics", "errors")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root))
+
+    # ---- files ----
+
+    @property
+    def settings(self) -> Path:
+        return self.root / "settings.json"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results.jsonl"
+
+    # ---- folders ----
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.root / "metrics"
+
+    @property
+    def errors_dir(self) -> Path:
+        return self.root / "errors"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def trainer(self) -> Path:
+        return self.root / "trainer"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    # ---- per rank ----
+
+    def log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    def metrics(self, rank: int) -> Path:
+        return self.metrics_dir / f"rank{rank}.jsonl"
+
+    def error(self, rank: int) -> Path:
+        return self.errors_dir / f"rank{rank}.json"
+
+    def rank_results(self, rank: int) -> Path:
+        return self.results_dir / f"rank{rank}.jsonl"
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.logs / "launcher.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.logs / "supervisor.log"
+
+    # ---- every rank's files ----
+
+    def rank_logs(self) -> list[Path]:
+        return sorted(self.logs.glob("rank*.log"))
+
+    def metrics_files(self) -> list[Path]:
+        return sorted(self.metrics_dir.glob("rank*.jsonl"))
+
+    def error_files(self) -> list[Path]:
+        return sorted(self.errors_dir.glob("rank*.json"))
+
+    def rank_results_files(self) -> list[Path]:
+        return sorted(self.results_dir.glob("rank*.jsonl"))
+
+    def make(self) -> RunDir:
+        """Create the run folder and the folders a run starts with."""
+        for name in START_FOLDERS:
+            (self.root / name).mkdir(parents=True, exist_ok=True)
+        return self
