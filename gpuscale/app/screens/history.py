@@ -6,6 +6,7 @@ while it is, and redrawn only when a row changed, so the cursor stays where the 
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -14,6 +15,7 @@ from textual.widgets import DataTable, Footer, Header, Label, Select, Static
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.views.runs import RUN_COLUMNS, run_row
+from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.engines import launch
 from gpuscale.engines.store import LIVE_STATUSES, STATUSES
 
@@ -52,7 +54,7 @@ class HistoryScreen(Screen):
             yield Select([], prompt="all", id="recipe-filter", compact=True)
             yield Label("  status ")
             yield Select([(s, s) for s in STATUSES], prompt="all", id="status-filter", compact=True)
-        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         yield Static(HINT, id="history-hint")
         yield Footer(compact=True)
 
@@ -125,7 +127,7 @@ class HistoryScreen(Screen):
             self._recipe_options = known
             value = select.value
             with select.prevent(Select.Changed):
-                select.set_options([(name, name) for name in known])
+                select.set_options([(Text(name), name) for name in known])
                 if value != Select.NULL and value in known:
                     select.value = value
 

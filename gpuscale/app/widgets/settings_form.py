@@ -15,6 +15,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Label, Select, Static, Switch
 
+from gpuscale.app.widgets.plain import PlainStatic
 from gpuscale.engines.settings import RunSettings, check_field
 
 # What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
@@ -167,7 +168,7 @@ class SettingsForm(VerticalScroll, can_focus=False):
         if lines:
             line = lines.first(Static)
         else:
-            line = Static("", id=f"error-{name}", classes="field-error")
+            line = PlainStatic("", id=f"error-{name}", classes="field-error")
             self.mount(line, after=self.control(name).parent)
         if error:
             self._errors[name] = error
