@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+from rich.text import Text
+
 from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
 from gpuscale.app.views.export import export_text
@@ -127,7 +130,8 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
 
     signal.signal(signal.SIGINT, ask_stop)
     signal.signal(signal.SIGTERM, ask_stop)
-    interactive = sys.stderr.isatty()
+    terminal = Console(file=sys.stderr)  # its width follows the terminal (and COLUMNS)
+    interactive = terminal.is_terminal
     last_print = 0.0
     while True:
         if stop["asked"]:
@@ -139,7 +143,8 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
             break
         now = time.monotonic()
         if interactive:
-            print("\r\033[K" + progress_line(run, time.time()), end="", file=sys.stderr, flush=True)
+            line = fit_to_width(progress_line(run, time.time()), terminal.width)
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
         elif now - last_print >= 10:
             print(progress_line(run, time.time()), file=sys.stderr, flush=True)
             last_print = now
@@ -148,6 +153,15 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
         print(file=sys.stderr)
     report_end(run, as_json)
     return 0 if run["status"] == "succeeded" else 1
+
+
+def fit_to_width(line: str, width: int) -> str:
+    """`line` cut with an ellipsis to less than `width` cells. A redrawn line must never wrap: `\r`
+    returns to the start of the last row only, so each redraw would leave the wrapped part behind.
+    One cell is kept free because a line that fills the row puts some terminals in a pending wrap."""
+    text = Text(line)
+    text.truncate(max(1, width - 1), overflow="ellipsis")
+    return text.plain
 
 
 def report_end(run: dict, as_json: bool) -> None:
