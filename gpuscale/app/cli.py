@@ -33,7 +33,8 @@ from gpuscale.engines.store import STATUSES, Store, StoreError, UnknownRun, gpus
 from gpuscale.recipes.registry import all_recipes, get_recipe
 
 EXIT_BAD_INPUT = 2
-ID_HELP = "the run's id (see `gpuscale runs`)"
+ID_HELP = "the run's id or label (see `gpuscale runs`)"
+COMPARE_NEEDS = "compare needs two run ids, e.g. gpuscale compare 12 15; `gpuscale runs` lists them"
 JSON_HELP = "print it as JSON"
 
 
@@ -71,6 +72,7 @@ def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = Tru
     parser.add_argument("--nnodes", help="nodes in a multi-node job")
     parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
     parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")
+    parser.add_argument("--label", help="a name for the run, shown by `gpuscale runs` and usable where its id is")
 
 
 def add_follow_options(parser: argparse.ArgumentParser) -> None:
@@ -108,11 +110,22 @@ def run_settings_from_args(args: argparse.Namespace):
 # ---- run ------------------------------------------------------------------------------------------
 
 
+def checked_label(label: str | None) -> str | None:
+    """A label names one run where an id could: not empty, and not a number (that is an id)."""
+    if label is None:
+        return None
+    label = label.strip()
+    if not label or label.isdigit():
+        raise BadInput(f"label: {label!r}: give a name with a letter in it (a number would read as a run id)")
+    return label
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    label = checked_label(args.label)
     recipe, settings, notes = run_settings_from_args(args)
     plan = launch.plan_devices(settings.gpus)
     store = Store()
-    run_id = launch.start_run(store, recipe, settings, plan, notes=notes)
+    run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
@@ -180,7 +193,7 @@ def report_end(run: dict, as_json: bool) -> None:
 
 def public_run(run: dict) -> dict:
     keys = ("id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error", "hint",
-            "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid")
+            "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid", "label")
     return {key: run.get(key) for key in keys}
 
 
@@ -295,7 +308,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(json.dumps([public_run(r) for r in runs], indent=2))
         return 0
     now = time.time()
-    print_table([[name.upper() for name in RUN_COLUMNS]] + [list(run_row(run, now)) for run in runs])
+    rows = [[name.upper() for name in RUN_COLUMNS]] + [list(run_row(run, now)) for run in runs]
+    if any(run.get("label") for run in runs):  # a column only where some run has one
+        rows = [[row[0], label, *row[1:]] for row, label in zip(rows, ["LABEL"] + [r.get("label") or "" for r in runs])]
+    print_table(rows)
     return 0
 
 
@@ -307,14 +323,14 @@ def print_table(rows: list[list[str]]) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = open_store()
-    run = store.get_run(args.id)
+    run = store.find_run(args.id)
     if args.json:
         print(json.dumps({**public_run(run), "latest_samples": store.latest_samples(run["id"])}, indent=2))
         return 0
     print(progress_line(run, time.time()))
     for key in ("started_at", "ended_at"):
         print(f"{key}: {format_time(run[key])}")
-    for key in ("error", "hint", "run_dir"):
+    for key in ("label", "error", "hint", "run_dir"):
         if run[key]:
             print(f"{key}: {run[key]}")
     print("command:", launch.display_command(run["command"]) if run["command"] else "-")
@@ -329,7 +345,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     store = open_store()
-    run = store.get_run(args.id)
+    run = store.find_run(args.id)
     ranks = world_size(run)
     if args.rank is not None and ranks is not None and not 0 <= args.rank < ranks:
         has = f"ranks 0-{ranks - 1}" if ranks > 1 else "only rank 0"
@@ -357,14 +373,14 @@ def print_new_lines(path: Path, offset: int, prefix: str) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     store = open_store(write=True)
-    run = launch.stop_run(store, store.get_run(args.id)["id"])
+    run = launch.stop_run(store, store.find_run(args.id)["id"])
     print(f"run {run['id']}: {run['status']}")
     return 0 if run["status"] not in ("queued", "running") else 1
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     store = open_store(write=True)
-    run = store.get_run(args.id)
+    run = store.find_run(args.id)
     if run["status"] in ("queued", "running"):
         raise BadInput(f"run id: {run['id']}: the run is {run['status']}; stop it first")
     store.delete_run(run["id"])
@@ -373,8 +389,10 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.b is None:
+        raise BadInput(COMPARE_NEEDS)
     store = open_store()
-    result = compare_runs(store.get_run(args.a), store.get_run(args.b))
+    result = compare_runs(store.find_run(args.a), store.find_run(args.b))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -392,7 +410,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = open_store()
-    text = export_text(store, store.get_run(args.id)["id"], args.format, args.what)
+    text = export_text(store, store.find_run(args.id)["id"], args.format, args.what)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -488,6 +506,15 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
 # ---- parser ---------------------------------------------------------------------------------------
 
 
+def installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpuscale")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, like every other bad input
         self.exit(EXIT_BAD_INPUT, f"gpuscale: error: {message}\n")
@@ -495,7 +522,9 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpuscale", description="Launch, watch and remember multi-GPU LLM recipes.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.add_argument("--version", action="version", version=f"gpuscale {installed_version()}")
+    # Not required: a bare `gpuscale` gets the usage and the commands (main), not a one-line error.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("run", help="start a run (follows it until it ends unless --detach)")
     add_run_options(p)
@@ -540,8 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("compare", help="two runs side by side: settings diff and figure deltas")
-    p.add_argument("a", help="the first run's id")
-    p.add_argument("b", help="the second run's id")
+    # Optional here so that a missing id gets COMPARE_NEEDS rather than argparse's "required: a, b".
+    p.add_argument("a", nargs="?", help="the first run's id or label")
+    p.add_argument("b", nargs="?", help="the second run's id or label")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)
 
@@ -606,7 +636,11 @@ def quiet_broken_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         code = args.func(args)
         sys.stdout.flush()  # a reader that went away shows here, not in Python's flush at exit

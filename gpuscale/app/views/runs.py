@@ -17,7 +17,9 @@ RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")
 
 
 def run_title(run: dict) -> str:
-    return f"run {run['id']} {run['recipe']}"
+    """`run 3 probe`, and its label where it has one: `run 3 probe (baseline)`."""
+    title = f"run {run['id']} {run['recipe']}"
+    return f"{title} ({run['label']})" if run.get("label") else title
 
 
 def elapsed_s(run: dict, now: float) -> float | None:
