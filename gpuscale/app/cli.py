@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from rich.console import Console
@@ -265,7 +266,7 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
         print(f"no batch fitted under {args.memory_cap:.0%} of {device.name}'s memory; nothing stored", file=out)
         return outcome
     store.save_tuning(outcome.key.as_dict(), **outcome_record(outcome, figure))
-    print(f"chosen: batch {chosen.batch_size}, {chosen.throughput:.4g} {figure}, "
+    print(f"chosen: batch {chosen.batch_size}, {format_number(chosen.throughput)} {figure}, "
           f"{chosen.peak_memory_bytes / 1e9:.2f} GB peak of {outcome.memory_total_bytes / 1e9:.1f} GB "
           f"({outcome.key.precision}); stored: `--batch-size auto` uses it for this model and shape", file=out)
     return outcome
@@ -284,7 +285,7 @@ def compare_compile(recipe, settings, device, best, args: argparse.Namespace) ->
         print(f"compile={not settings.compile}: batch {batch} did not fit", file=out)
         return
     gain = other.throughput / best.result.chosen.throughput - 1
-    print(f"compile={not settings.compile} at batch {batch}: {other.throughput:.4g} {recipe.tuning.figure} "
+    print(f"compile={not settings.compile} at batch {batch}: {format_number(other.throughput)} {recipe.tuning.figure} "
           f"({gain:+.0%}); " + (f"add --set compile={str(not settings.compile).lower()}" if gain > 0.05
                                 else f"keep compile={str(settings.compile).lower()}"), file=out)
 
@@ -636,6 +637,9 @@ def quiet_broken_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Libraries (transformers, torch) announce API changes to come as FutureWarnings: meant for the
+    # developers of gpuscale, noise on a user's terminal. Filtered here, in the front end only.
+    warnings.filterwarnings("ignore", category=FutureWarning)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
