@@ -23,10 +23,37 @@ REFRESH_S = 3.0
 HINT = "Enter: open · c: compare (pick two) · e: export · d: delete"
 
 
+FIGURES = RUN_COLUMNS.index("Figures")
+
+
 def history_row(run: dict, now: float, marked: bool) -> tuple[str, ...]:
     """`gpuscale runs`'s row; a `*` before the id of the run picked for a comparison."""
     run_id, *rest = run_row(run, now)
     return (("*" if marked else "") + run_id, *rest)
+
+
+def fit_figures(rows: list[tuple[str, ...]], width: int) -> list[tuple[str, ...]]:
+    """The Figures cells cut (with …) to the room the other columns leave in `width` cells: a long
+    figure must not push Started, the last column, off a narrow screen. Each column has one cell of
+    padding on either side."""
+    others = sum(max(len(cell) for cell in [RUN_COLUMNS[i], *(row[i] for row in rows)])
+                 for i in range(len(RUN_COLUMNS)) if i != FIGURES)
+    room = max(len(RUN_COLUMNS[FIGURES]), width - others - 2 * len(RUN_COLUMNS))
+    return [(*row[:FIGURES], cut_figures(row[FIGURES], room), *row[FIGURES + 1:]) for row in rows]
+
+
+def cut_figures(text: str, room: int) -> str:
+    """`accuracy 0.4583…`: as many whole figures as fit in `room` (a number cut in half would read as
+    another number); the first one cut short only where even it does not fit."""
+    if len(text) <= room:
+        return text
+    kept = ""
+    for figure in text.split(", "):
+        longer = f"{kept}, {figure}" if kept else figure
+        if len(longer) + 1 > room:
+            break
+        kept = longer
+    return (kept or text[: room - 1]) + "…"
 
 
 class HistoryScreen(Screen):
@@ -135,6 +162,7 @@ class HistoryScreen(Screen):
         table = self.query_one("#runs-table", DataTable)
         now = self.app.clock()
         rows = [history_row(run, now, run["id"] == self.marked) for run in self.runs]
+        rows = fit_figures(rows, table.scrollable_content_region.width)
         if rows == self._shown_rows:
             return
         keys = [str(run["id"]) for run in self.runs]
@@ -155,6 +183,9 @@ class HistoryScreen(Screen):
                 if before != after:
                     table.update_cell(key, column, after, update_width=True)
         self._shown_rows = rows
+
+    def on_resize(self) -> None:
+        self._fill_table()  # the Figures column's room changed
 
     @on(Select.Changed)
     def _filter_changed(self, event: Select.Changed) -> None:

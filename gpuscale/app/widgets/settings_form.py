@@ -24,6 +24,9 @@ LAST_FIELDS = ("model", "dataset", "compile", "seed", "max_examples", "telemetry
                "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
 
 
+LABEL_WIDTH = 20  # the narrowest names' column (as wide as the CSS's .field-label)
+
+
 def ordered_fields(settings_cls: type[RunSettings]) -> list[str]:
     fields = list(settings_cls.model_fields)
     own = [f for f in fields if f not in FIRST_FIELDS and f not in LAST_FIELDS]
@@ -98,7 +101,9 @@ class SettingsForm(VerticalScroll, can_focus=False):
         for name in self.fields:
             info = self.settings_cls.model_fields[name]
             with Horizontal(classes="field-row"):
-                yield Label(name, classes="field-label")
+                label = Label(name, classes="field-label")
+                label.styles.width = self.label_width()
+                yield label
                 control = self._control(name, info.annotation, getattr(self.initial, name))
                 yield control
                 if isinstance(control, Switch):  # the slider alone is colour only: say it in a word
@@ -106,6 +111,11 @@ class SettingsForm(VerticalScroll, can_focus=False):
         # No description or error line per field up front: a dozen widgets fewer per recipe to build
         # before the form shows. The focused field's description has its own line on the screen; an
         # error line is mounted under its field the first time that field is wrong.
+
+    def label_width(self) -> int:
+        """The names' column: the CSS width, or wider where a name is longer (`activation_checkpointing`),
+        so that every name shows whole with a space before its control."""
+        return max(LABEL_WIDTH, *(len(name) + 1 for name in self.fields))
 
     def _control(self, name: str, annotation: Any, value: Any):
         kind, options = control_kind(annotation)
