@@ -304,7 +304,7 @@ def open_store(write: bool = False) -> Store:
 def cmd_runs(args: argparse.Namespace) -> int:
     if args.status and args.status not in STATUSES:
         raise BadInput(f"status: {args.status!r}: expected one of {', '.join(STATUSES)}")
-    runs = open_store().list_runs(recipe=args.recipe, status=args.status)[: args.limit]
+    runs = open_store().list_runs(recipe=args.recipe, status=args.status, limit=max(args.limit, 0))
     if args.json:
         print(json.dumps([public_run(r) for r in runs], indent=2))
         return 0

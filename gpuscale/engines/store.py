@@ -348,13 +348,15 @@ class Store:
             raise UnknownRun(ref)
         return self.get_run(ids[0])
 
-    def list_runs(self, recipe: str | None = None, status: str | None = None) -> list[dict]:
+    def list_runs(self, recipe: str | None = None, status: str | None = None,
+                  limit: int | None = None) -> list[dict]:
+        """Newest first; `limit`: only the newest that many (a page of a long history)."""
         where, args = [], []
         if recipe:
             where.append("recipe = ?"), args.append(recipe)
         if status:
             where.append("status = ?"), args.append(status)
-        rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc")
+        rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc", limit=limit)
         return [_decode_run(r) for r in rows]
 
     def recipe_names(self) -> list[str]:

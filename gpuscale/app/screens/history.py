@@ -2,6 +2,8 @@
 
 The table is read in a worker (after `reconcile`) when the screen is shown and every few seconds
 while it is, and redrawn only when a row changed, so the cursor stays where the user left it.
+It is read a page at a time, newest first: a history of thousands of runs shows its first rows at
+once, and the next page is read when the cursor comes near the last row loaded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from gpuscale.engines import launch
 from gpuscale.engines.store import LIVE_STATUSES, STATUSES
 
 REFRESH_S = 3.0
+PAGE = 200  # runs read at a time; more fill several screens
+MORE_WITHIN = 20  # the next page is read when the cursor is this close to the last row
 HINT = "Enter: open · c: compare (pick two) · e: export · d: delete"
 
 
@@ -73,6 +77,8 @@ class HistoryScreen(Screen):
         self._shown_keys: list[str] | None = None
         self._reading = False
         self._timer = None
+        self.limit = PAGE  # how many of the newest runs are read: a page more each time the cursor nears the end
+        self.more = False  # whether the history has runs beyond those read
 
     def compose(self):
         yield Header(show_clock=False)
@@ -108,28 +114,29 @@ class HistoryScreen(Screen):
     def refresh_runs(self) -> None:
         if not self._reading:
             self._reading = True
-            self._read_runs(*self.filters())
+            self._read_runs(*self.filters(), self.limit)
 
     @work(thread=True, exclusive=True, group="history", exit_on_error=False)
-    def _read_runs(self, recipe: str | None, status: str | None) -> None:
+    def _read_runs(self, recipe: str | None, status: str | None, limit: int) -> None:
         try:
             store = self.app.store()
             launch.reconcile(store)
-            runs = store.list_runs(recipe=recipe, status=status)
+            runs = store.list_runs(recipe=recipe, status=status, limit=limit + 1)  # one more: is there more?
             recipes = store.recipe_names()
-            result = ((recipe, status), runs, recipes, None)
+            result = ((recipe, status, limit), runs, recipes, None)
         except Exception as exc:
-            result = ((recipe, status), [], [], exc)
+            result = ((recipe, status, limit), [], [], exc)
         self.app.from_thread(self._show_runs, *result)
 
     def _show_runs(self, filters: tuple, runs: list[dict], recipes: list[str], error: Exception | None) -> None:
         self._reading = False
-        if filters != self.filters():  # the user changed a filter while this was read
+        if filters != (*self.filters(), self.limit):  # a filter changed, or a page more was asked for, meanwhile
             self.refresh_runs()
             return
         if error:
             self.notify(f"cannot read the history: {error}", severity="error")
-        self.runs = runs
+        self.more = len(runs) > self.limit
+        self.runs = runs[: self.limit]
         self._update_recipe_filter(recipes)
         self._fill_table()
         self._schedule_refresh()
@@ -187,8 +194,15 @@ class HistoryScreen(Screen):
     def on_resize(self) -> None:
         self._fill_table()  # the Figures column's room changed
 
+    @on(DataTable.RowHighlighted, "#runs-table")
+    def _near_the_end(self, event: DataTable.RowHighlighted) -> None:
+        if self.more and event.cursor_row >= len(self.runs) - MORE_WITHIN and len(self.runs) >= self.limit:
+            self.limit += PAGE
+            self.refresh_runs()
+
     @on(Select.Changed)
     def _filter_changed(self, event: Select.Changed) -> None:
+        self.limit = PAGE  # a new list: its first page
         self.refresh_runs()  # a read in flight notices the change and reads again
 
     # ---- the run under the cursor ------------------------------------------------------------
