@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuscale.app.views.text import format_number
 from gpuscale.recipes.contract import Recipe
 from gpuscale.recipes.device_trials import Device, pick_device, tuning_key
 from gpuscale.runs.launch import plan_devices
@@ -129,7 +130,7 @@ def trial_line(number: int, trial, figure: str) -> str:
     if trial.failure:
         return f"trial {number}: batch {trial.batch_size}: {trial.failure}"
     cap = ", over the memory cap" if trial.over_cap else ""
-    return (f"trial {number}: batch {trial.batch_size}: {trial.throughput:.4g} {figure}, "
+    return (f"trial {number}: batch {trial.batch_size}: {format_number(trial.throughput)} {figure}, "
             f"{memory_gb(trial.peak_memory_bytes)} peak, {trial.step_seconds:.3g} s/step ({trial.phase}){cap}")
 
 
@@ -137,7 +138,7 @@ def trial_rows(trials: list[dict], figure: str) -> list[list[str]]:
     rows = [["BATCH", figure.upper(), "PEAK MEMORY", "STEP S", "PHASE", "NOTE"]]
     for trial in trials:
         note = trial["failure"] or ("over the memory cap" if trial["over_cap"] else "")
-        rows.append([str(trial["batch_size"]), "-" if trial["throughput"] is None else f"{trial['throughput']:.4g}",
+        rows.append([str(trial["batch_size"]), format_number(trial["throughput"]),
                      memory_gb(trial["peak_memory_bytes"]),
                      "-" if trial["step_seconds"] is None else f"{trial['step_seconds']:.3g}", trial["phase"], note])
     return rows
@@ -147,7 +148,7 @@ def tuning_summary(row: dict) -> str:
     """One line for the TUI's form and the CLI: the tuned batch, its throughput and memory."""
     share = (f" ({row['peak_memory_bytes'] / row['memory_total_bytes']:.0%} of {memory_gb(row['memory_total_bytes'])})"
              if row.get("memory_total_bytes") else "")
-    return (f"tuned batch {row['batch_size']}: {row['throughput']:.4g} {row['figure']}, "
+    return (f"tuned batch {row['batch_size']}: {format_number(row['throughput'])} {row['figure']}, "
             f"{memory_gb(row['peak_memory_bytes'])}{share} on {row['device']} {row['precision']}, {tuned_date(row)}")
 
 

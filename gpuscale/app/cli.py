@@ -14,7 +14,11 @@ import signal
 import sqlite3
 import sys
 import time
+import warnings
 from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
 
 from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
@@ -31,7 +35,8 @@ from gpuscale.runs.settings import SettingsError, merge_layers, parse_assignment
 from gpuscale.runs.store import STATUSES, Store, StoreError, UnknownRun, gpuscale_home, store_error
 
 EXIT_BAD_INPUT = 2
-ID_HELP = "the run's id (see `gpuscale runs`)"
+ID_HELP = "the run's id or label (see `gpuscale runs`)"
+COMPARE_NEEDS = "compare needs two run ids, e.g. gpuscale compare 12 15; `gpuscale runs` lists them"
 JSON_HELP = "print it as JSON"
 
 
@@ -69,6 +74,7 @@ def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = Tru
     parser.add_argument("--nnodes", help="nodes in a multi-node job")
     parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
     parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")
+    parser.add_argument("--label", help="a name for the run, shown by `gpuscale runs` and usable where its id is")
 
 
 def add_follow_options(parser: argparse.ArgumentParser) -> None:
@@ -106,11 +112,22 @@ def run_settings_from_args(args: argparse.Namespace):
 # ---- run ------------------------------------------------------------------------------------------
 
 
+def checked_label(label: str | None) -> str | None:
+    """A label names one run where an id could: not empty, and not a number (that is an id)."""
+    if label is None:
+        return None
+    label = label.strip()
+    if not label or label.isdigit():
+        raise BadInput(f"label: {label!r}: give a name with a letter in it (a number would read as a run id)")
+    return label
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    label = checked_label(args.label)
     recipe, settings, notes = run_settings_from_args(args)
     plan = launch.plan_devices(settings.gpus)
     store = Store()
-    run_id = launch.start_run(store, recipe, settings, plan, notes=notes)
+    run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
@@ -128,7 +145,8 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
 
     signal.signal(signal.SIGINT, ask_stop)
     signal.signal(signal.SIGTERM, ask_stop)
-    interactive = sys.stderr.isatty()
+    terminal = Console(file=sys.stderr)  # its width follows the terminal (and COLUMNS)
+    interactive = terminal.is_terminal
     last_print = 0.0
     while True:
         if stop["asked"]:
@@ -140,7 +158,8 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
             break
         now = time.monotonic()
         if interactive:
-            print("\r\033[K" + progress_line(run, time.time()), end="", file=sys.stderr, flush=True)
+            line = fit_to_width(progress_line(run, time.time()), terminal.width)
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
         elif now - last_print >= 10:
             print(progress_line(run, time.time()), file=sys.stderr, flush=True)
             last_print = now
@@ -149,6 +168,15 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
         print(file=sys.stderr)
     report_end(run, as_json)
     return 0 if run["status"] == "succeeded" else 1
+
+
+def fit_to_width(line: str, width: int) -> str:
+    """`line` cut with an ellipsis to less than `width` cells. A redrawn line must never wrap: `\r`
+    returns to the start of the last row only, so each redraw would leave the wrapped part behind.
+    One cell is kept free because a line that fills the row puts some terminals in a pending wrap."""
+    text = Text(line)
+    text.truncate(max(1, width - 1), overflow="ellipsis")
+    return text.plain
 
 
 def report_end(run: dict, as_json: bool) -> None:
@@ -167,7 +195,7 @@ def report_end(run: dict, as_json: bool) -> None:
 
 def public_run(run: dict) -> dict:
     keys = ("id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error", "hint",
-            "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid")
+            "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid", "label")
     return {key: run.get(key) for key in keys}
 
 
@@ -239,7 +267,7 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
         print(f"no batch fitted under {args.memory_cap:.0%} of {device.name}'s memory; nothing stored", file=out)
         return outcome
     store.save_tuning(outcome.key.as_dict(), **outcome_record(outcome, figure))
-    print(f"chosen: batch {chosen.batch_size}, {chosen.throughput:.4g} {figure}, "
+    print(f"chosen: batch {chosen.batch_size}, {format_number(chosen.throughput)} {figure}, "
           f"{chosen.peak_memory_bytes / 1e9:.2f} GB peak of {outcome.memory_total_bytes / 1e9:.1f} GB "
           f"({outcome.key.precision}); stored: `--batch-size auto` uses it for this model and shape", file=out)
     return outcome
@@ -258,7 +286,7 @@ def compare_compile(recipe, settings, device, best, args: argparse.Namespace) ->
         print(f"compile={not settings.compile}: batch {batch} did not fit", file=out)
         return
     gain = other.throughput / best.result.chosen.throughput - 1
-    print(f"compile={not settings.compile} at batch {batch}: {other.throughput:.4g} {recipe.tuning.figure} "
+    print(f"compile={not settings.compile} at batch {batch}: {format_number(other.throughput)} {recipe.tuning.figure} "
           f"({gain:+.0%}); " + (f"add --set compile={str(not settings.compile).lower()}" if gain > 0.05
                                 else f"keep compile={str(settings.compile).lower()}"), file=out)
 
@@ -277,12 +305,15 @@ def open_store(write: bool = False) -> Store:
 def cmd_runs(args: argparse.Namespace) -> int:
     if args.status and args.status not in STATUSES:
         raise BadInput(f"status: {args.status!r}: expected one of {', '.join(STATUSES)}")
-    runs = open_store().list_runs(recipe=args.recipe, status=args.status)[: args.limit]
+    runs = open_store().list_runs(recipe=args.recipe, status=args.status, limit=max(args.limit, 0))
     if args.json:
         print(json.dumps([public_run(r) for r in runs], indent=2))
         return 0
     now = time.time()
-    print_table([[name.upper() for name in RUN_COLUMNS]] + [list(run_row(run, now)) for run in runs])
+    rows = [[name.upper() for name in RUN_COLUMNS]] + [list(run_row(run, now)) for run in runs]
+    if any(run.get("label") for run in runs):  # a column only where some run has one
+        rows = [[row[0], label, *row[1:]] for row, label in zip(rows, ["LABEL"] + [r.get("label") or "" for r in runs])]
+    print_table(rows)
     return 0
 
 
@@ -294,14 +325,14 @@ def print_table(rows: list[list[str]]) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = open_store()
-    run = store.get_run(args.id)
+    run = store.find_run(args.id)
     if args.json:
         print(json.dumps({**public_run(run), "latest_samples": store.latest_samples(run["id"])}, indent=2))
         return 0
     print(progress_line(run, time.time()))
     for key in ("started_at", "ended_at"):
         print(f"{key}: {format_time(run[key])}")
-    for key in ("error", "hint", "run_dir"):
+    for key in ("label", "error", "hint", "run_dir"):
         if run[key]:
             print(f"{key}: {run[key]}")
     print("command:", launch.display_command(run["command"]) if run["command"] else "-")
@@ -316,7 +347,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     store = open_store()
-    run = store.get_run(args.id)
+    run = store.find_run(args.id)
     ranks = world_size(run)
     if args.rank is not None and ranks is not None and not 0 <= args.rank < ranks:
         has = f"ranks 0-{ranks - 1}" if ranks > 1 else "only rank 0"
@@ -344,14 +375,14 @@ def print_new_lines(path: Path, offset: int, prefix: str) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     store = open_store(write=True)
-    run = launch.stop_run(store, store.get_run(args.id)["id"])
+    run = launch.stop_run(store, store.find_run(args.id)["id"])
     print(f"run {run['id']}: {run['status']}")
     return 0 if run["status"] not in ("queued", "running") else 1
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     store = open_store(write=True)
-    run = store.get_run(args.id)
+    run = store.find_run(args.id)
     if run["status"] in ("queued", "running"):
         raise BadInput(f"run id: {run['id']}: the run is {run['status']}; stop it first")
     store.delete_run(run["id"])
@@ -360,8 +391,10 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.b is None:
+        raise BadInput(COMPARE_NEEDS)
     store = open_store()
-    result = compare_runs(store.get_run(args.a), store.get_run(args.b))
+    result = compare_runs(store.find_run(args.a), store.find_run(args.b))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -379,7 +412,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = open_store()
-    text = export_text(store, store.get_run(args.id)["id"], args.format, args.what)
+    text = export_text(store, store.find_run(args.id)["id"], args.format, args.what)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -475,6 +508,15 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
 # ---- parser ---------------------------------------------------------------------------------------
 
 
+def installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpuscale")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, like every other bad input
         self.exit(EXIT_BAD_INPUT, f"gpuscale: error: {message}\n")
@@ -482,7 +524,9 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpuscale", description="Launch, watch and remember multi-GPU LLM recipes.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.add_argument("--version", action="version", version=f"gpuscale {installed_version()}")
+    # Not required: a bare `gpuscale` gets the usage and the commands (main), not a one-line error.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("run", help="start a run (follows it until it ends unless --detach)")
     add_run_options(p)
@@ -527,8 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("compare", help="two runs side by side: settings diff and figure deltas")
-    p.add_argument("a", help="the first run's id")
-    p.add_argument("b", help="the second run's id")
+    # Optional here so that a missing id gets COMPARE_NEEDS rather than argparse's "required: a, b".
+    p.add_argument("a", nargs="?", help="the first run's id or label")
+    p.add_argument("b", nargs="?", help="the second run's id or label")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)
 
@@ -593,7 +638,14 @@ def quiet_broken_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # Libraries (transformers, torch) announce API changes to come as FutureWarnings: meant for the
+    # developers of gpuscale, noise on a user's terminal. Filtered here, in the front end only.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         code = args.func(args)
         sys.stdout.flush()  # a reader that went away shows here, not in Python's flush at exit

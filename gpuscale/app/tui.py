@@ -117,6 +117,11 @@ class GpuscaleApp(App):
         if live:
             self.from_thread(self._show_live_runs, live)
 
+    def notify(self, message: str, *, markup: bool = False, **kwargs) -> None:
+        """Every toast as plain text: messages carry paths, errors and run values, never markup (a
+        screen's `notify` passes markup=True by default, so the flag is not taken from callers)."""
+        super().notify(message, markup=False, **kwargs)
+
     def from_thread(self, callback, *args, **kwargs) -> None:
         """For worker threads: call_from_thread, unless the app closed meanwhile (no one to tell)."""
         try:

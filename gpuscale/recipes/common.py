@@ -7,6 +7,7 @@ Imported inside ranks only (it imports torch through the model loaders).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,4 +119,16 @@ def save_model(model, tokenizer, ctx) -> Path:
     if ctx.is_main:
         model.save_pretrained(directory, safe_serialization=True)
         tokenizer.save_pretrained(directory)
+        follow_umask(directory)
     return directory
+
+
+def follow_umask(directory: Path) -> None:
+    """Give each file in `directory` the mode a new file gets under the umask. The safetensors writer
+    creates the weights with mode 0600 whatever the umask, so without this `model.safetensors` alone
+    could not be read by those who can read the config and tokenizer beside it."""
+    mask = os.umask(0o022)  # reading the umask means setting it: set it straight back
+    os.umask(mask)
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~mask)

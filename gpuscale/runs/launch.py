@@ -144,7 +144,7 @@ def display_command(argv: list[str]) -> str:
 
 
 def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None,
-              notes: dict | None = None) -> int:
+              notes: dict | None = None, label: str | None = None) -> int:
     """Check the run's input (`recipe.check`: data that does not parse, an empty data set...), then
     record the run and start its supervisor in a new session; returns the run id. Nothing is
     recorded or started for input the recipe refuses. `notes` are recorded with the settings in the
@@ -157,7 +157,7 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     settings_path.write_text(settings.model_dump_json(indent=2))
     folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
     argv = launcher_argv(recipe, settings, plan, settings_path)
-    store.update_run(run_id, command=argv)
+    store.update_run(run_id, command=argv, label=label)
     with open(folder.supervisor_log, "ab") as log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(store.home)],

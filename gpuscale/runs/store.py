@@ -99,7 +99,13 @@ def _v2(db: sqlite_utils.Database) -> None:
     db["tunings"].create_index(["recipe", "model", "device", "precision", "shape"], unique=True)
 
 
-MIGRATIONS = [_v1, _v2]
+def _v3(db: sqlite_utils.Database) -> None:
+    """A run's label: a name the user gives it (`gpuscale run --label`), usable where an id is."""
+    db["runs"].add_column("label", str)
+    db["runs"].create_index(["label"])
+
+
+MIGRATIONS = [_v1, _v2, _v3]
 TUNING_KEY = ("recipe", "model", "device", "precision", "shape")
 METRIC_COLUMNS = ("run_id", "rank", "t", "step", "name", "value")
 SAMPLE_COLUMNS = ("run_id", "t", "kind", "idx", "name", "mem_used_mb", "mem_total_mb", "util", "power_w",
@@ -183,8 +189,8 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
 
 
 class UnknownRun(LookupError):
-    def __init__(self, run_id: Any):
-        super().__init__(f"run id: {run_id!r}: no such run (see `gpuscale runs`)")
+    def __init__(self, run_id: Any, reason: str = "no such run (see `gpuscale runs`)"):
+        super().__init__(f"run id: {run_id!r}: {reason}")
 
 
 class Store:
@@ -331,13 +337,26 @@ class Store:
             raise UnknownRun(run_id) from None
         return _decode_run(row)
 
-    def list_runs(self, recipe: str | None = None, status: str | None = None) -> list[dict]:
+    def find_run(self, ref: int | str) -> dict:
+        """The run a user means by `ref`: its id (digits), else its label, which must name one run."""
+        if isinstance(ref, int) or str(ref).strip().isdigit():
+            return self.get_run(ref)
+        ids = [row[0] for row in self.db.execute("SELECT id FROM runs WHERE label = ? ORDER BY id", [ref])]
+        if len(ids) > 1:
+            raise UnknownRun(ref, f"the label is on runs {', '.join(map(str, ids))}; give one of those ids")
+        if not ids:
+            raise UnknownRun(ref)
+        return self.get_run(ids[0])
+
+    def list_runs(self, recipe: str | None = None, status: str | None = None,
+                  limit: int | None = None) -> list[dict]:
+        """Newest first; `limit`: only the newest that many (a page of a long history)."""
         where, args = [], []
         if recipe:
             where.append("recipe = ?"), args.append(recipe)
         if status:
             where.append("status = ?"), args.append(status)
-        rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc")
+        rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc", limit=limit)
         return [_decode_run(r) for r in rows]
 
     def recipe_names(self) -> list[str]:

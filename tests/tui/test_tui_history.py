@@ -15,7 +15,7 @@ from tui_helpers import frozen_app, frozen_home, frozen_template, run_async, set
 
 def shown_ids(history: HistoryScreen) -> list[int]:
     table = history.query_one("#runs-table")
-    return [int(table.get_row_at(i)[0].lstrip("*")) for i in range(table.row_count)]
+    return [int(str(table.get_row_at(i)[0]).lstrip("*")) for i in range(table.row_count)]
 
 
 async def pick(pilot, select_id: str, label: str) -> None:

@@ -120,7 +120,7 @@ def test_launch_watch_stop_and_find_a_real_run(home, store):
             assert isinstance(history, HistoryScreen)
             await wait_for(pilot, lambda: [r for r in history.runs if r["id"] == run_id], 10, "the run in the history")
             table = history.query_one("#runs-table")
-            assert table.get_row(str(run_id))[2] == "stopped"
+            assert str(table.get_row(str(run_id))[2]) == "stopped"
 
     run_async(scenario())
     assert store.get_run(1)["status"] == "stopped"
@@ -151,10 +151,10 @@ def test_compare_two_real_runs(home, store):
             compare = app.screen
             assert isinstance(compare, CompareScreen)
             settings_table = compare.query_one("#compare-settings")
-            rows = [settings_table.get_row_at(i) for i in range(settings_table.row_count)]
+            rows = [[str(cell) for cell in settings_table.get_row_at(i)] for i in range(settings_table.row_count)]
             assert ["batch_size", "2", "3"] in rows
             figures = compare.query_one("#compare-figures")
-            assert "tokens_per_s" in [figures.get_row_at(i)[0] for i in range(figures.row_count)]
+            assert "tokens_per_s" in [str(figures.get_row_at(i)[0]) for i in range(figures.row_count)]
             await pilot.press("escape")
             await settle(pilot)
             assert isinstance(app.screen, HistoryScreen)

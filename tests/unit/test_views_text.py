@@ -72,7 +72,7 @@ def test_memory_and_figure_texts():
     assert format_mib(357.0) == "357 MiB" and format_mib(None) == "-"
     assert short_gpu_name("NVIDIA GeForce RTX 4090") == "RTX 4090"
     assert format_number(10_412.5) == "10,412" and format_number(0.693147) == "0.6931"
-    assert format_number([1.5, 2]) == "[1.5, 2]" and format_number("bf16") == "bf16"
+    assert format_number([1.5, 2]) == "1.5 2" and format_number("bf16") == "bf16"
 
 
 def test_status_and_throughput_lines():

@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from gpuscale.app.views.runs import compare_runs, delta_text
 from gpuscale.app.views.text import format_number, setting_text
+from gpuscale.app.widgets.plain import PlainTable
 
 
 class CompareScreen(Screen):
@@ -26,10 +27,10 @@ class CompareScreen(Screen):
         with Horizontal(id="compare-body"):
             with Vertical(classes="compare-half"):
                 yield Static("settings that differ", classes="compare-heading")
-                yield DataTable(id="compare-settings", cursor_type="row")
+                yield PlainTable(id="compare-settings", cursor_type="row")
             with Vertical(classes="compare-half"):
                 yield Static("summary figures", classes="compare-heading")
-                yield DataTable(id="compare-figures", cursor_type="row")
+                yield PlainTable(id="compare-figures", cursor_type="row")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -51,7 +52,7 @@ class CompareScreen(Screen):
     def _show(self, result: dict | Exception) -> None:
         title = self.query_one("#compare-title", Static)
         if isinstance(result, Exception):
-            title.update(f"cannot compare: {result}")
+            title.update(Text(f"cannot compare: {result}"))
             return
         a, b = result["a"], result["b"]
         title.update(Text.assemble(

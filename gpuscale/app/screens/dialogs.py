@@ -9,6 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from gpuscale.app.widgets.plain import PlainStatic
+
 
 class ConfirmDialog(ModalScreen[bool]):
     """y confirms, n or Escape declines; the buttons are there for mouse users."""
@@ -24,7 +26,7 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def compose(self):
         with Vertical(classes="dialog"):
-            yield Static(self.question, classes="dialog-question")
+            yield PlainStatic(self.question, classes="dialog-question")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Yes (y)", id="yes", variant="error", compact=True)
                 yield Button("No (n)", id="no", compact=True)

@@ -2,10 +2,13 @@
 
 The table is read in a worker (after `reconcile`) when the screen is shown and every few seconds
 while it is, and redrawn only when a row changed, so the cursor stays where the user left it.
+It is read a page at a time, newest first: a history of thousands of runs shows its first rows at
+once, and the next page is read when the cursor comes near the last row loaded.
 """
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -14,17 +17,47 @@ from textual.widgets import DataTable, Footer, Header, Label, Select, Static
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.views.runs import RUN_COLUMNS, run_row
+from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.runs import launch
 from gpuscale.runs.store import LIVE_STATUSES, STATUSES
 
 REFRESH_S = 3.0
+PAGE = 200  # runs read at a time; more fill several screens
+MORE_WITHIN = 20  # the next page is read when the cursor is this close to the last row
 HINT = "Enter: open · c: compare (pick two) · e: export · d: delete"
+
+
+FIGURES = RUN_COLUMNS.index("Figures")
 
 
 def history_row(run: dict, now: float, marked: bool) -> tuple[str, ...]:
     """`gpuscale runs`'s row; a `*` before the id of the run picked for a comparison."""
     run_id, *rest = run_row(run, now)
     return (("*" if marked else "") + run_id, *rest)
+
+
+def fit_figures(rows: list[tuple[str, ...]], width: int) -> list[tuple[str, ...]]:
+    """The Figures cells cut (with …) to the room the other columns leave in `width` cells: a long
+    figure must not push Started, the last column, off a narrow screen. Each column has one cell of
+    padding on either side."""
+    others = sum(max(len(cell) for cell in [RUN_COLUMNS[i], *(row[i] for row in rows)])
+                 for i in range(len(RUN_COLUMNS)) if i != FIGURES)
+    room = max(len(RUN_COLUMNS[FIGURES]), width - others - 2 * len(RUN_COLUMNS))
+    return [(*row[:FIGURES], cut_figures(row[FIGURES], room), *row[FIGURES + 1:]) for row in rows]
+
+
+def cut_figures(text: str, room: int) -> str:
+    """`accuracy 0.4583…`: as many whole figures as fit in `room` (a number cut in half would read as
+    another number); the first one cut short only where even it does not fit."""
+    if len(text) <= room:
+        return text
+    kept = ""
+    for figure in text.split(", "):
+        longer = f"{kept}, {figure}" if kept else figure
+        if len(longer) + 1 > room:
+            break
+        kept = longer
+    return (kept or text[: room - 1]) + "…"
 
 
 class HistoryScreen(Screen):
@@ -44,6 +77,8 @@ class HistoryScreen(Screen):
         self._shown_keys: list[str] | None = None
         self._reading = False
         self._timer = None
+        self.limit = PAGE  # how many of the newest runs are read: a page more each time the cursor nears the end
+        self.more = False  # whether the history has runs beyond those read
 
     def compose(self):
         yield Header(show_clock=False)
@@ -52,7 +87,7 @@ class HistoryScreen(Screen):
             yield Select([], prompt="all", id="recipe-filter", compact=True)
             yield Label("  status ")
             yield Select([(s, s) for s in STATUSES], prompt="all", id="status-filter", compact=True)
-        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         yield Static(HINT, id="history-hint")
         yield Footer(compact=True)
 
@@ -79,28 +114,29 @@ class HistoryScreen(Screen):
     def refresh_runs(self) -> None:
         if not self._reading:
             self._reading = True
-            self._read_runs(*self.filters())
+            self._read_runs(*self.filters(), self.limit)
 
     @work(thread=True, exclusive=True, group="history", exit_on_error=False)
-    def _read_runs(self, recipe: str | None, status: str | None) -> None:
+    def _read_runs(self, recipe: str | None, status: str | None, limit: int) -> None:
         try:
             store = self.app.store()
             launch.reconcile(store)
-            runs = store.list_runs(recipe=recipe, status=status)
+            runs = store.list_runs(recipe=recipe, status=status, limit=limit + 1)  # one more: is there more?
             recipes = store.recipe_names()
-            result = ((recipe, status), runs, recipes, None)
+            result = ((recipe, status, limit), runs, recipes, None)
         except Exception as exc:
-            result = ((recipe, status), [], [], exc)
+            result = ((recipe, status, limit), [], [], exc)
         self.app.from_thread(self._show_runs, *result)
 
     def _show_runs(self, filters: tuple, runs: list[dict], recipes: list[str], error: Exception | None) -> None:
         self._reading = False
-        if filters != self.filters():  # the user changed a filter while this was read
+        if filters != (*self.filters(), self.limit):  # a filter changed, or a page more was asked for, meanwhile
             self.refresh_runs()
             return
         if error:
             self.notify(f"cannot read the history: {error}", severity="error")
-        self.runs = runs
+        self.more = len(runs) > self.limit
+        self.runs = runs[: self.limit]
         self._update_recipe_filter(recipes)
         self._fill_table()
         self._schedule_refresh()
@@ -125,7 +161,7 @@ class HistoryScreen(Screen):
             self._recipe_options = known
             value = select.value
             with select.prevent(Select.Changed):
-                select.set_options([(name, name) for name in known])
+                select.set_options([(Text(name), name) for name in known])
                 if value != Select.NULL and value in known:
                     select.value = value
 
@@ -133,6 +169,7 @@ class HistoryScreen(Screen):
         table = self.query_one("#runs-table", DataTable)
         now = self.app.clock()
         rows = [history_row(run, now, run["id"] == self.marked) for run in self.runs]
+        rows = fit_figures(rows, table.scrollable_content_region.width)
         if rows == self._shown_rows:
             return
         keys = [str(run["id"]) for run in self.runs]
@@ -154,8 +191,18 @@ class HistoryScreen(Screen):
                     table.update_cell(key, column, after, update_width=True)
         self._shown_rows = rows
 
+    def on_resize(self) -> None:
+        self._fill_table()  # the Figures column's room changed
+
+    @on(DataTable.RowHighlighted, "#runs-table")
+    def _near_the_end(self, event: DataTable.RowHighlighted) -> None:
+        if self.more and event.cursor_row >= len(self.runs) - MORE_WITHIN and len(self.runs) >= self.limit:
+            self.limit += PAGE
+            self.refresh_runs()
+
     @on(Select.Changed)
     def _filter_changed(self, event: Select.Changed) -> None:
+        self.limit = PAGE  # a new list: its first page
         self.refresh_runs()  # a read in flight notices the change and reads again
 
     # ---- the run under the cursor ------------------------------------------------------------

@@ -18,6 +18,7 @@ from textual.widgets.option_list import Option
 from gpuscale.app.batch_choice import settings_with_batch, stored_tuning, tuning_summary, validated, wants_auto
 from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
+from gpuscale.app.widgets.plain import PlainStatic
 from gpuscale.app.widgets.settings_form import SettingsForm
 from gpuscale.recipes.device_trials import pick_device
 from gpuscale.runs import launch
@@ -89,7 +90,7 @@ class LaunchScreen(Screen):
             with Vertical(id="launch-main"):
                 yield Static("", id="recipe-summary")
                 yield Vertical(id="form-box")
-                yield Static("", id="tuning-line")
+                yield PlainStatic("", id="tuning-line")  # tuning output: model names, paths
                 yield Static(HELP, id="field-help")  # then the focused setting's description
         yield Static("", id="preview")
         yield Footer(compact=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.screen import Screen
@@ -91,7 +92,7 @@ class MonitorScreen(Screen):
         tab = self.tabs().get_tab(f"run-{event.monitor.run_id}")
         title = tab_title(event.view.run)
         if str(tab.label) != title:
-            tab.label = title
+            tab.label = Text(title)  # the recipe's name, as stored: not markup
 
     @on(TabbedContent.TabActivated)
     def _tab_shown(self, event: TabbedContent.TabActivated) -> None:

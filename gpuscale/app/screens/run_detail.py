@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, Ta
 
 from gpuscale.app.views.runs import run_title, status_line
 from gpuscale.app.views.text import format_number, format_time, setting_text
+from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.runs import launch
 
@@ -48,8 +49,8 @@ class RunDetailScreen(Screen):
             with TabPane("Summary", id="summary"):
                 with VerticalScroll(id="detail-summary"):
                     yield Static("reading the run…", id="detail-heading")
-                    yield DataTable(id="detail-figures", cursor_type="row", show_cursor=False)
-                    yield DataTable(id="detail-settings", cursor_type="row", show_cursor=False)
+                    yield PlainTable(id="detail-figures", cursor_type="row", show_cursor=False)
+                    yield PlainTable(id="detail-settings", cursor_type="row", show_cursor=False)
             with TabPane("Charts", id="charts"):
                 yield RunMonitor(self.run_id, stored=True)
         yield Footer(compact=True)
@@ -77,7 +78,7 @@ class RunDetailScreen(Screen):
     def _show(self, run: dict | Exception) -> None:
         heading = self.query_one("#detail-heading", Static)
         if isinstance(run, Exception):
-            heading.update(f"cannot read run {self.run_id}: {run}")
+            heading.update(Text(f"cannot read run {self.run_id}: {run}"))
             return
         self.run = run
         heading.update(run_heading(run, self.app.clock()))

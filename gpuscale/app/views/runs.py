@@ -11,13 +11,15 @@ KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "p
 # The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
 # of several parts is running, e.g. rft's generate / train / evaluate).
 PREFERRED_FIGURES = ("accuracy", "reward", "loss", "phase")
-# A table of runs: the CLI's `gpuscale runs` and the TUI's history. The figures come before the start
-# time, so at 80 columns what a run found is on screen and the date is what a narrow table cuts.
+# A table of runs: the CLI's `gpuscale runs` and the TUI's history. The TUI's history cuts the figures
+# to the room left at its width, so that the start time stays on screen at 80 columns.
 RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")
 
 
 def run_title(run: dict) -> str:
-    return f"run {run['id']} {run['recipe']}"
+    """`run 3 probe`, and its label where it has one: `run 3 probe (baseline)`."""
+    title = f"run {run['id']} {run['recipe']}"
+    return f"{title} ({run['label']})" if run.get("label") else title
 
 
 def elapsed_s(run: dict, now: float) -> float | None:

@@ -10,14 +10,22 @@ from typing import Any
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
 
+MISSING = "—"
+
+
 def format_number(value: Any) -> str:
-    """A figure for people: `0.6931`, `261.5`, `2,261`, `12,345` (never `1.234e+04`), lists item by item;
-    anything that is not a number as it is (`bf16`, `True`). Four significant digits, and from 1,000 on
-    whole numbers with thousands separators, whether the value came as an int or a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, list)):
+    """A figure for people: `0.6931`, `261.5`, `2,261`, `12,345` (never `1.234e+04`); `—` for a value
+    that is missing; a list item by item (`1,341 1,778`: a comma is already the thousands separator),
+    a dict as `name value · name value`; anything else as it is (`bf16`, `True`). Four significant
+    digits, and from 1,000 on whole numbers with thousands separators, whether an int or a float."""
+    if value is None:
+        return MISSING
+    if isinstance(value, dict):
+        return " · ".join(f"{name} {format_number(v)}" for name, v in value.items()) or MISSING
+    if isinstance(value, (list, tuple)):
+        return " ".join(format_number(v) for v in value) or MISSING
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(format_number(v) for v in value) + "]"
     if isinstance(value, int) or abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.4g}"

@@ -22,6 +22,7 @@ from gpuscale.app.views.runs import elapsed_s, figures_text, per_rank_text, run_
 from gpuscale.app.views.text import format_duration
 from gpuscale.app.views.waste import WASTE_WINDOW_S, waste_warnings
 from gpuscale.app.widgets.charts import GaugeSparkline, TimeChart
+from gpuscale.app.widgets.plain import PlainLabel, PlainStatic
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import LIVE_STATUSES
 
@@ -72,10 +73,10 @@ class DeviceRow(Horizontal):
         self.view = view
 
     def compose(self):
-        yield Label(self.view.label, classes="device-name")
+        yield PlainLabel(self.view.label, classes="device-name")
         yield ProgressBar(total=BAR_STEPS, show_eta=False, show_percentage=False, classes="device-bar")
-        yield Label("", classes="device-mem")
-        yield Label("", classes="device-detail")
+        yield PlainLabel("", classes="device-mem")
+        yield PlainLabel("", classes="device-detail")
         relative = self.view.kind == "rank"  # RSS has no natural ceiling: scale to its own range
         yield GaugeSparkline(lo=None if relative else 0.0, hi=None if relative else 100.0, classes="device-spark")
 
@@ -126,20 +127,20 @@ class RunMonitor(VerticalScroll):
 
     def compose(self):
         # The lines that change every second are one line each, so updating them needs no new layout.
-        yield Static("reading the run…", classes="monitor-status one-line")
+        yield PlainStatic("reading the run…", classes="monitor-status one-line")
         yield ProgressBar(show_eta=False, classes="monitor-progress")
-        yield Static("", classes="monitor-warnings")
-        yield Static("", classes="monitor-throughput one-line")
-        yield Static("", classes="monitor-figures")  # the headline figures: wrapped, never cut
-        yield Static("", classes="monitor-per-rank one-line")
+        yield PlainStatic("", classes="monitor-warnings")
+        yield PlainStatic("", classes="monitor-throughput one-line")
+        yield PlainStatic("", classes="monitor-figures")  # the headline figures: wrapped, never cut
+        yield PlainStatic("", classes="monitor-per-rank one-line")
         yield Vertical(classes="monitor-devices")
         with Horizontal(classes="monitor-charts"):
             yield TimeChart(classes="rate-chart")
             yield TimeChart(classes="figure-chart")
-        yield Static("", classes="monitor-log-title")
+        yield PlainStatic("", classes="monitor-log-title")
         yield Log(max_lines=400, classes="monitor-log")
         if not self.stored:
-            yield Static("w: chart window · f: next figure · r: next log · n/p: next/previous run · "
+            yield PlainStatic("w: chart window · f: next figure · r: next log · n/p: next/previous run · "
                          "x: close a finished run's tab · d: details · s: stop · c: charts or devices "
                          "(short terminals)", classes="monitor-hint")
 
@@ -341,7 +342,7 @@ class RunMonitor(VerticalScroll):
         rows = {row.view.key: row for row in self._devices.query(DeviceRow)}
         placeholder = self._devices.query(".device-none")
         if not devices and not rows and not placeholder:
-            self._devices.mount(Static("no telemetry sample yet", classes="device-none"))
+            self._devices.mount(PlainStatic("no telemetry sample yet", classes="device-none"))
         if devices and placeholder:
             placeholder.remove()
         for view in devices:

@@ -15,12 +15,16 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Label, Select, Static, Switch
 
+from gpuscale.app.widgets.plain import PlainStatic
 from gpuscale.runs.settings import RunSettings, check_field
 
 # What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
 FIRST_FIELDS = ("gpus", "batch_size", "precision")
 LAST_FIELDS = ("model", "dataset", "compile", "seed", "max_examples", "telemetry_interval",
                "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+
+
+LABEL_WIDTH = 20  # the narrowest names' column (as wide as the CSS's .field-label)
 
 
 def ordered_fields(settings_cls: type[RunSettings]) -> list[str]:
@@ -97,7 +101,9 @@ class SettingsForm(VerticalScroll, can_focus=False):
         for name in self.fields:
             info = self.settings_cls.model_fields[name]
             with Horizontal(classes="field-row"):
-                yield Label(name, classes="field-label")
+                label = Label(name, classes="field-label")
+                label.styles.width = self.label_width()
+                yield label
                 control = self._control(name, info.annotation, getattr(self.initial, name))
                 yield control
                 if isinstance(control, Switch):  # the slider alone is colour only: say it in a word
@@ -105,6 +111,11 @@ class SettingsForm(VerticalScroll, can_focus=False):
         # No description or error line per field up front: a dozen widgets fewer per recipe to build
         # before the form shows. The focused field's description has its own line on the screen; an
         # error line is mounted under its field the first time that field is wrong.
+
+    def label_width(self) -> int:
+        """The names' column: the CSS width, or wider where a name is longer (`activation_checkpointing`),
+        so that every name shows whole with a space before its control."""
+        return max(LABEL_WIDTH, *(len(name) + 1 for name in self.fields))
 
     def _control(self, name: str, annotation: Any, value: Any):
         kind, options = control_kind(annotation)
@@ -167,7 +178,7 @@ class SettingsForm(VerticalScroll, can_focus=False):
         if lines:
             line = lines.first(Static)
         else:
-            line = Static("", id=f"error-{name}", classes="field-error")
+            line = PlainStatic("", id=f"error-{name}", classes="field-error")
             self.mount(line, after=self.control(name).parent)
         if error:
             self._errors[name] = error

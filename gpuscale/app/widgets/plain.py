@@ -1,0 +1,36 @@
+"""Widgets that show text as written. Textual reads a plain `str` given to a Static, a Label, a
+DataTable cell, a tab or a toast as markup: a dataset path `q[/tmp]x.jsonl` then crashes the app
+(`MarkupError`) and `[v1]` vanishes. Whatever a run holds (settings, summaries, errors, logs, paths)
+was written by a user, a recipe or a model, so the app shows it through these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable, Label, Static
+
+
+def plain(value: Any) -> Text:
+    """`value` as literal text (a Rich Text is kept: its styles were set by this app)."""
+    return value if isinstance(value, Text) else Text(str(value))
+
+
+class PlainStatic(Static):
+    def __init__(self, content: Any = "", **kwargs):
+        super().__init__(content, markup=False, **kwargs)
+
+
+class PlainLabel(Label):
+    def __init__(self, content: Any = "", **kwargs):
+        super().__init__(content, markup=False, **kwargs)
+
+
+class PlainTable(DataTable):
+    """A DataTable whose string cells are literal text."""
+
+    def add_row(self, *cells: Any, **kwargs):
+        return super().add_row(*(plain(cell) for cell in cells), **kwargs)
+
+    def update_cell(self, row_key, column_key, value: Any, **kwargs) -> None:
+        super().update_cell(row_key, column_key, plain(value), **kwargs)

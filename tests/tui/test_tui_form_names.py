@@ -1,0 +1,88 @@
+"""The launch form at 80x24 and 120x40: every setting's whole name is on screen, apart from its
+value; the history keeps its Started column at 80 columns; a toast leaves the command box readable."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from textual.widgets._toast import Toast
+
+from gpuscale.app.views.text import format_time
+from gpuscale.recipes.registry import all_recipes
+from tui_helpers import FROZEN_NOW, frozen_app, run_async, screen_text, settle
+
+# The recipes whose settings have the longest names (`activation_checkpointing`, `generations_per_prompt`).
+LONG_NAMED = ("rft", "eggroll", "grpo-mtl")
+
+
+async def show_recipe(pilot, name: str) -> None:
+    recipes = pilot.app.screen.query_one("#recipes")
+    recipes.highlighted = [option.id for option in recipes.options].index(name)
+    await settle(pilot)
+
+
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_every_setting_name_is_shown_whole(home, size):
+    async def scenario():
+        recipes = all_recipes()
+        app = frozen_app(home, recipes={name: recipes[name] for name in LONG_NAMED})
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            for recipe in LONG_NAMED:
+                await show_recipe(pilot, recipe)
+                missing = []
+                for name in app.screen.form().fields:
+                    form = app.screen.form()
+                    form.scroll_to_widget(form.control(name).parent, animate=False, immediate=True)
+                    await pilot.pause()
+                    label = form.control(name).parent.query_one(".field-label")
+                    line = screen_text(app).splitlines()[label.region.y]
+                    if not re.search(rf"(^|[\s│]){re.escape(name)}\s", line):
+                        missing.append(f"{name}: {line.strip()!r}")
+                assert not missing, f"{recipe} at {size}: " + "; ".join(missing)
+
+    run_async(scenario())
+
+
+def test_history_keeps_started_at_80_columns(home):
+    """Runs whose figures are long (a power-sampling summary): the start times stay on screen."""
+    from gpuscale.runs.store import Store
+
+    store = Store(home)
+    for i in range(3):
+        run_id = store.create_run("power-sampling", {}, [], "h")
+        store.update_run(run_id, status="succeeded", started_at=FROZEN_NOW - 3600 * (i + 1), ended_at=FROZEN_NOW,
+                         summary={"accuracy": 0.4583 + i / 100, "reward": 0.5233, "tokens_per_s": 12_750.0})
+    store.close()
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            await pilot.press("f4")
+            await settle(pilot)
+            shown = screen_text(app)
+            assert "Started" in shown, shown
+            for i in range(3):
+                assert format_time(FROZEN_NOW - 3600 * (i + 1)) in shown, shown
+            assert "accuracy 0.4" in shown  # the figures, cut to the room left
+
+    run_async(scenario())
+
+
+def test_a_toast_leaves_the_command_box_readable(home):
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(80, 24), notifications=True) as pilot:
+            await settle(pilot)
+            app.notify("launching probe on CPU: 1 rank (gloo), a message long enough to take three lines")
+            await settle(pilot)
+            toasts = list(app.screen.query(Toast))
+            assert toasts
+            preview = app.screen.query_one("#preview").region
+            assert all(not toast.region.overlaps(preview) for toast in toasts), (preview, [t.region for t in toasts])
+
+    run_async(scenario())
