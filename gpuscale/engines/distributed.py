@@ -83,12 +83,25 @@ def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
     if use_cuda:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        avoid_cudnn_attention()
     else:
         device = torch.device("cpu")
     if world_size > 1:
         dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
     torch.manual_seed(settings.seed + rank)
     return RankContext(rank, local_rank, world_size, device, resolve_dtype(settings.precision, device), run_dir)
+
+
+def avoid_cudnn_attention() -> None:
+    """Keep torch's scaled_dot_product_attention off its cuDNN kernels on this rank.
+
+    On Hopper, for bf16 inputs with a padding mask (every left-padded GRPO or SFT batch), torch picks
+    cuDNN attention, whose backward returned non-finite query gradients on a real micro-batch of the
+    embedded model while its forward, and the memory-efficient and math kernels' backward on the same
+    batch and weights, were finite (bench/bf16_diagnosis.py --replay; bench/RESULTS.md). One such
+    value spreads to every gradient through clipping, and the run's weights turn NaN. The
+    memory-efficient kernel takes its place (flash attention still serves batches without a mask)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _redirect_output(run_dir: Path, rank: int) -> None:

@@ -89,7 +89,7 @@ from .engine import (
     GenerationEngine,
 )
 from .fused import FUSED_WEIGHTS_MAX_BYTES
-from .kv import attention_mask_4d
+from .kv import attention_mask_4d, bytes_per_row
 from .results import Generation, StaleGenerationError
 from .row_terms import RowScale, RowTerm, RowTermHandle
 from .sampling import Sampling, filter_logits, sample_tokens
@@ -97,5 +97,5 @@ from .sampling import Sampling, filter_logits, sample_tokens
 __all__ = [
     "COLUMN_GRANULE", "CUDA_GRAPH_WARMUP_STEPS", "CUDA_STOP_CHECK_EVERY", "DEFAULT_COMPILE_MODE",
     "FUSED_WEIGHTS_MAX_BYTES", "Generation", "GenerationEngine", "RowScale", "RowTerm", "RowTermHandle",
-    "Sampling", "StaleGenerationError", "attention_mask_4d", "filter_logits", "sample_tokens",
+    "Sampling", "StaleGenerationError", "attention_mask_4d", "bytes_per_row", "filter_logits", "sample_tokens",
 ]

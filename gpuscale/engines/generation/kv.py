@@ -127,3 +127,14 @@ def attention_mask_4d(
     allowed = ((key >= start[:, None, None]) & (key <= query)) | (key == query)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=start.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def bytes_per_row(config, dtype_bytes: int, columns: int) -> int:
+    """GPU memory one batch row takes in the engine: its K and V over `columns` cache columns in every
+    layer, and a few fp32 vocabulary-sized rows per decode step (logits, noise, probabilities).
+    What a recipe sizes its `auto` batch with."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv_cache = columns * config.num_hidden_layers * 2 * kv_heads * head_dim * dtype_bytes
+    return kv_cache + 4 * config.vocab_size * 4

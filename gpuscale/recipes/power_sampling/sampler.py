@@ -69,13 +69,10 @@ def bytes_per_problem(config, dtype_bytes: int, max_new_tokens: int, chains: int
     """GPU memory one problem takes in the batched sampler, per its chains: the KV cache of the
     engine's two slots (current answers and candidates), each of the columns the engine is built with
     below, and a few fp32 vocabulary-sized rows per decode step (logits, noise, probabilities)."""
-    columns = 2 * max_new_tokens + 512
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    kv_cache = 2 * columns * config.num_hidden_layers * 2 * kv_heads * head_dim * dtype_bytes
-    vocabulary_rows = 4 * config.vocab_size * 4
-    return chains * (kv_cache + vocabulary_rows)
+    from gpuscale.engines.generation import bytes_per_row
+
+    # Two slots (current answers and candidates), each of the columns the engine is built with.
+    return chains * bytes_per_row(config, dtype_bytes, columns=2 * (2 * max_new_tokens + 512))
 
 
 # Tokens per answer in the warm-up: enough decode steps for every CUDA graph to be captured (two

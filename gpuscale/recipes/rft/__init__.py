@@ -25,9 +25,9 @@ generation phase), trainer.py (a rank's whole run), trial.py (its tuning trial: 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
 from gpuscale.recipes.sft import Settings as SFTSettings
@@ -39,8 +39,9 @@ class Settings(SFTSettings):
                    "micro_batch_size": "max_rows_per_call", "per_device_train_batch_size": "train_batch_size"}
     ENV_ALIASES = {"MICRO_BATCH_SIZE": "max_rows_per_call"}
 
-    batch_size: int = Field(8, ge=1, description="training questions per generation call per rank "
-                            "(each answered samples_per_question times)")
+    batch_size: int | None = Field(
+        None, ge=1, description="training questions per generation call per rank (each answered "
+        "samples_per_question times); empty = auto: 8 on CPU, on a GPU as many as fill half its free memory")
     samples_per_question: int = Field(30, ge=1, le=4096, description="answers sampled per training question "
                                       "(the seed's oversample)")
     temperature: float = Field(0.7, gt=0.0, le=10.0, description="sampling temperature of the generated answers")
@@ -65,6 +66,12 @@ class Settings(SFTSettings):
     eval_batch_size: int = Field(64, ge=1, description="test problems per evaluation call per rank")
     max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
     save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model")
+
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _auto_words(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
 
 
 class RFT(Recipe):

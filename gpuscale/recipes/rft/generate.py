@@ -43,11 +43,41 @@ def questions_per_call(settings) -> int:
     return max(1, min(settings.batch_size, settings.max_rows_per_call // settings.samples_per_question))
 
 
-def generation_batches(settings, ctx, train: list[dict]) -> list[list[tuple[int, dict]]]:
-    """This rank's questions (with their index in the training set), cut into calls."""
+def generation_batches(settings, ctx, train: list[dict], model) -> list[list[tuple[int, dict]]]:
+    """This rank's questions (with their index in the training set), cut into calls of
+    `batch_size` questions (`auto`: sized for the card, `with_batch_size`)."""
     from gpuscale.recipes.common import batched
 
-    return batched(ctx.shard(list(enumerate(train))), questions_per_call(settings))
+    mine = ctx.shard(list(enumerate(train)))
+    return batched(mine, questions_per_call(with_batch_size(settings, model, len(mine), ctx)))
+
+
+def with_batch_size(settings, model, questions: int, ctx):
+    """The settings with batch_size resolved where the user gave none: 8 questions on CPU ranks; on a
+    GPU as many as fill half the memory free once the model is loaded, each question's
+    samples_per_question rows counted (at most 512 questions, at most this rank's). The rank's log
+    says what was chosen and why."""
+    if settings.batch_size is not None:
+        return settings
+    from gpuscale.engines.generation import bytes_per_row
+    from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
+
+    if ctx.device.type != "cuda":
+        size, why = CPU_BATCH_SIZE, "the CPU default"
+    else:
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        columns = PROMPT_COLUMNS + settings.max_new_tokens
+        per_question = settings.samples_per_question * bytes_per_row(model.config, model.dtype.itemsize, columns)
+        size = auto_batch_size(free, per_question, items=questions)
+        why = (f"half of the {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB at about "
+               f"{per_question / 2**20:.1f} MiB per question, at most 512 and at most this rank's {questions}")
+    print(f"batch_size auto: {size} questions per call ({why}); --batch-size N sets it", flush=True)
+    return settings.model_copy(update={"batch_size": size})
+
+
+# Cache columns a question's prompt is budgeted in the auto batch (tiny-math's prompts take about 60
+# tokens, GSM8K's under 300).
+PROMPT_COLUMNS = 512
 
 
 def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
@@ -57,7 +87,7 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
     from gpuscale.data.scoring import decode_completions
     from gpuscale.recipes.common import RankResults
 
-    sampler = make_sampler(settings, ctx, loaded, questions_per_call(settings))
+    sampler = make_sampler(settings, ctx, loaded, max((len(batch) for batch in batches), default=1))
     k = settings.samples_per_question
     result = GenerationResult()
     # Each call's kept rows go to the rank's results file at once: a run stopped (or lost) while

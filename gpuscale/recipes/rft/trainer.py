@@ -53,7 +53,7 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
 
     train, test = training_and_test_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
-    batches = [] if settings.data_from else generation_batches(settings, ctx, train)
+    batches = [] if settings.data_from else generation_batches(settings, ctx, train, loaded.model)
     phases = PhasedReporter(reporter)
 
     phases.start(BASE_EVALUATION, 1, after=len(batches) + 1)
