@@ -30,7 +30,8 @@ class Settings(RunSettings):
                    "epochs": "steps", "num_epochs": "steps",
                    "lr_schedule": "lr_scheduler"}  # the name it had at first (bench/RESULTS.md's commands)
 
-    batch_size: int = Field(256, ge=1, description="rows (member x prompt x generation) per engine call per rank")
+    batch_size: int = Field(1024, ge=1, description="rows (member x prompt x generation) per engine call per rank "
+                            "(1024: a step's 64 members x 16 prompts in one call)")
     method: Literal["eggroll", "naive"] = Field(
         "eggroll",
         description="eggroll = all members in one batched forward; naive = perturb, generate, restore per member")
@@ -44,10 +45,10 @@ class Settings(RunSettings):
     norm_sigma: float = Field(0.03, gt=0, le=1.0, description="perturbation scale of the norms' gains: they "
                               "sit near 1 where the matrices' entries sit near 0.03, so sigma would move them "
                               "relatively 30 times less")
-    sigma: float = Field(0.01, gt=0, le=1.0, description="perturbation scale")
-    lr: float = Field(0.05, gt=0, le=100.0, description="step size of the ES update")
+    sigma: float = Field(0.003, gt=0, le=1.0, description="perturbation scale of the matrices")
+    lr: float = Field(0.3, gt=0, le=100.0, description="step size of the ES update")
     lr_scheduler: Literal["constant", "cosine"] = Field(
-        "constant", description="constant = lr at every step; cosine = from lr down to lr / 100 at the last step")
+        "cosine", description="constant = lr at every step; cosine = from lr down to lr / 100 at the last step")
     optimizer: Literal["sgd", "adam"] = Field(
         "sgd", description="sgd = the step as HyperscaleES applies it; adam = torch Adam on the ES gradient at lr")
     fitness_shaping: Literal["zscore", "centered_rank", "antithetic_sign"] = Field(
@@ -55,7 +56,7 @@ class Settings(RunSettings):
     prompts_per_step: int = Field(16, ge=1, le=4096, description="training prompts every member answers each step")
     generations_per_prompt: int = Field(1, ge=1, le=256, description="answers per prompt and member")
     fitness: Literal["correctness", "gold_logprob"] = Field(
-        "correctness", description="correctness = mean reward of the members' sampled answers; gold_logprob = mean "
+        "gold_logprob", description="correctness = mean reward of the members' sampled answers; gold_logprob = mean "
                                    "per-token log-prob of the training answers given the questions (teacher "
                                    "forcing: nothing sampled, a smooth signal)")
     max_new_tokens: int = Field(48, ge=1, le=8192, description="answer length budget")
@@ -64,8 +65,8 @@ class Settings(RunSettings):
     common_random_numbers: bool = Field(
         True, description="with temperature > 0, every member samples its answers with the same random numbers "
                           "in a step, so members' fitnesses differ by their noise, not by their luck")
-    steps: int = Field(20, ge=1, le=1_000_000, description="ES steps")
-    eval_every: int = Field(10, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
+    steps: int = Field(150, ge=1, le=1_000_000, description="ES steps")
+    eval_every: int = Field(50, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
     eval_examples: int = Field(200, ge=1, le=100_000, description="held-out test problems for the accuracy figures")
     save_model: bool = Field(True, description="save the final model in RUN_DIR/model")
     answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field(
