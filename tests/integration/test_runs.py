@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -174,3 +175,20 @@ def test_lost_run_keeps_its_results_and_a_partial_summary(home):
     listed = run_json("runs")  # the front end finds the supervisor dead: lost, and keeps what the ranks did
     assert listed[0]["status"] == "lost"
     assert_kept_what_it_did(home, listed[0])
+
+
+def test_stopped_run_keeps_the_summary_parts_rank0_wrote_and_its_progress(home):
+    """Rank 0 may write its summary in parts (figures measured before training, then more): a run
+    stopped after them keeps every part, later values winning, on top of the progress figures."""
+    run_id = int(gpuscale("run", *LONG, "--gpus", "1", "--detach").stdout)
+    wait_for_metrics(home, run_id)
+    run_dir = Path(Store(home).get_run(run_id)["run_dir"])
+    with open(run_dir / "metrics" / "rank0.jsonl", "a") as metrics:  # as the rank's Reporter appends
+        for part in ({"accuracy_before": 0.25, "eval_examples": 8}, {"accuracy_before": 0.5, "world_size": 1}):
+            metrics.write(json.dumps({"t": time.time(), "rank": 0, "summary": part}) + "\n")
+    wait_until(lambda: len(Store(home).metrics(run_id, "tokens")) >= 3, 60, message="a few steps")
+    assert gpuscale("stop", str(run_id)).returncode == 0
+    summary = run_json("show", str(run_id))["summary"]
+    assert summary["accuracy_before"] == 0.5 and summary["eval_examples"] == 8 and summary["world_size"] == 1
+    assert summary["partial"] is True and summary["steps_done"] >= 1 and summary["tokens"] > 0
+    assert summary["duration_s"] > 0
