@@ -423,12 +423,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from gpuscale.runs.doctor import examine
 
-    findings = examine(gpuscale_home(), repair=args.repair)
+    findings = examine(gpuscale_home(), repair=args.repair, recipe_of=recipe_of_settings)
     for finding in findings:
         print(("ok       " if finding.ok else "PROBLEM  ") + finding.text)
     problems = sum(not finding.ok for finding in findings)
     print(f"{problems} problem(s) left" if problems else "the history is healthy")
     return 1 if problems else 0
+
+
+def recipe_of_settings(settings: dict) -> str | None:
+    """The one recipe whose settings have exactly these names (a run folder written before folders
+    recorded their recipe), else None."""
+    matches = [name for name, recipe in all_recipes().items() if set(recipe.settings_cls.model_fields) == set(settings)]
+    return matches[0] if len(matches) == 1 else None
 
 
 # ---- machine and recipes --------------------------------------------------------------------------

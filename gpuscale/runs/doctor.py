@@ -3,21 +3,29 @@
 Checked: that the home can be read and written, runs.db's integrity (SQLite's integrity_check) and
 schema version, runs recorded as live whose supervisor is dead, run folders without a row and rows
 without a folder. Repaired: dead runs are marked lost (their results so far kept), as every front
-end does; with `repair`, a damaged runs.db is moved aside and a new, empty history started, the run
-folders kept (new runs are numbered above them).
+end does; with `repair`, a damaged runs.db is moved aside and a new history started, rebuilt from the run
+folders (`rebuild_from_folders`: settings, recipe, status, summary and metrics as the folders show
+them).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from gpuscale.runs import launch
+from gpuscale.runs.metrics import MetricsTailer, Throughput
 from gpuscale.runs.process import process_alive
+from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import LIVE_STATUSES, SCHEMA_VERSION, Store, StoreError, connect_read_only
+from gpuscale.runs.supervisor import ended_summary, first_error
 
 
 @dataclass(frozen=True)
@@ -26,7 +34,10 @@ class Finding:
     text: str
 
 
-def examine(home: Path, repair: bool = False) -> list[Finding]:
+def examine(home: Path, repair: bool = False,
+            recipe_of: Callable[[dict], str | None] | None = None) -> list[Finding]:
+    """`recipe_of(settings)`: the recipe whose settings these are, for run folders written before
+    folders recorded their recipe (the front end knows the recipes; this floor does not)."""
     home = Path(home)
     if not home.exists():
         return [Finding(True, f"{home}: no history yet (the first run creates it)")]
@@ -34,14 +45,18 @@ def examine(home: Path, repair: bool = False) -> list[Finding]:
         return [Finding(False, f"{home}: cannot be read; check its owner and mode")]
     findings = [] if os.access(home, os.W_OK) else [Finding(
         False, f"{home}: not writable: the history can be read, but runs cannot be started, stopped or deleted")]
+    had_history = (home / "runs.db").exists()
     findings += _check_database(home / "runs.db", repair)
     if not findings[-1].ok:
         return findings  # a history that cannot be opened: nothing more to check in it
+    moved_aside = had_history and not (home / "runs.db").exists()
     try:
         store = Store.for_reading(home)
     except StoreError as error:
         return findings + [Finding(False, str(error))]
     try:
+        if moved_aside and not store.read_only:
+            findings += rebuild_from_folders(store, recipe_of)
         findings += _check_live_runs(store)
         findings += _check_folders(store)
     finally:
@@ -118,3 +133,96 @@ def _check_folders(store: Store) -> list[Finding]:
             findings.append(Finding(False, f"run {run['id']}: its folder {run['run_dir']} is missing (its logs and "
                                            "results are gone; the row is kept)"))
     return findings
+
+
+# ---- a lost history rebuilt from the run folders --------------------------------------------------
+
+
+def rebuild_from_folders(store: Store, recipe_of: Callable[[dict], str | None] | None = None) -> list[Finding]:
+    """One row per run folder with a settings.json (the others are not runs this gpuscale started),
+    under the folder's own id: what a run folder keeps is enough for the history's list, its details
+    and its charts; the telemetry samples were only in the history and are gone."""
+    folders = store.home / "runs"
+    ids = sorted(int(entry.name) for entry in os.scandir(folders) if entry.is_dir() and entry.name.isdigit()) \
+        if folders.is_dir() else []
+    rebuilt, skipped, findings = [], [], []
+    for run_id in ids:
+        folder = RunDir(folders / str(run_id))
+        if not folder.settings.is_file():
+            skipped.append(str(run_id))
+            continue
+        try:
+            run, metrics = run_from_folder(run_id, folder, store.home, recipe_of)
+            store.restore_run(run, metrics)
+        except (OSError, ValueError, sqlite3.DatabaseError) as error:
+            findings.append(Finding(False, f"run {run_id}: could not be rebuilt from {folder.root} ({error})"))
+            continue
+        rebuilt.append(f"{run_id} ({run['status']})")
+    if rebuilt:
+        findings.insert(0, Finding(True, f"{len(rebuilt)} run(s) rebuilt from their folders: {', '.join(rebuilt)}"))
+    if skipped:
+        findings.append(Finding(True, f"{folders}: folder(s) without settings.json not rebuilt: {', '.join(skipped)}"))
+    return findings
+
+
+def run_from_folder(run_id: int, folder: RunDir, home: Path,
+                    recipe_of: Callable[[dict], str | None] | None = None) -> tuple[dict, list[dict]]:
+    """The row of the run in `folder` and its metric rows. Status as the folder shows it: a rank's
+    error file means failed (the launcher then exits non-zero whatever else was written), else
+    rank 0's summary means succeeded, else lost (stopped and lost runs leave the same files); a run
+    whose supervisor still works on it stays running, and its supervisor records its end as usual."""
+    settings = json.loads(folder.settings.read_text())
+    info = json.loads(folder.run_info.read_text()) if folder.run_info.is_file() else {}
+    recipe = info.get("recipe") or (recipe_of(settings) if recipe_of else None) or "unknown"
+    tailer = MetricsTailer(folder.metrics_dir, run_id)
+    throughput = Throughput()
+    metrics = tailer.read_new() if folder.metrics_dir.is_dir() else []
+    throughput.add(metrics)
+    metrics += throughput.run_wide_rows(run_id)
+    created = folder.settings.stat().st_mtime
+    ended = max([created, *(m["t"] for m in metrics), *_file_times(folder)])
+    progress = throughput.progress(ended, finished=True)
+    supervisor = _live_supervisor(run_id, home)
+    error = None
+    if supervisor:
+        status = "running"
+    elif folder.error_files():
+        status = "failed"
+        error, _hint = first_error(folder.root, 1)
+    elif tailer.summaries.get(0):
+        status = "succeeded"
+    else:
+        status = "lost"
+        error = "rebuilt from its folder after the history was lost: it ended without rank 0's summary"
+    summary = ended_summary(tailer.summaries.get(0, {}), progress, status == "succeeded")
+    if status != "running":
+        summary["duration_s"] = round(ended - created, 3)
+    run = {
+        "id": run_id, "recipe": recipe, "status": status, "settings": {**settings, **info.get("notes", {})},
+        "summary": summary, "error": error, "created_at": created, "started_at": created,
+        "ended_at": None if status == "running" else ended, "run_dir": str(folder.root),
+        "command": info.get("command", []), "host": info.get("host"), "label": info.get("label"),
+        "progress": progress,
+    }
+    if supervisor:
+        run.update(supervisor_pid=supervisor.pid, supervisor_started=supervisor.create_time())
+    return run, metrics
+
+
+def _file_times(folder: RunDir) -> list[float]:
+    """When each file the run wrote was last written (its end, where its metrics stopped earlier)."""
+    times = []
+    for directory in (folder.logs, folder.metrics_dir, folder.errors_dir, folder.results_dir):
+        if directory.is_dir():
+            times += [entry.stat().st_mtime for entry in os.scandir(directory) if entry.is_file()]
+    return times
+
+
+def _live_supervisor(run_id: int, home: Path) -> psutil.Process | None:
+    """The supervisor still running this run, if any (its command line names the run and the home)."""
+    wanted = ["-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(home)]
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline[1:] == wanted or cmdline[-len(wanted):] == wanted:
+            return process
+    return None

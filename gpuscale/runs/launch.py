@@ -158,6 +158,10 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
     argv = launcher_argv(recipe, settings, plan, settings_path)
     store.update_run(run_id, command=argv, label=label)
+    # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
+    # history from the run folders, and the recipe's name is nowhere else in them.
+    folder.run_info.write_text(json.dumps({"recipe": recipe.name, "command": argv, "host": socket.gethostname(),
+                                           "label": label, "notes": notes or {}}, indent=1) + "\n")
     with open(folder.supervisor_log, "ab") as log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(store.home)],

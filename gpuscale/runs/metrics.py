@@ -55,7 +55,9 @@ class MetricsTailer:
     def _to_rows(self, record: dict) -> list[dict]:
         rank = int(record.get("rank", -1))
         if "summary" in record:
-            self.summaries[rank] = record["summary"]
+            # A rank may write its summary in parts (figures measured before training, then the rest):
+            # every part is kept, in the order written, a later value of a figure replacing an earlier one.
+            self.summaries[rank] = {**self.summaries.get(rank, {}), **(record["summary"] or {})}
             return []
         t, step = float(record["t"]), int(record.get("step", 0))
         return [

@@ -3,6 +3,8 @@ writes under RUN_DIR goes through `RunDir`.
 
     RUN_DIR/
         settings.json           the run's settings (the recipe's pydantic model), read by every rank
+        run.json                what the history records of the run besides (recipe, command, host,
+                                label, notes), so that a history lost can be rebuilt from the folders
         plan.json               the device plan: number of ranks and GPU indices
         logs/rank<R>.log        each rank's stdout and stderr
         logs/launcher.log       torchrun's or accelerate's own output
@@ -39,6 +41,10 @@ class RunDir:
     @property
     def settings(self) -> Path:
         return self.root / "settings.json"
+
+    @property
+    def run_info(self) -> Path:
+        return self.root / "run.json"
 
     @property
     def plan(self) -> Path:

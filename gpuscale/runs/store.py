@@ -300,6 +300,22 @@ class Store:
             self.db["runs"].update(run_id, {"run_dir": str(run_dir)})
         return run_id
 
+    def restore_run(self, run: dict, metrics: Iterable[dict]) -> None:
+        """Insert a run rebuilt from its folder (`gpuscale doctor --repair` after the history was lost),
+        under its own id, with its metric rows, in one transaction: a run is restored whole or not
+        at all. `run` holds columns of `runs`; JSON columns may be given decoded."""
+        row = dict(run)
+        for key in ("settings", "summary", "progress", "command"):
+            if key in row and not isinstance(row[key], str):
+                row[key] = json.dumps(row[key])
+        metrics = list(metrics)
+        with self.transaction():
+            self.db.conn.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                                 list(row.values()))
+            self.db.conn.executemany(
+                f"INSERT INTO metrics ({', '.join(METRIC_COLUMNS)}) VALUES ({', '.join('?' * len(METRIC_COLUMNS))})",
+                [[m.get(c) for c in METRIC_COLUMNS] for m in metrics])
+
     def _next_run_id(self) -> int:
         """Above every id in the table and every run folder: a deleted run keeps its folder, and so does
         a history started anew (a damaged runs.db moved aside), so a new run must not reuse either."""

@@ -155,9 +155,7 @@ class Supervisor:
         # A run that ended before rank 0 merged its results keeps the rows its ranks finished.
         merge_rank_results(self.run_dir)
         progress = self.throughput.progress(time.time(), finished=True)
-        summary = dict(self.tailer.summaries.get(0, {}))
-        if not summary and status != "succeeded":
-            summary = partial_summary(progress)
+        summary = ended_summary(self.tailer.summaries.get(0, {}), progress, status == "succeeded")
         summary.update(self._run_figures(cpu_percent))
         self.store.finish_run(
             self.run_id, status, exit_code=exit_code, summary=summary, error=error, hint=hint, progress=progress,
@@ -187,14 +185,24 @@ def partial_summary(progress: dict) -> dict:
     return figures
 
 
+def ended_summary(rank0_summary: dict, progress: dict, succeeded: bool) -> dict:
+    """The summary a run is recorded with: rank 0's summary (its parts merged); for a run that did
+    not succeed, on top of the figures of its progress (`partial_summary`), so that neither the
+    steps it trained nor the figures it had already measured are lost. Rank 0's figures win where
+    both name one."""
+    if succeeded:
+        return dict(rank0_summary)
+    return {**partial_summary(progress), **rank0_summary}
+
+
 def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
-    """The summary of a run whose supervisor is gone, from the ranks' metric files, which hold all
-    they logged, after the supervisor's last tick too: rank 0's own summary where it wrote one, else
-    `partial_summary` of the figures so far."""
+    """The summary of a run whose supervisor is gone (so not a run that succeeded), from the ranks'
+    metric files, which hold all they logged, after the supervisor's last tick too: `ended_summary`
+    of rank 0's summary parts and the figures so far."""
     tailer = MetricsTailer(RunDir(run_dir).metrics_dir, run_id)
     throughput = Throughput()
     throughput.add(tailer.read_new())
-    return dict(tailer.summaries.get(0) or partial_summary(throughput.progress(time.time(), finished=True)))
+    return ended_summary(tailer.summaries.get(0, {}), throughput.progress(time.time(), finished=True), False)
 
 
 def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = None) -> dict[str, str]:

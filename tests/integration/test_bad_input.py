@@ -239,3 +239,56 @@ def test_every_recipe_checks_its_model_before_launch(home, tmp_path, recipe):
     line = one_error_line(gpuscale("run", "--recipe", recipe, "--gpus", "1", "--model", str(directory)))
     assert line == f"gpuscale: error: model: {expected}"
     assert run_json("runs") == []
+
+
+# ---- too little training data for what a step takes ----------------------------------------
+
+
+def jsonl_of(tmp_path, rows: int):
+    data = tmp_path / "few.jsonl"
+    data.write_text("".join(json.dumps({"question": f"How much is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+                            for i in range(rows)))
+    return data
+
+
+@pytest.mark.parametrize("recipe, rows, settings, expected", [
+    ("grpo-mtl", None, ["max_examples=4"],
+     "prompts_per_step: 16: needs at least 16 training examples, the run has 4 (max_examples=4 of tiny-math); "
+     "every step trains on that many distinct prompts"),
+    ("grpo-mtl", 6, ["eval_examples=2", "prompts_per_step=8", "num_generations=2", "batch_size=4"],
+     "prompts_per_step: 8: needs at least 8 training examples, the run has 4 (dataset={data}, after "
+     "eval_examples=2 held out); "),
+    ("eggroll", None, ["max_examples=8"],
+     "prompts_per_step: 16: needs at least 16 training examples, the run has 8 (max_examples=8 of tiny-math); "
+     "every step samples that many distinct prompts"),
+    ("eggroll", 1, ["eval_examples=0"],
+     "prompts_per_step: 16: needs at least 16 training examples, the run has 1 (dataset={data}); "),
+    ("rft", 1, ["eval_examples=0"],
+     "gpus: 2: needs at least 2 training examples, the run has 1 (dataset={data}); the 2 ranks each generate"),
+    ("rft", 1, [],
+     "eval_examples: 500: needs at least 1 training examples, the run has 0 (dataset={data}, after "
+     "eval_examples=500 held out); it holds out every example"),
+])
+def test_too_few_training_examples_are_refused_before_launch(home, tmp_path, recipe, rows, settings, expected):
+    """Today these start: grpo-mtl "succeeds" with 0 steps, eggroll fails a step in with
+    'Sample larger than population', rft fails on the rank that got no question."""
+    data = jsonl_of(tmp_path, rows) if rows else None
+    args = ["run", "--recipe", recipe, "--gpus", "2" if recipe == "rft" else "1"]
+    args += ["--dataset", str(data)] if data else []
+    for setting in settings:
+        args += ["--set", setting]
+    line = one_error_line(gpuscale(*args))
+    assert expected.format(data=data) in line, line
+    assert run_json("runs") == [] and not any((home / "runs").iterdir())
+
+
+def test_eggroll_accepts_no_evaluation(home):
+    """eval_examples=0 means no evaluation, as in the other recipes: the run trains and its accuracy
+    figures are None (nothing measured), not a refusal."""
+    run = run_json("run", "--recipe", "eggroll", "--gpus", "1", "--set", "eval_examples=0",
+                   "--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=4",
+                   "--set", "steps=1", "--set", "batch_size=8", "--set", "save_model=false")
+    assert run["status"] == "succeeded", run["error"]
+    summary = run["summary"]
+    assert summary["greedy_accuracy_before"] is None and summary["sampled_accuracy_after"] is None
+    assert summary["steps"] == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -174,3 +175,52 @@ def test_lost_run_keeps_its_results_and_a_partial_summary(home):
     listed = run_json("runs")  # the front end finds the supervisor dead: lost, and keeps what the ranks did
     assert listed[0]["status"] == "lost"
     assert_kept_what_it_did(home, listed[0])
+
+
+def test_stopped_run_keeps_the_summary_parts_rank0_wrote_and_its_progress(home):
+    """Rank 0 may write its summary in parts (figures measured before training, then more): a run
+    stopped after them keeps every part, later values winning, on top of the progress figures."""
+    run_id = int(gpuscale("run", *LONG, "--gpus", "1", "--detach").stdout)
+    wait_for_metrics(home, run_id)
+    run_dir = Path(Store(home).get_run(run_id)["run_dir"])
+    with open(run_dir / "metrics" / "rank0.jsonl", "a") as metrics:  # as the rank's Reporter appends
+        for part in ({"accuracy_before": 0.25, "eval_examples": 8}, {"accuracy_before": 0.5, "world_size": 1}):
+            metrics.write(json.dumps({"t": time.time(), "rank": 0, "summary": part}) + "\n")
+    wait_until(lambda: len(Store(home).metrics(run_id, "tokens")) >= 3, 60, message="a few steps")
+    assert gpuscale("stop", str(run_id)).returncode == 0
+    summary = run_json("show", str(run_id))["summary"]
+    assert summary["accuracy_before"] == 0.5 and summary["eval_examples"] == 8 and summary["world_size"] == 1
+    assert summary["partial"] is True and summary["steps_done"] >= 1 and summary["tokens"] > 0
+    assert summary["duration_s"] > 0
+
+
+def test_doctor_repair_rebuilds_the_history_from_the_run_folders(home):
+    """A damaged runs.db moved aside leaves the run folders: the new history gets their runs back,
+    with recipe, status, settings, summary and metrics, under their own ids."""
+    good = run_json("run", *FAST, "--gpus", "1", "--label", "first")
+    failing = gpuscale("run", *FAST, "--gpus", "1", "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:2"})
+    assert good["status"] == "succeeded" and failing.returncode == 1
+    before = {run["id"]: run for run in run_json("runs")}
+    rank_rows = {run_id: [m for m in Store(home).metrics(run_id) if m["rank"] >= 0] for run_id in before}
+    with open(home / "runs.db", "r+b") as handle:  # the SQLite header overwritten
+        handle.write(b"\0garbage" * 16)
+
+    repaired = gpuscale("doctor", "--repair")
+    assert repaired.returncode == 0, repaired.stdout
+    assert "2 run(s) rebuilt from their folders: 1 (succeeded), 2 (failed)" in repaired.stdout
+    after = {run["id"]: run for run in run_json("runs")}
+    assert sorted(after) == sorted(before) == [1, 2]
+    for run_id, run in after.items():
+        assert run["recipe"] == "probe" and run["status"] == before[run_id]["status"]
+        assert run["started_at"] <= run["ended_at"] and run["run_dir"] == before[run_id]["run_dir"]
+        assert [(m["rank"], m["step"], m["name"], m["value"]) for m in Store(home).metrics(run_id) if m["rank"] >= 0] \
+            == [(m["rank"], m["step"], m["name"], m["value"]) for m in rank_rows[run_id]]
+    assert after[1]["summary"]["tokens_per_s"] == before[1]["summary"]["tokens_per_s"]
+    assert after[1]["label"] == "first" and after[1]["command"] == before[1]["command"]
+    assert after[2]["error"] == "rank 0: RuntimeError: injected fault on rank 0 at step 2"
+    assert after[2]["summary"]["partial"] is True and after[2]["summary"]["steps_done"] >= 1
+    shown = run_json("show", "1")
+    assert shown["settings"] == before[1]["settings"] and shown["settings"]["steps"] == 4
+    listed = gpuscale("runs")
+    assert listed.returncode == 0 and "probe" in listed.stdout and "succeeded" in listed.stdout
+    assert gpuscale("doctor").returncode == 0

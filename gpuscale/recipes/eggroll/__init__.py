@@ -67,7 +67,8 @@ class Settings(RunSettings):
                           "in a step, so members' fitnesses differ by their noise, not by their luck")
     steps: int = Field(150, ge=1, le=1_000_000, description="ES steps")
     eval_every: int = Field(50, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
-    eval_examples: int = Field(200, ge=1, le=100_000, description="held-out test problems for the accuracy figures")
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems for the accuracy figures "
+                               "(0 = no evaluation)")
     save_model: bool = Field(True, description="save the final model in RUN_DIR/model")
     answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field(
         "strict", description="answer extraction of the reward")
@@ -94,6 +95,21 @@ class Settings(RunSettings):
         return value
 
 
+def check_training_examples(settings: Settings) -> None:
+    """Each step samples prompts_per_step distinct prompts from the training examples (without
+    replacement); with fewer the first step raises, after the model is loaded. The trainer loads
+    them as load_examples(dataset, "train", max_examples) does, nothing held out."""
+    from gpuscale.data.tasks import load_examples
+    from gpuscale.recipes.data_checks import require_training_examples, training_count
+
+    count, source = training_count(
+        settings, lambda s: load_examples(s.dataset, "train", s.max_examples, seed=s.seed), holds_out=False)
+    require_training_examples(count, source, settings.prompts_per_step, "prompts_per_step",
+                              settings.prompts_per_step,
+                              "every step samples that many distinct prompts; lower prompts_per_step "
+                              "or give more training examples")
+
+
 class Eggroll(Recipe):
     name = "eggroll"
     summary = "evolution strategies with low-rank perturbations: the whole population in one batched forward"
@@ -109,7 +125,9 @@ class Eggroll(Recipe):
         from gpuscale.data.tasks import check_dataset
 
         check_dataset(settings.dataset, "train", settings.max_examples)
-        check_dataset(settings.dataset, "test", settings.eval_examples)
+        if settings.eval_examples:
+            check_dataset(settings.dataset, "test", settings.eval_examples)
+        check_training_examples(settings)
 
     # Tuning (`gpuscale tune`): the batch is rows per engine call, a whole number of members' rows
     # (prompts_per_step x generations_per_prompt each); a call holds at most the rank's members.

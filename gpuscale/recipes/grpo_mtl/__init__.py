@@ -128,6 +128,20 @@ def rank_share(settings: Settings, ranks: int) -> int:
     return settings.completions_per_step // ranks
 
 
+def check_training_examples(settings: Settings) -> None:
+    """Every optimizer step takes prompts_per_step distinct training prompts; with fewer, TRL's data
+    loader yields no whole step and the run ends at once with 0 steps as if it had succeeded. The
+    count is of the rows the run loads (JSONL: its first eval_examples rows held out)."""
+    from gpuscale.recipes.data_checks import require_training_examples, training_count
+    from gpuscale.recipes.grpo_mtl.data import training_and_test_examples
+
+    count, source = training_count(settings, lambda s: training_and_test_examples(s)[0])
+    require_training_examples(count, source, settings.prompts_per_step, "prompts_per_step",
+                              settings.prompts_per_step,
+                              "every step trains on that many distinct prompts; lower prompts_per_step "
+                              "or give more training examples")
+
+
 class GrpoMtl(Recipe):
     name = "grpo-mtl"
     summary = ("GRPO over a mixture of task domains (TRL GRPOTrainer, gpuscale's generation engine), "
@@ -149,6 +163,7 @@ class GrpoMtl(Recipe):
 
         check_dataset(settings.dataset, "train", settings.max_examples)
         accumulation_steps(settings, 1)
+        check_training_examples(settings)
 
     # Tuning (`gpuscale tune`): the per-device micro-batch of the loss's forward and backward; the
     # accumulation follows from it (accumulation_steps), so the step's completions stay as asked.

@@ -74,6 +74,27 @@ class Settings(SFTSettings):
         return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
 
 
+def check_questions_per_rank(settings: Settings) -> None:
+    """The training questions are sharded over the ranks for generation: a rank with none of its own
+    fails there while the others wait for it in the collectives. The rank count is the one the
+    launch will plan (gpus here, times nnodes); the questions are those the trainer loads (a JSONL
+    file's first eval_examples rows held out)."""
+    from gpuscale.recipes.data_checks import require_training_examples, training_count
+    from gpuscale.recipes.device_trials import run_ranks
+    from gpuscale.recipes.sft.data import training_and_test_examples
+
+    ranks = run_ranks(settings)
+    count, source = training_count(settings, lambda s: training_and_test_examples(s)[0])
+    if count == 0:
+        require_training_examples(count, source, 1, "eval_examples", settings.eval_examples,
+                                  "it holds out every example of the file, none is left to generate "
+                                  "answers for; lower it")
+    require_training_examples(count, source, ranks, "gpus", settings.gpus,
+                              f"the {ranks} ranks each generate answers for a share of the training "
+                              "questions, and every rank needs one; run on fewer ranks or give more "
+                              "questions")
+
+
 class RFT(Recipe):
     name = "rft"
     summary = ("rejection-sampling fine-tuning: sample answers, keep the correct distinct ones, "
@@ -99,6 +120,7 @@ class RFT(Recipe):
             generated_set_path(settings.data_from)
         else:
             check_dataset(settings.dataset, "train", settings.max_examples)
+            check_questions_per_rank(settings)
         if settings.eval_examples:
             check_dataset(settings.dataset, "test", settings.eval_examples)
 

@@ -1,0 +1,48 @@
+"""Before launch: are there enough training examples for what the run does with them? (no torch: the
+front end's check runs this.)
+
+A run with too few examples does not fail at once: GRPO's data loader then yields no whole step and
+the run "succeeds" with nothing trained, ES sampling raises after the model is loaded, a rank with no
+question of its own breaks the collectives. Counted here the way each recipe loads them, without
+the network and without generating a named task's problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuscale.runs.settings import SettingsError
+
+
+def training_count(settings, training_examples: Callable[[object], list[dict]],
+                   holds_out: bool = True) -> tuple[int | None, str]:
+    """How many training examples the run will have, and where that number comes from (for the
+    refusal's message). `training_examples(settings)` is the recipe's own loader, used for JSONL
+    files only: they are read whole by the data check anyway. A named task's training split holds
+    thousands of problems (its test split is separate), so there the count is `max_examples`, or
+    None where it is unset (the whole split: plenty). `holds_out`: the loader leaves a file's first
+    eval_examples rows out of training (as sft's split does), which the message then says."""
+    from gpuscale.data.tasks import parse_dataset
+
+    if parse_dataset(settings.dataset).paths:
+        count = len(training_examples(settings))
+        held_out = getattr(settings, "eval_examples", 0) if holds_out else 0
+        source = f"dataset={settings.dataset}"
+        if settings.max_examples is not None:
+            source += f", max_examples={settings.max_examples}"
+        if held_out:
+            source += f", after eval_examples={held_out} held out"
+        return count, source
+    if settings.max_examples is None:
+        return None, f"dataset={settings.dataset}"
+    return settings.max_examples, f"max_examples={settings.max_examples} of {settings.dataset}"
+
+
+def require_training_examples(count: int | None, source: str, needed: int, field: str, value: int,
+                              reason: str) -> None:
+    """SettingsError with one line naming `field`, its value, the count and its source, if `count`
+    is known and below `needed`."""
+    if count is None or count >= needed:
+        return
+    raise SettingsError(f"{field}: {value}: needs at least {needed} training examples, the run has {count} "
+                        f"({source}); {reason}")
