@@ -195,8 +195,32 @@ def report_end(run: dict, as_json: bool) -> None:
 
 def public_run(run: dict) -> dict:
     keys = ("id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error", "hint",
-            "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid", "label")
+            "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid", "label",
+            "parent_id")
     return {key: run.get(key) for key in keys}
+
+
+# ---- resume ---------------------------------------------------------------------------------------
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """A stopped, failed or lost run continued from its last checkpoint, as a new run naming it."""
+    store = open_store(write=True)
+    parent = store.find_run(args.id)
+    recipe = get_recipe(parent["recipe"])
+    overrides = parse_assignments(args.assignments)
+    if args.gpus is not None:
+        overrides["gpus"] = args.gpus
+    run_id = launch.resume_run(store, recipe, parent, overrides)  # refused before anything starts
+    if args.detach:
+        print(json.dumps({"id": run_id}) if args.json else run_id)
+        return 0
+    run = store.get_run(run_id)
+    plan = json.loads(RunDir(run["run_dir"]).plan.read_text())
+    where = launch.DevicePlan(plan["nproc"], tuple(plan["gpu_indices"])).describe()
+    print(f"run {run_id}: {recipe.name} resuming run {parent['id']} from {Path(run['settings']['resume_from']).name} "
+          f"on {where}; Ctrl-C stops it (gpuscale logs {run_id} --follow)", file=sys.stderr)
+    return follow_run(store, run_id, as_json=args.json)
 
 
 # ---- tune -----------------------------------------------------------------------------------------
@@ -335,6 +359,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     for key in ("label", "error", "hint", "run_dir"):
         if run[key]:
             print(f"{key}: {run[key]}")
+    if run.get("parent_id"):
+        checkpoint = (run["settings"] or {}).get("resume_from")
+        print(f"resumed from: run {run['parent_id']}" + (f", {checkpoint}" if checkpoint else ""))
     print("command:", launch.display_command(run["command"]) if run["command"] else "-")
     print("settings:")
     for key, value in run["settings"].items():
@@ -570,6 +597,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "show":
             p.add_argument("--json", action="store_true", help=JSON_HELP)
         p.set_defaults(func=func)
+
+    p = sub.add_parser("resume", help="continue a stopped, failed or lost run from its last checkpoint, as a new run")
+    p.add_argument("id", help=ID_HELP)
+    p.add_argument("--gpus", help="'all', a count, or indices like 0,3 (default: the run's own)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a setting of the run; repeatable")
+    add_follow_options(p)
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("logs", help="a run's launcher and rank logs")
     p.add_argument("id", help=ID_HELP)

@@ -17,10 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gpuscale.runs import telemetry
+from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
 from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
 from gpuscale.runs.store import LIVE_STATUSES, Store, merge_rank_results
 from gpuscale.runs.supervisor import summary_from_files
 
@@ -144,14 +147,16 @@ def display_command(argv: list[str]) -> str:
 
 
 def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None,
-              notes: dict | None = None, label: str | None = None) -> int:
+              notes: dict | None = None, label: str | None = None, parent_id: int | None = None) -> int:
     """Check the run's input (`recipe.check`: data that does not parse, an empty data set...), then
     record the run and start its supervisor in a new session; returns the run id. Nothing is
     recorded or started for input the recipe refuses. `notes` are recorded with the settings in the
-    history (e.g. `batch_size_source`, where `--batch-size auto` found its batch), not given to ranks."""
+    history (e.g. `batch_size_source`, where `--batch-size auto` found its batch), not given to ranks;
+    `parent_id`: the run this one continues (`resume_run`)."""
     plan = plan or plan_devices(settings.gpus)
     recipe.check(settings)
-    run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname())
+    run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname(),
+                              parent_id=parent_id)
     folder = RunDir(store.get_run(run_id)["run_dir"]).make()
     settings_path = folder.settings
     settings_path.write_text(settings.model_dump_json(indent=2))
@@ -171,6 +176,62 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     store.update_run(run_id, supervisor_pid=supervisor.pid)
     _children.append(supervisor)
     return run_id
+
+
+class ResumeRefused(SettingsError):
+    """A run that cannot be resumed: one line saying why (the CLI exits 2 on it, the TUI shows it)."""
+
+
+def resume_point(run: dict) -> Path:
+    """The checkpoint a resume of `run` starts from: its newest complete one, else (a resumed run
+    stopped before its own first checkpoint) the one it was itself resumed from. Refuses, with the
+    reason, a run that is live, succeeded, or has no checkpoint."""
+    run_id, status = run["id"], run["status"]
+    if status in LIVE_STATUSES:
+        raise ResumeRefused(f"run {run_id} is {status}: only a stopped, failed or lost run can be resumed")
+    if status == "succeeded":
+        raise ResumeRefused(f"run {run_id} succeeded: there is nothing left to resume")
+    settings = run.get("settings") or {}
+    found = latest_checkpoint(run["run_dir"]) if run.get("run_dir") else None
+    inherited = settings.get("resume_from")
+    if found is None and inherited and is_complete(inherited):
+        found = Path(inherited)
+    if found is not None:
+        return found
+    every = settings.get("checkpoint_every")
+    if not every:
+        reason = "it saved none: checkpoint_every was 0" if every == 0 else "it saved none"
+    else:
+        reason = f"it saved none: it stopped before step {every}, or its recipe writes no checkpoints"
+    raise ResumeRefused(f"run {run_id} has no checkpoint to resume from ({reason})")
+
+
+def resume_settings(recipe, run: dict, overrides: dict | None = None) -> RunSettings:
+    """The settings of a run continuing `run`: its own (as its ranks read them), `overrides` on top
+    (`gpus` may change: the checkpoints hold nothing tied to the number of ranks), and `resume_from`
+    its last checkpoint."""
+    checkpoint = resume_point(run)
+    folder = RunDir(run["run_dir"])
+    try:
+        merged = json.loads(folder.settings.read_text())
+    except (OSError, ValueError) as exc:
+        raise ResumeRefused(f"run {run['id']}: its settings ({folder.settings}) cannot be read ({exc})") from None
+    for key, value in (overrides or {}).items():
+        merged[recipe.settings_cls.field_for_key(key)] = value
+    merged["resume_from"] = str(checkpoint)
+    try:
+        return recipe.settings_cls.model_validate(merged)
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc)) from None
+
+
+def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
+               plan: DevicePlan | None = None) -> int:
+    """Continue a stopped, failed or lost run as a new run that names it as its parent, from its
+    last checkpoint (`resume_settings`); returns the new run's id. The one way both front ends
+    resume a run."""
+    settings = resume_settings(recipe, run, overrides)
+    return start_run(store, recipe, settings, plan, parent_id=run["id"])
 
 
 # Supervisors this front end started; polled so that finished ones do not linger as zombies.

@@ -15,7 +15,7 @@ writes under RUN_DIR goes through `RunDir`.
         results.jsonl           every rank's results merged, in example order
         model/                  a trained model and its tokenizer
         trainer/                TRL's output folder
-        checkpoints/            checkpoints to resume from
+        checkpoints/            checkpoint-<step>/ folders to resume from (runs/checkpoints.py)
 
 Plain paths only (no torch): the front ends, the supervisor and the ranks all use it.
 """
@@ -83,6 +83,9 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"checkpoint-{step}"
 
     # ---- per rank ----
 

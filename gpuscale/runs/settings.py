@@ -22,6 +22,11 @@ class SettingsError(ValueError):
     """Bad input from the user: one line, field + value + reason. The CLI exits 2 on it."""
 
 
+# A checkpoint every 50 optimizer steps: a stopped or lost run loses at most that much work, and
+# short runs (eggroll's 20 steps, a quick sft) write none and pay nothing for it.
+DEFAULT_CHECKPOINT_EVERY = 50
+
+
 class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -46,6 +51,16 @@ class RunSettings(BaseModel):
     rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the rendezvous for a multi-node job")
     rdzv_id: str = Field("gpuscale", description="job id shared by all nodes of one multi-node job")
     telemetry_interval: float = Field(1.0, ge=0.1, le=60, description="seconds between telemetry samples")
+    # Checkpoints: only the training recipes (eggroll, sft, rft, grpo-mtl) act on these; the others
+    # ignore them, so `gpuscale resume` finds nothing to resume for those.
+    checkpoint_every: int = Field(
+        DEFAULT_CHECKPOINT_EVERY, ge=0,
+        description="training recipes: a checkpoint every this many optimizer steps, in RUN_DIR/checkpoints "
+                    "(0 or off = none); `gpuscale resume` continues a stopped run from the last one")
+    keep_checkpoints: int = Field(2, ge=1, le=10_000, description="training recipes: keep the newest this many "
+                                  "checkpoints (older ones are deleted as new ones are written)")
+    resume_from: str | None = Field(None, description="a checkpoint folder to continue from (set by "
+                                    "`gpuscale resume`; rarely given by hand)")
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -89,6 +104,23 @@ class RunSettings(BaseModel):
     @classmethod
     def _none_words(cls, value: Any) -> Any:
         return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _off_is_zero(cls, value: Any) -> Any:
+        return 0 if isinstance(value, str) and value.strip().lower() in ("off", "none", "no", "false") else value
+
+    @field_validator("resume_from", mode="before")
+    @classmethod
+    def _no_checkpoint_words(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
+
+    @field_validator("resume_from")
+    @classmethod
+    def _check_resume_from(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_dir():
+            raise ValueError("no such checkpoint folder (`gpuscale resume ID` finds a run's last checkpoint)")
+        return value
 
     @field_validator("rdzv_endpoint")
     @classmethod

@@ -105,7 +105,12 @@ def _v3(db: sqlite_utils.Database) -> None:
     db["runs"].create_index(["label"])
 
 
-MIGRATIONS = [_v1, _v2, _v3]
+def _v4(db: sqlite_utils.Database) -> None:
+    """A resumed run's parent: the run whose checkpoint it continues (`gpuscale resume`)."""
+    db["runs"].add_column("parent_id", int)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4]
 TUNING_KEY = ("recipe", "model", "device", "precision", "shape")
 METRIC_COLUMNS = ("run_id", "rank", "t", "step", "name", "value")
 SAMPLE_COLUMNS = ("run_id", "t", "kind", "idx", "name", "mem_used_mb", "mem_total_mb", "util", "power_w",
@@ -287,13 +292,15 @@ class Store:
 
     # ---- runs -------------------------------------------------------------------------------
 
-    def create_run(self, recipe: str, settings: dict, command: list[str], host: str) -> int:
+    def create_run(self, recipe: str, settings: dict, command: list[str], host: str,
+                   parent_id: int | None = None) -> int:
+        """`parent_id`: the run a resumed run continues."""
         with self.transaction():
             run_id = self.db["runs"].insert(
                 {
                     "id": self._next_run_id(), "recipe": recipe, "status": "queued", "settings": json.dumps(settings),
                     "summary": "{}", "created_at": time.time(), "command": json.dumps(command),
-                    "host": host,
+                    "host": host, "parent_id": parent_id,
                 }
             ).last_pk
             run_dir = self.home / "runs" / str(run_id)

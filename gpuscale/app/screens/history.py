@@ -24,7 +24,7 @@ from gpuscale.runs.store import LIVE_STATUSES, STATUSES
 REFRESH_S = 3.0
 PAGE = 200  # runs read at a time; more fill several screens
 MORE_WITHIN = 20  # the next page is read when the cursor is this close to the last row
-HINT = "Enter: open · c: compare (pick two) · e: export · d: delete"
+HINT = "Enter: open · c: compare (pick two) · e: export · d: delete · R: resume"
 
 
 FIGURES = RUN_COLUMNS.index("Figures")
@@ -67,6 +67,8 @@ class HistoryScreen(Screen):
         Binding("e", "export", "Export"),
         Binding("d,delete", "delete", "Delete"),
         Binding("r", "refresh", "Refresh", show=False),
+        # Shift+R: plain r already refreshes.
+        Binding("R", "resume", "Resume", show=False),
     ]
 
     def __init__(self, **kwargs):
@@ -246,6 +248,29 @@ class HistoryScreen(Screen):
     def action_export(self) -> None:
         if (run_id := self.current_run_id()) is not None:
             self.app.export_run(run_id)
+
+    def action_resume(self) -> None:
+        """The run under the cursor continued from its last checkpoint as a new run (the CLI's
+        `gpuscale resume`, through the same launch.resume_run); a refusal says why in a toast."""
+        run = self.current_run()
+        if run is not None:
+            self._resume(run)
+
+    @work(thread=True, group="history-resume", exit_on_error=False)
+    def _resume(self, run: dict) -> None:
+        from gpuscale.recipes.registry import get_recipe
+
+        try:
+            recipe = self.app.recipes.get(run["recipe"]) or get_recipe(run["recipe"])
+            run_id = launch.resume_run(self.app.store(), recipe, run)
+        except Exception as exc:  # refused (no checkpoint, still running...), or the history is read-only
+            self.app.from_thread(self.notify, f"not resumed: {exc}", severity="warning")
+            return
+        self.app.from_thread(self._resumed, run["id"], run_id)
+
+    async def _resumed(self, parent_id: int, run_id: int) -> None:
+        self.notify(f"run {run_id}: resuming run {parent_id}")
+        await self.app.open_monitor(run_id)
 
     def action_delete(self) -> None:
         run = self.current_run()

@@ -109,9 +109,14 @@ def key_figures_text(run: dict, limit: int = 2) -> str:
     return ", ".join(shown[:limit])
 
 
+def run_id_text(run: dict) -> str:
+    """`13`, or `13 ↻12` for a run resumed from run 12's checkpoint."""
+    return f"{run['id']} ↻{run['parent_id']}" if run.get("parent_id") else str(run["id"])
+
+
 def run_row(run: dict, now: float) -> tuple[str, ...]:
     """The run's cells under RUN_COLUMNS."""
-    return (str(run["id"]), run["recipe"], run["status"], format_duration(elapsed_s(run, now)),
+    return (run_id_text(run), run["recipe"], run["status"], format_duration(elapsed_s(run, now)),
             key_figures_text(run), format_time(run["started_at"]))
 
 

@@ -20,15 +20,17 @@ from gpuscale.runs.settings import RunSettings, check_field
 
 # What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
 FIRST_FIELDS = ("gpus", "batch_size", "precision")
-LAST_FIELDS = ("model", "dataset", "compile", "seed", "max_examples", "telemetry_interval",
-               "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+LAST_FIELDS = ("model", "dataset", "compile", "seed", "max_examples", "checkpoint_every", "keep_checkpoints",
+               "telemetry_interval", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
+# Set by `gpuscale resume` (and the history's R), never typed in the form.
+HIDDEN_FIELDS = ("resume_from",)
 
 
 LABEL_WIDTH = 20  # the narrowest names' column (as wide as the CSS's .field-label)
 
 
 def ordered_fields(settings_cls: type[RunSettings]) -> list[str]:
-    fields = list(settings_cls.model_fields)
+    fields = [f for f in settings_cls.model_fields if f not in HIDDEN_FIELDS]
     own = [f for f in fields if f not in FIRST_FIELDS and f not in LAST_FIELDS]
     return [f for f in FIRST_FIELDS if f in fields] + own + [f for f in LAST_FIELDS if f in fields]
 

@@ -10,6 +10,9 @@ One step, on every rank:
    place and restored from a copy, the structure users had);
 4. fitness of a member = mean correctness of its answers; all-gathered as one tensor;
 5. shaped fitnesses -> one low-rank sum per matrix -> W += step (evolution.py).
+
+Every `checkpoint_every` steps the state a step needs is saved (checkpoint.py); a run given
+`resume_from` loads it and goes on with the next step.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gpuscale.recipes.eggroll import Settings, evolution
+from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
@@ -43,10 +46,16 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     trainer = Trainer(settings, ctx, loaded, engine, train)
     evaluator = Evaluator(settings, ctx, loaded, held_out)
 
-    before = evaluator.figures("before")
+    done, history = 0, {}
+    if settings.resume_from:  # the weights, Adam and the figures so far, from `gpuscale resume`'s checkpoint
+        done, history = checkpoint.load(trainer, settings.resume_from)
+        print(f"resumed from {settings.resume_from} after step {done}", flush=True)
+    # A resumed run keeps its parent's `before` figures: they describe the model before any step.
+    before = history.get("before") or evaluator.figures("before")
     reporter.total(settings.steps)
-    step_seconds, fitness_means, tokens_total = [], [], 0
-    for step in range(1, settings.steps + 1):
+    # The rates (members/s, tokens/s) are this run's own steps'; the fitness series goes on from the parent's.
+    step_seconds, fitness_means, tokens_total = [], list(history.get("fitness_means", [])), 0
+    for step in range(done + 1, settings.steps + 1):
         started = time.perf_counter()
         result = trainer.step(step)
         step_seconds.append(time.perf_counter() - started)
@@ -60,6 +69,8 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
                      fitness_mean=fitness_means[-1], fitness_max=float(fitness.max()),
                      fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1],
                      **result.reward_by_domain(), **figures)
+        if settings.checkpoint_every and step % settings.checkpoint_every == 0:
+            checkpoint.save(trainer, step, {"before": before, "fitness_means": fitness_means})
     after = evaluator.figures("after")
     if settings.save_model:
         save_model(loaded.model, loaded.tokenizer, ctx)
@@ -67,11 +78,13 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     everyone_tokens = sum(ctx.gather(tokens_total))
     if ctx.is_main:
         # Step 1 also captures CUDA graphs and allocates the KV cache: the median leaves it out.
-        typical = statistics.median(step_seconds[1:] or step_seconds)
+        # (None where a resumed run had no step left: its parent failed after its last checkpoint.)
+        typical = statistics.median(step_seconds[1:] or step_seconds) if step_seconds else None
         reporter.summary({
             "method": settings.method, "population": settings.population, "world_size": ctx.world_size,
-            "steps": settings.steps, "members_per_s": settings.population / typical,
-            "tokens_per_s": everyone_tokens / sum(step_seconds), "step_seconds_median": typical,
+            "steps": settings.steps, "members_per_s": settings.population / typical if typical else None,
+            "tokens_per_s": everyone_tokens / sum(step_seconds) if step_seconds else None,
+            "step_seconds_median": typical,
             **{f"{phase}_seconds_median": seconds for phase, seconds in trainer.clock.medians().items()},
             "fitness_mean_first": fitness_means[0], "fitness_mean_last": fitness_means[-1],
             "perturbed_matrices": len(trainer.linears), "perturbed_norms": len(trainer.norms),

@@ -1,0 +1,35 @@
+"""Checkpoints for the TRL recipes (sft, rft, grpo-mtl): the settings every training recipe shares
+(`checkpoint_every`, `keep_checkpoints`, `resume_from`) as TrainingArguments.
+
+    config = trainer_args(settings, ctx, SFTConfig, **checkpoint_args(settings, ctx.run_dir))
+    trainer.train(resume_from_checkpoint=resume_checkpoint(settings))
+
+TRL's trainer then writes RUN_DIR/checkpoints/checkpoint-<step>/ (model, optimizer, scheduler, RNG
+states, the step and the data position) and, given a checkpoint, continues from it.
+`latest_checkpoint` (the newest complete one) is the same function `gpuscale resume` uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpuscale.runs.checkpoints import latest_checkpoint, list_checkpoints, prune_checkpoints
+from gpuscale.runs.run_dir import RunDir
+
+__all__ = ["checkpoint_args", "latest_checkpoint", "list_checkpoints", "prune_checkpoints", "resume_checkpoint"]
+
+
+def checkpoint_args(settings, run_dir: str | Path) -> dict[str, Any]:
+    """TrainingArguments fields for the run's checkpoints: every `checkpoint_every` optimizer steps
+    into RUN_DIR/checkpoints, the newest `keep_checkpoints` kept; none when checkpoint_every is 0."""
+    every = getattr(settings, "checkpoint_every", 0)
+    if not every:
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": every, "save_total_limit": settings.keep_checkpoints,
+            "output_dir": str(RunDir(run_dir).checkpoints)}
+
+
+def resume_checkpoint(settings) -> str | None:
+    """What to hand `trainer.train(resume_from_checkpoint=...)`: the folder `gpuscale resume` set, or None."""
+    return getattr(settings, "resume_from", None) or None

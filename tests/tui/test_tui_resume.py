@@ -1,0 +1,73 @@
+"""The history's R: resume the run under the cursor (launch.resume_run, as `gpuscale resume`); a run
+with no checkpoint is refused in a toast, one with a checkpoint starts a new run naming it."""
+
+from __future__ import annotations
+
+import json
+
+from gpuscale.app.tui import GpuscaleApp
+from gpuscale.recipes.registry import get_recipe
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.store import Store
+from tui_helpers import run_async, settle, wait_for
+
+SIZE = (120, 40)
+
+
+def app_recording_notifications(home) -> tuple[GpuscaleApp, list[str]]:
+    app = GpuscaleApp(home=home, recipes={"probe": get_recipe("probe")}, list_gpus=lambda: [], cursor_blink=False)
+    shown: list[str] = []
+    notify = app.notify
+
+    def recording(message, **options):
+        shown.append(message)
+        notify(message, **options)
+
+    app.notify = recording
+    return app, shown
+
+
+def failed_probe_run(home, with_checkpoint: bool) -> int:
+    """A failed probe run in the history, with its settings file, and a checkpoint folder if asked."""
+    store = Store(home)
+    settings = get_recipe("probe").settings_cls.model_validate(
+        {"steps": 2, "prompt_tokens": 8, "batch_size": 2, "gpus": 1})
+    run_id = store.create_run("probe", settings.model_dump(), [], "h")
+    folder = RunDir(store.get_run(run_id)["run_dir"]).make()
+    folder.settings.write_text(settings.model_dump_json())
+    if with_checkpoint:
+        folder.checkpoint(2).mkdir(parents=True)
+        (folder.checkpoint(2) / "checkpoint.json").write_text(json.dumps({"step": 2}))
+    store.finish_run(run_id, "failed", error="rank 0: RuntimeError: boom")
+    store.close()
+    return run_id
+
+
+def test_r_refuses_a_run_without_checkpoint_and_resumes_one_with_a_checkpoint(home):
+    bare = failed_probe_run(home, with_checkpoint=False)
+    saved = failed_probe_run(home, with_checkpoint=True)
+    app, shown = app_recording_notifications(home)
+
+    async def scenario():
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            await pilot.press("f4")
+            await settle(pilot)
+            history = app.screen
+            await wait_for(pilot, lambda: history.current_run_id() == saved, 10, "the newest run under the cursor")
+            await pilot.press("down")
+            assert history.current_run_id() == bare
+            await pilot.press("R")
+            await wait_for(pilot, lambda: any("has no checkpoint" in m for m in shown), 10, "the refusal toast")
+            assert f"not resumed: run {bare} has no checkpoint to resume from (it saved none: it stopped before " \
+                   "step 50, or its recipe writes no checkpoints)" in shown
+            await pilot.press("up")
+            await pilot.press("R")
+            await wait_for(pilot, lambda: app.current_mode == "monitor", 20, "the new run's monitor")
+            store = Store(home)
+            child = store.list_runs(limit=1)[0]
+            assert child["parent_id"] == saved and child["id"] not in (bare, saved)
+            assert child["settings"]["resume_from"] == str(RunDir(store.get_run(saved)["run_dir"]).checkpoint(2))
+            await wait_for(pilot, lambda: Store(home).get_run(child["id"])["status"] not in ("queued", "running"),
+                           120, "the resumed run's end")
+
+    run_async(scenario())
