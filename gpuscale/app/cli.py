@@ -266,6 +266,8 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
     if chosen is None:
         print(f"no batch fitted under {args.memory_cap:.0%} of {device.name}'s memory; nothing stored", file=out)
         return outcome
+    if outcome.result.warning:
+        print(f"warning: {outcome.result.warning}", file=sys.stderr)
     store.save_tuning(outcome.key.as_dict(), **outcome_record(outcome, figure))
     print(f"chosen: batch {chosen.batch_size}, {format_number(chosen.throughput)} {figure}, "
           f"{chosen.peak_memory_bytes / 1e9:.2f} GB peak of {outcome.memory_total_bytes / 1e9:.1f} GB "
