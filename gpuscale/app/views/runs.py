@@ -89,12 +89,14 @@ def figures_text(run: dict, limit: int = 4) -> str:
     return " · ".join(f"{name} {format_number(latest[name])}" for name in names[:limit])
 
 
-def progress_line(run: dict, now: float) -> str:
+def progress_line(run: dict, now: float, warnings: tuple[str, ...] | list[str] = ()) -> str:
     """Everything about a run on one line, for a terminal with no screen (`gpuscale run`, `show`):
     `run 3 probe · running · 1:23 elapsed · step 40/100 (40%) · ETA 2:04 · tokens/s 4,210 · samples/s
-    12.0 · loss 1.23`. The rates appear once the ranks report any."""
+    12.0 · loss 1.23`. The rates appear once the ranks report any. `warnings` (a collapse, see
+    views/collapse.py) come right after the status, each marked `!`: a line fitted to a narrow
+    terminal loses its end, and a warning is what must not be lost."""
     progress = run.get("progress") or {}
-    parts = [run_title(run), status_line(run, now)]
+    parts = [run_title(run), status_line(run, now), *(f"! {warning}" for warning in warnings)]
     if progress.get("tokens_per_s") or progress.get("samples_per_s"):
         parts.append(throughput_text(progress))
     if figures := figures_text(run):
