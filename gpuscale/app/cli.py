@@ -25,7 +25,7 @@ from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
 from gpuscale.app.views.export import export_text
 from gpuscale.app.views.logs import read_lines, world_size
-from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, progress_line, run_row
+from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, key_figures, progress_line, run_row
 from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
 from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
@@ -339,6 +339,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(json.dumps({**public_run(run), "latest_samples": store.latest_samples(run["id"])}, indent=2))
         return 0
     print(progress_line(run, time.time(), run_collapse_warnings(store, run)))
+    if figures := key_figures(run["summary"] or {}, limit=4):
+        print("figures: " + " · ".join(figures))
     for key in ("started_at", "ended_at"):
         print(f"{key}: {format_time(run[key])}")
     for key in ("label", "error", "hint", "run_dir"):

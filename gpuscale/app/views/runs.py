@@ -6,7 +6,18 @@ from __future__ import annotations
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
 from gpuscale.runs.store import LIVE_STATUSES
 
-# Summary figures worth a column in a table of runs, in order of preference.
+# What a training run is for comes first in a table of runs: held-out accuracy before -> after
+# training, then (RL) the training reward at the start -> at the end. Each is a (label, pairs) entry:
+# the first pair of summary names the run has both of wins; the later pairs are the names older runs
+# and other recipes used for the same figure.
+LEAD_FIGURES = (
+    ("accuracy", (("accuracy_greedy_before", "accuracy_greedy_after"), ("accuracy_before", "accuracy_after"),
+                  ("greedy_accuracy_before", "greedy_accuracy_after"))),
+    ("sampled accuracy", (("accuracy_sampled_before", "accuracy_sampled_after"),
+                          ("sampled_accuracy_before", "sampled_accuracy_after"))),
+    ("reward", (("reward_first", "reward_last"), ("fitness_mean_first", "fitness_mean_last"))),
+)
+# Then single summary figures, in order of preference, to fill the column.
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
 # The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
 # of several parts is running, e.g. rft's generate / train / evaluate).
@@ -104,11 +115,28 @@ def progress_line(run: dict, now: float, warnings: tuple[str, ...] | list[str] =
     return " · ".join(parts)
 
 
+def lead_figures(summary: dict) -> list[str]:
+    """The LEAD_FIGURES a summary has, in words: `accuracy 0.12 -> 0.48`, `reward 0.05 -> 0.61`."""
+    shown = []
+    for label, pairs in LEAD_FIGURES:
+        for first, last in pairs:
+            if _is_number(summary.get(first)) and _is_number(summary.get(last)):
+                shown.append(f"{label} {format_number(summary[first])} -> {format_number(summary[last])}")
+                break
+    return shown
+
+
+def key_figures(summary: dict, limit: int = 2) -> list[str]:
+    """What a run's summary shows first, at most `limit` of them: LEAD_FIGURES (what a training run
+    is for), then KEY_FIGURES (a benchmark's rate). One place decides, for the CLI and the TUI."""
+    shown = lead_figures(summary)
+    shown += [f"{name} {format_number(summary[name])}" for name in KEY_FIGURES if name in summary]
+    return shown[:limit]
+
+
 def key_figures_text(run: dict, limit: int = 2) -> str:
-    """A table of runs' figures column: the first `limit` of KEY_FIGURES the run's summary has."""
-    summary = run.get("summary") or {}
-    shown = [f"{name} {format_number(summary[name])}" for name in KEY_FIGURES if name in summary]
-    return ", ".join(shown[:limit])
+    """A table of runs' figures column: `key_figures` of the run's summary."""
+    return ", ".join(key_figures(run.get("summary") or {}, limit))
 
 
 def run_row(run: dict, now: float) -> tuple[str, ...]:
