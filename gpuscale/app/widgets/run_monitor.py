@@ -263,7 +263,7 @@ class RunMonitor(VerticalScroll):
         return MonitorView(
             run=run, live=live, status=f"{run_title(run)} · {status_line(run, now)}",
             step=progress.get("step") or 0, total=progress.get("total"),
-            throughput=throughput_text(progress), per_rank=per_rank_text(progress),
+            throughput=throughput_text(run), per_rank=per_rank_text(run),
             figures=figures_text(run),
             warnings=warnings, devices=tuple(feeds.device_views(feed, end, window)),
             rate_lines=self._rate_lines(feed, end, window), figure_name=figure_name,
