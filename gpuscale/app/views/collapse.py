@@ -28,8 +28,7 @@ CLIPPED_SHARE = 0.9
 # Where the clipped share is not logged, a mean length this close to the cap says the same.
 NEAR_CAP = 0.98
 # Mean token entropy (nats) under this: the sampled completions are all but deterministic, so a GRPO
-# group's completions agree, their advantages are zero and nothing is learned. Healthy runs of the
-# recipes here log 0.3-1.5.
+# group's completions agree, their advantages are zero and nothing is learned.
 ENTROPY_FLOOR = 0.05
 
 REWARD = "reward"
