@@ -20,11 +20,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
 from gpuscale.app.views.export import export_text
 from gpuscale.app.views.logs import read_lines, world_size
-from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, progress_line, run_row
+from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, key_figures, progress_line, run_row
 from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
 from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
@@ -148,6 +149,7 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
     terminal = Console(file=sys.stderr)  # its width follows the terminal (and COLUMNS)
     interactive = terminal.is_terminal
     last_print = 0.0
+    said: set[str] = set()  # warnings already printed whole on a line of their own
     while True:
         if stop["asked"]:
             print(f"\nstopping run {run_id} ...", file=sys.stderr)
@@ -157,16 +159,21 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
         if run["status"] not in ("queued", "running"):
             break
         now = time.monotonic()
+        warnings = run_collapse_warnings(store, run)
         if interactive:
-            line = fit_to_width(progress_line(run, time.time()), terminal.width)
+            for warning in warnings:  # once each, whole: the redrawn line may be cut to the width
+                if warning not in said:
+                    print(f"\r\033[K! {warning}", file=sys.stderr, flush=True)
+                    said.add(warning)
+            line = fit_to_width(progress_line(run, time.time(), warnings), terminal.width)
             print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
         elif now - last_print >= 10:
-            print(progress_line(run, time.time()), file=sys.stderr, flush=True)
+            print(progress_line(run, time.time(), warnings), file=sys.stderr, flush=True)
             last_print = now
         time.sleep(0.5)
     if interactive:
         print(file=sys.stderr)
-    report_end(run, as_json)
+    report_end(run, as_json, run_collapse_warnings(store, run))
     return 0 if run["status"] == "succeeded" else 1
 
 
@@ -179,11 +186,11 @@ def fit_to_width(line: str, width: int) -> str:
     return text.plain
 
 
-def report_end(run: dict, as_json: bool) -> None:
+def report_end(run: dict, as_json: bool, warnings: list[str] = ()) -> None:
     if as_json:
         print(json.dumps(public_run(run), indent=2))
         return
-    print(progress_line(run, time.time()), file=sys.stderr)
+    print(progress_line(run, time.time(), warnings), file=sys.stderr)
     if run["error"]:
         print(f"error: {run['error']}", file=sys.stderr)
     if run["hint"]:
@@ -290,6 +297,8 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
     if chosen is None:
         print(f"no batch fitted under {args.memory_cap:.0%} of {device.name}'s memory; nothing stored", file=out)
         return outcome
+    if outcome.result.warning:
+        print(f"warning: {outcome.result.warning}", file=sys.stderr)
     store.save_tuning(outcome.key.as_dict(), **outcome_record(outcome, figure))
     print(f"chosen: batch {chosen.batch_size}, {format_number(chosen.throughput)} {figure}, "
           f"{chosen.peak_memory_bytes / 1e9:.2f} GB peak of {outcome.memory_total_bytes / 1e9:.1f} GB "
@@ -353,7 +362,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**public_run(run), "latest_samples": store.latest_samples(run["id"])}, indent=2))
         return 0
-    print(progress_line(run, time.time()))
+    print(progress_line(run, time.time(), run_collapse_warnings(store, run)))
+    if figures := key_figures(run["summary"] or {}, limit=4):
+        print("figures: " + " · ".join(figures))
     for key in ("started_at", "ended_at"):
         print(f"{key}: {format_time(run[key])}")
     for key in ("label", "error", "hint", "run_dir"):

@@ -12,7 +12,9 @@
 3. Confirmation: the chosen batch is measured once more. A batch that fitted on its first trial can
    run out of memory on the next (the allocator's cache is fragmented by then, and a real run also
    keeps what earlier batches left): such a batch counts as not fitting, and the next best smaller
-   one is chosen and confirmed in turn.
+   one is chosen and confirmed in turn. A confirming trial well below the best smaller batch's
+   measured throughput (CONFIRM_SLOWER_BY) means the first figure was luck or the machine got busy:
+   the smaller batch, measured faster, is chosen instead and `TuneResult.warning` says so.
 
 No torch here: `measure` is the recipe's trial (recipes/device_trials.py turns an out-of-memory error into a
 failed Trial), so the logic is tested against a simulated curve.
@@ -28,6 +30,9 @@ DEFAULT_MIN_GAIN = 0.05  # doubling stops when throughput grows by less than thi
 DEFAULT_REFINE_TRIALS = 2
 DEFAULT_MAX_BATCH = 4096
 OUT_OF_MEMORY = "out of memory"
+# A confirming trial this much slower than a smaller batch's trial contradicts the choice: trials on a
+# busy machine swing by a few percent between runs, so below 10% it is noise and the larger batch stays.
+CONFIRM_SLOWER_BY = 0.10
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class TuneResult:
     trials: list[Trial] = field(default_factory=list)
     chosen: Trial | None = None
     stopped: str = ""
+    warning: str | None = None  # one line when the confirmation contradicted the first choice
 
     @property
     def batch_size(self) -> int | None:
@@ -206,5 +212,21 @@ class _Search:
             again = self.run(best.batch_size, "confirm")
             if again.fits:
                 self.result.chosen = min((best, again), key=lambda t: t.throughput)  # the cautious figure
+                self.prefer_faster_smaller(again)
                 return
         self.result.chosen = None
+
+    def prefer_faster_smaller(self, again: Trial) -> None:
+        """A confirming trial slower than a smaller batch's measured throughput by more than
+        CONFIRM_SLOWER_BY: the smaller batch is the faster one measured, so it is chosen, with a warning."""
+        smaller = [t for size, t in self.fitting().items() if size < again.batch_size]
+        if not smaller:
+            return
+        faster = max(smaller, key=lambda t: t.throughput)
+        if again.throughput >= faster.throughput * (1 - CONFIRM_SLOWER_BY):
+            return
+        self.result.chosen = faster
+        self.result.warning = (
+            f"batch {again.batch_size} measured {again.throughput:.4g} on confirmation, "
+            f"{1 - again.throughput / faster.throughput:.0%} below batch {faster.batch_size}'s "
+            f"{faster.throughput:.4g} (a busy machine?): batch {faster.batch_size} chosen instead")

@@ -29,6 +29,10 @@ class MetricsTailer:
         self.run_id = run_id
         self._offsets: dict[Path, int] = {}
         self.summaries: dict[int, dict] = {}
+        # (figure, rank) -> (first step, "nan" / "inf" / "-inf") while the rank's latest value of the
+        # figure is not finite. Such values are not stored (SQLite has no NaN, and one would poison
+        # every mean and chart), but a loss that turned nan is the first thing a user must see.
+        self._nonfinite: dict[tuple[str, int], tuple[int, str]] = {}
 
     def read_new(self) -> list[dict]:
         rows: list[dict] = []
@@ -60,11 +64,25 @@ class MetricsTailer:
             self.summaries[rank] = {**self.summaries.get(rank, {}), **(record["summary"] or {})}
             return []
         t, step = float(record["t"]), int(record.get("step", 0))
-        return [
-            {"run_id": self.run_id, "rank": rank, "t": t, "step": step, "name": name, "value": value}
-            for name, value in record.items()
-            if name not in ("t", "rank", "step") and isinstance(value, (int, float)) and math.isfinite(value)
-        ]
+        rows = []
+        for name, value in record.items():
+            if name in ("t", "rank", "step") or not isinstance(value, (int, float)):
+                continue
+            if math.isfinite(value):
+                self._nonfinite.pop((name, rank), None)
+                rows.append({"run_id": self.run_id, "rank": rank, "t": t, "step": step, "name": name, "value": value})
+            else:
+                self._nonfinite.setdefault((name, rank), (step, str(float(value))))
+        return rows
+
+    def nonfinite(self) -> dict[str, dict]:
+        """The figures whose latest value (on some rank) is not finite: `{"loss": {"step": 168,
+        "value": "nan"}}`, the step where it turned so (the earliest over the ranks)."""
+        found: dict[str, dict] = {}
+        for (name, _rank), (step, text) in sorted(self._nonfinite.items()):
+            if name not in found or step < found[name]["step"]:
+                found[name] = {"step": step, "value": text}
+        return found
 
 
 class Throughput:

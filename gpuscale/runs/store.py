@@ -418,6 +418,26 @@ class Store:
             where, args = where + " AND name = ?", args + [name]
         return list(self.db["metrics"].rows_where(where, args, order_by="t, rowid"))
 
+    def recent_steps(self, run_id: int, names: Iterable[str], steps: int,
+                     rows_per_step: int = 64) -> dict[str, list[tuple[int, float]]]:
+        """Per name, the last `steps` steps the ranks logged it at, oldest first: `(step, value)`, the
+        value the mean over the ranks that logged the step (the ranks' own rows, not the supervisor's
+        combined ones, which hold one value per tick however many steps it carried). Reads the newest
+        rows only (up to `rows_per_step` ranks a step), through the (run_id, name, t) index."""
+        found = {}
+        for name in names:
+            rows = self.db.execute(
+                "SELECT step, value FROM metrics WHERE run_id = ? AND name = ? AND rank >= 0 "
+                "ORDER BY t DESC, rowid DESC LIMIT ?", [run_id, name, steps * rows_per_step]).fetchall()
+            by_step: dict[int, list[float]] = {}
+            for step, value in rows:
+                if value is not None:
+                    by_step.setdefault(step, []).append(value)
+            if by_step:
+                newest = sorted(by_step)[-steps:]
+                found[name] = [(step, sum(by_step[step]) / len(by_step[step])) for step in newest]
+        return found
+
     def samples(self, run_id: int, since: float = float("-inf")) -> list[dict]:
         return list(self.db["samples"].rows_where("run_id = ? AND t > ?", [run_id, since], order_by="t, rowid"))
 

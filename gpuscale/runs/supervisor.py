@@ -95,6 +95,8 @@ class Supervisor:
         samples = sampler.sample(now) if sampler else []
         self.store.add_rows(rows, samples)
         progress = self.throughput.progress(now)
+        if nonfinite := self.tailer.nonfinite():
+            progress["nonfinite"] = nonfinite  # the front ends warn (app/views/collapse.py)
         if self.stop_requested_at is not None:
             progress["stopping"] = True  # the front ends then show no ETA while the ranks wind down
         self.store.update_run(self.run_id, progress=progress)
@@ -155,6 +157,8 @@ class Supervisor:
         # A run that ended before rank 0 merged its results keeps the rows its ranks finished.
         merge_rank_results(self.run_dir)
         progress = self.throughput.progress(time.time(), finished=True)
+        if nonfinite := self.tailer.nonfinite():
+            progress["nonfinite"] = nonfinite
         summary = ended_summary(self.tailer.summaries.get(0, {}), progress, status == "succeeded")
         summary.update(self._run_figures(cpu_percent))
         self.store.finish_run(

@@ -68,7 +68,7 @@ def test_monitor_shows_the_whole_headline_and_the_log(frozen_home):
         async with app.run_test(size=SMALL) as pilot:
             await settle_screen(pilot)
             headline = figures_text({**live, "progress": {"latest": POWER_FIGURES}})
-            assert len(f"{throughput_text(live['progress'])} · {headline}") > 78  # once cut to `fo…`
+            assert len(f"{throughput_text(live)} · {headline}") > 78  # once cut to `fo…`
             assert shown_whole(app, headline), screen_text(app)
             assert "log: all logs" in screen_text(app) and "[rank1] step 1200 loss 0.93" in screen_text(app)
             assert "GPU 0 H100" in screen_text(app)

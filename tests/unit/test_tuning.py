@@ -91,6 +91,33 @@ def test_a_batch_that_fits_once_but_not_on_its_second_trial_is_dropped():
     assert confirms[-1] == (result.batch_size, None)
 
 
+def scripted(figures: dict[int, list[float]]):
+    """A measure that returns, for each batch, the next of its scripted throughputs."""
+    queues = {batch: list(values) for batch, values in figures.items()}
+
+    def measure(batch: int) -> Trial:
+        return Trial(batch, throughput=queues[batch].pop(0), peak_memory_bytes=batch, step_seconds=1.0)
+
+    return measure
+
+
+def test_a_confirmation_slower_than_a_smaller_batch_chooses_the_smaller_one():
+    """On a busy machine batch 4 first measured 240 tokens/s, then 122 on confirmation, while batch 2
+    had measured 211: the faster batch measured is stored, and one line says why."""
+    result = search_batch_size(scripted({1: [100.0], 2: [211.0], 4: [240.0, 122.0]}),
+                               memory_limit_bytes=None, start=1, max_batch=4)
+    assert [(t.batch_size, t.phase) for t in result.trials][-1] == (4, "confirm")
+    assert result.batch_size == 2 and result.chosen.throughput == 211.0
+    assert result.warning == ("batch 4 measured 122 on confirmation, 42% below batch 2's 211 "
+                              "(a busy machine?): batch 2 chosen instead")
+
+
+def test_a_confirmation_within_ten_percent_keeps_the_larger_batch():
+    result = search_batch_size(scripted({1: [100.0], 2: [211.0], 4: [240.0, 195.0]}),
+                               memory_limit_bytes=None, start=1, max_batch=4)
+    assert result.batch_size == 4 and result.chosen.throughput == 195.0 and result.warning is None
+
+
 def test_nothing_fits_gives_no_choice():
     result = search_batch_size(Card(oom_above=0), memory_limit_bytes=None, start=4)
     assert result.chosen is None and result.batch_size is None

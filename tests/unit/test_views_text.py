@@ -80,9 +80,10 @@ def test_status_and_throughput_lines():
            "progress": {"t": NOW, "step": 30, "total": 120}}
     assert status_line(run, NOW) == "running · 1:30 elapsed · step 30/120 (25%) · ETA 4:30"
     progress = {"tokens_per_s": 4210.0, "samples_per_s": 12.0, "tokens_per_s_by_rank": {"1": 2100.0, "0": 2110.0}}
-    assert throughput_text(progress) == "tokens/s 4,210 · samples/s 12.0"
-    assert per_rank_text(progress) == "tokens/s per rank: 2,110 2,100"
-    assert per_rank_text({"tokens_per_s_by_rank": {"0": 5.0}}) == ""
+    live = {**run, "progress": progress}
+    assert throughput_text(live) == "tokens/s 4,210 · samples/s 12.0 (last 10 s)"
+    assert per_rank_text(live) == "tokens/s per rank (last 10 s): 2,110 2,100"
+    assert per_rank_text({**run, "progress": {"tokens_per_s_by_rank": {"0": 5.0}}}) == ""
     latest = {"step_time_ms": 12.5, "loss": 1.25, "reward": 0.5}
     assert figures_text({**run, "progress": {"latest": latest}}) == "reward 0.5 · loss 1.25 · step_time_ms 12.5"
 
@@ -116,10 +117,25 @@ def finished_run(**fields) -> dict:
 
 def test_progress_line_has_status_rates_and_figures():
     assert progress_line(finished_run(), NOW + 50) == (
-        "run 7 probe · succeeded · 1:40 elapsed · step 40/40 (100%) · tokens/s 12,345 · samples/s 3.2 · loss 0.6931"
+        "run 7 probe · succeeded · 1:40 elapsed · step 40/40 (100%) · tokens/s 12,345 · samples/s 3.2 (run average) "
+        "· loss 0.6931"
     )
     queued = {"id": 8, "recipe": "probe", "status": "queued", "started_at": None, "progress": {}}
     assert progress_line(queued, NOW) == "run 8 probe · queued"  # no rates before any are reported, no stray dash
+
+
+def test_a_finished_runs_rates_are_its_summarys():
+    """The supervisor's rate of a finished run counts loading and warm-up (probe: 2,399 tokens/s, or
+    1,828 as 914 + 914 per rank); the summary times the decode loop (5,219): once the run ended, its
+    lines show the summary's figure, and a rate the summary lacks is labelled as the run's average."""
+    run = finished_run(summary={"tokens_per_s": 5219.0, "tokens_per_s_per_rank": [2609.6, 2609.4]},
+                       progress={"t": NOW, "step": 40, "total": 40, "tokens_per_s": 2399.0, "samples_per_s": 0.0,
+                                 "tokens_per_s_by_rank": {"0": 1199.5, "1": 1199.5}})
+    assert throughput_text(run) == "tokens/s 5,219"  # no samples/s: zero, and not the summary's
+    assert per_rank_text(run) == "tokens/s per rank: 2,610 2,609"
+    no_summary = {**run, "status": "stopped", "summary": {"partial": True}}
+    assert throughput_text(no_summary) == "tokens/s 2,399 (run average)"
+    assert per_rank_text(no_summary) == "tokens/s per rank (run average): 1,200 1,200"
 
 
 def test_a_finished_runs_headline_is_its_summary():

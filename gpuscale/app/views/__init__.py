@@ -6,6 +6,8 @@
 - `feed`: one run's samples and metrics read incrementally from the store, and what each device row
   and chart shows over a window.
 - `waste`: the waste rules (idle GPUs, unused memory, GPUs left out, stragglers).
+- `collapse`: the collapse rules of RL runs (reward 0 at the length cap, entropy under a floor,
+  a figure gone nan).
 - `logs`: the ranks' logs, read incrementally.
 - `commands`: the launcher command a run will execute, and the same run as a `gpuscale run` line.
 - `export`: a run as a JSON or CSV file (`gpuscale export` and the TUI's export dialog).

@@ -4,9 +4,21 @@ runs compared. The CLI prints these, the TUI lays them out; both read them here.
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
+from gpuscale.runs.metrics import RATE_WINDOW_S
 from gpuscale.runs.store import LIVE_STATUSES
 
-# Summary figures worth a column in a table of runs, in order of preference.
+# What a training run is for comes first in a table of runs: held-out accuracy before -> after
+# training, then (RL) the training reward at the start -> at the end. Each is a (label, pairs) entry:
+# the first pair of summary names the run has both of wins; the later pairs are the names older runs
+# and other recipes used for the same figure.
+LEAD_FIGURES = (
+    ("accuracy", (("accuracy_greedy_before", "accuracy_greedy_after"), ("accuracy_before", "accuracy_after"),
+                  ("greedy_accuracy_before", "greedy_accuracy_after"))),
+    ("sampled accuracy", (("accuracy_sampled_before", "accuracy_sampled_after"),
+                          ("sampled_accuracy_before", "sampled_accuracy_after"))),
+    ("reward", (("reward_first", "reward_last"), ("fitness_mean_first", "fitness_mean_last"))),
+)
+# Then single summary figures, in order of preference, to fill the column.
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
 # The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
 # of several parts is running, e.g. rft's generate / train / evaluate).
@@ -56,19 +68,57 @@ def status_line(run: dict, now: float) -> str:
     return " · ".join(parts)
 
 
-def throughput_text(progress: dict) -> str:
-    """`tokens/s 4,210 · samples/s 12.0`: the whole run's rates."""
-    tokens, samples = progress.get("tokens_per_s"), progress.get("samples_per_s")
-    return f"tokens/s {format_rate(tokens)} · samples/s {format_rate(samples)}"
+# The label of a live rate: the supervisor's rates are over its last RATE_WINDOW_S seconds, which is
+# not the figure a run's summary gives (a recipe times its own loop: probe its decode steps only).
+LIVE_RATE = f"last {RATE_WINDOW_S:.0f} s"
+# The label of a finished run's rate the summary does not give: the supervisor's count over the time
+# from the ranks' first metric row to their last, loading and warm-up steps included.
+RUN_AVERAGE = "run average"
 
 
-def per_rank_text(progress: dict) -> str:
-    """`tokens/s per rank: 1,060 1,050 1,052 1,048` (rank order); empty for a single rank."""
-    by_rank = progress.get("tokens_per_s_by_rank") or {}
-    if len(by_rank) < 2:
+def _rates(run: dict) -> list[tuple[str, float | None, str | None]]:
+    """(name, per second, label) of tokens/s and samples/s as a run shows them: live, the windowed
+    rates; ended, the summary's figure where it has one (label None: it is the run's own figure, the
+    one `gpuscale show` and the history give), else the run average."""
+    progress, summary = run.get("progress") or {}, run.get("summary") or {}
+    ended = run.get("status") not in LIVE_STATUSES
+    rates = []
+    for name, key in (("tokens/s", "tokens_per_s"), ("samples/s", "samples_per_s")):
+        if ended and _is_number(summary.get(key)):
+            rates.append((name, summary[key], None))
+        else:
+            rates.append((name, progress.get(key), RUN_AVERAGE if ended else LIVE_RATE))
+    return rates
+
+
+def throughput_text(run: dict) -> str:
+    """`tokens/s 4,210 · samples/s 12.0 (last 10 s)` while the run lives; once it ended, the
+    summary's figures (`tokens/s 5,219`), a rate it lacks as `(run average)`, and a rate it lacks that
+    is zero left out. Empty before the ranks report any."""
+    rates = _rates(run)
+    if not any(value for _, value, _ in rates) and not any(label is None for _, _, label in rates):
         return ""
-    rates = [format_rate(v) for _, v in sorted(by_rank.items(), key=lambda kv: int(kv[0]))]
-    return "tokens/s per rank: " + " ".join(rates)
+    if run.get("status") in LIVE_STATUSES:
+        return " · ".join(f"{name} {format_rate(value)}" for name, value, _ in rates) + f" ({LIVE_RATE})"
+    return " · ".join(f"{name} {format_rate(value)}" + (f" ({label})" if label else "")
+                      for name, value, label in rates if label is None or value)
+
+
+def per_rank_text(run: dict) -> str:
+    """`tokens/s per rank (last 10 s): 1,060 1,050` (rank order) while the run lives; once it ended,
+    the summary's `tokens_per_s_per_rank` where it has it; empty for a single rank."""
+    progress, summary = run.get("progress") or {}, run.get("summary") or {}
+    ended = run.get("status") not in LIVE_STATUSES
+    per_rank = summary.get("tokens_per_s_per_rank")
+    if ended and isinstance(per_rank, list) and all(_is_number(v) for v in per_rank):
+        rates, label = per_rank, ""
+    else:
+        by_rank = progress.get("tokens_per_s_by_rank") or {}
+        rates = [v for _, v in sorted(by_rank.items(), key=lambda kv: int(kv[0]))]
+        label = f" ({RUN_AVERAGE if ended else LIVE_RATE})"
+    if len(rates) < 2:
+        return ""
+    return f"tokens/s per rank{label}: " + " ".join(format_rate(v) for v in rates)
 
 
 def headline_figures(run: dict) -> dict:
@@ -89,24 +139,43 @@ def figures_text(run: dict, limit: int = 4) -> str:
     return " · ".join(f"{name} {format_number(latest[name])}" for name in names[:limit])
 
 
-def progress_line(run: dict, now: float) -> str:
+def progress_line(run: dict, now: float, warnings: tuple[str, ...] | list[str] = ()) -> str:
     """Everything about a run on one line, for a terminal with no screen (`gpuscale run`, `show`):
     `run 3 probe · running · 1:23 elapsed · step 40/100 (40%) · ETA 2:04 · tokens/s 4,210 · samples/s
-    12.0 · loss 1.23`. The rates appear once the ranks report any."""
-    progress = run.get("progress") or {}
-    parts = [run_title(run), status_line(run, now)]
-    if progress.get("tokens_per_s") or progress.get("samples_per_s"):
-        parts.append(throughput_text(progress))
+    12.0 (last 10 s) · loss 1.23`. The rates appear once the ranks report any (`throughput_text`:
+    once the run ended, the summary's). `warnings` (a collapse, see
+    views/collapse.py) come right after the status, each marked `!`: a line fitted to a narrow
+    terminal loses its end, and a warning is what must not be lost."""
+    parts = [run_title(run), status_line(run, now), *(f"! {warning}" for warning in warnings)]
+    if rates := throughput_text(run):
+        parts.append(rates)
     if figures := figures_text(run):
         parts.append(figures)
     return " · ".join(parts)
 
 
+def lead_figures(summary: dict) -> list[str]:
+    """The LEAD_FIGURES a summary has, in words: `accuracy 0.12 -> 0.48`, `reward 0.05 -> 0.61`."""
+    shown = []
+    for label, pairs in LEAD_FIGURES:
+        for first, last in pairs:
+            if _is_number(summary.get(first)) and _is_number(summary.get(last)):
+                shown.append(f"{label} {format_number(summary[first])} -> {format_number(summary[last])}")
+                break
+    return shown
+
+
+def key_figures(summary: dict, limit: int = 2) -> list[str]:
+    """What a run's summary shows first, at most `limit` of them: LEAD_FIGURES (what a training run
+    is for), then KEY_FIGURES (a benchmark's rate). One place decides, for the CLI and the TUI."""
+    shown = lead_figures(summary)
+    shown += [f"{name} {format_number(summary[name])}" for name in KEY_FIGURES if name in summary]
+    return shown[:limit]
+
+
 def key_figures_text(run: dict, limit: int = 2) -> str:
-    """A table of runs' figures column: the first `limit` of KEY_FIGURES the run's summary has."""
-    summary = run.get("summary") or {}
-    shown = [f"{name} {format_number(summary[name])}" for name in KEY_FIGURES if name in summary]
-    return ", ".join(shown[:limit])
+    """A table of runs' figures column: `key_figures` of the run's summary."""
+    return ", ".join(key_figures(run.get("summary") or {}, limit))
 
 
 def run_id_text(run: dict) -> str:

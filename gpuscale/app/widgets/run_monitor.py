@@ -1,9 +1,9 @@
-"""One run's monitor: status and progress, waste warnings, a row per GPU (or host and ranks on a CPU
+"""One run's monitor: status and progress, collapse and waste warnings, a row per GPU (or host and ranks on a CPU
 machine), throughput and the recipe's figures as charts, and the tail of the ranks' logs.
 
 The store and NVML are read in a thread worker; the next poll is scheduled only when the last one
 was shown, and a monitor that is not on screen does no work. Everything it shows is computed by
-`gpuscale.app.views` (feed, waste, runs); this module only lays it out.
+`gpuscale.app.views` (feed, collapse, waste, runs); this module only lays it out.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.widgets import Label, Log, ProgressBar, Static
 
 from gpuscale.app.views import feed as feeds
+from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.feed import DeviceView, RunFeed, Series
 from gpuscale.app.views.logs import LogTail
 from gpuscale.app.views.runs import elapsed_s, figures_text, per_rank_text, run_title, status_line, throughput_text
@@ -231,7 +232,8 @@ class RunMonitor(VerticalScroll):
         if live and now - self._machine_read_at >= MACHINE_GPUS_EVERY_S:
             self._machine_gpus, self._machine_read_at = self.app.list_gpus(), now
         self._logs.read_new()
-        return self._view(run, live, now)
+        # A run that collapsed stays marked after it ended too: its figures say why it learned nothing.
+        return self._view(run, live, now, tuple(run_collapse_warnings(store, run)))
 
     def _start_feed(self, run: dict, live: bool) -> None:
         if self.stored and not live:
@@ -241,15 +243,15 @@ class RunMonitor(VerticalScroll):
             self._feed = RunFeed(self.run_id)
         self._logs = LogTail(RunDir(run["run_dir"] or ".").logs)
 
-    def _view(self, run: dict, live: bool, now: float) -> MonitorView:
+    def _view(self, run: dict, live: bool, now: float, collapse: tuple[str, ...] = ()) -> MonitorView:
         feed = self._feed
         progress = run.get("progress") or {}
         end, window = self._chart_span(run, live, now)
         figure_names = feed.figure_names()
         figure_name = figure_names[self.figure_index % len(figure_names)] if figure_names else None
-        warnings = ()
+        warnings = collapse  # first: a collapsed run wastes every GPU it holds
         if live:
-            warnings = tuple(waste_warnings(
+            warnings += tuple(waste_warnings(
                 feed.samples_since(now - WASTE_WINDOW_S), now, feed.first_work_t,
                 progress.get("tokens_per_s_by_rank"), self._machine_gpus,
             ))
@@ -261,7 +263,7 @@ class RunMonitor(VerticalScroll):
         return MonitorView(
             run=run, live=live, status=f"{run_title(run)} · {status_line(run, now)}",
             step=progress.get("step") or 0, total=progress.get("total"),
-            throughput=throughput_text(progress), per_rank=per_rank_text(progress),
+            throughput=throughput_text(run), per_rank=per_rank_text(run),
             figures=figures_text(run),
             warnings=warnings, devices=tuple(feeds.device_views(feed, end, window)),
             rate_lines=self._rate_lines(feed, end, window), figure_name=figure_name,

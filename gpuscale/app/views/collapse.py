@@ -1,0 +1,86 @@
+"""The collapse rules: an RL run whose policy has collapsed keeps running (and burning GPU hours)
+while learning nothing. Pointed out while it happens, the way `waste` points out idle GPUs:
+
+- reward at zero while the completions sit at the length cap: the policy emits long garbage that
+  never scores (a learning rate too high, or a precision problem, usually);
+- entropy under a floor: the policy has stopped exploring, every completion of a group is the same;
+- a figure that is no longer finite (the loss is nan): training has diverged.
+
+Names are the ranks' metric names (TRL's `completions/clipped_ratio` becomes
+`completions_clipped_ratio`, see `gpuscale.engines.trl_bridge.metric_name`). `collapse_warnings` is
+the pure rule on plain (step, value) lists; `run_collapse_warnings` reads them through the Store.
+"""
+
+from __future__ import annotations
+
+from gpuscale.app.views.text import format_number
+from gpuscale.runs.store import Store
+
+# A collapse is judged over this many logged steps, all of them: one bad step (a hard batch, a
+# reward of 0 early in training) is no collapse, five in a row rarely recover on their own.
+COLLAPSE_STEPS = 5
+# Rewards at or below this are "zero": the rewards are shares of correct answers (0 to 1), and a
+# policy that is merely bad still scores a few percent.
+ZERO_REWARD = 0.01
+# At least this share of completions at the length cap: a healthy policy ends most of its answers
+# well before the cap; one that runs into it almost always no longer stops.
+CLIPPED_SHARE = 0.9
+# Where the clipped share is not logged, a mean length this close to the cap says the same.
+NEAR_CAP = 0.98
+# Mean token entropy (nats) under this: the sampled completions are all but deterministic, so a GRPO
+# group's completions agree, their advantages are zero and nothing is learned.
+ENTROPY_FLOOR = 0.05
+
+REWARD = "reward"
+CLIPPED = "completions_clipped_ratio"
+MEAN_LENGTH = "completions_mean_length"
+ENTROPY = "entropy"
+WATCHED = (REWARD, CLIPPED, MEAN_LENGTH, ENTROPY)
+# What to do about a collapse of the first kind (and of a diverged loss).
+LOWER_LR = "lower learning_rate, check precision"
+
+
+def collapse_warnings(history: dict[str, list[tuple[int, float]]], settings: dict | None = None,
+                      nonfinite: dict[str, dict] | None = None, steps: int = COLLAPSE_STEPS) -> list[str]:
+    """Collapse worth pointing out now, one line each.
+
+    `history`: per metric name, its (step, value) of the last logged steps, oldest first (more than
+    `steps` are cut to the last `steps`); `settings`: the run's (for `max_completion_length`);
+    `nonfinite`: per figure no longer finite, `{"step": first such step, "value": "nan"}`."""
+    recent = {name: [value for _, value in rows[-steps:]] for name, rows in history.items()
+              if len(rows) >= steps}
+    warnings = [f"{name} is {info.get('value', 'nan')} since step {info.get('step', '?')} — {LOWER_LR}"
+                for name, info in sorted((nonfinite or {}).items())]
+    cap = (settings or {}).get("max_completion_length")
+    rewards, at_cap = recent.get(REWARD), _share_at_cap(recent, cap)
+    if rewards and at_cap is not None and max(rewards) <= ZERO_REWARD and min(at_cap) >= CLIPPED_SHARE:
+        where = f"the {cap}-token cap" if cap else "the length cap"
+        warnings.append(f"collapse: reward {_mean(rewards):.2f} and {100 * _mean(at_cap):.0f}% of completions at "
+                        f"{where} over the last {steps} steps — {LOWER_LR}")
+    entropy = recent.get(ENTROPY)
+    if entropy and max(entropy) < ENTROPY_FLOOR:
+        warnings.append(f"collapse: entropy {entropy[-1]:.2f} under {format_number(ENTROPY_FLOOR)} — "
+                        "the policy stopped exploring")
+    return warnings
+
+
+def _share_at_cap(recent: dict[str, list[float]], cap) -> list[float] | None:
+    """Per step, the share of completions at the cap: the clipped ratio where logged, else 1 or 0 as
+    the mean length is at the cap or not."""
+    if CLIPPED in recent:
+        return recent[CLIPPED]
+    if MEAN_LENGTH in recent and isinstance(cap, (int, float)) and cap > 0:
+        return [1.0 if length >= NEAR_CAP * cap else 0.0 for length in recent[MEAN_LENGTH]]
+    return None
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) -> list[str]:
+    """`collapse_warnings` for a run of the store: its last `steps` logged steps of the watched
+    figures, and the figures its supervisor saw turn non-finite (in the run's progress)."""
+    history = store.recent_steps(run["id"], WATCHED, steps)
+    nonfinite = (run.get("progress") or {}).get("nonfinite")
+    return collapse_warnings(history, run.get("settings"), nonfinite, steps)

@@ -1,0 +1,23 @@
+"""One figure, one value: a real probe run on CPU ends with a progress line whose tokens/s is its
+summary's (the decode loop's), not the supervisor's average over the whole run."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import gpuscale
+from gpuscale.app.views.text import format_rate
+from gpuscale.runs.store import Store
+
+
+def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(home):
+    result = gpuscale("run", "--recipe", "probe", "--gpus", "1", "--batch-size", "2", "--set", "steps=6",
+                      "--set", "prompt_tokens=8")
+    assert result.returncode == 0, result.stderr
+    run = Store(home).list_runs()[0]
+    final = [line for line in result.stderr.splitlines() if line.startswith(f"run {run['id']} probe · succeeded")]
+    assert final, result.stderr
+    shown = re.search(r"tokens/s ([\d,.]+)", final[-1])
+    assert shown and shown.group(1) == format_rate(run["summary"]["tokens_per_s"]), (final[-1], run["summary"])
+    # The supervisor's own figure for the run is another number (it counts loading and warm-up).
+    assert run["progress"]["tokens_per_s"] != run["summary"]["tokens_per_s"]
