@@ -155,9 +155,7 @@ class Supervisor:
         # A run that ended before rank 0 merged its results keeps the rows its ranks finished.
         merge_rank_results(self.run_dir)
         progress = self.throughput.progress(time.time(), finished=True)
-        summary = dict(self.tailer.summaries.get(0, {}))
-        if not summary and status != "succeeded":
-            summary = partial_summary(progress)
+        summary = merged_summary(self.tailer.summaries.get(0), status, progress)
         summary.update(self._run_figures(cpu_percent))
         self.store.finish_run(
             self.run_id, status, exit_code=exit_code, summary=summary, error=error, hint=hint, progress=progress,
@@ -187,6 +185,16 @@ def partial_summary(progress: dict) -> dict:
     return figures
 
 
+def merged_summary(written: dict | None, status: str, progress: dict) -> dict:
+    """The run's summary: rank 0's where it wrote a whole one; a run that ended without (stopped,
+    failed, lost) gets `partial_summary` of its figures so far, with whatever partial summary rank 0
+    had written over it (figures measured before the end, e.g. the accuracy before training)."""
+    summary = dict(written or {})
+    if status == "succeeded" or (summary and not summary.get("partial")):
+        return summary
+    return {**partial_summary(progress), **summary}
+
+
 def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
     """The summary of a run whose supervisor is gone, from the ranks' metric files, which hold all
     they logged, after the supervisor's last tick too: rank 0's own summary where it wrote one, else
@@ -194,7 +202,7 @@ def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
     tailer = MetricsTailer(RunDir(run_dir).metrics_dir, run_id)
     throughput = Throughput()
     throughput.add(tailer.read_new())
-    return dict(tailer.summaries.get(0) or partial_summary(throughput.progress(time.time(), finished=True)))
+    return merged_summary(tailer.summaries.get(0), "lost", throughput.progress(time.time(), finished=True))
 
 
 def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = None) -> dict[str, str]:

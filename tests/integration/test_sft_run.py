@@ -28,7 +28,8 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     assert not missing
     assert summary["world_size"] == 2 and summary["steps"] == 3
     assert summary["train_loss"] > 0 and summary["tokens_per_s"] > 0
-    assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
+    for kind in ("greedy", "sampled"):
+        assert 0 <= summary[f"accuracy_{kind}_before"] <= 1 and 0 <= summary[f"accuracy_{kind}_after"] <= 1
 
     store = Store(home)
     # The ranks' own rows (rank -1 holds the supervisor's run-wide combination of each figure).
