@@ -41,7 +41,7 @@ def curve(run_id: int) -> list[dict]:
     rows = Store.for_reading().metrics(run_id)
     by_step: dict[int, dict] = {}
     for row in rows:
-        if row["rank"] == 0 and row["name"] in ("greedy_accuracy", "sampled_accuracy"):
+        if row["rank"] == 0 and row["name"] in ("accuracy_greedy", "accuracy_sampled"):
             by_step.setdefault(row["step"], {})[row["name"]] = row["value"]
     return [{"step": step, **values} for step, values in sorted(by_step.items())]
 
@@ -72,13 +72,13 @@ def main() -> None:
         f = r["figures"]
 
         def change(kind: str, f=f) -> str:
-            before, after = f.get(f"{kind}_accuracy_before"), f.get(f"{kind}_accuracy_after")
+            before, after = f.get(f"accuracy_{kind}_before"), f.get(f"accuracy_{kind}_after")
             return f"{100 * before:.1f} -> {100 * after:.1f}" if before is not None and after is not None else "-"
 
         print(f"{','.join(r['config']):<32} {r['status']:<10} {change('greedy'):>15} {change('sampled'):>15}")
         for point in r["curve"]:
-            print(f"    step {point['step']}: greedy {point.get('greedy_accuracy')}, "
-                  f"sampled {point.get('sampled_accuracy')}")
+            print(f"    step {point['step']}: greedy {point.get('accuracy_greedy')}, "
+                  f"sampled {point.get('accuracy_sampled')}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.metrics import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, resolved_precision
@@ -122,7 +122,8 @@ def _write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
         "t": time.time(),
         "rank": rank,
         "type": type(exc).__name__,
-        "message": lines[-1].strip(),
+        # A diverged run's message is already the line to show (step, figure, what to try).
+        "message": str(exc) if isinstance(exc, NonFiniteFigure) else lines[-1].strip(),
         "traceback": "".join(traceback.format_exception(exc)),
     }
     path = RunDir(run_dir).error(rank)

@@ -1,7 +1,9 @@
 """Rank metrics, the writing side: `Reporter.log(step=..., tokens=..., loss=...)` appends one line per
 call to RUN_DIR/metrics/rank<R>.jsonl; standard names are tokens and samples (counts done since the
 last call), loss, reward, accuracy, and any other scalar. `Reporter.summary({...})` writes the rank's
-final figures (rank 0's is the run's summary). A plain file keeps ranks free of database locks and
+final figures (rank 0's is the run's summary); a summary may be written in parts as the figures come
+(`partial=True`), each later part merged over the earlier ones, so that a rank that dies keeps the
+figures it had measured. A plain file keeps ranks free of database locks and
 works the same on every node. The supervisor reads the files back with `gpuscale.runs.metrics`.
 """
 
@@ -23,7 +25,9 @@ class Reporter:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Line-buffered: the supervisor sees each line at once. Held for the rank's life; close() ends it.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
-        self._fault = _parse_fault(os.environ.get("GPUSCALE_INJECT_FAULT"), rank)
+        fault = _parse_fault(os.environ.get("GPUSCALE_INJECT_FAULT"), rank)
+        # Faults at a named point of a recipe (POINT_FAULTS) fire there, not at a logged step.
+        self._fault = fault if fault and fault[0] not in POINT_FAULTS else None
 
     def log(self, step: int, **scalars: float) -> None:
         record = {"t": time.time(), "rank": self.rank, "step": int(step)}
@@ -35,8 +39,14 @@ class Reporter:
         """How many steps this rank will log in all: the front ends show progress and ETA from it."""
         self._file.write(json.dumps({"t": time.time(), "rank": self.rank, "step": 0, "total": steps}) + "\n")
 
-    def summary(self, figures: dict[str, Any]) -> None:
-        self._file.write(json.dumps({"t": time.time(), "rank": self.rank, "summary": figures}) + "\n")
+    def summary(self, figures: dict[str, Any], partial: bool = False) -> None:
+        """The rank's final figures. `partial=True`: the figures known so far (the run goes on); the
+        reader merges each summary record over the earlier ones, and a run that ends after a partial
+        one only keeps them marked partial."""
+        record = {"t": time.time(), "rank": self.rank, "summary": figures}
+        if partial:
+            record["partial"] = True
+        self._file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         self._file.close()
@@ -50,6 +60,37 @@ class Reporter:
 
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected fault)")
             raise RuntimeError(f"injected fault on rank {self.rank} at step {step}")
+
+
+# Fault kinds that fire at a named point of a recipe rather than at a logged step: the final held-out
+# evaluation (after training and saving), and a reward function that turns NaN from STEP on.
+POINT_FAULTS = ("final_eval", "nan_reward")
+
+
+def injected_fault(kind: str, rank: int) -> int | None:
+    """The step from which GPUSCALE_INJECT_FAULT=RANK:KIND:STEP asks for fault `kind` on this rank,
+    None if it does not."""
+    fault = _parse_fault(os.environ.get("GPUSCALE_INJECT_FAULT"), rank)
+    return fault[1] if fault and fault[0] == kind else None
+
+
+def fail_if_injected(kind: str, rank: int) -> None:
+    """Raise the injected fault `kind` here, if GPUSCALE_INJECT_FAULT asks for it on this rank."""
+    if injected_fault(kind, rank) is not None:
+        raise RuntimeError(f"injected fault on rank {rank} at {kind}")
+
+
+class NonFiniteFigure(FloatingPointError):
+    """A training figure turned NaN or Inf. Its message is one line, the run's error as it is shown."""
+
+
+def non_finite_message(step: int, figure: str, value: float, cause: str = "training diverged",
+                       remedies: str = "--precision fp32, a lower learning_rate, or max_grad_norm") -> str:
+    """The one line a run that turned NaN or Inf fails with, the same for every recipe:
+    `step 168: grad_norm is nan (training diverged); try --precision fp32, a lower learning_rate, or
+    max_grad_norm`."""
+    shown = "nan" if value != value else ("inf" if value > 0 else "-inf")
+    return f"step {step}: {figure} is {shown} ({cause}); try {remedies}"
 
 
 def _parse_fault(spec: str | None, rank: int) -> tuple[str, int] | None:

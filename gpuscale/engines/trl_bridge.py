@@ -1,9 +1,13 @@
 """The bridge between Hugging Face's trainers (TRL's SFT and GRPO, transformers' Trainer) and gpuscale.
 
-Two pieces, so that every TRL-based recipe reports and is configured the same way:
+Three pieces, so that every TRL-based recipe reports, fails and is configured the same way:
 
 - `ReporterCallback(reporter, world_size)`: a `TrainerCallback` that turns the trainer's logs into
   Reporter records as they come (every `logging_steps` optimizer steps).
+- `NonFiniteGuard()`: a `TrainerCallback` that fails the run with one line (`step 168: grad_norm is
+  nan (training diverged); try ...`) when a logged loss, grad_norm or reward turns NaN or Inf, and,
+  attached to a GRPO trainer, when a reward function returns NaN or Inf (TRL reads a NaN reward as
+  "not applicable" and leaves it out of its logs, so the logs alone would never show it).
 - `trainer_args(settings, ctx, config_cls, **recipe_specific)`: one mapping from a recipe's settings
   (RunSettings and the training fields it declares, see SETTING_TO_CONFIG) to a TRL config
   (SFTConfig, GRPOConfig) or transformers' TrainingArguments.
@@ -24,12 +28,14 @@ This module imports transformers at the top: it is imported only inside ranks.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from typing import Any
 
 from transformers import TrainerCallback
 
+from gpuscale.engines.metrics import NonFiniteFigure, non_finite_message
 from gpuscale.runs.run_dir import RunDir
 
 # Keys of a trainer's logs that are not per-step figures.
@@ -128,6 +134,62 @@ class ReporterCallback(TrainerCallback):
             for key, value in logs.items()
             if key not in CUMULATIVE_TOKEN_KEYS and key != "step_time" and _is_number(value)
         }
+
+
+# ---- failing fast on NaN and Inf ------------------------------------------------------------------
+
+GUARDED = ("loss", "grad_norm")  # and every key starting with "reward"
+
+
+class NonFiniteGuard(TrainerCallback):
+    """Raises `NonFiniteFigure` (one line: step, figure, what to try) as soon as a logged loss,
+    grad_norm or `reward*` figure is NaN or Inf. transformers logs the same global figures on every
+    rank, so every rank stops at the same step. TRL logs a reward whose every value was NaN as None:
+    the overall `reward` being None is read as NaN too. `attach(trainer)` adds the guard to a trainer
+    and, for a trainer with reward functions (GRPO), checks every reward they return as well."""
+
+    def attach(self, trainer) -> NonFiniteGuard:
+        trainer.add_callback(self)
+        functions = getattr(trainer, "reward_funcs", None)
+        if functions:
+            names = getattr(trainer, "reward_func_names", None) or [getattr(f, "__name__", "reward") for f in functions]
+            trainer.reward_funcs = [f if _is_module(f) else FiniteReward(f, name) for f, name in zip(functions, names)]
+        return self
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for key, value in (logs or {}).items():
+            guarded = key in GUARDED or key.startswith("reward")
+            if not guarded or key.startswith(FINAL_PREFIX):
+                continue
+            if key == "reward" and value is None:
+                value = float("nan")
+            if _is_number(value) and not math.isfinite(value):
+                raise NonFiniteFigure(non_finite_message(int(state.global_step), metric_name(key), float(value)))
+
+
+class FiniteReward:
+    """A TRL reward function that raises `NonFiniteFigure` when it returns NaN or Inf for a row (None,
+    "not this row's reward", passes)."""
+
+    def __init__(self, function, name: str):
+        self.function, self.__name__ = function, name
+
+    def __call__(self, *args, **kwargs):
+        values = self.function(*args, **kwargs)
+        for value in values:
+            if value is not None and not math.isfinite(value):
+                state = kwargs.get("trainer_state")
+                step = int(state.global_step) + 1 if state is not None else 0  # the step being generated
+                raise NonFiniteFigure(non_finite_message(
+                    step, f"reward {self.__name__}", float(value), cause="the reward function returned it",
+                    remedies="checking the reward function on this step's completions"))
+        return values
+
+
+def _is_module(function) -> bool:
+    import torch
+
+    return isinstance(function, torch.nn.Module)
 
 
 def _is_number(value: Any) -> bool:

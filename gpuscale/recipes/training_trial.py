@@ -88,7 +88,7 @@ def trainable_model(settings, ctx):
     import torch
 
     from gpuscale.recipes.common import load_generation_model
-    from gpuscale.recipes.sft.trainer import lora_config
+    from gpuscale.recipes.training import lora_config
 
     loaded = load_generation_model(settings.model, ctx)
     model = loaded.model

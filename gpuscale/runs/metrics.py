@@ -59,9 +59,13 @@ class MetricsTailer:
     def _to_rows(self, record: dict) -> list[dict]:
         rank = int(record.get("rank", -1))
         if "summary" in record:
-            # A rank may write its summary in parts (figures measured before training, then the rest):
-            # every part is kept, in the order written, a later value of a figure replacing an earlier one.
-            self.summaries[rank] = {**self.summaries.get(rank, {}), **(record["summary"] or {})}
+            # Each summary record is merged over the earlier ones: a partial one (figures so far,
+            # the run going on) stays marked partial until a whole one comes.
+            merged = {key: value for key, value in self.summaries.get(rank, {}).items() if key != "partial"}
+            merged.update(record["summary"])
+            if record.get("partial"):
+                merged["partial"] = True
+            self.summaries[rank] = merged
             return []
         t, step = float(record["t"]), int(record.get("step", 0))
         rows = []

@@ -4,9 +4,11 @@ gloo, the domains' gradients all-reduced by hand), a real supervisor and runs.db
 
 from __future__ import annotations
 
+import re
+
 import torch
 
-from conftest import run_json
+from conftest import gpuscale, leftover_processes, run_json
 from gpuscale.data.models import load_model
 from gpuscale.data.tasks import TINY_MATH_DOMAINS
 from gpuscale.recipes.registry import get_recipe
@@ -55,3 +57,17 @@ def test_two_cpu_ranks_train_with_pcgrad_and_report_per_domain_figures(home):
     original, _ = load_model("tiny-math")
     assert tokenizer is not None
     assert any(not torch.equal(weight, original.state_dict()[name]) for name, weight in trained.state_dict().items())
+
+
+def test_a_nan_reward_fails_the_run_within_a_few_steps_with_one_line(home):
+    """Rank 0's reward functions return NaN from step 2 on (GPUSCALE_INJECT_FAULT's nan_reward): the run
+    fails at that step, and its error is the guard's one line, naming the step, the reward and what to try."""
+    arguments = [*TINY_GRPO, "--set", "max_steps=6", "--set", "eval_examples=0", "--set", "mtl=none"]
+    result = gpuscale("run", *arguments, "--json", env={"GPUSCALE_INJECT_FAULT": "0:nan_reward:2"})
+    assert result.returncode == 1
+    run = run_json("show", "1")
+    assert run["status"] == "failed"
+    assert re.fullmatch(r"rank 0: step 2: reward correctness_\w+ is nan \(the reward function returned it\); "
+                        r"try checking the reward function on this step's completions", run["error"]), run["error"]
+    assert run["summary"]["partial"] is True and run["summary"]["steps_done"] < 6
+    assert not leftover_processes(run["run_dir"])

@@ -35,7 +35,7 @@ def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
     assert summary["generated_samples"] == 16 * 4 and 0 <= summary["yield"] <= 1
     assert summary["samples_per_s"] == summary["generated_samples"] / summary["generation_seconds"]
     for when in ("before", "after"):
-        assert 0 <= summary[f"accuracy_{when}"] <= 1 and 0 <= summary[f"sampled_accuracy_{when}"] <= 1
+        assert 0 <= summary[f"accuracy_greedy_{when}"] <= 1 and 0 <= summary[f"accuracy_sampled_{when}"] <= 1
 
     # The kept set is in the run folder: every question's gold answer, and samples that are correct.
     run_dir = Path(run["run_dir"])

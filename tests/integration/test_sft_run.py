@@ -3,9 +3,12 @@ under the real `accelerate launch` with 2 CPU ranks (DDP on gloo), a real superv
 
 from __future__ import annotations
 
-import torch
+from pathlib import Path
 
-from conftest import run_json
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import gpuscale, run_json
 from gpuscale.data.models import load_model
 from gpuscale.recipes.registry import get_recipe
 from gpuscale.runs.metrics import Throughput
@@ -28,7 +31,8 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     assert not missing
     assert summary["world_size"] == 2 and summary["steps"] == 3
     assert summary["train_loss"] > 0 and summary["tokens_per_s"] > 0
-    assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
+    for kind in ("greedy", "sampled"):
+        assert 0 <= summary[f"accuracy_{kind}_before"] <= 1 and 0 <= summary[f"accuracy_{kind}_after"] <= 1
 
     store = Store(home)
     # The ranks' own rows (rank -1 holds the supervisor's run-wide combination of each figure).
@@ -53,3 +57,18 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     changed = [name for name, weight in trained.state_dict().items()
                if not torch.equal(weight, original.state_dict()[name])]
     assert changed
+
+
+def test_a_failure_in_the_final_evaluation_keeps_the_saved_model_and_the_figures_before_it(home):
+    """Save first, evaluate second: a fault injected where the final evaluation starts fails the run,
+    and the trained model is already in the run folder, with the accuracy measured before training."""
+    result = gpuscale("run", *TINY_SFT, "--gpus", "1", "--json", env={"GPUSCALE_INJECT_FAULT": "0:final_eval:0"})
+    assert result.returncode == 1
+    run = run_json("show", "1")
+    assert run["status"] == "failed" and run["error"] == "rank 0: RuntimeError: injected fault on rank 0 at final_eval"
+    summary = run["summary"]
+    assert summary["partial"] is True and summary["steps"] == 3
+    assert 0 <= summary["accuracy_greedy_before"] <= 1 and "accuracy_greedy_after" not in summary
+    model_dir = Path(run["run_dir"]) / "model"
+    assert summary["model_dir"] == str(model_dir) and (model_dir / "model.safetensors").is_file()
+    assert AutoModelForCausalLM.from_pretrained(model_dir).num_parameters() > 0

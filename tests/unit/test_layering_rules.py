@@ -145,7 +145,6 @@ def test_the_recipe_packages_are_known():
     assert found == set(RECIPE_PACKAGES)
 
 
-@pytest.mark.xfail(strict=True, reason="recipes/training.py lands next")
 def test_no_recipe_imports_another_recipe():
     crossings = []
     for name, path in source_files("gpuscale.recipes").items():

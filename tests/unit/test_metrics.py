@@ -76,3 +76,43 @@ def test_a_finished_runs_rates_are_its_averages_not_an_empty_window():
     assert tp.progress(now=1000.0)["tokens_per_s"] == 0.0  # long after the ranks stopped: the window is empty
     final = tp.progress(now=1000.0, finished=True)
     assert final["tokens_per_s"] == 500.0 / 4.0 and final["tokens_per_s_by_rank"] == {"0": 62.5, "1": 62.5}
+
+
+def test_a_partial_summary_is_merged_under_the_whole_one_and_stays_marked_until_it_comes(tmp_path):
+    from gpuscale.runs.supervisor import ended_summary
+
+    reporter = Reporter(tmp_path, rank=0)
+    tailer = MetricsTailer(tmp_path / "metrics", run_id=1)
+    reporter.summary({"accuracy_greedy_before": 0.25, "model_dir": None}, partial=True)
+    reporter.summary({"model_dir": "/runs/1/model"}, partial=True)
+    tailer.read_new()
+    written = tailer.summaries[0]
+    assert written == {"accuracy_greedy_before": 0.25, "model_dir": "/runs/1/model", "partial": True}
+    # A run that failed after it keeps those figures, over the progress-derived ones.
+    failed = ended_summary(written, {"step": 3, "total": 10, "latest": {"loss": 1.5}}, succeeded=False)
+    assert failed["accuracy_greedy_before"] == 0.25 and failed["loss"] == 1.5 and failed["steps_done"] == 3
+    assert failed["partial"] is True
+    # The whole summary, later, wins where it repeats a figure and ends the partial mark.
+    reporter.summary({"accuracy_greedy_before": 0.5, "accuracy_greedy_after": 0.75})
+    reporter.close()
+    tailer.read_new()
+    whole = tailer.summaries[0]
+    assert whole == {"accuracy_greedy_before": 0.5, "accuracy_greedy_after": 0.75, "model_dir": "/runs/1/model"}
+    assert ended_summary(whole, {"step": 3}, succeeded=False).items() >= whole.items()
+    assert ended_summary(whole, {"step": 3}, succeeded=True) == whole
+
+
+def test_point_faults_fire_at_their_point_only(tmp_path, monkeypatch):
+    import pytest
+
+    from gpuscale.engines.metrics import fail_if_injected, injected_fault
+
+    monkeypatch.setenv("GPUSCALE_INJECT_FAULT", "0:final_eval:0")
+    reporter = Reporter(tmp_path, rank=0)
+    reporter.log(step=5, loss=1.0)  # a point fault is not a step fault
+    reporter.close()
+    assert injected_fault("final_eval", 0) == 0 and injected_fault("final_eval", 1) is None
+    assert injected_fault("nan_reward", 0) is None
+    fail_if_injected("final_eval", 1)
+    with pytest.raises(RuntimeError, match="injected fault on rank 0 at final_eval"):
+        fail_if_injected("final_eval", 0)

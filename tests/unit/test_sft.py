@@ -13,8 +13,7 @@ from gpuscale.data.prompts import prompt_ids
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.metrics import Reporter
 from gpuscale.recipes.sft import SFT, Settings
-from gpuscale.recipes.sft.data import training_and_test_examples
-from gpuscale.recipes.sft.trainer import tokenized_dataset, train_sft
+from gpuscale.recipes.training import tokenized_dataset, train_sft, training_and_test_examples
 from gpuscale.runs.settings import SettingsError
 
 

@@ -140,3 +140,46 @@ def test_a_config_with_the_older_checkpointing_name_gets_it(tmp_path):
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     assert trainer_args(Settings(activation_checkpointing=True), ctx, OlderArguments).gradient_checkpointing is True
     assert trainer_args(Settings(), ctx, OlderArguments, activation_checkpointing=False).gradient_checkpointing is False
+
+
+@pytest.mark.parametrize("logs, line", [
+    ({"loss": 2.0, "grad_norm": float("nan")},
+     "step 168: grad_norm is nan (training diverged); try --precision fp32, a lower learning_rate, or max_grad_norm"),
+    ({"loss": float("inf")}, "step 168: loss is inf (training diverged)"),
+    ({"rewards/correctness_counting/mean": float("-inf")}, "step 168: rewards_correctness_counting_mean is -inf"),
+    ({"reward": None}, "step 168: reward is nan"),  # TRL logs an all-NaN reward as None
+])
+def test_the_nan_guard_fails_on_a_non_finite_figure_with_one_line(logs, line):
+    from gpuscale.engines.metrics import NonFiniteFigure
+    from gpuscale.engines.trl_bridge import NonFiniteGuard
+
+    state = SimpleNamespace(global_step=168)
+    with pytest.raises(NonFiniteFigure) as failure:
+        NonFiniteGuard().on_log(None, state, None, logs=logs)
+    assert str(failure.value).startswith(line) and "\n" not in str(failure.value)
+
+
+def test_the_nan_guard_lets_finite_and_absent_figures_pass():
+    from gpuscale.engines.trl_bridge import NonFiniteGuard
+
+    state = SimpleNamespace(global_step=3)
+    # A domain's reward is None when the step drew none of its rows; the final log is not guarded.
+    NonFiniteGuard().on_log(None, state, None, logs={"loss": 1.0, "grad_norm": 0.5, "reward": 0.25,
+                                                     "rewards/correctness_counting/mean": None,
+                                                     "train_loss": float("nan"), "learning_rate": 1e-4})
+
+
+def test_the_nan_guard_checks_a_grpo_trainer_s_reward_values():
+    from gpuscale.engines.metrics import NonFiniteFigure
+    from gpuscale.engines.trl_bridge import NonFiniteGuard
+
+    def correctness_counting(prompts, completions, **columns):
+        return [None, 1.0, float("nan")]
+
+    callbacks = []
+    trainer = SimpleNamespace(reward_funcs=[correctness_counting], reward_func_names=["correctness_counting"],
+                              add_callback=callbacks.append)
+    guard = NonFiniteGuard().attach(trainer)
+    assert callbacks == [guard]
+    with pytest.raises(NonFiniteFigure, match=r"^step 5: reward correctness_counting is nan \(the reward function"):
+        trainer.reward_funcs[0](["p"] * 3, ["c"] * 3, trainer_state=SimpleNamespace(global_step=4))

@@ -21,8 +21,9 @@ LEAD_FIGURES = (
 # Then single summary figures, in order of preference, to fill the column.
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
 # The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
-# of several parts is running, e.g. rft's generate / train / evaluate).
-PREFERRED_FIGURES = ("accuracy", "reward", "loss", "phase")
+# of several parts is running, e.g. rft's generate / train / evaluate; `accuracy_greedy`: eggroll's
+# held-out accuracy every eval_every steps).
+PREFERRED_FIGURES = ("accuracy", "accuracy_greedy", "reward", "loss", "phase")
 # A table of runs: the CLI's `gpuscale runs` and the TUI's history. The TUI's history cuts the figures
 # to the room left at its width, so that the start time stays on screen at 80 columns.
 RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")

@@ -69,7 +69,7 @@ class Settings(RunSettings):
     eval_every: int = Field(50, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems for the accuracy figures "
                                "(0 = no evaluation)")
-    save_model: bool = Field(True, description="save the final model in RUN_DIR/model")
+    save_model: bool = Field(True, description="save the final model in RUN_DIR/model, before the final evaluation")
     answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field(
         "strict", description="answer extraction of the reward")
 
@@ -115,8 +115,8 @@ class Eggroll(Recipe):
     summary = "evolution strategies with low-rank perturbations: the whole population in one batched forward"
     settings_cls = Settings
     promised_figures = ("members_per_s", "tokens_per_s", "fitness_mean_first", "fitness_mean_last",
-                        "greedy_accuracy_before", "greedy_accuracy_after", "sampled_accuracy_before",
-                        "sampled_accuracy_after", "weights_identical_across_ranks")
+                        "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
+                        "accuracy_sampled_after", "weights_identical_across_ranks", "model_dir")
     smoke_settings = {"population": 4, "prompts_per_step": 2, "max_new_tokens": 8, "steps": 2,
                       "eval_examples": 4, "eval_every": 0, "batch_size": 8}
 

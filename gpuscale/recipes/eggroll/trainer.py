@@ -52,6 +52,10 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
         print(f"resumed from {settings.resume_from} after step {done}", flush=True)
     # A resumed run keeps its parent's `before` figures: they describe the model before any step.
     before = history.get("before") or evaluator.figures("before")
+    summary = {"method": settings.method, "population": settings.population, "world_size": ctx.world_size,
+               "steps": settings.steps, **before}
+    if ctx.is_main:
+        reporter.summary(summary, partial=True)
     reporter.total(settings.steps)
     # The rates (members/s, tokens/s) are this run's own steps'; the fitness series goes on from the parent's.
     step_seconds, fitness_means, tokens_total = [], list(history.get("fitness_means", [])), 0
@@ -61,6 +65,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
         step_seconds.append(time.perf_counter() - started)
         tokens_total += result.tokens
         fitness = result.fitness
+        check_finite(step, fitness)
         fitness_means.append(float(fitness.mean()))
         figures = {}
         if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
@@ -71,26 +76,39 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
                      **result.reward_by_domain(), **figures)
         if settings.checkpoint_every and step % settings.checkpoint_every == 0:
             checkpoint.save(trainer, step, {"before": before, "fitness_means": fitness_means})
-    after = evaluator.figures("after")
-    if settings.save_model:
-        save_model(loaded.model, loaded.tokenizer, ctx)
+    # Saved before the final evaluation: a failure there never loses the trained weights.
+    model_dir = save_model(loaded.model, loaded.tokenizer, ctx) if settings.save_model else None
     checksums = ctx.gather(weights_checksum(trainer.linears + trainer.norms))
     everyone_tokens = sum(ctx.gather(tokens_total))
+    # Step 1 also captures CUDA graphs and allocates the KV cache: the median leaves it out.
+    # (None where a resumed run had no step left: its parent failed after its last checkpoint.)
+    typical = statistics.median(step_seconds[1:] or step_seconds) if step_seconds else None
+    summary.update({
+        "members_per_s": settings.population / typical if typical else None,
+        "tokens_per_s": everyone_tokens / sum(step_seconds) if step_seconds else None,
+        "step_seconds_median": typical,
+        **{f"{phase}_seconds_median": seconds for phase, seconds in trainer.clock.medians().items()},
+        "fitness_mean_first": fitness_means[0], "fitness_mean_last": fitness_means[-1],
+        "perturbed_matrices": len(trainer.linears), "perturbed_norms": len(trainer.norms),
+        "weights_identical_across_ranks": len(set(checksums)) == 1, "weights_checksum": checksums[0],
+        "model_dir": str(model_dir) if model_dir else None,
+    })
     if ctx.is_main:
-        # Step 1 also captures CUDA graphs and allocates the KV cache: the median leaves it out.
-        # (None where a resumed run had no step left: its parent failed after its last checkpoint.)
-        typical = statistics.median(step_seconds[1:] or step_seconds) if step_seconds else None
-        reporter.summary({
-            "method": settings.method, "population": settings.population, "world_size": ctx.world_size,
-            "steps": settings.steps, "members_per_s": settings.population / typical if typical else None,
-            "tokens_per_s": everyone_tokens / sum(step_seconds) if step_seconds else None,
-            "step_seconds_median": typical,
-            **{f"{phase}_seconds_median": seconds for phase, seconds in trainer.clock.medians().items()},
-            "fitness_mean_first": fitness_means[0], "fitness_mean_last": fitness_means[-1],
-            "perturbed_matrices": len(trainer.linears), "perturbed_norms": len(trainer.norms),
-            "weights_identical_across_ranks": len(set(checksums)) == 1, "weights_checksum": checksums[0],
-            **before, **after,
-        })
+        reporter.summary(summary, partial=True)
+    summary.update(evaluator.figures("after"))
+    if ctx.is_main:
+        reporter.summary(summary)
+
+
+def check_finite(step: int, fitness: torch.Tensor) -> None:
+    """Fail the run with the one line every recipe's divergence gives, as soon as a member's fitness
+    is NaN or Inf (the update would carry it into every weight)."""
+    from gpuscale.engines.metrics import NonFiniteFigure, non_finite_message
+
+    bad = fitness[~torch.isfinite(fitness)]
+    if bad.numel():
+        raise NonFiniteFigure(non_finite_message(step, "fitness", float(bad[0]),
+                                                 remedies="--precision fp32, a lower lr, or a lower sigma"))
 
 
 def perturbed_linears(model) -> list[tuple[str, torch.nn.Linear]]:
@@ -367,21 +385,21 @@ class Trainer:
 
 class Evaluator:
     """Held-out accuracy, greedy and at temperature 1 (the training engine's row terms act only in
-    its own calls, so these see the unperturbed model)."""
+    its own calls, so these see the unperturbed model), named as every training recipe names it
+    (recipes/training.py)."""
 
     def __init__(self, settings: Settings, ctx, loaded, held_out: list[dict]):
         self.settings, self.ctx, self.loaded, self.held_out = settings, ctx, loaded, held_out
 
     def figures(self, label: str, log_only: bool = False) -> dict:
-        from gpuscale.recipes.common import held_out_accuracy
+        """`accuracy_<greedy|sampled>[_<domain>]_<label>` (label before or after); with `log_only`,
+        the two overall accuracies as the figures a step logs, `accuracy_greedy` and `accuracy_sampled`."""
+        from gpuscale.recipes.training import held_out_evaluation
 
-        s, figures = self.settings, {}
-        for kind, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-            accuracy = held_out_accuracy(self.loaded.model, self.loaded.tokenizer, self.held_out, self.ctx,
-                                         max_new_tokens=s.max_new_tokens, temperature=temperature, seed=s.seed,
-                                         batch_size=s.batch_size, answer_mode=s.answer_mode)
-            if log_only:
-                figures[f"{kind}_accuracy"] = accuracy["accuracy"]
-            else:
-                figures.update({f"{kind}_{name}_{label}": value for name, value in accuracy.items()})
+        s = self.settings
+        figures = held_out_evaluation(self.loaded.model, self.loaded.tokenizer, self.held_out, self.ctx, label,
+                                      max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=s.batch_size,
+                                      answer_mode=s.answer_mode)
+        if log_only:
+            return {f"accuracy_{kind}": figures[f"accuracy_{kind}_{label}"] for kind in ("greedy", "sampled")}
         return figures

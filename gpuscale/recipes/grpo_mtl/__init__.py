@@ -9,8 +9,10 @@ domain's training reward. Completions come from gpuscale's generation engine thr
 `mtl=pcgrad` replaces the plain backward by per-domain gradients, projected against each other
 (Yu et al. 2020) and summed into `.grad` before clipping and the optimizer step.
 
-Before and after training: held-out accuracy per domain, greedy and sampled at temperature 1.
-`save_model` writes the trained model (merged if LoRA) with its tokenizer to RUN_DIR/model.
+Before and after training: held-out accuracy per domain, greedy and sampled at temperature 1. The
+trained model (merged if LoRA) is saved with its tokenizer to RUN_DIR/model before the final
+evaluation (`save_model`, on by default). The training shell (fp32 master weights, the NaN guard,
+merging, casting) is recipes/training.py's, shared with sft and rft.
 
 Files: this one (settings and the recipe, no torch), data.py (training rows and held-out examples),
 rollout.py (the engine behind `rollout_func`), pcgrad.py (the projection, per-domain losses and
@@ -25,10 +27,11 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.recipes.training import TrainingSettings
+from gpuscale.runs.settings import SettingsError
 
 
-class Settings(RunSettings):
+class Settings(TrainingSettings):
     # verl's names for the same knobs keep working, short and long spellings: configs written for verl
     # carry over as they are.
     KEY_ALIASES = {
@@ -72,11 +75,6 @@ class Settings(RunSettings):
         "cosine", description="learning-rate schedule after the warm-up (constant kept the last steps as large "
                               "as the first and undid gains on tiny-math)")
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="share of the steps spent warming up")
-    max_grad_norm: float = Field(1.0, ge=0.0, le=1e6, description="gradient clipping (0 = none)")
-    lora_rank: int = Field(0, ge=0, le=1024, description="0 = full fine-tune; otherwise LoRA adapters of this rank")
-    lora_alpha: float = Field(32.0, gt=0.0, le=4096.0,
-                              description="LoRA scaling numerator (alpha / rank scales the update)")
-    lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
     reward_weights: str = Field("correctness=1,format=0", description="reward=weight for every domain, "
                                 "domain.reward=weight for one (rewards: correctness, format)")
     generator: Literal["engine", "transformers", "continuous"] = Field(
@@ -86,7 +84,6 @@ class Settings(RunSettings):
                                            "pcgrad = per-domain gradients projected (gradient surgery)")
     eval_examples: int = Field(200, ge=0, le=100_000, description="held-out test problems scored before and "
                                "after training, greedy and sampled (0 = no evaluation)")
-    save_model: bool = Field(False, description="save the trained model (merged if LoRA) to RUN_DIR/model")
 
     @field_validator("reward_weights")
     @classmethod
@@ -95,13 +92,6 @@ class Settings(RunSettings):
 
         parse_reward_weights(value)  # ValueError with one line
         return value.strip()
-
-    @field_validator("lora_targets")
-    @classmethod
-    def _check_targets(cls, value: str) -> str:
-        from gpuscale.recipes.sft import checked_lora_targets
-
-        return checked_lora_targets(value)
 
     @property
     def completions_per_step(self) -> int:
@@ -151,7 +141,7 @@ class GrpoMtl(Recipe):
     promised_figures = ("world_size", "steps", "generator", "mtl", "tokens_per_s", "generation_seconds",
                         "training_seconds", "step_seconds_median", "generation_seconds_per_step",
                         "accuracy_greedy_before", "accuracy_greedy_after",
-                        "accuracy_sampled_before", "accuracy_sampled_after")
+                        "accuracy_sampled_before", "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 8, "batch_size": 4, "num_generations": 2, "prompts_per_step": 2,
                       "max_steps": 1, "max_completion_length": 8, "eval_examples": 2}
 

@@ -1,4 +1,5 @@
-"""A rank's work in grpo-mtl: evaluate, train with TRL's GRPOTrainer over the domains, evaluate, save.
+"""A rank's work in grpo-mtl: evaluate, train with TRL's GRPOTrainer over the domains (recipes/training.py's
+shell), save the trained model, evaluate again.
 
 The trainer itself (TRL's GRPOTrainer with domain ids, generation timing and PCGrad) is in
 multitask.py; this module builds it from the settings and turns its logs into the run's summary.
@@ -6,10 +7,7 @@ multitask.py; this module builds it from the settings and turns its logs into th
 
 from __future__ import annotations
 
-import gc
 import os
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
@@ -20,76 +18,57 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e1
 
 
 def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model, save_model
+    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.training import save_then_evaluate
 
     train, test = training_and_test_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     model, tokenizer = loaded.model, loaded.tokenizer
-    before = evaluate(model, tokenizer, test, settings, ctx)
     rows, dropped = grpo_rows(train, tokenizer, settings.max_prompt_length)
     if not rows:
         raise ValueError(f"max_prompt_length: {settings.max_prompt_length}: every training prompt is longer")
-    trained = train_grpo(rows, settings, ctx, reporter, model, tokenizer)
-    after = evaluate(trained.model, tokenizer, test, settings, ctx)
-    model_dir = save_model(trained.model, tokenizer, ctx) if settings.save_model else None
+    summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
+               "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
+               "train_examples": len(rows), "prompts_too_long": dropped, "eval_examples": len(test),
+               **evaluate(model, tokenizer, test, settings, ctx, "before")}
     if ctx.is_main:
-        summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
-                   "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
-                   "train_examples": len(rows), "prompts_too_long": dropped, "eval_examples": len(test),
-                   **trained.figures}
-        summary.update({f"{name}_before": value for name, value in before.items()})
-        summary.update({f"{name}_after": value for name, value in after.items()})
-        summary["model_dir"] = str(model_dir) if model_dir else None
-        reporter.summary(summary)
+        reporter.summary(summary, partial=True)
+    trained = train_grpo(rows, settings, ctx, reporter, model, tokenizer)
+    save_then_evaluate(trained, tokenizer, ctx, settings, reporter, summary,
+                       lambda: evaluate(trained.model, tokenizer, test, settings, ctx, "after"))
 
 
-def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx) -> dict[str, float | None]:
-    """Held-out accuracy, overall and per domain, greedy and sampled at temperature 1:
-    {"accuracy_greedy": ..., "accuracy_greedy_<domain>": ..., "accuracy_sampled": ..., ...}."""
-    from gpuscale.recipes.common import held_out_accuracy
+def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx, when: str) -> dict[str, float | None]:
+    """Held-out accuracy, overall and per domain, greedy and sampled at temperature 1, strict answers:
+    `accuracy_greedy[_<domain>]_<when>`, `accuracy_sampled[_<domain>]_<when>`."""
+    from gpuscale.recipes.training import held_out_evaluation
 
-    figures: dict[str, float | None] = {}
-    for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-        accuracy = held_out_accuracy(model, tokenizer, examples, ctx, max_new_tokens=settings.max_completion_length,
-                                     temperature=temperature, seed=settings.seed, answer_mode="strict") \
-            if examples else {"accuracy": None}
-        figures.update({name.replace("accuracy", f"accuracy_{label}", 1): v for name, v in accuracy.items()})
-    return figures
+    return held_out_evaluation(model, tokenizer, examples, ctx, when, max_new_tokens=settings.max_completion_length,
+                               seed=settings.seed, answer_mode="strict")
 
 
 # ---- training ------------------------------------------------------------------------------------
 
 
-@dataclass
-class TrainedModel:
-    """The trained model (LoRA merged, in the rank's dtype, in eval mode) and the training's figures."""
-
-    model: Any
-    figures: dict[str, Any] = field(default_factory=dict)
-
-
-def train_grpo(rows: list[dict], settings: Settings, ctx, reporter, model, tokenizer) -> TrainedModel:
-    """GRPO on `rows` ({"prompt", "answer", "domain"}, the same on every rank: the trainer shards them)."""
-    import torch
-
-    if settings.lora_rank == 0 and ctx.dtype != torch.float32:
-        model = model.float()  # fp32 master weights; the forward runs under bf16/fp16 autocast
+def train_grpo(rows: list[dict], settings: Settings, ctx, reporter, model, tokenizer):
+    """GRPO on `rows` ({"prompt", "answer", "domain"}, the same on every rank: the trainer shards them),
+    in the training shell; a `TrainedModel`."""
     from gpuscale.recipes.grpo_mtl.multitask import StepClock
+    from gpuscale.recipes.training import train_model
 
-    trainer, callback = build_trainer(rows, settings, ctx, reporter, model, tokenizer)
-    clock = StepClock(trainer)
-    trainer.add_callback(clock)
-    started = time.perf_counter()
-    trainer.train()
-    seconds = callback.final.get("train_runtime") or time.perf_counter() - started
-    figures = training_figures(trainer, callback, seconds, ctx, settings)
-    figures.update(per_step_figures(clock))
-    model = trainer.model
-    del trainer
-    gc.collect()
-    if settings.lora_rank:
-        model = model.merge_and_unload()
-    return TrainedModel(model.to(ctx.dtype).eval(), figures)
+    clock = None
+
+    def build(model):
+        nonlocal clock
+        trainer, callback = build_trainer(rows, settings, ctx, reporter, model, tokenizer)
+        clock = StepClock(trainer)
+        trainer.add_callback(clock)
+        return trainer, callback
+
+    def more_figures(trainer, callback, seconds: float) -> dict[str, Any]:
+        return {**grpo_figures(trainer, callback, seconds, ctx), **per_step_figures(clock)}
+
+    return train_model(build, settings, ctx, model, more_figures)
 
 
 def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, tokenizer):
@@ -98,10 +77,11 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     from trl import GRPOConfig
 
     from gpuscale.data.rewards import RewardRouter, parse_reward_weights
+    from gpuscale.engines.metrics import injected_fault
     from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
-    from gpuscale.recipes.sft.trainer import lora_config
+    from gpuscale.recipes.training import lora_config
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
     datasets.disable_progress_bars()
@@ -130,9 +110,13 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
                                 max_columns=settings.max_prompt_length + settings.max_completion_length,
                                 compile=settings.compile)
     callback = ReporterCallback(reporter, ctx.world_size)
+    reward_funcs = router.reward_funcs(domains)
+    nan_from = injected_fault("nan_reward", ctx.rank)
+    if nan_from is not None:
+        reward_funcs = [NanFrom(function, nan_from) for function in reward_funcs]
     trainer = MultiTaskGRPOTrainer(
         model=model,
-        reward_funcs=router.reward_funcs(domains),
+        reward_funcs=reward_funcs,
         args=args,
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
@@ -146,17 +130,27 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     return trainer, callback
 
 
-def training_figures(trainer, callback, seconds: float, ctx, settings: Settings) -> dict[str, Any]:
-    """The summary's training figures: steps, rates, the generation/training split of the time, MFU
-    where the card's peak is known, and each domain's training reward at the start and the end."""
+class NanFrom:
+    """A reward function that returns NaN for its rows from optimizer step `step` on: the fault
+    GPUSCALE_INJECT_FAULT=RANK:nan_reward:STEP injects, to test that a NaN reward fails the run."""
+
+    def __init__(self, function, step: int):
+        self.function, self.step, self.__name__ = function, step, function.__name__
+
+    def __call__(self, *args, trainer_state=None, **kwargs):
+        values = self.function(*args, trainer_state=trainer_state, **kwargs)
+        if trainer_state is not None and trainer_state.global_step + 1 >= self.step:
+            return [None if value is None else float("nan") for value in values]
+        return values
+
+
+def grpo_figures(trainer, callback, seconds: float, ctx) -> dict[str, Any]:
+    """GRPO's figures beside the shell's: the generation/training split of the time, MFU where the
+    card's peak is known, and each domain's training reward at the start and the end."""
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     tokens = callback.tokens_seen
     generation = trainer.generation_seconds
     figures = {
-        "steps": trainer.state.global_step,
-        "train_tokens": tokens,
-        "tokens_per_s": tokens / seconds if seconds > 0 else None,
-        "train_seconds": seconds,
         "generation_seconds": generation,
         "training_seconds": max(seconds - generation, 0.0),
         "generation_share": generation / seconds if seconds > 0 else None,

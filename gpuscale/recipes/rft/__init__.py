@@ -10,10 +10,11 @@
    `data_from=RUN_ID` (or a path to such a file) skips this and trains on an earlier run's set.
    `generator=transformers` generates with `model.generate` and `num_return_sequences`, as the
    seed did: the baseline the bench compares with.
-2. Train. Every rank fine-tunes on the whole kept set with sft's `train_sft` (TRL SFTTrainer, DDP
-   under `accelerate launch`, full or LoRA, merged after).
+2. Train. Every rank fine-tunes on the whole kept set with recipes/training.py's `train_sft` (TRL
+   SFTTrainer, DDP under `accelerate launch`, full or LoRA, merged after); the trained model goes to
+   RUN_DIR/model before the final evaluation.
 3. Evaluate. Greedy and temperature-1 accuracy per domain on `eval_examples` held-out test
-   problems, before generation and after training; the trained model goes to RUN_DIR/model.
+   problems, before generation and after training.
 
 The monitor shows the phase as the figure `phase` (0 = base evaluation, 1 = generate, 2 = train,
 3 = final evaluation) and one step count over the whole run (generation batches, then optimizer
@@ -30,13 +31,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.recipes.sft import Settings as SFTSettings
+from gpuscale.recipes.training import SupervisedSettings
 
 
-class Settings(SFTSettings):
+class Settings(SupervisedSettings):
     # The seed's knob names: `oversample`, `MICRO_BATCH_SIZE` (sequences per generate call).
-    KEY_ALIASES = {**SFTSettings.KEY_ALIASES, "oversample": "samples_per_question", "k": "samples_per_question",
-                   "micro_batch_size": "max_rows_per_call", "per_device_train_batch_size": "train_batch_size"}
+    KEY_ALIASES = {**SupervisedSettings.KEY_ALIASES, "oversample": "samples_per_question",
+                   "k": "samples_per_question", "micro_batch_size": "max_rows_per_call",
+                   "per_device_train_batch_size": "train_batch_size"}
     ENV_ALIASES = {"MICRO_BATCH_SIZE": "max_rows_per_call"}
 
     batch_size: int | None = Field(
@@ -65,7 +67,6 @@ class Settings(SFTSettings):
                                "temperature 1 before and after (0 = no evaluation)")
     eval_batch_size: int = Field(64, ge=1, description="test problems per evaluation call per rank")
     max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
-    save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model")
 
 
     @field_validator("batch_size", mode="before")
@@ -81,7 +82,7 @@ def check_questions_per_rank(settings: Settings) -> None:
     file's first eval_examples rows held out)."""
     from gpuscale.recipes.data_checks import require_training_examples, training_count
     from gpuscale.recipes.device_trials import run_ranks
-    from gpuscale.recipes.sft.data import training_and_test_examples
+    from gpuscale.recipes.training import training_and_test_examples
 
     ranks = run_ranks(settings)
     count, source = training_count(settings, lambda s: training_and_test_examples(s)[0])
@@ -102,8 +103,8 @@ class RFT(Recipe):
     settings_cls = Settings
     launcher = "accelerate"
     promised_figures = ("world_size", "kept_examples", "yield", "samples_per_s", "steps", "train_loss",
-                        "tokens_per_s", "accuracy_before", "accuracy_after", "sampled_accuracy_before",
-                        "sampled_accuracy_after")
+                        "tokens_per_s", "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
+                        "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 4, "samples_per_question": 4, "batch_size": 2, "max_new_tokens": 24,
                       "max_steps": 2, "train_batch_size": 2, "max_length": 96, "eval_examples": 4,
                       "save_model": False}

@@ -1,5 +1,5 @@
 """A rank's whole RFT run: evaluate the base model, generate (or reuse) the kept set, train on it
-with sft's `train_sft`, evaluate again, save.
+with recipes/training.py's `train_sft`, save the trained model, evaluate again.
 
 One step count runs through the phases (the front ends show progress from one counter and one
 total): `PhasedReporter` shifts each phase's steps past the previous phase's and adds the `phase`
@@ -46,10 +46,9 @@ class PhasedReporter:
 
 
 def run_rft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model, save_model
+    from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.rft.generate import generation_batches
-    from gpuscale.recipes.sft.data import training_and_test_examples
-    from gpuscale.recipes.sft.trainer import train_sft
+    from gpuscale.recipes.training import save_then_evaluate, train_sft, training_and_test_examples
 
     train, test = training_and_test_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
@@ -59,6 +58,10 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
     phases.start(BASE_EVALUATION, 1, after=len(batches) + 1)
     before = evaluate(loaded.model, loaded.tokenizer, test, settings, ctx, "before")
     phases.log(1, **headline(before, "before"))
+    summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
+               "generator": settings.generator, "train_questions": len(train), "eval_examples": len(test), **before}
+    if ctx.is_main:
+        reporter.summary(summary, partial=True)
 
     phases.start(GENERATE, len(batches), after=1)
     if settings.data_from:
@@ -67,23 +70,23 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
         generation = {"kept_examples": len(rows), **read_generation_figures(path), "data_from": str(path)}
     else:
         rows, generation = generate_phase(settings, ctx, loaded, batches, phases)
+    summary.update(generation, generated_set=str(ctx.run_dir / GENERATED_FILE) if not settings.data_from
+                   else generation["data_from"])
+    if ctx.is_main:
+        reporter.summary(summary, partial=True)
 
     phases.start(TRAIN, 0, after=1)  # the trainer announces its steps when it starts
     training_settings = settings.model_copy(update={"batch_size": settings.train_batch_size})
     trained = train_sft(rows, training_settings, ctx, phases, model=loaded.model, tokenizer=loaded.tokenizer)
+    trained.figures = rft_training_figures(trained.figures)
 
-    phases.start(FINAL_EVALUATION, 1)
-    after = evaluate(trained.model, loaded.tokenizer, test, settings, ctx, "after")
-    phases.log(1, **headline(after, "after"))
-    model_dir = save_model(trained.model, loaded.tokenizer, ctx) if settings.save_model else None
-    if ctx.is_main:
-        reporter.summary({
-            "world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
-            "generator": settings.generator, "train_questions": len(train), "eval_examples": len(test),
-            **training_figures(trained.figures), **generation, **before, **after, **gains(before, after),
-            "generated_set": str(ctx.run_dir / GENERATED_FILE) if not settings.data_from else generation["data_from"],
-            "model_dir": str(model_dir) if model_dir else None,
-        })
+    def final_evaluation() -> dict:
+        phases.start(FINAL_EVALUATION, 1)
+        after = evaluate(trained.model, loaded.tokenizer, test, settings, ctx, "after")
+        phases.log(1, **headline(after, "after"))
+        return {**after, **gains(before, after)}
+
+    save_then_evaluate(trained, loaded.tokenizer, ctx, settings, reporter, summary, final_evaluation)
 
 
 def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedReporter) -> tuple[list[dict], dict]:
@@ -128,35 +131,28 @@ def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedRepor
 
 def evaluate(model, tokenizer, test: list[dict], settings: Settings, ctx, when: str) -> dict:
     """Greedy and temperature-1 accuracy, overall and per domain, strict answers:
-    `accuracy_<when>[_<domain>]` and `sampled_accuracy_<when>[_<domain>]`."""
-    from gpuscale.recipes.common import held_out_accuracy
+    `accuracy_greedy[_<domain>]_<when>` and `accuracy_sampled[_<domain>]_<when>`."""
+    from gpuscale.recipes.training import held_out_evaluation
 
-    if not test:
-        return {f"accuracy_{when}": None, f"sampled_accuracy_{when}": None}
-    figures = {}
-    for prefix, temperature in (("accuracy", 0.0), ("sampled_accuracy", 1.0)):
-        found = held_out_accuracy(model, tokenizer, test, ctx, max_new_tokens=settings.max_new_tokens,
-                                  temperature=temperature, seed=settings.seed, batch_size=settings.eval_batch_size,
-                                  answer_mode="strict")
-        figures.update({name.replace("accuracy", f"{prefix}_{when}", 1): value for name, value in found.items()})
-    return figures
+    return held_out_evaluation(model, tokenizer, test, ctx, when, max_new_tokens=settings.max_new_tokens,
+                               seed=settings.seed, batch_size=settings.eval_batch_size, answer_mode="strict")
 
 
-def training_figures(figures: dict) -> dict:
-    """train_sft's figures, its samples/s renamed: `samples_per_s` is the generation's here."""
+def rft_training_figures(figures: dict) -> dict:
+    """The training shell's figures, its samples/s renamed: `samples_per_s` is the generation's here."""
     renamed = {"samples_per_s": "train_samples_per_s"}
     return {renamed.get(name, name): value for name, value in figures.items()}
 
 
 def headline(figures: dict, when: str) -> dict:
     """The two overall accuracies only, for the monitor (the per-domain ones go to the summary)."""
-    return {name: figures[name] for name in (f"accuracy_{when}", f"sampled_accuracy_{when}")}
+    return {name: figures[name] for name in (f"accuracy_greedy_{when}", f"accuracy_sampled_{when}")}
 
 
 def gains(before: dict, after: dict) -> dict:
     """after - before for the two headline accuracies, in points."""
     out = {}
-    for prefix in ("accuracy", "sampled_accuracy"):
-        a, b = before.get(f"{prefix}_before"), after.get(f"{prefix}_after")
-        out[f"{prefix}_gain_points"] = 100 * (b - a) if a is not None and b is not None else None
+    for kind in ("greedy", "sampled"):
+        a, b = before.get(f"accuracy_{kind}_before"), after.get(f"accuracy_{kind}_after")
+        out[f"accuracy_{kind}_gain_points"] = 100 * (b - a) if a is not None and b is not None else None
     return out

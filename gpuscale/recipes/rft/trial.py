@@ -19,7 +19,7 @@ def trial_session(settings: Settings, ctx):
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.rft.generate import make_sampler, questions_per_call
-    from gpuscale.recipes.sft.data import training_and_test_examples
+    from gpuscale.recipes.training import training_and_test_examples
 
     train, _test = training_and_test_examples(settings)
     loaded = load_generation_model(settings.model, ctx)

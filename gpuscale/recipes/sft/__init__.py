@@ -6,76 +6,36 @@ and EOS; the loss is on the completion only. Full fine-tune, or LoRA through pef
 Every rank trains with DDP under `accelerate launch`; precision, per-device batch, gradient
 accumulation, learning rate, epochs or max_steps and scheduler come from the settings through the
 TRL bridge (engines/trl_bridge.py), which also sends the trainer's logs to the Reporter live.
-Before and after training, greedy accuracy on `eval_examples` held-out test problems (sharded over
-ranks). `save_model` writes the trained model (merged if LoRA) to RUN_DIR/model, which any recipe
-loads with `--model RUN_DIR/model`.
+Before and after training, greedy and temperature-1 accuracy per domain on `eval_examples` held-out
+test problems (sharded over ranks). The trained model (merged if LoRA) is saved to RUN_DIR/model
+before the final evaluation (`save_model`, on by default); any recipe loads it with
+`--model RUN_DIR/model`.
 
-Files: this one (settings and the recipe, no torch), trainer.py (a rank's work; `train_sft` is the
-training phase other recipes reuse, e.g. RFT), trial.py (its tuning trial, on recipes/training_trial.py).
+Files: this one (settings and the recipe, no torch), trainer.py (a rank's work), trial.py (its tuning
+trial, on recipes/training_trial.py). The training itself is recipes/training.py's, shared with rft
+and grpo-mtl.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.recipes.training import MOST_ACCUMULATION, SupervisedSettings
+from gpuscale.runs.settings import SettingsError
 
 
-def checked_lora_targets(value: str) -> str:
-    """`lora_targets` as peft takes it: all-linear, or module names like q_proj,v_proj."""
-    value = value.strip()
-    if value != "all-linear" and not re.fullmatch(r"\w+(\s*,\s*\w+)*", value):
-        raise ValueError("expected all-linear or module names like q_proj,v_proj")
-    return value
-
-MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
-
-
-class Settings(RunSettings):
-    KEY_ALIASES = {"lr": "learning_rate", "grad_accum": "gradient_accumulation", "micro_batch_size": "batch_size"}
+class Settings(SupervisedSettings):
+    KEY_ALIASES = {**SupervisedSettings.KEY_ALIASES, "micro_batch_size": "batch_size"}
 
     learning_rate: float = Field(2e-5, gt=0.0, le=1.0, description="peak learning rate (TRL's SFT default 2e-5; "
                                  "LoRA usually wants about 1e-4 to 2e-4)")
-    epochs: float = Field(1.0, gt=0.0, le=1000.0, description="passes over the training examples")
-    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
-    gradient_accumulation: int = Field(1, ge=1, le=MOST_ACCUMULATION, description="micro-batches per optimizer step")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "linear", description="learning-rate schedule after the warm-up")
-    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0,
-                                description="share of the steps spent warming up the learning rate")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
-    max_length: int = Field(512, ge=8, le=131_072,
-                            description="longest prompt + completion, in tokens (longer are cut)")
-    activation_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
-                                           "(less memory, about a third more compute)")
-    lora_rank: int = Field(0, ge=0, le=1024, description="0 = full fine-tune; otherwise LoRA adapters of this rank")
-    lora_alpha: float = Field(32.0, gt=0.0, le=4096.0,
-                              description="LoRA scaling numerator (alpha / rank scales the update)")
-    lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
-    save_model: bool = Field(False, description="save the trained model (merged if LoRA) to RUN_DIR/model")
-    eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily "
-                               "before and after training (0 = no evaluation)")
-    max_new_tokens: int = Field(256, ge=1, le=65_536, description="answer length budget in the evaluation")
-
-    @field_validator("max_steps", mode="before")
-    @classmethod
-    def _no_limit_words(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
-
-    @field_validator("lora_targets")
-    @classmethod
-    def _check_targets(cls, value: str) -> str:
-        return checked_lora_targets(value)
-
-    @property
-    def rank_batch(self) -> int:
-        """Sequences per optimizer step on a rank (batch_size x gradient_accumulation): what tuning
-        the micro-batch keeps, and part of a tuning result's key."""
-        return self.batch_size * self.gradient_accumulation
+    eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily and at "
+                               "temperature 1 before and after training (0 = no evaluation)")
 
 
 class SFT(Recipe):
@@ -84,7 +44,8 @@ class SFT(Recipe):
                "with accuracy before/after")
     settings_cls = Settings
     launcher = "accelerate"
-    promised_figures = ("world_size", "steps", "train_loss", "tokens_per_s", "accuracy_before", "accuracy_after")
+    promised_figures = ("world_size", "steps", "train_loss", "tokens_per_s", "accuracy_greedy_before",
+                        "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 8, "batch_size": 2, "max_steps": 2, "max_length": 64, "eval_examples": 2,
                       "max_new_tokens": 8}
 
@@ -97,7 +58,7 @@ class SFT(Recipe):
         check_dataset(settings.dataset, "train", settings.max_examples)
         if not parse_dataset(settings.dataset).paths:
             return  # named tasks have a test split of their own
-        from gpuscale.recipes.sft.data import training_and_test_examples
+        from gpuscale.recipes.training import training_and_test_examples
 
         train, _test = training_and_test_examples(settings)
         if not train:

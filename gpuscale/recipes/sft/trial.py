@@ -11,8 +11,7 @@ ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of disti
 
 def trial_session(settings: Settings, ctx):
     def rows_for(tokenizer) -> TrainingRows:
-        from gpuscale.recipes.sft.data import sft_rows, training_and_test_examples
-        from gpuscale.recipes.sft.trainer import tokenized_dataset
+        from gpuscale.recipes.training import sft_rows, tokenized_dataset, training_and_test_examples
 
         wanted = ROWS_PER_STEP_LOADED * settings.rank_batch
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})

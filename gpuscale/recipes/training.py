@@ -1,0 +1,296 @@
+"""The one training shell of the TRL recipes (sft, rft's training phase, grpo-mtl) and what they share.
+
+- Settings: `TrainingSettings` (learning rate and schedule, clipping, LoRA, the held-out evaluation,
+  saving), and `SupervisedSettings` on it (epochs or max_steps, accumulation, sequence length...) for
+  the recipes that fine-tune on (question, completion) rows. Each recipe keeps its own defaults by
+  redeclaring a field.
+- Data: `training_and_test_examples` (the held-out split), `sft_rows` and `tokenized_dataset` (rows
+  as TRL's SFTTrainer takes them), `lora_config`.
+- The shell: `train_model(build, settings, ctx, model)` takes a factory of a TRL trainer and does
+  what every training recipe does around it: fp32 master weights for a full fine-tune, the NaN guard
+  (engines/trl_bridge.py), train, free the optimizer, merge LoRA, cast to the rank's dtype, eval
+  mode; it returns one `TrainedModel`. `train_sft` is the SFT phase built on it.
+- The end of a run: `held_out_evaluation` (greedy and temperature 1, per domain, figures named
+  `accuracy_<greedy|sampled>[_<domain>]_<before|after>`) and `save_then_evaluate` (the trained model
+  is saved before the final evaluation, so that a failure there never loses it).
+
+No torch at import: the front ends read the settings classes, and eggroll uses the evaluation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from gpuscale.runs.settings import RunSettings
+
+MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
+
+
+def checked_lora_targets(value: str) -> str:
+    """`lora_targets` as peft takes it: all-linear, or module names like q_proj,v_proj."""
+    value = value.strip()
+    if value != "all-linear" and not re.fullmatch(r"\w+(\s*,\s*\w+)*", value):
+        raise ValueError("expected all-linear or module names like q_proj,v_proj")
+    return value
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+
+class TrainingSettings(RunSettings):
+    """What every TRL training recipe is set with, besides RunSettings."""
+
+    KEY_ALIASES = {"lr": "learning_rate"}
+
+    learning_rate: float = Field(2e-5, gt=0.0, le=1.0, description="peak learning rate")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="learning-rate schedule after the warm-up")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0,
+                                description="share of the steps spent warming up the learning rate")
+    max_grad_norm: float = Field(1.0, ge=0.0, le=1e6, description="gradient clipping (0 = none)")
+    lora_rank: int = Field(0, ge=0, le=1024, description="0 = full fine-tune; otherwise LoRA adapters of this rank")
+    lora_alpha: float = Field(32.0, gt=0.0, le=4096.0,
+                              description="LoRA scaling numerator (alpha / rank scales the update)")
+    lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
+    eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily and at "
+                               "temperature 1 before and after training (0 = no evaluation)")
+    save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model, "
+                             "before the final evaluation")
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _check_targets(cls, value: str) -> str:
+        return checked_lora_targets(value)
+
+
+class SupervisedSettings(TrainingSettings):
+    """The settings of a fine-tune on (question, completion) rows with TRL's SFTTrainer (sft, rft)."""
+
+    KEY_ALIASES = {**TrainingSettings.KEY_ALIASES, "grad_accum": "gradient_accumulation"}
+
+    epochs: float = Field(1.0, gt=0.0, le=1000.0, description="passes over the training examples")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
+    gradient_accumulation: int = Field(1, ge=1, le=MOST_ACCUMULATION, description="micro-batches per optimizer step")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    max_length: int = Field(512, ge=8, le=131_072,
+                            description="longest prompt + completion, in tokens (longer are cut)")
+    activation_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
+                                           "(less memory, about a third more compute)")
+    max_new_tokens: int = Field(256, ge=1, le=65_536, description="answer length budget in the evaluation")
+
+    @field_validator("max_steps", mode="before")
+    @classmethod
+    def _no_limit_words(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
+
+    @property
+    def rank_batch(self) -> int:
+        """Sequences per optimizer step on a rank (batch_size x gradient_accumulation): what tuning
+        the micro-batch keeps, and part of a tuning result's key."""
+        return self.batch_size * self.gradient_accumulation
+
+
+# ---- data ----------------------------------------------------------------------------------------
+
+
+def training_and_test_examples(settings) -> tuple[list[dict], list[dict]]:
+    """(training examples, held-out test examples) of the run's data set.
+
+    Named tasks have disjoint splits. A JSONL file is one split by itself, so its first
+    `eval_examples` rows are the test set and are left out of training: a question scored after
+    training was never trained on, whatever the data set.
+    """
+    from gpuscale.data.tasks import load_examples
+
+    test = load_examples(settings.dataset, "test", settings.eval_examples, seed=settings.seed) \
+        if settings.eval_examples else []
+    held_out = {example["question"] for example in test}
+    # Load enough rows that max_examples remain once the held-out questions are dropped.
+    limit = None if settings.max_examples is None else settings.max_examples + len(held_out)
+    train = load_examples(settings.dataset, "train", limit, seed=settings.seed)
+    train = [example for example in train if example["question"] not in held_out]
+    return train[: settings.max_examples], test
+
+
+def sft_rows(examples: list[dict]) -> list[dict]:
+    """Examples as the prompt-completion rows `train_sft` takes: the question and the gold answer."""
+    return [{"question": example["question"], "completion": example["answer"]} for example in examples]
+
+
+def tokenized_dataset(rows: list[dict], tokenizer):
+    """A `datasets.Dataset` of input_ids and completion_mask, tokenized here so that the prompt is
+    exactly the generation side's (TRL would re-tokenize text prompts its own way)."""
+    import datasets
+
+    from gpuscale.data.prompts import prompt_ids
+
+    datasets.disable_progress_bars()  # TRL's preparation passes would draw bars in the rank's log
+    completions = tokenizer([row["completion"] for row in rows], add_special_tokens=False)["input_ids"]
+    encoded = []
+    for row, completion in zip(rows, completions):
+        prompt = prompt_ids(tokenizer, row["question"])
+        answer = list(completion) + [tokenizer.eos_token_id]
+        encoded.append({"input_ids": prompt + answer, "completion_mask": [0] * len(prompt) + [1] * len(answer)})
+    return datasets.Dataset.from_list(encoded)
+
+
+def lora_config(settings):
+    """peft's LoraConfig for lora_rank > 0, None for a full fine-tune."""
+    if settings.lora_rank == 0:
+        return None
+    from peft import LoraConfig
+
+    targets = settings.lora_targets
+    if targets != "all-linear":
+        targets = [name.strip() for name in targets.split(",")]
+    return LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, target_modules=targets,
+                      lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+# ---- the shell -----------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainedModel:
+    """The trained model (LoRA merged into it, in the rank's dtype, on its device, in eval mode) and
+    the training's figures for the run summary."""
+
+    model: Any
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def train_model(build: Callable, settings: TrainingSettings, ctx, model,
+                more_figures: Callable | None = None) -> TrainedModel:
+    """Train `model` with the TRL trainer `build(model) -> (trainer, ReporterCallback)` makes.
+
+    Around the trainer: fp32 master weights for a full fine-tune (the forward runs under bf16/fp16
+    autocast), the NaN guard, then after training the optimizer's state freed, a LoRA adapter merged,
+    the model cast back to the rank's dtype and put in eval mode. The figures are `training_figures`
+    and, where given, `more_figures(trainer, callback, seconds)`."""
+    import gc
+    import time
+
+    import torch
+
+    from gpuscale.engines.trl_bridge import NonFiniteGuard
+
+    if settings.lora_rank == 0 and ctx.dtype != torch.float32:
+        model = model.float()
+    trainer, callback = build(model)
+    NonFiniteGuard().attach(trainer)
+    started = time.perf_counter()
+    trainer.train()
+    # The trainer's own training time (its loop, without its set-up), or the wall time if it reports none.
+    seconds = callback.final.get("train_runtime") or time.perf_counter() - started
+    figures = training_figures(trainer, callback, seconds)
+    if more_figures is not None:
+        figures.update(more_figures(trainer, callback, seconds))
+    model = trainer.model
+    del trainer  # the optimizer's state goes with it
+    gc.collect()
+    if settings.lora_rank:
+        model = model.merge_and_unload()
+    return TrainedModel(model.to(ctx.dtype).eval(), figures)
+
+
+def training_figures(trainer, callback, seconds: float) -> dict[str, Any]:
+    """The summary's training figures: steps, mean and first/last logged loss, and the global rates
+    over the trainer's training time."""
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return {
+        "steps": trainer.state.global_step,
+        "train_loss": callback.final.get("train_loss", sum(losses) / len(losses) if losses else None),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "train_tokens": callback.tokens_seen,
+        "tokens_per_s": callback.tokens_seen / seconds if seconds > 0 else None,
+        "samples_per_s": callback.final.get("train_samples_per_second"),
+        "train_seconds": seconds,
+    }
+
+
+def train_sft(rows: list[dict], settings: SupervisedSettings, ctx, reporter, model=None,
+              tokenizer=None) -> TrainedModel:
+    """Fine-tune on `rows`, each {"question": ..., "completion": ...} (other keys are ignored), with
+    TRL's SFTTrainer: the loss is on the completion and EOS only, the prompt being the question as
+    `prompt_ids` builds it. `model` and `tokenizer` default to settings.model; a model passed in is
+    trained in place (a LoRA adapter is merged into it). Every rank calls it with the same rows (the
+    trainer shards them); the trainer's logs reach `reporter` as they come."""
+    if model is None:
+        from gpuscale.recipes.common import load_generation_model
+
+        loaded = load_generation_model(settings.model, ctx)
+        model, tokenizer = loaded.model, loaded.tokenizer
+
+    def build(model):
+        from trl import SFTConfig, SFTTrainer
+
+        from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
+
+        callback = ReporterCallback(reporter, ctx.world_size)
+        trainer = SFTTrainer(
+            model=model,
+            args=trainer_args(settings, ctx, SFTConfig, completion_only_loss=True, packing=False),
+            train_dataset=tokenized_dataset(rows, tokenizer),
+            processing_class=tokenizer,
+            peft_config=lora_config(settings),
+            callbacks=[callback],
+        )
+        return trainer, callback
+
+    return train_model(build, settings, ctx, model)
+
+
+# ---- the end of a run: save, then evaluate --------------------------------------------------------
+
+
+def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, *, max_new_tokens: int,
+                        seed: int = 0, batch_size: int = 64, answer_mode: str = "strict") -> dict[str, float | None]:
+    """Held-out accuracy, greedy and at temperature 1, overall and per domain, strict answers by
+    default: {"accuracy_greedy_<when>": ..., "accuracy_greedy_<domain>_<when>": ...,
+    "accuracy_sampled_<when>": ...}; the overall ones are None without examples. `when` is "before"
+    or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires."""
+    from gpuscale.engines.metrics import fail_if_injected
+
+    if when == "after":
+        fail_if_injected("final_eval", ctx.rank)
+    figures: dict[str, float | None] = {}
+    for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+        if not examples:
+            figures[f"accuracy_{label}_{when}"] = None
+            continue
+        from gpuscale.recipes.common import held_out_accuracy
+
+        found = held_out_accuracy(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, seed=seed, batch_size=batch_size, answer_mode=answer_mode)
+        figures.update({accuracy_name(label, name.removeprefix("accuracy").lstrip("_"), when): value
+                        for name, value in found.items()})
+    return figures
+
+
+def accuracy_name(kind: str, domain: str, when: str) -> str:
+    """`accuracy_<greedy|sampled>[_<domain>]_<when>`: the one name of a held-out accuracy."""
+    return "_".join(part for part in ("accuracy", kind, domain, when) if part)
+
+
+def save_then_evaluate(trained: TrainedModel, tokenizer, ctx, settings, reporter, summary: dict,
+                       evaluate: Callable[[], dict]) -> dict:
+    """The end of a training run: save the trained model to RUN_DIR/model (where `save_model`), report
+    the summary so far as a partial one, then run the final evaluation `evaluate()` and report the
+    whole summary. A failure in the evaluation leaves the saved model and the figures measured
+    before it. Returns the whole summary (rank 0's matters)."""
+    from gpuscale.recipes.common import save_model
+
+    model_dir = save_model(trained.model, tokenizer, ctx) if settings.save_model else None
+    summary = {**summary, **trained.figures, "model_dir": str(model_dir) if model_dir else None}
+    if ctx.is_main:
+        reporter.summary(summary, partial=True)
+    summary.update(evaluate())
+    if ctx.is_main:
+        reporter.summary(summary)
+    return summary
