@@ -35,6 +35,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from gpuscale.engines.checkpoints import checkpoint_args
 from gpuscale.engines.metrics import NonFiniteFigure, non_finite_message
 from gpuscale.runs.run_dir import RunDir
 
@@ -228,9 +229,9 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
     From the settings: per-device batch, gradient accumulation, seed, learning rate, epochs or
     max_steps, scheduler, warm-up... (SETTING_TO_CONFIG). From the rank: bf16/fp16 autocast when
     the rank's dtype is half precision; on CPU `use_cpu`, and gloo between several ranks. Fixed:
-    output inside the run folder (RUN_DIR/trainer), no reporting to external services, no
-    checkpoints, a log at every step, no progress bars (ranks write to log files), no dataloader
-    worker processes. `recipe_specific` overrides any of these.
+    output inside the run folder (RUN_DIR/trainer), no reporting to external services, checkpoints
+    only every `checkpoint_every` steps, a log at every step, no progress bars (ranks write to log
+    files), no dataloader worker processes. `recipe_specific` overrides any of these.
     """
     import torch
 
@@ -245,7 +246,6 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
     values.update(
         output_dir=str(RunDir(ctx.run_dir).trainer),
         report_to="none",
-        save_strategy="no",
         logging_strategy="steps",
         logging_steps=1,
         disable_tqdm=True,
@@ -256,6 +256,9 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
         # Every parameter of our models takes part in the loss: DDP need not search for unused ones.
         ddp_find_unused_parameters=False,
     )
+    # Checkpoints every `checkpoint_every` steps into the run folder (model, optimizer, scheduler, RNG,
+    # data position), the last `keep_checkpoints` kept: what `gpuscale resume` continues from.
+    values.update(checkpoint_args(settings, ctx.run_dir))
     if on_cpu and ctx.world_size > 1:
         values["ddp_backend"] = "gloo"  # the group the rank started (accelerate would try MPI first)
     values.update(recipe_specific)

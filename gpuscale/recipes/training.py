@@ -177,6 +177,7 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
 
     import torch
 
+    from gpuscale.engines.checkpoints import resume_checkpoint
     from gpuscale.engines.trl_bridge import NonFiniteGuard
 
     if settings.lora_rank == 0 and ctx.dtype != torch.float32:
@@ -184,7 +185,7 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
     trainer, callback = build(model)
     NonFiniteGuard().attach(trainer)
     started = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_checkpoint(settings))
     # The trainer's own training time (its loop, without its set-up), or the wall time if it reports none.
     seconds = callback.final.get("train_runtime") or time.perf_counter() - started
     figures = training_figures(trainer, callback, seconds)

@@ -87,8 +87,10 @@ def test_settings_become_a_trainer_config(tmp_path):
     assert config.learning_rate == 3e-4 and config.num_train_epochs == 2 and config.max_steps == -1
     assert config.lr_scheduler_type == "cosine" and config.warmup_steps == 0.1 and config.seed == 7
     assert config.max_length == 99
-    assert config.output_dir == str(tmp_path / "trainer") and config.report_to == []
-    assert config.save_strategy == "no" and config.logging_steps == 1 and config.disable_tqdm
+    # Checkpoints (every checkpoint_every steps, the last keep_checkpoints) go to the run folder.
+    assert config.output_dir == str(tmp_path / "checkpoints") and config.report_to == []
+    assert config.save_strategy == "steps" and config.save_steps == 50 and config.save_total_limit == 2
+    assert config.logging_steps == 1 and config.disable_tqdm
     assert config.use_cpu and config.dataloader_num_workers == 0
     assert not config.bf16 and not config.fp16 and not config.activation_checkpointing
 

@@ -82,7 +82,7 @@ class Settings(TrainingSettings):
                               "continuous = TRL's transformers continuous batching")
     mtl: Literal["none", "pcgrad"] = Field("none", description="none = one loss over the mixed domains; "
                                            "pcgrad = per-domain gradients projected (gradient surgery)")
-    eval_examples: int = Field(200, ge=0, le=100_000, description="held-out test problems scored before and "
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems scored before and "
                                "after training, greedy and sampled (0 = no evaluation)")
 
     @field_validator("reward_weights")

@@ -30,11 +30,15 @@ from gpuscale.runs.settings import SettingsError
 class Settings(SupervisedSettings):
     KEY_ALIASES = {**SupervisedSettings.KEY_ALIASES, "micro_batch_size": "batch_size"}
 
-    learning_rate: float = Field(2e-5, gt=0.0, le=1.0, description="peak learning rate (TRL's SFT default 2e-5; "
-                                 "LoRA usually wants about 1e-4 to 2e-4)")
+    # The defaults are a run that learns on the embedded default in minutes on one GPU (tiny-math:
+    # greedy 56.8 -> 65.2, temperature 1 38.2 -> 54.2 on 2 CPU ranks); larger data is one --set away.
+    max_examples: int | None = Field(4000, ge=1, description="training examples (empty = the whole split)")
+    epochs: float = Field(2.0, gt=0.0, le=1000.0, description="passes over the training examples")
+    learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="peak learning rate (1e-4 suits the embedded "
+                                 "model; real 0.5B+ models want about 1e-5 full, 1e-4 with LoRA)")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
-        "linear", description="learning-rate schedule after the warm-up")
-    eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily and at "
+        "cosine", description="learning-rate schedule after the warm-up")
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems scored greedily and at "
                                "temperature 1 before and after training (0 = no evaluation)")
 
 
