@@ -264,9 +264,10 @@ def jsonl_of(tmp_path, rows: int):
     ("eggroll", 1, ["eval_examples=0"],
      "prompts_per_step: 16: needs at least 16 training examples, the run has 1 (dataset={data}); "),
     ("rft", 1, ["eval_examples=0"],
-     "gpus: 2: needs at least 2 training examples, the run has 1 (dataset={data}); the 2 ranks each generate"),
+     "gpus: 2: needs at least 2 training examples, the run has 1 (dataset={data}, max_examples=4000); "
+     "the 2 ranks each generate"),
     ("rft", 1, [],
-     "eval_examples: 500: needs at least 1 training examples, the run has 0 (dataset={data}, after "
+     "eval_examples: 500: needs at least 1 training examples, the run has 0 (dataset={data}, max_examples=4000, after "
      "eval_examples=500 held out); it holds out every example"),
 ])
 def test_too_few_training_examples_are_refused_before_launch(home, tmp_path, recipe, rows, settings, expected):
