@@ -175,8 +175,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", default=None, help="GPUs per run (default: every GPU found; CPU: 2 ranks)")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--jobs", type=int, default=21, help="runs at once (they share the GPUs; the embedded "
-                        "model leaves a GPU mostly idle, so every run of 3 seeds at once)")
+    parser.add_argument("--jobs", type=int, default=7, help="runs at once (they share the GPUs). 21 at once on "
+                        "one H100 ran 7 of them out of memory: runs sized `auto` at the same moment each "
+                        "take half of the memory they see free")
     parser.add_argument("--partial", default=None, help="append each run's row to this JSON-lines file as it ends")
     parser.add_argument("--only", nargs="*", default=None, help="labels of the jobs to run (default all)")
     parser.add_argument("--set", action="append", default=[], metavar="LABEL:KEY=VALUE",
