@@ -291,5 +291,6 @@ def test_eggroll_accepts_no_evaluation(home):
                    "--set", "steps=1", "--set", "batch_size=8", "--set", "save_model=false")
     assert run["status"] == "succeeded", run["error"]
     summary = run["summary"]
-    assert summary["greedy_accuracy_before"] is None and summary["sampled_accuracy_after"] is None
+    assert summary.get("accuracy_greedy_before") is None and summary.get("accuracy_sampled_after") is None
+    assert "accuracy_greedy_after" in summary  # the figure is there, empty: nothing was scored
     assert summary["steps"] == 1
