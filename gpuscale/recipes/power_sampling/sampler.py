@@ -49,20 +49,10 @@ def with_batch_size(settings: Settings, model, problems: int, ctx) -> Settings:
     at most 512 and at most this rank's problems). The rank's log says what was chosen and why."""
     if settings.batch_size is not None:
         return settings
-    from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
+    from gpuscale.engines.distributed import card_sized_batch
 
-    if ctx.device.type != "cuda":
-        size, why = CPU_BATCH_SIZE, "the CPU default"
-    else:
-        import torch
-
-        free, total = torch.cuda.mem_get_info(ctx.device)
-        per_problem = bytes_per_problem(model.config, model.dtype.itemsize, settings.max_new_tokens, settings.chains)
-        size = auto_batch_size(free, per_problem, items=problems)
-        why = (f"half of the {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB at about "
-               f"{per_problem / 2**20:.1f} MiB per problem, at most 512 and at most this rank's {problems} problems")
-    print(f"batch_size auto: {size} ({why}); --batch-size N sets it", flush=True)
-    return settings.model_copy(update={"batch_size": size})
+    per_problem = bytes_per_problem(model.config, model.dtype.itemsize, settings.max_new_tokens, settings.chains)
+    return settings.model_copy(update={"batch_size": card_sized_batch(ctx, per_problem, problems, "problem")})
 
 
 def bytes_per_problem(config, dtype_bytes: int, max_new_tokens: int, chains: int) -> int:

@@ -59,20 +59,12 @@ def with_batch_size(settings, model, questions: int, ctx):
     says what was chosen and why."""
     if settings.batch_size is not None:
         return settings
+    from gpuscale.engines.distributed import card_sized_batch
     from gpuscale.engines.generation import bytes_per_row
-    from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
 
-    if ctx.device.type != "cuda":
-        size, why = CPU_BATCH_SIZE, "the CPU default"
-    else:
-        free, total = torch.cuda.mem_get_info(ctx.device)
-        columns = PROMPT_COLUMNS + settings.max_new_tokens
-        per_question = settings.samples_per_question * bytes_per_row(model.config, model.dtype.itemsize, columns)
-        size = auto_batch_size(free, per_question, items=questions)
-        why = (f"half of the {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB at about "
-               f"{per_question / 2**20:.1f} MiB per question, at most 512 and at most this rank's {questions}")
-    print(f"batch_size auto: {size} questions per call ({why}); --batch-size N sets it", flush=True)
-    return settings.model_copy(update={"batch_size": size})
+    columns = PROMPT_COLUMNS + settings.max_new_tokens
+    per_question = settings.samples_per_question * bytes_per_row(model.config, model.dtype.itemsize, columns)
+    return settings.model_copy(update={"batch_size": card_sized_batch(ctx, per_question, questions, "question")})
 
 
 # Cache columns a question's prompt is budgeted in the auto batch (tiny-math's prompts take about 60
