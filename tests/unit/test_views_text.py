@@ -273,4 +273,4 @@ def test_cli_show_and_compare_use_the_views(tmp_path, monkeypatch, capsys):
 def test_a_training_run_s_row_shows_its_held_out_accuracy_after_training():
     run = finished_run(summary={"accuracy_greedy_before": 0.25, "accuracy_greedy_after": 0.5, "tokens_per_s": 12.0},
                        progress={"t": NOW, "step": 4, "total": 4})
-    assert key_figures_text(run).startswith("accuracy_greedy_after 0.5")
+    assert key_figures_text(run).startswith("accuracy 0.25 -> 0.5")
