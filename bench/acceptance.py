@@ -3,14 +3,18 @@ several seeds at once; then the GPU-marked tests; one table and one result file.
 
 For each recipe (grpo-mtl twice: mtl none and pcgrad; power-sampling against its temperature-1
 baseline, `method=sample`) and each seed, one run with nothing set but the seed (and, for
-power sampling, how many problems). Runs of different seeds share the GPUs (`--jobs` at a time).
+power sampling, how many problems). Runs of different seeds share the GPUs (`--jobs` at a time, all
+by default). Two run settings that say how runs share the machine, not how a recipe learns, are
+set for every run: `gpus` (with `--gpus 1` on a machine of several GPUs, each run is pinned to one
+of them in turn) and `gpu_memory_share` (runs sized `auto` that start together each take their
+share of the card instead of half of it: at the same moment they all see the same free memory).
 The table: status, wall time, peak memory per GPU, held-out accuracy greedy and at temperature 1
 before and after (power sampling: its accuracy against the baseline's), whether every logged figure
 and the summary are finite, and whether the saved model loads and generates with plain
-transformers. Means and spreads over the seeds follow. Written with bench/record.py to
-bench/results/acceptance/.
+transformers. Means and spreads over the seeds follow, per domain too, and each recipe's learning
+target (TARGETS) met or not. Written with bench/record.py to bench/results/acceptance/.
 
-Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs 7] [--skip-tests]
+Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs N] [--skip-tests]
        [--only RECIPE ...] [--set RECIPE:key=value ...]   (--set: for quick CPU checks, not acceptance)
 """
 
@@ -43,11 +47,23 @@ JOBS = (
     ("power-sampling baseline", "power-sampling", {"max_examples": 500, "method": "sample"}),
 )
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
+# Jobs whose batch is sized `auto` from the memory free when they start (gpu_memory_share applies).
+AUTO_SIZED = {"rft", "power-sampling", "power-sampling baseline"}
+# Learning targets, mean gain over the seeds in points of accuracy on the held-out problems:
+# label -> (T=1 gain at least, greedy gain at least, per domain too).
+TARGETS = {
+    "grpo-mtl": (8, 0, True),
+    "grpo-mtl pcgrad": (8, 0, True),
+    "rft": (8, 3, False),
+    "eggroll": (5, 0, False),
+    "sft": (8, None, False),
+}
+POWER_TARGET = 15  # points of power sampling's accuracy over its temperature-1 baseline
 
 
-def launch(label: str, recipe: str, settings: dict, seed: int, gpus: str, home: Path) -> dict:
+def launch(label: str, recipe: str, settings: dict, seed: int, home: Path) -> dict:
     """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time."""
-    argv = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", recipe, "--gpus", gpus, "--json",
+    argv = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", recipe, "--json",
             "--label", f"acceptance-{label.replace(' ', '-')}-seed{seed}"]
     for key, value in {**settings, "seed": seed}.items():
         argv += ["--set", f"{key}={value}"]
@@ -111,6 +127,8 @@ def row_of(result: dict) -> dict:
         "error": run.get("error"), "wall_s": round(result["wall_s"], 1),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
         **{name: summary.get(name) for name in ACCURACIES},
+        "domains": {name: value for name, value in summary.items()
+                    if name.startswith(("accuracy_greedy_", "accuracy_sampled_")) and name not in ACCURACIES},
         "accuracy": summary.get("accuracy"),
         "nan_free": nan_free(run) if run.get("run_dir") else False,
         "saved_model_generates": saved_model_generates(summary),
@@ -119,18 +137,53 @@ def row_of(result: dict) -> dict:
 
 def seed_statistics(rows: list[dict]) -> dict:
     """Per job: mean and spread (sample standard deviation) over the seeds of each accuracy and of
-    the gains (after - before), in points."""
+    the gains (after - before), overall ("gain_greedy") and per domain ("gain_greedy_<domain>")."""
     stats = {}
     for label in dict.fromkeys(row["label"] for row in rows):
         mine = [row for row in rows if row["label"] == label]
         figures = {name: [row[name] for row in mine] for name in (*ACCURACIES, "accuracy", "wall_s")}
+        domains = sorted({name.split("_", 2)[2].rsplit("_", 1)[0] for row in mine for name in row.get("domains") or {}})
         for kind in ("greedy", "sampled"):
-            figures[f"gain_{kind}"] = [row[f"accuracy_{kind}_after"] - row[f"accuracy_{kind}_before"]
-                                       if isinstance(row[f"accuracy_{kind}_after"], (int, float))
-                                       and isinstance(row[f"accuracy_{kind}_before"], (int, float)) else None
-                                       for row in mine]
+            figures[f"gain_{kind}"] = [gain(row, f"accuracy_{kind}", row) for row in mine]
+            for domain in domains:
+                figures[f"gain_{kind}_{domain}"] = [gain(row.get("domains") or {}, f"accuracy_{kind}_{domain}", row)
+                                                    for row in mine]
         stats[label] = {name: spread(values) for name, values in figures.items() if any(v is not None for v in values)}
     return stats
+
+
+def gain(figures: dict, stem: str, row: dict) -> float | None:
+    after, before = figures.get(f"{stem}_after"), figures.get(f"{stem}_before")
+    return after - before if isinstance(after, (int, float)) and isinstance(before, (int, float)) else None
+
+
+def targets_met(rows: list[dict], stats: dict) -> dict:
+    """Each target of TARGETS (and POWER_TARGET): the figures it reads and whether it is met. A job is
+    met only if every seed succeeded and every figure is finite."""
+    verdicts = {}
+    for label, (sampled_min, greedy_min, per_domain) in TARGETS.items():
+        if label not in stats:
+            continue
+        figures = stats[label]
+        checks = {"gain_sampled": sampled_min, "gain_greedy": greedy_min}
+        if per_domain:
+            checks.update({name: sampled_min if "sampled" in name else greedy_min
+                           for name in figures if name.startswith(("gain_sampled_", "gain_greedy_"))})
+        shown = {name: round(100 * figures[name]["mean"], 1) if figures.get(name, {}).get("n") else None
+                 for name, floor in checks.items() if floor is not None}
+        met = all(value is not None and value >= checks[name] for name, value in shown.items())
+        verdicts[label] = {"points": shown, "met": met and all_ran(rows, label)}
+    power, baseline = stats.get("power-sampling", {}), stats.get("power-sampling baseline", {})
+    if power.get("accuracy", {}).get("n") and baseline.get("accuracy", {}).get("n"):
+        lead = round(100 * (power["accuracy"]["mean"] - baseline["accuracy"]["mean"]), 1)
+        verdicts["power-sampling"] = {"points": {"lead_over_sampling": lead},
+                                      "met": lead >= POWER_TARGET and all_ran(rows, "power-sampling")
+                                      and all_ran(rows, "power-sampling baseline")}
+    return verdicts
+
+
+def all_ran(rows: list[dict], label: str) -> bool:
+    return all(row["status"] == "succeeded" and row["nan_free"] for row in rows if row["label"] == label)
 
 
 def spread(values: list) -> dict:
@@ -162,6 +215,14 @@ def print_table(rows: list[dict], stats: dict) -> None:
         print(f"  {label}: {shown}; wall {figures['wall_s']['mean']:.0f} s")
 
 
+def print_targets(verdicts: dict) -> None:
+    print("\nlearning targets (mean gain, points):")
+    for label, verdict in verdicts.items():
+        shown = ", ".join(f"{name} {value:+.1f}" if value is not None else f"{name} —"
+                          for name, value in verdict["points"].items())
+        print(f"  {label}: {'MET' if verdict['met'] else 'NOT MET'}: {shown}")
+
+
 def gpu_tests() -> dict:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider"],
@@ -175,9 +236,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", default=None, help="GPUs per run (default: every GPU found; CPU: 2 ranks)")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--jobs", type=int, default=7, help="runs at once (they share the GPUs). 21 at once on "
-                        "one H100 ran 7 of them out of memory: runs sized `auto` at the same moment each "
-                        "take half of the memory they see free")
+    parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all; they share the GPUs, "
+                        "runs sized `auto` each taking their share of a card's free memory)")
     parser.add_argument("--partial", default=None, help="append each run's row to this JSON-lines file as it ends")
     parser.add_argument("--only", nargs="*", default=None, help="labels of the jobs to run (default all)")
     parser.add_argument("--set", action="append", default=[], metavar="LABEL:KEY=VALUE",
@@ -188,8 +248,11 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    import transformers  # its lazy imports are not thread-safe: resolve them before the pool's threads do
 
-    gpus = args.gpus or str(torch.cuda.device_count() or 2)
+    transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # noqa: B018
+    found = torch.cuda.device_count()
+    gpus = args.gpus or str(found or 2)
     home = Path(args.home or ROOT / ".acceptance" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     extra: dict[str, dict] = {}
     for item in args.set:
@@ -199,25 +262,45 @@ def main() -> None:
     jobs = [(label, recipe, {**settings, **extra.get(label, {})}, int(seed))
             for seed in args.seeds.split(",") for label, recipe, settings in JOBS
             if args.only is None or label in args.only]
+    at_once = min(args.jobs or len(jobs), len(jobs))
+    jobs = [(label, recipe, {**machine_settings(index, gpus, found, jobs[:at_once]), **settings}, seed)
+            for index, (label, recipe, settings, seed) in enumerate(jobs)]
     started = time.perf_counter()
 
     def run_and_keep(job) -> dict:
-        row = row_of(launch(*job, gpus, home))
+        label, recipe, settings, seed = job
+        row = row_of(launch(label, recipe, settings, seed, home))
         if args.partial:
             with open(args.partial, "a") as handle:
                 handle.write(json.dumps(row) + "\n")
         return row
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
     stats = seed_statistics(rows)
+    verdicts = targets_met(rows, stats)
     print_table(rows, stats)
+    print_targets(verdicts)
     tests = None if args.skip_tests else gpu_tests()
     total = time.perf_counter() - started
-    print(f"\nacceptance: {total:.0f} s in all on {gpus} GPU(s) per run")
-    write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": args.jobs,
+    print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")
+    write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
                                                         "set": args.set, "only": args.only},
-                 {"runs": rows, "seed_statistics": stats, "gpu_tests": tests, "seconds": total}, out=args.out)
+                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "gpu_tests": tests,
+                  "seconds": total}, out=args.out)
+
+
+def machine_settings(index: int, gpus: str, found: int, first_wave: list) -> dict:
+    """How run `index` shares the machine: its GPUs (one GPU per run on a machine of several: pinned to
+    GPU index % found, so the runs spread over the cards) and, for runs sized `auto`, the share of the
+    card's free memory that leaves room for every auto-sized run that starts at the same moment."""
+    pinned = found > 1 and gpus == "1"
+    settings = {"gpus": f"{index % found}," if pinned else gpus}
+    cards = found if pinned else 1
+    auto_per_card = math.ceil(sum(job[0] in AUTO_SIZED for job in first_wave) / cards)
+    if auto_per_card > 1:
+        settings["gpu_memory_share"] = round(0.5 / auto_per_card, 3)
+    return settings
 
 
 if __name__ == "__main__":

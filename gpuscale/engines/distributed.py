@@ -92,18 +92,19 @@ def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
     return RankContext(rank, local_rank, world_size, device, resolve_dtype(settings.precision, device), run_dir)
 
 
-def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: str) -> int:
-    """A recipe's `auto` batch on this rank: 8 items on a CPU rank; on a GPU as many as fill half the
-    memory free once the model is loaded (runs.settings.auto_batch_size: at most 512, at most the
-    rank's `items`). The rank's log says what was chosen and why."""
+def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: str, share: float) -> int:
+    """A recipe's `auto` batch on this rank: 8 items on a CPU rank; on a GPU as many as fill `share`
+    (the run's gpu_memory_share) of the memory free once the model is loaded
+    (runs.settings.auto_batch_size: at most 512, at most the rank's `items`). The rank's log says what
+    was chosen and why."""
     from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
 
     if ctx.device.type != "cuda":
         size, why = CPU_BATCH_SIZE, "the CPU default"
     else:
         free, total = torch.cuda.mem_get_info(ctx.device)
-        size = auto_batch_size(free, bytes_per_item, items=items)
-        why = (f"half of the {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB at about "
+        size = auto_batch_size(free, bytes_per_item, items=items, share=share)
+        why = (f"{share:.0%} of the {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB at about "
                f"{bytes_per_item / 2**20:.1f} MiB per {unit}, at most 512 and at most this rank's {items}")
     print(f"batch_size auto: {size} {unit}s per batch ({why}); --batch-size N sets it", flush=True)
     return size

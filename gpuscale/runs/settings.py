@@ -27,6 +27,9 @@ class SettingsError(ValueError):
 DEFAULT_CHECKPOINT_EVERY = 50
 
 
+AUTO_MEMORY_SHARE = 0.5  # of the memory free on the card once the model is loaded
+
+
 class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -43,6 +46,10 @@ class RunSettings(BaseModel):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="auto = bf16 on compute capability >= 8.0, fp16 below, fp32 on CPU"
     )
+    gpu_memory_share: float = Field(
+        AUTO_MEMORY_SHARE, gt=0, le=0.95,
+        description="share of the GPU memory free after loading the model that a batch sized `auto` may fill; "
+                    "lower it when several runs share one card (each sizes itself from what it sees free)")
     compile: bool = Field(False, description="torch.compile the model where the recipe supports it")
     seed: int = Field(0, description="random seed (each rank derives its own)")
     max_examples: int | None = Field(None, ge=1, description="use at most this many examples")
@@ -239,7 +246,6 @@ def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str 
 # ---- batch size sized for the card (a fixed default of 8 used 1% of an H200's memory) --------------
 
 CPU_BATCH_SIZE = 8  # the default on CPU ranks, where memory is not what limits a batch
-AUTO_MEMORY_SHARE = 0.5  # of the memory free on the card once the model is loaded
 AUTO_BATCH_CAP = 512  # more rows per batch bring little on one GPU (bench/RESULTS.md) and coarser progress
 
 

@@ -86,7 +86,7 @@ def _v1(db: sqlite_utils.Database) -> None:
 
 
 def _v2(db: sqlite_utils.Database) -> None:
-    """Issue 15: tuned batch sizes, one row per key (recipe, model, device, precision, shape)."""
+    """Tuned batch sizes, one row per key (recipe, model, device, precision, shape)."""
     db["tunings"].create(
         {
             "id": int, "recipe": str, "model": str, "device": str, "precision": str, "shape": str,

@@ -1,4 +1,4 @@
-"""Issue 11, item 13: the README's first command is a real recipe on the embedded default. It runs
+"""The README's first command is a real recipe on the embedded default. It runs
 here as the README gives it, with fewer problems."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14: a 2-rank DDP PCGrad step gives the same weights as one process on the same data.
+"""A 2-rank DDP PCGrad step gives the same weights as one process on the same data.
 
 pcgrad_step.py (next to this file) is one rank of grpo-mtl's MultiTaskGRPOTrainer taking one SGD step
 with mtl=pcgrad on a fixed 8-row batch of two conflicting domains, fp32 on CPU. It runs under the real

@@ -1,4 +1,4 @@
-"""Issue 11, item 8: the run's log says how many OpenMP threads its ranks got, and why."""
+"""The run's log says how many OpenMP threads its ranks got, and why."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 15 through the real CLI on CPU: `gpuscale tune` runs real trials on the embedded model and
+"""Tuning through the real CLI on CPU: `gpuscale tune` runs real trials on the embedded model and
 stores its choice; `--batch-size auto` in a real run takes a stored result (and says so in the run's
 settings), or the CPU default; a bad batch_size is still refused before anything starts."""
 

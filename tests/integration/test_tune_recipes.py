@@ -1,4 +1,4 @@
-"""Issue 15 for every recipe beyond power-sampling and probe: `gpuscale tune` runs each recipe's real
+"""Tuning for every recipe beyond power-sampling and probe: `gpuscale tune` runs each recipe's real
 trial on CPU (the embedded tiny-math model, tiny settings) and stores a choice; a training recipe's
 tuned micro-batch keeps the global batch the user asked for when `--batch-size auto` applies it; and
 `--max-batch` defaults to the run's work per rank where the recipe knows it.

@@ -1,4 +1,4 @@
-"""Issue 11: the TUI on a history it cannot write or cannot read says so in one line, as the CLI does,
+"""The TUI on a history it cannot write or cannot read says so in one line, as the CLI does,
 and keeps running; a read-only history is still shown."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15 in the launch form, through the real app driven by Pilot: `batch_size` takes `auto`, the
+"""Tuning in the launch form, through the real app driven by Pilot: `batch_size` takes `auto`, the
 form shows a stored tuning result for its recipe, model, device, precision and shape, and a launch
 with `auto` runs the real probe at the stored batch and records where it came from."""
 

@@ -1,4 +1,4 @@
-"""Issue 11, item 11: GPU runs of power sampling no longer default to a batch that fills 1% of the
+"""GPU runs of power sampling no longer default to a batch that fills 1% of the
 card. The rule is a pure function of the card's free memory, the model's shape and the settings, so it
 is tested here without a GPU."""
 
@@ -67,3 +67,13 @@ def test_cpu_ranks_keep_the_old_default_and_an_explicit_size_is_kept():
     model = type("Model", (), {"config": random_model_config("random-tiny"), "dtype": torch.float32})()
     assert with_batch_size(Settings(), model, 100, ctx).batch_size == CPU_BATCH_SIZE == 8
     assert with_batch_size(Settings(batch_size=3), model, 100, ctx).batch_size == 3
+
+
+def test_runs_sharing_a_card_size_their_batch_from_their_share():
+    """A run's gpu_memory_share scales the auto batch: runs started together on one card, each at a quarter,
+    together ask for no more than the card's free memory."""
+    per_problem = 256 * 2**20  # under the 512 cap at either share
+    whole = auto_batch_size(H200_FREE, per_problem, share=resolve_settings(Settings).gpu_memory_share)
+    quarter = auto_batch_size(H200_FREE, per_problem,
+                              share=resolve_settings(Settings, overrides={"gpu_memory_share": "0.125"}).gpu_memory_share)
+    assert quarter * 4 * per_problem <= H200_FREE * 0.5 and quarter == whole // 4

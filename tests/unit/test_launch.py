@@ -118,7 +118,7 @@ def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu
     (2, 0.2, 1, "2"),   # an idle laptop keeps its parallel speed-up
 ])
 def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores, busy, nproc, threads):
-    """Issue 11, item 8: ranks on a busy machine ran 40-250x slower with cores / ranks threads."""
+    """Ranks on a busy machine ran 40-250x slower with cores / ranks threads."""
     from gpuscale.runs import supervisor
 
     monkeypatch.setattr(os, "cpu_count", lambda: cores)

@@ -144,7 +144,7 @@ def test_reference_chains_are_distributed_as_the_batched_samplers(toy_model):
 
 
 def test_reference_has_the_public_codes_structure_and_no_full_vocabulary_log_softmax(toy_model, monkeypatch):
-    """Issue 11, item 12 (the reference was slower than the code it stands for): like the public code,
+    """The reference was slower than the code it stands for: like the public code,
     one generate() per block and per MCMC step and nothing else that runs the model; and its log-probs
     come from a logsumexp per token, not from [steps, vocab] log_softmax tensors (the cost that made it
     2.2x slower). Its speed against a rewrite of the public code is in bench/RESULTS.md."""

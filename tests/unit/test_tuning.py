@@ -1,4 +1,4 @@
-"""Issue 15: the batch-size search against simulated throughput/memory curves, and the store of
+"""The batch-size search against simulated throughput/memory curves, and the store of
 tuned results (round trip, and an old runs.db upgraded with nothing lost)."""
 
 from __future__ import annotations

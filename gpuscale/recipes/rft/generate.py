@@ -54,7 +54,7 @@ def generation_batches(settings, ctx, train: list[dict], model) -> list[list[tup
 
 def with_batch_size(settings, model, questions: int, ctx):
     """The settings with batch_size resolved where the user gave none: 8 questions on CPU ranks; on a
-    GPU as many as fill half the memory free once the model is loaded, each question's
+    GPU as many as fill gpu_memory_share (half by default) of the memory free once the model is loaded, each question's
     samples_per_question rows counted (at most 512 questions, at most this rank's). The rank's log
     says what was chosen and why."""
     if settings.batch_size is not None:
@@ -64,7 +64,7 @@ def with_batch_size(settings, model, questions: int, ctx):
 
     columns = PROMPT_COLUMNS + settings.max_new_tokens
     per_question = settings.samples_per_question * bytes_per_row(model.config, model.dtype.itemsize, columns)
-    return settings.model_copy(update={"batch_size": card_sized_batch(ctx, per_question, questions, "question")})
+    return settings.model_copy(update={"batch_size": card_sized_batch(ctx, per_question, questions, "question", settings.gpu_memory_share)})
 
 
 # Cache columns a question's prompt is budgeted in the auto batch (tiny-math's prompts take about 60
