@@ -74,6 +74,6 @@ def test_runs_sharing_a_card_size_their_batch_from_their_share():
     together ask for no more than the card's free memory."""
     per_problem = 256 * 2**20  # under the 512 cap at either share
     whole = auto_batch_size(H200_FREE, per_problem, share=resolve_settings(Settings).gpu_memory_share)
-    quarter = auto_batch_size(H200_FREE, per_problem,
-                              share=resolve_settings(Settings, overrides={"gpu_memory_share": "0.125"}).gpu_memory_share)
+    eighth = resolve_settings(Settings, overrides={"gpu_memory_share": "0.125"}).gpu_memory_share
+    quarter = auto_batch_size(H200_FREE, per_problem, share=eighth)
     assert quarter * 4 * per_problem <= H200_FREE * 0.5 and quarter == whole // 4

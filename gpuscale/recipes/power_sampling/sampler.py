@@ -45,14 +45,16 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
 
 def with_batch_size(settings: Settings, model, problems: int, ctx) -> Settings:
     """The settings with batch_size resolved where the user gave none: 8 problems on CPU ranks; on a
-    GPU as many as fill gpu_memory_share (half by default) of the memory free once the model is loaded (runs.settings.auto_batch_size,
-    at most 512 and at most this rank's problems). The rank's log says what was chosen and why."""
+    GPU as many as fill gpu_memory_share (half by default) of the memory free once the model is
+    loaded (runs.settings.auto_batch_size, at most 512 and at most this rank's problems). The rank's
+    log says what was chosen and why."""
     if settings.batch_size is not None:
         return settings
     from gpuscale.engines.distributed import card_sized_batch
 
     per_problem = bytes_per_problem(model.config, model.dtype.itemsize, settings.max_new_tokens, settings.chains)
-    return settings.model_copy(update={"batch_size": card_sized_batch(ctx, per_problem, problems, "problem", settings.gpu_memory_share)})
+    size = card_sized_batch(ctx, per_problem, problems, "problem", settings.gpu_memory_share)
+    return settings.model_copy(update={"batch_size": size})
 
 
 def bytes_per_problem(config, dtype_bytes: int, max_new_tokens: int, chains: int) -> int:

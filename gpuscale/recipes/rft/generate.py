@@ -64,7 +64,8 @@ def with_batch_size(settings, model, questions: int, ctx):
 
     columns = PROMPT_COLUMNS + settings.max_new_tokens
     per_question = settings.samples_per_question * bytes_per_row(model.config, model.dtype.itemsize, columns)
-    return settings.model_copy(update={"batch_size": card_sized_batch(ctx, per_question, questions, "question", settings.gpu_memory_share)})
+    size = card_sized_batch(ctx, per_question, questions, "question", settings.gpu_memory_share)
+    return settings.model_copy(update={"batch_size": size})
 
 
 # Cache columns a question's prompt is budgeted in the auto batch (tiny-math's prompts take about 60
