@@ -70,8 +70,10 @@ def add_setting_options(parser: argparse.ArgumentParser, recipe_required: bool =
 def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:
     add_setting_options(parser, recipe_required)
     parser.add_argument("--batch-size", type=str,
-                        help="per rank per step: a number, or auto (a stored `gpuscale tune` result, else tune first "
-                             "on a GPU; the CPU default on CPU)")
+                        help="the recipe's batch_size, per rank (what it counts differs: rows, questions, "
+                             "sequences per micro-batch...; see its settings' help, or `gpuscale recipes --json`): "
+                             "a number, or auto (a stored `gpuscale tune` result, else tune first on a GPU; the CPU "
+                             "default on CPU)")
     parser.add_argument("--nnodes", help="nodes in a multi-node job")
     parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
     parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")

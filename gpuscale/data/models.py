@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gpuscale.data.precision import PRECISIONS, device_precision, torch_dtype
+
 # Shapes copied from the public configs, so speed and memory match the real models.
 RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
     "random-tiny": dict(
@@ -56,8 +58,8 @@ MODEL_DESCRIPTIONS = {
 }
 # "org/name" as the hub spells repository ids; anything else that is not a directory is a typo.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-                "fp16": "float16", "float16": "float16"}
+# The dtype names the loader takes besides the precision setting's own (auto, bf16, fp16, fp32).
+_LONG_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 class ModelError(ValueError):
@@ -78,23 +80,20 @@ def looks_like_hub_id(name: str) -> bool:
 def resolve_dtype(dtype, device="cpu"):
     """A torch dtype from None (keep the checkpoint's), a torch.dtype, or a name.
 
-    Names: fp32/float32, bf16/bfloat16, fp16/float16, and "auto": bf16 on GPUs of compute capability
-    8.0 and up, fp16 on older GPUs, fp32 on the CPU.
+    Names: fp32/float32, bf16/bfloat16, fp16/float16, and "auto", which means on `device` what it
+    means for a run's `precision` (data/precision.py's rule: bf16 on GPUs of compute capability 8.0
+    and up, fp16 on older GPUs, fp32 on the CPU).
     """
     import torch
 
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype).lower()
-    if name == "auto":
-        device = torch.device(device)
-        if device.type != "cuda":
-            return torch.float32
-        major, _ = torch.cuda.get_device_capability(device)
-        return torch.bfloat16 if major >= 8 else torch.float16
-    if name not in _DTYPE_NAMES:
-        raise ModelError(f"unknown dtype {dtype!r}; known: auto, {', '.join(_DTYPE_NAMES)}")
-    return getattr(torch, _DTYPE_NAMES[name])
+    name = _LONG_DTYPE_NAMES.get(name, name)
+    if name not in PRECISIONS:
+        known = ", ".join(PRECISIONS + tuple(_LONG_DTYPE_NAMES))
+        raise ModelError(f"unknown dtype {dtype!r}; known: {known}")
+    return torch_dtype(device_precision(name, device))
 
 
 def load_model(name_or_path, dtype=None, device="cpu"):

@@ -23,10 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpuscale.data.precision import device_precision, torch_dtype
 from gpuscale.engines.metrics import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.settings import RunSettings, resolved_precision
+from gpuscale.runs.settings import RunSettings
 
 
 @dataclass
@@ -67,12 +68,10 @@ class RankContext:
         return psutil.Process().memory_info().rss / 2**20
 
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
 def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return DTYPES[resolved_precision(precision, capability)]
+    """The rank's dtype: `precision` (auto, bf16, fp16, fp32) resolved on `device` by the one rule,
+    data/precision.py's: the same answer the tuner, a stored tuning's key and the model loader get."""
+    return torch_dtype(device_precision(precision, device))
 
 
 def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:

@@ -250,6 +250,8 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
         logging_steps=1,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        # The one autocast switch of a TRL run (accelerate is launched with --mixed_precision no):
+        # the rank's dtype, data/precision.py's rule resolved on this rank's device.
         bf16=ctx.dtype == torch.bfloat16,
         fp16=ctx.dtype == torch.float16,
         use_cpu=on_cpu,

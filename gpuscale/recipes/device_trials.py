@@ -140,15 +140,16 @@ def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory
     `max_batch` None: the run's work per rank where the recipe knows it (default_max_batch)."""
     import torch
 
-    from gpuscale.engines.distributed import DTYPES, RankContext, resolve_dtype
+    from gpuscale.data.precision import device_precision, torch_dtype
+    from gpuscale.engines.distributed import RankContext
 
     if recipe.tuning is None:
         raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
     torch_device = torch.device(device.torch_name)
     if torch_device.type == "cuda":
         torch.cuda.set_device(torch_device)
-    dtype = resolve_dtype(settings.precision, torch_device)
-    precision = next(name for name, known in DTYPES.items() if known == dtype)
+    precision = device_precision(settings.precision, torch_device)  # the ranks' rule, on the trial's device
+    dtype = torch_dtype(precision)
     total = device_memory_bytes(torch_device)
     if start is None:
         start = 1 if torch_device.type == "cpu" else recipe.tuning.start

@@ -21,6 +21,7 @@ from gpuscale.runs.settings import RunSettings
 class Settings(RunSettings):
     ENV_ALIASES = {"PROBE_STEPS": "steps"}
 
+    batch_size: int = Field(8, ge=1, description="sequences decoded together per rank")
     steps: int = Field(32, ge=1, le=100_000, description="decode steps to time")
     prompt_tokens: int = Field(64, ge=1, le=32_768, description="prompt length before decoding")
     warmup_steps: int = Field(2, ge=0, le=1000, description="untimed decode steps first")

@@ -105,13 +105,21 @@ def accelerate_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], s
     supervisor gives it (GPUSCALE_DEVICE=cpu, no visible GPU); the TRL bridge then sets the trainer's
     `use_cpu`, and accelerate joins the gloo group the rank already started. `--main_process_port 0`
     picks a free port on one node, so concurrent runs never collide.
+
+    `--mixed_precision no`, whatever the run's precision: the rank alone decides it. The flag only
+    sets ACCELERATE_MIXED_PRECISION for the ranks, and transformers' TrainingArguments reads that
+    only where neither its bf16 nor its fp16 is set. Each rank resolves `precision` on its own device
+    (data/precision.py, the one rule) and sets the trainer's bf16/fp16 from it (engines/trl_bridge:
+    trainer_args), so the trainer's Accelerator applies the one autocast, over the fp32 master
+    weights of a full fine-tune (recipes/training.py: train_model). With `no` here, a rank that
+    resolved fp32 trains in fp32: never under an autocast the launcher chose without seeing the card.
     """
     processes = plan.nproc * settings.nnodes
     argv = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--num_processes", str(processes),
         "--num_machines", str(settings.nnodes), "--machine_rank", str(settings.node_rank),
-        "--mixed_precision", {"bf16": "bf16", "fp16": "fp16"}.get(settings.precision, "no"),
+        "--mixed_precision", "no",  # the rank's trainer sets bf16/fp16 itself: see above
         "--dynamo_backend", "no",
     ]
     if settings.nnodes > 1:

@@ -17,6 +17,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# The one precision rule lives on the lowest floor, where the model loader can call it too; the
+# control plane and the front ends take it from here (it imports no torch).
+from gpuscale.data.precision import AUTO_RULE
+from gpuscale.data.precision import resolved_precision as resolved_precision
+
 
 class SettingsError(ValueError):
     """Bad input from the user: one line, field + value + reason. The CLI exits 2 on it."""
@@ -44,7 +49,7 @@ class RunSettings(BaseModel):
     )
     batch_size: int = Field(8, ge=1, description="sequences per rank per step")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="auto = bf16 on compute capability >= 8.0, fp16 below, fp32 on CPU"
+        "auto", description=AUTO_RULE  # what data.precision.resolved_precision does
     )
     gpu_memory_share: float = Field(
         AUTO_MEMORY_SHARE, gt=0, le=0.95,
@@ -213,16 +218,6 @@ def merge_layers(
         for key, value in layer.items():
             merged[settings_cls.field_for_key(key)] = value
     return merged
-
-
-def resolved_precision(precision: str, compute_capability: tuple[int, int] | list[int] | None) -> str:
-    """What `precision` means on a device (the ranks' dtype and a tuning result's key alike; no torch):
-    auto = bf16 from compute capability 8.0, fp16 below, fp32 on CPU (no capability)."""
-    if precision != "auto":
-        return precision
-    if not compute_capability:
-        return "fp32"
-    return "bf16" if compute_capability[0] >= 8 else "fp16"
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -54,7 +54,10 @@ def test_accelerate_argv(tmp_path):
     argv = launch.accelerate_argv(Settings(precision="bf16"), plan, ["-m", "m"], tmp_path / "s")
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
-    assert argv[argv.index("--mixed_precision") + 1] == "bf16"
+    # The rank alone decides the autocast (its trainer's bf16/fp16): accelerate's flag is always `no`.
+    for precision in ("auto", "bf16", "fp16", "fp32"):
+        flagged = launch.accelerate_argv(Settings(precision=precision), plan, ["-m", "m"], tmp_path / "s")
+        assert flagged[flagged.index("--mixed_precision") + 1] == "no"
     assert argv[argv.index("--main_process_port") + 1] == "0"  # a free port: concurrent runs never collide
     # Several CPU ranks go through accelerate's multi-process launcher too (its --cpu wants mpirun).
     cpu_ranks = launch.accelerate_argv(Settings(), launch.DevicePlan(2, ()), ["-m", "m"], tmp_path / "s")

@@ -1,8 +1,9 @@
 """The one-way rule between the floors (ARCHITECTURE.md), as a test: app -> recipes -> engines -> data,
-and app -> runs -> data. The control plane (runs/) imports neither torch, transformers nor textual,
-nor anything from engines/, recipes/ or app/; nothing under engines/ imports recipes/ or app/; no
-recipe package imports another one; the core never imports textual; the app starts without torch;
-the views the CLI and the TUI share import neither textual nor torch, and run no SQL.
+and app -> runs -> data; data imports no floor above it. The control plane (runs/) imports neither
+torch, transformers nor textual, nor anything from engines/, recipes/ or app/; nothing under
+engines/ imports recipes/ or app/; no recipe package imports another one; the core never imports
+textual; the app starts without torch; the views the CLI and the TUI share import neither textual
+nor torch, and run no SQL.
 
 Each rule is checked twice where it can be: by importing every module in a fresh interpreter (what
 really gets loaded) and by reading every import statement (which also catches an import inside a
@@ -130,6 +131,16 @@ def test_the_control_plane_imports_no_torch_textual_nor_the_upper_floors():
     assert [name for name in HEAVY if name in loaded] == []
     assert sorted(m for m in loaded if m.startswith(("gpuscale.engines", "gpuscale.recipes", "gpuscale.app"))) == []
     assert forbidden_imports("gpuscale.runs", HEAVY + ("gpuscale.engines", "gpuscale.recipes", "gpuscale.app")) == []
+
+
+def test_data_is_the_lowest_floor():
+    """data/ imports nothing of gpuscale's above it: the control plane (runs/) and the rank side both
+    build on it, so what both need (data/precision.py, the one precision rule) lives there."""
+    upper = ("gpuscale.runs", "gpuscale.engines", "gpuscale.recipes", "gpuscale.app")
+    loaded = modules_after("\n".join(f"import {name}" for name in all_modules("gpuscale.data")))
+    assert "gpuscale.data.precision" in loaded
+    assert sorted(m for m in loaded if m.startswith(upper)) == []
+    assert forbidden_imports("gpuscale.data", upper) == []
 
 
 def recipe_package(module: str) -> str | None:

@@ -51,3 +51,16 @@ def test_assignments_and_inline_check():
         parse_assignments(["novalue"])
     assert check_field(Settings, "batch_size", "0") == "Input should be greater than or equal to 1"
     assert check_field(Settings, "batch_size", "12") is None
+
+
+def test_every_recipe_says_what_its_batch_size_counts():
+    """batch_size means different things (rows per engine call, questions per generation call,
+    sequences per micro-batch...): each built-in recipe's help says which, per rank, rather than
+    RunSettings' generic words."""
+    from gpuscale.recipes.registry import BUILTIN, get_recipe
+    from gpuscale.runs.settings import RunSettings
+
+    generic = RunSettings.model_fields["batch_size"].description
+    for name in BUILTIN:
+        description = get_recipe(name).settings_cls.model_fields["batch_size"].description or ""
+        assert description != generic and "per rank" in description, (name, description)

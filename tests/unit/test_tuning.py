@@ -182,14 +182,6 @@ def test_an_old_history_is_upgraded_with_its_runs_kept(tmp_path):
     assert store.get_run(7)["label"] is None  # a later version's column, empty for an old run
 
 
-@pytest.mark.parametrize("precision, capability, expected", [
-    ("auto", None, "fp32"), ("auto", (9, 0), "bf16"), ("auto", (7, 5), "fp16"), ("fp32", (9, 0), "fp32")])
-def test_the_key_uses_the_precision_the_device_resolves(precision, capability, expected):
-    from gpuscale.runs.settings import resolved_precision
-
-    assert resolved_precision(precision, capability) == expected
-
-
 def test_an_out_of_memory_error_in_a_run_names_the_batch_and_the_step(capsys):
     import torch
 

@@ -30,6 +30,9 @@ from gpuscale.runs.settings import SettingsError
 class Settings(SupervisedSettings):
     KEY_ALIASES = {**SupervisedSettings.KEY_ALIASES, "micro_batch_size": "batch_size"}
 
+    batch_size: int = Field(8, ge=1, description="training sequences (prompt + completion) per rank per "
+                            "micro-batch (TRL's per_device_train_batch_size); an optimizer step takes "
+                            "gradient_accumulation of them on every rank")
     # The defaults are a run that learns on the embedded default in minutes on one GPU (tiny-math:
     # greedy 56.8 -> 65.2, temperature 1 38.2 -> 54.2 on 2 CPU ranks); larger data is one --set away.
     max_examples: int | None = Field(4000, ge=1, description="training examples (empty = the whole split)")
