@@ -1,5 +1,5 @@
 """The GPU acceptance run: every recipe through `gpuscale run` with its defaults, on the GPUs found,
-several seeds at once; then the GPU-marked tests; one table and one result file.
+several seeds at once, and the GPU-marked tests alongside; one table and one result file.
 
 For each recipe (grpo-mtl twice: mtl none and pcgrad; power-sampling against its temperature-1
 baseline, `method=sample`) and each seed, one run with nothing set but the seed (and, for
@@ -228,7 +228,7 @@ def gpu_tests() -> dict:
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider"],
                           capture_output=True, text=True, cwd=ROOT)
     tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-    print(f"\nGPU-marked tests: exit {done.returncode}: {tail[0]}")
+    print(f"\nGPU-marked tests: exit {done.returncode}: {tail[0]}", flush=True)
     return {"exit_code": done.returncode, "last_line": tail[0], "seconds": time.perf_counter() - started}
 
 
@@ -275,13 +275,16 @@ def main() -> None:
                 handle.write(json.dumps(row) + "\n")
         return row
 
-    with ThreadPoolExecutor(max_workers=at_once) as pool:
+    # The GPU-marked tests run alongside the runs (one more worker): they are small, and the wall time
+    # of the whole check is the longest run's either way.
+    with ThreadPoolExecutor(max_workers=at_once + 1) as pool:
+        tests = None if args.skip_tests else pool.submit(gpu_tests)
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
+        tests = tests and tests.result()
     stats = seed_statistics(rows)
     verdicts = targets_met(rows, stats)
     print_table(rows, stats)
     print_targets(verdicts)
-    tests = None if args.skip_tests else gpu_tests()
     total = time.perf_counter() - started
     print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")
     write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
