@@ -27,7 +27,7 @@ from gpuscale.data.precision import device_precision, torch_dtype
 from gpuscale.engines.metrics import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.settings import RunSettings
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 @dataclass
@@ -139,8 +139,9 @@ def _write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
         "t": time.time(),
         "rank": rank,
         "type": type(exc).__name__,
-        # A diverged run's message is already the line to show (step, figure, what to try).
-        "message": str(exc) if isinstance(exc, NonFiniteFigure) else lines[-1].strip(),
+        # A diverged run's message is already the line to show (step, figure, what to try), and so is a
+        # setting the rank refuses (`field: value: why`, as the front ends refuse one before launch).
+        "message": str(exc) if isinstance(exc, (NonFiniteFigure, SettingsError)) else lines[-1].strip(),
         "traceback": "".join(traceback.format_exception(exc)),
     }
     path = RunDir(run_dir).error(rank)

@@ -23,7 +23,10 @@ class EngineRollout:
 
     tokenizer: turns prompts (chats or text) into ids as `data.prompts.prompt_ids` does.
     max_new_tokens / temperature: the trainer's max_completion_length and temperature.
-    seed: the sampling stream's seed (each rank adds its own offset).
+    seed: the run's seed. The sampling generator is seeded afresh at every call from (seed, rank,
+        optimizer step, call within the step) (engines/checkpoints.step_seed): a step's completions
+        do not depend on the steps before it, so a run resumed from a checkpoint samples what the
+        uninterrupted run sampled.
     max_columns: KV columns to reserve once (longest prompt + budget), so the buffers never regrow.
     compile: torch.compile the engine's decode step (CUDA).
     `seconds` adds up the time spent generating.
@@ -40,12 +43,15 @@ class EngineRollout:
         self.engine = None
         self.generator = None
         self.seconds = 0.0
+        self._step = -1  # the optimizer step of the last call, and the calls made in it
+        self._calls_in_step = 0
 
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
         from gpuscale.engines.generation import Sampling
 
         started = time.perf_counter()
         engine = self._engine_for(trainer)
+        self._reseed(trainer)
         ids = [self._prompt_ids(prompt) for prompt in prompts]
         unique, per_prompt = repeated_runs(ids)
         if per_prompt is None:  # runs of different lengths: every row prefilled by itself
@@ -74,9 +80,16 @@ class EngineRollout:
             self.engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(self.tokenizer, eos),
                                            compile=None if self.compile else False,  # None: on where it can be (CUDA)
                                            max_columns=self.max_columns)
-            rank = trainer.accelerator.process_index
-            self.generator = torch.Generator(device=self.engine.device).manual_seed(self.seed * 1000 + rank)
+            self.generator = torch.Generator(device=self.engine.device)
         return self.engine
+
+    def _reseed(self, trainer) -> None:
+        from gpuscale.engines.checkpoints import step_seed
+
+        step = int(trainer.state.global_step)
+        self._calls_in_step = self._calls_in_step + 1 if step == self._step else 0
+        self._step = step
+        self.generator.manual_seed(step_seed(self.seed, trainer.accelerator.process_index, step, self._calls_in_step))
 
     def _prompt_ids(self, prompt) -> list[int]:
         """A prompt as data.py writes it: one user message (chat template applied with the

@@ -71,3 +71,23 @@ def test_a_nan_reward_fails_the_run_within_a_few_steps_with_one_line(home):
                         r"try checking the reward function on this step's completions", run["error"]), run["error"]
     assert run["summary"]["partial"] is True and run["summary"]["steps_done"] < 6
     assert not leftover_processes(run["run_dir"])
+
+
+def test_too_few_prompts_left_under_max_prompt_length_fail_at_once_in_one_line(home):
+    """recipe.check counts the examples before launch; which prompts fit max_prompt_length is known
+    once the rank has the tokenizer. With fewer left than a step takes, TRL would end the run at once
+    with 0 steps as if it had succeeded: the rank refuses instead, before any evaluation or step."""
+    arguments = ["--recipe", "grpo-mtl", "--gpus", "1", "--set", "max_examples=16", "--set", "prompts_per_step=8",
+                 "--set", "num_generations=2", "--set", "batch_size=4", "--set", "max_prompt_length=22",
+                 "--set", "eval_examples=0"]
+    result = gpuscale("run", *arguments, "--json")
+    assert result.returncode == 1
+    run = run_json("show", "1")
+    assert run["status"] == "failed"
+    found = re.fullmatch(r"rank 0: max_prompt_length: 22: (\d+) of 16 training prompts are longer, "
+                         r"leaving (\d+), fewer than prompts_per_step \(8\); raise max_prompt_length or lower "
+                         r"prompts_per_step", run["error"])
+    assert found, run["error"]
+    assert int(found.group(1)) + int(found.group(2)) == 16 and int(found.group(2)) < 8
+    assert not Store(home).metrics(run["id"], "reward")  # no step was taken
+    assert not leftover_processes(run["run_dir"])

@@ -38,7 +38,9 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     if settings.population % ctx.world_size:
         raise ValueError(f"population: {settings.population}: must divide evenly over {ctx.world_size} ranks")
     train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
-    held_out = load_examples(settings.dataset, "test", settings.eval_examples, seed=settings.seed)
+    # No evaluation, no test split: a data set without one (or a hub one not cached) must not fail the run.
+    held_out = load_examples(settings.dataset, "test", settings.eval_examples, seed=settings.seed) \
+        if settings.eval_examples else []
     loaded = load_generation_model(settings.model, ctx)
     loaded.model.requires_grad_(False)  # ES needs no gradients
     engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,

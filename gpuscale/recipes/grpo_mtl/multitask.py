@@ -24,6 +24,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from gpuscale.engines.checkpoints import step_seed
 from gpuscale.recipes.grpo_mtl.pcgrad import gradient_cosines, pcgrad
 
 # How a domain's loss on its own rows relates to TRL's loss on the whole micro-batch, per loss type:
@@ -42,7 +43,9 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
         self.mtl = mtl
         if mtl == "pcgrad" and self.loss_type not in LOSS_NORMALISATION:
             raise ValueError(f"loss_type: {self.loss_type!r}: PCGrad cannot split this loss by domain")
-        # The same seed on every rank, drawn from the same number of times: the same orders everywhere.
+        # Seeded at every optimizer step from (mtl_seed, step), the same on every rank: the same orders
+        # everywhere, and a run resumed from a checkpoint draws the orders the uninterrupted run drew.
+        self.mtl_seed = mtl_seed
         self.pcgrad_generator = torch.Generator().manual_seed(mtl_seed)
         self.generation_seconds = 0.0
         self._domain_grads: list[list[torch.Tensor]] | None = None
@@ -154,6 +157,7 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
             metrics["pcgrad/conflict_share"].append(sum(c < 0 for c in cosines.values()) / len(cosines))
         for (i, j), cosine in cosines.items():
             metrics[f"pcgrad/cosine_{self.domains[i]}_{self.domains[j]}"].append(cosine)
+        self.pcgrad_generator.manual_seed(step_seed(self.mtl_seed, self.state.global_step))
         for parameter, update in zip(parameters, pcgrad(grads, self.pcgrad_generator)):
             parameter.grad = update.to(parameter.dtype)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
 from gpuscale.recipes.grpo_mtl.data import domains_of, grpo_rows, training_and_test_examples
+from gpuscale.runs.settings import SettingsError
 
 # Peak dense bf16 FLOP/s by card, for MFU (NVIDIA's data sheets, without sparsity).
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
@@ -25,8 +26,7 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     loaded = load_generation_model(settings.model, ctx)
     model, tokenizer = loaded.model, loaded.tokenizer
     rows, dropped = grpo_rows(train, tokenizer, settings.max_prompt_length)
-    if not rows:
-        raise ValueError(f"max_prompt_length: {settings.max_prompt_length}: every training prompt is longer")
+    check_rows_left(len(rows), dropped, settings)
     summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
                "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
                "train_examples": len(rows), "prompts_too_long": dropped, "eval_examples": len(test),
@@ -36,6 +36,24 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     trained = train_grpo(rows, settings, ctx, reporter, model, tokenizer)
     save_then_evaluate(trained, tokenizer, ctx, settings, reporter, summary,
                        lambda: evaluate(trained.model, tokenizer, test, settings, ctx, "after"))
+
+
+def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:
+    """Every optimizer step takes prompts_per_step distinct prompts: with fewer rows left once the
+    prompts longer than max_prompt_length are left out, TRL's data loader yields no whole step and the
+    run would end at once with 0 steps as if it had succeeded. The prompts' lengths are known only
+    once the tokenizer is loaded, so this is the rank's refusal, one line, before anything is trained
+    or evaluated (recipe.check refuses too few examples before launch, counted before this cut)."""
+    if kept >= settings.prompts_per_step:
+        return
+    needed = settings.prompts_per_step
+    if not dropped:
+        raise SettingsError(f"prompts_per_step: {needed}: needs at least {needed} training examples, the run has "
+                            f"{kept}; lower prompts_per_step or give more examples")
+    raise SettingsError(
+        f"max_prompt_length: {settings.max_prompt_length}: {dropped} of {kept + dropped} training prompts are "
+        f"longer, leaving {kept}, fewer than prompts_per_step ({settings.prompts_per_step}); raise "
+        "max_prompt_length or lower prompts_per_step")
 
 
 def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx, when: str) -> dict[str, float | None]:
