@@ -45,10 +45,12 @@ JOBS = (
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 
 
-def launch(label: str, recipe: str, settings: dict, seed: int, gpus: str, home: Path) -> dict:
-    """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time."""
+def launch(label: str, recipe: str, settings: dict, seed: int, gpus: str, home: Path,
+           prefix: str = "acceptance") -> dict:
+    """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time. Its label in
+    the history is PREFIX-LABEL-seedN."""
     argv = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", recipe, "--gpus", gpus, "--json",
-            "--label", f"acceptance-{label.replace(' ', '-')}-seed{seed}"]
+            "--label", f"{prefix}-{label.replace(' ', '-')}-seed{seed}"]
     for key, value in {**settings, "seed": seed}.items():
         argv += ["--set", f"{key}={value}"]
     started = time.perf_counter()
