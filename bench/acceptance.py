@@ -61,10 +61,11 @@ TARGETS = {
 POWER_TARGET = 15  # points of power sampling's accuracy over its temperature-1 baseline
 
 
-def launch(label: str, recipe: str, settings: dict, seed: int, home: Path) -> dict:
-    """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time."""
+def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefix: str = "acceptance") -> dict:
+    """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time. Its label in
+    the history is PREFIX-LABEL-seedN."""
     argv = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", recipe, "--json",
-            "--label", f"acceptance-{label.replace(' ', '-')}-seed{seed}"]
+            "--label", f"{prefix}-{label.replace(' ', '-')}-seed{seed}"]
     for key, value in {**settings, "seed": seed}.items():
         argv += ["--set", f"{key}={value}"]
     started = time.perf_counter()

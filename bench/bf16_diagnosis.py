@@ -257,7 +257,7 @@ def probe_training(args) -> dict:
     from gpuscale.engines.metrics import Reporter
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.grpo_mtl import Settings
-    from gpuscale.recipes.grpo_mtl.data import grpo_rows, training_and_test_examples
+    from gpuscale.recipes.grpo_mtl.data import grpo_rows, training_and_eval_examples
     from gpuscale.recipes.grpo_mtl.trainer import build_trainer
 
     if args.variant == "no-cudnn":
@@ -266,7 +266,7 @@ def probe_training(args) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bf16-"))
     settings = Settings(max_steps=args.steps, seed=args.seed, eval_examples=0)
     ctx = RankContext(0, 0, 1, device, torch.bfloat16, run_dir)
-    train, _ = training_and_test_examples(settings)
+    train, _ = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     model = loaded.model.float()
     if args.variant == "eager":

@@ -26,6 +26,18 @@ tiny-math-conflict alternates the two domains, each twin right after its countin
 are read in order; when they hold several domains, the rows are interleaved round-robin across domains
 (in the order the domains first appear, each domain's rows in file order), so the first N represent
 every domain equally until one runs out.
+
+What a run trains on and what it scores (`held_out_split`, the one rule every recipe holds out by;
+`eval_split` chooses the scored set):
+
+- `test` (the default): a named task's test split; a JSONL file (one split by itself) its first
+  `eval_examples` rows. Training is the training split less any question of those rows.
+- `validation`: the first `eval_examples` problems of the training data, for choosing settings
+  without ever scoring the test problems. For a named task that is its training split's first
+  problems; for a JSONL file the training data is what is left once its test rows (still its first
+  `eval_examples` rows, as with `test`) are held out, so validation is the `eval_examples` rows after
+  them. Training is the rest, less any question scored: neither the validation nor the test
+  questions are trained on, and the validation questions are never test questions.
 """
 
 from __future__ import annotations
@@ -43,9 +55,11 @@ from gpuscale.data.answers import extract_strict, to_number
 
 KNOWN_TASKS = ("tiny-math", "tiny-math-conflict", "gsm8k")
 SPLITS = ("train", "test")
+EVAL_SPLITS = ("test", "validation")  # what a run's held-out evaluation scores: `held_out_split`
 GSM8K_HUB_ID = "openai/gsm8k"
 GSM8K_CONFIG = "main"
 GSM8K_DOMAIN = "gsm8k"
+GSM8K_TRAIN_SIZE = 7473  # rows of openai/gsm8k main/train
 JSONL_SUFFIX = ".jsonl"
 
 
@@ -157,6 +171,62 @@ def load_examples(
     else:
         examples = [e for e in _load_gsm8k_from_hub(split) if spec.domains is None or e["domain"] in spec.domains]
     return examples if max_examples is None else examples[:max_examples]
+
+
+def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: int = 0,
+                   max_examples: int | None = None, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(training examples, evaluation examples) of a run: the rule of the module's docstring.
+
+    eval_split="test": the test split's first `eval_examples` problems (a JSONL file: its first rows);
+    eval_split="validation": the first `eval_examples` problems of the training data (a JSONL file:
+    the rows after its test rows). The training examples are the first `max_examples` (None: all) of
+    the training data left once every scored question, and a file's test rows, are taken out, so
+    `max_examples` counts what is trained on whatever is held out."""
+    if eval_split not in EVAL_SPLITS:
+        raise DataError(f"unknown eval_split {eval_split!r}; known: {', '.join(EVAL_SPLITS)}")
+    one_split = bool(_parse_named(name_or_path).paths)
+    validation = eval_split == "validation"
+    # The test rows: never trained on. A named task's test split is apart from its training split, so
+    # a validation run need not load it; a file's test rows are its first rows, held out either way.
+    test = load_examples(name_or_path, "test", eval_examples, seed=seed) \
+        if eval_examples and (one_split or not validation) else []
+    test_questions = {example["question"] for example in test}
+    # Load enough rows that max_examples remain once the held-out ones are dropped; more where a
+    # held-out question comes again (a tiny-math-conflict twin, a file's repeated row).
+    limit = None if max_examples is None else max_examples + len(test_questions) + (eval_examples if validation else 0)
+    while True:
+        loaded = load_examples(name_or_path, "train", limit, seed=seed)
+        train = [example for example in loaded if example["question"] not in test_questions]
+        scored = test
+        if validation:
+            scored, train = train[:eval_examples], train[eval_examples:]
+            scored_questions = {example["question"] for example in scored}
+            train = [example for example in train if example["question"] not in scored_questions]
+        if limit is None or len(train) >= max_examples or len(loaded) < limit:
+            return train[:max_examples], scored
+        limit += max_examples - len(train)
+
+
+def training_split_size(name: str) -> int | None:
+    """How many problems a named task's training split holds, where that is known without loading or
+    generating it: tiny-math and tiny-math-conflict whole (TINY_MATH_SIZES), gsm8k's. None for a
+    domain subset and for files."""
+    spec = _parse_named(name)
+    if spec.paths or spec.domains is not None:
+        return None
+    return GSM8K_TRAIN_SIZE if spec.task == "gsm8k" else TINY_MATH_SIZES["train"]
+
+
+def evaluation_examples(name_or_path: str, split: str, count: int | None, seed: int = 0) -> list[dict]:
+    """The problems a run that only scores (no training) takes: `load_examples`'s for "train" and
+    "test"; for "validation", the `count` problems `held_out_split` would hold out for validation
+    with eval_examples=count (a count is needed: validation is a part of the training data)."""
+    if split != "validation":
+        return load_examples(name_or_path, split, count, seed=seed)
+    if count is None:
+        raise DataError("the validation split needs a count (max_examples): it is the first problems of the "
+                        "training data")
+    return held_out_split(name_or_path, "validation", count, max_examples=0, seed=seed)[1]
 
 
 def _parse_named(name: str) -> DatasetSpec:

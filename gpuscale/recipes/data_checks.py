@@ -14,25 +14,35 @@ from collections.abc import Callable
 from gpuscale.runs.settings import SettingsError
 
 
-def training_count(settings, training_examples: Callable[[object], list[dict]],
-                   holds_out: bool = True) -> tuple[int | None, str]:
+def training_count(settings, training_examples: Callable[[object], list[dict]]) -> tuple[int | None, str]:
     """How many training examples the run will have, and where that number comes from (for the
     refusal's message). `training_examples(settings)` is the recipe's own loader, used for JSONL
-    files only: they are read whole by the data check anyway. A named task's training split holds
-    thousands of problems (its test split is separate), so there the count is `max_examples`, or
-    None where it is unset (the whole split: plenty). `holds_out`: the loader leaves a file's first
-    eval_examples rows out of training (as sft's split does), which the message then says."""
-    from gpuscale.data.tasks import parse_dataset
+    files only: they are read whole by the data check anyway, and the loader (data/tasks.py's
+    `held_out_split`) leaves out the rows the run scores: a file's first eval_examples rows, and with
+    eval_split=validation the eval_examples rows after them too. A named task's training split holds
+    thousands of problems (its test split is separate, and the validation problems are loaded on top
+    of max_examples), so there the count is `max_examples`, or None where it is unset (the whole
+    split: plenty); only where validation problems would leave fewer than that in a split of known
+    size (data/tasks.py's `training_split_size`) is the count what is left. The message says what
+    was held out."""
+    from gpuscale.data.tasks import parse_dataset, training_split_size
 
+    held_out = getattr(settings, "eval_examples", 0)
+    validation = held_out and getattr(settings, "eval_split", "test") == "validation"
     if parse_dataset(settings.dataset).paths:
         count = len(training_examples(settings))
-        held_out = getattr(settings, "eval_examples", 0) if holds_out else 0
         source = f"dataset={settings.dataset}"
         if settings.max_examples is not None:
             source += f", max_examples={settings.max_examples}"
-        if held_out:
+        if validation:
+            source += f", after eval_examples={held_out} held out for test and {held_out} for validation"
+        elif held_out:
             source += f", after eval_examples={held_out} held out"
         return count, source
+    size = training_split_size(settings.dataset) if validation else None
+    if size is not None and (settings.max_examples is None or settings.max_examples > size - held_out):
+        return max(0, size - held_out), (f"the {size} training problems of {settings.dataset}, after "
+                                         f"eval_examples={held_out} held out for validation")
     if settings.max_examples is None:
         return None, f"dataset={settings.dataset}"
     return settings.max_examples, f"max_examples={settings.max_examples} of {settings.dataset}"

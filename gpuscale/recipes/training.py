@@ -4,8 +4,9 @@
   saving), and `SupervisedSettings` on it (epochs or max_steps, accumulation, sequence length...) for
   the recipes that fine-tune on (question, completion) rows. Each recipe keeps its own defaults by
   redeclaring a field.
-- Data: `training_and_test_examples` (the held-out split), `sft_rows` and `tokenized_dataset` (rows
-  as TRL's SFTTrainer takes them), `lora_config`.
+- Data: `training_and_eval_examples` (the held-out split, `eval_split` choosing test or validation
+  problems: data/tasks.py's `held_out_split`, the one rule every recipe goes through), `sft_rows` and
+  `tokenized_dataset` (rows as TRL's SFTTrainer takes them), `lora_config`.
 - The shell: `train_model(build, settings, ctx, model)` takes a factory of a TRL trainer and does
   what every training recipe does around it: fp32 master weights for a full fine-tune, the NaN guard
   (engines/trl_bridge.py), train, free the optimizer, merge LoRA, cast to the rank's dtype, eval
@@ -41,6 +42,18 @@ def checked_lora_targets(value: str) -> str:
 
 # ---- settings ------------------------------------------------------------------------------------
 
+EVAL_SPLIT_HELP = ("which problems the held-out evaluation scores: test = the data set's test split (a JSONL "
+                   "file: its first eval_examples rows); validation = the first eval_examples problems of the "
+                   "training data, taken out of training, for choosing settings without scoring the test "
+                   "problems (a JSONL file: the eval_examples rows after its test rows, which stay out of "
+                   "training too)")
+
+
+def eval_split_field():
+    """The `eval_split` setting of every recipe that scores held-out problems (one description)."""
+    return Field("test", description=EVAL_SPLIT_HELP)
+
+
 
 class TrainingSettings(RunSettings):
     """What every TRL training recipe is set with, besides RunSettings."""
@@ -57,8 +70,9 @@ class TrainingSettings(RunSettings):
     lora_alpha: float = Field(32.0, gt=0.0, le=4096.0,
                               description="LoRA scaling numerator (alpha / rank scales the update)")
     lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
-    eval_examples: int = Field(100, ge=0, le=100_000, description="held-out test problems scored greedily and at "
-                               "temperature 1 before and after training (0 = no evaluation)")
+    eval_examples: int = Field(100, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
+                               "greedily and at temperature 1 before and after training (0 = no evaluation)")
+    eval_split: Literal["test", "validation"] = eval_split_field()
     save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model, "
                              "before the final evaluation")
 
@@ -98,23 +112,17 @@ class SupervisedSettings(TrainingSettings):
 # ---- data ----------------------------------------------------------------------------------------
 
 
-def training_and_test_examples(settings) -> tuple[list[dict], list[dict]]:
-    """(training examples, held-out test examples) of the run's data set.
+def training_and_eval_examples(settings) -> tuple[list[dict], list[dict]]:
+    """(training examples, held-out evaluation examples) of the run: `dataset`, `eval_split`,
+    `eval_examples`, `max_examples` and `seed` of its settings through data/tasks.py's
+    `held_out_split`, the rule every recipe holds out by. With eval_split=test the evaluation is the
+    test split (a JSONL file, one split by itself: its first `eval_examples` rows); with validation,
+    the first `eval_examples` problems of the training data. A question scored is never trained on,
+    whatever the data set."""
+    from gpuscale.data.tasks import held_out_split
 
-    Named tasks have disjoint splits. A JSONL file is one split by itself, so its first
-    `eval_examples` rows are the test set and are left out of training: a question scored after
-    training was never trained on, whatever the data set.
-    """
-    from gpuscale.data.tasks import load_examples
-
-    test = load_examples(settings.dataset, "test", settings.eval_examples, seed=settings.seed) \
-        if settings.eval_examples else []
-    held_out = {example["question"] for example in test}
-    # Load enough rows that max_examples remain once the held-out questions are dropped.
-    limit = None if settings.max_examples is None else settings.max_examples + len(held_out)
-    train = load_examples(settings.dataset, "train", limit, seed=settings.seed)
-    train = [example for example in train if example["question"] not in held_out]
-    return train[: settings.max_examples], test
+    return held_out_split(settings.dataset, getattr(settings, "eval_split", "test"), settings.eval_examples,
+                          settings.max_examples, seed=settings.seed)
 
 
 def sft_rows(examples: list[dict]) -> list[dict]:

@@ -200,3 +200,51 @@ def test_resume_kill_bench_kills_the_supervisor_and_resumes_to_the_end_on_cpu(ho
     store = Store(home, read_only=True)
     assert store.get_run(f["parent_id"])["status"] == "lost"
     assert store.get_run(f["child_id"])["parent_id"] == f["parent_id"]
+
+
+def selection_rows(label: str, seeds_figures: list[tuple[str, float, float, float, float]]) -> list[dict]:
+    """Rows as select_settings makes them: (status, greedy before, greedy after, T=1 before, T=1 after) a seed."""
+    return [{"label": label, "seed": seed, "status": status, "wall_s": 1.0, "accuracy": None,
+             "accuracy_greedy_before": gb, "accuracy_greedy_after": ga,
+             "accuracy_sampled_before": sb, "accuracy_sampled_after": sa}
+            for seed, (status, gb, ga, sb, sa) in enumerate(seeds_figures)]
+
+
+def test_select_settings_chooses_by_its_rule_on_the_seeds_means():
+    select = load_bench("select_settings.py")
+    candidates = select.parse_candidates("lr=0.3, sigma=0.01;lr=0.1;lr=0.05;lr=0.02")
+    assert candidates[0] == ("lr=0.3,sigma=0.01", {"lr": "0.3", "sigma": "0.01"})
+    ok = "succeeded"
+    rows = (selection_rows("lr=0.3,sigma=0.01", [(ok, 0.5, 0.4, 0.3, 0.9), (ok, 0.5, 0.5, 0.3, 0.9)])  # greedy drops
+            + selection_rows("lr=0.1", [(ok, 0.5, 0.5, 0.3, 0.6), (ok, 0.5, 0.6, 0.3, 0.6)])
+            + selection_rows("lr=0.05", [(ok, 0.5, 0.7, 0.3, 0.6), (ok, 0.5, 0.7, 0.3, 0.6)])  # same T=1, greedy higher
+            + selection_rows("lr=0.02", [(ok, 0.5, 0.9, 0.3, 0.95), ("failed", None, None, None, None)]))
+    table = select.candidate_table(candidates, rows, [0, 1])
+    assert [entry["seeds_ok"] for entry in table] == [[0, 1], [0, 1], [0, 1], [0]]
+    assert table[1]["statistics"]["accuracy_sampled_after"]["mean"] == pytest.approx(0.6)
+    assert table[1]["statistics"]["gain_greedy"]["mean"] == pytest.approx(0.05)
+    assert select.choose(table) == "lr=0.05"
+    assert select.choose(table[:1]) is None  # the best T=1, but greedy fell: nothing chosen
+    # A run not scored on validation counts as failed, whatever its status.
+    run = {"label": "lr=0.1", "seed": 0, "wall_s": 1.0,
+           "run": {"id": 1, "status": "succeeded", "summary": {"eval_split": "test"}}}
+    assert select.row_of(run)["status"] == "not-validation"
+
+
+def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_path):
+    out = tmp_path / "selection.json"
+    done = bench("select_settings.py", "--recipe", "eggroll", "--candidates", "lr=0.3;lr=0.1", "--seeds", "0",
+                 "--jobs", "2", "--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=8",
+                 "--set", "steps=1", "--set", "eval_examples=2", "--set", "eval_every=0", "--set", "batch_size=8",
+                 "--home", str(home), "--out", str(out))
+    assert "chosen: " in done.stdout
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["settings"]["eval_split"] == "validation"
+    figures = record["figures"]
+    assert [entry["candidate"] for entry in figures["candidates"]] == ["lr=0.3", "lr=0.1"]
+    store = Store(home, read_only=True)
+    for row in figures["runs"]:
+        stored = store.get_run(row["run_id"])
+        assert stored["status"] == "succeeded" and stored["summary"]["eval_split"] == "validation"
+        assert stored["settings"]["eval_split"] == "validation" and stored["settings"]["save_model"] is False
+        assert stored["settings"]["lr"] == float(row["label"].removeprefix("lr="))

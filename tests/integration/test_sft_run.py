@@ -72,3 +72,18 @@ def test_a_failure_in_the_final_evaluation_keeps_the_saved_model_and_the_figures
     model_dir = Path(run["run_dir"]) / "model"
     assert summary["model_dir"] == str(model_dir) and (model_dir / "model.safetensors").is_file()
     assert AutoModelForCausalLM.from_pretrained(model_dir).num_parameters() > 0
+
+
+def test_a_run_scored_on_validation_problems_says_so_in_its_summary(home):
+    """eval_split=validation: the run scores the first eval_examples problems of the training data and
+    trains on max_examples others; the summary names the split, so its figures are never taken for
+    test figures."""
+    run = run_json("run", "--recipe", "sft", "--gpus", "1", "--batch-size", "2", "--set", "max_examples=6",
+                   "--set", "max_steps=1", "--set", "max_length=64", "--set", "eval_examples=2",
+                   "--set", "max_new_tokens=8", "--set", "save_model=false", "--set", "eval_split=validation")
+    assert run["status"] == "succeeded", run["error"]
+    summary = run["summary"]
+    assert summary["eval_split"] == "validation"
+    assert summary["eval_examples"] == 2 and summary["train_examples"] == 6
+    assert summary["accuracy_greedy_after"] is not None and summary["accuracy_sampled_after"] is not None
+    assert run["settings"]["eval_split"] == "validation"

@@ -13,7 +13,7 @@ from gpuscale.data.prompts import prompt_ids
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.metrics import Reporter
 from gpuscale.recipes.sft import SFT, Settings
-from gpuscale.recipes.training import tokenized_dataset, train_sft, training_and_test_examples
+from gpuscale.recipes.training import tokenized_dataset, train_sft, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError
 
 
@@ -37,7 +37,7 @@ def write_jsonl(path, count):
 
 def test_a_jsonl_file_holds_its_evaluation_questions_out_of_training(tmp_path):
     settings = Settings(dataset=write_jsonl(tmp_path / "plus.jsonl", 10), eval_examples=3, max_examples=5)
-    train, test = training_and_test_examples(settings)
+    train, test = training_and_eval_examples(settings)
     assert [e["question"] for e in test] == [f"What is {n} plus 1?" for n in range(3)]
     assert [e["question"] for e in train] == [f"What is {n} plus 1?" for n in range(3, 8)]
     SFT().check(settings)
@@ -46,7 +46,7 @@ def test_a_jsonl_file_holds_its_evaluation_questions_out_of_training(tmp_path):
 
 
 def test_named_tasks_train_and_evaluate_on_their_own_splits():
-    train, test = training_and_test_examples(Settings(max_examples=50, eval_examples=20))
+    train, test = training_and_eval_examples(Settings(max_examples=50, eval_examples=20))
     assert len(train) == 50 and len(test) == 20
     assert not {e["question"] for e in train} & {e["question"] for e in test}
 

@@ -11,6 +11,11 @@ applies the same update from noise it regenerates itself (evolution.py).
 `method=naive` is the structure its users had (seed 002): per member, perturb the weights in place,
 generate every prompt, restore; same engine, same noise, same update, so only the structure differs.
 
+Held-out accuracy (greedy and temperature 1) before, every `eval_every` steps and after, on
+`eval_examples` problems: the test split's, or with `eval_split=validation` the first problems of the
+training data, taken out of training (recipes/training.py's split, as every training recipe's; for
+choosing settings; the summary's `eval_split` says which).
+
 Files: this one (settings and the recipe, no torch), evolution.py (perturbations, shaping, update),
 trainer.py (a rank's work), trial.py (its tuning trial: ES steps at a batch, weights restored).
 """
@@ -22,6 +27,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.recipes.training import eval_split_field
 from gpuscale.runs.settings import RunSettings
 
 
@@ -72,8 +78,9 @@ class Settings(RunSettings):
                           "in a step, so members' fitnesses differ by their noise, not by their luck")
     steps: int = Field(150, ge=1, le=1_000_000, description="ES steps")
     eval_every: int = Field(50, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
-    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems for the accuracy figures "
-                               "(0 = no evaluation)")
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) for the "
+                               "accuracy figures (0 = no evaluation)")
+    eval_split: Literal["test", "validation"] = eval_split_field()
     save_model: bool = Field(True, description="save the final model in RUN_DIR/model, before the final evaluation")
     answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field(
         "strict", description="answer extraction of the reward")
@@ -103,12 +110,12 @@ class Settings(RunSettings):
 def check_training_examples(settings: Settings) -> None:
     """Each step samples prompts_per_step distinct prompts from the training examples (without
     replacement); with fewer the first step raises, after the model is loaded. The trainer loads
-    them as load_examples(dataset, "train", max_examples) does, nothing held out."""
-    from gpuscale.data.tasks import load_examples
+    them as every training recipe does (recipes/training.py's `training_and_eval_examples`: the
+    held-out problems left out)."""
     from gpuscale.recipes.data_checks import require_training_examples, training_count
+    from gpuscale.recipes.training import training_and_eval_examples
 
-    count, source = training_count(
-        settings, lambda s: load_examples(s.dataset, "train", s.max_examples, seed=s.seed), holds_out=False)
+    count, source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
     require_training_examples(count, source, settings.prompts_per_step, "prompts_per_step",
                               settings.prompts_per_step,
                               "every step samples that many distinct prompts; lower prompts_per_step "
@@ -119,7 +126,7 @@ class Eggroll(Recipe):
     name = "eggroll"
     summary = "evolution strategies with low-rank perturbations: the whole population in one batched forward"
     settings_cls = Settings
-    promised_figures = ("members_per_s", "tokens_per_s", "fitness_mean_first", "fitness_mean_last",
+    promised_figures = ("members_per_s", "eval_split", "tokens_per_s", "fitness_mean_first", "fitness_mean_last",
                         "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
                         "accuracy_sampled_after", "weights_identical_across_ranks", "model_dir")
     smoke_settings = {"population": 4, "prompts_per_step": 2, "max_new_tokens": 8, "steps": 2,

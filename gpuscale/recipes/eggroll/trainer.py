@@ -31,16 +31,13 @@ from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.data.tasks import load_examples
     from gpuscale.engines.generation import GenerationEngine
     from gpuscale.recipes.common import load_generation_model, save_model
+    from gpuscale.recipes.training import training_and_eval_examples
 
     if settings.population % ctx.world_size:
         raise ValueError(f"population: {settings.population}: must divide evenly over {ctx.world_size} ranks")
-    train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
-    # No evaluation, no test split: a data set without one (or a hub one not cached) must not fail the run.
-    held_out = load_examples(settings.dataset, "test", settings.eval_examples, seed=settings.seed) \
-        if settings.eval_examples else []
+    train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     loaded.model.requires_grad_(False)  # ES needs no gradients
     engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,
@@ -55,7 +52,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     # A resumed run keeps its parent's `before` figures: they describe the model before any step.
     before = history.get("before") or evaluator.figures("before")
     summary = {"method": settings.method, "population": settings.population, "world_size": ctx.world_size,
-               "steps": settings.steps, **before}
+               "steps": settings.steps, "eval_split": settings.eval_split, "eval_examples": len(held_out), **before}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
     reporter.total(settings.steps)

@@ -17,14 +17,14 @@ TIMED_STEPS = 1  # a step is already every member's answers: population x prompt
 def trial_session(settings: Settings, ctx):
     import torch
 
-    from gpuscale.data.tasks import load_examples
     from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.generation import GenerationEngine
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
+    from gpuscale.recipes.training import training_and_eval_examples
 
-    train = load_examples(settings.dataset, "train", settings.max_examples, seed=settings.seed)
+    train, _held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     loaded.model.requires_grad_(False)
     updated = perturbed_linears(loaded.model) + perturbed_norms(loaded.model)  # all a step may change

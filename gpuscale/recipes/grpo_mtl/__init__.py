@@ -9,7 +9,9 @@ domain's training reward. Completions come from gpuscale's generation engine thr
 `mtl=pcgrad` replaces the plain backward by per-domain gradients, projected against each other
 (Yu et al. 2020) and summed into `.grad` before clipping and the optimizer step.
 
-Before and after training: held-out accuracy per domain, greedy and sampled at temperature 1. The
+Before and after training: held-out accuracy per domain, greedy and sampled at temperature 1, on the
+test split's problems, or with `eval_split=validation` on the first problems of the training data,
+taken out of training (for choosing settings; the summary's `eval_split` says which). The
 trained model (merged if LoRA) is saved with its tokenizer to RUN_DIR/model before the final
 evaluation (`save_model`, on by default). The training shell (fp32 master weights, the NaN guard,
 merging, casting) is recipes/training.py's, shared with sft and rft.
@@ -82,8 +84,8 @@ class Settings(TrainingSettings):
                               "continuous = TRL's transformers continuous batching")
     mtl: Literal["none", "pcgrad"] = Field("none", description="none = one loss over the mixed domains; "
                                            "pcgrad = per-domain gradients projected (gradient surgery)")
-    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems scored before and "
-                               "after training, greedy and sampled (0 = no evaluation)")
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
+                               "before and after training, greedy and sampled (0 = no evaluation)")
 
     @field_validator("reward_weights")
     @classmethod
@@ -121,11 +123,12 @@ def rank_share(settings: Settings, ranks: int) -> int:
 def check_training_examples(settings: Settings) -> None:
     """Every optimizer step takes prompts_per_step distinct training prompts; with fewer, TRL's data
     loader yields no whole step and the run ends at once with 0 steps as if it had succeeded. The
-    count is of the rows the run loads (JSONL: its first eval_examples rows held out)."""
+    count is of the rows the run loads (the held-out ones left out: JSONL: its first eval_examples
+    rows; validation problems too with eval_split=validation)."""
     from gpuscale.recipes.data_checks import require_training_examples, training_count
-    from gpuscale.recipes.grpo_mtl.data import training_and_test_examples
+    from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples
 
-    count, source = training_count(settings, lambda s: training_and_test_examples(s)[0])
+    count, source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
     require_training_examples(count, source, settings.prompts_per_step, "prompts_per_step",
                               settings.prompts_per_step,
                               "every step trains on that many distinct prompts; lower prompts_per_step "
@@ -138,7 +141,7 @@ class GrpoMtl(Recipe):
                "optionally with PCGrad; held-out accuracy per domain before/after")
     settings_cls = Settings
     launcher = "accelerate"
-    promised_figures = ("world_size", "steps", "generator", "mtl", "tokens_per_s", "generation_seconds",
+    promised_figures = ("world_size", "steps", "generator", "eval_split", "mtl", "tokens_per_s", "generation_seconds",
                         "training_seconds", "step_seconds_median", "generation_seconds_per_step",
                         "accuracy_greedy_before", "accuracy_greedy_after",
                         "accuracy_sampled_before", "accuracy_sampled_after", "model_dir")

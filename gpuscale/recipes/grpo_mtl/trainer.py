@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
-from gpuscale.recipes.grpo_mtl.data import domains_of, grpo_rows, training_and_test_examples
+from gpuscale.recipes.grpo_mtl.data import domains_of, grpo_rows, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError
 
 # Peak dense bf16 FLOP/s by card, for MFU (NVIDIA's data sheets, without sparsity).
@@ -22,20 +22,20 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.training import save_then_evaluate
 
-    train, test = training_and_test_examples(settings)
+    train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     model, tokenizer = loaded.model, loaded.tokenizer
     rows, dropped = grpo_rows(train, tokenizer, settings.max_prompt_length)
     check_rows_left(len(rows), dropped, settings)
     summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
                "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
-               "train_examples": len(rows), "prompts_too_long": dropped, "eval_examples": len(test),
-               **evaluate(model, tokenizer, test, settings, ctx, "before")}
+               "train_examples": len(rows), "prompts_too_long": dropped, "eval_split": settings.eval_split,
+               "eval_examples": len(held_out), **evaluate(model, tokenizer, held_out, settings, ctx, "before")}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
     trained = train_grpo(rows, settings, ctx, reporter, model, tokenizer)
     save_then_evaluate(trained, tokenizer, ctx, settings, reporter, summary,
-                       lambda: evaluate(trained.model, tokenizer, test, settings, ctx, "after"))
+                       lambda: evaluate(trained.model, tokenizer, held_out, settings, ctx, "after"))
 
 
 def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:

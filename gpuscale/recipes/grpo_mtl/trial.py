@@ -19,11 +19,11 @@ def trial_session(settings: Settings, ctx):
 
     def rows_for(tokenizer) -> TrainingRows:
         from gpuscale.data.prompts import prompt_ids
-        from gpuscale.recipes.grpo_mtl.data import training_and_test_examples
+        from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples
 
         wanted = ROWS_PER_STEP_LOADED * share
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})
-        train, _test = training_and_test_examples(limited)
+        train, _held_out = training_and_eval_examples(limited)
         sequences, masks = [], []
         for example in train:
             prompt = prompt_ids(tokenizer, example["question"])

@@ -6,6 +6,11 @@ offers the baselines to compare with: plain sampling at `temperature`, greedy de
 `reference`, the public code's structure (one problem at a time, one generate() call per MCMC step).
 At the end rank 0 merges every rank's results into RUN_DIR/results.jsonl.
 
+`split` (also set as `eval_split`) chooses the problems: the data set's test or training split, or
+`validation`, the first `max_examples` problems of the training data as a training recipe's
+`eval_split=validation` holds them out (data/tasks.py's `evaluation_examples`), for choosing
+settings without scoring the test problems. The summary's `eval_split` names it.
+
 Files: this one (settings and the recipe, no torch), sampler.py (a rank's work), mcmc.py (the
 Metropolis-Hastings sampler on the generation engine, and the reference structure).
 """
@@ -17,7 +22,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.runs.settings import RunSettings
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 class Settings(RunSettings):
@@ -29,7 +34,8 @@ class Settings(RunSettings):
         "POWERSAMPLE_NUM_GPUS": "gpus",
         "POWERSAMPLE_BATCH_SIZE": "batch_size",
     }
-    KEY_ALIASES = {"steps": "mcmc_steps", "max_new": "max_new_tokens", "temp": "temperature"}
+    KEY_ALIASES = {"steps": "mcmc_steps", "max_new": "max_new_tokens", "temp": "temperature",
+                   "eval_split": "split"}  # the training recipes' name for the problems scored
 
     batch_size: int | None = Field(
         None, ge=1,
@@ -49,7 +55,11 @@ class Settings(RunSettings):
     mcmc_steps: int = Field(10, ge=0, le=10000, description="Metropolis-Hastings steps after each block")
     chains: int = Field(1, ge=1, le=1024, description="independent chains (samples) per problem")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="temperature of method=sample")
-    split: Literal["test", "train"] = Field("test", description="data set split")
+    split: Literal["test", "train", "validation"] = Field(
+        "test", description="the problems scored (also set as eval_split): test or train = the data set's split (a "
+        "JSONL file: its first max_examples rows either way); validation = the first max_examples problems of the "
+        "training data, as a training recipe's eval_split=validation holds them out (a JSONL file: the "
+        "max_examples rows after its first max_examples); needs max_examples")
     answer_mode: Literal["auto", "strict", "boxed", "flexible"] = Field("auto", description="answer extraction")
 
     @field_validator("batch_size", mode="before")
@@ -62,7 +72,8 @@ class PowerSampling(Recipe):
     name = "power-sampling"
     summary = "MCMC sampling from p^alpha for math reasoning (GSM8K), batched over problems, chains and GPUs"
     settings_cls = Settings
-    promised_figures = ("method", "problems", "accuracy", "problems_per_s", "tokens_per_s", "warm_up_seconds")
+    promised_figures = ("method", "problems", "eval_split", "accuracy", "problems_per_s", "tokens_per_s",
+                        "warm_up_seconds")
     smoke_settings = {"max_examples": 2, "max_new_tokens": 8, "blocks": 2, "mcmc_steps": 1, "batch_size": 2}
     tuning = Tuning(figure="problems_per_s", knob="problems per rank per batch", cpu_batch_size=8,
                     shape_settings=("dataset", "split", "method", "max_new_tokens", "blocks", "mcmc_steps", "chains"))
@@ -80,7 +91,13 @@ class PowerSampling(Recipe):
         super().check(settings)
         from gpuscale.data.tasks import check_dataset
 
-        check_dataset(settings.dataset, settings.split, settings.max_examples)
+        if settings.split == "validation":
+            if settings.max_examples is None:
+                raise SettingsError("split: validation: needs max_examples (the validation problems are the first "
+                                    "max_examples of the training data)")
+            check_dataset(settings.dataset, "train", None)
+        else:
+            check_dataset(settings.dataset, settings.split, settings.max_examples)
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.power_sampling.sampler import run_power_sampling

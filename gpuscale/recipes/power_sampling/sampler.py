@@ -12,11 +12,11 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 
 
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.data.tasks import load_examples
+    from gpuscale.data.tasks import evaluation_examples
     from gpuscale.recipes.common import RankResults, batched, load_generation_model, merge_results
     from gpuscale.recipes.device_trials import out_of_memory_names
 
-    examples = load_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
+    examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
     mine = ctx.shard(list(enumerate(examples)))
     loaded = load_generation_model(settings.model, ctx)
     settings = with_batch_size(settings, loaded.model, len(mine), ctx)
@@ -196,6 +196,7 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
     decoded = sum(rank["decoded_tokens"] for rank in everyone)
     summary = {
         "method": settings.method,
+        "eval_split": settings.split,
         "problems": problems,
         "batch_size": settings.batch_size,  # as resolved on rank 0 when the settings said auto
         "chains": settings.chains,

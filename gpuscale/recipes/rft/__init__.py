@@ -13,8 +13,10 @@
 2. Train. Every rank fine-tunes on the whole kept set with recipes/training.py's `train_sft` (TRL
    SFTTrainer, DDP under `accelerate launch`, full or LoRA, merged after); the trained model goes to
    RUN_DIR/model before the final evaluation.
-3. Evaluate. Greedy and temperature-1 accuracy per domain on `eval_examples` held-out test
-   problems, before generation and after training.
+3. Evaluate. Greedy and temperature-1 accuracy per domain on `eval_examples` held-out problems,
+   before generation and after training: the test split's, or with `eval_split=validation` the first
+   problems of the training data, taken out of the questions generated for (for choosing settings;
+   the summary's `eval_split` says which). A `data_from` set's rows of scored questions are dropped.
 
 The monitor shows the phase as the figure `phase` (0 = base evaluation, 1 = generate, 2 = train,
 3 = final evaluation) and one step count over the whole run (generation batches, then optimizer
@@ -69,9 +71,9 @@ class Settings(SupervisedSettings):
     epochs: float = Field(3.0, gt=0.0, le=1000.0, description="passes over the kept set")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule after the warm-up")
-    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems scored greedily and at "
-                               "temperature 1 before and after (0 = no evaluation)")
-    eval_batch_size: int = Field(64, ge=1, description="test problems per evaluation call per rank")
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
+                               "greedily and at temperature 1 before and after (0 = no evaluation)")
+    eval_batch_size: int = Field(64, ge=1, description="held-out problems per evaluation call per rank")
     max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
 
 
@@ -84,17 +86,18 @@ class Settings(SupervisedSettings):
 def check_questions_per_rank(settings: Settings) -> None:
     """The training questions are sharded over the ranks for generation: a rank with none of its own
     fails there while the others wait for it in the collectives. The rank count is the one the
-    launch will plan (gpus here, times nnodes); the questions are those the trainer loads (a JSONL
-    file's first eval_examples rows held out)."""
+    launch will plan (gpus here, times nnodes); the questions are those the trainer loads (the
+    held-out ones left out: a JSONL file's first eval_examples rows, and with eval_split=validation
+    the validation rows)."""
     from gpuscale.recipes.data_checks import require_training_examples, training_count
     from gpuscale.recipes.device_trials import run_ranks
-    from gpuscale.recipes.training import training_and_test_examples
+    from gpuscale.recipes.training import training_and_eval_examples
 
     ranks = run_ranks(settings)
-    count, source = training_count(settings, lambda s: training_and_test_examples(s)[0])
+    count, source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
     if count == 0:
         require_training_examples(count, source, 1, "eval_examples", settings.eval_examples,
-                                  "it holds out every example of the file, none is left to generate "
+                                  "it holds out every example, none is left to generate "
                                   "answers for; lower it")
     require_training_examples(count, source, ranks, "gpus", settings.gpus,
                               f"the {ranks} ranks each generate answers for a share of the training "
@@ -108,7 +111,7 @@ class RFT(Recipe):
                "SFT on them, accuracy before/after")
     settings_cls = Settings
     launcher = "accelerate"
-    promised_figures = ("world_size", "kept_examples", "yield", "samples_per_s", "steps", "train_loss",
+    promised_figures = ("world_size", "kept_examples", "eval_split", "yield", "samples_per_s", "steps", "train_loss",
                         "tokens_per_s", "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
                         "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 4, "samples_per_question": 4, "batch_size": 2, "max_new_tokens": 24,

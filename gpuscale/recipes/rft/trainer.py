@@ -48,26 +48,34 @@ class PhasedReporter:
 def run_rft(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.rft.generate import generation_batches
-    from gpuscale.recipes.training import save_then_evaluate, train_sft, training_and_test_examples
+    from gpuscale.recipes.training import save_then_evaluate, train_sft, training_and_eval_examples
 
-    train, test = training_and_test_examples(settings)
+    train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     batches = [] if settings.data_from else generation_batches(settings, ctx, train, loaded.model)
     phases = PhasedReporter(reporter)
 
     phases.start(BASE_EVALUATION, 1, after=len(batches) + 1)
-    before = evaluate(loaded.model, loaded.tokenizer, test, settings, ctx, "before")
+    before = evaluate(loaded.model, loaded.tokenizer, held_out, settings, ctx, "before")
     phases.log(1, **headline(before, "before"))
     summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
-               "generator": settings.generator, "train_questions": len(train), "eval_examples": len(test), **before}
+               "generator": settings.generator, "train_questions": len(train),
+               "eval_split": settings.eval_split, "eval_examples": len(held_out), **before}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
 
     phases.start(GENERATE, len(batches), after=1)
     if settings.data_from:
         path = generated_set_path(settings.data_from)
-        rows = read_generated(path)
-        generation = {"kept_examples": len(rows), **read_generation_figures(path), "data_from": str(path)}
+        # An earlier run's set may hold questions this run scores (another eval_split or eval_examples):
+        # they are not trained on.
+        scored = {example["question"] for example in held_out}
+        every_row = read_generated(path)
+        rows = [row for row in every_row if row["question"] not in scored]
+        if not rows:
+            raise RuntimeError(f"data_from: every row of {path} is a question this run scores: nothing to train on")
+        generation = {"kept_examples": len(rows), **read_generation_figures(path), "data_from": str(path),
+                      "held_out_rows_dropped": len(every_row) - len(rows)}
     else:
         rows, generation = generate_phase(settings, ctx, loaded, batches, phases)
     summary.update(generation, generated_set=str(ctx.run_dir / GENERATED_FILE) if not settings.data_from
@@ -82,7 +90,7 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
 
     def final_evaluation() -> dict:
         phases.start(FINAL_EVALUATION, 1)
-        after = evaluate(trained.model, loaded.tokenizer, test, settings, ctx, "after")
+        after = evaluate(trained.model, loaded.tokenizer, held_out, settings, ctx, "after")
         phases.log(1, **headline(after, "after"))
         return {**after, **gains(before, after)}
 

@@ -19,9 +19,9 @@ def trial_session(settings: Settings, ctx):
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.rft.generate import make_sampler, questions_per_call
-    from gpuscale.recipes.training import training_and_test_examples
+    from gpuscale.recipes.training import training_and_eval_examples
 
-    train, _test = training_and_test_examples(settings)
+    train, _held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     prompts = [prompt_ids(loaded.tokenizer, example["question"]) for example in train]
 

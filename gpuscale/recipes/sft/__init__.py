@@ -7,7 +7,9 @@ Every rank trains with DDP under `accelerate launch`; precision, per-device batc
 accumulation, learning rate, epochs or max_steps and scheduler come from the settings through the
 TRL bridge (engines/trl_bridge.py), which also sends the trainer's logs to the Reporter live.
 Before and after training, greedy and temperature-1 accuracy per domain on `eval_examples` held-out
-test problems (sharded over ranks). The trained model (merged if LoRA) is saved to RUN_DIR/model
+problems (sharded over ranks): the test split's, or with `eval_split=validation` the first problems of
+the training data, taken out of training (for choosing settings; the summary's `eval_split` says
+which). The trained model (merged if LoRA) is saved to RUN_DIR/model
 before the final evaluation (`save_model`, on by default); any recipe loads it with
 `--model RUN_DIR/model`.
 
@@ -41,8 +43,8 @@ class Settings(SupervisedSettings):
                                  "model; real 0.5B+ models want about 1e-5 full, 1e-4 with LoRA)")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule after the warm-up")
-    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out test problems scored greedily and at "
-                               "temperature 1 before and after training (0 = no evaluation)")
+    eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
+                               "greedily and at temperature 1 before and after training (0 = no evaluation)")
 
 
 class SFT(Recipe):
@@ -51,24 +53,23 @@ class SFT(Recipe):
                "with accuracy before/after")
     settings_cls = Settings
     launcher = "accelerate"
-    promised_figures = ("world_size", "steps", "train_loss", "tokens_per_s", "accuracy_greedy_before",
+    promised_figures = ("world_size", "steps", "eval_split", "train_loss", "tokens_per_s", "accuracy_greedy_before",
                         "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 8, "batch_size": 2, "max_steps": 2, "max_length": 64, "eval_examples": 2,
                       "max_new_tokens": 8}
 
     def check(self, settings: Settings) -> None:
         """The data set must load (a bad JSONL line is refused with its file and line) and keep
-        training examples once the evaluation's are held out of it (JSONL files are one split)."""
+        training examples once the evaluation's are held out of it (JSONL files are one split;
+        validation problems come out of the training data)."""
         super().check(settings)
-        from gpuscale.data.tasks import check_dataset, parse_dataset
+        from gpuscale.data.tasks import check_dataset
+        from gpuscale.recipes.data_checks import training_count
+        from gpuscale.recipes.training import training_and_eval_examples
 
         check_dataset(settings.dataset, "train", settings.max_examples)
-        if not parse_dataset(settings.dataset).paths:
-            return  # named tasks have a test split of their own
-        from gpuscale.recipes.training import training_and_test_examples
-
-        train, _test = training_and_test_examples(settings)
-        if not train:
+        count, _source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
+        if count == 0:
             raise SettingsError(f"eval_examples: {settings.eval_examples}: holds out every example of "
                                 f"{settings.dataset}, none is left to train on; lower it")
 

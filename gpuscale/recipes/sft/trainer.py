@@ -13,20 +13,21 @@ def run_sft(settings: Settings, ctx, reporter) -> None:
         save_then_evaluate,
         sft_rows,
         train_sft,
-        training_and_test_examples,
+        training_and_eval_examples,
     )
 
-    train, test = training_and_test_examples(settings)
+    train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     model, tokenizer = loaded.model, loaded.tokenizer
 
     def evaluate(model, when: str) -> dict:
         # The lenient answer extraction sft has always scored with (rft and grpo-mtl score strictly).
-        return held_out_evaluation(model, tokenizer, test, ctx, when, max_new_tokens=settings.max_new_tokens,
+        return held_out_evaluation(model, tokenizer, held_out, ctx, when, max_new_tokens=settings.max_new_tokens,
                                    seed=settings.seed, answer_mode="auto")
 
     summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
-               "train_examples": len(train), "eval_examples": len(test), **evaluate(model, "before")}
+               "train_examples": len(train), "eval_split": settings.eval_split, "eval_examples": len(held_out),
+               **evaluate(model, "before")}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
     trained = train_sft(sft_rows(train), settings, ctx, reporter, model=model, tokenizer=tokenizer)

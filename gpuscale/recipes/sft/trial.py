@@ -11,11 +11,11 @@ ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of disti
 
 def trial_session(settings: Settings, ctx):
     def rows_for(tokenizer) -> TrainingRows:
-        from gpuscale.recipes.training import sft_rows, tokenized_dataset, training_and_test_examples
+        from gpuscale.recipes.training import sft_rows, tokenized_dataset, training_and_eval_examples
 
         wanted = ROWS_PER_STEP_LOADED * settings.rank_batch
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})
-        train, _test = training_and_test_examples(limited)
+        train, _held_out = training_and_eval_examples(limited)
         encoded = tokenized_dataset(sft_rows(train), tokenizer)
         return TrainingRows([ids[: settings.max_length] for ids in encoded["input_ids"]],
                             [mask[: settings.max_length] for mask in encoded["completion_mask"]])

@@ -1,0 +1,249 @@
+"""Choose learning settings on the validation split, never on the test problems.
+
+Every candidate (a set of settings) runs once per seed through `gpuscale run --set eval_split=validation`:
+the run holds the first eval_examples problems of the training data out of training and scores them
+(recipes/training.py's split; the summary's `eval_split` says so, and a run whose summary does not
+is counted as failed). Runs share the machine (`--jobs` at a time); with `--one-gpu-each` each run
+gets one GPU (`--gpus K,`), round-robin over the GPUs. Runs save no model unless `--set
+save_model=true`: the chosen settings are then run again with eval_split=test, once, for the figures
+to report.
+
+The table: per candidate, the seeds that succeeded, and over them the mean ± sd (sample standard
+deviation, in points) of validation accuracy greedy and at temperature 1 after training
+(`accuracy_greedy_after`, `accuracy_sampled_after`) and of their gains (after - before).
+
+The rule (`choose`): among the candidates whose every seed succeeded and whose mean greedy accuracy
+after training is not below its mean before (greedy gain >= 0), the one with the highest mean
+temperature-1 accuracy after training; a tie goes to the higher mean greedy accuracy after, then to
+the candidate listed first. If no candidate passes, none is chosen (the table still says how each did).
+
+Written with bench/record.py to bench/results/<recipe>/selection-<date>-<card>.json.
+
+Usage: python bench/select_settings.py --recipe eggroll --candidates "precision=bf16;precision=fp32"
+       [--seeds 0,1,2] [--gpus N|all|0,1,...] [--one-gpu-each] [--jobs N] [--set key=value ...]
+
+Quick check on CPU (2 candidates x 2 seeds of eggroll at tiny sizes, about a minute on 2 cores; the
+figures mean nothing, 2 ES steps change little):
+    OMP_NUM_THREADS=1 python bench/select_settings.py --recipe eggroll --candidates "lr=0.3;lr=0.1" \\
+        --seeds 0,1 --jobs 2 --set population=4 --set prompts_per_step=2 --set max_new_tokens=48 \\
+        --set steps=2 --set eval_examples=8 --set eval_every=0 --set batch_size=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from acceptance import ACCURACIES, launch, seed_statistics  # noqa: E402
+from record import ROOT, write_result  # noqa: E402
+
+RULE = ("among candidates whose every seed succeeded and whose mean greedy validation accuracy after training is "
+        "not below before, the highest mean temperature-1 validation accuracy after training; ties: the higher "
+        "mean greedy accuracy after, then the candidate listed first")
+
+
+def parse_pairs(text: str, where: str) -> dict[str, str]:
+    """"a=1,b=2" -> {"a": "1", "b": "2"}; SystemExit naming `where` on a malformed pair."""
+    pairs = {}
+    for part in text.split(","):
+        key, equals, value = part.strip().partition("=")
+        if not equals or not key.strip():
+            raise SystemExit(f"{where}: {part.strip()!r} is not key=value")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def parse_candidates(text: str) -> list[tuple[str, dict[str, str]]]:
+    """"a=1,b=2;a=3" -> [("a=1,b=2", {...}), ("a=3", {...})]: the label is the candidate as written."""
+    candidates = []
+    for part in text.split(";"):
+        if part.strip():
+            settings = parse_pairs(part, "--candidates")
+            candidates.append((",".join(f"{k}={v}" for k, v in settings.items()), settings))
+    if not candidates:
+        raise SystemExit("--candidates: give at least one, e.g. \"lr=0.3;lr=0.1\"")
+    if len({label for label, _ in candidates}) != len(candidates):
+        raise SystemExit("--candidates: a candidate is listed twice")
+    return candidates
+
+
+def row_of(result: dict) -> dict:
+    """One run's line: its status (a run not scored on validation counts as failed) and figures."""
+    run = result["run"]
+    summary = run.get("summary") or {}
+    status = run.get("status")
+    error = run.get("error")
+    if status == "succeeded" and summary.get("eval_split") != "validation":
+        status, error = "not-validation", f"the summary's eval_split is {summary.get('eval_split')!r}"
+    return {"label": result["label"], "seed": result["seed"], "run_id": run.get("id"), "status": status,
+            "error": error, "wall_s": round(result["wall_s"], 1), "eval_split": summary.get("eval_split"),
+            "eval_examples": summary.get("eval_examples"),
+            **{name: summary.get(name) for name in ACCURACIES}, "accuracy": None}
+
+
+def candidate_table(candidates: list[tuple[str, dict]], rows: list[dict], seeds: list[int]) -> list[dict]:
+    """Per candidate: its settings, the seeds that succeeded, and mean ± sd over them (seed_statistics
+    of bench/acceptance.py, on the succeeded runs only)."""
+    ok = [row for row in rows if row["status"] == "succeeded"]
+    stats = seed_statistics(ok)
+    return [{"candidate": label, "settings": settings,
+             "seeds_ok": sorted(row["seed"] for row in ok if row["label"] == label), "seeds": seeds,
+             "statistics": stats.get(label, {})} for label, settings in candidates]
+
+
+def choose(table: list[dict]) -> str | None:
+    """The candidate the rule of the module's docstring picks (RULE), or None."""
+    def mean(entry: dict, name: str) -> float | None:
+        figure = entry["statistics"].get(name) or {}
+        return figure.get("mean") if figure.get("n") == len(entry["seeds"]) else None
+
+    eligible = []
+    for entry in table:
+        sampled, greedy, gain = (mean(entry, name) for name in ("accuracy_sampled_after", "accuracy_greedy_after",
+                                                                 "gain_greedy"))
+        if len(entry["seeds_ok"]) == len(entry["seeds"]) and None not in (sampled, greedy, gain) and gain >= 0:
+            eligible.append((sampled, greedy, entry["candidate"]))
+    if not eligible:
+        return None
+    return max(eligible, key=lambda item: (item[0], item[1]))[2]
+
+
+def print_table(table: list[dict], rows: list[dict], chosen: str | None) -> None:
+    def figure(entry: dict, name: str, signed: bool = False) -> str:
+        found = entry["statistics"].get(name) or {}
+        if not found.get("n"):
+            return "—"
+        return f"{100 * found['mean']:{'+' if signed else ''}.1f} ± {100 * found['sd']:.1f}"
+
+    width = max(len("candidate"), *(len(entry["candidate"]) for entry in table)) + 2
+    print(f"\n{'candidate':<{width}}{'seeds ok':>9}{'greedy after':>16}{'greedy gain':>16}"
+          f"{'T=1 after':>16}{'T=1 gain':>16}")
+    for entry in table:
+        mark = "  <- chosen" if entry["candidate"] == chosen else ""
+        print(f"{entry['candidate']:<{width}}{len(entry['seeds_ok']):>5}/{len(entry['seeds']):<3}"
+              f"{figure(entry, 'accuracy_greedy_after'):>16}{figure(entry, 'gain_greedy', True):>16}"
+              f"{figure(entry, 'accuracy_sampled_after'):>16}{figure(entry, 'gain_sampled', True):>16}{mark}")
+    for row in rows:
+        if row["status"] != "succeeded":
+            print(f"  {row['label']} seed {row['seed']}: {row['status']}: {row['error']}")
+    print("\nvalidation accuracy in %, mean ± sd over the seeds that succeeded")
+    print(f"rule: {RULE}")
+    print(f"chosen: {chosen}" if chosen else "chosen: none (no candidate passes the rule)")
+
+
+def gpu_indices(gpus: str | None) -> list[int]:
+    """`--one-gpu-each`: the GPUs to spread the runs over: those --gpus lists, else every GPU found."""
+    if gpus and "," in gpus:
+        indices = [int(part) for part in gpus.split(",") if part.strip()]
+    elif gpus and gpus.strip().isdigit():
+        indices = list(range(int(gpus)))
+    else:
+        import torch
+
+        indices = list(range(torch.cuda.device_count()))
+    if not indices:
+        raise SystemExit("--one-gpu-each: no GPU found (give indices with --gpus 0,1,...)")
+    return indices
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", required=True, help="a training recipe: sft, rft, grpo-mtl or eggroll")
+    parser.add_argument("--candidates", required=True,
+                        help="';'-separated candidates, each key=value[,key=value] (so no value with a comma: "
+                        "put such a setting in --set)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--gpus", default=None, help="GPUs per run (default: every GPU found; CPU: 1 rank); "
+                        "with --one-gpu-each, indices to spread the runs over")
+    parser.add_argument("--one-gpu-each", action="store_true",
+                        help="pin each run to one GPU (--gpus K,), round-robin over the GPUs")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs at once (default: one per GPU with --one-gpu-each, else 1)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of every run (a candidate's own settings may not repeat it)")
+    parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
+    parser.add_argument("--out", default=None, help="the result file (default: bench/results/<recipe>/selection-...)")
+    args = parser.parse_args()
+
+    from gpuscale.recipes.registry import get_recipe
+
+    try:
+        recipe = get_recipe(args.recipe)
+    except Exception as error:  # an unknown name: the registry's message lists the known ones
+        raise SystemExit(f"--recipe: {error}") from None
+    if "eval_split" not in recipe.settings_cls.model_fields or \
+            "accuracy_sampled_after" not in recipe.promised_figures:
+        raise SystemExit(f"--recipe {args.recipe}: chooses learning settings, which needs a recipe that trains and "
+                         "scores held-out problems before and after (sft, rft, grpo-mtl, eggroll)")
+    candidates = parse_candidates(args.candidates)
+    fixed = {}
+    for item in args.set:  # one key=value each: its value may hold commas (lora_targets=q_proj,v_proj)
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise SystemExit(f"--set: {item!r} is not key=value")
+        fixed[key.strip()] = value.strip()
+    for key in ("eval_split", "seed"):  # what the script sets in every run itself
+        if key in fixed or any(key in settings for _, settings in candidates):
+            raise SystemExit(f"{key}: set by the script (eval_split=validation, seed from --seeds); leave it out")
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit("--jobs: at least 1")
+    for label, settings in candidates:
+        if set(settings) & set(fixed):
+            raise SystemExit(f"--candidates {label}: {', '.join(sorted(set(settings) & set(fixed)))} is also in --set")
+    fixed.setdefault("save_model", "false")
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+
+    if args.one_gpu_each:  # slot s runs on GPU indices[s % count]: `--gpus K,`, one GPU as a list of indices
+        indices = gpu_indices(args.gpus)
+        jobs = args.jobs or len(indices)
+        slots = [f"{indices[slot % len(indices)]}," for slot in range(jobs)]
+    else:
+        jobs = args.jobs or 1
+        if args.gpus:
+            gpus = args.gpus
+        else:
+            import torch
+
+            gpus = str(torch.cuda.device_count() or 1)
+        slots = [gpus] * jobs
+    free: queue.Queue[str] = queue.Queue()
+    for slot in slots:
+        free.put(slot)
+    home = Path(args.home or ROOT / ".selection" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    runs = [(label, {**fixed, **settings, "eval_split": "validation"}, seed)
+            for seed in seeds for label, settings in candidates]
+
+    def run_one(job) -> dict:
+        label, settings, seed = job
+        gpus = free.get()  # a slot (with --one-gpu-each: a GPU) for this run alone
+        try:
+            row = row_of(launch(label, args.recipe, {**settings, "gpus": gpus}, seed, home, prefix="select"))
+        finally:
+            free.put(gpus)
+        print(f"{label} seed {seed}: {row['status']} ({row['wall_s']:.0f} s)", flush=True)
+        return {**row, "gpus": gpus}
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        rows = sorted(pool.map(run_one, runs), key=lambda row: ([c for c, _ in candidates].index(row["label"]),
+                                                                 row["seed"]))
+    table = candidate_table(candidates, rows, seeds)
+    chosen = choose(table)
+    print_table(table, rows, chosen)
+    total = time.perf_counter() - started
+    print(f"\nselection: {len(rows)} runs in {total:.0f} s, {jobs} at a time (GPUSCALE_HOME {home})")
+    write_result(args.recipe.replace("-", "_"), "selection",
+                 {"recipe": args.recipe, "candidates": args.candidates, "seeds": args.seeds, "set": args.set,
+                  "gpus": args.gpus, "one_gpu_each": args.one_gpu_each, "jobs": jobs, "eval_split": "validation",
+                  "rule": RULE},
+                 {"candidates": table, "chosen": chosen, "runs": rows, "seconds": total, "home": str(home)},
+                 out=args.out)
+
+
+if __name__ == "__main__":
+    main()
