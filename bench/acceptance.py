@@ -246,7 +246,13 @@ def main() -> None:
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--from-partial", default=None, metavar="FILE",
+                        help="run nothing: the table, targets and result file of the rows a --partial file "
+                             "holds (a check cut short by a time limit still reports what ended)")
     args = parser.parse_args()
+    if args.from_partial:
+        report_partial(args)
+        return
 
     import torch
     import transformers  # its lazy imports are not thread-safe: resolve them before the pool's threads do
@@ -292,6 +298,18 @@ def main() -> None:
                                                         "set": args.set, "only": args.only},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts, "gpu_tests": tests,
                   "seconds": total}, out=args.out)
+
+
+def report_partial(args) -> None:
+    rows = sorted((json.loads(line) for line in Path(args.from_partial).read_text().splitlines() if line.strip()),
+                  key=lambda row: (row["label"], row["seed"]))
+    stats = seed_statistics(rows)
+    verdicts = targets_met(rows, stats)
+    print_table(rows, stats)
+    print_targets(verdicts)
+    write_result("acceptance", f"acceptance-{args.gpus}gpu-partial",
+                 {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial},
+                 {"runs": rows, "seed_statistics": stats, "targets": verdicts}, out=args.out)
 
 
 def machine_settings(index: int, gpus: str, found: int, first_wave: list) -> dict:

@@ -36,11 +36,6 @@ class Settings(RunSettings):
                    "epochs": "steps", "num_epochs": "steps",
                    "lr_schedule": "lr_scheduler"}  # the name it had at first (bench/RESULTS.md's commands)
 
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "fp32", description="fp32 by default, also on a GPU: members' fitnesses differ by the small change "
-                            "a sigma-sized perturbation makes to the mean log-prob, which bf16's rounding of "
-                            "the logits can swamp (chosen on a validation split: bench/RESULTS.md, eggroll); "
-                            "auto = the shared rule (bf16 on a recent GPU)")
     batch_size: int = Field(1024, ge=1, description="rows (member x prompt x generation) per engine call per rank "
                             "(1024: a step's 64 members x 16 prompts in one call)")
     method: Literal["eggroll", "naive"] = Field(
