@@ -149,8 +149,10 @@ def test_a_pcgrad_step_writes_the_projected_sum_of_the_domains_gradients(setup, 
         per_domain.append([g if g is not None else torch.zeros_like(p) for g, p in zip(grads, parameters)])
     # PCGrad's order: drawn from (mtl_seed, step), so that a resumed run draws the same (engines/checkpoints.py).
     expected = pcgrad(per_domain, torch.Generator().manual_seed(step_seed(trainer.mtl_seed, trainer.state.global_step)))
+    # The trainer sums PCGrad's dot products over one flat buffer, this reference tensor by tensor: the
+    # fp32 rounding differs (measured: 2.5e-6 at most, on entries up to 0.11).
     for got, want in zip(written, expected):
-        assert torch.allclose(got, want, atol=1e-6)
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
     # ... which is not the plain sum: the projection changed it.
     plain = [sum(parts) for parts in zip(*per_domain)]
     assert not all(torch.allclose(got, raw, atol=1e-6) for got, raw in zip(written, plain))

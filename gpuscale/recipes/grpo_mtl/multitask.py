@@ -48,7 +48,7 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
         self.mtl_seed = mtl_seed
         self.pcgrad_generator = torch.Generator().manual_seed(mtl_seed)
         self.generation_seconds = 0.0
-        self._domain_grads: list[list[torch.Tensor]] | None = None
+        self._domain_grads: list[torch.Tensor] | None = None  # per domain, one flat gradient
         self._micro_steps = 0
 
     # ---- generation: timing and domain ids -----------------------------------------------------
@@ -137,20 +137,26 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
         return total
 
     def _accumulate(self, domain: int, grads, parameters) -> None:
+        """Add one micro-batch's gradient of `domain` into that domain's flat buffer: one contiguous
+        tensor per domain (the parameters' gradients laid end to end), so that PCGrad's dot products,
+        projections and the all-reduce are one kernel each rather than one per parameter tensor."""
         if self._domain_grads is None:
-            self._domain_grads = [[torch.zeros_like(p) for p in parameters] for _ in self.domains]
-        for buffer, grad in zip(self._domain_grads[domain], grads):
+            size = sum(p.numel() for p in parameters)
+            self._domain_grads = [torch.zeros(size, dtype=parameters[0].dtype, device=parameters[0].device)
+                                  for _ in self.domains]
+        offset = 0
+        for parameter, grad in zip(parameters, grads):
             if grad is not None:
-                buffer.add_(grad)
+                self._domain_grads[domain][offset: offset + parameter.numel()].add_(grad.reshape(-1))
+            offset += parameter.numel()
 
     def _write_pcgrad(self, parameters) -> None:
         """All-reduce the step's per-domain gradients, record how they conflict, project, and write
         the sum into each parameter's .grad (the trainer clips and steps next)."""
-        grads = self._domain_grads
+        grads = [[flat] for flat in self._domain_grads]  # pcgrad's functions take a gradient as a list
         self._domain_grads = None
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            for domain_grads in grads:
-                all_reduce_mean(domain_grads)
+            all_reduce_mean([flat for (flat,) in grads])
         cosines = gradient_cosines(grads)
         metrics = self._metrics["train"]
         if cosines:
@@ -158,8 +164,11 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
         for (i, j), cosine in cosines.items():
             metrics[f"pcgrad/cosine_{self.domains[i]}_{self.domains[j]}"].append(cosine)
         self.pcgrad_generator.manual_seed(step_seed(self.mtl_seed, self.state.global_step))
-        for parameter, update in zip(parameters, pcgrad(grads, self.pcgrad_generator)):
-            parameter.grad = update.to(parameter.dtype)
+        (update,) = pcgrad(grads, self.pcgrad_generator)
+        offset = 0
+        for parameter in parameters:
+            parameter.grad = update[offset: offset + parameter.numel()].view_as(parameter).to(parameter.dtype)
+            offset += parameter.numel()
 
 
 def select_rows(inputs: dict, rows: torch.Tensor) -> dict:
