@@ -60,7 +60,9 @@ def mean(values: list[float]) -> float:
 def test_the_conflict_pair_s_gradients_point_apart_and_tiny_math_s_do_not(tmp_path, one_torch_thread):
     conflict = step_cosines("tiny-math-conflict", tmp_path / "conflict")
     tiny = step_cosines("tiny-math", tmp_path / "tiny")
-    assert len(conflict) >= STEPS - 1 and len(tiny) >= 2 * STEPS
+    # A step where one domain's completions all scored alike gives that domain no gradient (cosine 0,
+    # left out); which steps those are depends on the sampled completions. Most steps must count.
+    assert len(conflict) >= STEPS // 2 + 1 and len(tiny) >= 2 * STEPS
     print(f"conflict {mean(conflict):.3f} {sorted(round(c, 2) for c in conflict)}; tiny-math {mean(tiny):.3f}")
     assert mean(conflict) < -0.1
     assert abs(mean(tiny)) < 0.05
