@@ -10,7 +10,7 @@ from textual.widgets._toast import Toast
 
 from gpuscale.app.views.text import format_time
 from gpuscale.recipes.registry import all_recipes
-from tui_helpers import FROZEN_NOW, frozen_app, run_async, screen_text, settle
+from tui_helpers import FROZEN_NOW, frozen_app, history_screen, run_async, screen_text, settle
 
 # The recipes whose settings have the longest names (`activation_checkpointing`, `generations_per_prompt`).
 LONG_NAMED = ("rft", "eggroll", "grpo-mtl")
@@ -59,11 +59,7 @@ def test_history_keeps_started_at_80_columns(home):
     store.close()
 
     async def scenario():
-        app = frozen_app(home)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await settle(pilot)
-            await pilot.press("f4")
-            await settle(pilot)
+        async with history_screen(home, (80, 24)) as (app, pilot):
             shown = screen_text(app)
             assert "Started" in shown, shown
             for i in range(3):

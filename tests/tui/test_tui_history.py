@@ -10,7 +10,7 @@ from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.screens.run_detail import RunDetailScreen
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.runs.store import Store
-from tui_helpers import frozen_app, frozen_home, frozen_template, run_async, settle, wait_for  # noqa: F401
+from tui_helpers import frozen_app, frozen_home, frozen_template, history_screen, run_async, settle, wait_for  # noqa: F401
 
 
 def shown_ids(history: HistoryScreen) -> list[int]:
@@ -37,11 +37,7 @@ def test_filter_by_status_and_recipe(frozen_home):
     home, ids = frozen_home
 
     async def scenario():
-        app = frozen_app(home)
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settle(pilot)
-            await pilot.press("f4")
-            await settle(pilot)
+        async with history_screen(home, (120, 40)) as (app, pilot):
             history = app.screen
             assert shown_ids(history) == [5, 4, 3, 2, 1]
             await pick(pilot, "#status-filter", "failed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.runs.store import Store
-from tui_helpers import FROZEN_NOW, frozen_app, run_async, settle, wait_for
+from tui_helpers import FROZEN_NOW, history_screen, run_async, wait_for
 
 RUNS = 10_000
 
@@ -23,11 +23,7 @@ def test_a_long_history_is_read_a_page_at_a_time(home):
     fill_history(home)
 
     async def scenario():
-        app = frozen_app(home)
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settle(pilot)
-            await pilot.press("f4")
-            await settle(pilot)
+        async with history_screen(home, (120, 40)) as (app, pilot):
             history = app.screen
             assert isinstance(history, HistoryScreen)
             table = history.query_one("#runs-table")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuscale.runs.store import Store
-from tui_helpers import FROZEN_NOW, frozen_app, run_async, settle, wait_for
+from tui_helpers import FROZEN_NOW, history_screen, run_async, wait_for
 
 
 def test_the_history_shows_accuracy_before_and_after(home):
@@ -16,11 +16,7 @@ def test_the_history_shows_accuracy_before_and_after(home):
     store.close()
 
     async def scenario():
-        app = frozen_app(home)
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settle(pilot)
-            await pilot.press("f4")
-            await settle(pilot)
+        async with history_screen(home, (120, 40)) as (app, pilot):
             table = app.screen.query_one("#runs-table")
             row = await wait_for(pilot, lambda: table.row_count and table.get_row_at(0), 10, "the run's row")
             return [str(cell) for cell in row]

@@ -5,26 +5,13 @@ from __future__ import annotations
 
 import json
 
-from gpuscale.app.tui import GpuscaleApp
 from gpuscale.recipes.registry import get_recipe
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import Store
-from tui_helpers import run_async, settle, wait_for
+from tui_helpers import app_recording_notifications, run_async, settle, wait_for
 
 SIZE = (120, 40)
 
-
-def app_recording_notifications(home) -> tuple[GpuscaleApp, list[str]]:
-    app = GpuscaleApp(home=home, recipes={"probe": get_recipe("probe")}, list_gpus=lambda: [], cursor_blink=False)
-    shown: list[str] = []
-    notify = app.notify
-
-    def recording(message, **options):
-        shown.append(message)
-        notify(message, **options)
-
-    app.notify = recording
-    return app, shown
 
 
 def failed_probe_run(home, with_checkpoint: bool) -> int:

@@ -10,26 +10,11 @@ import textwrap
 
 from file_modes import as_file_modes_apply, set_modes, write_history
 from gpuscale.app.screens.history import HistoryScreen
-from gpuscale.app.tui import GpuscaleApp
 from gpuscale.runs.store import Store
-from tui_helpers import run_async, settle, wait_for
+from tui_helpers import app_recording_notifications, run_async, settle, wait_for
 
 SIZE = (120, 40)
 
-
-def app_recording_notifications(home) -> tuple[GpuscaleApp, list[str]]:
-    from gpuscale.recipes.registry import get_recipe
-
-    app = GpuscaleApp(home=home, recipes={"probe": get_recipe("probe")}, list_gpus=lambda: [], cursor_blink=False)
-    shown: list[str] = []
-    notify = app.notify
-
-    def recording(message, **options):
-        shown.append(message)
-        notify(message, **options)
-
-    app.notify = recording
-    return app, shown
 
 
 def test_a_damaged_history_is_one_line_in_the_tui_and_the_app_goes_on(home):

@@ -7,6 +7,7 @@ folders, and a second conftest module of that name would shadow it.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import shutil
@@ -72,6 +73,33 @@ async def settle(pilot, rounds: int = 3) -> None:
             if isinstance(outcome, Exception) and not isinstance(outcome, WorkerCancelled):
                 raise outcome
     await pilot.pause()
+
+
+def app_recording_notifications(home: Path) -> tuple[GpuscaleApp, list[str]]:
+    """An app on HOME with the probe recipe and no GPUs, and the list its notifications go to."""
+    from gpuscale.recipes.registry import get_recipe
+
+    app = GpuscaleApp(home=home, recipes={"probe": get_recipe("probe")}, list_gpus=lambda: [], cursor_blink=False)
+    shown: list[str] = []
+    notify = app.notify
+
+    def recording(message, **options):
+        shown.append(message)
+        notify(message, **options)
+
+    app.notify = recording
+    return app, shown
+
+
+@contextlib.asynccontextmanager
+async def history_screen(home: Path, size: tuple[int, int] = (120, 40)):
+    """The app on HOME's history at SIZE: started, F4 pressed, settled. Yields (app, pilot)."""
+    app = frozen_app(home)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await pilot.press("f4")
+        await settle(pilot)
+        yield app, pilot
 
 
 async def settle_screen(pilot, timeout: float = 10.0) -> None:
