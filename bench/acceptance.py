@@ -34,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import ROOT, write_result  # noqa: E402
 
+from gpuscale.runs.settings import AUTO_MEMORY_SHARE  # noqa: E402  (the control plane: no torch)
+
 # (label, recipe, settings beyond the seed). Power sampling's only setting is the problem count: its
 # default is the whole 2,000-problem test split, more than its comparison needs.
 # Longest first: with every run started at once, the last to end sets the wall time.
@@ -145,15 +147,15 @@ def seed_statistics(rows: list[dict]) -> dict:
         figures = {name: [row[name] for row in mine] for name in (*ACCURACIES, "accuracy", "wall_s")}
         domains = sorted({name.split("_", 2)[2].rsplit("_", 1)[0] for row in mine for name in row.get("domains") or {}})
         for kind in ("greedy", "sampled"):
-            figures[f"gain_{kind}"] = [gain(row, f"accuracy_{kind}", row) for row in mine]
+            figures[f"gain_{kind}"] = [gain(row, f"accuracy_{kind}") for row in mine]
             for domain in domains:
-                figures[f"gain_{kind}_{domain}"] = [gain(row.get("domains") or {}, f"accuracy_{kind}_{domain}", row)
+                figures[f"gain_{kind}_{domain}"] = [gain(row.get("domains") or {}, f"accuracy_{kind}_{domain}")
                                                     for row in mine]
         stats[label] = {name: spread(values) for name, values in figures.items() if any(v is not None for v in values)}
     return stats
 
 
-def gain(figures: dict, stem: str, row: dict) -> float | None:
+def gain(figures: dict, stem: str) -> float | None:
     after, before = figures.get(f"{stem}_after"), figures.get(f"{stem}_before")
     return after - before if isinstance(after, (int, float)) and isinstance(before, (int, float)) else None
 
@@ -288,10 +290,7 @@ def main() -> None:
         tests = None if args.skip_tests else pool.submit(gpu_tests)
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
         tests = tests and tests.result()
-    stats = seed_statistics(rows)
-    verdicts = targets_met(rows, stats)
-    print_table(rows, stats)
-    print_targets(verdicts)
+    stats, verdicts = report(rows)
     total = time.perf_counter() - started
     print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")
     write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
@@ -300,13 +299,19 @@ def main() -> None:
                   "seconds": total}, out=args.out)
 
 
-def report_partial(args) -> None:
-    rows = sorted((json.loads(line) for line in Path(args.from_partial).read_text().splitlines() if line.strip()),
-                  key=lambda row: (row["label"], row["seed"]))
+def report(rows: list[dict]) -> tuple[dict, dict]:
+    """The seed statistics and the targets' verdicts of the rows, both printed."""
     stats = seed_statistics(rows)
     verdicts = targets_met(rows, stats)
     print_table(rows, stats)
     print_targets(verdicts)
+    return stats, verdicts
+
+
+def report_partial(args) -> None:
+    rows = sorted((json.loads(line) for line in Path(args.from_partial).read_text().splitlines() if line.strip()),
+                  key=lambda row: (row["label"], row["seed"]))
+    stats, verdicts = report(rows)
     write_result("acceptance", f"acceptance-{args.gpus}gpu-partial",
                  {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts}, out=args.out)
@@ -321,7 +326,7 @@ def machine_settings(index: int, gpus: str, found: int, first_wave: list) -> dic
     cards = found if pinned else 1
     auto_per_card = math.ceil(sum(job[0] in AUTO_SIZED for job in first_wave) / cards)
     if auto_per_card > 1:
-        settings["gpu_memory_share"] = round(0.5 / auto_per_card, 3)
+        settings["gpu_memory_share"] = round(AUTO_MEMORY_SHARE / auto_per_card, 3)
     return settings
 
 

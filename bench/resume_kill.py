@@ -1,5 +1,5 @@
 """One grpo-mtl run whose supervisor is killed with SIGKILL once it has saved a checkpoint, then
-`gpuscale resume` to its end: the GPU demonstration of checkpoints and resume (issue 22).
+`gpuscale resume` to its end: the GPU demonstration of checkpoints and resume.
 
     python bench/resume_kill.py [--gpus all] [--checkpoint-every 50] [--set key=value ...] [--home DIR]
 
