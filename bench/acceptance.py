@@ -63,6 +63,15 @@ TARGETS = {
 POWER_TARGET = 15  # points of power sampling's accuracy over its temperature-1 baseline
 
 
+def shared_threads(runs_at_once: int) -> None:
+    """Give every run started from here its share of the host's cores as OpenMP threads (unless the
+    caller set OMP_NUM_THREADS). Runs that start together all find the machine idle, so each would
+    take every core (runs/supervisor.py's omp_threads): with 20 runs on 16 cores, each rank's
+    OpenMP barriers then wait on descheduled threads. Like gpu_memory_share, it says how runs share
+    the machine, not how a recipe learns."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, runs_at_once))))
+
+
 def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefix: str = "acceptance") -> dict:
     """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time. Its label in
     the history is PREFIX-LABEL-seedN."""
@@ -274,6 +283,7 @@ def main() -> None:
     at_once = min(args.jobs or len(jobs), len(jobs))
     jobs = [(label, recipe, {**machine_settings(index, gpus, found, jobs[:at_once]), **settings}, seed)
             for index, (label, recipe, settings, seed) in enumerate(jobs)]
+    shared_threads(at_once)
     started = time.perf_counter()
 
     def run_and_keep(job) -> dict:

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acceptance import ACCURACIES, launch, seed_statistics  # noqa: E402
+from acceptance import ACCURACIES, launch, seed_statistics, shared_threads  # noqa: E402
 from record import ROOT, write_result  # noqa: E402
 
 RULE = ("among candidates whose every seed succeeded and whose mean greedy validation accuracy after training is "
@@ -228,6 +228,7 @@ def main() -> None:
         print(f"{label} seed {seed}: {row['status']} ({row['wall_s']:.0f} s)", flush=True)
         return {**row, "gpus": gpus}
 
+    shared_threads(jobs)
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         rows = sorted(pool.map(run_one, runs), key=lambda row: ([c for c, _ in candidates].index(row["label"]),
