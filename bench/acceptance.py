@@ -50,7 +50,7 @@ JOBS = (
 )
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 # Jobs whose batch is sized `auto` from the memory free when they start (gpu_memory_share applies).
-AUTO_SIZED = {"rft", "power-sampling", "power-sampling baseline"}
+AUTO_SIZED = {"grpo-mtl", "grpo-mtl pcgrad", "rft", "power-sampling", "power-sampling baseline"}
 # Learning targets, mean gain over the seeds in points of accuracy on the held-out problems:
 # label -> (T=1 gain at least, greedy gain at least, per domain too).
 TARGETS = {

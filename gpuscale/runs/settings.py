@@ -244,6 +244,12 @@ CPU_BATCH_SIZE = 8  # the default on CPU ranks, where memory is not what limits 
 AUTO_BATCH_CAP = 512  # more rows per batch bring little on one GPU (bench/RESULTS.md) and coarser progress
 
 
+def auto_means_sized_on_card(value: Any) -> Any:
+    """A `batch_size` field's before-validator: the words "auto", "none" and "" mean None, the batch
+    the rank sizes for its card (card_sized_batch in engines/distributed.py)."""
+    return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
+
+
 def auto_batch_size(free_bytes: int, bytes_per_item: int, items: int | None = None,
                     share: float = AUTO_MEMORY_SHARE, cap: int = AUTO_BATCH_CAP) -> int:
     """Items per batch on a GPU when the user gave no batch_size: as many as fill `share` of the

@@ -13,9 +13,10 @@ from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.metrics import Reporter
 from gpuscale.engines.rollout import repeated_runs
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
+from gpuscale.recipes.grpo_mtl import trainer as grpo_trainer
 from gpuscale.recipes.grpo_mtl.data import grpo_rows
 from gpuscale.recipes.grpo_mtl.pcgrad import pcgrad
-from gpuscale.recipes.grpo_mtl.trainer import build_trainer
+from gpuscale.recipes.grpo_mtl.trainer import build_trainer, with_card_sized_batch
 from gpuscale.runs.settings import SettingsError, resolve_settings
 
 GENERATIONS = 4
@@ -33,6 +34,21 @@ def test_the_seed_s_verl_knobs_are_settings():
         accumulation_steps(settings.model_copy(update={"batch_size": 3}), world_size=1)
     with pytest.raises(SettingsError, match="reward_weights: .*unknown reward 'speed'"):
         resolve_settings(Settings, overrides={"reward_weights": "speed=1"}, environ={})
+
+
+def test_an_auto_micro_batch_is_the_largest_divisor_of_the_rank_s_completions_that_fits(monkeypatch, tmp_path):
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    model, _ = load_model("tiny-math")
+    auto = resolve_settings(Settings, overrides={"batch_size": "auto"}, environ={})
+    assert auto.batch_size is None and accumulation_steps(auto, world_size=8) == 1  # sized on the rank
+    assert with_card_sized_batch(auto, ctx, model).batch_size == 8  # a CPU rank: CPU_BATCH_SIZE, divides 128
+    fits = []
+    monkeypatch.setattr("gpuscale.engines.distributed.card_sized_batch",
+                        lambda ctx, per_item, items, unit, share: fits.append((per_item, items)) or 100)
+    assert with_card_sized_batch(auto, ctx, model).batch_size == 64  # 100 fit: 64 divides the 128 completions
+    per_completion, completions = fits[0]
+    assert completions == 128 and per_completion == grpo_trainer.training_bytes_per_completion(model.config, auto)
+    assert with_card_sized_batch(auto.model_copy(update={"batch_size": 4}), ctx, model).batch_size == 4  # given
 
 
 def test_runs_of_repeated_prompts_are_prefilled_once():

@@ -71,7 +71,7 @@ class Settings(RunSettings):
     common_random_numbers: bool = Field(
         True, description="with temperature > 0, every member samples its answers with the same random numbers "
                           "in a step, so members' fitnesses differ by their noise, not by their luck")
-    steps: int = Field(150, ge=1, le=1_000_000, description="ES steps")
+    steps: int = Field(300, ge=1, le=1_000_000, description="ES steps")
     eval_every: int = Field(50, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) for the "
                                "accuracy figures (0 = no evaluation)")

@@ -30,7 +30,7 @@ from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
 from gpuscale.recipes.training import TrainingSettings
-from gpuscale.runs.settings import SettingsError
+from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
 class Settings(TrainingSettings):
@@ -53,11 +53,12 @@ class Settings(TrainingSettings):
         "kl_coef": "beta",
     }
 
-    batch_size: int = Field(16, ge=1, le=65_536, description="completions per rank per micro-batch "
-                            "(the seed's ppo_micro_batch_size_per_gpu); micro-batches are accumulated up to "
-                            "the step's prompts_per_step x num_generations completions (16 divides the default "
-                            "128 over 1, 2, 4 or 8 ranks; on a GPU each micro-batch costs a fixed launch "
-                            "overhead, three with mtl=pcgrad, so fewer and larger ones are faster)")
+    batch_size: int | None = Field(
+        None, ge=1, le=65_536, description="completions per rank per micro-batch (the seed's "
+        "ppo_micro_batch_size_per_gpu), accumulated up to the step's prompts_per_step x num_generations; "
+        "empty = auto: 8 on CPU, on a GPU the most of the rank's completions per step (a divisor of them) "
+        "that fill gpu_memory_share of its free memory: each micro-batch costs a fixed overhead, three "
+        "with mtl=pcgrad, so few large ones are fastest")
     num_generations: int = Field(8, ge=2, le=1024, description="completions per prompt, one GRPO group "
                                  "(the seed's rollout.n)")
     prompts_per_step: int = Field(16, ge=1, le=65_536, description="prompts per optimizer step over all ranks "
@@ -65,8 +66,10 @@ class Settings(TrainingSettings):
                                   "too many all-right or all-wrong groups per step)")
     max_prompt_length: int = Field(256, ge=8, le=131_072,
                                    description="longer training prompts (in tokens) are left out")
-    max_completion_length: int = Field(256, ge=1, le=131_072, description="answer length budget, in tokens "
-                                       "(the seed's max_response_length), in training and evaluation")
+    max_completion_length: int = Field(64, ge=1, le=131_072, description="answer length budget, in tokens "
+                                       "(the seed's max_response_length), in training and evaluation (64 "
+                                       "holds tiny-math's longest answer, 36 tokens; GSM8K with a real model "
+                                       "wants 256 or more)")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of the rollouts")
     beta: float = Field(0.0, ge=0.0, le=10.0, description="KL coefficient against the initial model "
                         "(0 = no reference model, TRL's default)")
@@ -74,7 +77,7 @@ class Settings(TrainingSettings):
         "dapo", description="TRL's loss normalisation (dapo: over all tokens of the step)")
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="peak learning rate (1e-4 suits the "
                                  "embedded tiny-math model, 3e-4 collapsed it; 0.5B+ models want about 1e-6)")
-    max_steps: int = Field(200, ge=1, le=10_000_000, description="optimizer steps")
+    max_steps: int = Field(300, ge=1, le=10_000_000, description="optimizer steps")
     lr_scheduler: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule after the warm-up (constant kept the last steps as large "
                               "as the first and undid gains on tiny-math)")
@@ -88,6 +91,8 @@ class Settings(TrainingSettings):
                                            "pcgrad = per-domain gradients projected (gradient surgery)")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
                                "before and after training, greedy and sampled (0 = no evaluation)")
+
+    _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
 
     @field_validator("reward_weights")
     @classmethod
@@ -104,7 +109,10 @@ class Settings(TrainingSettings):
 
 def accumulation_steps(settings: Settings, world_size: int) -> int:
     """Micro-batches per optimizer step so that one step trains on the whole generation batch
-    (prompts_per_step x num_generations completions) once; SettingsError if it does not divide."""
+    (prompts_per_step x num_generations completions) once; SettingsError if it does not divide.
+    A batch_size left to the rank (None) is sized there as a divisor: one micro-batch here."""
+    if settings.batch_size is None:
+        return 1
     per_micro_step = settings.batch_size * world_size
     if settings.completions_per_step % per_micro_step:
         raise SettingsError(

@@ -27,7 +27,9 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     model, tokenizer = loaded.model, loaded.tokenizer
     rows, dropped = grpo_rows(train, tokenizer, settings.max_prompt_length)
     check_rows_left(len(rows), dropped, settings)
-    summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
+    settings = with_card_sized_batch(settings, ctx, model)
+    summary = {"world_size": ctx.world_size, "batch_size": settings.batch_size,
+               "dtype": str(ctx.dtype).removeprefix("torch."),
                "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
                "train_examples": len(rows), "prompts_too_long": dropped, "eval_split": settings.eval_split,
                "eval_examples": len(held_out), **evaluate(model, tokenizer, held_out, settings, ctx, "before")}
@@ -36,6 +38,41 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     trained = train_grpo(rows, settings, ctx, reporter, model, tokenizer)
     save_then_evaluate(trained, tokenizer, ctx, settings, reporter, summary,
                        lambda: evaluate(trained.model, tokenizer, held_out, settings, ctx, "after"))
+
+
+def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
+    """The settings with `batch_size` auto resolved on the rank: the largest divisor of the rank's
+    completions per step that fits its share of the card (engines/distributed.card_sized_batch; 8 on
+    CPU). Every rank takes the smallest any rank found: the ranks' micro-batches pair up in DDP's
+    and the loss's collectives, so they must agree on how many make a step."""
+    if settings.batch_size is not None:
+        return settings
+    import torch
+    import torch.distributed as dist
+
+    from gpuscale.engines.distributed import card_sized_batch
+    from gpuscale.recipes.device_trials import micro_batch_within
+    from gpuscale.recipes.grpo_mtl import rank_share
+
+    share = rank_share(settings, ctx.world_size)
+    fits = card_sized_batch(ctx, training_bytes_per_completion(model.config, settings), share, "completion",
+                            settings.gpu_memory_share)
+    size = torch.tensor(micro_batch_within(share, fits), device=ctx.device)
+    if ctx.world_size > 1:
+        dist.all_reduce(size, op=dist.ReduceOp.MIN)  # a divisor of the same share on every rank
+    return settings.model_copy(update={"batch_size": int(size)})
+
+
+def training_bytes_per_completion(config, settings: Settings) -> int:
+    """About the memory one completion takes in the loss's forward and backward, on the generous side
+    (fp32 throughout): the activations every layer keeps for the backward (about 16 hidden-sized and
+    6 MLP-sized values per token) over prompt and completion, and the completion's vocabulary-sized
+    logits, log-probabilities and their gradients."""
+    columns = settings.max_prompt_length + settings.max_completion_length
+    intermediate = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    activations = columns * config.num_hidden_layers * (16 * config.hidden_size + 6 * intermediate) * 4
+    logits = settings.max_completion_length * config.vocab_size * 4 * 4
+    return activations + logits
 
 
 def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:

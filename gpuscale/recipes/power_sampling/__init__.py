@@ -17,12 +17,12 @@ Metropolis-Hastings sampler on the generation engine, and the reference structur
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.runs.settings import RunSettings, SettingsError, auto_means_sized_on_card
 
 
 class Settings(RunSettings):
@@ -62,10 +62,7 @@ class Settings(RunSettings):
         "max_examples rows after its first max_examples); needs max_examples")
     answer_mode: Literal["auto", "strict", "boxed", "flexible"] = Field("auto", description="answer extraction")
 
-    @field_validator("batch_size", mode="before")
-    @classmethod
-    def _auto_words(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
+    _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
 
 
 class PowerSampling(Recipe):

@@ -28,12 +28,13 @@ generation phase), trainer.py (a rank's whole run), trial.py (its tuning trial: 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
 from gpuscale.recipes.training import SupervisedSettings
+from gpuscale.runs.settings import auto_means_sized_on_card
 
 
 class Settings(SupervisedSettings):
@@ -77,10 +78,7 @@ class Settings(SupervisedSettings):
     max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
 
 
-    @field_validator("batch_size", mode="before")
-    @classmethod
-    def _auto_words(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
+    _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
 
 
 def check_questions_per_rank(settings: Settings) -> None:
