@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,6 +62,7 @@ TARGETS = {
     "sft": (8, None, False),
 }
 POWER_TARGET = 15  # points of power sampling's accuracy over its temperature-1 baseline
+MODEL_CHECK_LOCK = threading.Lock()
 
 
 def shared_threads(runs_at_once: int) -> None:
@@ -119,11 +121,14 @@ def saved_model_generates(summary: dict) -> bool | None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
-        ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=8, do_sample=False)
+        # One at a time: from_pretrained sets torch's default dtype for the whole process while it builds
+        # the model, so two runs' checks in the pool's threads raced (a bf16 model built half in fp32).
+        with MODEL_CHECK_LOCK:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+            ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=8, do_sample=False)
         return out.shape[1] > ids.shape[1]
     except Exception as error:  # the table says no; the reason goes to the log
         print(f"{model_dir}: {type(error).__name__}: {error}", file=sys.stderr)
