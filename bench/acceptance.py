@@ -144,12 +144,17 @@ def row_of(result: dict) -> dict:
         "error": run.get("error"), "wall_s": round(result["wall_s"], 1),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
         **{name: summary.get(name) for name in ACCURACIES},
-        "domains": {name: value for name, value in summary.items()
-                    if name.startswith(("accuracy_greedy_", "accuracy_sampled_")) and name not in ACCURACIES},
+        "domains": domain_figures(summary),
         "accuracy": summary.get("accuracy"),
         "nan_free": nan_free(run) if run.get("run_dir") else False,
         "saved_model_generates": saved_model_generates(summary),
     }
+
+
+def domain_figures(summary: dict) -> dict:
+    """A summary's per-domain accuracies (accuracy_greedy_<domain>_before, ...)."""
+    return {name: value for name, value in summary.items()
+            if name.startswith(("accuracy_greedy_", "accuracy_sampled_")) and name not in ACCURACIES}
 
 
 def seed_statistics(rows: list[dict]) -> dict:

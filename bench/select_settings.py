@@ -13,7 +13,8 @@ deviation, in points) of validation accuracy greedy and at temperature 1 after t
 (`accuracy_greedy_after`, `accuracy_sampled_after`) and of their gains (after - before).
 
 The rule (`choose`): among the candidates whose every seed succeeded and whose mean greedy accuracy
-after training is not below its mean before (greedy gain >= 0), the one with the highest mean
+after training is not below its mean before (greedy gain >= 0), overall and in every domain where the
+data has domains (grpo-mtl's target asks that of every domain), the one with the highest mean
 temperature-1 accuracy after training; a tie goes to the higher mean greedy accuracy after, then to
 the candidate listed first. If no candidate passes, none is chosen (the table still says how each did).
 
@@ -39,12 +40,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acceptance import ACCURACIES, launch, seed_statistics, shared_threads  # noqa: E402
+from acceptance import ACCURACIES, domain_figures, launch, seed_statistics, shared_threads  # noqa: E402
 from record import ROOT, write_result  # noqa: E402
 
 RULE = ("among candidates whose every seed succeeded and whose mean greedy validation accuracy after training is "
-        "not below before, the highest mean temperature-1 validation accuracy after training; ties: the higher "
-        "mean greedy accuracy after, then the candidate listed first")
+        "not below before, overall and in every domain (where the data has domains), the highest mean "
+        "temperature-1 validation accuracy after training; ties: the higher mean greedy accuracy after, then the "
+        "candidate listed first")
 
 
 def parse_pairs(text: str, where: str) -> dict[str, str]:
@@ -83,7 +85,7 @@ def row_of(result: dict) -> dict:
     return {"label": result["label"], "seed": result["seed"], "run_id": run.get("id"), "status": status,
             "error": error, "wall_s": round(result["wall_s"], 1), "eval_split": summary.get("eval_split"),
             "eval_examples": summary.get("eval_examples"),
-            **{name: summary.get(name) for name in ACCURACIES}, "accuracy": None}
+            **{name: summary.get(name) for name in ACCURACIES}, "domains": domain_figures(summary), "accuracy": None}
 
 
 def candidate_table(candidates: list[tuple[str, dict]], rows: list[dict], seeds: list[int]) -> list[dict]:
@@ -106,7 +108,9 @@ def choose(table: list[dict]) -> str | None:
     for entry in table:
         sampled, greedy, gain = (mean(entry, name) for name in ("accuracy_sampled_after", "accuracy_greedy_after",
                                                                  "gain_greedy"))
-        if len(entry["seeds_ok"]) == len(entry["seeds"]) and None not in (sampled, greedy, gain) and gain >= 0:
+        domain_gains = [mean(entry, name) for name in entry["statistics"] if name.startswith("gain_greedy_")]
+        gains = [gain, *domain_gains]
+        if len(entry["seeds_ok"]) == len(entry["seeds"]) and None not in (sampled, greedy, *gains) and min(gains) >= 0:
             eligible.append((sampled, greedy, entry["candidate"]))
     if not eligible:
         return None
@@ -128,6 +132,10 @@ def print_table(table: list[dict], rows: list[dict], chosen: str | None) -> None
         print(f"{entry['candidate']:<{width}}{len(entry['seeds_ok']):>5}/{len(entry['seeds']):<3}"
               f"{figure(entry, 'accuracy_greedy_after'):>16}{figure(entry, 'gain_greedy', True):>16}"
               f"{figure(entry, 'accuracy_sampled_after'):>16}{figure(entry, 'gain_sampled', True):>16}{mark}")
+        domains = [name for name in entry["statistics"] if name.startswith("gain_greedy_")]
+        if domains:
+            print("    greedy gain by domain: " + ", ".join(
+                f"{name.removeprefix('gain_greedy_')} {figure(entry, name, True)}" for name in domains))
     for row in rows:
         if row["status"] != "succeeded":
             print(f"  {row['label']} seed {row['seed']}: {row['status']}: {row['error']}")

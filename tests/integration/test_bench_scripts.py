@@ -225,6 +225,13 @@ def test_select_settings_chooses_by_its_rule_on_the_seeds_means():
     assert table[1]["statistics"]["gain_greedy"]["mean"] == pytest.approx(0.05)
     assert select.choose(table) == "lr=0.05"
     assert select.choose(table[:1]) is None  # the best T=1, but greedy fell: nothing chosen
+    # lr=0.05 again, but its greedy accuracy fell in one domain (and rose overall): lr=0.1 is chosen.
+    for row in rows:
+        if row["label"] == "lr=0.05":
+            row["domains"] = {"accuracy_greedy_counting_before": 0.6, "accuracy_greedy_counting_after": 0.5}
+    table = select.candidate_table(candidates, rows, [0, 1])
+    assert table[2]["statistics"]["gain_greedy_counting"]["mean"] == pytest.approx(-0.1)
+    assert select.choose(table) == "lr=0.1"
     # A run not scored on validation counts as failed, whatever its status.
     run = {"label": "lr=0.1", "seed": 0, "wall_s": 1.0,
            "run": {"id": 1, "status": "succeeded", "summary": {"eval_split": "test"}}}
