@@ -1,10 +1,11 @@
 """One schema for every bench result: `write_result` writes it, every bench script calls it.
 
 A result file holds: date (ISO 8601, UTC), commit (`git rev-parse HEAD` of the checkout, null outside
-git), command (the script's command line, shell-quoted), card ({"names": [...], "count": N} of the
-visible CUDA devices, or "cpu"), versions (python and, where installed, torch, transformers, trl,
-accelerate, peft), settings and figures (the script's own). By default it goes to
-bench/results/<recipe>/<name>-<date>-<card>.json; a script's --out names another path.
+git), tracked_files_match_commit (false when tracked files differ from that commit), command (the
+script's command line, shell-quoted), card ({"names": [...], "count": N} of the visible CUDA devices,
+or "cpu"), versions (python and, where installed, torch, transformers, trl, accelerate, peft), settings
+and figures (the script's own). By default it goes to bench/results/<recipe>/<name>-<date>-<card>.json;
+a script's --out names another path.
 
 Nothing here imports torch: the card comes from torch if the caller already imported it, else from
 nvidia-smi; versions come from the installed packages' metadata.
@@ -28,15 +29,28 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 ROOT = BENCH.parent
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft")
-KEYS = ("date", "commit", "command", "card", "versions", "settings", "figures")
+KEYS = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "settings", "figures")
+
+
+def git(*args: str) -> str | None:
+    """`git ARGS` in the checkout: its output, None outside git or on failure."""
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
 
 
 def commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
+    return (git("rev-parse", "HEAD") or "").strip() or None
+
+
+def tracked_files_match_commit() -> bool | None:
+    """Whether the tracked files are the commit's (None outside git). A copy of a working tree sent to
+    a GPU machine with an older .git reported that older commit as HEAD while it ran newer files: this
+    says so in the result rather than let the commit vouch for code it did not hold."""
+    changes = git("status", "--porcelain", "--untracked-files=no")
+    return None if changes is None else not changes.strip()
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -102,6 +116,7 @@ def versions() -> dict:
 
 def record(settings: dict, figures: dict, command: str | None = None, card_found: dict | str | None = None) -> dict:
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": commit(),
+            "tracked_files_match_commit": tracked_files_match_commit(),
             "command": command if command is not None else command_line(),
             "card": card_found if card_found is not None else card(), "versions": versions(),
             "settings": settings, "figures": figures}
@@ -135,4 +150,4 @@ def write_result(recipe: str, name: str, settings: dict, figures: dict, command:
 
 def figures_of(data: dict) -> dict:
     """A result's figures, from the shared schema or an older per-script file (the whole file)."""
-    return data["figures"] if set(KEYS) <= set(data) else data
+    return data["figures"] if {"date", "commit", "command", "figures"} <= set(data) else data

@@ -16,7 +16,8 @@ import pytest
 from gpuscale.runs.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = ("date", "commit", "command", "card", "versions", "settings", "figures")  # bench/record.py's
+SCHEMA = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "settings",
+          "figures")  # bench/record.py's
 
 
 def bench(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -165,6 +166,7 @@ print(json.dumps([str(first), str(again), str(out), "torch" in sys.modules]))
     assert Path(again) == tmp_path / "sft" / f"speed-{date}-cpu-run2.json"  # the first one is kept
     assert data["card"] == "cpu" and data["settings"] == {"batch": 8} and data["figures"] == {"tokens_per_s": 1.5}
     assert data["commit"] is None or len(data["commit"]) == 40
+    assert data["tracked_files_match_commit"] in (True, False, None)
     assert data["command"] == "python -c --flag 'two words'"
     assert data["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert set(data["versions"]) <= {"python", "torch", "transformers", "trl", "accelerate", "peft"}
