@@ -10,6 +10,7 @@ for the supervisor before exiting non-zero.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -160,20 +161,32 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
     _redirect_output(run_dir, rank)
     settings = settings_cls.model_validate_json(settings_path.read_text())
     reporter = Reporter(run_dir, rank)
+    status = 0
     try:
         ctx = init_rank(settings, run_dir)
         print(f"rank {rank}/{ctx.world_size} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
         main(settings, ctx, reporter)
         if dist.is_initialized():
-            # Leave together: a rank that tears its gloo group down while a peer is still finishing a
-            # collective can abort in gloo's threads ("terminate called without an active exception",
-            # seen once in CI after a run's work and summary were done), and the run counts as failed.
-            dist.barrier()
+            dist.barrier()  # leave together: no rank tears its group down under a peer's collective
     except BaseException as exc:
         _write_error(run_dir, rank, exc)
         traceback.print_exc()
-        sys.exit(1)
+        status = 1
     finally:
         reporter.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+    _exit_without_finalization(status)
+
+
+def _exit_without_finalization(status: int) -> None:
+    """End the rank now, its files flushed, skipping the interpreter's finalization. Gloo's worker
+    threads can still hold tensors when Python tears itself down; freeing them then takes the GIL of
+    a dying interpreter and the rank aborts ("terminate called without an active exception", SIGABRT)
+    after its work, summary and barrier were done, and the run counted as failed (seen in CI on two
+    CPU nodes, about one run in a few hundred; pytorch/pytorch#179291 describes it). Everything a
+    rank leaves is already written and closed by here."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(status)
