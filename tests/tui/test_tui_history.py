@@ -163,8 +163,9 @@ def test_a_poll_that_cannot_be_shown_is_reported_and_polling_goes_on(frozen_home
             failed = next(i for i, text in enumerate(status_after_show) if "cannot show run" in text)
             assert "chart cannot be drawn" in status_after_show[failed]
             later = status_after_show[failed + 1:]
-            # Shown again after the failure, with the run's own status line. Not every later poll:
-            # a read that meets the store busy is reported the same way, and polling goes on.
+            # Shown again after the failure, with the run's own status line. Not asserted of every
+            # later poll: CI once saw a later status without "running" (not captured; the message
+            # now prints them), and what this test is about is that polling goes on.
             assert len(later) >= 3 and any("running ·" in text for text in later), later
             assert not any("cannot show" in text for text in later), later
 
