@@ -15,7 +15,8 @@ transformers. Means and spreads over the seeds follow, per domain too, and each 
 target (TARGETS) met or not. Written with bench/record.py to bench/results/acceptance/.
 
 Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs N] [--skip-tests]
-       [--only RECIPE ...] [--set RECIPE:key=value ...]   (--set: for quick CPU checks, not acceptance)
+       [--only LABEL ...] [--set LABEL:key=value ...]   (--set: for quick CPU checks, not acceptance)
+       python bench/acceptance.py --gpus N --from-partial FILE [FILE ...]   (the table of finished rows)
 """
 
 from __future__ import annotations
@@ -267,9 +268,10 @@ def main() -> None:
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--from-partial", default=None, metavar="FILE",
-                        help="run nothing: the table, targets and result file of the rows a --partial file "
-                             "holds (a check cut short by a time limit still reports what ended)")
+    parser.add_argument("--from-partial", nargs="+", default=None, metavar="FILE",
+                        help="run nothing: the table, targets and result file of the rows --partial files "
+                             "hold (a check cut short by a time limit still reports what ended; a check "
+                             "run in parts, --only each, is reported as one)")
     args = parser.parse_args()
     if args.from_partial:
         report_partial(args)
@@ -329,8 +331,8 @@ def report(rows: list[dict]) -> tuple[dict, dict]:
 
 
 def report_partial(args) -> None:
-    rows = sorted((json.loads(line) for line in Path(args.from_partial).read_text().splitlines() if line.strip()),
-                  key=lambda row: (row["label"], row["seed"]))
+    lines = [line for path in args.from_partial for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = sorted((json.loads(line) for line in lines), key=lambda row: (row["label"], row["seed"]))
     stats, verdicts = report(rows)
     write_result("acceptance", f"acceptance-{args.gpus}gpu-partial",
                  {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial},

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -257,3 +258,49 @@ def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_p
         assert stored["status"] == "succeeded" and stored["summary"]["eval_split"] == "validation"
         assert stored["settings"]["eval_split"] == "validation" and stored["settings"]["save_model"] is False
         assert stored["settings"]["lr"] == float(row["label"].removeprefix("lr="))
+
+
+def acceptance_row(label: str, seed: int, greedy: tuple, sampled: tuple, domains: dict | None = None,
+                   nan_free: bool = True, accuracy: float | None = None) -> dict:
+    """One row as bench/acceptance.py writes it to its --partial file; greedy and sampled: (before, after)."""
+    return {"label": label, "seed": seed, "run_id": seed + 1, "status": "succeeded", "error": None, "wall_s": 60.0,
+            "peak_mem_mb": {"gpu0": 1000.0}, "accuracy_greedy_before": greedy[0], "accuracy_greedy_after": greedy[1],
+            "accuracy_sampled_before": sampled[0], "accuracy_sampled_after": sampled[1], "domains": domains or {},
+            "accuracy": accuracy, "nan_free": nan_free, "saved_model_generates": True}
+
+
+def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp_path):
+    """Two --partial files (a check run in two calls) make one table; a target is met only if every
+    domain's mean gain clears it and every seed's figures were finite."""
+    comparison_greedy_gains = [0.01, -0.02, -0.02]  # mean -1 point: greedy lower in one domain
+    comparison_after = [0.6 + gain for gain in comparison_greedy_gains]
+    pcgrad = [acceptance_row("grpo-mtl pcgrad", seed, (0.50, 0.55), (0.30, 0.40), {
+        "accuracy_greedy_arithmetic_before": 0.4, "accuracy_greedy_arithmetic_after": 0.42,
+        "accuracy_sampled_arithmetic_before": 0.2, "accuracy_sampled_arithmetic_after": 0.3,
+        "accuracy_greedy_comparison_before": 0.6, "accuracy_greedy_comparison_after": comparison_after[seed],
+        "accuracy_sampled_comparison_before": 0.4, "accuracy_sampled_comparison_after": 0.5,
+    }) for seed in range(3)]
+    rest = [acceptance_row("rft", seed, (0.50, 0.54), (0.30, 0.39)) for seed in range(3)]
+    rest += [acceptance_row("eggroll", seed, (0.50, 0.60), (0.30, 0.50), nan_free=seed != 1) for seed in range(3)]
+    rest += [acceptance_row("power-sampling", seed, (None, None), (None, None), accuracy=0.6) for seed in range(3)]
+    rest += [acceptance_row("power-sampling baseline", seed, (None, None), (None, None), accuracy=0.4)
+             for seed in range(3)]
+    first, second, out = tmp_path / "pcgrad.jsonl", tmp_path / "rest.jsonl", tmp_path / "acceptance.json"
+    first.write_text("".join(json.dumps(row) + "\n" for row in pcgrad))
+    second.write_text("".join(json.dumps(row) + "\n" for row in rest))
+    done = bench("acceptance.py", "--gpus", "2", "--from-partial", str(first), str(second), "--out", str(out))
+    figures = json.loads(out.read_text())["figures"]
+    assert len(figures["runs"]) == 15
+    comparison = figures["seed_statistics"]["grpo-mtl pcgrad"]["gain_greedy_comparison"]
+    assert comparison["mean"] == pytest.approx(statistics.fmean(comparison_greedy_gains))
+    assert comparison["sd"] == pytest.approx(statistics.stdev(comparison_greedy_gains)) and comparison["n"] == 3
+    targets = figures["targets"]
+    assert targets["grpo-mtl pcgrad"]["points"] == {
+        "gain_sampled": 10.0, "gain_greedy": 5.0, "gain_greedy_arithmetic": 2.0, "gain_greedy_comparison": -1.0,
+        "gain_sampled_arithmetic": 10.0, "gain_sampled_comparison": 10.0}
+    assert not targets["grpo-mtl pcgrad"]["met"]
+    assert targets["rft"] == {"points": {"gain_sampled": 9.0, "gain_greedy": 4.0}, "met": True}
+    assert targets["eggroll"]["points"] == {"gain_sampled": 20.0, "gain_greedy": 10.0}
+    assert not targets["eggroll"]["met"]  # seed 1 logged a non-finite figure
+    assert targets["power-sampling"] == {"points": {"lead_over_sampling": 20.0}, "met": True}
+    assert "grpo-mtl pcgrad: NOT MET" in done.stdout and "rft: MET" in done.stdout
