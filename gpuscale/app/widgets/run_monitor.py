@@ -72,6 +72,7 @@ class DeviceRow(Horizontal):
     def __init__(self, view: DeviceView, **kwargs):
         super().__init__(classes="device-row", **kwargs)
         self.view = view
+        self._bar: ProgressBar | None = None  # until mounted
 
     def compose(self):
         yield PlainLabel(self.view.label, classes="device-name")
@@ -91,6 +92,8 @@ class DeviceRow(Horizontal):
 
     def show(self, view: DeviceView) -> None:
         self.view = view
+        if self._bar is None:  # a poll that came before the row mounted: on_mount shows its view
+            return
         # The bar in steps of 0.5 %: finer than its cells can show, coarse enough that memory moving by a
         # few MB does not redraw it every second.
         used, total = view.mem_used_mb or 0.0, view.mem_total_mb or 0.0
