@@ -183,9 +183,10 @@ def _exit_without_finalization(status: int) -> None:
     """End the rank now, its files flushed, skipping the interpreter's finalization. Gloo's worker
     threads can still hold tensors when Python tears itself down; freeing them then takes the GIL of
     a dying interpreter and the rank aborts ("terminate called without an active exception", SIGABRT)
-    after its work, summary and barrier were done, and the run counted as failed (seen in CI on two
-    CPU nodes, about one run in a few hundred; pytorch/pytorch#179291 describes it). Everything a
-    rank leaves is already written and closed by here."""
+    after its work, summary and barrier were done, and the run counted as failed (seen twice in full
+    test runs, once in CI and once in the two-node test; not reproduced alone, so the cause is the one
+    pytorch/pytorch#179291 describes, not one measured here). Everything a rank leaves is already
+    written and closed by here."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
