@@ -306,10 +306,10 @@ def main() -> None:
                 handle.write(json.dumps(row) + "\n")
         return row
 
-    # The GPU-marked tests run alongside the runs (one more worker): they are small, and the wall time
-    # of the whole check is the longest run's either way.
-    with ThreadPoolExecutor(max_workers=at_once + 1) as pool:
-        tests = None if args.skip_tests else pool.submit(gpu_tests)
+    # The GPU-marked tests run alongside the runs, on a worker of their own (so `--jobs` counts runs
+    # only): they are small, and the wall time of the whole check is the longest run's either way.
+    with ThreadPoolExecutor(max_workers=at_once) as pool, ThreadPoolExecutor(max_workers=1) as beside:
+        tests = None if args.skip_tests else beside.submit(gpu_tests)
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
         tests = tests and tests.result()
     stats, verdicts = report(rows)
