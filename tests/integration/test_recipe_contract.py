@@ -1,7 +1,7 @@
 """The recipe contract, checked the same way for every registered recipe: a new recipe gets these
 tests by being registered.
 
-For each recipe: its settings render as the TUI's launch form (one control per setting, and the form
+For each recipe: its default settings pass its own `check()`, its settings render as the TUI's launch form (one control per setting, and the form
 reads back settings that validate), a 1-rank CPU run of its smallest settings on the embedded default
 succeeds through the real CLI, and the run's summary holds every figure the recipe promises.
 """
@@ -36,6 +36,13 @@ def test_the_recipe_declares_what_the_contract_asks(name):
     assert recipe.promised_figures, "a recipe promises at least one summary figure"
     # The smallest settings are valid settings of the recipe (refused before launch otherwise).
     resolve_settings(recipe.settings_cls, overrides=recipe.smoke_settings, environ={})
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_the_defaults_pass_the_recipe_s_own_checks(name):
+    """What a user gets with nothing set is a run the recipe accepts: its data, split sizes and model."""
+    recipe = all_recipes()[name]
+    recipe.check(resolve_settings(recipe.settings_cls, overrides={}, environ={}))
 
 
 @pytest.mark.parametrize("name", RECIPES)
