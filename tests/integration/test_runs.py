@@ -105,6 +105,14 @@ def test_two_runs_at_once(home):
     assert all(r["summary"]["world_size"] == 1 for r in runs)
 
 
+def node_failure(node, home: Path) -> str:
+    """What a failed node printed, and the tail of every log of both nodes' runs: the cause is often
+    on the other node (a rank that died takes the rendezvous with it)."""
+    logs = [f"--- {log.relative_to(home)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            for log in sorted((home / "runs").glob("*/logs/*"))]
+    return "\n".join([node.stdout.read(), node.stderr.read(), *logs])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,7 +124,7 @@ def test_two_nodes_on_localhost_form_one_four_rank_job(home):
     common = [*FAST, "--gpus", "2", "--nnodes", "2", "--rdzv-endpoint", endpoint, "--set", "rdzv_id=pair"]
     nodes = [spawn_gpuscale("run", *common, "--node-rank", str(r), "--json") for r in (0, 1)]
     for node in nodes:
-        assert node.wait(240) == 0, node.stderr.read()
+        assert node.wait(240) == 0, node_failure(node, home)
     runs = run_json("runs")
     assert [r["status"] for r in runs] == ["succeeded", "succeeded"]
     store = Store(home)
