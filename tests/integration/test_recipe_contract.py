@@ -1,9 +1,10 @@
 """The recipe contract, checked the same way for every registered recipe: a new recipe gets these
 tests by being registered.
 
-For each recipe: its default settings pass its own `check()`, its settings render as the TUI's launch form (one control per setting, and the form
-reads back settings that validate), a 1-rank CPU run of its smallest settings on the embedded default
-succeeds through the real CLI, and the run's summary holds every figure the recipe promises.
+For each recipe: its default settings pass its own `check()`, its settings render as the TUI's launch
+form (one control per setting, and the form reads back settings that validate), a 1-rank CPU run of its
+smallest settings on the embedded default succeeds through the real CLI, and the run's summary holds
+every figure the recipe promises.
 """
 
 from __future__ import annotations
