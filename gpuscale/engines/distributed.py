@@ -183,9 +183,10 @@ def _exit_without_finalization(status: int) -> None:
     """End the rank now, its files flushed, skipping the interpreter's finalization. Gloo's worker
     threads can still hold tensors when Python tears itself down; freeing them then takes the GIL of
     a dying interpreter and the rank aborts ("terminate called without an active exception", SIGABRT)
-    after its work, summary and barrier were done, and the run counted as failed (seen twice in full
-    test runs, once in CI and once in the two-node test; not reproduced alone, so the cause is the one
-    pytorch/pytorch#179291 describes, not one measured here). Everything a rank leaves is already
+    after its work, summary and barrier were done, and the run counted as failed (seen in CI and once
+    in a full local test run; never reproduced alone, so the cause is the one pytorch/pytorch#179291
+    describes, not one measured here). The two-node test has failed once since, its cause not
+    recorded: this exit is not shown to be the whole story. Everything a rank leaves is already
     written and closed by here."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
