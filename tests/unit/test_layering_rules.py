@@ -7,12 +7,14 @@ nor torch, and run no SQL.
 
 Each rule is checked twice where it can be: by importing every module in a fresh interpreter (what
 really gets loaded) and by reading every import statement (which also catches an import inside a
-function that the first check never runs)."""
+function that the first check never runs). One interpreter does all the importing (`loaded_by`): each
+package in a forked child of its own, so a package sees only what it loads itself."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import json
 import pkgutil
 import subprocess
 import sys
@@ -28,10 +30,60 @@ HEAVY = ("torch", "transformers", "textual")
 RECIPE_PACKAGES = ("eggroll", "grpo_mtl", "power_sampling", "rft", "sft", "probe")
 
 
-def modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
-                         capture_output=True, text=True, check=True).stdout
-    return set(out.split())
+# Run in one fresh interpreter: each group's code in a forked child that writes the modules it ended
+# with. The groups that must not load torch fork from the bare interpreter; then the third-party
+# libraries the rank side loads anyway (never textual, nor gpuscale) are imported once before the
+# other groups fork: a fresh interpreter per package, each importing torch and TRL, took 22 s.
+LOADER = r"""
+import importlib, json, os, sys, traceback
+
+def modules_after(code, path):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec(code, {})
+            result, status = sorted(sys.modules), 0
+        except BaseException:
+            result, status = traceback.format_exc(), 1
+        with open(path, "w") as out:
+            json.dump(result, out)
+        os._exit(status)
+    os.waitpid(pid, 0)
+    with open(path) as found:
+        return json.load(found)
+
+light, heavy, preload, folder = json.loads(sys.argv[1])
+loaded = {label: modules_after(code, os.path.join(folder, f"{number}.json"))
+          for number, (label, code) in enumerate(light.items())}
+for name in preload:
+    importlib.import_module(name)
+loaded.update({label: modules_after(code, os.path.join(folder, f"h{number}.json"))
+               for number, (label, code) in enumerate(heavy.items())})
+json.dump(loaded, sys.stdout)
+"""
+# Imported before the rank-side groups fork; their own imports never reach gpuscale or textual.
+RANK_SIDE_LIBRARIES = ("torch", "transformers", "accelerate", "peft", "datasets", "trl")
+
+
+def importing(package: str) -> str:
+    return "\n".join(f"import {name}" for name in all_modules(package))
+
+
+@pytest.fixture(scope="module")
+def loaded_by(tmp_path_factory) -> dict[str, set[str]]:
+    """What each package loads when imported in a fresh interpreter: label -> module names."""
+    light = {"runs": importing("gpuscale.runs"), "views": importing("gpuscale.app.views"),
+             "app start-up": "import gpuscale.app.cli, gpuscale.app.tui_main\n"
+                             "from gpuscale.recipes.registry import all_recipes\nall_recipes()"}
+    heavy = {package: importing(f"gpuscale.{package}") for package in ("engines", "recipes", "data")}
+    heavy.update({f"recipes.{own}": importing(f"gpuscale.recipes.{own}") for own in RECIPE_PACKAGES})
+    groups = json.dumps([light, heavy, RANK_SIDE_LIBRARIES, str(tmp_path_factory.mktemp("loaded"))])
+    done = subprocess.run([sys.executable, "-c", LOADER, groups], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    failed = {label: modules for label, modules in found.items() if isinstance(modules, str)}
+    assert not failed, failed  # an import that raised: its traceback
+    return {label: set(modules) for label, modules in found.items()}
 
 
 def all_modules(package: str) -> list[str]:
@@ -109,35 +161,34 @@ def test_the_import_scanner_sees_lazy_relative_and_dynamic_imports(tmp_path):
 
 
 @pytest.mark.parametrize("package", ["gpuscale.engines", "gpuscale.recipes", "gpuscale.data"])
-def test_core_never_imports_textual(package):
-    code = "\n".join(f"import {name}" for name in all_modules(package))
-    assert "textual" not in modules_after(code)
+def test_core_never_imports_textual(package, loaded_by):
+    assert "textual" not in loaded_by[package.removeprefix("gpuscale.")]
     assert forbidden_imports(package, ("textual",)) == []
 
 
-def test_engines_never_import_recipes_or_the_app():
-    loaded = modules_after("\n".join(f"import {name}" for name in all_modules("gpuscale.engines")))
+def test_engines_never_import_recipes_or_the_app(loaded_by):
+    loaded = loaded_by["engines"]
     assert "gpuscale.engines.metrics" in loaded
     assert sorted(m for m in loaded if m.startswith(("gpuscale.recipes", "gpuscale.app"))) == []
     assert forbidden_imports("gpuscale.engines", ("gpuscale.recipes", "gpuscale.app")) == []
 
 
-def test_the_control_plane_imports_no_torch_textual_nor_the_upper_floors():
+def test_the_control_plane_imports_no_torch_textual_nor_the_upper_floors(loaded_by):
     """runs/ is what the login node runs (launch, supervisor, store, telemetry): it stays light and
     never reaches up into the rank side, the recipes or the front ends."""
     names = all_modules("gpuscale.runs")
     assert "gpuscale.runs.supervisor" in names and "gpuscale.runs.store" in names
-    loaded = modules_after("\n".join(f"import {name}" for name in names))
+    loaded = loaded_by["runs"]
     assert [name for name in HEAVY if name in loaded] == []
     assert sorted(m for m in loaded if m.startswith(("gpuscale.engines", "gpuscale.recipes", "gpuscale.app"))) == []
     assert forbidden_imports("gpuscale.runs", HEAVY + ("gpuscale.engines", "gpuscale.recipes", "gpuscale.app")) == []
 
 
-def test_data_is_the_lowest_floor():
+def test_data_is_the_lowest_floor(loaded_by):
     """data/ imports nothing of gpuscale's above it: the control plane (runs/) and the rank side both
     build on it, so what both need (data/precision.py, the one precision rule) lives there."""
     upper = ("gpuscale.runs", "gpuscale.engines", "gpuscale.recipes", "gpuscale.app")
-    loaded = modules_after("\n".join(f"import {name}" for name in all_modules("gpuscale.data")))
+    loaded = loaded_by["data"]
     assert "gpuscale.data.precision" in loaded
     assert sorted(m for m in loaded if m.startswith(upper)) == []
     assert forbidden_imports("gpuscale.data", upper) == []
@@ -156,7 +207,7 @@ def test_the_recipe_packages_are_known():
     assert found == set(RECIPE_PACKAGES)
 
 
-def test_no_recipe_imports_another_recipe():
+def test_no_recipe_imports_another_recipe(loaded_by):
     crossings = []
     for name, path in source_files("gpuscale.recipes").items():
         own = recipe_package(name)
@@ -164,15 +215,15 @@ def test_no_recipe_imports_another_recipe():
             crossings += [f"{name} imports {m}" for m in sorted(imported_by(path, name))
                           if recipe_package(m) not in (None, own)]
     for own in RECIPE_PACKAGES:
-        loaded = modules_after("\n".join(f"import {name}" for name in all_modules(f"gpuscale.recipes.{own}")))
-        crossings += [f"{own} loads {m}" for m in sorted(loaded) if recipe_package(m) not in (None, own)]
+        crossings += [f"{own} loads {m}" for m in sorted(loaded_by[f"recipes.{own}"])
+                      if recipe_package(m) not in (None, own)]
     assert crossings == []
 
 
-def test_views_import_neither_textual_nor_torch():
+def test_views_import_neither_textual_nor_torch(loaded_by):
     names = all_modules("gpuscale.app.views")
     assert "gpuscale.app.views.feed" in names and "gpuscale.app.views.text" in names
-    loaded = modules_after("\n".join(f"import {name}" for name in names))
+    loaded = loaded_by["views"]
     assert [name for name in HEAVY if name in loaded] == []
     assert forbidden_imports("gpuscale.app.views", HEAVY) == []
 
@@ -189,10 +240,7 @@ def test_views_run_no_sql():
     assert offending == []
 
 
-def test_app_starts_without_torch():
-    loaded = modules_after(
-        "import gpuscale.app.cli, gpuscale.app.tui_main\n"
-        "from gpuscale.recipes.registry import all_recipes\nall_recipes()"
-    )
+def test_app_starts_without_torch(loaded_by):
+    loaded = loaded_by["app start-up"]
     assert "gpuscale.app.cli" in loaded and "torch" not in loaded and "transformers" not in loaded
 
