@@ -7,6 +7,7 @@ models stays cheap.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from pathlib import Path
@@ -24,6 +25,12 @@ RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
     "random-qwen2.5-0.5b": dict(
         model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+    "random-qwen2.5-1.5b": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+        num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
         max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
@@ -55,6 +62,7 @@ MODEL_DESCRIPTIONS = {
     TINY_MATH: "embedded Llama trained on the tiny-math tasks (python -m gpuscale.data.train_tiny)",
     "random-tiny": "random weights, tiny Llama shape, no tokenizer",
     "random-qwen2.5-0.5b": "random weights at Qwen2.5-0.5B's shape, no tokenizer",
+    "random-qwen2.5-1.5b": "random weights at Qwen2.5-1.5B's shape, no tokenizer",
 }
 # "org/name" as the hub spells repository ids; anything else that is not a directory is a typo.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -229,10 +237,13 @@ def check_model(name: str) -> None:
     path = model_path() if name == TINY_MATH else Path(name).expanduser()
     if path.is_dir():
         check_model_directory(path)
-    elif looks_like_hub_id(name):
+    elif looks_like_hub_id(name) and not is_symlink_loop(path):
         check_hub_model(name)
     else:
-        check_model_name(name)
+        try:
+            check_model_name(name)
+        except ModelError as error:
+            raise ModelError(f"model: {name!r}: {error}") from None
 
 
 def check_model_directory(path: Path) -> None:
@@ -310,8 +321,26 @@ def check_hub_model(repo_id: str) -> None:
 
 def check_model_name(name: str) -> str:
     """Refuse, before anything starts, a model that is neither known, nor a local directory, nor
-    shaped like a hub id (whether the hub has it is only known when a rank loads it)."""
-    if name in KNOWN_MODELS or Path(name).expanduser().is_dir() or looks_like_hub_id(name):
+    shaped like a hub id (whether the hub has it is only known when a rank loads it). A local
+    directory comes back as an absolute path: the ranks start in the run folder, not in the user's."""
+    if name in KNOWN_MODELS:
         return name
-    raise ValueError(f"unknown model; known models: {', '.join(KNOWN_MODELS)} "
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path.absolute())
+    if is_symlink_loop(path):  # before the hub id: `models/loop` is shaped like one
+        raise ModelError(f"{path} is a symbolic link loop (it leads back to itself), not a model directory")
+    if looks_like_hub_id(name):
+        return name
+    raise ModelError(f"unknown model; known models: {', '.join(KNOWN_MODELS)} "
                      "(or a local model directory, or a hub id like org/name)")
+
+
+def is_symlink_loop(path: Path) -> bool:
+    """Whether following `path` goes round in symbolic links (ELOOP), which `is_dir` and `exists`
+    only report as False."""
+    try:
+        path.stat()
+    except OSError as error:
+        return error.errno == errno.ELOOP
+    return False

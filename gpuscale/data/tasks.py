@@ -42,6 +42,7 @@ What a run trains on and what it scores (`held_out_split`, the one rule every re
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import itertools
@@ -137,13 +138,28 @@ def _parse_domains(task: str, text: str) -> tuple[str, ...]:
 
 
 def check_dataset_name(name: str) -> str:
-    """Refuse, before anything starts, a value that names no data set or a file that does not exist
-    (the settings' validator: it reads no file; `check_dataset` does)."""
+    """Refuse, before anything starts, a value that names no data set or a file that cannot be opened
+    (the settings' validator: it reads no file; `check_dataset` does). Files come back as absolute
+    paths: the ranks start in the run folder, not in the user's."""
     spec = parse_dataset(name)
     for path in spec.paths:
-        if not path.is_file():
-            raise DataError(f"no such file: {path}")
-    return name
+        _require_file(path)
+    return ",".join(str(path.absolute()) for path in spec.paths) if spec.paths else name
+
+
+def _require_file(path: Path) -> None:
+    """DataError saying why `path` is not a file that can be read: missing, a directory, a
+    symbolic link loop (all three only a False from `is_file`), or the system's reason."""
+    try:
+        if path.is_dir():
+            raise DataError(f"{path} is a directory, not a .jsonl file (name the files in it, separated by commas)")
+        path.stat()
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            raise DataError(f"no such file: {path}") from None
+        if error.errno == errno.ELOOP:
+            raise DataError(f"{path} is a symbolic link loop (it leads back to itself), not a file") from None
+        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -285,16 +301,25 @@ def read_jsonl(path: Path) -> list[dict]:
     """Examples from a JSONL file of GSM8K rows, each with its `domain` (its own field, else the
     file's stem). A bad line or an empty file raises DataError naming the file (and line)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"no such file: {path}")
+    _require_file(path)
     examples = []
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
+    # Bytes, decoded line by line: a line that is not UTF-8 is refused with its number.
+    with path.open("rb") as lines:
+        for line_number, raw in enumerate(lines, start=1):
+            line = _decoded(raw, path, line_number)
             if line.strip():
                 examples.append(_parse_jsonl_line(line, path, line_number))
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples
+
+
+def _decoded(raw: bytes, path: Path, line_number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}, line {line_number}: not UTF-8 (byte {raw[error.start]:#04x}, the line's byte "
+                        f"{error.start + 1}); save the file as UTF-8") from None
 
 
 def _parse_jsonl_line(line: str, path: Path, line_number: int) -> dict:

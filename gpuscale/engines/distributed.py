@@ -23,12 +23,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import ValidationError
 
+from gpuscale.data.models import ModelError
 from gpuscale.data.precision import device_precision, torch_dtype
+from gpuscale.data.tasks import DataError
 from gpuscale.engines.metrics import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
 
 
 @dataclass
@@ -134,6 +137,10 @@ def _redirect_output(run_dir: Path, rank: int) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
+# Errors whose message is already one line for the user: shown as they are, without the class's path.
+USER_ERRORS = (NonFiniteFigure, SettingsError, DataError, ModelError)
+
+
 def _write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
     lines = traceback.format_exception_only(type(exc), exc)
     record = {
@@ -141,13 +148,24 @@ def _write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
         "rank": rank,
         "type": type(exc).__name__,
         # A diverged run's message is already the line to show (step, figure, what to try), and so is a
-        # setting the rank refuses (`field: value: why`, as the front ends refuse one before launch).
-        "message": str(exc) if isinstance(exc, (NonFiniteFigure, SettingsError)) else lines[-1].strip(),
+        # setting the rank refuses (`field: value: why`, as the front ends refuse one before launch) and
+        # data or a model it cannot load (file, line, reason).
+        "message": str(exc) if isinstance(exc, USER_ERRORS) else lines[-1].strip(),
         "traceback": "".join(traceback.format_exception(exc)),
     }
     path = RunDir(run_dir).error(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))
+
+
+def read_settings(settings_cls: type[RunSettings], settings_path: Path) -> RunSettings:
+    """The run's settings as the front end wrote them, validated again here: a value the rank
+    refuses (a file gone since the launch) is one SettingsError line, `field: value: why`, the error
+    the run records, not pydantic's report of several lines."""
+    try:
+        return settings_cls.model_validate_json(settings_path.read_text())
+    except ValidationError as exc:
+        raise SettingsError(f"{settings_path}: {describe_validation_error(exc)}") from None
 
 
 def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankContext, Reporter], None],
@@ -159,10 +177,10 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
     run_dir = settings_path.parent
     rank = int(os.environ.get("RANK", 0))
     _redirect_output(run_dir, rank)
-    settings = settings_cls.model_validate_json(settings_path.read_text())
     reporter = Reporter(run_dir, rank)
     status = 0
     try:
+        settings = read_settings(settings_cls, settings_path)
         ctx = init_rank(settings, run_dir)
         print(f"rank {rank}/{ctx.world_size} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
         main(settings, ctx, reporter)

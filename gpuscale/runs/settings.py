@@ -130,9 +130,11 @@ class RunSettings(BaseModel):
     @field_validator("resume_from")
     @classmethod
     def _check_resume_from(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).is_dir():
+        if value is None:
+            return None
+        if not Path(value).expanduser().is_dir():
             raise ValueError("no such checkpoint folder (`gpuscale resume ID` finds a run's last checkpoint)")
-        return value
+        return str(Path(value).expanduser().absolute())  # the ranks start in the run folder
 
     @field_validator("rdzv_endpoint")
     @classmethod

@@ -53,10 +53,12 @@ LIVE_STATUSES = ("queued", "running")
 
 
 def gpuscale_home() -> Path:
+    """The history's folder, absolute: a run's folder under it is named in its settings and command,
+    which its supervisor and ranks read from elsewhere (ranks start in the run folder)."""
     if os.environ.get("GPUSCALE_HOME"):
-        return Path(os.environ["GPUSCALE_HOME"]).expanduser()
+        return Path(os.environ["GPUSCALE_HOME"]).expanduser().absolute()
     xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(xdg) / "gpuscale"
+    return (Path(xdg) / "gpuscale").absolute()
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -206,7 +208,7 @@ class Store:
     empty), and every write method raises `HomeNotWritable`."""
 
     def __init__(self, home: Path | None = None, read_only: bool = False):
-        self.home = Path(home) if home else gpuscale_home()
+        self.home = Path(home).absolute() if home else gpuscale_home()
         self.path = self.home / "runs.db"
         self.read_only = False  # until the schema is in place
         try:

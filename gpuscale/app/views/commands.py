@@ -21,7 +21,7 @@ def launch_preview(recipe, settings, plan, home: Path, environ: dict | None = No
 
 def home_text(home: Path, environ) -> str:
     """`$GPUSCALE_HOME` when that is where the store is, else the path with `~` for the home folder."""
-    if environ.get("GPUSCALE_HOME") and Path(environ["GPUSCALE_HOME"]).expanduser() == home:
+    if environ.get("GPUSCALE_HOME") and Path(environ["GPUSCALE_HOME"]).expanduser().absolute() == home:
         return "$GPUSCALE_HOME"
     try:
         return "~/" + str(home.relative_to(Path.home()))

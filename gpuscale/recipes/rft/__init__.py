@@ -28,6 +28,7 @@ generation phase), trainer.py (a rank's whole run), trial.py (its tuning trial: 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -79,6 +80,14 @@ class Settings(SupervisedSettings):
 
 
     _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
+
+    @field_validator("data_from")
+    @classmethod
+    def _path_made_absolute(cls, value: str | None) -> str | None:
+        """A path (not a run id) made absolute: the ranks start in the run folder, not in the user's."""
+        if value is None or value.strip().isdigit():
+            return value
+        return str(Path(value).expanduser().absolute())
 
 
 def check_questions_per_rank(settings: Settings) -> None:

@@ -1,0 +1,75 @@
+"""Paths typed relative to where the user stands (README's examples are relative) reach the ranks,
+which start in the run folder: dataset, model and GPUSCALE_HOME are made absolute when the settings
+are written. And a rank that fails gives the run its own error line, never the launcher's
+`ChildFailedError:`. Real CLI, supervisor and torchrun ranks on gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from conftest import gpuscale, run_json, wait_until
+from gpuscale.data.models import model_path
+from gpuscale.data.tasks import load_examples
+
+TINY_POWER = ["--recipe", "power-sampling", "--gpus", "2", "--set", "max_examples=2", "--set", "max_new_tokens=4",
+              "--set", "blocks=1", "--set", "mcmc_steps=1"]
+
+
+def write_problems(path, count: int = 4):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = load_examples("tiny-math", "test", count)
+    path.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in rows))
+    return path
+
+
+def cli_in(cwd, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuscale.app.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=240, env={**os.environ, **(env or {})})
+
+
+def test_relative_dataset_model_and_home_reach_the_ranks(home, tmp_path):
+    """As in the issue: `--dataset data/one.jsonl`, `--model ../m`, GPUSCALE_HOME=relhome, from a
+    folder of the user's; before, the run started and failed 7 s later with ChildFailedError."""
+    work = tmp_path / "work"
+    write_problems(work / "data" / "one.jsonl")
+    shutil.copytree(model_path(), tmp_path / "m")
+    result = cli_in(work, "run", *TINY_POWER, "--dataset", "data/one.jsonl", "--model", "../m", "--json",
+                    env={"GPUSCALE_HOME": "relhome"})
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    assert run["status"] == "succeeded" and run["error"] is None
+    assert run["summary"]["problems"] == 2
+    settings = json.loads((work / "relhome" / "runs" / str(run["id"]) / "settings.json").read_text())
+    assert settings["dataset"] == str(work / "data" / "one.jsonl")
+    assert settings["model"] == str(work / ".." / "m")
+    assert run["run_dir"] == str(work / "relhome" / "runs" / str(run["id"]))
+
+
+def test_a_rank_killed_without_a_word_is_named_with_its_signal(home):
+    """The kernel's OOM killer ends a rank with SIGKILL: no error file, no traceback. The run's error
+    names the rank and the signal, with a hint, and never torchrun's wrapper."""
+    result = gpuscale("run", "--recipe", "probe", "--gpus", "2", "--set", "steps=4", "--set", "prompt_tokens=8",
+                      "--batch-size", "2", "--json", env={"GPUSCALE_INJECT_FAULT": "1:kill:2"})
+    assert result.returncode == 1
+    run = json.loads(result.stdout)
+    assert run["status"] == "failed"
+    assert run["error"] == "rank 1: killed by SIGKILL with no error of its own"
+    assert "out-of-memory killer" in run["hint"]
+
+
+def test_a_file_gone_after_the_launch_is_the_ranks_own_error_line(home, tmp_path):
+    """The rank validates its settings again; what it refuses is written to errors/rank<R>.json as
+    one line (before, the rank died before it could, and the run said `ChildFailedError:`)."""
+    data = write_problems(tmp_path / "problems.jsonl")
+    started = run_json("run", *TINY_POWER, "--dataset", str(data), "--detach")
+    data.unlink()  # the ranks take seconds to import torch before they read their settings
+    run = wait_until(lambda: (r := run_json("show", str(started["id"])))["status"] not in ("queued", "running") and r,
+                     120, message="the run to end")
+    assert run["status"] == "failed"
+    assert run["error"].startswith("rank ")
+    assert run["error"].endswith(f"settings.json: dataset: '{data}': no such file: {data}")
+    assert "ChildFailedError" not in run["error"]
