@@ -4,8 +4,9 @@ Checked: that the home can be read and written, runs.db's integrity (SQLite's in
 schema version, runs recorded as live whose supervisor is dead, run folders without a row and rows
 without a folder. Repaired: dead runs are marked lost (their results so far kept), as every front
 end does; with `repair`, a damaged runs.db is moved aside and a new history started, rebuilt from the run
-folders (`rebuild_from_folders`: settings, recipe, status, summary and metrics as the folders show
-them).
+folders (`rebuild_from_folders`: settings, recipe, label, parent, status, summary and metrics as the
+folders show them; the status and summary a run's end recorded in its run.json, else the status the
+evidence gives: `status_from_folder`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from gpuscale.runs import launch
+from gpuscale.runs.launch import recorded_end
 from gpuscale.runs.metrics import MetricsTailer, Throughput
 from gpuscale.runs.process import process_alive
 from gpuscale.runs.run_dir import RunDir
@@ -77,7 +79,7 @@ def _check_database(path: Path, repair: bool) -> list[Finding]:
     except sqlite3.DatabaseError as error:
         problems, version = [str(error)], None
     if problems != ["ok"]:
-        return [_damaged(path, "; ".join(problems[:3]), repair)]
+        return [_damaged(path, _first_lines(problems), repair)]
     if version is not None and version > SCHEMA_VERSION:
         return [Finding(False, f"{path}: schema version {version} is newer than this gpuscale's ({SCHEMA_VERSION}); "
                                "upgrade gpuscale")]
@@ -85,6 +87,12 @@ def _check_database(path: Path, repair: bool) -> list[Finding]:
         return [Finding(True, f"{path}: integrity ok; schema version {version}, upgraded to {SCHEMA_VERSION} "
                               "when opened where it can be written")]
     return [Finding(True, f"{path}: integrity ok, schema version {version}")]
+
+
+def _first_lines(problems: list[str], count: int = 3) -> str:
+    """SQLite's integrity report in one line: its first lines (a damaged file can list thousands)."""
+    lines = [line.strip() for problem in problems for line in problem.splitlines() if line.strip()]
+    return "; ".join(lines[:count]) + (f"; ... ({len(lines) - count} more)" if len(lines) > count else "")
 
 
 def _schema_version(conn: sqlite3.Connection) -> int:
@@ -167,46 +175,60 @@ def rebuild_from_folders(store: Store, recipe_of: Callable[[dict], str | None] |
 
 def run_from_folder(run_id: int, folder: RunDir, home: Path,
                     recipe_of: Callable[[dict], str | None] | None = None) -> tuple[dict, list[dict]]:
-    """The row of the run in `folder` and its metric rows. Status as the folder shows it: a rank's
-    error file means failed (the launcher then exits non-zero whatever else was written), else
-    rank 0's summary means succeeded, else lost (stopped and lost runs leave the same files); a run
-    whose supervisor still works on it stays running, and its supervisor records its end as usual."""
+    """The row of the run in `folder` and its metric rows, its status from the evidence
+    (`status_from_folder`); a run whose supervisor still works on it stays running, and its
+    supervisor records its end in the new history (it follows a replaced runs.db)."""
     settings = json.loads(folder.settings.read_text())
-    info = json.loads(folder.run_info.read_text()) if folder.run_info.is_file() else {}
+    info = folder.read_info()
     recipe = info.get("recipe") or (recipe_of(settings) if recipe_of else None) or "unknown"
     tailer = MetricsTailer(folder.metrics_dir, run_id)
     throughput = Throughput()
     metrics = tailer.read_new() if folder.metrics_dir.is_dir() else []
     throughput.add(metrics)
     metrics += throughput.run_wide_rows(run_id)
-    created = folder.settings.stat().st_mtime
-    ended = max([created, *(m["t"] for m in metrics), *_file_times(folder)])
-    progress = throughput.progress(ended, finished=True)
+    created = info.get("created_at") or folder.settings.stat().st_mtime
+    ended = info.get("ended") or {}
+    ended_at = ended.get("ended_at") or max([created, *(m["t"] for m in metrics), *_file_times(folder)])
+    progress = throughput.progress(ended_at, finished=True)
     supervisor = _live_supervisor(run_id, home)
-    error = None
-    if supervisor:
-        status = "running"
-    elif folder.error_files():
-        status = "failed"
-        error, _hint = first_error(folder.root, 1)
-    elif tailer.summaries.get(0):
-        status = "succeeded"
-    else:
-        status = "lost"
-        error = "rebuilt from its folder after the history was lost: it ended without rank 0's summary"
+    status, error = status_from_folder(folder, info, tailer.summaries.get(0), progress, supervisor is not None)
     summary = ended_summary(tailer.summaries.get(0, {}), progress, status == "succeeded")
     if status != "running":
-        summary["duration_s"] = round(ended - created, 3)
+        summary["duration_s"] = round(ended_at - (ended.get("started_at") or created), 3)
     run = {
         "id": run_id, "recipe": recipe, "status": status, "settings": {**settings, **info.get("notes", {})},
-        "summary": summary, "error": error, "created_at": created, "started_at": created,
-        "ended_at": None if status == "running" else ended, "run_dir": str(folder.root),
+        "summary": summary, "error": error, "created_at": created, "started_at": ended.get("started_at") or created,
+        "ended_at": None if status == "running" else ended_at, "run_dir": str(folder.root),
         "command": info.get("command", []), "host": info.get("host"), "label": info.get("label"),
-        "progress": progress,
+        "parent_id": info.get("parent_id"), "progress": progress,
     }
+    if ended and status != "running":  # what the supervisor (or the front end that found it lost) recorded
+        run.update(recorded_end(ended))
     if supervisor:
         run.update(supervisor_pid=supervisor.pid, supervisor_started=supervisor.create_time())
     return run, metrics
+
+
+def status_from_folder(folder: RunDir, info: dict, rank0_summary: dict | None, progress: dict,
+                       supervised: bool) -> tuple[str, str | None]:
+    """The status of a run as its folder shows it, and its error. In order: a live supervisor
+    (running); the end recorded in run.json (every end since gpuscale recorded it there: the only
+    evidence of a stop); a rank's error file (failed); rank 0's whole summary with every announced
+    step done (succeeded: a summary marked partial is a run that did not end); else lost, with
+    how far it got."""
+    if supervised:
+        return "running", None
+    if ended := info.get("ended"):
+        return ended["status"], ended.get("error")
+    if folder.error_files():
+        return "failed", first_error(folder.root, 1)[0]
+    step, total = progress.get("step") or 0, progress.get("total")
+    whole = rank0_summary is not None and not rank0_summary.get("partial")
+    if whole and (total is None or step >= total):
+        return "succeeded", None
+    where = f"at step {step}/{total}" if total else f"at step {step}"
+    return "lost", (f"rebuilt from its folder after the history was lost: it ended {where} without recording "
+                    "how (stopped, or its supervisor died)")
 
 
 def _file_times(folder: RunDir) -> list[float]:
@@ -219,10 +241,18 @@ def _file_times(folder: RunDir) -> list[float]:
 
 
 def _live_supervisor(run_id: int, home: Path) -> psutil.Process | None:
-    """The supervisor still running this run, if any (its command line names the run and the home)."""
-    wanted = ["-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(home)]
-    for process in psutil.process_iter(["cmdline"]):
+    """The supervisor still running this run, if any (its command line names the run and the home,
+    the home however it was spelled)."""
+    wanted = ["-m", "gpuscale.runs.supervisor", str(run_id), "--home"]
+    for process in psutil.process_iter(["cmdline", "cwd"]):
         cmdline = process.info["cmdline"] or []
-        if cmdline[1:] == wanted or cmdline[-len(wanted):] == wanted:
+        if cmdline[-5:-1] == wanted and _same_folder(process.info["cwd"], cmdline[-1], home):
             return process
     return None
+
+
+def _same_folder(cwd: str | None, given: str, home: Path) -> bool:
+    try:
+        return (Path(cwd or "/") / given).resolve() == Path(home).resolve()
+    except OSError:
+        return False

@@ -173,8 +173,8 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     store.update_run(run_id, command=argv, label=label)
     # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
     # history from the run folders, and the recipe's name is nowhere else in them.
-    folder.run_info.write_text(json.dumps({"recipe": recipe.name, "command": argv, "host": socket.gethostname(),
-                                           "label": label, "notes": notes or {}}, indent=1) + "\n")
+    folder.update_info(recipe=recipe.name, command=argv, host=socket.gethostname(), label=label, notes=notes or {},
+                       parent_id=parent_id, created_at=store.get_run(run_id)["created_at"])
     with open(folder.supervisor_log, "ab") as log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(store.home)],
@@ -290,15 +290,27 @@ def reconcile(store: Store) -> list[int]:
             continue  # its front end is still starting the supervisor
         if run["supervisor_started"] is None and process_alive(run["supervisor_pid"], None):
             continue  # started but not yet registered itself
+        if run["run_dir"] and (ended := RunDir(run["run_dir"]).read_info().get("ended")):
+            # Its supervisor recorded the end in the folder but not here: the history was replaced
+            # meanwhile (`doctor --repair`), or it died between the two writes.
+            store.finish_run(run["id"], **recorded_end(ended))
+            continue
         message = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
         summary = run["summary"] or {}
         if run["run_dir"]:
             kill_run_processes(run["run_dir"])  # first: no rank may still be writing
             merge_rank_results(run["run_dir"])
             summary = {**summary, **summary_from_files(run["run_dir"], run["id"])}
+            RunDir(run["run_dir"]).record_end("lost", error=message, summary=summary)
         if store.finish_run(run["id"], "lost", error=message, summary=summary):
             lost.append(run["id"])
     return lost
+
+
+def recorded_end(ended: dict) -> dict:
+    """run.json's `ended` record (RunDir.record_end) as the fields of the history's row."""
+    fields = ("status", "ended_at", "error", "hint", "exit_code", "summary", "progress")
+    return {key: ended[key] for key in fields if key in ended}
 
 
 # ---- SLURM ---------------------------------------------------------------------------------------

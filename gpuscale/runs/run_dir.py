@@ -4,7 +4,8 @@ writes under RUN_DIR goes through `RunDir`.
     RUN_DIR/
         settings.json           the run's settings (the recipe's pydantic model), read by every rank
         run.json                what the history records of the run besides (recipe, command, host,
-                                label, notes), so that a history lost can be rebuilt from the folders
+                                label, notes, parent_id; at its end `ended`: status, error, summary),
+                                so that a history lost can be rebuilt from the folders
         plan.json               the device plan: number of ranks and GPU indices
         logs/rank<R>.log        each rank's stdout and stderr
         logs/launcher.log       torchrun's or accelerate's own output
@@ -22,6 +23,9 @@ Plain paths only (no torch): the front ends, the supervisor and the ranks all us
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +126,30 @@ class RunDir:
 
     def rank_results_files(self) -> list[Path]:
         return sorted(self.results_dir.glob("rank*.jsonl"))
+
+    # ---- run.json: the history's record of the run, kept in its folder ----
+
+    def read_info(self) -> dict:
+        """run.json's fields; {} where it is missing or unreadable (a folder of an older gpuscale,
+        or a file torn by a full disk): the caller then falls back on the other evidence."""
+        try:
+            info = json.loads(self.run_info.read_text())
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    def update_info(self, **fields) -> None:
+        """Merge `fields` into run.json, written whole or not at all (a reader never sees half)."""
+        info = {**self.read_info(), **fields}
+        partial = self.run_info.with_name(f".{self.run_info.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(info, indent=1) + "\n")
+        os.replace(partial, self.run_info)
+
+    def record_end(self, status: str, **fields) -> None:
+        """How the run ended, in run.json's `ended` (status, and error, hint, exit_code, summary...), written
+        by whoever records the end in the history, before it does: the one evidence of a stop, and
+        the end of a run whose history was damaged or replaced meanwhile."""
+        self.update_info(ended={"status": status, "ended_at": time.time(), **fields})
 
     def make(self) -> RunDir:
         """Create the run folder and the folders a run starts with."""

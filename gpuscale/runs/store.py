@@ -225,6 +225,21 @@ class Store:
         except (OSError, sqlite3.DatabaseError) as error:
             raise store_error(self.home, error, writing=not read_only) from None
         self.read_only = read_only
+        self.file_id = self._file_id()
+
+    def _file_id(self) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        return stat.st_dev, stat.st_ino
+
+    def replaced(self) -> bool:
+        """Whether runs.db is now another file than the one this store opened (`gpuscale doctor
+        --repair` moved a damaged one aside and started a new one): a long-lived writer, the
+        supervisor, then opens the new one, or its rows would go to the file moved aside."""
+        now = self._file_id()
+        return now is not None and self.file_id is not None and now != self.file_id
 
     @classmethod
     def for_reading(cls, home: Path | None = None) -> Store:
@@ -384,6 +399,10 @@ class Store:
         rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc", limit=limit)
         return [_decode_run(r) for r in rows]
 
+    def children(self, run_id: int) -> list[dict]:
+        """The runs that continue `run_id` (`gpuscale resume`), oldest first."""
+        return [_decode_run(row) for row in self.db["runs"].rows_where("parent_id = ?", [run_id], order_by="id")]
+
     def recipe_names(self) -> list[str]:
         """Every recipe that has a run in the history, sorted."""
         return [row[0] for row in self.db.execute("SELECT DISTINCT recipe FROM runs ORDER BY recipe")]
@@ -419,6 +438,11 @@ class Store:
         if name:
             where, args = where + " AND name = ?", args + [name]
         return list(self.db["metrics"].rows_where(where, args, order_by="t, rowid"))
+
+    def last_metric_times(self, run_id: int) -> dict[int, float]:
+        """Per rank, the time of the run's newest metric row (rank RUN_WIDE_RANK included)."""
+        rows = self.db.execute("SELECT rank, max(t) FROM metrics WHERE run_id = ? GROUP BY rank", [run_id])
+        return dict(rows.fetchall())
 
     def recent_steps(self, run_id: int, names: Iterable[str], steps: int,
                      rows_per_step: int = 64) -> dict[str, list[tuple[int, float]]]:

@@ -20,6 +20,7 @@ import re
 import select
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 import traceback
@@ -31,7 +32,7 @@ from gpuscale.runs import telemetry
 from gpuscale.runs.metrics import MetricsTailer, Throughput
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import Store, merge_rank_results
+from gpuscale.runs.store import Store, StoreError, merge_rank_results
 
 STOP_GRACE_S = 7.0
 
@@ -49,6 +50,9 @@ class Supervisor:
         self.killed = False
         self.throughput = Throughput()
         self.tailer = MetricsTailer(RunDir(self.run_dir).metrics_dir, run_id)
+        self.started_at = time.time()
+        self.history_failing = False
+        self.stored_upto: dict[int, float] = {}  # see not_yet_stored
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False), self._wake_w.setblocking(False)
 
@@ -94,13 +98,43 @@ class Supervisor:
         self.throughput.add(rows)
         rows += self.throughput.run_wide_rows(self.run_id)  # the figures combined over the ranks
         samples = sampler.sample(now) if sampler else []
-        self.store.add_rows(rows, samples)
         progress = self.throughput.progress(now)
         if nonfinite := self.tailer.nonfinite():
             progress["nonfinite"] = nonfinite  # the front ends warn (app/views/collapse.py)
         if self.stop_requested_at is not None:
             progress["stopping"] = True  # the front ends then show no ETA while the ranks wind down
-        self.store.update_run(self.run_id, progress=progress)
+
+        def write() -> None:
+            self.store.add_rows(self.not_yet_stored(rows), samples)
+            self.store.update_run(self.run_id, progress=progress)
+
+        self.write_history(write)
+
+    def write_history(self, write) -> None:
+        """Do `write` on the history as it is now. runs.db replaced by `gpuscale doctor --repair`
+        (which gives the new one this run's row): the new file is opened. A damaged history does not
+        end the run: the error goes to this log, the run goes on, and its end is in run.json too
+        (`finish`), where the repair and every front end find it."""
+        try:
+            if self.store.replaced():
+                print("runs.db was replaced (gpuscale doctor --repair): writing to the new one", flush=True)
+                self.store.close()
+                self.store = Store(self.store.home)
+                self.stored_upto = self.store.last_metric_times(self.run_id)
+            write()
+            self.history_failing = False
+        except (sqlite3.DatabaseError, StoreError) as error:
+            if not self.history_failing:
+                print(f"the run history cannot be written ({error}); the run goes on", flush=True)
+            self.history_failing = True
+
+    def not_yet_stored(self, rows: list[dict]) -> list[dict]:
+        """`rows` less those a repair already restored from the metric files into a new runs.db
+        (each rank's rows come in time order): the first write after the switch would repeat them."""
+        if not self.stored_upto:
+            return rows
+        upto, self.stored_upto = self.stored_upto, {}
+        return [row for row in rows if row["t"] > upto.get(row["rank"], float("-inf"))]
 
     def enforce_stop(self, launcher: subprocess.Popen) -> None:
         """SIGTERM the launcher's group once; SIGKILL everything of the run after the grace time."""
@@ -116,9 +150,10 @@ class Supervisor:
 
     def supervise(self) -> None:
         me = psutil.Process()
+        self.started_at = time.time()
         self.store.update_run(
             self.run_id, status="running", supervisor_pid=os.getpid(),
-            supervisor_started=me.create_time(), started_at=time.time(),
+            supervisor_started=me.create_time(), started_at=self.started_at,
         )
         wall_start, cpu_start = time.monotonic(), sum(me.cpu_times()[:2])
         launcher = self.launch()
@@ -162,17 +197,18 @@ class Supervisor:
             progress["nonfinite"] = nonfinite
         summary = ended_summary(self.tailer.summaries.get(0, {}), progress, status == "succeeded")
         summary.update(self._run_figures(cpu_percent))
-        self.store.finish_run(
-            self.run_id, status, exit_code=exit_code, summary=summary, error=error, hint=hint, progress=progress,
-        )
+        end = {"exit_code": exit_code, "summary": summary, "error": error, "hint": hint, "progress": progress}
+        # The folder first: the one record of a stop, and of the end of a run whose history was lost.
+        RunDir(self.run_dir).record_end(status, started_at=self.started_at, **end)
+        self.write_history(lambda: self.store.finish_run(self.run_id, status, **end))
 
     def _run_figures(self, cpu_percent: float) -> dict:
-        run = self.store.get_run(self.run_id)
         figures = {
-            "duration_s": round(time.time() - (run["started_at"] or time.time()), 3),
+            "duration_s": round(time.time() - self.started_at, 3),
             "supervisor_cpu_percent": round(cpu_percent, 3),
         }
-        peaks = self.store.device_peaks(self.run_id, kinds=("gpu", "rank"))
+        peaks = []
+        self.write_history(lambda: peaks.extend(self.store.device_peaks(self.run_id, kinds=("gpu", "rank"))))
         if peaks:
             figures["peak_run_mem_mb"] = {f"{p['kind']}{p['idx']}": round(p["peak_run_mem_mb"] or 0, 1) for p in peaks}
         return figures
@@ -378,8 +414,10 @@ def main() -> None:
         traceback.print_exc()
         kill_run_processes(str(supervisor.run_dir), timeout=2.0)
         merge_rank_results(supervisor.run_dir)
-        store.finish_run(args.run_id, "failed", error=f"supervisor: {type(exc).__name__}: {exc}",
-                         summary=summary_from_files(supervisor.run_dir, args.run_id))
+        end = {"error": f"supervisor: {type(exc).__name__}: {exc}",
+               "summary": summary_from_files(supervisor.run_dir, args.run_id)}
+        RunDir(supervisor.run_dir).record_end("failed", **end)
+        supervisor.write_history(lambda: supervisor.store.finish_run(args.run_id, "failed", **end))
         raise
 
 
