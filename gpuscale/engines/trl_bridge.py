@@ -61,9 +61,11 @@ class ReporterCallback(TrainerCallback):
     what). After training, `final` holds the trainer's end-of-training figures (train_loss,
     train_runtime, ...) as plain identifiers."""
 
-    def __init__(self, reporter, world_size: int = 1):
+    def __init__(self, reporter, world_size: int = 1, flops_per_token: float | None = None, card: str | None = None):
         self.reporter = reporter
         self.world_size = max(1, int(world_size))
+        self.flops_per_token = flops_per_token  # with `card`: MFU in every record and the summary
+        self.card = card
         self.final: dict[str, float] = {}
         self._tokens_seen = 0.0  # the global cumulative count at the last log
         self._last_step = 0
@@ -85,13 +87,24 @@ class ReporterCallback(TrainerCallback):
             self.final.update({metric_name(k): float(v) for k, v in logs.items() if _is_number(v)})
             return
         step = int(state.global_step)
+        steps_done = step - self._last_step
         record = {"tokens": self._token_share(logs), "samples": self._samples(args, step)}
         step_time_ms = self._step_time_ms(logs, step)
         if state.is_world_process_zero:
             record.update(self._figures(logs))
             record["step_time_ms"] = step_time_ms
+            if record["tokens"] is not None and step_time_ms and steps_done > 0:
+                record["mfu"] = self.mfu_of(record["tokens"] * self.world_size / (step_time_ms / 1000 * steps_done))
         self._last_step = step
         self.reporter.log(step=step, **record)
+
+    def mfu_of(self, tokens_per_s: float | None) -> float | None:
+        """MFU a card at a global tokens/s (data/cards.py), None where the FLOPs or the card's peak are unknown."""
+        from gpuscale.data.cards import mfu
+
+        if self.flops_per_token is None or tokens_per_s is None:
+            return None
+        return mfu(tokens_per_s / self.world_size, self.flops_per_token, self.card)
 
     # ---- pieces of a record ----------------------------------------------------------------------
 

@@ -30,6 +30,9 @@ from pydantic import Field, field_validator
 from gpuscale.runs.settings import RunSettings
 
 MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
+# batch_size auto: an optimizer step takes this many rows per rank per unit of gradient_accumulation
+# (as batch_size 8 did), cut on a GPU into the largest micro-batch that fits (engines/training_memory.py).
+AUTO_STEP_ROWS = 8
 
 
 def checked_lora_targets(value: str) -> str:
@@ -96,6 +99,13 @@ class SupervisedSettings(TrainingSettings):
     activation_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
                                            "(less memory, about a third more compute)")
     max_new_tokens: int = Field(256, ge=1, le=65_536, description="answer length budget in the evaluation")
+    # Speed (issue 28): each can be turned off, each gives the same loss (tests/unit/test_training_speed.py).
+    padding_free: bool = Field(True, description="a micro-batch's rows concatenated into one sequence, attention "
+                               "row by row (flash varlen on CUDA): no compute on padding tokens")
+    packing: bool = Field(False, description="pack rows into sequences of max_length tokens (TRL's bfd packing): a "
+                          "micro-batch counts packed sequences, so an optimizer step takes more rows")
+    liger_kernels: bool = Field(True, description="liger-kernel's fused RMSNorm, SwiGLU and RoPE on CUDA (pip install "
+                                "liger-kernel; without it the run says so and goes on without)")
 
     @field_validator("max_steps", mode="before")
     @classmethod
@@ -104,9 +114,10 @@ class SupervisedSettings(TrainingSettings):
 
     @property
     def rank_batch(self) -> int:
-        """Sequences per optimizer step on a rank (batch_size x gradient_accumulation): what tuning
-        the micro-batch keeps, and part of a tuning result's key."""
-        return self.batch_size * self.gradient_accumulation
+        """Sequences per optimizer step on a rank (batch_size x gradient_accumulation, batch_size auto
+        counting as AUTO_STEP_ROWS): what tuning and the card-sized split keep, and part of a tuning
+        result's key."""
+        return (self.batch_size or AUTO_STEP_ROWS) * self.gradient_accumulation
 
 
 # ---- data ----------------------------------------------------------------------------------------
@@ -118,11 +129,13 @@ def training_and_eval_examples(settings) -> tuple[list[dict], list[dict]]:
     `held_out_split`, the rule every recipe holds out by. With eval_split=test the evaluation is the
     test split (a JSONL file, one split by itself: its first `eval_examples` rows); with validation,
     the first `eval_examples` problems of the training data. A question scored is never trained on,
-    whatever the data set."""
+    whatever the data set. A question longer than the model's context is refused or left out before
+    any of this (`too_long`, data/question_length.py)."""
+    from gpuscale.data.question_length import question_limit
     from gpuscale.data.tasks import held_out_split
 
     return held_out_split(settings.dataset, getattr(settings, "eval_split", "test"), settings.eval_examples,
-                          settings.max_examples, seed=settings.seed)
+                          settings.max_examples, seed=settings.seed, question_limit=question_limit(settings))
 
 
 def sft_rows(examples: list[dict]) -> list[dict]:
@@ -130,9 +143,10 @@ def sft_rows(examples: list[dict]) -> list[dict]:
     return [{"question": example["question"], "completion": example["answer"]} for example in examples]
 
 
-def tokenized_dataset(rows: list[dict], tokenizer):
+def tokenized_dataset(rows: list[dict], tokenizer, max_length: int | None = None):
     """A `datasets.Dataset` of input_ids and completion_mask, tokenized here so that the prompt is
-    exactly the generation side's (TRL would re-tokenize text prompts its own way)."""
+    exactly the generation side's (TRL would re-tokenize text prompts its own way), each row cut to
+    `max_length` tokens (TRL's padding-free collator cuts nothing)."""
     import datasets
 
     from gpuscale.data.prompts import prompt_ids
@@ -143,7 +157,8 @@ def tokenized_dataset(rows: list[dict], tokenizer):
     for row, completion in zip(rows, completions):
         prompt = prompt_ids(tokenizer, row["question"])
         answer = list(completion) + [tokenizer.eos_token_id]
-        encoded.append({"input_ids": prompt + answer, "completion_mask": [0] * len(prompt) + [1] * len(answer)})
+        ids, mask = prompt + answer, [0] * len(prompt) + [1] * len(answer)
+        encoded.append({"input_ids": ids[:max_length], "completion_mask": mask[:max_length]})
     return datasets.Dataset.from_list(encoded)
 
 
@@ -173,19 +188,22 @@ class TrainedModel:
 
 
 def train_model(build: Callable, settings: TrainingSettings, ctx, model,
-                more_figures: Callable | None = None) -> TrainedModel:
+                more_figures: Callable | None = None, packed_attention: bool = False) -> TrainedModel:
     """Train `model` with the TRL trainer `build(model) -> (trainer, ReporterCallback)` makes.
 
     Around the trainer: fp32 master weights for a full fine-tune (the forward runs under bf16/fp16
-    autocast), the NaN guard, then after training the optimizer's state freed, a LoRA adapter merged,
-    the model cast back to the rank's dtype and put in eval mode. The figures are `training_figures`
-    and, where given, `more_figures(trainer, callback, seconds)`."""
+    autocast), the NaN guard, attention row by row over padding-free batches where asked
+    (engines/packed_attention.py, for the training only: generation needs the model's own), then after
+    training the optimizer's state freed, a LoRA adapter merged, the model cast back to the rank's
+    dtype and put in eval mode. The figures are `training_figures` and, where given,
+    `more_figures(trainer, callback, seconds)`."""
     import gc
     import time
 
     import torch
 
     from gpuscale.engines.checkpoints import resume_checkpoint
+    from gpuscale.engines.packed_attention import use_packed_attention
     from gpuscale.engines.trl_bridge import NonFiniteGuard
 
     if settings.lora_rank == 0 and ctx.dtype != torch.float32:
@@ -193,10 +211,11 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
     trainer, callback = build(model)
     NonFiniteGuard().attach(trainer)
     started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume_checkpoint(settings))
+    with use_packed_attention(model, packed_attention):
+        trainer.train(resume_from_checkpoint=resume_checkpoint(settings))
     # The trainer's own training time (its loop, without its set-up), or the wall time if it reports none.
     seconds = callback.final.get("train_runtime") or time.perf_counter() - started
-    figures = training_figures(trainer, callback, seconds)
+    figures = training_figures(trainer, callback, seconds, ctx)
     if more_figures is not None:
         figures.update(more_figures(trainer, callback, seconds))
     model = trainer.model
@@ -207,19 +226,22 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
     return TrainedModel(model.to(ctx.dtype).eval(), figures)
 
 
-def training_figures(trainer, callback, seconds: float) -> dict[str, Any]:
+def training_figures(trainer, callback, seconds: float, ctx=None) -> dict[str, Any]:
     """The summary's training figures: steps, mean and first/last logged loss, and the global rates
-    over the trainer's training time."""
+    over the trainer's training time; MFU a card where the callback knows the FLOPs of a token and
+    the card's peak (data/cards.py)."""
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    tokens_per_s = callback.tokens_seen / seconds if seconds > 0 else None
     return {
         "steps": trainer.state.global_step,
         "train_loss": callback.final.get("train_loss", sum(losses) / len(losses) if losses else None),
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "train_tokens": callback.tokens_seen,
-        "tokens_per_s": callback.tokens_seen / seconds if seconds > 0 else None,
+        "tokens_per_s": tokens_per_s,
         "samples_per_s": callback.final.get("train_samples_per_second"),
         "train_seconds": seconds,
+        "mfu": callback.mfu_of(tokens_per_s),
     }
 
 
@@ -229,30 +251,147 @@ def train_sft(rows: list[dict], settings: SupervisedSettings, ctx, reporter, mod
     TRL's SFTTrainer: the loss is on the completion and EOS only, the prompt being the question as
     `prompt_ids` builds it. `model` and `tokenizer` default to settings.model; a model passed in is
     trained in place (a LoRA adapter is merged into it). Every rank calls it with the same rows (the
-    trainer shards them); the trainer's logs reach `reporter` as they come."""
+    trainer shards them); the trainer's logs reach `reporter` as they come.
+
+    Speed, each setting on by default where it applies and each one off with a setting: padding-free
+    micro-batches with attention row by row (`padding_free`), rows packed into max_length sequences
+    (`packing`, off by default: it changes what a step holds), liger-kernel's fused layers on CUDA
+    (`liger_kernels`), and with batch_size auto the micro-batch cut to the card (`card_sized_split`)."""
     if model is None:
         from gpuscale.recipes.common import load_generation_model
 
         loaded = load_generation_model(settings.model, ctx)
         model, tokenizer = loaded.model, loaded.tokenizer
+    return train_sft_dataset(tokenized_dataset(rows, tokenizer, settings.max_length), settings, ctx, reporter,
+                             model, tokenizer)
+
+
+def train_sft_dataset(dataset, settings: SupervisedSettings, ctx, reporter, model, tokenizer,
+                      callbacks: tuple = ()) -> TrainedModel:
+    """`train_sft` on rows already tokenized (`tokenized_dataset`'s columns); `callbacks` are more
+    TrainerCallbacks (bench/train_speed.py's step timer)."""
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    settings, split = card_sized_split(settings, ctx, model, lengths)
+    kernels = apply_liger_kernels(model, ctx, settings.liger_kernels)
+    print(f"speed: padding_free {settings.padding_free}, packing {settings.packing}, liger kernels {kernels}",
+          flush=True)
 
     def build(model):
         from trl import SFTConfig, SFTTrainer
 
         from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
 
-        callback = ReporterCallback(reporter, ctx.world_size)
+        callback = ReporterCallback(reporter, ctx.world_size, flops_per_token=flops_per_token(model, lengths, settings),
+                                    card=card_name(ctx))
         trainer = SFTTrainer(
             model=model,
-            args=trainer_args(settings, ctx, SFTConfig, completion_only_loss=True, packing=False),
-            train_dataset=tokenized_dataset(rows, tokenizer),
+            args=trainer_args(settings, ctx, SFTConfig, completion_only_loss=True, **sft_speed_config(settings)),
+            train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora_config(settings),
-            callbacks=[callback],
+            callbacks=[callback, *callbacks],
         )
         return trainer, callback
 
-    return train_model(build, settings, ctx, model)
+    trained = train_model(build, settings, ctx, model, packed_attention=settings.padding_free or settings.packing)
+    trained.figures.update(batch_size=settings.batch_size, gradient_accumulation=settings.gradient_accumulation,
+                           batch_size_reason=split, liger_kernels=kernels)
+    return trained
+
+
+# ---- speed ----------------------------------------------------------------------------------------
+
+
+def sft_speed_config(settings: SupervisedSettings) -> dict[str, Any]:
+    """SFTConfig's fields for padding-free batches and packing. Rows come cut to max_length
+    (`tokenized_dataset`); TRL's padding-free collator takes no max_length unless it packs."""
+    packing = settings.packing
+    return {"padding_free": settings.padding_free or packing, "packing": packing, "packing_strategy": "bfd",
+            "max_length": settings.max_length if packing else None}
+
+
+def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int]) -> tuple[SupervisedSettings, str]:
+    """With batch_size auto: the rank's rows of a step (`rank_batch`) cut into the largest micro-batch
+    that fits its share of the card, gradient accumulation making up the step (on CPU: AUTO_STEP_ROWS
+    a micro-batch). Every rank takes the smallest any rank found (DDP pairs their micro-batches).
+    Returns the settings with batch_size and gradient_accumulation set, and the reason in one line,
+    also printed to the rank's log."""
+    if settings.batch_size is not None:
+        return settings, "given"
+    import torch
+
+    from gpuscale.engines.training_memory import TrainingShape, split_rows, tokens_per_row
+
+    rows = settings.rank_batch
+    tokens = tokens_per_row(lengths, padded=not (settings.padding_free or settings.packing),
+                            packed_length=settings.max_length if settings.packing else None)
+    if ctx.device.type != "cuda":
+        micro, reason = AUTO_STEP_ROWS, "the CPU default"
+    else:
+        free, _total = torch.cuda.mem_get_info(ctx.device)
+        parameters = sum(p.numel() for p in model.parameters())
+        trainable = parameters if settings.lora_rank == 0 else lora_parameters_estimate(model, settings)
+        shape = TrainingShape.of(model.config, parameters, trainable, model.dtype != torch.float32,
+                                 settings.activation_checkpointing)
+        split = split_rows(rows, tokens, shape, free, settings.gpu_memory_share)
+        micro, reason = split.micro_batch, split.reason
+    micro = agreed_minimum(micro, ctx)
+    micro = max(d for d in range(1, micro + 1) if rows % d == 0)
+    line = f"batch_size auto: {micro} rows a micro-batch x {rows // micro} accumulated ({reason})"
+    print(line, flush=True)
+    return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": rows // micro}), line
+
+
+def lora_parameters_estimate(model, settings) -> int:
+    """LoRA's trainable parameters, about: rank x (in + out) of every linear layer it adapts."""
+    import torch
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return sum(settings.lora_rank * (m.in_features + m.out_features) for m in linears)
+
+
+def agreed_minimum(value: int, ctx) -> int:
+    """The smallest `value` of all ranks (the value itself with one rank)."""
+    if ctx.world_size == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(value, device=ctx.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor)
+
+
+def apply_liger_kernels(model, ctx, wanted: bool) -> str:
+    """liger-kernel's fused RMSNorm, SwiGLU and RoPE on the model (CUDA only: they are Triton kernels).
+    The output head stays TRL's, which computes the loss in tiles. Returns what was done, for the log."""
+    if not wanted:
+        return "off"
+    if ctx.device.type != "cuda":
+        return "off (CPU)"
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    except ImportError:
+        return "not installed (pip install liger-kernel)"
+    _apply_liger_kernel_to_instance(model=model, rms_norm=True, swiglu=True, rope=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+    return "on"
+
+
+def flops_per_token(model, lengths: list[int], settings) -> float:
+    """Training FLOPs of a token of these rows (data/cards.py): a token attends on average to half its
+    row (packed rows too: each attends only to itself)."""
+    from gpuscale.data.cards import model_flops_shape, training_flops_per_token
+
+    matmul, layers, width = model_flops_shape(model.config)
+    mean_row = sum(lengths) / len(lengths) if lengths else 1
+    return training_flops_per_token(matmul, layers, width, mean_row / 2)
+
+
+def card_name(ctx) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None
 
 
 # ---- the end of a run: save, then evaluate --------------------------------------------------------

@@ -22,19 +22,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpuscale.recipes.contract import Recipe, Tuning
 from gpuscale.recipes.training import MOST_ACCUMULATION, SupervisedSettings
-from gpuscale.runs.settings import SettingsError
+from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
 class Settings(SupervisedSettings):
     KEY_ALIASES = {**SupervisedSettings.KEY_ALIASES, "micro_batch_size": "batch_size"}
 
-    batch_size: int = Field(8, ge=1, description="training sequences (prompt + completion) per rank per "
-                            "micro-batch (TRL's per_device_train_batch_size); an optimizer step takes "
-                            "gradient_accumulation of them on every rank")
+    batch_size: int | None = Field(None, ge=1, description="training sequences (prompt + completion) per rank per "
+                                   "micro-batch (TRL's per_device_train_batch_size); an optimizer step takes "
+                                   "gradient_accumulation of them on every rank. auto (empty): a step takes 8 x "
+                                   "gradient_accumulation rows a rank, cut on a GPU into the largest micro-batch "
+                                   "that fits gpu_memory_share of the card (8 on CPU)")
+    _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
     # The defaults are a run that learns on the embedded default in minutes on one GPU (tiny-math:
     # greedy 56.8 -> 65.2, temperature 1 38.2 -> 54.2 on 2 CPU ranks); larger data is one --set away.
     max_examples: int | None = Field(4000, ge=1, description="training examples (empty = the whole split)")
