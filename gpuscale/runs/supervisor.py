@@ -32,9 +32,11 @@ from gpuscale.runs import telemetry
 from gpuscale.runs.metrics import MetricsTailer, Throughput
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import Store, StoreError, merge_rank_results
+from gpuscale.runs.store import Store, StoreError, UnknownRun, merge_rank_results
 
 STOP_GRACE_S = 7.0
+# Metric rows kept while the history cannot be written (all are in the ranks' metric files too).
+MAX_UNSENT_ROWS = 100_000
 
 
 class Supervisor:
@@ -52,7 +54,10 @@ class Supervisor:
         self.tailer = MetricsTailer(RunDir(self.run_dir).metrics_dir, run_id)
         self.started_at = time.time()
         self.history_failing = False
-        self.stored_upto: dict[int, float] = {}  # see not_yet_stored
+        # Metric rows not yet in the history (kept while it cannot be written), and after runs.db was
+        # replaced, per rank the time up to which the repair restored this run's rows (None: not yet).
+        self.unsent: list[dict] = []
+        self.restored_upto: dict[int, float] | None = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False), self._wake_w.setblocking(False)
 
@@ -104,8 +109,13 @@ class Supervisor:
         if self.stop_requested_at is not None:
             progress["stopping"] = True  # the front ends then show no ETA while the ranks wind down
 
+        self.unsent = (self.unsent + rows)[-MAX_UNSENT_ROWS:]  # older ones are in the metric files
+
         def write() -> None:
-            self.store.add_rows(self.not_yet_stored(rows), samples)
+            if not self.run_restored():
+                return  # the repair has not restored this run yet: the rows wait
+            self.store.add_rows(self.not_restored(self.unsent), samples)
+            self.unsent = []
             self.store.update_run(self.run_id, progress=progress)
 
         self.write_history(write)
@@ -120,7 +130,7 @@ class Supervisor:
                 print("runs.db was replaced (gpuscale doctor --repair): writing to the new one", flush=True)
                 self.store.close()
                 self.store = Store(self.store.home)
-                self.stored_upto = self.store.last_metric_times(self.run_id)
+                self.restored_upto = None
             write()
             self.history_failing = False
         except (sqlite3.DatabaseError, StoreError) as error:
@@ -128,12 +138,24 @@ class Supervisor:
                 print(f"the run history cannot be written ({error}); the run goes on", flush=True)
             self.history_failing = True
 
-    def not_yet_stored(self, rows: list[dict]) -> list[dict]:
-        """`rows` less those a repair already restored from the metric files into a new runs.db
-        (each rank's rows come in time order): the first write after the switch would repeat them."""
-        if not self.stored_upto:
+    def run_restored(self) -> bool:
+        """Whether the history holds this run: always, unless runs.db was replaced and the repair
+        has not yet restored the run (its row and its metric rows come in one transaction); then
+        the time up to which each rank's rows were restored is noted."""
+        if self.restored_upto is None:
+            try:
+                self.store.get_run(self.run_id)
+            except UnknownRun:
+                return False
+            self.restored_upto = self.store.last_metric_times(self.run_id)
+        return True
+
+    def not_restored(self, rows: list[dict]) -> list[dict]:
+        """`rows` less those the repair restored from the metric files (each rank's rows come in
+        time order): written again, they would count twice."""
+        if not self.restored_upto:
             return rows
-        upto, self.stored_upto = self.stored_upto, {}
+        upto, self.restored_upto = self.restored_upto, {}
         return [row for row in rows if row["t"] > upto.get(row["rank"], float("-inf"))]
 
     def enforce_stop(self, launcher: subprocess.Popen) -> None:

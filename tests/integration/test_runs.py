@@ -203,32 +203,51 @@ def test_stopped_run_keeps_the_summary_parts_rank0_wrote_and_its_progress(home):
 
 
 def test_doctor_repair_rebuilds_the_history_from_the_run_folders(home):
-    """A damaged runs.db moved aside leaves the run folders: the new history gets their runs back,
-    with recipe, status, settings, summary and metrics, under their own ids."""
+    """runs.db truncated to 100 bytes (its header only) while a run goes on; `doctor --repair` gives
+    the new history every run back under its own id, with recipe, settings, label, summary, metrics
+    and the status each one ended with: succeeded, failed, stopped (its figures kept), lost, and the
+    live run running, its supervisor writing on to the new runs.db until it is stopped."""
     good = run_json("run", *FAST, "--gpus", "1", "--label", "first")
     failing = gpuscale("run", *FAST, "--gpus", "1", "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:2"})
     assert good["status"] == "succeeded" and failing.returncode == 1
+    stopped, lost, live = (int(gpuscale("run", *LONG, "--gpus", "1", "--detach").stdout) for _ in range(3))
+    for run_id in (stopped, lost, live):
+        wait_for_metrics(home, run_id)
+    assert gpuscale("stop", str(stopped)).returncode == 0
+    os.kill(Store(home).get_run(lost)["supervisor_pid"], signal.SIGKILL)
+    wait_until(lambda: run_json("runs")[1]["status"] == "lost", 20, message="run 4 marked lost")
     before = {run["id"]: run for run in run_json("runs")}
+    assert [before[i]["status"] for i in sorted(before)] == ["succeeded", "failed", "stopped", "lost", "running"]
     rank_rows = {run_id: [m for m in Store(home).metrics(run_id) if m["rank"] >= 0] for run_id in before}
-    with open(home / "runs.db", "r+b") as handle:  # the SQLite header overwritten
-        handle.write(b"\0garbage" * 16)
+    os.truncate(home / "runs.db", 100)
 
     repaired = gpuscale("doctor", "--repair")
     assert repaired.returncode == 0, repaired.stdout
-    assert "2 run(s) rebuilt from their folders: 1 (succeeded), 2 (failed)" in repaired.stdout
+    assert ("5 run(s) rebuilt from their folders: 1 (succeeded), 2 (failed), 3 (stopped), 4 (lost), 5 (running)"
+            in repaired.stdout)
     after = {run["id"]: run for run in run_json("runs")}
-    assert sorted(after) == sorted(before) == [1, 2]
+    assert sorted(after) == sorted(before) == [1, 2, 3, 4, 5]
     for run_id, run in after.items():
         assert run["recipe"] == "probe" and run["status"] == before[run_id]["status"]
-        assert run["started_at"] <= run["ended_at"] and run["run_dir"] == before[run_id]["run_dir"]
-        assert [(m["rank"], m["step"], m["name"], m["value"]) for m in Store(home).metrics(run_id) if m["rank"] >= 0] \
-            == [(m["rank"], m["step"], m["name"], m["value"]) for m in rank_rows[run_id]]
-    assert after[1]["summary"]["tokens_per_s"] == before[1]["summary"]["tokens_per_s"]
+        assert run["run_dir"] == before[run_id]["run_dir"] and run["settings"] == before[run_id]["settings"]
+        ranks = [(m["rank"], m["step"], m["name"], m["value"]) for m in Store(home).metrics(run_id) if m["rank"] >= 0]
+        assert ranks[:len(rank_rows[run_id])] == [(m["rank"], m["step"], m["name"], m["value"])
+                                                  for m in rank_rows[run_id]]
+    for run_id in (1, 2, 3, 4):  # ended: the same record, figures and all
+        assert after[run_id]["ended_at"] == pytest.approx(before[run_id]["ended_at"], abs=0.5)
+        assert {k: v for k, v in after[run_id]["summary"].items() if k != "duration_s"} == \
+            {k: v for k, v in before[run_id]["summary"].items() if k != "duration_s"}
     assert after[1]["label"] == "first" and after[1]["command"] == before[1]["command"]
     assert after[2]["error"] == "rank 0: RuntimeError: injected fault on rank 0 at step 2"
-    assert after[2]["summary"]["partial"] is True and after[2]["summary"]["steps_done"] >= 1
-    shown = run_json("show", "1")
-    assert shown["settings"] == before[1]["settings"] and shown["settings"]["steps"] == 4
-    listed = gpuscale("runs")
-    assert listed.returncode == 0 and "probe" in listed.stdout and "succeeded" in listed.stdout
+    assert after[3]["summary"]["partial"] is True and 1 <= after[3]["summary"]["steps_done"] < 100000
+    assert after[4]["error"] == before[4]["error"] and "supervisor" in after[4]["error"]
+
+    # The live run's supervisor writes to the new runs.db: its steps go on there, and its end is recorded.
+    step = after[5]["progress"]["step"]
+    wait_until(lambda: run_json("show", "5")["progress"]["step"] > step, 30, message="run 5's steps in the new history")
+    assert gpuscale("stop", "5").returncode == 0
+    ended = run_json("show", "5")
+    assert ended["status"] == "stopped" and ended["summary"]["steps_done"] > step
+    steps = [(m["step"], m["t"]) for m in Store(home).metrics(5, "tokens") if m["rank"] == 0]
+    assert len(steps) == len(set(steps))  # the rows the repair restored are not written twice
     assert gpuscale("doctor").returncode == 0
