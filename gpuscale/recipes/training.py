@@ -78,6 +78,8 @@ class TrainingSettings(RunSettings):
     eval_split: Literal["test", "validation"] = eval_split_field()
     save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model, "
                              "before the final evaluation")
+    liger_kernels: bool = Field(True, description="liger-kernel's fused RMSNorm, SwiGLU and RoPE on CUDA (pip install "
+                                "liger-kernel; without it the run says so and goes on without)")
 
     @field_validator("lora_targets")
     @classmethod
@@ -104,8 +106,6 @@ class SupervisedSettings(TrainingSettings):
                                "row by row (flash varlen on CUDA): no compute on padding tokens")
     packing: bool = Field(False, description="pack rows into sequences of max_length tokens (TRL's bfd packing): a "
                           "micro-batch counts packed sequences, so an optimizer step takes more rows")
-    liger_kernels: bool = Field(True, description="liger-kernel's fused RMSNorm, SwiGLU and RoPE on CUDA (pip install "
-                                "liger-kernel; without it the run says so and goes on without)")
 
     @field_validator("max_steps", mode="before")
     @classmethod
@@ -318,9 +318,7 @@ def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int
     also printed to the rank's log."""
     if settings.batch_size is not None:
         return settings, "given"
-    import torch
-
-    from gpuscale.engines.training_memory import TrainingShape, split_rows, tokens_per_row
+    from gpuscale.engines.training_memory import tokens_per_row
 
     rows = settings.rank_batch
     tokens = tokens_per_row(lengths, padded=not (settings.padding_free or settings.packing),
@@ -328,18 +326,28 @@ def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int
     if ctx.device.type != "cuda":
         micro, reason = AUTO_STEP_ROWS, "the CPU default"
     else:
-        free, _total = torch.cuda.mem_get_info(ctx.device)
-        parameters = sum(p.numel() for p in model.parameters())
-        trainable = parameters if settings.lora_rank == 0 else lora_parameters_estimate(model, settings)
-        shape = TrainingShape.of(model.config, parameters, trainable, model.dtype != torch.float32,
-                                 settings.activation_checkpointing)
-        split = split_rows(rows, tokens, shape, free, settings.gpu_memory_share)
-        micro, reason = split.micro_batch, split.reason
+        micro, reason = fitted_micro_batch(settings, ctx, model, rows, tokens)
     micro = agreed_minimum(micro, ctx)
     micro = max(d for d in range(1, micro + 1) if rows % d == 0)
     line = f"batch_size auto: {micro} rows a micro-batch x {rows // micro} accumulated ({reason})"
     print(line, flush=True)
     return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": rows // micro}), line
+
+
+def fitted_micro_batch(settings: TrainingSettings, ctx, model, rows: int, tokens: int) -> tuple[int, str]:
+    """The largest divisor of `rows` whose micro-batch of `tokens`-token rows fits the rank's share of
+    its card (engines/training_memory.py's arithmetic, on the memory free now), and why."""
+    import torch
+
+    from gpuscale.engines.training_memory import TrainingShape, split_rows
+
+    free, _total = torch.cuda.mem_get_info(ctx.device)
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable = parameters if settings.lora_rank == 0 else lora_parameters_estimate(model, settings)
+    shape = TrainingShape.of(model.config, parameters, trainable, model.dtype != torch.float32,
+                             getattr(settings, "activation_checkpointing", False))
+    split = split_rows(rows, tokens, shape, free, settings.gpu_memory_share)
+    return split.micro_batch, split.reason
 
 
 def lora_parameters_estimate(model, settings) -> int:

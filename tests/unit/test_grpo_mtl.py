@@ -13,7 +13,6 @@ from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.metrics import Reporter
 from gpuscale.engines.rollout import repeated_runs
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
-from gpuscale.recipes.grpo_mtl import trainer as grpo_trainer
 from gpuscale.recipes.grpo_mtl.data import grpo_rows
 from gpuscale.recipes.grpo_mtl.pcgrad import pcgrad
 from gpuscale.recipes.grpo_mtl.trainer import build_trainer, with_card_sized_batch
@@ -42,12 +41,13 @@ def test_an_auto_micro_batch_is_the_largest_divisor_of_the_rank_s_completions_th
     auto = resolve_settings(Settings, overrides={"batch_size": "auto"}, environ={})
     assert auto.batch_size is None and accumulation_steps(auto, world_size=8) == 1  # sized on the rank
     assert with_card_sized_batch(auto, ctx, model).batch_size == 8  # a CPU rank: CPU_BATCH_SIZE, divides 128
-    fits = []
-    monkeypatch.setattr("gpuscale.engines.distributed.card_sized_batch",
-                        lambda ctx, per_item, items, unit, share: fits.append((per_item, items)) or 100)
-    assert with_card_sized_batch(auto, ctx, model).batch_size == 64  # 100 fit: 64 divides the 128 completions
-    per_completion, completions = fits[0]
-    assert completions == 128 and per_completion == grpo_trainer.training_bytes_per_completion(model.config, auto)
+    asked = []
+    monkeypatch.setattr("gpuscale.recipes.training.fitted_micro_batch",
+                        lambda settings, ctx, model, rows, tokens: asked.append((rows, tokens)) or (100, "fits 100"))
+    on_a_card = RankContext(0, 0, 1, torch.device("cuda"), torch.bfloat16, tmp_path)  # nothing is allocated
+    assert with_card_sized_batch(auto, on_a_card, model).batch_size == 64  # 100 fit: 64 divides the 128 completions
+    # The memory arithmetic is asked for the rank's completions at a whole prompt and completion each.
+    assert asked == [(128, auto.max_prompt_length + auto.max_completion_length)]
     assert with_card_sized_batch(auto.model_copy(update={"batch_size": 4}), ctx, model).batch_size == 4  # given
 
 

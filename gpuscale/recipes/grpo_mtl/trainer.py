@@ -14,9 +14,6 @@ from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
 from gpuscale.recipes.grpo_mtl.data import domains_of, grpo_rows, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError
 
-# Peak dense bf16 FLOP/s by card, for MFU (NVIDIA's data sheets, without sparsity).
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
-
 
 def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.common import load_generation_model
@@ -42,37 +39,25 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
 
 def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
     """The settings with `batch_size` auto resolved on the rank: the largest divisor of the rank's
-    completions per step that fits its share of the card (engines/distributed.card_sized_batch; 8 on
-    CPU). Every rank takes the smallest any rank found: the ranks' micro-batches pair up in DDP's
+    completions per step that fits its share of the card (engines/training_memory.py, the arithmetic
+    sft's micro-batch is cut by, at max_prompt_length + max_completion_length tokens a completion;
+    8 on CPU). Every rank takes the smallest any rank found: the ranks' micro-batches pair up in DDP's
     and the loss's collectives, so they must agree on how many make a step."""
-    if settings.batch_size is not None:
-        return settings
-    import torch
-    import torch.distributed as dist
+    if settings.batch_size is None:
+        from gpuscale.recipes.grpo_mtl import rank_share
+        from gpuscale.recipes.training import AUTO_STEP_ROWS, agreed_minimum, fitted_micro_batch
 
-    from gpuscale.engines.distributed import card_sized_batch
-    from gpuscale.recipes.device_trials import micro_batch_within
-    from gpuscale.recipes.grpo_mtl import rank_share
-
-    share = rank_share(settings, ctx.world_size)
-    fits = card_sized_batch(ctx, training_bytes_per_completion(model.config, settings), share, "completion",
-                            settings.gpu_memory_share)
-    size = torch.tensor(micro_batch_within(share, fits), device=ctx.device)
-    if ctx.world_size > 1:
-        dist.all_reduce(size, op=dist.ReduceOp.MIN)  # a divisor of the same share on every rank
-    return settings.model_copy(update={"batch_size": int(size)})
-
-
-def training_bytes_per_completion(config, settings: Settings) -> int:
-    """About the memory one completion takes in the loss's forward and backward, on the generous side
-    (fp32 throughout): the activations every layer keeps for the backward (about 16 hidden-sized and
-    6 MLP-sized values per token) over prompt and completion, and the completion's vocabulary-sized
-    logits, log-probabilities and their gradients."""
-    columns = settings.max_prompt_length + settings.max_completion_length
-    intermediate = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
-    activations = columns * config.num_hidden_layers * (16 * config.hidden_size + 6 * intermediate) * 4
-    logits = settings.max_completion_length * config.vocab_size * 4 * 4
-    return activations + logits
+        share = rank_share(settings, ctx.world_size)
+        columns = settings.max_prompt_length + settings.max_completion_length
+        if ctx.device.type != "cuda":
+            micro, reason = min(AUTO_STEP_ROWS, share), "the CPU default"
+        else:
+            micro, reason = fitted_micro_batch(settings, ctx, model, share, columns)
+        micro = agreed_minimum(micro, ctx)
+        micro = max(d for d in range(1, micro + 1) if share % d == 0)
+        print(f"batch_size auto: {micro} completions a micro-batch ({reason}); --batch-size N sets it", flush=True)
+        settings = settings.model_copy(update={"batch_size": micro})
+    return settings
 
 
 def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:
@@ -136,7 +121,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
-    from gpuscale.recipes.training import lora_config
+    from gpuscale.recipes.training import apply_liger_kernels, card_name, lora_config
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
     datasets.disable_progress_bars()
@@ -159,12 +144,14 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         remove_unused_columns=False,
         log_completions=False,
     )
+    print(f"speed: liger kernels {apply_liger_kernels(model, ctx, settings.liger_kernels)}", flush=True)
     rollout = None
     if settings.generator == "engine":
         rollout = EngineRollout(tokenizer, settings.max_completion_length, settings.temperature, seed=settings.seed,
                                 max_columns=settings.max_prompt_length + settings.max_completion_length,
                                 compile=settings.compile)
-    callback = ReporterCallback(reporter, ctx.world_size)
+    callback = ReporterCallback(reporter, ctx.world_size, flops_per_token=grpo_flops_per_token(model, settings),
+                                card=card_name(ctx))
     reward_funcs = router.reward_funcs(domains)
     nan_from = injected_fault("nan_reward", ctx.rank)
     if nan_from is not None:
@@ -200,8 +187,9 @@ class NanFrom:
 
 
 def grpo_figures(trainer, callback, seconds: float, ctx) -> dict[str, Any]:
-    """GRPO's figures beside the shell's: the generation/training split of the time, MFU where the
-    card's peak is known, and each domain's training reward at the start and the end."""
+    """GRPO's figures beside the shell's: the generation/training split of the time, MFU over the
+    whole training time (generation included: the share of the card the update's FLOPs use) where
+    the card's peak is known, and each domain's training reward at the start and the end."""
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     tokens = callback.tokens_seen
     generation = trainer.generation_seconds
@@ -209,7 +197,7 @@ def grpo_figures(trainer, callback, seconds: float, ctx) -> dict[str, Any]:
         "generation_seconds": generation,
         "training_seconds": max(seconds - generation, 0.0),
         "generation_share": generation / seconds if seconds > 0 else None,
-        "mfu": mfu(trainer.model, tokens / seconds / ctx.world_size if seconds > 0 else 0.0, ctx.device),
+        "mfu": callback.mfu_of(tokens / seconds if seconds > 0 else None),
     }
     for key in ("reward", "completions/mean_length", "entropy", "kl", "pcgrad/conflict_share"):
         figures.update(first_and_last(history, key))
@@ -247,16 +235,11 @@ def first_and_last(history: list[dict], key: str, name: str | None = None, windo
     return {f"{name}_first": sum(values[:width]) / width, f"{name}_last": sum(values[-width:]) / width}
 
 
-def mfu(model, tokens_per_s_per_device: float, device) -> float | None:
-    """Model FLOPs utilisation: 6 x parameters x tokens/s over the card's peak bf16 FLOP/s (None
-    off known GPUs). Attention's sequence-squared term is left out, as the issue defines it."""
-    import torch
+def grpo_flops_per_token(model, settings: Settings) -> float:
+    """Training FLOPs of a token of the update (data/cards.py), a token attending on average to half
+    of a full-length prompt and completion."""
+    from gpuscale.data.cards import model_flops_shape, training_flops_per_token
 
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    peak = next((flops for card, flops in PEAK_BF16_FLOPS.items() if card in name), None)
-    if peak is None:
-        return None
-    parameters = sum(p.numel() for p in model.parameters())
-    return 6 * parameters * tokens_per_s_per_device / peak
+    matmul, layers, width = model_flops_shape(model.config)
+    return training_flops_per_token(matmul, layers, width,
+                                    (settings.max_prompt_length + settings.max_completion_length) / 2)
