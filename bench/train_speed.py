@@ -55,7 +55,10 @@ def parse(argv=None):
                         "rows (empty: powers of two up to the step's rows)")
     parser.add_argument("--steps", type=int, default=8, help="timed optimizer steps")
     parser.add_argument("--warm-up", type=int, default=3)
-    parser.add_argument("--only", default="", help="comma list of: stock, gpuscale, variants, sweep, packed")
+    parser.add_argument("--only", default="", help="comma list of: stock, gpuscale, variants, sweep, packed, grpo")
+    parser.add_argument("--grpo-prompts", type=int, default=16)
+    parser.add_argument("--grpo-generations", type=int, default=8)
+    parser.add_argument("--grpo-completion-tokens", type=int, default=128)
     parser.add_argument("--profile", default="", help="a folder: torch profiler table of gpuscale's best step")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)
@@ -249,6 +252,96 @@ def best_stock(args, dataset, tokenizer, flops, card, log) -> list[dict]:
     return results
 
 
+# ---- grpo-mtl: a GRPO step against stock GRPOTrainer ---------------------------------------------
+
+
+def grpo_rows_for(args, tokenizer) -> list[dict]:
+    """Prompts both sides train on: tiny-math training questions as grpo-mtl builds its rows."""
+    from gpuscale.data.tasks import load_examples
+    from gpuscale.recipes.grpo_mtl.data import grpo_rows
+
+    count = args.grpo_prompts * (args.warm_up + args.steps)
+    rows, _ = grpo_rows(load_examples("tiny-math", "train", count), tokenizer, 256)
+    return rows
+
+
+def stock_grpo(args, rows, tokenizer, micro: int) -> dict:
+    """Stock GRPOTrainer, its own generate path, `micro` completions a micro-batch (accumulation makes
+    up the step's prompts x generations), bf16 autocast, beta 0. Generation is timed around TRL's
+    `_generate` (a CUDA sync either side); the rest of a step is its training part."""
+    import datasets
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    class TimedGRPO(GRPOTrainer):
+        generation: list[float] = []
+
+        def _generate(self, prompts):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            result = super()._generate(prompts)
+            torch.cuda.synchronize()
+            self.generation.append(time.perf_counter() - started)
+            return result
+
+    def reward(completions, **kwargs):  # any reward: its cost is nothing beside the step
+        return [len(str(c)) / 100 for c in completions]
+
+    completions = args.grpo_prompts * args.grpo_generations
+    model = fresh_model(args.model)
+    timer = step_timer()
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(output_dir=out, per_device_train_batch_size=micro,
+                            gradient_accumulation_steps=completions // micro, num_generations=args.grpo_generations,
+                            max_completion_length=args.grpo_completion_tokens, temperature=1.0, beta=0.0,
+                            bf16=True, max_steps=args.warm_up + args.steps, logging_steps=1, report_to="none",
+                            save_strategy="no", disable_tqdm=True, learning_rate=1e-6, seed=0)
+        trainer = TimedGRPO(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
+                            train_dataset=datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in rows]))
+        trainer.train()
+    steps = [b - a for a, b in zip(timer.ends, timer.ends[1:])][args.warm_up:]
+    generation = trainer.generation[args.warm_up:]
+    del trainer, model
+    release()
+    return {"side": "stock-grpo", "micro_batch": micro, "step_seconds_median": statistics.median(steps),
+            "generation_seconds_per_step": statistics.median(generation),
+            "training_seconds_per_step": statistics.median(s - g for s, g in zip(steps, generation))}
+
+
+def gpuscale_grpo(args) -> dict:
+    """A real `gpuscale run --recipe grpo-mtl` at the same shape, generator=engine, batch_size auto."""
+    from benchruns import gpuscale_run
+
+    settings = {"generator": "engine", "num_generations": args.grpo_generations,
+                "prompts_per_step": args.grpo_prompts, "max_completion_length": args.grpo_completion_tokens,
+                "max_steps": args.warm_up + args.steps, "learning_rate": 1e-6, "temperature": 1.0, "beta": 0.0,
+                "eval_examples": 0, "save_model": "false",
+                "max_examples": args.grpo_prompts * (args.warm_up + args.steps)}
+    arguments = ["--recipe", "grpo-mtl", "--gpus", "1", "--model", args.model, "--precision", "bf16"]
+    for key, value in settings.items():
+        arguments += ["--set", f"{key}={value}"]
+    summary = gpuscale_run(arguments)["summary"]
+    return {"side": "gpuscale-grpo", "batch_size": summary.get("batch_size"),
+            **{key: summary.get(key) for key in ("step_seconds_median", "generation_seconds_per_step",
+                                                 "training_seconds_per_step", "mfu", "liger_kernels")},
+            "command": "gpuscale run " + " ".join(arguments)}
+
+
+def grpo_comparison(args, tokenizer, log) -> dict:
+    rows = grpo_rows_for(args, tokenizer)
+    completions = args.grpo_prompts * args.grpo_generations
+    stock = []
+    for micro in (m for m in (32, 64, 128) if completions % m == 0):  # its best micro-batch
+        stock.append(stock_grpo(args, rows, tokenizer, micro))
+        log(stock[-1])
+    best = min(stock, key=lambda r: r["step_seconds_median"])
+    mine = gpuscale_grpo(args)
+    log(mine)
+    return {"stock": stock, "stock_best": best, "gpuscale": mine,
+            "step_stock_over_gpuscale": best["step_seconds_median"] / mine["step_seconds_median"],
+            "training_stock_over_gpuscale": best["training_seconds_per_step"] / mine["training_seconds_per_step"]}
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
     import torch
@@ -257,7 +350,7 @@ def main(argv=None) -> dict:
     from gpuscale.data.models import random_model_config
     from gpuscale.recipes.common import stand_in_tokenizer
 
-    only = set(filter(None, args.only.split(","))) or {"stock", "gpuscale", "variants", "sweep", "packed"}
+    only = set(filter(None, args.only.split(","))) or {"stock", "gpuscale", "variants", "sweep", "packed", "grpo"}
     card = torch.cuda.get_device_name(0)
     tokenizer = stand_in_tokenizer(args.model)
     dataset = make_rows(args.rows, args.row_tokens, len(tokenizer))
@@ -272,6 +365,8 @@ def main(argv=None) -> dict:
 
     steps = args.warm_up + args.steps
     stock = best_stock(args, dataset, tokenizer, flops, card, log) if "stock" in only else []
+    if os.environ.get("GPUSCALE_HOME") is None:  # the grpo side's real run keeps its history apart
+        os.environ["GPUSCALE_HOME"] = tempfile.mkdtemp(prefix="gpuscale-bench-train-")
     fitted = [r for r in stock if not r.get("out_of_memory")]
     best = max(fitted, key=lambda r: r["tokens_per_s"]) if fitted else {"batch": 64, "tokens_per_s": None}
     step_rows = best["batch"]
@@ -303,12 +398,16 @@ def main(argv=None) -> dict:
     if args.profile:  # a run of its own: the profiler's overhead stays out of every timed figure
         gpuscale_sft(args, dataset, tokenizer, step_rows, args.warm_up + 1, flops, card, profile=args.profile)
     figures = {"rows": rows, "stock_best": best, "gpuscale": mine, "packed": packed}
+    if "grpo" in only:
+        figures["grpo"] = grpo_comparison(args, tokenizer, log)
     if mine and best.get("tokens_per_s"):
         figures["ratio_over_stock_best"] = mine["tokens_per_s"] / best["tokens_per_s"]
     swept = [r for r in sweep if not r.get("out_of_memory")]
     if mine and swept:
         figures["auto_over_best_micro_batch"] = mine["tokens_per_s"] / max(r["tokens_per_s"] for r in swept)
     print({k: v for k, v in figures.items() if k.startswith(("ratio", "auto"))}, flush=True)
+    if "grpo" in figures:
+        print({k: v for k, v in figures["grpo"].items() if k.endswith("gpuscale")}, flush=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write_result("sft", "train-speed", settings, figures, out=args.out)
     return figures

@@ -331,8 +331,14 @@ def compare_compile(recipe, settings, device, best, args: argparse.Namespace) ->
 
 def open_store(write: bool = False) -> Store:
     """The history, after marking runs whose supervisor died lost. For reading, a home that cannot be
-    written is read as it is; `write` refuses it (StoreError naming the path)."""
-    store = Store() if write else Store.for_reading()
+    written is read as it is, and a home with no history yet is an empty history (reading it creates
+    no folder); `write` refuses a home that cannot be written (StoreError naming the path)."""
+    if write:
+        store = Store()
+    elif not (gpuscale_home() / "runs.db").exists():
+        store = Store(read_only=True)
+    else:
+        store = Store.for_reading()
     launch.reconcile(store)
     return store
 
@@ -447,6 +453,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"  {key}: {format_number(f['a'])} -> {format_number(f['b'])}, {delta_text(f['delta'], f['a'])}")
     if result["same"]:
         print("same in both: " + ", ".join(f"{key} {format_number(v)}" for key, v in result["same"].items()))
+    for side in ("a", "b"):
+        if names := [name for name, f in result["only"].items() if f[side] is not None]:
+            print(f"only run {result[side]['id']} has: "
+                  + ", ".join(f"{name} {format_number(result['only'][name][side])}" for name in names))
     return 0
 
 
@@ -491,7 +501,17 @@ def cmd_recipes(args: argparse.Namespace) -> int:
         ], indent=2))
         return 0
     print_table([["RECIPE", "SUMMARY"]] + [[r.name, r.summary] for r in recipes.values()])
+    for recipe in recipes.values():
+        print(f"\n{recipe.name} settings (--set NAME=VALUE):")
+        print_table([["  NAME", "DEFAULT", "DESCRIPTION"]] + [
+            [f"  {name}", default_text(field.default), field.description or ""]
+            for name, field in recipe.settings_cls.model_fields.items()])
     return 0
+
+
+def default_text(value) -> str:
+    """A setting's default as it is typed after --set (`true`, not `True`)."""
+    return str(value).lower() if isinstance(value, bool) else setting_text(value)
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
@@ -564,14 +584,28 @@ def installed_version() -> str:
         return "unknown (not installed)"
 
 
+class VersionAction(argparse.Action):
+    """`--version`: `PROG VERSION`, the version looked up only when asked (importlib.metadata and the
+    look-up cost some 15 ms of every start-up, the TUI's first frame included)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "print the program's name and version, then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {installed_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, like every other bad input
-        self.exit(EXIT_BAD_INPUT, f"gpuscale: error: {message}\n")
+        program = self.prog.split()[0]  # `gpuscale` for `gpuscale run`'s errors too; `gpuscale-tui` for its own
+        self.exit(EXIT_BAD_INPUT, f"{program}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpuscale", description="Launch, watch and remember multi-GPU LLM recipes.")
-    parser.add_argument("--version", action="version", version=f"gpuscale {installed_version()}")
+    parser.add_argument("--version", action=VersionAction)
     # Not required: a bare `gpuscale` gets the usage and the commands (main), not a one-line error.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 

@@ -20,6 +20,7 @@ from textual.binding import Binding
 
 from gpuscale.app.screens.launch import LaunchScreen
 from gpuscale.app.views.export import export_text
+from gpuscale.app.widgets.plain import literal
 from gpuscale.recipes.registry import all_recipes
 from gpuscale.runs import launch, telemetry
 from gpuscale.runs.store import Store, StoreError, gpuscale_home
@@ -109,18 +110,13 @@ class GpuscaleApp(App):
             launch.reconcile(store)
             live = [run["id"] for run in store.live_runs()]
         except StoreError as exc:  # read-only, unreadable or damaged: its line names the file and what to do
-            self.from_thread(self.notify, str(exc), severity="error", timeout=30, markup=False)
+            self.from_thread(self.notify, literal(exc), severity="error", timeout=30)
             return
         except Exception as exc:
-            self.from_thread(self.notify, f"cannot read {self.home}: {exc}", severity="error")
+            self.from_thread(self.notify, f"cannot read {literal(self.home)}: {literal(exc)}", severity="error")
             return
         if live:
             self.from_thread(self._show_live_runs, live)
-
-    def notify(self, message: str, *, markup: bool = False, **kwargs) -> None:
-        """Every toast as plain text: messages carry paths, errors and run values, never markup (a
-        screen's `notify` passes markup=True by default, so the flag is not taken from callers)."""
-        super().notify(message, markup=False, **kwargs)
 
     def from_thread(self, callback, *args, **kwargs) -> None:
         """For worker threads: call_from_thread, unless the app closed meanwhile (no one to tell)."""
@@ -130,9 +126,14 @@ class GpuscaleApp(App):
             pass
 
     async def _show_live_runs(self, live: list[int]) -> None:
+        """On the monitor where the user has not moved on yet; its tabs name the runs, so no toast
+        then (one would cover the log box). Elsewhere a toast says where they are."""
         if self.current_mode == "launch" and len(self.screen_stack) == 1:
             await self.switch_mode("monitor")
-        self.notify(f"{len(live)} live run(s): " + ", ".join(map(str, live)) + " (F3: monitor)")
+        if self.current_mode == "monitor" and len(self.screen_stack) == 1:
+            return
+        runs = "1 live run" if len(live) == 1 else f"{len(live)} live runs"
+        self.notify(f"{runs}: " + ", ".join(map(str, live)) + " (F3: monitor)")
 
     # ---- navigation used by the screens ------------------------------------------------------
 
@@ -164,7 +165,7 @@ class GpuscaleApp(App):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # GPUSCALE_HOME/exports on the first export
             path.write_text(export_text(self.store(), run_id, fmt))
-            message, severity = f"run {run_id} exported to {path.resolve()}", "information"
+            message, severity = f"run {run_id} exported to {literal(path.resolve())}", "information"
         except Exception as exc:
-            message, severity = f"run {run_id}: export failed: {exc}", "error"
+            message, severity = f"run {run_id}: export failed: {literal(exc)}", "error"
         self.from_thread(self.notify, message, severity=severity)

@@ -9,6 +9,7 @@ from gpuscale.app import cli
 
 def build_parser():
     parser = cli.Parser(prog="gpuscale-tui", description="Pick, tune, launch, watch and look back at runs.")
+    parser.add_argument("--version", action=cli.VersionAction)
     cli.add_run_options(parser, recipe_required=False)
     cli.add_follow_options(parser)
     return parser

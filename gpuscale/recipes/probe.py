@@ -8,6 +8,7 @@ launcher, ranks, metrics, telemetry and store.
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ class Probe(Recipe):
     name = "probe"
     summary = "decode speed and memory of a model on every GPU (a health check of the node)"
     settings_cls = Settings
+    reads_questions = False  # it decodes made-up prompts of prompt_tokens tokens
     promised_figures = ("world_size", "tokens_per_s", "step_time_ms_median", "peak_mem_mb_per_rank")
     smoke_settings = {"steps": 2, "prompt_tokens": 4, "warmup_steps": 0, "batch_size": 2}
     tuning = Tuning(figure="tokens_per_s", knob="sequences decoded together per rank",
@@ -53,6 +55,13 @@ def load_probe_model(settings: Settings, ctx):
     return model.to(device=ctx.device, dtype=ctx.dtype).eval()
 
 
+def cache_name(model) -> str:
+    """The keyword (and output field) of the KV cache: `cache` in transformers 5 (where the older
+    `past_key_values` still works but warns, into `tune`'s output and the rank logs), else
+    `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def run_probe(settings: Settings, ctx, reporter) -> None:
     import torch
 
@@ -64,17 +73,18 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     prompts = torch.randint(0, vocab, (settings.batch_size, settings.prompt_tokens), generator=generator)
     reporter.total(settings.steps)
     step_times = []
+    cache_kwarg = cache_name(model)
     with torch.inference_mode():
         ctx.synchronize()
         start = time.perf_counter()
         out = model(input_ids=prompts.to(ctx.device), use_cache=True)
         ctx.synchronize()
         prefill_s = time.perf_counter() - start
-        cache, next_tokens = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        cache, next_tokens = getattr(out, cache_kwarg), out.logits[:, -1].argmax(-1, keepdim=True)
         for step in range(settings.warmup_steps + settings.steps):
             start = time.perf_counter()
             with out_of_memory_names(settings.batch_size, step + 1, settings.warmup_steps + settings.steps):
-                out = model(input_ids=next_tokens, past_key_values=cache, use_cache=True)
+                out = model(input_ids=next_tokens, use_cache=True, **{cache_kwarg: cache})
             next_tokens = out.logits[:, -1].argmax(-1, keepdim=True)
             ctx.synchronize()
             elapsed = time.perf_counter() - start
@@ -121,15 +131,16 @@ def probe_trial_session(settings: Settings, ctx):
 
     model = load_probe_model(settings, ctx)
     generator = torch.Generator().manual_seed(settings.seed)
+    cache_kwarg = cache_name(model)
 
     def trial(batch_size: int) -> Trial:
         prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens), generator=generator)
         with torch.inference_mode():
             out = model(input_ids=prompts.to(ctx.device), use_cache=True)
-            state = {"cache": out.past_key_values, "next": out.logits[:, -1].argmax(-1, keepdim=True)}
+            state = {"cache": getattr(out, cache_kwarg), "next": out.logits[:, -1].argmax(-1, keepdim=True)}
 
             def decode_step() -> int:
-                out = model(input_ids=state["next"], past_key_values=state["cache"], use_cache=True)
+                out = model(input_ids=state["next"], use_cache=True, **{cache_kwarg: state["cache"]})
                 state["next"] = out.logits[:, -1].argmax(-1, keepdim=True)
                 return batch_size
 

@@ -25,6 +25,40 @@ def test_version(home):
     assert result.returncode == 0 and result.stdout.strip() == f"gpuscale {version('gpuscale')}"
 
 
+def test_the_tuis_version_names_the_tui(home):
+    result = gpuscale("--version", entry="gpuscale.app.tui_main")
+    assert result.returncode == 0 and result.stdout.strip() == f"gpuscale-tui {version('gpuscale')}"
+    wrong = gpuscale("--no-such-flag", entry="gpuscale.app.tui_main")
+    assert wrong.returncode == 2 and wrong.stderr.startswith("gpuscale-tui: error: unrecognized arguments")
+
+
+def test_reading_the_history_creates_no_home(home):
+    """`runs`, `show`, `compare`, `export`, `logs` and `recipes` read: before any run there is
+    nothing to read, and no folder is made for it."""
+    assert not home.exists()
+    runs = gpuscale("runs")
+    assert runs.returncode == 0 and runs.stdout.split() == ["ID", "RECIPE", "STATUS", "DURATION", "FIGURES", "STARTED"]
+    assert gpuscale("runs", "--json").stdout.strip() == "[]"
+    for args in (("show", "1"), ("compare", "1", "2"), ("export", "1"), ("logs", "1")):
+        result = gpuscale(*args)
+        assert result.returncode == 2 and "'1': no such run" in result.stderr, result.stderr
+    assert gpuscale("recipes").returncode == 0
+    assert not home.exists()
+
+
+def test_recipes_lists_every_setting_in_text(home):
+    from gpuscale.recipes.registry import all_recipes
+
+    shown = gpuscale("recipes").stdout
+    for recipe in all_recipes().values():
+        part = shown.split(f"\n{recipe.name} settings (--set NAME=VALUE):\n", 1)[1].split("\n\n", 1)[0]
+        names = [line.split()[0] for line in part.splitlines()[1:]]
+        assert names == list(recipe.settings_cls.model_fields), recipe.name
+    rft = shown.split("\nrft settings", 1)[1]
+    assert any(line.split()[:2] == ["samples_per_question", "16"] for line in rft.splitlines())
+    assert any(line.split()[:2] == ["include_gold", "false"] for line in rft.splitlines())  # as typed after --set
+
+
 def test_compare_without_ids_says_what_it_wants(home):
     for args in ((), ("3",)):
         result = gpuscale("compare", *args)

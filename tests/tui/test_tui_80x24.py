@@ -118,7 +118,12 @@ def test_history_shows_a_runs_figures_whole_and_exports_into_the_home(frozen_hom
             await pilot.press("e")  # the newest run, under the cursor
             await settle(pilot)
             assert isinstance(app.screen, ExportDialog)
-            path = app.screen.query_one("#export-path").value
-            assert path == str(home / "exports" / f"gpuscale-run-{run_id}.json")
+            field = app.screen.query_one("#export-path")
+            path = str(home / "exports" / f"gpuscale-run-{run_id}.json")
+            assert field.value == path
+            # The path is not selected on focus: keys edit it at its end instead of replacing it.
+            await pilot.press("backspace", "backspace", "backspace", "backspace", "c", "s", "v")
+            await settle(pilot)
+            assert field.value == path.removesuffix("json") + "csv"
 
     run_async(scenario())

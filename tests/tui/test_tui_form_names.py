@@ -4,11 +4,11 @@ value; the history keeps its Started column at 80 columns; a toast leaves the co
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from textual.widgets._toast import Toast
 
-from gpuscale.app.views.text import format_time
 from gpuscale.recipes.registry import all_recipes
 from tui_helpers import FROZEN_NOW, frozen_app, history_screen, run_async, screen_text, settle
 
@@ -48,23 +48,29 @@ def test_every_setting_name_is_shown_whole(home, size):
 
 
 def test_history_keeps_started_at_80_columns(home):
-    """Runs whose figures are long (a power-sampling summary): the start times stay on screen."""
+    """Runs whose figures are long (a power-sampling summary), two with a label: the Label column, the
+    start times (short at 80 columns) and a readable Figures column all stay on screen; the
+    duration gives way (the details give it)."""
     from gpuscale.runs.store import Store
 
     store = Store(home)
-    for i in range(3):
+    for i, label in enumerate(("baseline", None, "a label longer than its column")):
         run_id = store.create_run("power-sampling", {}, [], "h")
         store.update_run(run_id, status="succeeded", started_at=FROZEN_NOW - 3600 * (i + 1), ended_at=FROZEN_NOW,
+                         label=label,
                          summary={"accuracy": 0.4583 + i / 100, "reward": 0.5233, "tokens_per_s": 12_750.0})
     store.close()
 
     async def scenario():
         async with history_screen(home, (80, 24)) as (app, pilot):
             shown = screen_text(app)
-            assert "Started" in shown, shown
+            header = next(line for line in shown.splitlines() if "Started" in line)
+            assert header.split() == ["ID", "Label", "Recipe", "Status", "Figures", "Started"], shown
             for i in range(3):
-                assert format_time(FROZEN_NOW - 3600 * (i + 1)) in shown, shown
-            assert "accuracy 0.4" in shown  # the figures, cut to the room left
+                assert time.strftime("%m-%d %H:%M", time.localtime(FROZEN_NOW - 3600 * (i + 1))) in shown, shown
+            assert "baseline" in shown and "a label l…" in shown  # cut, and said to be
+            for accuracy in ("0.4583", "0.4683", "0.4783"):  # the first figure whole (80 columns cut it at 12)
+                assert f"accuracy {accuracy}" in shown, shown
 
     run_async(scenario())
 

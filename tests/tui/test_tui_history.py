@@ -109,6 +109,7 @@ def test_monitor_keys_change_window_figure_and_log(frozen_home):
         async with app.run_test(size=(120, 40)) as pilot:
             await settle(pilot)
             assert app.current_mode == "monitor"  # reopening the app shows every live run again
+            assert not app._notifications  # its tab names the run: no toast over the log box
             monitor = app.screen.query_one(RunMonitor)
             assert monitor.view.window_text == "last 1:00" and monitor.view.figure_name == "reward"
             assert monitor.view.log_source == "all logs"

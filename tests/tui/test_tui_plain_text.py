@@ -55,8 +55,30 @@ def test_stored_text_is_shown_as_written(home):
             await app.open_monitor(run_id)  # the monitor's tab for the same run
             await wait_for(pilot, lambda: "cannot open [cpu, cpu]" in screen_text(app), 10, "the monitor's error",
                            explain=lambda: screen_text(app))
-            app.notify(f"exported to {BRACKETED[0]}")  # a toast with a path in it
-            await wait_for(pilot, lambda: "exported to q[/tmp]x.jsonl" in screen_text(app), 5, "the toast",
+            # A toast with a user's path in it: the export's, to a folder and file named like markup.
+            app._export(run_id, "json", home / "q[v1]" / "[bold]x[/].json")
+            await wait_for(pilot, lambda: "q[v1]" in screen_text(app) and "[bold]x[/].json" in screen_text(app), 10,
+                           "the export's toast", explain=lambda: screen_text(app))
+            assert (home / "q[v1]" / "[bold]x[/].json").is_file()
+
+    run_async(scenario())
+
+
+def test_textuals_own_ctrl_c_hint_is_styled_not_shown_as_tags(home):
+    """Ctrl+C does not quit (q and Ctrl+Q do): Textual says so in a toast whose text is its own markup,
+    "Press [b]ctrl+q[/b] to quit the app". It reads with ctrl+q in bold, no tags."""
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await settle(pilot)
+            await pilot.press("ctrl+c")
+            await wait_for(pilot, lambda: "to quit the app" in screen_text(app), 5, "the hint",
                            explain=lambda: screen_text(app))
+            assert "Press ctrl+q to quit the app" in screen_text(app) and "[b]" not in screen_text(app)
+            strips = app.screen._compositor.render_strips()
+            bold = [segment.text for strip in strips for segment in strip
+                    if "ctrl+q" in segment.text and segment.style and segment.style.bold]
+            assert bold, "ctrl+q is not in bold"
 
     run_async(scenario())

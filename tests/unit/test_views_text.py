@@ -26,6 +26,7 @@ from gpuscale.app.views.runs import (
     throughput_text,
 )
 from gpuscale.app.views.text import (
+    fit_columns,
     format_duration,
     format_mib,
     format_number,
@@ -185,6 +186,38 @@ def test_compare_two_runs():
     assert result["figures"]["tokens_per_s"] == {"a": 12345, "b": 24690, "delta": 12345}
     assert delta_text(12345, 12345) == "+12,345 (+100.0%)"
     assert delta_text(-0.25, 0.0) == "-0.25"  # no percentage of zero
+
+
+def test_compare_shows_the_figures_only_one_run_has():
+    """Two runs over different domains: each one's per-domain accuracy, the other side missing."""
+    a = finished_run(summary={"accuracy_greedy_after": 0.5, "accuracy_greedy_algebra_after": 0.4, "dtype": "fp32"})
+    b = finished_run(id=8, summary={"accuracy_greedy_after": 0.6, "accuracy_greedy_geometry_after": 0.7})
+    result = compare_runs(a, b)
+    assert list(result["figures"]) == ["accuracy_greedy_after"]
+    assert result["only"] == {"accuracy_greedy_algebra_after": {"a": 0.4, "b": None},
+                              "accuracy_greedy_geometry_after": {"a": None, "b": 0.7}}  # not dtype: not a number
+
+
+def test_fit_columns_cuts_the_widest_with_an_ellipsis():
+    rows = [("figure", "run 3", "run 1"), ("tokens_per_s", "10,412", "61.3"),
+            ("dataset", "/data/a-very-long-path/of/questions.jsonl", "tiny-math")]
+    fitted = fit_columns(rows, 40)
+    assert sum(max(len(row[i]) for row in fitted) + 2 for i in range(3)) <= 40
+    assert fitted[2][1].endswith("…") and fitted[2][1].startswith("/data/a-very")
+    assert fitted[1] == rows[1] and fitted[2][2] == "tiny-math"  # what fits is left whole
+    assert fit_columns(rows, 200) == rows
+
+
+def test_a_finished_runs_rates_per_rank_add_up_to_its_rate():
+    """A training run's summary has the run's tokens/s but not each rank's: each rank's share of it,
+    by the tokens the rank counted, so that the ranks' figures add up to the figure above them (a CPU
+    sft run showed 969 + 993 per rank under a total of 2,107)."""
+    run = finished_run(summary={"tokens_per_s": 2107.0},
+                       progress={"t": NOW, "tokens_per_s": 1962.0, "tokens_per_s_by_rank": {"0": 969.0, "1": 993.0}})
+    assert throughput_text(run) == "tokens/s 2,107"
+    shown = per_rank_text(run).removeprefix("tokens/s per rank: ")
+    rates = [float(value.replace(",", "")) for value in shown.split()]
+    assert rates == [1041.0, 1066.0] and sum(rates) == 2107.0  # 2,107 x 969 / 1,962 and x 993 / 1,962
 
 
 # ---- export, on a real store ---------------------------------------------------------------------

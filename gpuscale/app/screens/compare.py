@@ -10,7 +10,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from gpuscale.app.views.runs import compare_runs, delta_text
-from gpuscale.app.views.text import format_number, setting_text
+from gpuscale.app.views.text import MISSING, fit_columns, format_number, setting_text
 from gpuscale.app.widgets.plain import PlainTable
 
 
@@ -20,6 +20,7 @@ class CompareScreen(Screen):
     def __init__(self, a: int, b: int, **kwargs):
         super().__init__(**kwargs)
         self.ids = (a, b)
+        self.result: dict | None = None
 
     def compose(self):
         yield Header(show_clock=False)
@@ -36,8 +37,6 @@ class CompareScreen(Screen):
     def on_mount(self) -> None:
         a, b = self.ids
         self.sub_title = f"Compare runs {a} and {b}"
-        self.query_one("#compare-settings", DataTable).add_columns("setting", f"run {a}", f"run {b}")
-        self.query_one("#compare-figures", DataTable).add_columns("figure", f"run {a}", f"run {b}", "delta")
         self._read()
 
     @work(thread=True, exclusive=True, group="compare", exit_on_error=False)
@@ -58,15 +57,34 @@ class CompareScreen(Screen):
         title.update(Text.assemble(
             (f"run {a['id']}", "bold"), f" ({a['recipe']}, {a['status']})  vs  ",
             (f"run {b['id']}", "bold"), f" ({b['recipe']}, {b['status']})"))
-        settings = self.query_one("#compare-settings", DataTable)
-        for name, (va, vb) in result["settings"].items():
-            settings.add_row(name, setting_text(va), setting_text(vb))
-        if not result["settings"]:
-            settings.add_row("(none)", "identical", "identical")
-        figures = self.query_one("#compare-figures", DataTable)
-        for name, f in result["figures"].items():
-            figures.add_row(name, format_number(f["a"]), format_number(f["b"]), delta_text(f["delta"], f["a"]))
-        for name, value in result["same"].items():
-            figures.add_row(name, format_number(value), format_number(value), "same")
-        if not result["figures"] and not result["same"]:
-            figures.add_row("(none)", "-", "-", "no figure in both")
+        self.result = result
+        self._fill()
+        self.call_after_refresh(self._fill)  # again once the tables have their width
+
+    def on_resize(self) -> None:
+        if self.result is not None:
+            self._fill()
+
+    def _fill(self) -> None:
+        result, (a, b) = self.result, self.ids
+        settings = [(name, setting_text(va), setting_text(vb)) for name, (va, vb) in result["settings"].items()]
+        self._fill_table("#compare-settings", ("setting", f"run {a}", f"run {b}"),
+                         settings or [("(none)", "identical", "identical")])
+        figures = [(name, format_number(f["a"]), format_number(f["b"]), delta_text(f["delta"], f["a"]))
+                   for name, f in result["figures"].items()]
+        figures += [(name, format_number(value), format_number(value), "same")
+                    for name, value in result["same"].items()]
+        # A figure only one run has (per-domain accuracy over other domains): — on the other side.
+        figures += [(name, format_number(f["a"]), format_number(f["b"]), MISSING) for name, f in result["only"].items()]
+        self._fill_table("#compare-figures", ("figure", f"run {a}", f"run {b}", "delta"),
+                         figures or [("(none)", "-", "-", "no figure in either")])
+
+    def _fill_table(self, selector: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+        """The rows, each value cut with … to the table's width (before its first layout, whole)."""
+        table = self.query_one(selector, DataTable)
+        width = table.scrollable_content_region.width
+        fitted = fit_columns([header, *rows], width) if width > 0 else [header, *rows]
+        table.clear(columns=True)  # new columns: a DataTable's columns never narrow by themselves
+        table.add_columns(*fitted[0])
+        for row in fitted[1:]:
+            table.add_row(*row)

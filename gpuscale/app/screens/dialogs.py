@@ -61,7 +61,9 @@ class ExportDialog(ModalScreen[tuple[str, Path] | None]):
                              compact=True, id="export-format")
             with Horizontal(classes="dialog-row"):
                 yield Label("file ", classes="field-label")
-                path = Input(str(self.directory / f"gpuscale-run-{self.run_id}.json"), id="export-path", compact=True)
+                # Not selected on focus: a key typed then edits the path (at its end) rather than replacing it.
+                path = Input(str(self.directory / f"gpuscale-run-{self.run_id}.json"), id="export-path", compact=True,
+                             select_on_focus=False)
                 path.cursor_blink = self.cursor_blink
                 yield path
             yield Static("Enter: export · Escape: cancel", classes="dialog-hint")

@@ -8,6 +8,8 @@ once, and the next page is read when the cursor comes near the last row loaded.
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
@@ -17,7 +19,8 @@ from textual.widgets import DataTable, Footer, Header, Label, Select, Static
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.views.runs import RUN_COLUMNS, run_row
-from gpuscale.app.widgets.plain import PlainTable
+from gpuscale.app.views.text import cut_text
+from gpuscale.app.widgets.plain import PlainTable, literal
 from gpuscale.runs import launch
 from gpuscale.runs.store import LIVE_STATUSES, STATUSES
 
@@ -27,23 +30,51 @@ MORE_WITHIN = 20  # the next page is read when the cursor is this close to the l
 HINT = "Enter: open · c: compare (pick two) · e: export · d: delete · R: resume"
 
 
-FIGURES = RUN_COLUMNS.index("Figures")
+# The TUI's columns: `gpuscale runs`'s, with a Label column where some run has a label.
+LABEL = "Label"
+# Below this many columns the table is narrow: Started in short (`01-15 07:55`) and labels cut to
+# NARROW_LABEL; and where the figures would still have less than READABLE cells (a power-sampling
+# run with a label left them 12 at 80 columns), no Duration (the details and `gpuscale runs` give it).
+NARROW_BELOW = 100
+NARROW_LABEL, WIDE_LABEL = 10, 24
+READABLE = 30
 
 
-def history_row(run: dict, now: float, marked: bool) -> tuple[str, ...]:
-    """`gpuscale runs`'s row; a `*` before the id of the run picked for a comparison."""
-    run_id, *rest = run_row(run, now)
-    return (("*" if marked else "") + run_id, *rest)
+def history_columns(runs: list[dict], without_duration: bool = False) -> tuple[str, ...]:
+    """RUN_COLUMNS, with Label after ID when some of the runs has a label (as `gpuscale runs`)."""
+    columns = [column for column in RUN_COLUMNS if not (without_duration and column == "Duration")]
+    if any(run.get("label") for run in runs):
+        columns.insert(1, LABEL)
+    return tuple(columns)
 
 
-def fit_figures(rows: list[tuple[str, ...]], width: int) -> list[tuple[str, ...]]:
+def history_row(run: dict, now: float, marked: bool, columns: tuple[str, ...] = RUN_COLUMNS,
+                narrow: bool = False) -> tuple[str, ...]:
+    """`gpuscale runs`'s row under `columns`; a `*` before the id of the run picked for a comparison;
+    narrow: the start time short and the label cut."""
+    cells = dict(zip(RUN_COLUMNS, run_row(run, now)))
+    cells["ID"] = ("*" if marked else "") + cells["ID"]
+    cells[LABEL] = cut_text(run.get("label") or "", NARROW_LABEL if narrow else WIDE_LABEL)
+    if narrow and run.get("started_at"):
+        cells["Started"] = time.strftime("%m-%d %H:%M", time.localtime(run["started_at"]))
+    return tuple(cells[column] for column in columns)
+
+
+def fit_figures(rows: list[tuple[str, ...]], width: int, columns: tuple[str, ...] = RUN_COLUMNS
+                ) -> list[tuple[str, ...]]:
     """The Figures cells cut (with …) to the room the other columns leave in `width` cells: a long
     figure must not push Started, the last column, off a narrow screen. Each column has one cell of
     padding on either side."""
-    others = sum(max(len(cell) for cell in [RUN_COLUMNS[i], *(row[i] for row in rows)])
-                 for i in range(len(RUN_COLUMNS)) if i != FIGURES)
-    room = max(len(RUN_COLUMNS[FIGURES]), width - others - 2 * len(RUN_COLUMNS))
-    return [(*row[:FIGURES], cut_figures(row[FIGURES], room), *row[FIGURES + 1:]) for row in rows]
+    figures, room = columns.index("Figures"), figures_room(rows, width, columns)
+    return [(*row[:figures], cut_figures(row[figures], room), *row[figures + 1:]) for row in rows]
+
+
+def figures_room(rows: list[tuple[str, ...]], width: int, columns: tuple[str, ...]) -> int:
+    """The cells the other columns leave the Figures column in `width` (its header's at least)."""
+    figures = columns.index("Figures")
+    others = sum(max(len(cell) for cell in [columns[i], *(row[i] for row in rows)])
+                 for i in range(len(columns)) if i != figures)
+    return max(len(columns[figures]), width - others - 2 * len(columns))
 
 
 def cut_figures(text: str, room: int) -> str:
@@ -96,6 +127,7 @@ class HistoryScreen(Screen):
     def on_mount(self) -> None:
         self.sub_title = "History"
         table = self.query_one("#runs-table", DataTable)
+        self._column_names = RUN_COLUMNS
         self._columns = table.add_columns(*RUN_COLUMNS)
         table.focus()
         self.refresh_runs()
@@ -136,7 +168,7 @@ class HistoryScreen(Screen):
             self.refresh_runs()
             return
         if error:
-            self.notify(f"cannot read the history: {error}", severity="error")
+            self.notify(f"cannot read the history: {literal(error)}", severity="error")
         self.more = len(runs) > self.limit
         self.runs = runs[: self.limit]
         self._update_recipe_filter(recipes)
@@ -170,17 +202,25 @@ class HistoryScreen(Screen):
     def _fill_table(self) -> None:
         table = self.query_one("#runs-table", DataTable)
         now = self.app.clock()
-        rows = [history_row(run, now, run["id"] == self.marked) for run in self.runs]
-        rows = fit_figures(rows, table.scrollable_content_region.width)
-        if rows == self._shown_rows:
+        width = table.scrollable_content_region.width
+        narrow = width < NARROW_BELOW
+        columns = history_columns(self.runs)
+        rows = [history_row(run, now, run["id"] == self.marked, columns, narrow) for run in self.runs]
+        if narrow and figures_room(rows, width, columns) < READABLE:
+            columns = history_columns(self.runs, without_duration=True)
+            rows = [history_row(run, now, run["id"] == self.marked, columns, narrow) for run in self.runs]
+        rows = fit_figures(rows, width, columns)
+        if rows == self._shown_rows and columns == self._column_names:
             return
         keys = [str(run["id"]) for run in self.runs]
-        if self._shown_rows is not None and keys == self._shown_keys:
+        if self._shown_rows is not None and keys == self._shown_keys and columns == self._column_names:
             self._update_cells(table, keys, rows)  # the same runs: change the cells that changed
             return
         self._shown_rows, self._shown_keys = rows, keys
         current = self.current_run_id()
-        table.clear()
+        table.clear(columns=columns != self._column_names)
+        if columns != self._column_names:  # a Label column comes or goes
+            self._column_names, self._columns = columns, table.add_columns(*columns)
         for run, row in zip(self.runs, rows):
             table.add_row(*row, key=str(run["id"]))
         if current is not None and str(current) in table.rows:
@@ -257,16 +297,24 @@ class HistoryScreen(Screen):
             self._resume(run)
 
     @work(thread=True, group="history-resume", exit_on_error=False)
-    def _resume(self, run: dict) -> None:
+    def _resume(self, run: dict, force: bool = False) -> None:
         from gpuscale.recipes.registry import get_recipe
 
         try:
             recipe = self.app.recipes.get(run["recipe"]) or get_recipe(run["recipe"])
-            run_id = launch.resume_run(self.app.store(), recipe, run)
+            run_id = launch.resume_run(self.app.store(), recipe, run, force=force)
+        except launch.AlreadyResumed as exc:  # the CLI's --force is a yes here
+            self.app.from_thread(self._ask_resume_again, run, exc.children)
+            return
         except Exception as exc:  # refused (no checkpoint, still running...), or the history is read-only
-            self.app.from_thread(self.notify, f"not resumed: {exc}", severity="warning")
+            self.app.from_thread(self.notify, f"not resumed: {literal(exc)}", severity="warning")
             return
         self.app.from_thread(self._resumed, run["id"], run_id)
+
+    def _ask_resume_again(self, run: dict, children: list[dict]) -> None:
+        names = ", ".join(f"run {child['id']} ({child['status']})" for child in children)
+        question = f"Run {run['id']} was already resumed by {names}. Resume run {run['id']} again from the same point?"
+        self.app.push_screen(ConfirmDialog(question), lambda yes: self._resume(run, force=True) if yes else None)
 
     async def _resumed(self, parent_id: int, run_id: int) -> None:
         self.notify(f"run {run_id}: resuming run {parent_id}")
@@ -293,7 +341,7 @@ class HistoryScreen(Screen):
             store.delete_run(run_id)
             message = f"run {run_id}: deleted (its folder is kept)"
         except Exception as exc:
-            message = f"run {run_id}: not deleted: {exc}"
+            message = f"run {run_id}: not deleted: {literal(exc)}"
         self.app.from_thread(self._deleted, message)
 
     def _deleted(self, message: str) -> None:

@@ -18,7 +18,7 @@ from textual.widgets.option_list import Option
 from gpuscale.app.batch_choice import settings_with_batch, stored_tuning, tuning_summary, validated, wants_auto
 from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
-from gpuscale.app.widgets.plain import PlainStatic
+from gpuscale.app.widgets.plain import PlainStatic, literal
 from gpuscale.app.widgets.settings_form import SettingsForm
 from gpuscale.recipes.device_trials import pick_device
 from gpuscale.runs import launch
@@ -104,15 +104,28 @@ class LaunchScreen(Screen):
             self.pick_first_recipe()
 
     def pick_first_recipe(self) -> None:
-        """Highlight the first recipe, which builds its form (some dozens of widgets)."""
+        """Build the highlighted recipe's form (some dozens of widgets), the first one's if none is."""
         recipes = self.query_one("#recipes", OptionList)
-        if self.app.recipes and recipes.highlighted is None:
-            recipes.highlighted = 0
+        if not self.app.recipes:
+            return
+        if recipes.highlighted is None:
+            recipes.highlighted = 0  # its OptionHighlighted builds the form
+        else:  # highlighted before the first frame (the list highlights on focus)
+            # After the next refresh, as a highlight's message would: the form's box may be mounting still.
+            self.call_after_refresh(self._pick_highlighted)
+
+    def _pick_highlighted(self) -> None:
+        """The highlighted recipe's form, unless a key already picked one."""
+        recipes = self.query_one("#recipes", OptionList)
+        if self.recipe is None and recipes.highlighted is not None:
+            self.pick_recipe(recipes.get_option_at_index(recipes.highlighted).id)
 
     # ---- recipe and form ---------------------------------------------------------------------
 
     @on(OptionList.OptionHighlighted, "#recipes")
     def _recipe_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if not self.app.first_frame_shown:  # the list highlights its first recipe on focus: form after the frame
+            return
         if event.option.id != (self.recipe and self.recipe.name):
             self.pick_recipe(event.option.id)
 
@@ -137,7 +150,7 @@ class LaunchScreen(Screen):
         try:
             return resolve_settings(self.recipe.settings_cls)
         except SettingsError as exc:
-            self.notify(f"environment ignored: {exc}", severity="warning")
+            self.notify(f"environment ignored: {literal(exc)}", severity="warning")
             return self.recipe.settings_cls()
 
     def form(self) -> SettingsForm | None:
@@ -236,12 +249,12 @@ class LaunchScreen(Screen):
             first = next(iter(errors), None)
             if first:
                 form.focus_field(first)
-                self.notify(f"not launched: {first}: {errors[first]}", severity="error")
+                self.notify(f"not launched: {first}: {literal(errors[first])}", severity="error")
             else:
-                self.notify(f"not launched: {self.not_ready}", severity="error")
+                self.notify(f"not launched: {literal(self.not_ready)}", severity="error")
             return
         self.launching = True
-        self.notify(f"launching {self.recipe.name} on {self.plan.describe()}…")
+        self.notify(f"launching {literal(self.recipe.name)} on {literal(self.plan.describe())}…")
         self._start(self.recipe, form.values(), self.plan)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
@@ -264,7 +277,7 @@ class LaunchScreen(Screen):
 
     def _failed(self, exc: Exception) -> None:
         self.launching = False
-        self.notify(f"not launched: {exc}", severity="error")
+        self.notify(f"not launched: {literal(exc)}", severity="error")
 
     async def _started(self, run_id: int) -> None:
         self.launching = False

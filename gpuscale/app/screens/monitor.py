@@ -16,6 +16,7 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.views.runs import run_title
+from gpuscale.app.widgets.plain import literal
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.runs import launch
 from gpuscale.runs.store import LIVE_STATUSES
@@ -193,7 +194,7 @@ class MonitorScreen(Screen):
             run = launch.stop_run(self.app.store(), run_id)
             message, severity = f"run {run_id}: {run['status']}", "information"
         except Exception as exc:
-            message, severity = f"run {run_id}: could not stop: {exc}", "error"
+            message, severity = f"run {run_id}: could not stop: {literal(exc)}", "error"
         self.app.from_thread(self._stopped, run_id, message, severity)
 
     def _stopped(self, run_id: int, message: str, severity: str) -> None:

@@ -107,16 +107,20 @@ def throughput_text(run: dict) -> str:
 
 def per_rank_text(run: dict) -> str:
     """`tokens/s per rank (last 10 s): 1,060 1,050` (rank order) while the run lives; once it ended,
-    the summary's `tokens_per_s_per_rank` where it has it; empty for a single rank."""
+    the summary's `tokens_per_s_per_rank` where it has it, else each rank's share of the summary's
+    `tokens_per_s` (by the tokens it counted), so that the ranks' figures add up to the run's figure
+    shown above them; empty for a single rank."""
     progress, summary = run.get("progress") or {}, run.get("summary") or {}
     ended = run.get("status") not in LIVE_STATUSES
     per_rank = summary.get("tokens_per_s_per_rank")
+    by_rank = progress.get("tokens_per_s_by_rank") or {}
+    counted = [v for _, v in sorted(by_rank.items(), key=lambda kv: int(kv[0]))]
     if ended and isinstance(per_rank, list) and all(_is_number(v) for v in per_rank):
         rates, label = per_rank, ""
+    elif ended and _is_number(summary.get("tokens_per_s")) and sum(counted) > 0:
+        rates, label = [summary["tokens_per_s"] * v / sum(counted) for v in counted], ""
     else:
-        by_rank = progress.get("tokens_per_s_by_rank") or {}
-        rates = [v for _, v in sorted(by_rank.items(), key=lambda kv: int(kv[0]))]
-        label = f" ({RUN_AVERAGE if ended else LIVE_RATE})"
+        rates, label = counted, f" ({RUN_AVERAGE if ended else LIVE_RATE})"
     if len(rates) < 2:
         return ""
     return f"tokens/s per rank{label}: " + " ".join(format_rate(v) for v in rates)
@@ -195,8 +199,10 @@ def run_row(run: dict, now: float) -> tuple[str, ...]:
 
 def compare_runs(a: dict, b: dict) -> dict:
     """The settings that differ; the numeric summary figures both runs have that differ (a, b and
-    b - a); and the figures that are the same in both (`same`). A summary entry that is also a setting
-    (a recipe echoes `method`, `chains`) is a setting, compared as one, not a figure."""
+    b - a); the figures that are the same in both (`same`); and the figures only one of them has
+    (`only`: a and b, None on the side without it; e.g. the per-domain accuracy of two runs over
+    different domains). A summary entry that is also a setting (a recipe echoes `method`, `chains`)
+    is a setting, compared as one, not a figure."""
     keys = sorted(set(a["settings"]) | set(b["settings"]))
     settings_diff = {
         k: [a["settings"].get(k), b["settings"].get(k)] for k in keys if a["settings"].get(k) != b["settings"].get(k)
@@ -210,12 +216,17 @@ def compare_runs(a: dict, b: dict) -> dict:
             same[name] = va
         else:
             figures[name] = {"a": va, "b": vb, "delta": vb - va}
+    summary_a, summary_b = a["summary"] or {}, b["summary"] or {}
+    only = {name: {"a": summary_a.get(name), "b": summary_b.get(name)}
+            for name in sorted((set(summary_a) ^ set(summary_b)) - set(keys))
+            if _is_number(summary_a.get(name, summary_b.get(name)))}
     return {
         "a": {"id": a["id"], "recipe": a["recipe"], "status": a["status"]},
         "b": {"id": b["id"], "recipe": b["recipe"], "status": b["status"]},
         "settings": settings_diff,
         "figures": figures,
         "same": same,
+        "only": only,
     }
 
 

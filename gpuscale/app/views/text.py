@@ -106,3 +106,23 @@ def _resample_max(values: list[float], width: int) -> list[float]:
         return list(values)
     step = len(values) / width
     return [max(values[int(i * step) : max(int(i * step) + 1, int((i + 1) * step))]) for i in range(width)]
+
+
+def cut_text(text: str, room: int) -> str:
+    """`text` in at most `room` characters, its end replaced by `…` where it is cut."""
+    return text if len(text) <= room else text[: max(room - 1, 0)] + "…"
+
+
+def fit_columns(rows: list[tuple[str, ...]], width: int, padding: int = 2, least: int = 6) -> list[tuple[str, ...]]:
+    """Rows of a table (its header first) cut so that the columns, each with `padding` cells around
+    it, fit in `width`: the widest column gives up a cell at a time (down to `least`), and a cell
+    longer than its column ends in `…`. A table wider than its screen would otherwise lose its last
+    columns, or the end of its values, with nothing to say so."""
+    if not rows:
+        return rows
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    room = width - padding * len(widths)
+    while sum(widths) > room and max(widths) > least:
+        widest = widths.index(max(widths))
+        widths[widest] -= 1
+    return [tuple(cut_text(cell, w) for cell, w in zip(row, widths)) for row in rows]

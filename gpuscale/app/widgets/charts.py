@@ -44,12 +44,14 @@ class TimeChart(PlotextPlot):
         self._drawn_at = float("-inf")
 
     def show_lines(self, title: str, lines: list[tuple[str, Series]], x_label: str = "seconds before now",
-                   from_zero: bool = False) -> None:
-        """`from_zero`: the y axis starts at 0 (a rate; scaled to its own range, noise looks like swings)."""
-        key = (title, x_label, from_zero, tuple((label, s.xs, s.ys) for label, s in lines))
+                   from_zero: bool = False, window_s: float | None = None) -> None:
+        """`from_zero`: the y axis starts at 0 (a rate; scaled to its own range, noise looks like swings).
+        `window_s`: the x axis spans the window, -window_s to 0, whatever points there are (left to
+        itself, plotext labels the axis of a single point from right to left: -2.5 ... -7.5)."""
+        key = (title, x_label, from_zero, window_s, tuple((label, s.xs, s.ys) for label, s in lines))
         if key == self._shown:
             return
-        same_chart = self._shown is not None and key[:3] == self._shown[:3]
+        same_chart = self._shown is not None and key[:4] == self._shown[:4]
         if same_chart and time.monotonic() - self._drawn_at < self.MIN_REDRAW_S:
             return  # only newer data: the next poll draws it
         self._shown, self._drawn_at = key, time.monotonic()
@@ -61,6 +63,10 @@ class TimeChart(PlotextPlot):
             plt.ylim(0, top * 1.1)
         else:
             plt.ylim(None, None)
+        if window_s:
+            plt.xlim(-window_s, 0)
+        else:
+            plt.xlim(None, None)
         plt.xlabel(x_label)
         drawn = [(label, s) for label, s in lines if s.xs]
         for index, (label, series) in enumerate(drawn):

@@ -61,6 +61,7 @@ class MonitorView:
     figure_name: str | None
     figure_line: Series | None
     window_text: str
+    window_s: float  # what the charts' x axis spans, in seconds before their end
     log_lines: tuple[str, ...] | None  # None: unchanged since the last poll
     log_source: str
     error: str | None = None
@@ -272,6 +273,7 @@ class RunMonitor(VerticalScroll):
             rate_lines=self._rate_lines(feed, end, window), figure_name=figure_name,
             figure_line=feeds.figure_series(feed, figure_name, end, window, CHART_POINTS) if figure_name else None,
             window_text=("whole run" if not live and self.stored else f"last {format_duration(window)}"),
+            window_s=window,
             log_lines=log_lines, log_source=source or "all logs",
             error=run.get("error") and f"{run['error']}" + (f" — hint: {run['hint']}" if run.get("hint") else ""),
         )
@@ -358,10 +360,11 @@ class RunMonitor(VerticalScroll):
 
     def _show_charts(self, view: MonitorView) -> None:
         x_label = "seconds before now" if view.live else "seconds before the end"
-        self._rate_chart.show_lines(f"tokens/s ({view.window_text})", list(view.rate_lines), x_label, from_zero=True)
+        self._rate_chart.show_lines(f"tokens/s ({view.window_text})", list(view.rate_lines), x_label, from_zero=True,
+                                    window_s=view.window_s)
         if view.figure_name:
             self._figure_chart.show_lines(f"{view.figure_name} ({view.window_text})",
-                                          [(view.figure_name, view.figure_line)], x_label)
+                                          [(view.figure_name, view.figure_line)], x_label, window_s=view.window_s)
         else:
             self._figure_chart.show_lines("recipe figures", [], x_label)
 
