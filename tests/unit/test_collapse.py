@@ -105,3 +105,25 @@ def test_the_rule_on_plain_lists_cuts_to_the_last_steps():
         "— lower learning_rate, check precision"]
     history["reward"][-1] = (8, 0.2)  # the latest step scored: recovering
     assert collapse_warnings(history, {}) == []
+
+
+def test_a_training_run_whose_mfu_stays_low_is_told_what_to_try(tmp_path):
+    store = Store(tmp_path)
+    starved = grpo_run(store, [{"loss": 1.0, "mfu": 0.04 + 0.001 * step} for step in range(6)])
+    (warning,) = run_collapse_warnings(store, starved)
+    assert warning.startswith("MFU 4% (under 10%) over the last 5 steps")
+    assert "gradient_accumulation" in warning and "packing=true" in warning
+    one_good_step = grpo_run(store, [{"mfu": 0.04}] * 4 + [{"mfu": 0.3}])
+    assert run_collapse_warnings(store, one_good_step) == []  # "stays under": every one of the last 5
+    too_early = grpo_run(store, [{"mfu": 0.04}] * 4)
+    assert run_collapse_warnings(store, too_early) == []  # fewer than 5 steps logged: not judged yet
+    no_peak_known = grpo_run(store, [{"loss": 1.0}] * 6)  # CPU or an unknown card: no MFU, no warning
+    assert run_collapse_warnings(store, no_peak_known) == []
+
+
+def test_mfu_is_shown_as_a_percentage():
+    from gpuscale.app.views.runs import figure_text, figures_text
+
+    assert figure_text("mfu", 0.2824) == "28.2%" and figure_text("loss", 0.2824) == "0.2824"
+    run = {"status": "running", "progress": {"latest": {"loss": 1.5, "mfu": 0.31, "grad_norm": 2.0}}}
+    assert figures_text(run) == "loss 1.5 · mfu 31.0% · grad_norm 2"

@@ -4,7 +4,9 @@ while learning nothing. Pointed out while it happens, the way `waste` points out
 - reward at zero while the completions sit at the length cap: the policy emits long garbage that
   never scores (a learning rate too high, or a precision problem, usually);
 - entropy under a floor: the policy has stopped exploring, every completion of a group is the same;
-- a figure that is no longer finite (the loss is nan): training has diverged.
+- a figure that is no longer finite (the loss is nan): training has diverged;
+- beside them, not a collapse but waste of the same kind: a training run's MFU under 10% step after
+  step (`low_mfu_warnings`).
 
 Names are the ranks' metric names (TRL's `completions/clipped_ratio` becomes
 `completions_clipped_ratio`, see `gpuscale.engines.trl_bridge.metric_name`). `collapse_warnings` is
@@ -14,6 +16,7 @@ the pure rule on plain (step, value) lists; `run_collapse_warnings` reads them t
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_number
+from gpuscale.data.cards import LOW_MFU
 from gpuscale.runs.store import Store
 
 # A collapse is judged over this many logged steps, all of them: one bad step (a hard batch, a
@@ -38,6 +41,10 @@ ENTROPY = "entropy"
 WATCHED = (REWARD, CLIPPED, MEAN_LENGTH, ENTROPY)
 # What to do about a collapse of the first kind (and of a diverged loss).
 LOWER_LR = "lower learning_rate, check precision"
+# Model FLOPs utilisation, and what to do when it stays low (a training step too small for the card).
+MFU = "mfu"
+MORE_WORK_A_STEP = ("give each step more rows (gradient_accumulation, the micro-batch left auto), packing=true "
+                    "for short rows, or `gpuscale tune`")
 
 
 def collapse_warnings(history: dict[str, list[tuple[int, float]]], settings: dict | None = None,
@@ -78,9 +85,21 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def low_mfu_warnings(history: dict[str, list[tuple[int, float]]], steps: int = COLLAPSE_STEPS) -> list[str]:
+    """A GPU training run whose MFU (the ranks log it where the card's peak is known, data/cards.py)
+    stayed under LOW_MFU over its last `steps` logged steps: the card mostly waits, on the CPU's
+    kernel launches, small matrices or generation."""
+    recent = [value for _, value in history.get(MFU, [])[-steps:]]
+    if len(recent) < steps or max(recent) >= LOW_MFU:
+        return []
+    return [f"MFU {100 * _mean(recent):.0f}% (under {100 * LOW_MFU:.0f}%) over the last {steps} steps — "
+            f"{MORE_WORK_A_STEP}"]
+
+
 def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) -> list[str]:
     """`collapse_warnings` for a run of the store: its last `steps` logged steps of the watched
-    figures, and the figures its supervisor saw turn non-finite (in the run's progress)."""
-    history = store.recent_steps(run["id"], WATCHED, steps)
+    figures, and the figures its supervisor saw turn non-finite (in the run's progress); then
+    `low_mfu_warnings`."""
+    history = store.recent_steps(run["id"], (*WATCHED, MFU), steps)
     nonfinite = (run.get("progress") or {}).get("nonfinite")
-    return collapse_warnings(history, run.get("settings"), nonfinite, steps)
+    return collapse_warnings(history, run.get("settings"), nonfinite, steps) + low_mfu_warnings(history, steps)
