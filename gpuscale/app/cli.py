@@ -25,7 +25,15 @@ from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
 from gpuscale.app.views.export import export_text
 from gpuscale.app.views.logs import read_lines, world_size
-from gpuscale.app.views.runs import RUN_COLUMNS, compare_runs, delta_text, key_figures, progress_line, run_row
+from gpuscale.app.views.runs import (
+    RUN_COLUMNS,
+    compare_runs,
+    delta_text,
+    key_figures,
+    lineage_lines,
+    progress_line,
+    run_row,
+)
 from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
 from gpuscale.data.models import ModelError
 from gpuscale.data.tasks import DataError
@@ -220,16 +228,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
     overrides = parse_assignments(args.assignments)
     if args.gpus is not None:
         overrides["gpus"] = args.gpus
-    run_id = launch.resume_run(store, recipe, parent, overrides)  # refused before anything starts
+    label = {} if args.label is None else {"label": checked_label(args.label)}  # else the parent's
+    # Refused before anything starts: nothing to resume from, or (without --force) resumed already.
+    run_id = launch.resume_run(store, recipe, parent, overrides, force=args.force, **label)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
     run = store.get_run(run_id)
     plan = json.loads(RunDir(run["run_dir"]).plan.read_text())
     where = launch.DevicePlan(plan["nproc"], tuple(plan["gpu_indices"])).describe()
-    print(f"run {run_id}: {recipe.name} resuming run {parent['id']} from {Path(run['settings']['resume_from']).name} "
+    print(f"run {run_id}: {recipe.name} resuming run {parent['id']} from {resumed_from(run, parent)} "
           f"on {where}; Ctrl-C stops it (gpuscale logs {run_id} --follow)", file=sys.stderr)
     return follow_run(store, run_id, as_json=args.json)
+
+
+def resumed_from(run: dict, parent: dict) -> str:
+    """What a resumed run continues from: its parent's checkpoint, and (rft) the answers it kept."""
+    settings = run["settings"] or {}
+    parts = [Path(settings["resume_from"]).name] if settings.get("resume_from") else []
+    if settings.get("data_from") and settings["data_from"] == parent.get("run_dir"):
+        parts.append("the answers it kept")
+    return " and ".join(parts)
 
 
 # ---- tune -----------------------------------------------------------------------------------------
@@ -368,7 +387,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = open_store()
     run = store.find_run(args.id)
     if args.json:
-        print(json.dumps({**public_run(run), "latest_samples": store.latest_samples(run["id"])}, indent=2))
+        print(json.dumps({**public_run(run), "children": [child["id"] for child in store.children(run["id"])],
+                          "latest_samples": store.latest_samples(run["id"])}, indent=2))
         return 0
     print(progress_line(run, time.time(), run_collapse_warnings(store, run)))
     if figures := key_figures(run["summary"] or {}, limit=4):
@@ -378,9 +398,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     for key in ("label", "error", "hint", "run_dir"):
         if run[key]:
             print(f"{key}: {run[key]}")
-    if run.get("parent_id"):
-        checkpoint = (run["settings"] or {}).get("resume_from")
-        print(f"resumed from: run {run['parent_id']}" + (f", {checkpoint}" if checkpoint else ""))
+    for line in lineage_lines(run, store.children(run["id"])):
+        print(line)
     print("command:", launch.display_command(run["command"]) if run["command"] else "-")
     print("settings:")
     for key, value in run["settings"].items():
@@ -650,6 +669,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", help="'all', a count, or indices like 0,3 (default: the run's own)")
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                    help="change a setting of the run; repeatable")
+    p.add_argument("--force", action="store_true",
+                   help="resume a run that was resumed before, again from the same checkpoint")
+    p.add_argument("--label", help="a name for the new run (default: the run's own label)")
     add_follow_options(p)
     p.set_defaults(func=cmd_resume)
 

@@ -117,6 +117,12 @@ class Recipe(ABC):
         """The settings with the tuned batch; a training recipe also rescales gradient accumulation."""
         return settings.model_copy(update={"batch_size": batch_size})
 
+    def resume_overrides(self, run: dict) -> dict[str, Any]:
+        """Settings a resume of the ended `run` (the history's row) continues it from besides a
+        checkpoint, e.g. rft's kept answers; {} when it has none (a run with neither a checkpoint
+        nor these is refused: `runs/launch.py:resume_settings`)."""
+        return {}
+
     @abstractmethod
     def run(self, settings: RunSettings, ctx: RankContext, reporter: Reporter) -> None:
         """The work of one rank. Rank 0 ends with `reporter.summary({...})` holding promised_figures."""

@@ -190,56 +190,97 @@ class ResumeRefused(SettingsError):
     """A run that cannot be resumed: one line saying why (the CLI exits 2 on it, the TUI shows it)."""
 
 
-def resume_point(run: dict) -> Path:
-    """The checkpoint a resume of `run` starts from: its newest complete one, else (a resumed run
-    stopped before its own first checkpoint) the one it was itself resumed from. Refuses, with the
-    reason, a run that is live, succeeded, or has no checkpoint."""
+class AlreadyResumed(ResumeRefused):
+    """A run that was resumed before: resuming it again would continue the same checkpoint a second
+    time, so it needs `force` (the CLI's --force, the TUI's confirmation). `children`: the runs that
+    continued it, oldest first."""
+
+    def __init__(self, run_id: int, children: list[dict]):
+        self.children = children
+        names = ", ".join(f"run {child['id']} ({child['status']})" for child in children)
+        newest = children[-1]["id"]
+        super().__init__(f"run {run_id} was already resumed by {names}; `gpuscale resume {newest}` goes on from "
+                         f"where that got, `gpuscale resume {run_id} --force` resumes run {run_id} again")
+
+
+def refuse_unless_ended(run: dict) -> None:
+    """Only a stopped, failed or lost run can be resumed."""
     run_id, status = run["id"], run["status"]
     if status in LIVE_STATUSES:
         raise ResumeRefused(f"run {run_id} is {status}: only a stopped, failed or lost run can be resumed")
     if status == "succeeded":
         raise ResumeRefused(f"run {run_id} succeeded: there is nothing left to resume")
-    settings = run.get("settings") or {}
+
+
+def checkpoint_of(run: dict) -> Path | None:
+    """The run's newest complete checkpoint, else (a resumed run stopped before its own first
+    checkpoint) the one it was itself resumed from; None if neither."""
     found = latest_checkpoint(run["run_dir"]) if run.get("run_dir") else None
-    inherited = settings.get("resume_from")
+    inherited = (run.get("settings") or {}).get("resume_from")
     if found is None and inherited and is_complete(inherited):
         found = Path(inherited)
-    if found is not None:
-        return found
-    every = settings.get("checkpoint_every")
+    return found
+
+
+def no_checkpoint(run: dict) -> ResumeRefused:
+    every = (run.get("settings") or {}).get("checkpoint_every")
     if not every:
         reason = "it saved none: checkpoint_every was 0" if every == 0 else "it saved none"
     else:
         reason = f"it saved none: it stopped before step {every}, or its recipe writes no checkpoints"
-    raise ResumeRefused(f"run {run_id} has no checkpoint to resume from ({reason})")
+    return ResumeRefused(f"run {run['id']} has no checkpoint to resume from ({reason})")
+
+
+def resume_point(run: dict) -> Path:
+    """The checkpoint a resume of `run` starts from (`checkpoint_of`). Refuses, with the reason, a
+    run that is live, succeeded, or has no checkpoint."""
+    refuse_unless_ended(run)
+    found = checkpoint_of(run)
+    if found is None:
+        raise no_checkpoint(run)
+    return found
 
 
 def resume_settings(recipe, run: dict, overrides: dict | None = None) -> RunSettings:
-    """The settings of a run continuing `run`: its own (as its ranks read them), `overrides` on top
-    (`gpus` may change: the checkpoints hold nothing tied to the number of ranks), and `resume_from`
-    its last checkpoint."""
-    checkpoint = resume_point(run)
+    """The settings of a run continuing `run`: its own (as its ranks read them), then what its
+    recipe continues it from besides a checkpoint (`recipe.resume_overrides`: rft's kept answers),
+    `overrides` on top (`gpus` may change: the checkpoints hold nothing tied to the number of ranks),
+    and `resume_from` its last checkpoint. Refused where there is neither a checkpoint nor such work."""
+    refuse_unless_ended(run)
+    checkpoint = checkpoint_of(run)
+    kept_work = recipe.resume_overrides(run)
+    if checkpoint is None and not kept_work:
+        raise no_checkpoint(run)
     folder = RunDir(run["run_dir"])
     try:
         merged = json.loads(folder.settings.read_text())
     except (OSError, ValueError) as exc:
         raise ResumeRefused(f"run {run['id']}: its settings ({folder.settings}) cannot be read ({exc})") from None
+    merged.update(kept_work)
     for key, value in (overrides or {}).items():
         merged[recipe.settings_cls.field_for_key(key)] = value
-    merged["resume_from"] = str(checkpoint)
+    merged["resume_from"] = str(checkpoint) if checkpoint else None
     try:
         return recipe.settings_cls.model_validate(merged)
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
 
 
+_PARENTS_LABEL = object()  # resume_run's default: the child carries its parent's label
+
+
 def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
-               plan: DevicePlan | None = None) -> int:
+               plan: DevicePlan | None = None, force: bool = False, label: str | None | object = _PARENTS_LABEL) -> int:
     """Continue a stopped, failed or lost run as a new run that names it as its parent, from its
-    last checkpoint (`resume_settings`); returns the new run's id. The one way both front ends
-    resume a run."""
+    last checkpoint (`resume_settings`), with its label unless `label` is given; returns the new
+    run's id. A run resumed before is refused (`AlreadyResumed`, naming the runs that continued it)
+    unless `force`. The one way both front ends resume a run."""
     settings = resume_settings(recipe, run, overrides)
-    return start_run(store, recipe, settings, plan, parent_id=run["id"])
+    children = store.children(run["id"])
+    if children and not force:
+        raise AlreadyResumed(run["id"], children)
+    label = run.get("label") if label is _PARENTS_LABEL else label
+    return start_run(store, recipe, settings, plan, label=label, parent_id=run["id"])
 
 
 # Supervisors this front end started; polled so that finished ones do not linger as zombies.

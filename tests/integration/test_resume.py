@@ -27,7 +27,8 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
     assert whole["status"] == "succeeded", whole["error"]
     assert [p.name for p in list_checkpoints(whole["run_dir"])] == ["checkpoint-4"]  # keep_checkpoints=1
 
-    broken = gpuscale("run", *TINY, "--gpus", "2", "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:3"})
+    broken = gpuscale("run", *TINY, "--gpus", "2", "--label", "adam", "--json",
+                      env={"GPUSCALE_INJECT_FAULT": "0:error:3"})
     assert broken.returncode == 1
     parent = json.loads(broken.stdout)
     assert parent["status"] == "failed"
@@ -37,7 +38,7 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
 
     resumed = run_json("resume", str(parent["id"]))
     assert resumed["status"] == "succeeded", resumed["error"]
-    assert resumed["parent_id"] == parent["id"]
+    assert resumed["parent_id"] == parent["id"] and resumed["label"] == "adam"  # the label is carried
     assert resumed["settings"]["resume_from"].endswith("checkpoint-2")
     assert resumed["summary"]["weights_checksum"] == whole["summary"]["weights_checksum"]
     # It ran steps 3 and 4 only: the weights came from the checkpoint, not from running it all again.
@@ -46,8 +47,15 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
     # The figures go on from the parent's: the first step's fitness is the parent's, not step 3's.
     assert resumed["summary"]["fitness_mean_first"] == whole["summary"]["fitness_mean_first"]
 
+    # Resumed already: a second resume is refused, naming the run that continued it, unless --force.
+    again = gpuscale("resume", str(parent["id"]), "--gpus", "1")
+    assert again.returncode == 2
+    assert again.stderr == (f"gpuscale: error: run {parent['id']} was already resumed by run {resumed['id']} "
+                            f"(succeeded); `gpuscale resume {resumed['id']}` goes on from where that got, "
+                            f"`gpuscale resume {parent['id']} --force` resumes run {parent['id']} again\n")
+    assert len(run_json("runs")) == 3  # nothing was started
     # On one rank instead of two: the checkpoint holds nothing tied to the rank count.
-    alone = run_json("resume", str(parent["id"]), "--gpus", "1")
+    alone = run_json("resume", str(parent["id"]), "--gpus", "1", "--force", "--label", "alone")
     assert alone["status"] == "succeeded", alone["error"]
     assert alone["summary"]["world_size"] == 1
     assert alone["summary"]["weights_checksum"] == whole["summary"]["weights_checksum"]
@@ -56,6 +64,21 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
     assert f"{resumed['id']} ↻{parent['id']}" in listed.stdout
     shown = gpuscale("show", str(resumed["id"]))
     assert f"resumed from: run {parent['id']}" in shown.stdout
+    children = f"continued by: run {resumed['id']} (succeeded), run {alone['id']} (succeeded)"
+    assert children in gpuscale("show", str(parent["id"])).stdout.splitlines()
+    assert alone["label"] == "alone"
+
+    # runs.db truncated to 100 bytes: the repair keeps the resume links, the labels and the statuses.
+    (Path(home) / "runs.db").write_bytes((Path(home) / "runs.db").read_bytes()[:100])
+    assert gpuscale("doctor", "--repair").returncode == 0
+    rebuilt = {run["id"]: run for run in run_json("runs")}
+    assert [(rebuilt[i]["status"], rebuilt[i]["parent_id"], rebuilt[i]["label"])
+            for i in (whole["id"], parent["id"], resumed["id"], alone["id"])] == [
+        ("succeeded", None, None), ("failed", None, "adam"), ("succeeded", parent["id"], "adam"),
+        ("succeeded", parent["id"], "alone")]
+    assert rebuilt[resumed["id"]]["summary"] == resumed["summary"]
+    assert children in gpuscale("show", str(parent["id"])).stdout.splitlines()
+    assert gpuscale("resume", str(parent["id"])).returncode == 2  # still resumed already
 
 
 def test_a_run_without_checkpoint_is_refused_in_one_line(home):
@@ -115,7 +138,7 @@ def test_a_failed_grpo_mtl_run_resumed_ends_with_the_uninterrupted_runs_weights(
 
     resumed = run_json("resume", str(parent["id"]))
     assert resumed["status"] == "succeeded", resumed["error"]
-    assert resumed["parent_id"] == parent["id"]
+    assert resumed["parent_id"] == parent["id"] and resumed["label"] == "adam"  # the label is carried
     assert resumed["summary"]["steps"] == 3
     # It trained step 3 only, from the checkpoint's weights, optimizer, schedule and data position.
     rewards = [row["step"] for row in Store(home).metrics(resumed["id"], "reward") if row["rank"] >= 0]

@@ -103,6 +103,17 @@ def test_a_run_stopped_while_generating_keeps_its_partial_kept_set_for_data_from
     assert all(row["question"] in gold for row in rows)
     assert all(correctness(row["completion"], gold[row["question"]], mode="strict") for row in rows)
 
-    reused = run_json("run", *TINY_RFT, "--gpus", "1", "--set", f"data_from={run_id}", "--set", "max_steps=1")
+    # `gpuscale resume` trains on them (data_from its folder): no checkpoint needed, nothing generated again.
+    resumed = gpuscale("resume", str(run_id), "--gpus", "1", "--set", "max_steps=1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming run {run_id} from the answers it kept on 1 CPU rank(s)" in resumed.stderr
+    reused = json.loads(resumed.stdout)
     assert reused["status"] == "succeeded", reused["error"]
-    assert reused["summary"]["kept_examples"] == len(rows)
+    assert reused["parent_id"] == run_id and reused["settings"]["data_from"] == str(run_dir)
+    assert reused["settings"]["resume_from"] is None
+    summary = reused["summary"]
+    assert summary["data_from"] == str(run_dir / "results.jsonl") and summary["steps"] == 1
+    # Its figures say what it trained on: the kept answers, not the 4000 questions of the data set.
+    assert summary["kept_examples"] == summary["train_examples"] == len(rows)
+    assert summary["train_questions"] == len({row["question"] for row in rows})
+    assert "generation_questions" not in summary and "generated_samples" not in summary

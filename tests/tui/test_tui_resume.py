@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from gpuscale.app.screens.dialogs import ConfirmDialog
+from gpuscale.app.screens.run_detail import RunDetailScreen
 from gpuscale.recipes.registry import get_recipe
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import Store
@@ -56,5 +58,33 @@ def test_r_refuses_a_run_without_checkpoint_and_resumes_one_with_a_checkpoint(ho
             assert child["settings"]["resume_from"] == str(RunDir(store.get_run(saved)["run_dir"]).checkpoint(2))
             await wait_for(pilot, lambda: Store(home).get_run(child["id"])["status"] not in ("queued", "running"),
                            120, "the resumed run's end")
+
+            # Resumed once already: R asks first (the CLI's --force); n starts nothing.
+            await pilot.press("f4")
+            await wait_for(pilot, lambda: app.screen.current_run_id() is not None, 10, "the history")
+            while app.screen.current_run_id() != saved:
+                await pilot.press("down")
+            await pilot.press("R")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 10, "the question")
+            assert app.screen.question == (f"Run {saved} was already resumed by run {child['id']} (succeeded). "
+                                           f"Resume run {saved} again from the same point?")
+            await pilot.press("n")
+            await settle(pilot)
+            assert [run["id"] for run in Store(home).children(saved)] == [child["id"]]
+
+            # The parent's page lists the run that continued it.
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen), 10, "the run's page")
+            await wait_for(pilot, lambda: f"continued by: run {child['id']} (succeeded)"
+                           in str(app.screen.query_one("#detail-heading").render()), 10, "the children line")
+            # y resumes it again, as a second child.
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.screen.current_run_id() == saved, 10, "back on the history")
+            await pilot.press("R")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 10, "the question again")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: len(Store(home).children(saved)) == 2, 20, "a second child")
+            await wait_for(pilot, lambda: Store(home).children(saved)[1]["status"] not in ("queued", "running"),
+                           120, "the second child's end")
 
     run_async(scenario())

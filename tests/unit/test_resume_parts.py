@@ -101,3 +101,50 @@ def test_a_resumed_run_without_its_own_checkpoint_goes_back_to_its_parents(tmp_p
     assert launch.resume_point(run) == parents
     mine = complete(tmp_path / "child", 100)
     assert launch.resume_point(run) == mine
+
+
+def test_a_run_resumed_before_is_refused_naming_the_runs_that_continued_it(tmp_path):
+    """Checked before anything starts: the refusal names each child and both ways on (--force)."""
+    store = Store(tmp_path)
+    parent = store.create_run("eggroll", {}, [], "h")
+    first, second = (store.create_run("eggroll", {}, [], "h", parent_id=parent) for _ in range(2))
+    store.finish_run(parent, "failed")
+    store.finish_run(first, "stopped")
+    folder = RunDir(store.get_run(parent)["run_dir"]).make()
+    folder.settings.write_text(RunSettings(checkpoint_every=2).model_dump_json())
+    complete(folder.root, 2)
+    with pytest.raises(launch.AlreadyResumed) as refused:
+        launch.resume_run(store, EggrollLike(), store.get_run(parent))
+    assert [child["id"] for child in refused.value.children] == [first, second]
+    assert str(refused.value) == (f"run {parent} was already resumed by run {first} (stopped), run {second} "
+                                  f"(queued); `gpuscale resume {second}` goes on from where that got, "
+                                  f"`gpuscale resume {parent} --force` resumes run {parent} again")
+    assert [run["id"] for run in store.list_runs()] == [second, first, parent]  # nothing was started
+
+
+class EggrollLike:
+    """A recipe as resume_settings sees it: its settings class and what it resumes besides checkpoints."""
+
+    settings_cls = RunSettings
+
+    def resume_overrides(self, run: dict) -> dict:
+        return {}
+
+
+def test_rft_resumes_a_run_stopped_in_generation_from_the_answers_it_kept(tmp_path):
+    """No checkpoint (it never trained), but kept answers: the new run trains on them (data_from
+    the folder); a run without kept answers is refused as having nothing to resume from."""
+    from gpuscale.recipes.registry import get_recipe
+
+    rft = get_recipe("rft")
+    folder = RunDir(tmp_path / "runs" / "43").make()
+    folder.settings.write_text(rft.settings_cls(max_examples=4000).model_dump_json())
+    run = {"id": 43, "status": "stopped", "run_dir": str(folder.root), "settings": {"checkpoint_every": 0}}
+    with pytest.raises(launch.ResumeRefused, match="run 43 has no checkpoint to resume from"):
+        launch.resume_settings(rft, run)
+    folder.results.write_text('{"question": "1+1", "completion": "2", "domain": "add", "source": "sample"}\n')
+    settings = launch.resume_settings(rft, run, {"max_steps": 1})
+    assert settings.data_from == str(folder.root) and settings.resume_from is None
+    assert settings.max_examples == 4000 and settings.max_steps == 1
+    # Its child trains on a set already: nothing more of that kind to continue from.
+    assert rft.resume_overrides({**run, "settings": {"data_from": str(folder.root)}}) == {}

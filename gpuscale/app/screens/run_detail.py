@@ -9,18 +9,21 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from gpuscale.app.views.runs import run_title, status_line
+from gpuscale.app.views.runs import lineage_lines, run_title, status_line
 from gpuscale.app.views.text import format_number, format_time, setting_text
 from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.runs import launch
 
 
-def run_heading(run: dict, now: float) -> Text:
-    """Status line, times, error and hint, host and the launcher command, one per line."""
+def run_heading(run: dict, now: float, children: list[dict] = ()) -> Text:
+    """Status line, times, the runs it resumed and that resumed it, error and hint, host and the
+    launcher command, one per line."""
     text = Text.assemble((run_title(run), "bold"), " · ", status_line(run, now), "\n")
     text.append(f"started {format_time(run['started_at'])} · ended {format_time(run['ended_at'])}"
                 f" · host {run.get('host') or '-'}\n")
+    for line in lineage_lines(run, list(children)):
+        text.append(line + "\n")
     if run.get("error"):
         text.append(f"✗ error: {run['error']}\n", style="bold")
     if run.get("hint"):
@@ -69,19 +72,21 @@ class RunDetailScreen(Screen):
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def _read(self) -> None:
+        children = []
         try:
-            run = self.app.store().get_run(self.run_id)
+            store = self.app.store()
+            run, children = store.get_run(self.run_id), store.children(self.run_id)
         except Exception as exc:
             run = exc
-        self.app.from_thread(self._show, run)
+        self.app.from_thread(self._show, run, children)
 
-    def _show(self, run: dict | Exception) -> None:
+    def _show(self, run: dict | Exception, children: list[dict] = ()) -> None:
         heading = self.query_one("#detail-heading", Static)
         if isinstance(run, Exception):
             heading.update(Text(f"cannot read run {self.run_id}: {run}"))
             return
         self.run = run
-        heading.update(run_heading(run, self.app.clock()))
+        heading.update(run_heading(run, self.app.clock(), children))
         figures = self.query_one("#detail-figures", DataTable)
         figures.clear()
         for name, value in (run["summary"] or {}).items():

@@ -188,6 +188,18 @@ def run_id_text(run: dict) -> str:
     return f"{run['id']} ↻{run['parent_id']}" if run.get("parent_id") else str(run["id"])
 
 
+def lineage_lines(run: dict, children: list[dict]) -> list[str]:
+    """The runs a run is linked to by `gpuscale resume`: `resumed from: run 12, <checkpoint>` and
+    `continued by: run 14 (succeeded), run 15 (running)` (its children, oldest first)."""
+    lines = []
+    if run.get("parent_id"):
+        checkpoint = (run.get("settings") or {}).get("resume_from")
+        lines.append(f"resumed from: run {run['parent_id']}" + (f", {checkpoint}" if checkpoint else ""))
+    if children:
+        lines.append("continued by: " + ", ".join(f"run {child['id']} ({child['status']})" for child in children))
+    return lines
+
+
 def run_row(run: dict, now: float) -> tuple[str, ...]:
     """The run's cells under RUN_COLUMNS."""
     return (run_id_text(run), run["recipe"], run["status"], format_duration(elapsed_s(run, now)),

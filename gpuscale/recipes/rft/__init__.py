@@ -162,6 +162,18 @@ class RFT(Recipe):
             limits.append(max(1, settings.max_rows_per_call // settings.samples_per_question))
         return min(limits) if limits else None
 
+    def resume_overrides(self, run: dict) -> dict:
+        """A run that generated its own set resumes on the answers it kept (`data_from` its folder:
+        the whole set, or the part its ranks finished before a stop in generation), from its training
+        checkpoint where it has one; the rest of its questions are not generated again."""
+        from pathlib import Path
+
+        from gpuscale.recipes.rft.data import kept_set_in
+
+        if (run.get("settings") or {}).get("data_from") or not run.get("run_dir"):
+            return {}
+        return {"data_from": run["run_dir"]} if kept_set_in(Path(run["run_dir"])).is_file() else {}
+
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.rft.trainer import run_rft
 

@@ -24,17 +24,17 @@ def generated_set_path(data_from: str) -> Path:
             run_dir = Store.for_reading().get_run(int(text))["run_dir"]
         except UnknownRun:
             raise SettingsError(f"data_from: {text!r}: no run {text} in the history") from None
-        path = _kept_set_in(Path(run_dir or ""))
+        path = kept_set_in(Path(run_dir or ""))
     else:
         path = Path(text).expanduser()
-        path = _kept_set_in(path) if path.is_dir() else path
+        path = kept_set_in(path) if path.is_dir() else path
     if not path.is_file():
         raise SettingsError(f"data_from: {text!r}: {path} does not exist (a run of rft that finished generating "
                             "has one)")
     return path
 
 
-def _kept_set_in(run_dir: Path) -> Path:
+def kept_set_in(run_dir: Path) -> Path:
     """A run folder's whole kept set, or else the partial one of a run stopped while generating."""
     from gpuscale.runs.run_dir import RunDir
 

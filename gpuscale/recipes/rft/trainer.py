@@ -59,8 +59,8 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
     before = evaluate(loaded.model, loaded.tokenizer, held_out, settings, ctx, "before")
     phases.log(1, **headline(before, "before"))
     summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
-               "generator": settings.generator, "train_questions": len(train),
-               "eval_split": settings.eval_split, "eval_examples": len(held_out), **before}
+               "generator": settings.generator, "eval_split": settings.eval_split, "eval_examples": len(held_out),
+               **({} if settings.data_from else {"generation_questions": len(train)}), **before}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
 
@@ -78,8 +78,8 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
                       "held_out_rows_dropped": len(every_row) - len(rows)}
     else:
         rows, generation = generate_phase(settings, ctx, loaded, batches, phases)
-    summary.update(generation, generated_set=str(ctx.run_dir / GENERATED_FILE) if not settings.data_from
-                   else generation["data_from"])
+    summary.update(generation, **trained_on(rows), generated_set=str(ctx.run_dir / GENERATED_FILE)
+                   if not settings.data_from else generation["data_from"])
     if ctx.is_main:
         reporter.summary(summary, partial=True)
 
@@ -95,6 +95,12 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
         return {**after, **gains(before, after)}
 
     save_then_evaluate(trained, loaded.tokenizer, ctx, settings, reporter, summary, final_evaluation)
+
+
+def trained_on(rows: list[dict]) -> dict:
+    """What the fine-tune trains on: the kept examples (a data_from set's, those it scores left out)
+    and the questions they answer; not the questions generated for, which may be many more."""
+    return {"train_examples": len(rows), "train_questions": len({row["question"] for row in rows})}
 
 
 def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedReporter) -> tuple[list[dict], dict]:
@@ -118,6 +124,7 @@ def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedRepor
     steady = max(r["seconds"] - r["first"] for r in everyone)
     steady_samples = samples - sum(r["first_samples"] for r in everyone)
     figures = {
+        "generation_questions": len(questions),
         "samples_per_question": settings.samples_per_question, "temperature": settings.temperature,
         "generated_samples": samples, "sample_accuracy": sum(r["correct"] for r in everyone) / max(1, samples),
         **yield_by_domain(questions), "kept_examples": len(rows),
