@@ -28,6 +28,7 @@ def bench(script: str, *args: str, timeout: float = 600) -> subprocess.Completed
     return done
 
 
+@pytest.mark.e2e
 def test_grpo_mtl_bench_times_every_generator_and_two_ranks(home, tmp_path):
     out = tmp_path / "grpo.json"
     prompts, generations = 2, 2
@@ -69,6 +70,7 @@ def test_grpo_mtl_bench_times_every_generator_and_two_ranks(home, tmp_path):
 TINY_SCALING = ["--probe-batch", "4", "--probe-steps", "6", "--sft-batch", "2", "--train-steps", "3"]
 
 
+@pytest.mark.e2e
 def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(home, tmp_path):
     out = tmp_path / "scaling.json"
     done = bench("scaling.py", "--cpu", "--gpu-counts", "1,2", "--recipes", "probe,sft", "--models", "tiny-math",
@@ -182,6 +184,7 @@ def test_card_labels_name_the_card_and_count():
     assert record.one_card("cpu (x86_64, 2 threads)") == "cpu"
 
 
+@pytest.mark.e2e
 def test_resume_kill_bench_kills_the_supervisor_and_resumes_to_the_end_on_cpu(home, tmp_path):
     """bench/resume_kill.py at its docstring's CPU sizes, a little smaller: the supervisor's SIGKILL leaves
     no process behind, the store says lost, the resume runs from the checkpoint to max_steps."""
@@ -241,6 +244,7 @@ def test_select_settings_chooses_by_its_rule_on_the_seeds_means():
     assert select.row_of(run)["status"] == "not-validation"
 
 
+@pytest.mark.e2e
 def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_path):
     out = tmp_path / "selection.json"
     done = bench("select_settings.py", "--recipe", "eggroll", "--candidates", "lr=0.3;lr=0.1", "--seeds", "0",

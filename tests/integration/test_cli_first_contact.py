@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from importlib.metadata import version
 
+import pytest
+
 from conftest import gpuscale, run_json
 from gpuscale.runs.store import Store
 
@@ -103,6 +105,7 @@ def test_an_ambiguous_label_names_the_runs(home):
     assert result.returncode == 2 and f"the label is on runs {a}, {b}" in result.stderr
 
 
+@pytest.mark.e2e
 def test_run_with_a_label_then_stop_it_by_label(home):
     run_id = int(gpuscale("run", *FAST, "--label", "first try", "--detach").stdout)
     assert run_json("show", "first try")["label"] == "first try"

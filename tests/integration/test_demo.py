@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import gpuscale, run_json
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -17,6 +19,7 @@ def test_readme_starts_with_the_demo_not_probe():
     assert commands[0] == "pip install -e . && gpuscale demo"
 
 
+@pytest.mark.e2e
 def test_demo_runs_power_against_plain_sampling_and_compares_them(home):
     result = gpuscale("demo", "--problems", "6", timeout=300)
     assert result.returncode == 0, result.stderr

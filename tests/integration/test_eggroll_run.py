@@ -5,6 +5,8 @@ import pytest
 from conftest import run_json
 from gpuscale.runs.store import Store
 
+pytestmark = pytest.mark.e2e  # every test here starts real runs
+
 SMALL = ["--set", "population=8", "--set", "prompts_per_step=4", "--set", "max_new_tokens=24",
          "--set", "steps=3", "--set", "eval_examples=8", "--set", "sigma=0.05", "--set", "lr=0.5",
          "--set", "fitness=correctness", "--batch-size", "16"]  # the answers' rewards: equal in both methods

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from conftest import gpuscale, leftover_processes, run_json
@@ -13,6 +14,8 @@ from gpuscale.data.models import load_model
 from gpuscale.data.tasks import TINY_MATH_DOMAINS
 from gpuscale.recipes.registry import get_recipe
 from gpuscale.runs.store import Store
+
+pytestmark = pytest.mark.e2e  # every test here starts real runs
 
 TINY_GRPO = ["--recipe", "grpo-mtl", "--gpus", "2", "--set", "mtl=pcgrad", "--set", "rollout.n=4",
              "--set", "data.train_batch_size=4", "--set", "ppo_micro_batch_size_per_gpu=4",

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.e2e  # every test here starts real runs
+
 STEP_SCRIPT = Path(__file__).with_name("pcgrad_step.py")
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from conftest import gpuscale, run_json
 
+pytestmark = pytest.mark.e2e  # every test here starts real runs
+
 
 def test_two_rank_power_sampling_run_on_the_defaults(home):
     run = run_json("run", "--recipe", "power-sampling", "--gpus", "2", "--set", "max_examples=6", "--batch-size", "3")

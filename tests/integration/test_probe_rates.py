@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import gpuscale
 from gpuscale.app.views.text import format_rate
 from gpuscale.runs.store import Store
+
+pytestmark = pytest.mark.e2e  # every test here starts real runs
 
 
 def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(home):

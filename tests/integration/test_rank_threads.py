@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import run_json
+
+pytestmark = pytest.mark.e2e  # every test here starts real runs
 
 FAST = ["--recipe", "probe", "--set", "steps=2", "--set", "prompt_tokens=4", "--batch-size", "1", "--gpus", "2"]
 

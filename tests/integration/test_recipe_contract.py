@@ -72,6 +72,7 @@ def test_the_settings_render_in_the_launch_form(name):
 
 
 @pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.e2e
 def test_a_one_rank_cpu_run_of_the_smallest_settings_keeps_its_promises(home, name):
     recipe = all_recipes()[name]
     run = run_json("run", "--recipe", name, "--gpus", "1", *smoke_arguments(recipe))

@@ -14,6 +14,8 @@ import pytest
 from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_for_metrics, wait_until
 from gpuscale.runs.store import Store
 
+pytestmark = pytest.mark.e2e  # every test here starts real runs
+
 FAST = ["--recipe", "probe", "--set", "steps=4", "--set", "prompt_tokens=8", "--batch-size", "2"]
 LONG = ["--recipe", "probe", "--set", "steps=100000", "--set", "prompt_tokens=8", "--batch-size", "2",
         "--set", "telemetry_interval=0.2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -13,6 +14,8 @@ from gpuscale.data.models import load_model
 from gpuscale.recipes.registry import get_recipe
 from gpuscale.runs.metrics import Throughput
 from gpuscale.runs.store import Store
+
+pytestmark = pytest.mark.e2e  # every test here starts real runs
 
 TINY_SFT = ["--recipe", "sft", "--batch-size", "2", "--set", "max_examples=16", "--set", "max_steps=3",
             "--set", "max_length=64", "--set", "eval_examples=4", "--set", "max_new_tokens=48",

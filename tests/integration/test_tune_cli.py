@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_POWER = ["--set", "max_new_tokens=8", "--set", "blocks=2", "--set", "mcmc_steps=1"]
 
 
+@pytest.mark.e2e
 def test_tune_power_sampling_on_cpu_runs_real_trials_and_stores_the_choice(home):
     result = gpuscale("tune", "--recipe", "power-sampling", "--max-batch", "4", *TINY_POWER, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -47,6 +48,7 @@ def save_probe_tuning(home, batch_size: int, prompt_tokens: int = 4) -> None:
                             created_at=TUNED_AT)
 
 
+@pytest.mark.e2e
 def test_auto_in_a_real_run_uses_the_stored_result_and_records_it(home):
     save_probe_tuning(home, batch_size=3)
     run = run_json("run", "--recipe", "probe", "--gpus", "1", "--batch-size", "auto", "--set", "steps=2",
@@ -58,6 +60,7 @@ def test_auto_in_a_real_run_uses_the_stored_result_and_records_it(home):
     assert rank_settings["batch_size"] == 3  # what the rank ran with
 
 
+@pytest.mark.e2e
 def test_auto_on_cpu_with_nothing_stored_is_the_cpu_default(home):
     save_probe_tuning(home, batch_size=3, prompt_tokens=16)  # another shape: not this run's key
     run = run_json("run", "--recipe", "probe", "--gpus", "1", "--set", "batch_size=auto", "--set", "steps=2",
@@ -81,6 +84,7 @@ def test_tune_refuses_a_bad_memory_cap(home):
     assert result.returncode == 2 and "memory-cap: 1.5:" in result.stderr
 
 
+@pytest.mark.e2e
 def test_the_bench_script_runs_on_cpu_with_tiny_sizes(tmp_path, home):
     out = tmp_path / "tune.json"
     result = subprocess.run([sys.executable, str(REPO / "bench" / "tune.py"), "--recipe", "probe", "--max-batch", "4",

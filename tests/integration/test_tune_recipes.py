@@ -49,6 +49,7 @@ def tune(name: str, capsys) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.e2e
 def test_tune_runs_the_recipes_real_trials_on_cpu_and_stores_a_choice(name, home, capsys, one_torch_thread):
     recipe = get_recipe(name)
     code, out, err = tune(name, capsys)
@@ -72,6 +73,7 @@ def test_tune_runs_the_recipes_real_trials_on_cpu_and_stores_a_choice(name, home
 
 
 @pytest.mark.parametrize("name", ["sft", "grpo-mtl"])
+@pytest.mark.e2e
 def test_auto_takes_the_tuned_micro_batch_and_keeps_the_global_batch(name, home, capsys, one_torch_thread):
     recipe = get_recipe(name)
     code, _out, err = tune(name, capsys)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import spawn_gpuscale
 from gpuscale.app.screens.compare import CompareScreen
 from gpuscale.app.screens.history import HistoryScreen
@@ -77,6 +79,7 @@ def test_bad_batch_size_is_shown_at_the_field_and_refused(home, store):
     assert store.list_runs() == []
 
 
+@pytest.mark.e2e
 def test_launch_watch_stop_and_find_a_real_run(home, store):
     async def scenario():
         app = GpuscaleApp(cursor_blink=False, poll_s=0.5)
@@ -126,6 +129,7 @@ def test_launch_watch_stop_and_find_a_real_run(home, store):
     assert store.get_run(1)["status"] == "stopped"
 
 
+@pytest.mark.e2e
 def test_compare_two_real_runs(home, store):
     short = ["--recipe", "probe", "--gpus", "1", "--set", "steps=4", "--set", "prompt_tokens=8"]
     cli_run = spawn_gpuscale("run", *short, "--batch-size", "3", "--detach")  # run 1, from the shell

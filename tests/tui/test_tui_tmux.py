@@ -14,8 +14,9 @@ import pytest
 from gpuscale.runs import launch
 from gpuscale.runs.store import Store
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
-                                reason="tmux is not installed (apt-get install tmux; CI installs it)")
+pytestmark = [pytest.mark.e2e,  # the test launches a real run
+              pytest.mark.skipif(shutil.which("tmux") is None,
+                                 reason="tmux is not installed (apt-get install tmux; CI installs it)")]
 
 
 class Tmux:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.runs.store import Store
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
@@ -44,6 +46,7 @@ def shown(app, selector: str) -> str:
     return str(app.screen.query_one(selector).render())
 
 
+@pytest.mark.e2e
 def test_auto_launches_at_the_stored_batch_and_the_form_shows_it(home, store):
     save_probe_tuning(store, batch_size=3, prompt_tokens=4)
 

@@ -73,6 +73,7 @@ def test_accelerate_argv(tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.e2e
 def test_accelerate_launch_runs_a_recipe_for_real(tmp_path, ranks):
     """CPU processes through the real `accelerate launch`: every rank runs, joins one group, reports."""
     settings = Settings(steps=2, prompt_tokens=4, batch_size=1)
