@@ -283,6 +283,7 @@ def test_too_few_training_examples_are_refused_before_launch(home, tmp_path, rec
     assert run_json("runs") == [] and not any((home / "runs").iterdir())
 
 
+@pytest.mark.e2e
 def test_eggroll_accepts_no_evaluation(home):
     """eval_examples=0 means no evaluation, as in the other recipes: the run trains and its accuracy
     figures are None (nothing measured), not a refusal."""

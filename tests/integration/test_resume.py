@@ -9,11 +9,14 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from conftest import gpuscale, run_json
 from gpuscale.runs.checkpoints import list_checkpoints
 from gpuscale.runs.store import Store
+
+pytestmark = pytest.mark.e2e  # every test here starts real runs
 
 # Adam, so that its state has to travel in the checkpoint too; a checkpoint every 2 of 4 steps.
 TINY = ["--recipe", "eggroll", "--set", "population=8", "--set", "prompts_per_step=4", "--set", "max_new_tokens=16",

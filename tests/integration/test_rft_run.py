@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import gpuscale, leftover_processes, run_json, wait_until
@@ -23,6 +24,7 @@ TINY_RFT = ["--recipe", "rft", "--set", "max_examples=16", "--set", "samples_per
             "--set", "learning_rate=1e-4"]
 
 
+@pytest.mark.e2e
 def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
     run = run_json("run", *TINY_RFT, "--gpus", "2", "--set", "max_steps=3", "--set", "include_gold=true")
     assert run["status"] == "succeeded", run["error"]
@@ -80,6 +82,7 @@ def test_data_from_a_run_that_does_not_exist_is_refused_before_launch(home):
     assert Store(home).list_runs() == []
 
 
+@pytest.mark.e2e
 def test_a_run_stopped_while_generating_keeps_its_partial_kept_set_for_data_from(home):
     """Stopped in the generation phase: the kept rows of the calls each rank finished are in
     results.jsonl, and a later run trains on them with data_from."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.screens.run_detail import RunDetailScreen
 from gpuscale.recipes.registry import get_recipe
@@ -32,6 +34,7 @@ def failed_probe_run(home, with_checkpoint: bool) -> int:
     return run_id
 
 
+@pytest.mark.e2e
 def test_r_refuses_a_run_without_checkpoint_and_resumes_one_with_a_checkpoint(home):
     bare = failed_probe_run(home, with_checkpoint=False)
     saved = failed_probe_run(home, with_checkpoint=True)
