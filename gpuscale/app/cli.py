@@ -23,7 +23,7 @@ from rich.text import Text
 from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
-from gpuscale.app.views.export import export_text
+from gpuscale.app.views.export import NothingToExport, export_text
 from gpuscale.app.views.logs import read_lines, world_size
 from gpuscale.app.views.runs import (
     RUN_COLUMNS,
@@ -55,7 +55,7 @@ class BadInput(Exception):
 
 # Errors the user can act on: one line, exit code 2, no traceback. A history that cannot be opened or
 # written (read-only, unreadable, damaged) is one of them: the line names the path and what to do.
-USER_ERRORS = (SettingsError, UnknownRun, BadInput, DataError, ModelError, StoreError)
+USER_ERRORS = (SettingsError, UnknownRun, BadInput, DataError, ModelError, StoreError, NothingToExport)
 
 
 # ---- shared argument groups -----------------------------------------------------------------------
@@ -480,13 +480,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    output = checked_output(args.output) if args.output else None  # before the history is read
     store = open_store()
     text = export_text(store, store.find_run(args.id)["id"], args.format, args.what)
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
+    if output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return 0
+    try:
+        output.write_text(text)
+    except OSError as error:
+        raise BadInput(f"output: {args.output}: cannot be written ({(error.strerror or str(error)).lower()})") from None
     return 0
+
+
+def checked_output(given: str) -> Path:
+    """The file `--output` names: its folder must exist (it is not made: a typo would make a tree),
+    and it must not be a folder itself."""
+    path = Path(given).expanduser()
+    if path.is_dir():
+        raise BadInput(f"output: {given}: is a folder; give a file name in it")
+    folder = path.parent
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist"
+        raise BadInput(f"output: {given}: the folder {folder} {why}")
+    return path
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -38,6 +38,19 @@ def test_two_ranks_succeed_with_metrics_and_samples(home):
     assert logs.returncode == 0 and "[rank0] rank 0/2" in logs.stdout
     csv = gpuscale("export", str(run["id"]), "--format", "csv")
     assert csv.stdout.splitlines()[0] == "run_id,rank,t,step,name,value" and ",tokens," in csv.stdout
+    # probe keeps no per-item results: nothing to export, said in one line, nothing written.
+    for fmt in ("csv", "json"):
+        empty = gpuscale("export", str(run["id"]), "--format", fmt, "--what", "results", "-o", str(home / "r.out"))
+        assert (empty.returncode, empty.stdout) == (2, "")
+        assert empty.stderr == (f"gpuscale: error: run {run['id']}: nothing to export: it has no per-item results "
+                                "(no results.jsonl in its folder: its recipe writes none, or it ended before any)\n")
+        assert not (home / "r.out").exists()
+    missing = gpuscale("export", str(run["id"]), "-o", "/nonexistent/dir/x.json")
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert missing.stderr == ("gpuscale: error: output: /nonexistent/dir/x.json: the folder /nonexistent/dir does "
+                              "not exist\n")
+    written = gpuscale("export", str(run["id"]), "--what", "summary", "-o", str(home / "summary.json"))
+    assert written.returncode == 0 and json.loads((home / "summary.json").read_text()) == run["summary"]
     assert not leftover_processes(run["run_dir"])
 
 

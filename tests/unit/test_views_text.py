@@ -13,7 +13,7 @@ import pytest
 
 from gpuscale.app import cli
 from gpuscale.app.views.commands import launch_preview, shell_equivalent
-from gpuscale.app.views.export import export_text
+from gpuscale.app.views.export import NothingToExport, export_text
 from gpuscale.app.views.runs import (
     compare_runs,
     delta_text,
@@ -270,6 +270,21 @@ def test_export_csv_of_the_summary_and_of_the_results(store):
     assert json.loads(export_text(store, run_id, "json", what="summary"))["accuracy"] == 0.5
     with pytest.raises(ValueError, match="what"):
         export_text(store, run_id, "csv", what="everything")
+
+
+def test_an_empty_part_is_nothing_to_export_whichever_the_format(store):
+    """A run that logged nothing and kept no results: each empty part is refused with the run and why;
+    the whole JSON record is never empty."""
+    run_id = store.create_run("probe", {}, [], "host")
+    store.finish_run(run_id, "failed")
+    for what, why in (("metrics", "its ranks logged no metrics"), ("summary", "its summary is empty"),
+                      ("results", "it has no per-item results")):
+        for fmt in ("csv", "json"):
+            with pytest.raises(NothingToExport, match=f"^run {run_id}: nothing to export: {why}"):
+                export_text(store, run_id, fmt, what)
+    with pytest.raises(NothingToExport, match="no metrics"):
+        export_text(store, run_id, "csv")  # metrics, unless told
+    assert json.loads(export_text(store, run_id, "json"))["run"]["id"] == run_id
 
 
 # ---- the CLI and the TUI say the same -------------------------------------------------------------

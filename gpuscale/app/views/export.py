@@ -4,7 +4,8 @@ JSON holds everything in one document: the run's record (with its settings and s
 telemetry samples and per-item results. A CSV file is one table, so it holds one part (`what`):
 `metrics` (one row per logged value: run_id, rank, t, step, name, value; rank -1 is a figure
 combined over every rank), `summary` (name, value) or `results` (one row per item of results.jsonl,
-lists such as token ids written as JSON).
+lists such as token ids written as JSON). A part the run has nothing in is refused
+(`NothingToExport`), not written as an empty file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,17 @@ from gpuscale.runs.store import METRIC_COLUMNS, Store
 
 FORMATS = ("json", "csv")
 PARTS = ("metrics", "summary", "results")
+# Why a part can be empty, said where it is.
+EMPTY_PART = {
+    "metrics": "its ranks logged no metrics",
+    "summary": "its summary is empty",
+    "results": "it has no per-item results (no results.jsonl in its folder: its recipe writes none, "
+               "or it ended before any)",
+}
+
+
+class NothingToExport(ValueError):
+    """The part asked for holds nothing; one line naming the run, the part and why."""
 
 
 def export_text(store: Store, run_id: int, fmt: str, what: str | None = None) -> str:
@@ -34,22 +46,27 @@ def export_text(store: Store, run_id: int, fmt: str, what: str | None = None) ->
             return json.dumps(record, indent=2)
         return json.dumps(_part(store, run, what), indent=2)
     what = what or "metrics"
+    part = _part(store, run, what)
     if what == "metrics":
-        return _csv(store.metrics(run["id"]), METRIC_COLUMNS)
+        return _csv(part, METRIC_COLUMNS)
     if what == "summary":
-        rows = [{"name": name, "value": _cell(value)} for name, value in (run["summary"] or {}).items()]
+        rows = [{"name": name, "value": _cell(value)} for name, value in part.items()]
         return _csv(rows, ("name", "value"))
-    rows = store.results(run["id"])
+    rows = part
     columns = list(dict.fromkeys(key for row in rows for key in row))  # every key, in first-seen order
     return _csv([{key: _cell(value) for key, value in row.items()} for row in rows], columns)
 
 
 def _part(store: Store, run: dict, what: str):
     if what == "metrics":
-        return store.metrics(run["id"])
-    if what == "summary":
-        return run["summary"] or {}
-    return store.results(run["id"])
+        found = store.metrics(run["id"])
+    elif what == "summary":
+        found = run["summary"] or {}
+    else:
+        found = store.results(run["id"])
+    if not found:
+        raise NothingToExport(f"run {run['id']}: nothing to export: {EMPTY_PART[what]}")
+    return found
 
 
 def _cell(value):
