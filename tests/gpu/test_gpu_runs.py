@@ -7,7 +7,7 @@ from gpuscale.runs import telemetry
 from gpuscale.runs.store import Store
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def test_nvml_samples_of_every_gpu_and_own_memory(home):

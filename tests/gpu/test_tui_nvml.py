@@ -17,7 +17,7 @@ from gpuscale.app.views.text import short_gpu_name
 from gpuscale.runs import launch, telemetry
 from gpuscale.runs.store import Store
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.e2e]  # real runs on the GPU
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tui"))
 

@@ -11,9 +11,13 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import gpuscale, run_json, wait_until
 from gpuscale.data.models import model_path
 from gpuscale.data.tasks import load_examples
+
+pytestmark = pytest.mark.e2e  # every test here starts real runs
 
 TINY_POWER = ["--recipe", "power-sampling", "--gpus", "2", "--set", "max_examples=2", "--set", "max_new_tokens=4",
               "--set", "blocks=1", "--set", "mcmc_steps=1"]
