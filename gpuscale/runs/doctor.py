@@ -200,7 +200,8 @@ def run_from_folder(run_id: int, folder: RunDir, home: Path,
         "summary": summary, "error": error, "created_at": created, "started_at": ended.get("started_at") or created,
         "ended_at": None if status == "running" else ended_at, "run_dir": str(folder.root),
         "command": info.get("command", []), "host": info.get("host"), "label": info.get("label"),
-        "parent_id": info.get("parent_id"), "progress": progress,
+        "parent_id": info.get("parent_id") or _parent_of_checkpoint(settings.get("resume_from"), home),
+        "progress": progress,
     }
     if ended and status != "running":  # what the supervisor (or the front end that found it lost) recorded
         run.update(recorded_end(ended))
@@ -229,6 +230,19 @@ def status_from_folder(folder: RunDir, info: dict, rank0_summary: dict | None, p
     where = f"at step {step}/{total}" if total else f"at step {step}"
     return "lost", (f"rebuilt from its folder after the history was lost: it ended {where} without recording "
                     "how (stopped, or its supervisor died)")
+
+
+def _parent_of_checkpoint(checkpoint: str | None, home: Path) -> int | None:
+    """The run whose folder holds `checkpoint` (HOME/runs/<id>/checkpoints/checkpoint-<step>): the
+    parent of a run resumed before run.json kept it. (A run resumed from a checkpoint it inherited,
+    its parent having stopped before its own first one, is linked to the run that wrote it.)"""
+    if not checkpoint:
+        return None
+    path = Path(checkpoint)
+    runs = path.parent.parent.parent
+    if path.parent.name != "checkpoints" or not path.parent.parent.name.isdigit() or runs != Path(home) / "runs":
+        return None
+    return int(path.parent.parent.name)
 
 
 def _file_times(folder: RunDir) -> list[float]:

@@ -67,11 +67,14 @@ def rebuilt(tmp_path_factory):
     write_run(home, 6, 12, 30, {"accuracy_before": 0.25}, partial=True)
     write_run(home, 7, 30, 30, {"tokens_per_s": 7.0}, partial=True)  # every step, but the summary is partial
     write_run(home, 8, 4, 30, error="RuntimeError: injected fault")
+    # Resumed by a gpuscale whose run.json did not keep the parent: its checkpoint names it.
+    older = write_run(home, 10, 2, 30, error="RuntimeError: boom")
+    older.settings.write_text(json.dumps({"steps": 30, "resume_from": str(home / "runs/8/checkpoints/checkpoint-4")}))
     # A run still going: a process whose command line is its supervisor's.
     write_run(home, 9, 3, 30, {"accuracy_before": 0.75}, partial=True)
     supervisor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
                                    "-m", "gpuscale.runs.supervisor", "9", "--home", str(home)])
-    truncate_history(home, 9)
+    truncate_history(home, 10)
     findings = examine(home, repair=True)
     store = Store(home)
     yield home, store, findings, supervisor
@@ -84,8 +87,8 @@ def test_the_damaged_history_is_moved_aside_and_every_run_rebuilt(rebuilt):
     home, _store, findings, _ = rebuilt
     assert all(finding.ok for finding in findings), findings
     assert "moved to runs.db.damaged-" in findings[0].text and "\n" not in findings[0].text
-    assert findings[1].text == ("9 run(s) rebuilt from their folders: 1 (succeeded), 2 (stopped), 3 (lost), "
-                                "4 (failed), 5 (succeeded), 6 (lost), 7 (lost), 8 (failed), 9 (running)")
+    assert findings[1].text == ("10 run(s) rebuilt from their folders: 1 (succeeded), 2 (stopped), 3 (lost), "
+                                "4 (failed), 5 (succeeded), 6 (lost), 7 (lost), 8 (failed), 9 (running), 10 (failed)")
 
 
 def test_a_recorded_end_gives_the_status_error_and_figures(rebuilt):
@@ -105,6 +108,7 @@ def test_the_resume_link_and_label_survive(rebuilt):
     assert child["status"] == "failed" and child["error"] == "rank 0: RuntimeError: boom"
     assert child["parent_id"] == 2 and child["label"] == "base"
     assert [run["id"] for run in store.children(2)] == [4]
+    assert store.get_run(10)["parent_id"] == 8  # from its resume_from, where run.json has no parent
 
 
 def test_without_a_recorded_end_the_evidence_decides(rebuilt):
