@@ -89,6 +89,16 @@ def test_status_and_throughput_lines():
     assert figures_text({**run, "progress": {"latest": latest}}) == "reward 0.5 · loss 1.25 · step_time_ms 12.5"
 
 
+def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
+    """grpo-mtl's live line read `reward 0.31 · loss 0.02 · clip_ratio_high_max 0 · clip_ratio_high_mean 0`."""
+    latest = {"reward": 0.31, "loss": 0.02, "clip_ratio_high_max": 0.0, "clip_ratio_high_mean": 0.0,
+              "clip_ratio_low_mean": 0.0, "completions_clipped_ratio": 0.25, "completions_mean_length": 41.0,
+              "frac_reward_zero_std": 0.5, "kl": 0.0, "entropy": 0.87, "grad_norm": 1.5, "learning_rate": 1e-4}
+    run = {"status": "running", "progress": {"latest": latest}}
+    assert figures_text(run) == "reward 0.31 · loss 0.02 · entropy 0.87 · grad_norm 1.5"
+    assert figures_text({**run, "progress": {"latest": {"loss": 0.0, "accuracy": 0.0}}}) == "accuracy 0 · loss 0"
+
+
 def test_shell_equivalent_and_preview(tmp_path):
     from gpuscale.recipes.registry import get_recipe
     from gpuscale.runs.launch import DevicePlan

@@ -126,6 +126,16 @@ def per_rank_text(run: dict) -> str:
     return f"tokens/s per rank{label}: " + " ".join(format_rate(v) for v in rates)
 
 
+# Figures a trainer logs at every step that say little on a one-line headline: TRL GRPO's clip ratios
+# (0 at every step where each batch is trained on once: grpo-mtl's line read `clip_ratio_high_max 0 ·
+# clip_ratio_high_mean 0`), its completion-length and sampling statistics, the zero-std share.
+QUIET_FIGURES = ("clip_ratio", "completions_", "sampling_", "frac_reward_zero_std", "entropy_coef")
+
+
+def _quiet(name: str, value) -> bool:
+    return name.startswith(QUIET_FIGURES) or value == 0
+
+
 def headline_figures(run: dict) -> dict:
     """The figures a run's headline shows: while it runs, the latest ones combined over the ranks
     (the supervisor's progress); once it ended, its summary's value wherever the summary has one,
@@ -138,9 +148,11 @@ def headline_figures(run: dict) -> dict:
 
 
 def figures_text(run: dict, limit: int = 4) -> str:
-    """The recipe's figures for the headline, the usual ones first: `reward 0.5 · loss 1.23`."""
+    """The recipe's figures for the headline, the usual ones first: `reward 0.5 · loss 1.23`. Of the
+    others, not the trainer's diagnostics (QUIET_FIGURES) nor any at 0: they stay in the charts."""
     latest = headline_figures(run)
-    names = [n for n in PREFERRED_FIGURES if n in latest] + sorted(n for n in latest if n not in PREFERRED_FIGURES)
+    others = sorted(n for n in latest if n not in PREFERRED_FIGURES and not _quiet(n, latest[n]))
+    names = [n for n in PREFERRED_FIGURES if n in latest] + others
     return " · ".join(f"{name} {format_number(latest[name])}" for name in names[:limit])
 
 
