@@ -59,6 +59,10 @@ def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
     assert [m["value"] for m in rank0] == sorted(m["value"] for m in rank0)
     assert {m["value"] for m in rank0} == {0, 1, 2, 3}
     assert [m["step"] for m in rank0] == sorted(m["step"] for m in rank0)
+    # One total from the start, generation and training counted (1 + 2 calls of 4 questions a rank +
+    # 3 steps + 1), never changed: the progress never went back.
+    assert {m["value"] for m in Store(home).metrics(run["id"], "total")} == {7}
+    assert (run["progress"]["step"], run["progress"]["total"]) == (7, 7)
 
     # The trained model is in the run folder, loads like any model, and differs from the base.
     trained, tokenizer = load_model(summary["model_dir"])

@@ -3,11 +3,15 @@ with recipes/training.py's `train_sft`, save the trained model, evaluate again.
 
 One step count runs through the phases (the front ends show progress from one counter and one
 total): `PhasedReporter` shifts each phase's steps past the previous phase's and adds the `phase`
-figure to every record.
+figure to every record. The total is announced once, at the start, and never changes (one that grew
+when the trainer announced its steps sent the progress back from 100% to 31%): the training phase
+gets as many steps of it as the most optimizer steps the kept set can take, known before it is
+generated, and the trainer's own steps are scaled into them.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from gpuscale.recipes.rft import Settings
@@ -23,26 +27,48 @@ BASE_EVALUATION, GENERATE, TRAIN, FINAL_EVALUATION = 0, 1, 2, 3
 
 
 class PhasedReporter:
-    """The rank's Reporter as each phase sees it: steps counted from 1 within the phase, logged after
-    the steps of the phases before; `total(n)` announces n steps for this phase plus the steps the
-    later phases are known to need (`after`)."""
+    """The rank's Reporter as each phase sees it. `spans` are the run's steps of each phase, in order;
+    their sum, the run's total, is announced at once. A phase logs its steps from 1; they land after
+    the spans of the phases before, scaled into the phase's own span where the phase says it has
+    another number of steps (`total(n)`, as the trainer does when it starts)."""
 
-    def __init__(self, reporter):
-        self.reporter = reporter
-        self.phase, self.offset, self.last_step, self.after = BASE_EVALUATION, 0, 0, 0
+    def __init__(self, reporter, spans: dict[int, int]):
+        self.reporter, self.spans = reporter, spans
+        self.phase, self.offset, self.scale = BASE_EVALUATION, 0, 1.0
+        reporter.total(sum(spans.values()))
 
-    def start(self, phase: int, steps: int, after: int = 0) -> PhasedReporter:
-        self.phase, self.offset, self.after = phase, self.last_step, after
-        self.total(steps)
+    def start(self, phase: int) -> PhasedReporter:
+        self.phase, self.scale = phase, 1.0
+        self.offset = sum(span for earlier, span in self.spans.items() if earlier < phase)
         self.reporter.log(step=self.offset, phase=phase)
         return self
 
     def log(self, step: int, **figures) -> None:
-        self.last_step = self.offset + int(step)
-        self.reporter.log(step=self.last_step, phase=self.phase, **figures)
+        within = min(round(int(step) * self.scale), self.spans[self.phase])
+        self.reporter.log(step=self.offset + within, phase=self.phase, **figures)
 
     def total(self, steps: int) -> None:
-        self.reporter.total(self.offset + int(steps) + self.after)
+        """The phase's own step count: its steps are scaled to its span (the run's total stays)."""
+        if steps > 0:
+            self.scale = self.spans[self.phase] / steps
+
+
+def most_training_steps(settings: Settings, rows: int, world_size: int) -> int:
+    """The optimizer steps a fine-tune on `rows` examples takes, as transformers' Trainer counts them
+    (each rank's share of the rows in micro-batches, `gradient_accumulation` of them a step, `epochs`
+    passes), or `max_steps`. A `train_batch_size` left auto takes 8 rows a micro-batch here: what a
+    step holds is 8 x gradient_accumulation rows a rank whatever micro-batch the card takes."""
+    if settings.max_steps:
+        return settings.max_steps
+    micro_batches = math.ceil(math.ceil(rows / world_size) / (settings.train_batch_size or 8))
+    return max(1, math.ceil(settings.epochs * max(micro_batches // settings.gradient_accumulation, 1)))
+
+
+def most_kept_rows(settings: Settings, questions: int) -> int:
+    """The most examples generation can keep: every question's answers kept up to keep_per_question
+    (0: all samples), and its gold answer with include_gold."""
+    kept = settings.keep_per_question or settings.samples_per_question
+    return questions * (kept + int(settings.include_gold))
 
 
 def run_rft(settings: Settings, ctx, reporter) -> None:
@@ -53,9 +79,14 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
     train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     batches = [] if settings.data_from else generation_batches(settings, ctx, train, loaded.model)
-    phases = PhasedReporter(reporter)
+    kept = kept_rows_from(settings.data_from, held_out) if settings.data_from else None
+    rows_at_most = len(kept[0]) if kept else most_kept_rows(settings, len(train))
+    # Every rank announces the same total: its questions' share may take one call more or less.
+    phases = PhasedReporter(reporter, {BASE_EVALUATION: 1, GENERATE: max(ctx.gather(len(batches))),
+                                       TRAIN: most_training_steps(settings, rows_at_most, ctx.world_size),
+                                       FINAL_EVALUATION: 1})
 
-    phases.start(BASE_EVALUATION, 1, after=len(batches) + 1)
+    phases.start(BASE_EVALUATION)
     before = evaluate(loaded.model, loaded.tokenizer, held_out, settings, ctx, "before")
     phases.log(1, **headline(before, "before"))
     summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
@@ -64,37 +95,38 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
     if ctx.is_main:
         reporter.summary(summary, partial=True)
 
-    phases.start(GENERATE, len(batches), after=1)
-    if settings.data_from:
-        path = generated_set_path(settings.data_from)
-        # An earlier run's set may hold questions this run scores (another eval_split or eval_examples):
-        # they are not trained on.
-        scored = {example["question"] for example in held_out}
-        every_row = read_generated(path)
-        rows = [row for row in every_row if row["question"] not in scored]
-        if not rows:
-            raise RuntimeError(f"data_from: every row of {path} is a question this run scores: nothing to train on")
-        generation = {"kept_examples": len(rows), **read_generation_figures(path), "data_from": str(path),
-                      "held_out_rows_dropped": len(every_row) - len(rows)}
-    else:
-        rows, generation = generate_phase(settings, ctx, loaded, batches, phases)
+    phases.start(GENERATE)
+    rows, generation = kept or generate_phase(settings, ctx, loaded, batches, phases)
     summary.update(generation, **trained_on(rows), generated_set=str(ctx.run_dir / GENERATED_FILE)
                    if not settings.data_from else generation["data_from"])
     if ctx.is_main:
         reporter.summary(summary, partial=True)
 
-    phases.start(TRAIN, 0, after=1)  # the trainer announces its steps when it starts
+    phases.start(TRAIN)  # the trainer announces its steps when it starts: scaled into the phase's span
     training_settings = settings.model_copy(update={"batch_size": settings.train_batch_size})
     trained = train_sft(rows, training_settings, ctx, phases, model=loaded.model, tokenizer=loaded.tokenizer)
     trained.figures = rft_training_figures(trained.figures)
 
     def final_evaluation() -> dict:
-        phases.start(FINAL_EVALUATION, 1)
+        phases.start(FINAL_EVALUATION)
         after = evaluate(trained.model, loaded.tokenizer, held_out, settings, ctx, "after")
         phases.log(1, **headline(after, "after"))
         return {**after, **gains(before, after)}
 
     save_then_evaluate(trained, loaded.tokenizer, ctx, settings, reporter, summary, final_evaluation)
+
+
+def kept_rows_from(data_from: str, held_out: list[dict]) -> tuple[list[dict], dict]:
+    """An earlier run's kept set (`data_from`) and its generation's figures. The set may hold questions
+    this run scores (another eval_split or eval_examples): they are not trained on."""
+    path = generated_set_path(data_from)
+    scored = {example["question"] for example in held_out}
+    every_row = read_generated(path)
+    rows = [row for row in every_row if row["question"] not in scored]
+    if not rows:
+        raise RuntimeError(f"data_from: every row of {path} is a question this run scores: nothing to train on")
+    return rows, {"kept_examples": len(rows), **read_generation_figures(path), "data_from": str(path),
+                  "held_out_rows_dropped": len(every_row) - len(rows)}
 
 
 def trained_on(rows: list[dict]) -> dict:

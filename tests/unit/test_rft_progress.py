@@ -1,0 +1,56 @@
+"""rft's one step count over its phases: the total is announced once, at the start, generation and
+training counted, and the trainer's own steps are scaled into the training phase's share of it, so
+the progress never goes back (it went from 252 of 252 back to 252 of 1,044 when training started)."""
+
+from __future__ import annotations
+
+from gpuscale.recipes.rft import Settings
+from gpuscale.recipes.rft.trainer import (
+    BASE_EVALUATION,
+    FINAL_EVALUATION,
+    GENERATE,
+    TRAIN,
+    PhasedReporter,
+    most_kept_rows,
+    most_training_steps,
+)
+
+
+class Recorder:
+    def __init__(self):
+        self.totals, self.steps = [], []
+
+    def total(self, steps: int) -> None:
+        self.totals.append(steps)
+
+    def log(self, step: int, **figures) -> None:
+        self.steps.append((step, figures["phase"]))
+
+
+def test_the_total_is_announced_once_and_the_trainers_steps_fill_their_span():
+    reporter = Recorder()
+    phases = PhasedReporter(reporter, {BASE_EVALUATION: 1, GENERATE: 3, TRAIN: 12, FINAL_EVALUATION: 1})
+    phases.start(BASE_EVALUATION).log(1)
+    phases.start(GENERATE)
+    for call in (1, 2, 3):
+        phases.log(call)
+    phases.start(TRAIN)
+    phases.total(4)  # the trainer, when it starts: fewer steps than the most the kept set could take
+    for step in (1, 2, 3, 4):
+        phases.log(step, loss=1.0)
+    phases.start(FINAL_EVALUATION).log(1)
+    assert reporter.totals == [17]
+    steps = [step for step, _ in reporter.steps]
+    assert steps == sorted(steps) and steps[-1] == 17
+    assert [step for step, phase in reporter.steps if phase == TRAIN] == [4, 7, 10, 13, 16]  # its start, then 4 x 3
+    assert [phase for _, phase in reporter.steps] == sorted(phase for _, phase in reporter.steps)
+
+
+def test_the_training_span_is_the_most_steps_the_kept_set_can_take():
+    settings = Settings(max_examples=100, samples_per_question=16, keep_per_question=4, include_gold=True,
+                        train_batch_size=8, gradient_accumulation=2, epochs=3.0)
+    assert most_kept_rows(settings, 100) == 500  # 4 answers and the gold one a question
+    # 2 ranks: 250 rows each, 32 micro-batches of 8, 16 steps an epoch, 3 epochs.
+    assert most_training_steps(settings, 500, 2) == 48
+    assert most_training_steps(settings.model_copy(update={"max_steps": 5}), 500, 2) == 5
+    assert most_kept_rows(settings.model_copy(update={"keep_per_question": 0, "include_gold": False}), 10) == 160
