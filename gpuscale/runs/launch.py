@@ -198,9 +198,15 @@ class AlreadyResumed(ResumeRefused):
     def __init__(self, run_id: int, children: list[dict]):
         self.children = children
         names = ", ".join(f"run {child['id']} ({child['status']})" for child in children)
-        newest = children[-1]["id"]
-        super().__init__(f"run {run_id} was already resumed by {names}; `gpuscale resume {newest}` goes on from "
-                         f"where that got, `gpuscale resume {run_id} --force` resumes run {run_id} again")
+        newest = children[-1]
+        # Resuming the newest child goes on from further, where that child can itself be resumed.
+        further = (f"`gpuscale resume {newest['id']}` goes on from where that got, "
+                   if newest["status"] in RESUMABLE_STATUSES else "")
+        super().__init__(f"run {run_id} was already resumed by {names}; {further}"
+                         f"`gpuscale resume {run_id} --force` resumes run {run_id} again")
+
+
+RESUMABLE_STATUSES = ("stopped", "failed", "lost")
 
 
 def refuse_unless_ended(run: dict) -> None:

@@ -117,8 +117,11 @@ def test_a_run_resumed_before_is_refused_naming_the_runs_that_continued_it(tmp_p
         launch.resume_run(store, EggrollLike(), store.get_run(parent))
     assert [child["id"] for child in refused.value.children] == [first, second]
     assert str(refused.value) == (f"run {parent} was already resumed by run {first} (stopped), run {second} "
-                                  f"(queued); `gpuscale resume {second}` goes on from where that got, "
-                                  f"`gpuscale resume {parent} --force` resumes run {parent} again")
+                                  f"(queued); `gpuscale resume {parent} --force` resumes run {parent} again")
+    store.finish_run(second, "failed")  # the newest can itself be resumed: said first
+    with pytest.raises(launch.AlreadyResumed, match=rf"\(failed\); `gpuscale resume {second}` goes on from where "
+                                                    rf"that got, `gpuscale resume {parent} --force`"):
+        launch.resume_run(store, EggrollLike(), store.get_run(parent))
     assert [run["id"] for run in store.list_runs()] == [second, first, parent]  # nothing was started
 
 
