@@ -139,12 +139,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = launch.plan_devices(settings.gpus)
     store = Store()
     run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label)
+    say_questions_left_out(store.get_run(run_id))
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
     print(f"run {run_id}: {recipe.name} on {plan.describe()}; Ctrl-C stops it, a closed terminal does not "
           f"(gpuscale logs {run_id} --follow)", file=sys.stderr)
     return follow_run(store, run_id, as_json=args.json)
+
+
+def say_questions_left_out(run: dict) -> None:
+    """too_long=skip: how many questions the run leaves out as too long for the model's context."""
+    settings = run["settings"] or {}
+    if settings.get("questions_too_long"):
+        print(f"run {run['id']}: {settings['questions_too_long']} question(s) longer than the model's context left "
+              f"out (too_long=skip), the first at {settings['questions_too_long_first']}", file=sys.stderr)
 
 
 def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:

@@ -153,6 +153,62 @@ def _load_tokenizer(source: str, local: bool):
         return None
 
 
+def load_tokenizer(name: str):
+    """The tokenizer of a model as `load_model` would give it (None for a random model, or a
+    checkpoint without one), without loading any weights."""
+    if name in RANDOM_CONFIGS:
+        return None
+    if name == TINY_MATH:
+        return _load_tokenizer(str(model_path()), local=True)
+    path = Path(name).expanduser()
+    return _load_tokenizer(str(path), local=True) if path.is_dir() else _load_tokenizer(name, local=False)
+
+
+# Where configs put the longest sequence the model takes (Llama and Qwen: the first; GPT-2: n_positions).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def model_context(name: str) -> int | None:
+    """The most tokens the model takes in one sequence, from its config as plain JSON (no torch, no
+    weights): a known model's, a local directory's config.json, a hub model's cached (or fetched)
+    config.json; None where no config or no such key is found."""
+    config = _config_of(name) if name in KNOWN_MODELS else _config_file_of(name)
+    if not config:
+        return None
+    for section in (config, config.get("text_config") or {}):
+        for key in CONTEXT_KEYS:
+            if isinstance(section.get(key), int) and section[key] > 0:
+                return section[key]
+    return None
+
+
+def _config_file_of(name: str) -> dict | None:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        found = path / "config.json"
+    elif looks_like_hub_id(name):
+        found = _hub_config(name)
+    else:
+        return None
+    try:
+        config = json.loads(Path(found).read_text()) if found else None
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _hub_config(repo_id: str) -> str | None:
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        return cached
+    try:
+        return hf_hub_download(repo_id, "config.json")
+    except Exception:  # offline, gated, unreachable: the model's own check says which
+        return None
+
+
 def describe_models() -> list[dict[str, Any]]:
     """One row per known model: name, path, parameters, architecture (for `gpuscale models --json`).
     Read from the configs as plain JSON, with the parameters counted from the shape: importing

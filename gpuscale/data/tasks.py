@@ -51,8 +51,12 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuscale.data.answers import extract_strict, to_number
+
+if TYPE_CHECKING:
+    from gpuscale.data.question_length import QuestionLimit
 
 KNOWN_TASKS = ("tiny-math", "tiny-math-conflict", "gsm8k")
 SPLITS = ("train", "test")
@@ -103,6 +107,8 @@ def parse_dataset(name: str) -> DatasetSpec:
     if JSONL_SUFFIX in name:
         return DatasetSpec(paths=_parse_paths(name))
     task, colon, chosen = name.partition(":")
+    if task not in KNOWN_TASKS and Path(name).expanduser().is_dir():
+        raise DataError(f"{name} is a directory, not a .jsonl file (name the files in it, separated by commas)")
     if task not in KNOWN_TASKS:
         raise DataError(f"unknown data set; known data sets: {', '.join(KNOWN_TASKS)} "
                         f"(or TASK:DOMAIN,DOMAIN, or .jsonl files separated by commas)")
@@ -167,14 +173,16 @@ def _require_file(path: Path) -> None:
 
 
 def load_examples(
-    name_or_path: str, split: str = "test", max_examples: int | None = None, seed: int = 0
+    name_or_path: str, split: str = "test", max_examples: int | None = None, seed: int = 0,
+    question_limit: QuestionLimit | None = None,
 ) -> list[dict]:
     """The examples of a data set named as `--dataset` takes it (see the module's docstring).
 
     `max_examples` keeps the first N of the data set's order (as lm-eval's --limit does; for a
     mixture of domains that order is interleaved, see above). `seed` chooses the generated problems of
     `tiny-math`; fixed data sets ignore it. JSONL files are one split by themselves, so `split` does
-    not apply to them.
+    not apply to them. `question_limit`: the rule for questions longer than the model's context
+    (data/question_length.py), applied to files and the hub's rows before the first N are taken.
     """
     _check_split_and_limit(split, max_examples)
     spec = _parse_named(name_or_path)
@@ -183,35 +191,37 @@ def load_examples(
     if spec.task == "tiny-math-conflict":
         return conflict_examples(split, max_examples, seed, spec.domains)
     if spec.paths:
-        examples = interleave_domains([row for path in spec.paths for row in read_jsonl(path)])
+        examples = interleave_domains([row for path in spec.paths for row in read_jsonl(path, question_limit)])
     else:
-        examples = [e for e in _load_gsm8k_from_hub(split) if spec.domains is None or e["domain"] in spec.domains]
+        examples = [e for e in _hub_rows(split, question_limit) if spec.domains is None or e["domain"] in spec.domains]
     return examples if max_examples is None else examples[:max_examples]
 
 
 def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: int = 0,
-                   max_examples: int | None = None, seed: int = 0) -> tuple[list[dict], list[dict]]:
+                   max_examples: int | None = None, seed: int = 0,
+                   question_limit: QuestionLimit | None = None) -> tuple[list[dict], list[dict]]:
     """(training examples, evaluation examples) of a run: the rule of the module's docstring.
 
     eval_split="test": the test split's first `eval_examples` problems (a JSONL file: its first rows);
     eval_split="validation": the first `eval_examples` problems of the training data (a JSONL file:
     the rows after its test rows). The training examples are the first `max_examples` (None: all) of
     the training data left once every scored question, and a file's test rows, are taken out, so
-    `max_examples` counts what is trained on whatever is held out."""
+    `max_examples` counts what is trained on whatever is held out. `question_limit`: as
+    `load_examples`'s."""
     if eval_split not in EVAL_SPLITS:
         raise DataError(f"unknown eval_split {eval_split!r}; known: {', '.join(EVAL_SPLITS)}")
     one_split = bool(_parse_named(name_or_path).paths)
     validation = eval_split == "validation"
     # The test rows: never trained on. A named task's test split is apart from its training split, so
     # a validation run need not load it; a file's test rows are its first rows, held out either way.
-    test = load_examples(name_or_path, "test", eval_examples, seed=seed) \
+    test = load_examples(name_or_path, "test", eval_examples, seed=seed, question_limit=question_limit) \
         if eval_examples and (one_split or not validation) else []
     test_questions = {example["question"] for example in test}
     # Load enough rows that max_examples remain once the held-out ones are dropped; more where a
     # held-out question comes again (a tiny-math-conflict twin, a file's repeated row).
     limit = None if max_examples is None else max_examples + len(test_questions) + (eval_examples if validation else 0)
     while True:
-        loaded = load_examples(name_or_path, "train", limit, seed=seed)
+        loaded = load_examples(name_or_path, "train", limit, seed=seed, question_limit=question_limit)
         train = [example for example in loaded if example["question"] not in test_questions]
         scored = test
         if validation:
@@ -233,16 +243,19 @@ def training_split_size(name: str) -> int | None:
     return GSM8K_TRAIN_SIZE if spec.task == "gsm8k" else TINY_MATH_SIZES["train"]
 
 
-def evaluation_examples(name_or_path: str, split: str, count: int | None, seed: int = 0) -> list[dict]:
+def evaluation_examples(name_or_path: str, split: str, count: int | None, seed: int = 0,
+                        question_limit: QuestionLimit | None = None) -> list[dict]:
     """The problems a run that only scores (no training) takes: `load_examples`'s for "train" and
     "test"; for "validation", the `count` problems `held_out_split` would hold out for validation
-    with eval_examples=count (a count is needed: validation is a part of the training data)."""
+    with eval_examples=count (a count is needed: validation is a part of the training data).
+    `question_limit`: as `load_examples`'s."""
     if split != "validation":
-        return load_examples(name_or_path, split, count, seed=seed)
+        return load_examples(name_or_path, split, count, seed=seed, question_limit=question_limit)
     if count is None:
         raise DataError("the validation split needs a count (max_examples): it is the first problems of the "
                         "training data")
-    return held_out_split(name_or_path, "validation", count, max_examples=0, seed=seed)[1]
+    return held_out_split(name_or_path, "validation", count, max_examples=0, seed=seed,
+                          question_limit=question_limit)[1]
 
 
 def _parse_named(name: str) -> DatasetSpec:
@@ -297,9 +310,11 @@ def check_dataset(name: str, split: str = "test", max_examples: int | None = Non
 # GSM8K: the hub or local JSONL files
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, question_limit: QuestionLimit | None = None) -> list[dict]:
     """Examples from a JSONL file of GSM8K rows, each with its `domain` (its own field, else the
-    file's stem). A bad line or an empty file raises DataError naming the file (and line)."""
+    file's stem). A bad line or an empty file raises DataError naming the file (and line);
+    `question_limit` refuses or leaves out a question longer than the model's context
+    (data/question_length.py)."""
     path = Path(path)
     _require_file(path)
     examples = []
@@ -307,8 +322,11 @@ def read_jsonl(path: Path) -> list[dict]:
     with path.open("rb") as lines:
         for line_number, raw in enumerate(lines, start=1):
             line = _decoded(raw, path, line_number)
-            if line.strip():
-                examples.append(_parse_jsonl_line(line, path, line_number))
+            if not line.strip():
+                continue
+            row = _parse_jsonl_line(line, path, line_number)
+            if question_limit is None or question_limit.admits(row["question"], f"{path}, line {line_number}"):
+                examples.append(row)
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples
@@ -318,8 +336,8 @@ def _decoded(raw: bytes, path: Path, line_number: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise DataError(f"{path}, line {line_number}: not UTF-8 (byte {raw[error.start]:#04x}, the line's byte "
-                        f"{error.start + 1}); save the file as UTF-8") from None
+        raise DataError(f"{path}, line {line_number}: not UTF-8 (byte {raw[error.start]:#04x} at byte "
+                        f"{error.start + 1} of the line); save the file as UTF-8") from None
 
 
 def _parse_jsonl_line(line: str, path: Path, line_number: int) -> dict:
@@ -364,6 +382,14 @@ def _datasets_module():
     import datasets
 
     return datasets
+
+
+def _hub_rows(split: str, question_limit: QuestionLimit | None) -> list[dict]:
+    rows = _load_gsm8k_from_hub(split)
+    if question_limit is None:
+        return rows
+    return [row for number, row in enumerate(rows, start=1)
+            if question_limit.admits(row["question"], f"{GSM8K_HUB_ID} {split}, row {number}")]
 
 
 def _load_gsm8k_from_hub(split: str) -> list[dict]:

@@ -68,6 +68,9 @@ class Recipe(ABC):
     promised_figures: ClassVar[tuple[str, ...]] = ()
     smoke_settings: ClassVar[dict[str, Any]] = {}
     tuning: ClassVar[Tuning | None] = None  # None: `gpuscale tune` refuses the recipe
+    # Whether its runs read the data set's questions: the rule for one too long for the model's
+    # context (`too_long`, data/question_length.py) is checked before launch for those that do.
+    reads_questions: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -89,11 +92,16 @@ class Recipe(ABC):
     def check(self, settings: RunSettings) -> None:
         """Refuse, before launch, what can be known to be bad (raise SettingsError, DataError or
         ModelError with one line). The default checks that the model can be loaded (config and
-        safetensors headers, or the hub id cached or reachable); a recipe that checks more calls
-        `super().check(settings)` first."""
+        safetensors headers, or the hub id cached or reachable) and, for a recipe that reads
+        questions, that none is too long for its context (or that too_long=skip leaves it out); a
+        recipe that checks more calls `super().check(settings)` first."""
         from gpuscale.data.models import check_model
 
         check_model(settings.model)
+        if self.reads_questions:
+            from gpuscale.data.question_length import question_limit, questions_too_long
+
+            questions_too_long(settings.dataset, question_limit(settings))
 
     def trial_session(self, settings: RunSettings, ctx: RankContext) -> AbstractContextManager[TrialFn]:
         """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of

@@ -163,6 +163,7 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     `parent_id`: the run this one continues (`resume_run`)."""
     plan = plan or plan_devices(settings.gpus)
     recipe.check(settings)
+    notes = {**(notes or {}), **questions_left_out(recipe, settings)}
     run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname(),
                               parent_id=parent_id)
     folder = RunDir(store.get_run(run_id)["run_dir"]).make()
@@ -184,6 +185,18 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     store.update_run(run_id, supervisor_pid=supervisor.pid)
     _children.append(supervisor)
     return run_id
+
+
+def questions_left_out(recipe, settings: RunSettings) -> dict:
+    """With too_long=skip, how many of the data set's questions are left out as too long for the
+    model's context (data/question_length.py) and where the first is, recorded with the run; the
+    supervisor puts the count in its summary. {} when none is, or the recipe reads no questions."""
+    if not getattr(recipe, "reads_questions", True) or settings.too_long != "skip":
+        return {}
+    from gpuscale.data.question_length import question_limit, questions_too_long
+
+    skipped = questions_too_long(settings.dataset, question_limit(settings))
+    return {"questions_too_long": len(skipped), "questions_too_long_first": skipped[0]} if skipped else {}
 
 
 class ResumeRefused(SettingsError):

@@ -44,6 +44,10 @@ class RunSettings(BaseModel):
 
     model: str = Field("tiny-math", description="model name, hub id or local path")
     dataset: str = Field("tiny-math", description="data set name or local JSONL path")
+    too_long: Literal["refuse", "skip"] = Field(
+        "refuse", description="a question longer than the model's context (data/question_length.py): refuse "
+                              "the run before launch, naming file and line, or skip such questions and count "
+                              "them (questions_too_long in the summary)")
     gpus: Literal["all"] | int | list[int] = Field(
         "all", description="'all', a count, or GPU indices like 0,3 (on a CPU machine: the number of ranks)"
     )

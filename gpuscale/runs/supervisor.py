@@ -229,6 +229,8 @@ class Supervisor:
             "duration_s": round(time.time() - self.started_at, 3),
             "supervisor_cpu_percent": round(cpu_percent, 3),
         }
+        if skipped := self.run["settings"].get("questions_too_long"):
+            figures["questions_too_long"] = skipped  # left out before launch (too_long=skip; runs/launch.py)
         peaks = []
         self.write_history(lambda: peaks.extend(self.store.device_peaks(self.run_id, kinds=("gpu", "rank"))))
         if peaks:

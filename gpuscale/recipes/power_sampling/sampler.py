@@ -12,11 +12,13 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 
 
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
+    from gpuscale.data.question_length import question_limit
     from gpuscale.data.tasks import evaluation_examples
     from gpuscale.recipes.common import RankResults, batched, load_generation_model, merge_results
     from gpuscale.recipes.device_trials import out_of_memory_names
 
-    examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed)
+    examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed,
+                                   question_limit=question_limit(settings))
     mine = ctx.shard(list(enumerate(examples)))
     loaded = load_generation_model(settings.model, ctx)
     settings = with_batch_size(settings, loaded.model, len(mine), ctx)

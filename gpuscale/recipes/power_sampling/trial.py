@@ -12,13 +12,15 @@ TIMED_BATCHES = 1  # one batch is already hundreds of decode steps (every block 
 
 @contextmanager
 def trial_session(settings: Settings, ctx):
+    from gpuscale.data.question_length import question_limit
     from gpuscale.data.tasks import evaluation_examples
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.device_trials import timed_steps
     from gpuscale.recipes.power_sampling.sampler import BatchSampler
 
     count = settings.max_examples if settings.split == "validation" else None  # validation is counted out
-    examples = evaluation_examples(settings.dataset, settings.split, count, seed=settings.seed)
+    examples = evaluation_examples(settings.dataset, settings.split, count, seed=settings.seed,
+                                   question_limit=question_limit(settings))
     loaded = load_generation_model(settings.model, ctx)
 
     def trial(batch_size: int):

@@ -1,0 +1,104 @@
+"""One question of 10 MB among good rows: every recipe that reads questions holds it to one rule,
+decided before launch (data/question_length.py). too_long=refuse (the default): refused in one line
+naming file, line, length and the model's context, nothing recorded or started. too_long=skip: left
+out by the ranks before anything is allocated for it, and counted in the run's summary.
+
+Before, rft's rank grew to 23.7 GB until the OOM killer took it, power-sampling asked for 100 TB,
+sft cut the line and grpo-mtl dropped it on its own terms."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from conftest import gpuscale, run_json
+from gpuscale.data.tasks import load_examples
+from gpuscale.recipes.registry import get_recipe
+from gpuscale.runs.launch import questions_left_out
+from gpuscale.runs.settings import resolve_settings
+
+LONG_LINE = 3  # early, so that a run of the first few rows would take it
+LONG_QUESTION = "What is " + "1 + " * 2_500_000 + "1?"  # 10,000,010 characters
+
+
+@pytest.fixture(scope="module")
+def bigline(tmp_path_factory):
+    """64 good tiny-math rows and, at line 3, one question of 10 MB."""
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in load_examples("tiny-math", "train", 64)]
+    rows.insert(LONG_LINE - 1, {"question": LONG_QUESTION, "answer": "#### 2500001"})
+    path = tmp_path_factory.mktemp("data") / "bigline.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize("recipe", ["power-sampling", "rft", "sft", "grpo-mtl", "eggroll"])
+def test_every_recipe_refuses_it_before_launch(home, bigline, recipe):
+    started = time.monotonic()
+    result = gpuscale("run", "--recipe", recipe, "--gpus", "2", "--dataset", str(bigline))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"gpuscale: error: dataset: {bigline}, line {LONG_LINE}: the question is too long for the model: "
+        f"10,000,010 characters, {result.stderr.split(' characters, ')[1].split(' ')[0]} or more tokens as a "
+        "prompt, and tiny-math's context is 256 tokens (the prompt and its answer must fit); remove the line, or "
+        "set too_long=skip to leave such questions out"]
+    assert run_json("runs") == []  # nothing recorded, no rank started
+    assert elapsed < 60, f"the check took {elapsed:.1f} s"  # a CLI start-up and a prefix measured: seconds
+
+
+def results_questions(run: dict) -> list[str]:
+    with open(f"{run['run_dir']}/results.jsonl") as rows:
+        return [json.loads(row)["question"] for row in rows]
+
+
+@pytest.mark.e2e
+def test_power_sampling_skips_it_and_counts_it(home, bigline):
+    result = gpuscale("run", "--recipe", "power-sampling", "--gpus", "2", "--dataset", str(bigline), "--set",
+                      "too_long=skip", "--set", "max_examples=4", "--set", "max_new_tokens=4", "--set", "blocks=1",
+                      "--set", "mcmc_steps=1", "--json")
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    assert f"1 question(s) longer than the model's context left out (too_long=skip), the first at {bigline}, " \
+           f"line {LONG_LINE}" in result.stderr
+    assert run["status"] == "succeeded"
+    assert run["summary"]["questions_too_long"] == 1 and run["summary"]["problems"] == 4
+    assert LONG_QUESTION not in results_questions(run) and len(results_questions(run)) == 4
+
+
+@pytest.mark.e2e
+def test_rft_skips_it_on_two_ranks_and_counts_it(home, bigline):
+    """The issue's command, tiny: the generation phase never sees the question."""
+    result = gpuscale("run", "--recipe", "rft", "--gpus", "2", "--dataset", str(bigline), "--set", "eval_examples=0",
+                      "--set", "too_long=skip", "--set", "max_examples=4", "--set", "samples_per_question=2",
+                      "--set", "max_new_tokens=8", "--set", "max_steps=1", "--set", "save_model=false",
+                      "--set", "include_gold=true", "--json")
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    assert run["status"] == "succeeded" and run["summary"]["questions_too_long"] == 1
+    assert run["summary"]["train_questions"] == 4
+    with open(run["summary"]["generated_set"]) as rows:
+        assert all(json.loads(row)["question"] != LONG_QUESTION for row in rows)
+
+
+@pytest.mark.parametrize("recipe, settings", [
+    ("sft", {"eval_examples": 4, "max_examples": 8}),
+    ("grpo-mtl", {"eval_examples": 4, "max_examples": 16, "prompts_per_step": 4}),
+    ("eggroll", {"eval_examples": 4, "max_examples": 16, "prompts_per_step": 4}),
+])
+def test_the_training_recipes_data_leaves_it_out_before_launch_and_in_the_ranks(bigline, recipe, settings):
+    """What the front end checks and counts, and the rows a rank of each of these recipes loads
+    (their own loaders, as their trainers call them), with too_long=skip."""
+    chosen = get_recipe(recipe)
+    skip = resolve_settings(chosen.settings_cls, overrides={"dataset": str(bigline), "too_long": "skip", **settings})
+    chosen.check(skip)
+    assert questions_left_out(chosen, skip) == {"questions_too_long": 1,
+                                                "questions_too_long_first": f"{bigline}, line {LONG_LINE}"}
+    if recipe == "grpo-mtl":
+        from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples
+    else:
+        from gpuscale.recipes.training import training_and_eval_examples
+    train, held_out = training_and_eval_examples(skip)
+    assert len(held_out) == 4 and len(train) == settings["max_examples"]
+    assert LONG_QUESTION not in {row["question"] for row in train + held_out}

@@ -1,0 +1,87 @@
+"""The one rule for a question longer than the model's context (data/question_length.py), on the
+embedded model's real tokenizer and config."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from gpuscale.data.models import model_context, model_path
+from gpuscale.data.prompts import prompt_ids
+from gpuscale.data.question_length import QuestionLimit, questions_too_long
+from gpuscale.data.tasks import DataError, held_out_split, read_jsonl
+
+CONTEXT = 256  # the embedded model's max_position_embeddings
+
+
+def test_the_context_comes_from_the_models_config(tmp_path):
+    assert model_context("tiny-math") == CONTEXT
+    assert model_context("random-tiny") == 2048
+    assert model_context(str(model_path())) == CONTEXT
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 1024}))
+    assert model_context(str(tmp_path)) == 1024
+    assert model_context(str(tmp_path / "absent")) is None
+
+
+def test_a_short_question_is_admitted_without_loading_the_tokenizer():
+    limit = QuestionLimit("tiny-math")
+    assert limit.admits("x" * (CONTEXT // 2), "a.jsonl, line 1")
+    assert not limit._tokenizer_loaded  # at most half the context in bytes: no tokenizer needed
+
+
+def test_the_boundary_is_the_whole_context_in_prompt_tokens():
+    """A prompt of context - 1 tokens leaves room for one answer token; one of context tokens does not."""
+    limit = QuestionLimit("tiny-math")
+    tokenizer = limit.tokenizer()
+    overhead = len(prompt_ids(tokenizer, ""))
+    fits = "x" * (CONTEXT - 1 - overhead)  # the embedded tokenizer: one token per x
+    assert len(prompt_ids(tokenizer, fits)) == CONTEXT - 1
+    assert limit.admits(fits, "here")
+    with pytest.raises(DataError, match=r"^there: the question is too long for the model: .* 256 tokens as a prompt"):
+        limit.admits(fits + "x", "there")
+
+
+def test_refusing_names_the_place_the_length_and_the_context():
+    question = "What is " + "1 + " * 2_500_000 + "1?"
+    started = time.perf_counter()
+    with pytest.raises(DataError) as refused:
+        QuestionLimit("tiny-math").admits(question, "big.jsonl, line 42")
+    assert time.perf_counter() - started < 5  # a prefix is measured, never the 10 MB
+    assert re.fullmatch(
+        r"big\.jsonl, line 42: the question is too long for the model: 10,000,010 characters, [\d,]+ or more "
+        r"tokens as a prompt, and tiny-math's context is 256 tokens \(the prompt and its answer must fit\); "
+        r"remove the line, or set too_long=skip to leave such questions out", str(refused.value))
+
+
+def test_a_model_without_a_tokenizer_counts_bytes():
+    limit = QuestionLimit("random-tiny", "skip")
+    assert limit.admits("x" * 2047, "a") and not limit.admits("x" * 2048, "b")
+    assert limit.skipped == ["b"]
+
+
+@pytest.fixture
+def bigline(tmp_path):
+    path = tmp_path / "bigline.jsonl"
+    rows = [{"question": f"How much is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(8)]
+    rows.insert(3, {"question": "x" * 100_000, "answer": "#### 1"})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_skipping_leaves_the_row_out_before_the_first_rows_are_taken(bigline):
+    limit = QuestionLimit("tiny-math", "skip")
+    rows = read_jsonl(bigline, limit)
+    assert len(rows) == 8 and all(len(row["question"]) < 40 for row in rows)
+    assert limit.skipped == [f"{bigline}, line 4"]
+    train, test = held_out_split(str(bigline), "test", 2, 4, question_limit=QuestionLimit("tiny-math", "skip"))
+    assert [r["question"] for r in test + train] == [f"How much is {i} + 1?" for i in range(6)]
+
+
+def test_before_launch_a_file_is_refused_or_its_skipped_rows_counted(bigline):
+    with pytest.raises(DataError, match=rf"^dataset: {bigline}, line 4: the question is too long"):
+        questions_too_long(str(bigline), QuestionLimit("tiny-math"))
+    assert questions_too_long(str(bigline), QuestionLimit("tiny-math", "skip")) == [f"{bigline}, line 4"]
+    assert questions_too_long("tiny-math", QuestionLimit("tiny-math")) == []  # generated: nothing to read
