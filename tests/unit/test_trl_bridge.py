@@ -67,6 +67,38 @@ def test_trl_logs_become_records_with_token_deltas_shared_by_the_ranks(tmp_path,
     assert callback.final["train_loss"] == 2.25 and callback.final["train_runtime"] == 3.0
 
 
+def test_a_rank_reports_the_tokens_of_its_own_training_passes(tmp_path):
+    """With the model seen at the start of training, a rank counts the non-padding tokens of its own
+    forward passes that build a graph, not an equal share of the global count (which showed one
+    figure for every rank of a 4-GPU run); generation or reference passes, without grad, are not
+    counted. The global count's growth still gives rank 0's MFU."""
+    from gpuscale.data.models import build_random_model
+
+    model = build_random_model("random-tiny", seed=0).train()
+    reporter = Reporter(tmp_path, 1)
+    callback = ReporterCallback(reporter, world_size=4)
+    args, state = fake_trainer(1)
+    callback.on_train_begin(args, state, None, model=model)
+    ids = torch.ones(2, 6, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])  # 9 tokens, 3 of padding
+    model(input_ids=ids, attention_mask=mask)
+    model(input_ids=ids[:1, :4], attention_mask=mask[:1, :4])  # a second micro-batch: 4 more
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # a generation or reference pass
+    state.global_step = 1
+    callback.on_log(args, state, None, logs={"loss": 1.0, "num_tokens": 100.0})
+    model(input_ids=ids, attention_mask=mask)
+    state.global_step = 2
+    callback.on_log(args, state, None, logs={"loss": 1.0, "num_tokens": 140.0})
+    callback.on_train_end(args, state, None)
+    model(input_ids=ids, attention_mask=mask)  # after training: the hook is gone
+    reporter.close()
+    _total, first, second = records(tmp_path, 1)
+    assert (first["tokens"], second["tokens"]) == (13.0, 9.0)  # not 100 / 4 and 40 / 4
+    assert callback.tokens_seen == 140.0 and callback._global_delta == 40.0
+    assert not model._forward_pre_hooks
+
+
 def test_metric_names_are_plain_identifiers():
     assert metric_name("rewards/correct/mean") == "rewards_correct_mean"
     assert metric_name("completions/mean_length") == "completions_mean_length"
