@@ -18,7 +18,19 @@ from gpuscale.runs.store import Store
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "gpuscale-home"
+    return private_home(tmp_path / "gpuscale-home", monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory):
+    """One home for a module's tests that assert on the same runs: a module-scoped fixture starts a
+    run once, and each test checks its own aspect of it."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield private_home(tmp_path_factory.mktemp("module") / "gpuscale-home", monkeypatch)
+
+
+def private_home(path: Path, monkeypatch) -> Path:
+    """GPUSCALE_HOME at `path`, the hub offline, one OpenMP thread a rank, no other gpuscale settings."""
     monkeypatch.setenv("GPUSCALE_HOME", str(path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # CI's two cores are shared by pytest, the app, supervisors and ranks. A CPU rank with two OpenMP

@@ -60,17 +60,35 @@ def test_headless_tui_is_the_same_run(home):
     assert run_json("runs")[0]["status"] == "succeeded"
 
 
-def test_stop_a_detached_run_leaves_no_process(home):
+@pytest.fixture(scope="module")
+def stopped_run(module_home) -> dict:
+    """One detached LONG run on 2 ranks, stopped after a few steps, for the tests of what a stop does:
+    what was seen on the way (processes before and after, the stop's output and time) and the run as
+    `show` gives it after. Before the stop, two summary parts go into rank 0's metric file as its
+    Reporter appends them."""
     run_id = int(gpuscale("run", *LONG, "--gpus", "2", "--detach").stdout)
-    wait_for_metrics(home, run_id)
-    run_dir = Store(home).get_run(run_id)["run_dir"]
-    assert len(leftover_processes(run_dir)) >= 3  # supervisor, torchrun, two ranks
+    wait_for_metrics(module_home, run_id)
+    run_dir = Path(Store(module_home).get_run(run_id)["run_dir"])
+    seen = {"id": run_id, "processes_running": len(leftover_processes(str(run_dir)))}
+    with open(run_dir / "metrics" / "rank0.jsonl", "a") as metrics:
+        for part in ({"accuracy_before": 0.25, "eval_examples": 8}, {"accuracy_before": 0.5, "world_size": 1}):
+            metrics.write(json.dumps({"t": time.time(), "rank": 0, "summary": part}) + "\n")
+    wait_until(lambda: len(Store(module_home).metrics(run_id, "tokens")) >= 3, 60, message="a few steps")
     started = time.monotonic()
-    result = gpuscale("stop", str(run_id))
+    seen["stop"] = gpuscale("stop", str(run_id))
+    seen["stop_seconds"] = time.monotonic() - started
+    seen["processes_left"] = leftover_processes(str(run_dir))
+    seen["run"] = run_json("show", str(run_id))
+    return seen
+
+
+def test_stop_a_detached_run_leaves_no_process(stopped_run):
+    run_id, result = stopped_run["id"], stopped_run["stop"]
+    assert stopped_run["processes_running"] >= 3  # supervisor, torchrun, two ranks
     assert result.returncode == 0 and f"run {run_id}: stopped" in result.stdout
-    assert time.monotonic() - started < 12
-    assert leftover_processes(run_dir) == []
-    run = run_json("show", str(run_id))
+    assert stopped_run["stop_seconds"] < 12
+    assert stopped_run["processes_left"] == []
+    run = stopped_run["run"]
     assert run["status"] == "stopped" and run["ended_at"] and len(run["latest_samples"]) >= 1
 
 
@@ -200,18 +218,11 @@ def test_lost_run_keeps_its_results_and_a_partial_summary(home):
     assert_kept_what_it_did(home, listed[0])
 
 
-def test_stopped_run_keeps_the_summary_parts_rank0_wrote_and_its_progress(home):
+def test_stopped_run_keeps_the_summary_parts_rank0_wrote_and_its_progress(stopped_run):
     """Rank 0 may write its summary in parts (figures measured before training, then more): a run
     stopped after them keeps every part, later values winning, on top of the progress figures."""
-    run_id = int(gpuscale("run", *LONG, "--gpus", "1", "--detach").stdout)
-    wait_for_metrics(home, run_id)
-    run_dir = Path(Store(home).get_run(run_id)["run_dir"])
-    with open(run_dir / "metrics" / "rank0.jsonl", "a") as metrics:  # as the rank's Reporter appends
-        for part in ({"accuracy_before": 0.25, "eval_examples": 8}, {"accuracy_before": 0.5, "world_size": 1}):
-            metrics.write(json.dumps({"t": time.time(), "rank": 0, "summary": part}) + "\n")
-    wait_until(lambda: len(Store(home).metrics(run_id, "tokens")) >= 3, 60, message="a few steps")
-    assert gpuscale("stop", str(run_id)).returncode == 0
-    summary = run_json("show", str(run_id))["summary"]
+    assert stopped_run["stop"].returncode == 0
+    summary = stopped_run["run"]["summary"]
     assert summary["accuracy_before"] == 0.5 and summary["eval_examples"] == 8 and summary["world_size"] == 1
     assert summary["partial"] is True and summary["steps_done"] >= 1 and summary["tokens"] > 0
     assert summary["duration_s"] > 0
