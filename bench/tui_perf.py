@@ -1,11 +1,20 @@
 """How fast the TUI opens and how much CPU it costs while it monitors a live run.
 
     python bench/tui_perf.py [--seconds 30] [--repeats 5] [--size 120x40] [--out OUT.json]
+    python bench/tui_perf.py --first-frame-only --size 80x24 --repeats 10   # issue 27's figure
 
-Two figures, each measured in a fresh child process so that nothing is cached or shared:
+Three figures, each measured in a fresh child process so that nothing is cached or shared:
 
-- Time to first frame: from the moment the parent starts the child (interpreter start-up and every
-  import included) to Textual's Ready event (the first frame has been drawn), headless, in an empty
+- Time to first frame in a real terminal (tmux; skipped where tmux is not installed): `gpuscale-tui`
+  as a user types it, in a tmux pane of `--size`, in an empty GPUSCALE_HOME, from the shell's clock
+  just before it execs the command to the first capture of the pane that shows the launch screen
+  (its Recipes list and Command box). The pane is captured every POLL_S seconds, so a time is late
+  by at most that. The load average before the first repeat is recorded: the figure means an idle
+  machine only where it is low (under 0.3 for 1 minute on 2 cores). Profiling the start-up:
+  `python -X importtime -m gpuscale.app.tui_main` (imports) and pyinstrument on the same child as
+  `--child first-frame` (see bench/README.md).
+- Time to first frame, headless: from the moment the parent starts the child (interpreter start-up
+  and every import included) to Textual's Ready event (the first frame has been drawn), in an empty
   GPUSCALE_HOME. The median of `--repeats` runs; also when the launch form (built just after the
   first frame) is shown.
 - The app's own CPU use while it shows the monitor of a live run at a 1 s refresh, over `--seconds`
@@ -26,6 +35,8 @@ import json
 import math
 import os
 import random
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -159,6 +170,56 @@ def child_feed(home: Path, gpus: int = 8, steps_per_s: int = 20) -> None:
 # ---- the parent ----------------------------------------------------------------------------------
 
 
+# The launch screen's recipe list and command box: on screen in its first frame.
+FIRST_FRAME_MARKERS = ("Recipes", "Command")
+POLL_S = 0.005
+
+
+def tui_command() -> str:
+    """`gpuscale-tui` as installed beside this Python (a user's command), else the module."""
+    script = Path(sys.executable).with_name("gpuscale-tui")
+    return shlex.quote(str(script)) if script.exists() else f"{shlex.quote(sys.executable)} -m gpuscale.app.tui_main"
+
+
+def measure_first_frame_tmux(size: str, repeats: int, env: dict) -> dict | None:
+    """`gpuscale-tui` in a tmux pane, from the shell's exec of it to its first frame on the pane (see
+    the module docstring); each repeat in a tmux server of its own and an empty home."""
+    if shutil.which("tmux") is None:
+        return None
+    width, height = size.split("x")
+    load = os.getloadavg()
+    times = []
+    for repeat in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="gpuscale-first-frame-") as tmp:
+            stamp = Path(tmp) / "started"
+            tmux = ["tmux", "-L", f"gpuscale-first-frame-{os.getpid()}-{repeat}"]
+            shell = f"date +%s.%N > {shlex.quote(str(stamp))}; exec {tui_command()}"
+            child_env = {key: value for key, value in env.items() if key not in ("COLUMNS", "LINES")}
+            child_env["GPUSCALE_HOME"] = str(Path(tmp) / "home")
+            subprocess.run([*tmux, "new-session", "-d", "-x", width, "-y", height, "sh", "-c", shell],
+                           env=child_env, check=True)
+            try:
+                shown_at = wait_for_pane(tmux, FIRST_FRAME_MARKERS, timeout_s=30)
+                times.append(shown_at - float(stamp.read_text()))
+            finally:
+                subprocess.run([*tmux, "kill-server"], capture_output=True)
+        time.sleep(1.0)  # the app's exit and the next start do not overlap
+    return {"median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times), "max_ms": 1000 * max(times),
+            "runs_ms": [round(1000 * t) for t in times], "load_average_before": [round(x, 2) for x in load],
+            "command": "gpuscale-tui", "poll_ms": 1000 * POLL_S}
+
+
+def wait_for_pane(tmux: list[str], markers: tuple[str, ...], timeout_s: float) -> float:
+    """The time of the first capture of the pane that shows every marker."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        screen = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+        if all(marker in screen for marker in markers):
+            return time.time()
+        time.sleep(POLL_S)
+    raise SystemExit(f"the app showed no first frame ({', '.join(markers)}) in {timeout_s:.0f} s")
+
+
 def run_child(*args: str, env: dict) -> dict:
     out = subprocess.run([sys.executable, str(HERE), *args], capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
@@ -216,6 +277,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", default="120x40")
+    parser.add_argument("--first-frame-only", action="store_true", help="only the times to first frame")
     parser.add_argument("--json", "--out", dest="json", type=Path, help="default: "
                         "bench/results/tui/tui-perf-<date>-<card>.json")
     parser.add_argument("--child", choices=["first-frame", "monitor", "feed"], help=argparse.SUPPRESS)
@@ -235,19 +297,28 @@ def main() -> None:
         # PYTHONPATH: the children measure this checkout, whatever copy of gpuscale is installed.
         envs = {name: {**os.environ, "GPUSCALE_HOME": str(path), "PYTHONPATH": str(HERE.parent.parent)}
                 for name, path in homes.items()}
+        results["first_frame_tmux"] = measure_first_frame_tmux(args.size, args.repeats, envs["empty"])
         results["first_frame"] = measure_first_frame(args.size, args.repeats, envs["empty"])
-        results["monitor"] = {
-            "cpu-run": with_cpu_run(homes["cpu-run"], envs["cpu-run"], args.size, args.seconds),
-            "8-gpu-feed": with_feed(homes["8-gpu-feed"], envs["8-gpu-feed"], args.size, args.seconds),
-        }
+        if not args.first_frame_only:
+            results["monitor"] = {
+                "cpu-run": with_cpu_run(homes["cpu-run"], envs["cpu-run"], args.size, args.seconds),
+                "8-gpu-feed": with_feed(homes["8-gpu-feed"], envs["8-gpu-feed"], args.size, args.seconds),
+            }
     print_table(results)
-    write_result("tui", "tui-perf", {"seconds": args.seconds, "repeats": args.repeats, "size": args.size}, results,
-                 out=args.json)
+    write_result("tui", "tui-perf", {"seconds": args.seconds, "repeats": args.repeats, "size": args.size,
+                                     "first_frame_only": args.first_frame_only}, results, out=args.json)
 
 
 def print_table(results: dict) -> None:
     print(f"gpuscale-tui at {results['size']}, {results['cpu']}, {results['date']}")
     print()
+    if r := results.get("first_frame_tmux"):
+        print("| time to first frame (`gpuscale-tui` in tmux, exec to first frame) | median | min | max "
+              "| load average before (1, 5, 15 min) |")
+        print("|---|---|---|---|---|")
+        print(f"| gpuscale-tui | {r['median_ms']:.0f} ms | {r['min_ms']:.0f} ms | {r['max_ms']:.0f} ms "
+              f"| {', '.join(map(str, r['load_average_before']))} |")
+        print()
     print("| time to first frame (launch to first frame, headless) | median | min | max "
           "| of which imports (median) | CPU time to first frame (median) | launch form shown (median) |")
     print("|---|---|---|---|---|---|---|")
@@ -255,6 +326,8 @@ def print_table(results: dict) -> None:
     print(f"| gpuscale-tui | {r['median_ms']:.0f} ms | {r['min_ms']:.0f} ms | {r['max_ms']:.0f} ms "
           f"| {r['imports_ms']:.0f} ms | {r['cpu_ms']:.0f} ms | {r['form_ms']:.0f} ms |")
     print()
+    if "monitor" not in results:
+        return
     print("| monitoring a live run, 1 s refresh | app CPU (% of one core) | seconds | polls "
           "| poll (median, worker thread) | rows |")
     print("|---|---|---|---|---|---|")

@@ -1,13 +1,16 @@
-"""`gpuscale-tui`: the Textual app; with `--recipe NAME` the same run as `gpuscale run`, no screen."""
+"""`gpuscale-tui`: the Textual app; with `--recipe NAME` the same run as `gpuscale run`, no screen.
+
+A bare `gpuscale-tui` goes straight to the app: with nothing to parse, the CLI's parser (and what the
+CLI imports: its views, the data sets' readers) is not imported before the first frame."""
 
 from __future__ import annotations
 
 import sys
 
-from gpuscale.app import cli
-
 
 def build_parser():
+    from gpuscale.app import cli
+
     parser = cli.Parser(prog="gpuscale-tui", description="Pick, tune, launch, watch and look back at runs.")
     parser.add_argument("--version", action=cli.VersionAction)
     cli.add_run_options(parser, recipe_required=False)
@@ -16,13 +19,17 @@ def build_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.recipe:  # headless: scripts, SLURM jobs, CI
-        try:
-            return cli.cmd_run(args)
-        except cli.USER_ERRORS as exc:  # one line, exit 2, as `gpuscale run`
-            print(f"gpuscale-tui: error: {exc}", file=sys.stderr)
-            return cli.EXIT_BAD_INPUT
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        from gpuscale.app import cli
+
+        args = build_parser().parse_args(argv)
+        if args.recipe:  # headless: scripts, SLURM jobs, CI
+            try:
+                return cli.cmd_run(args)
+            except cli.USER_ERRORS as exc:  # one line, exit 2, as `gpuscale run`
+                print(f"gpuscale-tui: error: {exc}", file=sys.stderr)
+                return cli.EXIT_BAD_INPUT
     from gpuscale.app.tui import GpuscaleApp
 
     GpuscaleApp().run()

@@ -48,3 +48,21 @@ def test_opening_the_tui_loads_no_torch(home):
     )
     assert "gpuscale.app.screens.launch" in loaded and "gpuscale.app.widgets.settings_form" in loaded
     assert not [name for name in HEAVY if name in loaded]
+
+
+def test_a_bare_gpuscale_tui_imports_no_cli_before_its_first_frame(home):
+    """`gpuscale-tui` with nothing to parse goes straight to the app: the CLI and what only it needs
+    (the data sets' readers, its views) are not imported on the way to the first frame."""
+    import os
+
+    loaded = modules_in_fresh_python(
+        """
+        from gpuscale.app import tui, tui_main
+
+        tui.GpuscaleApp.run = lambda self: None  # what is imported when the app would start
+        assert tui_main.main([]) == 0
+        """,
+        env=dict(os.environ),
+    )
+    assert "gpuscale.app.tui" in loaded
+    assert not [name for name in ("gpuscale.app.cli", "gpuscale.data.tasks", *HEAVY) if name in loaded]
