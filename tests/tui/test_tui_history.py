@@ -192,3 +192,39 @@ def test_a_device_row_updated_before_it_mounted_shows_the_newer_view():
             assert row.query_one(".device-bar").progress == round(BAR_STEPS * 40_960.0 / 81_559.0)
 
     run_async(scenario())
+
+
+def test_compare_at_80_columns_cuts_long_values_and_shows_one_sided_figures(home):
+    """Two runs over different domains: each one's per-domain accuracy is shown, `—` on the side
+    without it; a dataset path longer than its column ends in `…` rather than off the screen."""
+    from gpuscale.app.screens.compare import CompareScreen
+    from tui_helpers import FROZEN_NOW, screen_text
+
+    long_path = "/data/" + "a-very-long-folder-name/" * 4 + "questions.jsonl"
+    store = Store(home)
+    ids = []
+    for domain, dataset, accuracy in (("algebra", long_path, 0.41), ("geometry", "tiny-math", 0.52)):
+        run_id = store.create_run("sft", {"dataset": dataset, "seed": 0}, [], "h")
+        store.update_run(run_id, status="succeeded", started_at=FROZEN_NOW - 100, ended_at=FROZEN_NOW,
+                         summary={"accuracy_greedy_after": accuracy, f"accuracy_greedy_{domain}_after": accuracy})
+        ids.append(run_id)
+    store.close()
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            app.open_compare(*ids)
+            await settle(pilot)
+            assert isinstance(app.screen, CompareScreen)
+            await wait_for(pilot, lambda: "accuracy_greedy_geometry_after" in screen_text(app), 10, "the figures",
+                           explain=lambda: screen_text(app))
+            lines = screen_text(app).splitlines()
+            assert all(len(line.rstrip()) <= 80 for line in lines)
+            algebra = next(line for line in lines if "accuracy_greedy_algebra_after" in line).split()
+            geometry = next(line for line in lines if "accuracy_greedy_geometry_after" in line).split()
+            assert algebra[1:] == ["0.41", "—", "—"] and geometry[1:] == ["—", "0.52", "—"]
+            dataset = next(line for line in lines if line.split()[:1] == ["dataset"])
+            assert "/data/a-very-long" in dataset and "…" in dataset and "tiny-math" in dataset
+
+    run_async(scenario())
