@@ -4,6 +4,7 @@ summary's (the decode loop's), not the supervisor's average over the whole run."
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +26,7 @@ def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(home):
     assert shown and shown.group(1) == format_rate(run["summary"]["tokens_per_s"]), (final[-1], run["summary"])
     # The supervisor's own figure for the run is another number (it counts loading and warm-up).
     assert run["progress"]["tokens_per_s"] != run["summary"]["tokens_per_s"]
+    # The decode loop passes its KV cache as `cache`: transformers' "`past_key_values` ... deprecated"
+    # warning reaches neither the output nor the rank's log.
+    rank_log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()
+    assert "deprecated" not in rank_log and "deprecated" not in result.stderr, rank_log
