@@ -20,11 +20,11 @@ def test_a_run_without_evaluation_never_loads_the_test_split(tmp_path, monkeypat
     asked = []
     real = tasks.load_examples
 
-    def train_split_only(name, split="test", max_examples=None, seed=0):
+    def train_split_only(name, split="test", max_examples=None, seed=0, **options):
         asked.append((split, max_examples))
         if split == "test":
             raise tasks.DataError(f"{name}: no test split here")
-        return real(name, split, max_examples, seed)
+        return real(name, split, max_examples, seed, **options)
 
     monkeypatch.setattr(tasks, "load_examples", train_split_only)
     settings = Settings(eval_examples=0, population=4, prompts_per_step=2, max_new_tokens=4, steps=1, batch_size=8,
