@@ -50,15 +50,21 @@ def parse(argv=None):
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--row-tokens", type=int, default=128, help="mean tokens a row")
     parser.add_argument("--pack-length", type=int, default=512, help="packed sequence length of the packing variant")
+    parser.add_argument("--pack-share", type=float, default=0.5, help="gpu_memory_share of the packing variant "
+                        "(0.9: the card to itself, one micro-batch a step)")
     parser.add_argument("--stock-batches", default="8,16,32,64,128,256,512,1024")
     parser.add_argument("--micro-batches", default="", help="gpuscale micro-batches to sweep at the same step "
                         "rows (empty: powers of two up to the step's rows)")
     parser.add_argument("--steps", type=int, default=8, help="timed optimizer steps")
     parser.add_argument("--warm-up", type=int, default=3)
-    parser.add_argument("--only", default="", help="comma list of: stock, gpuscale, variants, sweep, packed, grpo")
+    parser.add_argument("--only", default="", help="comma list of: stock, gpuscale, variants, "
+                        "sweep, packed, grpo, compile (default: all but compile)")
+    parser.add_argument("--step-rows", type=int, default=256, help="rows a step where the stock sweep is not run")
     parser.add_argument("--grpo-prompts", type=int, default=16)
     parser.add_argument("--grpo-generations", type=int, default=8)
     parser.add_argument("--grpo-completion-tokens", type=int, default=128)
+    parser.add_argument("--grpo-stock-micro", default="32,64,128", help="stock GRPOTrainer's micro-batches to "
+                        "try; its best is the baseline (128 on an H200, 2026-11-27: bench/RESULTS.md)")
     parser.add_argument("--profile", default="", help="a folder: torch profiler table of gpuscale's best step")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)
@@ -228,8 +234,8 @@ class Profile:
 # ---- the comparison ------------------------------------------------------------------------------
 
 # gpuscale's variants beside its defaults: each optimisation off in turn, both off, and torch.compile.
-VARIANTS = ({"padding_free": False}, {"liger_kernels": False}, {"padding_free": False, "liger_kernels": False},
-            {"compile": True}, {"compile": True, "liger_kernels": False})
+VARIANTS = ({"padding_free": False}, {"liger_kernels": False}, {"padding_free": False, "liger_kernels": False})
+COMPILED = ({"compile": True}, {"compile": True, "liger_kernels": False})
 
 
 def best_stock(args, dataset, tokenizer, flops, card, log) -> list[dict]:
@@ -297,7 +303,8 @@ def stock_grpo(args, rows, tokenizer, micro: int) -> dict:
                             bf16=True, max_steps=args.warm_up + args.steps, logging_steps=1, report_to="none",
                             save_strategy="no", disable_tqdm=True, learning_rate=1e-6, seed=0)
         trainer = TimedGRPO(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
-                            train_dataset=datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in rows]))
+                            train_dataset=datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in rows]),
+                            callbacks=[timer])
         trainer.train()
     steps = [b - a for a, b in zip(timer.ends, timer.ends[1:])][args.warm_up:]
     generation = trainer.generation[args.warm_up:]
@@ -331,7 +338,8 @@ def grpo_comparison(args, tokenizer, log) -> dict:
     rows = grpo_rows_for(args, tokenizer)
     completions = args.grpo_prompts * args.grpo_generations
     stock = []
-    for micro in (m for m in (32, 64, 128) if completions % m == 0):  # its best micro-batch
+    micros = [int(m) for m in args.grpo_stock_micro.split(",")]
+    for micro in (m for m in micros if completions % m == 0):  # its best micro-batch
         stock.append(stock_grpo(args, rows, tokenizer, micro))
         log(stock[-1])
     best = min(stock, key=lambda r: r["step_seconds_median"])
@@ -368,7 +376,8 @@ def main(argv=None) -> dict:
     if os.environ.get("GPUSCALE_HOME") is None:  # the grpo side's real run keeps its history apart
         os.environ["GPUSCALE_HOME"] = tempfile.mkdtemp(prefix="gpuscale-bench-train-")
     fitted = [r for r in stock if not r.get("out_of_memory")]
-    best = max(fitted, key=lambda r: r["tokens_per_s"]) if fitted else {"batch": 64, "tokens_per_s": None}
+    best = (max(fitted, key=lambda r: r["tokens_per_s"]) if fitted
+            else {"batch": args.step_rows, "tokens_per_s": None})
     step_rows = best["batch"]
     mine = None
     if "gpuscale" in only:
@@ -376,6 +385,9 @@ def main(argv=None) -> dict:
         log(mine)
     if "variants" in only:
         for options in VARIANTS:
+            log(gpuscale_sft(args, dataset, tokenizer, step_rows, steps, flops, card, **options))
+    if "compile" in only:
+        for options in COMPILED:
             log(gpuscale_sft(args, dataset, tokenizer, step_rows, steps, flops, card, **options))
     sweep = []
     if "sweep" in only:
@@ -393,7 +405,8 @@ def main(argv=None) -> dict:
     if "packed" in only:
         packed_flops = training_flops_per_token(matmul, layers, width, args.row_tokens / 2)
         packed_rows = max(8, step_rows * args.row_tokens // args.pack_length // 8 * 8)
-        packed = gpuscale_sft(args, dataset, tokenizer, packed_rows, steps, packed_flops, card, packing=True)
+        packed = gpuscale_sft(args, dataset, tokenizer, packed_rows, steps, packed_flops, card, packing=True,
+                              gpu_memory_share=args.pack_share)
         log(packed)
     if args.profile:  # a run of its own: the profiler's overhead stays out of every timed figure
         gpuscale_sft(args, dataset, tokenizer, step_rows, args.warm_up + 1, flops, card, profile=args.profile)
