@@ -82,6 +82,16 @@ def run_json(*args: str, env: dict | None = None) -> dict:
     return json.loads(result.stdout)
 
 
+def runs_at_once(*arguments: list[str], env: dict | None = None) -> list[dict]:
+    """`gpuscale run ARGUMENTS --json` for each list, all started together, the runs in the order given:
+    a 1-rank run keeps one of the two cores busy, so two at once take little more than one."""
+    fronts = [spawn_gpuscale("run", *args, "--json", env=env) for args in arguments]
+    ended = [front.communicate(timeout=240) for front in fronts]
+    for front, (_, stderr) in zip(fronts, ended):
+        assert front.returncode == 0, stderr
+    return [json.loads(stdout) for stdout, _ in ended]
+
+
 def wait_until(condition, timeout: float = 60, interval: float = 0.2, message: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

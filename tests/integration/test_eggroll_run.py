@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import run_json
+from conftest import run_json, runs_at_once
 from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
@@ -39,8 +39,8 @@ def test_the_batched_population_and_the_naive_structure_make_the_same_run(home, 
     too, since with common random numbers every member draws with the step's numbers whether it
     answers alone (naive) or in the population's batch."""
     same = (*SMALL, "--set", f"temperature={temperature}")
-    batched = run_json("run", "--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=eggroll")
-    naive = run_json("run", "--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=naive")
+    batched, naive = runs_at_once(["--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=eggroll"],
+                                  ["--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=naive"])
     assert batched["status"] == naive["status"] == "succeeded"
     store = Store(home)
     series = [[row["value"] for row in store.metrics(run["id"], "fitness_mean") if row["rank"] == 0]
