@@ -82,14 +82,20 @@ def run_json(*args: str, env: dict | None = None) -> dict:
     return json.loads(result.stdout)
 
 
-def runs_at_once(*arguments: list[str], env: dict | None = None) -> list[dict]:
-    """`gpuscale run ARGUMENTS --json` for each list, all started together, the runs in the order given:
-    a 1-rank run keeps one of the two cores busy, so two at once take little more than one."""
+def run_together(*arguments: list[str], env: dict | None = None) -> list[subprocess.CompletedProcess]:
+    """`gpuscale run ARGUMENTS --json` for each list, all started together, their outcomes in the order
+    given: a 1-rank run keeps one of the two cores busy, so two at once take little more than one."""
     fronts = [spawn_gpuscale("run", *args, "--json", env=env) for args in arguments]
-    ended = [front.communicate(timeout=240) for front in fronts]
-    for front, (_, stderr) in zip(fronts, ended):
-        assert front.returncode == 0, stderr
-    return [json.loads(stdout) for stdout, _ in ended]
+    ended = [(front, *front.communicate(timeout=240)) for front in fronts]
+    return [subprocess.CompletedProcess(front.args, front.returncode, out, err) for front, out, err in ended]
+
+
+def runs_at_once(*arguments: list[str], env: dict | None = None) -> list[dict]:
+    """`run_together`, each run succeeded: the runs as `--json` prints them."""
+    ended = run_together(*arguments, env=env)
+    for result in ended:
+        assert result.returncode == 0, result.stderr
+    return [json.loads(result.stdout) for result in ended]
 
 
 def wait_until(condition, timeout: float = 60, interval: float = 0.2, message: str = "condition"):
