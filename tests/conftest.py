@@ -82,10 +82,13 @@ def run_json(*args: str, env: dict | None = None) -> dict:
     return json.loads(result.stdout)
 
 
-def run_together(*arguments: list[str], env: dict | None = None) -> list[subprocess.CompletedProcess]:
+def run_together(*arguments: list[str], env: dict | None = None,
+                 envs: list[dict] | None = None) -> list[subprocess.CompletedProcess]:
     """`gpuscale run ARGUMENTS --json` for each list, all started together, their outcomes in the order
-    given: a 1-rank run keeps one of the two cores busy, so two at once take little more than one."""
-    fronts = [spawn_gpuscale("run", *args, "--json", env=env) for args in arguments]
+    given: a 1-rank run keeps one of the two cores busy, so two at once take little more than one.
+    `envs`: one run's own variables each, over `env`."""
+    envs = envs or [{} for _ in arguments]
+    fronts = [spawn_gpuscale("run", *args, "--json", env={**(env or {}), **own}) for args, own in zip(arguments, envs)]
     ended = [(front, *front.communicate(timeout=240)) for front in fronts]
     return [subprocess.CompletedProcess(front.args, front.returncode, out, err) for front, out, err in ended]
 

@@ -3,13 +3,15 @@ under the real `accelerate launch` with 2 CPU ranks (DDP on gloo), a real superv
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import gpuscale, run_json
+from conftest import run_json, run_together
 from gpuscale.data.models import load_model
 from gpuscale.recipes.registry import get_recipe
 from gpuscale.runs.metrics import Throughput
@@ -65,12 +67,26 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     assert changed
 
 
-def test_a_failure_in_the_final_evaluation_keeps_the_saved_model_and_the_figures_before_it(home):
+VALIDATION_SFT = ["--recipe", "sft", "--gpus", "1", "--batch-size", "2", "--set", "max_examples=6",
+                  "--set", "max_steps=1", "--set", "max_length=64", "--set", "eval_examples=2",
+                  "--set", "max_new_tokens=8", "--set", "save_model=false", "--set", "eval_split=validation"]
+
+
+@pytest.fixture(scope="module")
+def one_rank_runs(module_home) -> dict[str, subprocess.CompletedProcess]:
+    """The two 1-rank runs of the tests below, started together (each keeps one core busy): TINY_SFT
+    with a fault injected where the final evaluation starts, and a run scored on validation problems."""
+    final_eval_fault, validation = run_together([*TINY_SFT, "--gpus", "1"], VALIDATION_SFT,
+                                                envs=[{"GPUSCALE_INJECT_FAULT": "0:final_eval:0"}, {}])
+    return {"final_eval_fault": final_eval_fault, "validation": validation}
+
+
+def test_a_failure_in_the_final_evaluation_keeps_the_saved_model_and_the_figures_before_it(one_rank_runs):
     """Save first, evaluate second: a fault injected where the final evaluation starts fails the run,
     and the trained model is already in the run folder, with the accuracy measured before training."""
-    result = gpuscale("run", *TINY_SFT, "--gpus", "1", "--json", env={"GPUSCALE_INJECT_FAULT": "0:final_eval:0"})
+    result = one_rank_runs["final_eval_fault"]
     assert result.returncode == 1
-    run = run_json("show", "1")
+    run = run_json("show", str(json.loads(result.stdout)["id"]))
     assert run["status"] == "failed" and run["error"] == "rank 0: RuntimeError: injected fault on rank 0 at final_eval"
     summary = run["summary"]
     assert summary["partial"] is True and summary["steps"] == 3
@@ -80,13 +96,13 @@ def test_a_failure_in_the_final_evaluation_keeps_the_saved_model_and_the_figures
     assert AutoModelForCausalLM.from_pretrained(model_dir).num_parameters() > 0
 
 
-def test_a_run_scored_on_validation_problems_says_so_in_its_summary(home):
+def test_a_run_scored_on_validation_problems_says_so_in_its_summary(one_rank_runs):
     """eval_split=validation: the run scores the first eval_examples problems of the training data and
     trains on max_examples others; the summary names the split, so its figures are never taken for
     test figures."""
-    run = run_json("run", "--recipe", "sft", "--gpus", "1", "--batch-size", "2", "--set", "max_examples=6",
-                   "--set", "max_steps=1", "--set", "max_length=64", "--set", "eval_examples=2",
-                   "--set", "max_new_tokens=8", "--set", "save_model=false", "--set", "eval_split=validation")
+    result = one_rank_runs["validation"]
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
     assert run["status"] == "succeeded", run["error"]
     summary = run["summary"]
     assert summary["eval_split"] == "validation"
