@@ -1,10 +1,13 @@
 """power-sampling end to end on CPU: 2 ranks, the embedded default model and tasks."""
 
 import json
+import shutil
 
 import pytest
 
-from conftest import gpuscale, run_json
+from conftest import gpuscale, run_json, run_together
+from gpuscale.data.models import model_path
+from gpuscale.data.tasks import load_examples
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
@@ -35,30 +38,44 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
     assert run["progress"]["tokens_per_s"] > 0  # a finished run's average, not an empty last window
 
 
-def test_seed_knobs_work_as_aliases(home):
-    env = {"POWERSAMPLE_STEPS": "1", "POWERSAMPLE_MAX_NEW": "32", "POWERSAMPLE_MAX_EXAMPLES": "2",
-           "POWERSAMPLE_NUM_GPUS": "1", "POWERSAMPLE_BATCH_SIZE": "2"}
-    run = run_json("run", "--recipe", "power-sampling", env=env)
+SEED_KNOBS = {"POWERSAMPLE_STEPS": "1", "POWERSAMPLE_MAX_NEW": "32", "POWERSAMPLE_MAX_EXAMPLES": "2",
+              "POWERSAMPLE_NUM_GPUS": "1", "POWERSAMPLE_BATCH_SIZE": "2"}
+
+
+@pytest.fixture(scope="module")
+def one_rank_runs(module_home, tmp_path_factory) -> dict:
+    """The two 1-rank runs of the tests below, started together (each keeps one core busy): one set by
+    the seed's POWERSAMPLE_ knobs alone, one on a saved model directory and a local GSM8K-format file
+    (and the examples written to it)."""
+    folder = tmp_path_factory.mktemp("local")
+    model_dir = folder / "my-model"
+    shutil.copytree(model_path("tiny-math"), model_dir)
+    data = folder / "gsm8k-style.jsonl"
+    examples = load_examples("tiny-math", "test", max_examples=3)
+    data.write_text("".join(json.dumps({"question": e["question"], "answer": e["answer"]}) + "\n" for e in examples))
+    knobs, local = run_together(["--recipe", "power-sampling"],
+                                ["--recipe", "power-sampling", "--gpus", "1", "--model", str(model_dir),
+                                 "--dataset", str(data), "--set", "max_new_tokens=64", "--set", "blocks=2",
+                                 "--set", "mcmc_steps=2"],
+                                envs=[SEED_KNOBS, {}])
+    return {"knobs": knobs, "local": local, "examples": examples}
+
+
+def test_seed_knobs_work_as_aliases(one_rank_runs):
+    result = one_rank_runs["knobs"]
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
     assert run["status"] == "succeeded"
     s = run["settings"]
     assert (s["mcmc_steps"], s["max_new_tokens"], s["max_examples"], s["gpus"], s["batch_size"]) == (1, 32, 2, 1, 2)
     assert run["summary"]["problems"] == 2
 
 
-def test_local_model_directory_and_gsm8k_format_jsonl(home, tmp_path):
+def test_local_model_directory_and_gsm8k_format_jsonl(one_rank_runs):
     """The real-model path: a saved model directory and a local GSM8K-format file."""
-    import shutil
-
-    from gpuscale.data.models import model_path
-    from gpuscale.data.tasks import load_examples
-
-    model_dir = tmp_path / "my-model"
-    shutil.copytree(model_path("tiny-math"), model_dir)
-    data = tmp_path / "gsm8k-style.jsonl"
-    examples = load_examples("tiny-math", "test", max_examples=3)
-    data.write_text("".join(json.dumps({"question": e["question"], "answer": e["answer"]}) + "\n" for e in examples))
-    run = run_json("run", "--recipe", "power-sampling", "--gpus", "1", "--model", str(model_dir),
-                   "--dataset", str(data), "--set", "max_new_tokens=64", "--set", "blocks=2", "--set", "mcmc_steps=2")
+    result, examples = one_rank_runs["local"], one_rank_runs["examples"]
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
     assert run["status"] == "succeeded", run["error"]
     results = json.loads(gpuscale("export", str(run["id"])).stdout)["results"]
     assert [r["gold"] for r in results] == [e["answer"].rsplit("#### ", 1)[1] for e in examples]
