@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gpuscale, run_json
+from conftest import gpuscale, run_together
 from gpuscale.runs.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,11 +48,31 @@ def save_probe_tuning(home, batch_size: int, prompt_tokens: int = 4) -> None:
                             created_at=TUNED_AT)
 
 
+@pytest.fixture(scope="module")
+def auto_runs(module_home) -> dict:
+    """The two probe runs with batch_size auto below, started together (each keeps one core busy), each
+    in a home of its own: "stored" holds a tuning of the run's shape (batch 3), "other shape" one of
+    prompt_tokens=16 only. Each entry: the home and the run's outcome."""
+    homes = {"stored": module_home / "stored", "other shape": module_home / "other-shape"}
+    save_probe_tuning(homes["stored"], batch_size=3)
+    save_probe_tuning(homes["other shape"], batch_size=3, prompt_tokens=16)  # another shape: not the run's key
+    ended = run_together(["--recipe", "probe", "--gpus", "1", "--batch-size", "auto", "--set", "steps=2",
+                          "--set", "prompt_tokens=4"],
+                         ["--recipe", "probe", "--gpus", "1", "--set", "batch_size=auto", "--set", "steps=2",
+                          "--set", "prompt_tokens=4"],
+                         envs=[{"GPUSCALE_HOME": str(home)} for home in homes.values()])
+    return {name: (home, result) for (name, home), result in zip(homes.items(), ended)}
+
+
+def succeeded_run(outcome: subprocess.CompletedProcess) -> dict:
+    assert outcome.returncode == 0, outcome.stderr
+    return json.loads(outcome.stdout)
+
+
 @pytest.mark.e2e
-def test_auto_in_a_real_run_uses_the_stored_result_and_records_it(home):
-    save_probe_tuning(home, batch_size=3)
-    run = run_json("run", "--recipe", "probe", "--gpus", "1", "--batch-size", "auto", "--set", "steps=2",
-                   "--set", "prompt_tokens=4")
+def test_auto_in_a_real_run_uses_the_stored_result_and_records_it(auto_runs):
+    home, outcome = auto_runs["stored"]
+    run = succeeded_run(outcome)
     assert run["status"] == "succeeded"
     assert run["settings"]["batch_size"] == 3
     assert run["settings"]["batch_size_source"] == f"stored (tuned {TUNED_DAY})"
@@ -61,10 +81,8 @@ def test_auto_in_a_real_run_uses_the_stored_result_and_records_it(home):
 
 
 @pytest.mark.e2e
-def test_auto_on_cpu_with_nothing_stored_is_the_cpu_default(home):
-    save_probe_tuning(home, batch_size=3, prompt_tokens=16)  # another shape: not this run's key
-    run = run_json("run", "--recipe", "probe", "--gpus", "1", "--set", "batch_size=auto", "--set", "steps=2",
-                   "--set", "prompt_tokens=4")
+def test_auto_on_cpu_with_nothing_stored_is_the_cpu_default(auto_runs):
+    run = succeeded_run(auto_runs["other shape"][1])
     assert run["status"] == "succeeded"
     assert (run["settings"]["batch_size"], run["settings"]["batch_size_source"]) == (8, "default")
 
