@@ -384,7 +384,8 @@ def main(argv=None) -> dict:
         mine = gpuscale_sft(args, dataset, tokenizer, step_rows, steps, flops, card)
         log(mine)
     if "variants" in only:
-        for options in VARIANTS:
+        # The defaults once more between the variants: how far two runs of one configuration differ.
+        for options in (*VARIANTS, {}):
             log(gpuscale_sft(args, dataset, tokenizer, step_rows, steps, flops, card, **options))
     if "compile" in only:
         for options in COMPILED:
