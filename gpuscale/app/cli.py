@@ -29,6 +29,7 @@ from gpuscale.app.views.runs import (
     RUN_COLUMNS,
     compare_runs,
     delta_text,
+    figure_text,
     key_figures,
     lineage_lines,
     progress_line,
@@ -216,7 +217,7 @@ def report_end(run: dict, as_json: bool, warnings: list[str] = ()) -> None:
         print(f"hint: {run['hint']}", file=sys.stderr)
     summary = run["summary"] or {}
     for name, value in summary.items():
-        print(f"  {name}: {format_number(value)}")
+        print(f"  {name}: {figure_text(name, value)}")
 
 
 def public_run(run: dict) -> dict:
@@ -415,7 +416,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"  {key}: {setting_text(value)}")
     print("summary:")
     for key, value in (run["summary"] or {}).items():
-        print(f"  {key}: {format_number(value)}")
+        print(f"  {key}: {figure_text(key, value)}")
     return 0
 
 

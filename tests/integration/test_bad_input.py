@@ -23,7 +23,7 @@ from gpuscale.runs.store import Store
     (["run", "--recipe", "probe", "--gpus", "999"], "gpus: 999: "),
     (["run", "--recipe", "probe", "--precision", "fp4"], "precision: 'fp4': "),
     (["run", "--recipe", "power-sampling", "--model", "nope"],
-     "model: 'nope': unknown model; known models: tiny-math, random-tiny, random-qwen2.5-0.5b"),
+     "model: 'nope': unknown model; known models: tiny-math, random-tiny, random-qwen2.5-0.5b, random-qwen2.5-1.5b"),
     (["run", "--recipe", "power-sampling", "--dataset", "nope"],
      "dataset: 'nope': unknown data set; known data sets: tiny-math, tiny-math-conflict, gsm8k"),
     (["run", "--recipe", "power-sampling", "--dataset", "/no/such/file.jsonl"],

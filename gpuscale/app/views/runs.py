@@ -23,7 +23,9 @@ KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "p
 # The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
 # of several parts is running, e.g. rft's generate / train / evaluate; `accuracy_greedy`: eggroll's
 # held-out accuracy every eval_every steps).
-PREFERRED_FIGURES = ("accuracy", "accuracy_greedy", "reward", "loss", "phase")
+PREFERRED_FIGURES = ("accuracy", "accuracy_greedy", "reward", "loss", "mfu", "phase")
+# Figures that are shares, shown as percentages: model FLOPs utilisation (data/cards.py).
+PERCENT_FIGURES = ("mfu",)
 # A table of runs: the CLI's `gpuscale runs` and the TUI's history. The TUI's history cuts the figures
 # to the room left at its width, so that the start time stays on screen at 80 columns.
 RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")
@@ -153,7 +155,14 @@ def figures_text(run: dict, limit: int = 4) -> str:
     latest = headline_figures(run)
     others = sorted(n for n in latest if n not in PREFERRED_FIGURES and not _quiet(n, latest[n]))
     names = [n for n in PREFERRED_FIGURES if n in latest] + others
-    return " · ".join(f"{name} {format_number(latest[name])}" for name in names[:limit])
+    return " · ".join(f"{name} {figure_text(name, latest[name])}" for name in names[:limit])
+
+
+def figure_text(name: str, value) -> str:
+    """A figure's value for people: a share in PERCENT_FIGURES as `28.2%`, anything else `format_number`'s."""
+    if name in PERCENT_FIGURES and _is_number(value):
+        return f"{100 * value:.1f}%"
+    return format_number(value)
 
 
 def progress_line(run: dict, now: float, warnings: tuple[str, ...] | list[str] = ()) -> str:

@@ -69,7 +69,9 @@ class Settings(SupervisedSettings):
         "num_return_sequences (the seed's structure, the bench's baseline)")
     data_from: str | None = Field(None, description="a run id (or path to its generated.jsonl) whose kept set "
                                   "to train on instead of generating")
-    train_batch_size: int = Field(8, ge=1, description="training sequences per rank per micro-batch")
+    train_batch_size: int | None = Field(None, ge=1, description="training sequences per rank per micro-batch; "
+                                         "auto (empty): a step takes 8 x gradient_accumulation rows a rank, cut on "
+                                         "a GPU into the largest micro-batch that fits (8 on CPU)")
     epochs: float = Field(3.0, gt=0.0, le=1000.0, description="passes over the kept set")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule after the warm-up")
@@ -79,7 +81,7 @@ class Settings(SupervisedSettings):
     max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
 
 
-    _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
+    _auto_words = field_validator("batch_size", "train_batch_size", mode="before")(auto_means_sized_on_card)
 
     @field_validator("data_from")
     @classmethod
