@@ -364,12 +364,21 @@ def open_store(write: bool = False) -> Store:
     no folder); `write` refuses a home that cannot be written (StoreError naming the path)."""
     if write:
         store = Store()
-    elif not (gpuscale_home() / "runs.db").exists():
+    elif not has_history():
         store = Store(read_only=True)
     else:
         store = Store.for_reading()
     launch.reconcile(store)
     return store
+
+
+def has_history() -> bool:
+    """Whether the home holds a runs.db; a home that cannot be looked into counts as holding one, so
+    that opening it names the path and the permission denied."""
+    try:
+        return (gpuscale_home() / "runs.db").exists()
+    except PermissionError:
+        return True
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

@@ -167,3 +167,15 @@ def test_a_row_is_budgeted_at_its_packed_padded_or_padding_free_length():
     assert tokens_per_row(lengths, padded=False) == 161  # 1.25 x the mean, + 1
     assert tokens_per_row([10, 10, 11], padded=False) == 11  # never above the longest
     assert tokens_per_row(lengths, padded=False, packed_length=512) == 512
+
+
+def test_the_training_bench_names_its_baseline_and_how_it_is_put_at_its_best():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "train_speed.py"
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "stock TRL SFTTrainer" in shown.stdout and "best batch, found by a sweep" in shown.stdout
+    assert "--grpo-stock-micro" in shown.stdout
