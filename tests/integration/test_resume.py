@@ -131,7 +131,7 @@ def test_a_failed_grpo_mtl_run_resumed_ends_with_the_uninterrupted_runs_weights(
     whole = run_json("run", *TINY_GRPO)
     assert whole["status"] == "succeeded", whole["error"]
 
-    broken = gpuscale("run", *TINY_GRPO, "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:3"})
+    broken = gpuscale("run", *TINY_GRPO, "--label", "adam", "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:3"})
     assert broken.returncode == 1
     parent = json.loads(broken.stdout)
     assert parent["status"] == "failed"
