@@ -87,6 +87,12 @@ def tokens_per_row(lengths: list[int], padded: bool, packed_length: int | None =
     return min(max(lengths), int(1.25 * sum(lengths) / len(lengths)) + 1)
 
 
+def largest_divisor(rows: int, at_most: int) -> int:
+    """The largest divisor of `rows` not above `at_most`, at least 1: a micro-batch that a step's rows
+    split into whole (every micro-batch of a step the same size, as DDP pairs them across ranks)."""
+    return max((d for d in range(1, min(rows, at_most) + 1) if rows % d == 0), default=1)
+
+
 def split_rows(rows_per_step: int, tokens_per_row: int, shape: TrainingShape, free_bytes: int,
                share: float) -> RowSplit:
     """The largest divisor of `rows_per_step` whose micro-batch of `tokens_per_row`-token rows fits
@@ -95,7 +101,7 @@ def split_rows(rows_per_step: int, tokens_per_row: int, shape: TrainingShape, fr
     budget = free_bytes * share * MARGIN - fixed_training_bytes(shape)
     per_row = max(1, tokens_per_row) * activation_bytes_per_token(shape)
     fits = int(budget // per_row) if budget > 0 else 0
-    micro = max((d for d in range(1, rows_per_step + 1) if rows_per_step % d == 0 and d <= fits), default=1)
+    micro = largest_divisor(rows_per_step, fits)
     gib = 2**30
     reason = (f"{rows_per_step} rows a step at {tokens_per_row} tokens a row; {share:.0%} of "
               f"{free_bytes / gib:.1f} GiB free less {fixed_training_bytes(shape) / gib:.1f} GiB of gradients and "

@@ -313,9 +313,9 @@ def sft_speed_config(settings: SupervisedSettings) -> dict[str, Any]:
 def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int]) -> tuple[SupervisedSettings, str]:
     """With batch_size auto: the rank's rows of a step (`rank_batch`) cut into the largest micro-batch
     that fits its share of the card, gradient accumulation making up the step (on CPU: AUTO_STEP_ROWS
-    a micro-batch). Every rank takes the smallest any rank found (DDP pairs their micro-batches).
-    Returns the settings with batch_size and gradient_accumulation set, and the reason in one line,
-    also printed to the rank's log."""
+    a micro-batch), the same on every rank (`agreed_micro_batch`). Returns the settings with
+    batch_size and gradient_accumulation set, and the reason in one line, also printed to the rank's
+    log."""
     if settings.batch_size is not None:
         return settings, "given"
     from gpuscale.engines.training_memory import tokens_per_row
@@ -327,8 +327,7 @@ def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int
         micro, reason = AUTO_STEP_ROWS, "the CPU default"
     else:
         micro, reason = fitted_micro_batch(settings, ctx, model, rows, tokens)
-    micro = agreed_minimum(micro, ctx)
-    micro = max(d for d in range(1, micro + 1) if rows % d == 0)
+    micro = agreed_micro_batch(rows, micro, ctx)
     line = f"batch_size auto: {micro} rows a micro-batch x {rows // micro} accumulated ({reason})"
     print(line, flush=True)
     return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": rows // micro}), line
@@ -358,16 +357,19 @@ def lora_parameters_estimate(model, settings) -> int:
     return sum(settings.lora_rank * (m.in_features + m.out_features) for m in linears)
 
 
-def agreed_minimum(value: int, ctx) -> int:
-    """The smallest `value` of all ranks (the value itself with one rank)."""
-    if ctx.world_size == 1:
-        return value
-    import torch
-    import torch.distributed as dist
+def agreed_micro_batch(rows: int, micro: int, ctx) -> int:
+    """The smallest micro-batch any rank found, cut to a divisor of the step's `rows`: DDP and the
+    loss's collectives pair the ranks' micro-batches, so every rank must take as many a step."""
+    from gpuscale.engines.training_memory import largest_divisor
 
-    tensor = torch.tensor(value, device=ctx.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return int(tensor)
+    if ctx.world_size > 1:
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(micro, device=ctx.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        micro = int(tensor)
+    return largest_divisor(rows, micro)
 
 
 def apply_liger_kernels(model, ctx, wanted: bool) -> str:
@@ -377,7 +379,7 @@ def apply_liger_kernels(model, ctx, wanted: bool) -> str:
         return "off"
     if ctx.device.type != "cuda":
         return "off (CPU)"
-    try:
+    try:  # the entry point transformers' own Trainer calls for `use_liger_kernel`
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
     except ImportError:
         return "not installed (pip install liger-kernel)"

@@ -41,11 +41,10 @@ def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
     """The settings with `batch_size` auto resolved on the rank: the largest divisor of the rank's
     completions per step that fits its share of the card (engines/training_memory.py, the arithmetic
     sft's micro-batch is cut by, at max_prompt_length + max_completion_length tokens a completion;
-    8 on CPU). Every rank takes the smallest any rank found: the ranks' micro-batches pair up in DDP's
-    and the loss's collectives, so they must agree on how many make a step."""
+    8 on CPU), the same on every rank (`agreed_micro_batch`)."""
     if settings.batch_size is None:
         from gpuscale.recipes.grpo_mtl import rank_share
-        from gpuscale.recipes.training import AUTO_STEP_ROWS, agreed_minimum, fitted_micro_batch
+        from gpuscale.recipes.training import AUTO_STEP_ROWS, agreed_micro_batch, fitted_micro_batch
 
         share = rank_share(settings, ctx.world_size)
         columns = settings.max_prompt_length + settings.max_completion_length
@@ -53,8 +52,7 @@ def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
             micro, reason = min(AUTO_STEP_ROWS, share), "the CPU default"
         else:
             micro, reason = fitted_micro_batch(settings, ctx, model, share, columns)
-        micro = agreed_minimum(micro, ctx)
-        micro = max(d for d in range(1, micro + 1) if share % d == 0)
+        micro = agreed_micro_batch(share, micro, ctx)
         print(f"batch_size auto: {micro} completions a micro-batch ({reason}); --batch-size N sets it", flush=True)
         settings = settings.model_copy(update={"batch_size": micro})
     return settings
