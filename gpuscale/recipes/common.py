@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.run_dir import RunDir, write_atomically
 
 
 @dataclass
@@ -80,8 +80,6 @@ class RankResults:
 def merge_results(run_dir: Path, rows: list[dict], key=lambda row: (row["index"], row.get("chain", 0))) -> Path:
     """Every rank's rows, in example order, as RUN_DIR/results.jsonl (written by rank 0, whole or not
     at all: a run stopped meanwhile gets the supervisor's merge of the rank files instead)."""
-    from gpuscale.runs.store import write_atomically
-
     path = RunDir(run_dir).results
     write_atomically(path, "".join(json.dumps(row) + "\n" for row in sorted(rows, key=key)))
     return path

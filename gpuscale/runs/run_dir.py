@@ -140,10 +140,7 @@ class RunDir:
 
     def update_info(self, **fields) -> None:
         """Merge `fields` into run.json, written whole or not at all (a reader never sees half)."""
-        info = {**self.read_info(), **fields}
-        partial = self.run_info.with_name(f".{self.run_info.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(info, indent=1) + "\n")
-        os.replace(partial, self.run_info)
+        write_atomically(self.run_info, json.dumps({**self.read_info(), **fields}, indent=1) + "\n")
 
     def record_end(self, status: str, **fields) -> None:
         """How the run ended, in run.json's `ended` (status, and error, hint, exit_code, summary...), written
@@ -156,3 +153,10 @@ class RunDir:
         for name in START_FOLDERS:
             (self.root / name).mkdir(parents=True, exist_ok=True)
         return self
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a whole file or nothing: a reader (or a process killed mid-write) never sees half of it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)

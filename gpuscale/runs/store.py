@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.run_dir import RunDir, write_atomically
 
 if TYPE_CHECKING:  # imported for real by _sqlite_utils(), off the TUI's first frame
     import sqlite_utils
@@ -586,13 +586,6 @@ def merge_rank_results(run_dir: str | Path) -> Path | None:
         rows.sort(key=lambda row: (row["index"], row.get("chain") or 0))
     write_atomically(merged, "".join(json.dumps(row) + "\n" for row in rows))
     return merged
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write a whole file or nothing: a reader (or a process killed mid-write) never sees half of it."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def _decode_tuning(row: dict) -> dict:

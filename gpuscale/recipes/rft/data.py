@@ -56,7 +56,7 @@ def read_generation_figures(path: Path) -> dict:
 
 
 def write_generated(run_dir: Path, rows: list[dict], figures: dict) -> Path:
-    from gpuscale.runs.store import write_atomically
+    from gpuscale.runs.run_dir import write_atomically
 
     path = Path(run_dir) / GENERATED_FILE
     write_atomically(path, "".join(json.dumps(row) + "\n" for row in rows))
