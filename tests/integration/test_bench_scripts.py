@@ -275,7 +275,7 @@ def acceptance_row(label: str, seed: int, greedy: tuple, sampled: tuple, domains
 
 def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp_path):
     """Two --partial files (a check run in two calls) make one table; a target is met only if every
-    domain's mean gain clears it and every seed's figures were finite."""
+    domain's mean gain clears it and the figures of every seed were finite."""
     comparison_greedy_gains = [0.01, -0.02, -0.02]  # mean -1 point: greedy lower in one domain
     comparison_after = [0.6 + gain for gain in comparison_greedy_gains]
     pcgrad = [acceptance_row("grpo-mtl pcgrad", seed, (0.50, 0.55), (0.30, 0.40), {

@@ -45,8 +45,8 @@ SEED_KNOBS = {"POWERSAMPLE_STEPS": "1", "POWERSAMPLE_MAX_NEW": "32", "POWERSAMPL
 @pytest.fixture(scope="module")
 def one_rank_runs(module_home, tmp_path_factory) -> dict:
     """The two 1-rank runs of the tests below, started together (each keeps one core busy): one set by
-    the seed's POWERSAMPLE_ knobs alone, one on a saved model directory and a local GSM8K-format file
-    (and the examples written to it)."""
+    the POWERSAMPLE_ knobs of the users' earlier power-sampling script alone, one on a saved model
+    directory and a local GSM8K-format file (and the examples written to it)."""
     folder = tmp_path_factory.mktemp("local")
     model_dir = folder / "my-model"
     shutil.copytree(model_path("tiny-math"), model_dir)

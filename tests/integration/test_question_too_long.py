@@ -69,7 +69,7 @@ def test_power_sampling_skips_it_and_counts_it(home, bigline):
 
 @pytest.mark.e2e
 def test_rft_skips_it_on_two_ranks_and_counts_it(home, bigline):
-    """The issue's command, tiny: the generation phase never sees the question."""
+    """A 2-rank rft run with too_long=skip, tiny: the generation phase never sees the question."""
     result = gpuscale("run", "--recipe", "rft", "--gpus", "2", "--dataset", str(bigline), "--set", "eval_examples=0",
                       "--set", "too_long=skip", "--set", "max_examples=4", "--set", "samples_per_question=2",
                       "--set", "max_new_tokens=8", "--set", "max_steps=1", "--set", "save_model=false",

@@ -36,8 +36,9 @@ def cli_in(cwd, *args: str, env: dict | None = None) -> subprocess.CompletedProc
 
 
 def test_relative_dataset_model_and_home_reach_the_ranks(home, tmp_path):
-    """As in the issue: `--dataset data/one.jsonl`, `--model ../m`, GPUSCALE_HOME=relhome, from a
-    folder of the user's; before, the run started and failed 7 s later with ChildFailedError."""
+    """Paths relative to where the user stands: `--dataset data/one.jsonl`, `--model ../m`,
+    GPUSCALE_HOME=relhome, from a folder of the user's; before, the run started and failed 7 s later
+    with ChildFailedError."""
     work = tmp_path / "work"
     write_problems(work / "data" / "one.jsonl")
     shutil.copytree(model_path(), tmp_path / "m")

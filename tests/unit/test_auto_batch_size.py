@@ -30,7 +30,8 @@ def test_the_default_batch_size_is_auto_and_the_user_can_say_so():
 
 
 def test_qwen_shape_on_an_h200_fills_a_real_share_of_the_card():
-    """The issue's run: Qwen2.5-0.5B shape, bf16, 256 new tokens; batch 8 used 1.2% of the card."""
+    """A run reported as too small for its card: Qwen2.5-0.5B shape, bf16, 256 new tokens; batch 8
+    used 1.2% of the card."""
     per_problem = qwen_problem_bytes(256)
     size = auto_batch_size(H200_FREE, per_problem, items=10_000)
     assert size == 512  # the cap: half the card would hold more

@@ -43,7 +43,7 @@ def test_same_seed_same_problems_other_seed_other_problems():
 def test_train_and_test_never_share_a_question(tiny_test):
     train = load_examples("tiny-math", "train", max_examples=5000, seed=0)
     assert {e["question"] for e in train}.isdisjoint({e["question"] for e in tiny_test})
-    # and the split does not depend on the seed: another seed's test questions are test questions too
+    # and the split does not depend on the seed: the test questions of another seed are test questions too
     assert all(is_test_question(e["question"]) for e in load_examples("tiny-math", "test", 50, seed=7))
 
 

@@ -303,7 +303,8 @@ class Trainer:
 
     @torch.no_grad()
     def _perturb_in_place(self, member: int) -> list[torch.Tensor]:
-        """The seed's structure: clone the weights, add the member's full perturbation to them."""
+        """The users' earlier EGGROLL script's structure: clone the weights, add the member's full
+        perturbation to them."""
         s, draw = self.settings, evolution.member_draw(member, self.settings.antithetic)
         scale = float(self.signs[member]) * s.sigma / math.sqrt(s.rank)
         originals = [module.weight.detach().clone() for _, module in self.linears + self.norms]

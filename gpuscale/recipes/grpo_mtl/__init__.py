@@ -1,6 +1,6 @@
 """grpo-mtl: GRPO over a mixture of task domains with TRL's GRPOTrainer, optionally with PCGrad.
 
-The seeds' fourth system (GURU's six domains on verl/Ray, a mixed-domain baseline against multi-task
+The users' earlier GURU scripts (six domains on verl/Ray, a mixed-domain baseline against multi-task
 learning with PCGrad) on TRL. Every training row carries its `domain`; each domain has its own reward
 functions (correct final answer, plus an optional format reward, `reward_weights`), so TRL logs each
 domain's training reward. Completions come from gpuscale's generation engine through TRL's
@@ -54,20 +54,20 @@ class Settings(TrainingSettings):
     }
 
     batch_size: int | None = Field(
-        None, ge=1, le=65_536, description="completions per rank per micro-batch (the seed's "
+        None, ge=1, le=65_536, description="completions per rank per micro-batch (verl's "
         "ppo_micro_batch_size_per_gpu), accumulated up to the step's prompts_per_step x num_generations; "
         "empty = auto: 8 on CPU, on a GPU the most of the rank's completions per step (a divisor of them) "
         "that fill gpu_memory_share of its free memory: each micro-batch costs a fixed overhead, three "
         "with mtl=pcgrad, so few large ones are fastest")
     num_generations: int = Field(8, ge=2, le=1024, description="completions per prompt, one GRPO group "
-                                 "(the seed's rollout.n)")
+                                 "(verl's rollout.n)")
     prompts_per_step: int = Field(16, ge=1, le=65_536, description="prompts per optimizer step over all ranks "
-                                  "(the seed's data.train_batch_size; 8 left tiny-math short of its gains: "
+                                  "(verl's data.train_batch_size; 8 left tiny-math short of its gains: "
                                   "too many all-right or all-wrong groups per step)")
     max_prompt_length: int = Field(256, ge=8, le=131_072,
                                    description="longer training prompts (in tokens) are left out")
     max_completion_length: int = Field(64, ge=1, le=131_072, description="answer length budget, in tokens "
-                                       "(the seed's max_response_length), in training and evaluation (64 "
+                                       "(verl's max_response_length), in training and evaluation (64 "
                                        "holds tiny-math's longest answer, 36 tokens; GSM8K with a real model "
                                        "wants 256 or more)")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of the rollouts")

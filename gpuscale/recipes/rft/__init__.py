@@ -1,4 +1,4 @@
-"""rft: rejection-sampling fine-tuning (Yuan et al. 2023; the seeds' third system) in one run.
+"""rft: rejection-sampling fine-tuning (Yuan et al. 2023; as the users' earlier RFT script ran it) in one run.
 
 1. Generate. Each training question is answered `samples_per_question` times at `temperature`,
    `batch_size` questions per engine call, their k samples sharing one prefill (generation engine:
@@ -39,7 +39,8 @@ from gpuscale.runs.settings import auto_means_sized_on_card
 
 
 class Settings(SupervisedSettings):
-    # The seed's knob names: `oversample`, `MICRO_BATCH_SIZE` (sequences per generate call).
+    # The knob names of the users' earlier RFT script (its homework/datagen.py): `oversample`,
+    # `MICRO_BATCH_SIZE` (sequences per generate call).
     KEY_ALIASES = {**SupervisedSettings.KEY_ALIASES, "oversample": "samples_per_question",
                    "k": "samples_per_question", "micro_batch_size": "max_rows_per_call",
                    "per_device_train_batch_size": "train_batch_size"}
@@ -48,17 +49,18 @@ class Settings(SupervisedSettings):
     batch_size: int | None = Field(
         None, ge=1, description="training questions per generation call per rank (each answered "
         "samples_per_question times); empty = auto: 8 on CPU, on a GPU as many as fill half its free memory")
-    # The defaults are a run that learns on the embedded default in minutes on one GPU; the seed's
+    # The defaults are a run that learns on the embedded default in minutes on one GPU; that script's
     # 30 samples over the whole training split are one --set away.
     max_examples: int | None = Field(4000, ge=1, description="training questions to generate answers for "
                                      "(empty = the whole split)")
     samples_per_question: int = Field(16, ge=1, le=4096, description="answers sampled per training question "
-                                      "(the seed's oversample)")
+                                      "(the users' earlier RFT script's oversample)")
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="peak learning rate of the fine-tune "
                                  "(1e-4 suits the embedded model; real 0.5B+ models want about 1e-5)")
     temperature: float = Field(0.7, gt=0.0, le=10.0, description="sampling temperature of the generated answers")
     max_rows_per_call: int | None = Field(None, ge=1, description="at most this many sequences per generation "
-                                          "call (the seed's MICRO_BATCH_SIZE); fewer questions per call then")
+                                          "call (the users' earlier RFT script's MICRO_BATCH_SIZE); fewer "
+                                          "questions per call then")
     keep_per_question: int = Field(4, ge=0, le=4096,
                                    description="distinct correct answers kept per question (0 = all)")
     dedupe: Literal["text", "equations"] = Field("text", description="text = normalized text; equations = Yuan et "
@@ -66,7 +68,7 @@ class Settings(SupervisedSettings):
     include_gold: bool = Field(False, description="train on each question's gold answer too")
     generator: Literal["gpuscale", "transformers"] = Field(
         "gpuscale", description="gpuscale = the generation engine; transformers = model.generate with "
-        "num_return_sequences (the seed's structure, the bench's baseline)")
+        "num_return_sequences (the users' earlier RFT script's structure, the bench's baseline)")
     data_from: str | None = Field(None, description="a run id (or path to its generated.jsonl) whose kept set "
                                   "to train on instead of generating")
     train_batch_size: int | None = Field(None, ge=1, description="training sequences per rank per micro-batch; "

@@ -6,7 +6,7 @@ is answer j of prompt i):
 - `EngineSampler`: gpuscale's generation engine; a call's k samples per question share one prefill,
   and the batch shape stays fixed (a short last batch is padded) so CUDA graphs are captured once;
 - `TransformersSampler`: `model.generate(..., num_return_sequences=k)` on left-padded prompts, the
-  seed's structure (its datagen.py, 8 questions at a time): the bench's baseline.
+  users' earlier RFT script's structure (its homework/datagen.py, 8 questions at a time): the bench's baseline.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class GenerationResult:
 
 
 def questions_per_call(settings) -> int:
-    """`batch_size` questions per call, fewer where max_rows_per_call (the seed's MICRO_BATCH_SIZE)
-    caps the sequences of one call."""
+    """`batch_size` questions per call, fewer where max_rows_per_call (the users' earlier RFT
+    script's MICRO_BATCH_SIZE) caps the sequences of one call."""
     if settings.max_rows_per_call is None:
         return settings.batch_size
     return max(1, min(settings.batch_size, settings.max_rows_per_call // settings.samples_per_question))
@@ -157,7 +157,7 @@ class EngineSampler:
 
 
 class TransformersSampler:
-    """The seed's structure: left-padded prompts, `model.generate` with sampling and
+    """The users' earlier RFT script's structure: left-padded prompts, `model.generate` with sampling and
     `num_return_sequences`, plain multinomial sampling at the temperature (no top-k/top-p, as the
     engine samples)."""
 
