@@ -23,10 +23,24 @@ from typing import Any
 
 from gpuscale.app.views.text import format_number
 from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.device_trials import Device, pick_device, tuning_key
+from gpuscale.recipes.device_trials import CPU_DEVICE_NAME, Device, tuning_key
+from gpuscale.runs import telemetry
 from gpuscale.runs.launch import plan_devices
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
 from gpuscale.runs.store import Store
+
+
+def pick_device(gpu_indices: tuple[int, ...] | list[int], listing: list[dict] | None = None) -> Device:
+    """The tuner's device, picked on the front end (NVML's listing is the login node's, the tuner's
+    child only runs on it): the first GPU the run would use (NVML's name and capability), or the CPU
+    where there is none. `listing`: the GPUs as telemetry.list_gpus gives them, where the caller has
+    read them already."""
+    if not gpu_indices:
+        return Device(None, CPU_DEVICE_NAME, None)
+    gpus = {gpu["index"]: gpu for gpu in (telemetry.list_gpus() if listing is None else listing)}
+    gpu = gpus.get(gpu_indices[0], {})
+    capability = tuple(gpu.get("compute_capability") or ()) or None
+    return Device(gpu_indices[0], gpu.get("name", f"GPU {gpu_indices[0]}"), capability)
 
 
 def wants_auto(value: Any) -> bool:

@@ -269,7 +269,7 @@ PRECISIONS_TO_SEARCH = ("bf16", "fp16", "fp32")
 def cmd_tune(args: argparse.Namespace) -> int:
     """Trials on one device (the first of --gpus; the CPU where there is none), the table and the
     choice printed and stored, for `--batch-size auto` to find later."""
-    from gpuscale.recipes.device_trials import pick_device
+    from gpuscale.app.batch_choice import pick_device
 
     if not 0 < args.memory_cap <= 1:
         raise BadInput(f"memory-cap: {args.memory_cap}: a share of the card's memory, above 0 and at most 1")

@@ -73,19 +73,6 @@ class Device:
         return "cpu" if self.index is None else f"cuda:{self.index}"
 
 
-def pick_device(gpu_indices: tuple[int, ...] | list[int], listing: list[dict] | None = None) -> Device:
-    """The first GPU the run would use (NVML's name and capability), or the CPU where there is none.
-    `listing`: the GPUs as telemetry.list_gpus gives them, where the caller has read them already."""
-    from gpuscale.runs import telemetry
-
-    if not gpu_indices:
-        return Device(None, CPU_DEVICE_NAME, None)
-    gpus = {gpu["index"]: gpu for gpu in (telemetry.list_gpus() if listing is None else listing)}
-    gpu = gpus.get(gpu_indices[0], {})
-    capability = tuple(gpu.get("compute_capability") or ()) or None
-    return Device(gpu_indices[0], gpu.get("name", f"GPU {gpu_indices[0]}"), capability)
-
-
 # ---- running the trials --------------------------------------------------------------------------------
 
 
@@ -102,7 +89,7 @@ class TuneOutcome:
 def run_ranks(settings: RunSettings) -> int:
     """How many ranks a run of these settings starts on this machine (1 where its `gpus` cannot be
     planned here): a rank's share of the work, and of a training recipe's global batch, depends on it."""
-    from gpuscale.runs.launch import plan_devices
+    from gpuscale.runs.devices import plan_devices
 
     try:
         return plan_devices(settings.gpus).nproc * settings.nnodes

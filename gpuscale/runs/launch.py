@@ -14,70 +14,17 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuscale.runs import telemetry
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
+from gpuscale.runs.devices import DevicePlan, plan_devices
 from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
 from gpuscale.runs.store import LIVE_STATUSES, Store, merge_rank_results
 from gpuscale.runs.supervisor import summary_from_files
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    """Where the ranks of this node run: `gpu_indices` empty means CPU ranks on gloo."""
-
-    nproc: int
-    gpu_indices: tuple[int, ...]
-
-    @property
-    def on_gpu(self) -> bool:
-        return bool(self.gpu_indices)
-
-    def describe(self) -> str:
-        if self.on_gpu:
-            return f"{self.nproc} GPU(s): {','.join(map(str, self.gpu_indices))}"
-        return f"{self.nproc} CPU rank(s) (gloo)"
-
-
-def plan_devices(gpus: str | int | list[int], available: list[int] | None = None) -> DevicePlan:
-    """Resolve the `gpus` setting against this machine; refuses more GPUs than exist."""
-    available = telemetry.visible_gpu_indices() if available is None else available
-    if not available:
-        return _plan_cpu(gpus)
-    if gpus == "all":
-        return DevicePlan(len(available), tuple(available))
-    if isinstance(gpus, int):
-        if gpus > len(available):
-            raise SettingsError(f"gpus: {gpus}: only {len(available)} GPU(s) here ({_span(available)})")
-        return DevicePlan(gpus, tuple(available[:gpus]))
-    missing = [i for i in gpus if i not in available]
-    if missing:
-        raise SettingsError(f"gpus: {','.join(map(str, gpus))}: no GPU {missing[0]} here ({_span(available)})")
-    return DevicePlan(len(gpus), tuple(gpus))
-
-
-def _plan_cpu(gpus: str | int | list[int]) -> DevicePlan:
-    cores = os.cpu_count() or 1
-    if gpus == "all":
-        return DevicePlan(1, ())
-    if isinstance(gpus, list):
-        raise SettingsError(
-            f"gpus: {','.join(map(str, gpus))}: this machine has no NVIDIA GPU; give a number of CPU ranks"
-        )
-    if gpus > cores:
-        raise SettingsError(f"gpus: {gpus}: no GPU here and only {cores} CPU cores for CPU ranks")
-    return DevicePlan(gpus, ())
-
-
-def _span(indices: list[int]) -> str:
-    return "GPU " + ",".join(map(str, indices))
-
 
 # ---- launcher argv --------------------------------------------------------------------------------
 

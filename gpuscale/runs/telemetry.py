@@ -8,40 +8,14 @@ attributes to the processes of the run's PID tree.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import psutil
 
+from gpuscale.runs.devices import nvml_available, visible_gpu_indices
+
 MB = 1024 * 1024
-
-
-@lru_cache(maxsize=1)
-def nvml_available() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return True
-    except Exception:  # no driver, no library, no GPU: the CPU path takes over
-        return False
-
-
-def visible_gpu_indices() -> list[int]:
-    """The NVML indices this process may use: all GPUs, narrowed by CUDA_VISIBLE_DEVICES if set
-    (SLURM and containers set it); only plain integer lists are understood there."""
-    if not nvml_available():
-        return []
-    import pynvml
-
-    count = pynvml.nvmlDeviceGetCount()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
-    indices = [int(p) for p in visible.split(",") if p.strip().isdigit()]
-    return [i for i in indices if i < count]
 
 
 def list_gpus() -> list[dict]:

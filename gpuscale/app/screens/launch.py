@@ -15,12 +15,18 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpuscale.app.batch_choice import settings_with_batch, stored_tuning, tuning_summary, validated, wants_auto
+from gpuscale.app.batch_choice import (
+    pick_device,
+    settings_with_batch,
+    stored_tuning,
+    tuning_summary,
+    validated,
+    wants_auto,
+)
 from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
 from gpuscale.app.widgets.plain import PlainStatic, literal
 from gpuscale.app.widgets.settings_form import SettingsForm
-from gpuscale.recipes.device_trials import pick_device
 from gpuscale.runs import launch
 from gpuscale.runs.settings import SettingsError, resolve_settings
 
