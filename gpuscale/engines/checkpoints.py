@@ -11,22 +11,20 @@ states, the step and the data position) and, given a checkpoint, continues from 
 The trainer's checkpoint restores the RNGs it knows of (torch's, numpy's and Python's global ones,
 per rank), not the generators gpuscale keeps beside it (the engine's sampling stream in rollout.py,
 PCGrad's order in grpo_mtl/multitask.py). Those are seeded afresh at every optimizer step from
-`step_seed(seed, ..., step)` instead of being drawn on from the start of the run: a step's random
+`derived_seed(seed, ..., step)` (data/seeds.py) instead of being drawn on from the start of the run: a step's random
 numbers then depend on the run's seed and the step alone, and a run resumed from a checkpoint draws
 exactly what the uninterrupted run drew (tests/integration/test_resume.py checks the weights).
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from gpuscale.runs.checkpoints import latest_checkpoint, list_checkpoints, prune_checkpoints
 from gpuscale.runs.run_dir import RunDir
 
-__all__ = ["checkpoint_args", "latest_checkpoint", "list_checkpoints", "prune_checkpoints", "resume_checkpoint",
-           "step_seed"]
+__all__ = ["checkpoint_args", "latest_checkpoint", "list_checkpoints", "prune_checkpoints", "resume_checkpoint"]
 
 
 def checkpoint_args(settings, run_dir: str | Path) -> dict[str, Any]:
@@ -43,9 +41,3 @@ def resume_checkpoint(settings) -> str | None:
     """What to hand `trainer.train(resume_from_checkpoint=...)`: the folder `gpuscale resume` set, or None."""
     return getattr(settings, "resume_from", None) or None
 
-
-def step_seed(*keys: int) -> int:
-    """A 63-bit seed from integers such as (seed, rank, step): the same keys give the same seed in any
-    process, and nearby keys give unrelated seeds (a hash, not a sum that (1, 0) and (0, 1000) share)."""
-    digest = hashlib.blake2b(repr(tuple(int(key) for key in keys)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from gpuscale.data.models import ModelError
 from gpuscale.data.precision import device_precision, torch_dtype
+from gpuscale.data.seeds import derived_seed
 from gpuscale.data.tasks import DataError
 from gpuscale.engines.metrics import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
@@ -91,7 +92,7 @@ def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
         device = torch.device("cpu")
     if world_size > 1:
         dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
-    torch.manual_seed(settings.seed + rank)
+    torch.manual_seed(derived_seed(settings.seed, "torch", rank))
     return RankContext(rank, local_rank, world_size, device, resolve_dtype(settings.precision, device), run_dir)
 
 

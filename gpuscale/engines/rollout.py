@@ -24,7 +24,7 @@ class EngineRollout:
     tokenizer: turns prompts (chats or text) into ids as `data.prompts.prompt_ids` does.
     max_new_tokens / temperature: the trainer's max_completion_length and temperature.
     seed: the run's seed. The sampling generator is seeded afresh at every call from (seed, rank,
-        optimizer step, call within the step) (engines/checkpoints.step_seed): a step's completions
+        optimizer step, call within the step) (data/seeds.derived_seed): a step's completions
         do not depend on the steps before it, so a run resumed from a checkpoint samples what the
         uninterrupted run sampled.
     max_columns: KV columns to reserve once (longest prompt + budget), so the buffers never regrow.
@@ -84,12 +84,13 @@ class EngineRollout:
         return self.engine
 
     def _reseed(self, trainer) -> None:
-        from gpuscale.engines.checkpoints import step_seed
+        from gpuscale.data.seeds import derived_seed
 
         step = int(trainer.state.global_step)
         self._calls_in_step = self._calls_in_step + 1 if step == self._step else 0
         self._step = step
-        self.generator.manual_seed(step_seed(self.seed, trainer.accelerator.process_index, step, self._calls_in_step))
+        self.generator.manual_seed(derived_seed(self.seed, "rollout", trainer.accelerator.process_index, step,
+                                                  self._calls_in_step))
 
     def _prompt_ids(self, prompt) -> list[int]:
         """A prompt as data.py writes it: one user message (chat template applied with the

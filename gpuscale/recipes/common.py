@@ -95,12 +95,13 @@ def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_to
 
     from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
     from gpuscale.data.scoring import accuracy_by_domain, score_completion
+    from gpuscale.data.seeds import derived_seed
     from gpuscale.engines.generation import GenerationEngine, Sampling
 
     eos = eos_token_ids(model, tokenizer)
     # No torch.compile: a few hundred answers do not repay tens of seconds of compiling.
     engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(tokenizer, eos), compile=False)
-    generator = torch.Generator(device=ctx.device).manual_seed(seed * 1000 + ctx.rank)
+    generator = torch.Generator(device=ctx.device).manual_seed(derived_seed(seed, "evaluation", ctx.rank))
     rows = []
     for batch in batched(ctx.shard(list(enumerate(examples))), batch_size):
         prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]

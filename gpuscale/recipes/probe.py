@@ -65,11 +65,12 @@ def cache_name(model) -> str:
 def run_probe(settings: Settings, ctx, reporter) -> None:
     import torch
 
+    from gpuscale.data.seeds import derived_seed
     from gpuscale.recipes.device_trials import out_of_memory_names
 
     model = load_probe_model(settings, ctx)
     vocab = model.config.vocab_size
-    generator = torch.Generator().manual_seed(settings.seed + ctx.rank)
+    generator = torch.Generator().manual_seed(derived_seed(settings.seed, "prompts", ctx.rank))
     prompts = torch.randint(0, vocab, (settings.batch_size, settings.prompt_tokens), generator=generator)
     reporter.total(settings.steps)
     step_times = []

@@ -19,11 +19,16 @@ from pathlib import Path
 
 import torch
 
+from gpuscale.data.seeds import derived_seed
 from gpuscale.runs.checkpoints import prune_checkpoints, writing_checkpoint
 
 STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
-FORMAT = 1
+# 2: the noise, the prompts and the ranks' generators seeded by data/seeds.derived_seed (1: by
+# arithmetic on the seed). A step's draws are not stored but regenerated from (seed, step), so a
+# format-1 checkpoint resumed under the new rule would go on with other noise and prompts than the
+# run it came from: neither that run's continuation nor a fresh one. It is refused, saying so.
+FORMAT = 2
 
 
 def save(trainer, step: int, history: dict) -> Path | None:
@@ -56,6 +61,10 @@ def load(trainer, path: str | Path) -> tuple[int, dict]:
     meta = json.loads((path / META_FILE).read_text())
     if meta.get("recipe") != "eggroll":
         raise ValueError(f"resume_from: {path}: not an eggroll checkpoint")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"resume_from: {path}: checkpoint format {meta.get('format')}, expected {FORMAT}: it was "
+                         "written under an earlier seed rule, so its steps' noise and prompts cannot be drawn "
+                         "again; start the run afresh")
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     modules = trainer.linears + trainer.norms
     names = [name for name, _ in modules]
@@ -77,5 +86,5 @@ def load(trainer, path: str | Path) -> tuple[int, dict]:
     if meta.get("world_size") == ctx.world_size and len(state["generators"]) == ctx.world_size:
         trainer.generator.set_state(state["generators"][ctx.rank])
     else:
-        trainer.generator.manual_seed((settings.seed * 1_000_003 + step) * 1000 + ctx.rank)
+        trainer.generator.manual_seed(derived_seed(settings.seed, "sampling", ctx.rank, step))
     return step, meta.get("history") or {}

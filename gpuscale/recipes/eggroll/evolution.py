@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpuscale.data.seeds import derived_seed
+
 SHAPINGS = ("zscore", "centered_rank", "antithetic_sign")
 
 
@@ -41,12 +43,12 @@ class LayerNoise:
 
 def noise_seed(seed: int, step: int, layer: int) -> int:
     """A generator seed per (run seed, step, layer); the same on every rank."""
-    return (seed * 1_000_003 + step * 10_007 + layer) % (2**63 - 1)
+    return derived_seed(seed, "noise", step, layer)
 
 
 def sampling_seed(seed: int, step: int) -> int:
     """The seed of a step's sampling random numbers when members share them (common random numbers)."""
-    return (seed * 1_000_003 + step * 10_007 + 7_919) % (2**63 - 1) ^ 0x5A5A5A5A
+    return derived_seed(seed, "shared sampling", step)
 
 
 def draws_for(population: int, antithetic: bool) -> int:

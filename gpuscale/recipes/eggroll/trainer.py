@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from gpuscale.data.seeds import derived_seed
 from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 
 
@@ -195,7 +196,8 @@ class Trainer:
         self.members_per_call = 1 if settings.method == "naive" else min(calls_width, self.local_members)
         self.draws = evolution.draws_for(settings.population, settings.antithetic)
         self.signs = evolution.member_signs(settings.population, settings.antithetic, device=ctx.device)
-        self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
+        sampling_seed = derived_seed(settings.seed, "sampling", ctx.rank)
+        self.generator = torch.Generator(device=ctx.device).manual_seed(sampling_seed)
         self.step_number = 0
         end = loaded.tokenizer.eos_token_id  # what ends a training answer, as sft tokenizes it
         self._answer_end = end if end is not None else loaded.eos[0]
@@ -260,7 +262,8 @@ class Trainer:
         """The step's prompts (token ids, gold answer, domain): the same on every rank."""
         from gpuscale.data.prompts import prompt_ids
 
-        chosen = random.Random(self.settings.seed * 1_000_003 + step).sample(self.train, self.settings.prompts_per_step)
+        draw = random.Random(derived_seed(self.settings.seed, "prompts", step))
+        chosen = draw.sample(self.train, self.settings.prompts_per_step)
         tokenizer = self.loaded.tokenizer
         return [{"ids": prompt_ids(tokenizer, e["question"]), "answer": e["answer"], "domain": e.get("domain") or "all",
                  # the training answer as SFT tokenizes it (fitness gold_logprob)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from gpuscale.engines.checkpoints import step_seed
+from gpuscale.data.seeds import derived_seed
 from gpuscale.recipes.grpo_mtl.pcgrad import gradient_cosines, pcgrad
 
 # How a domain's loss on its own rows relates to TRL's loss on the whole micro-batch, per loss type:
@@ -163,7 +163,7 @@ class MultiTaskGRPOTrainer(GRPOTrainer):
             metrics["pcgrad/conflict_share"].append(sum(c < 0 for c in cosines.values()) / len(cosines))
         for (i, j), cosine in cosines.items():
             metrics[f"pcgrad/cosine_{self.domains[i]}_{self.domains[j]}"].append(cosine)
-        self.pcgrad_generator.manual_seed(step_seed(self.mtl_seed, self.state.global_step))
+        self.pcgrad_generator.manual_seed(derived_seed(self.mtl_seed, "pcgrad", self.state.global_step))
         (update,) = pcgrad(grads, self.pcgrad_generator)
         offset = 0
         for parameter in parameters:

@@ -80,13 +80,15 @@ class BatchSampler:
     def __init__(self, settings: Settings, model, tokenizer, eos: list[int], pad: int, ctx):
         import torch
 
+        from gpuscale.data.seeds import derived_seed
         from gpuscale.engines.generation import GenerationEngine
         from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats
 
         self.settings, self.model, self.tokenizer, self.eos, self.pad = settings, model, tokenizer, eos, pad
         self.stats = PowerSamplingStats()
-        self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
-        torch.manual_seed(settings.seed * 1000 + ctx.rank)  # the reference method draws from the global RNG
+        sampling_seed = derived_seed(settings.seed, "sampling", ctx.rank)
+        self.generator = torch.Generator(device=ctx.device).manual_seed(sampling_seed)
+        torch.manual_seed(sampling_seed)  # the reference method draws from the global RNG
         self.engine = None
         if settings.method != "reference":
             # Two answers' worth of columns: a resample keeps up to one answer and writes up to another.

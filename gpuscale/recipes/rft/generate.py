@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpuscale.data.seeds import derived_seed
 from gpuscale.recipes.rft.filtering import kept_answers, yield_by_domain
 
 
@@ -145,7 +146,8 @@ class EngineSampler:
         self.engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,
                                        compile=settings.compile and ctx.device.type == "cuda")
         self.sampling = Sampling(temperature=settings.temperature)
-        self.generator = torch.Generator(device=ctx.device).manual_seed(settings.seed * 1000 + ctx.rank)
+        sampling_seed = derived_seed(settings.seed, "sampling", ctx.rank)
+        self.generator = torch.Generator(device=ctx.device).manual_seed(sampling_seed)
         self.questions, self.k, self.max_new_tokens = questions, settings.samples_per_question, settings.max_new_tokens
 
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
@@ -164,7 +166,7 @@ class TransformersSampler:
     def __init__(self, settings, ctx, loaded):
         self.model, self.eos, self.pad = loaded.model, loaded.eos, loaded.pad
         self.settings, self.device = settings, ctx.device
-        torch.manual_seed(settings.seed * 1000 + ctx.rank)
+        torch.manual_seed(derived_seed(settings.seed, "sampling", ctx.rank))
 
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
         width = max(len(p) for p in prompts)
