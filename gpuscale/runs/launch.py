@@ -23,7 +23,7 @@ from gpuscale.runs.devices import DevicePlan, plan_devices
 from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
-from gpuscale.runs.store import LIVE_STATUSES, Store, merge_rank_results
+from gpuscale.runs.store import LIVE_STATUSES, Store, UnknownRun, merge_rank_results
 from gpuscale.runs.supervisor import summary_from_files
 
 # ---- launcher argv --------------------------------------------------------------------------------
@@ -109,15 +109,17 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     history (e.g. `batch_size_source`, where `--batch-size auto` found its batch), not given to ranks;
     `parent_id`: the run this one continues (`resume_run`)."""
     plan = plan or plan_devices(settings.gpus)
-    recipe.check(settings)
-    notes = {**(notes or {}), **questions_left_out(recipe, settings)}
+    for_ranks = run_ids_as_folders(store, settings)
+    recipe.check(for_ranks)
+    notes = {**(notes or {}), **questions_left_out(recipe, for_ranks)}
+    # The history keeps the settings as the user gave them (data_from=3); the ranks read run folders.
     run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname(),
                               parent_id=parent_id)
     folder = RunDir(store.get_run(run_id)["run_dir"]).make()
     settings_path = folder.settings
-    settings_path.write_text(settings.model_dump_json(indent=2))
+    settings_path.write_text(for_ranks.model_dump_json(indent=2))
     folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
-    argv = launcher_argv(recipe, settings, plan, settings_path)
+    argv = launcher_argv(recipe, for_ranks, plan, settings_path)
     store.update_run(run_id, command=argv, label=label)
     # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
     # history from the run folders, and the recipe's name is nowhere else in them.
@@ -132,6 +134,25 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     store.update_run(run_id, supervisor_pid=supervisor.pid)
     _children.append(supervisor)
     return run_id
+
+
+def run_ids_as_folders(store: Store, settings: RunSettings) -> RunSettings:
+    """The settings as the ranks get them: each of `RUN_ID_FIELDS` (rft's data_from) that holds a run
+    id of the history replaced by that run's folder, so that no rank opens the history. Refused
+    (SettingsError naming the field) for an id the history does not hold."""
+    folders = {}
+    for name in settings.RUN_ID_FIELDS:
+        text = str(getattr(settings, name) or "").strip()
+        if not text.isdigit():
+            continue  # empty, or a path already
+        try:
+            run = store.get_run(int(text))
+        except UnknownRun:
+            raise SettingsError(f"{name}: {text!r}: no run {text} in the history") from None
+        if not run.get("run_dir"):
+            raise SettingsError(f"{name}: {text!r}: run {text} has no run folder")
+        folders[name] = str(run["run_dir"])
+    return settings.model_copy(update=folders) if folders else settings
 
 
 def questions_left_out(recipe, settings: RunSettings) -> dict:

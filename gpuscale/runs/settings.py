@@ -41,6 +41,10 @@ class RunSettings(BaseModel):
     # Knob names users already type, mapped to fields: environment variables and --set keys.
     ENV_ALIASES: ClassVar[dict[str, str]] = {}
     KEY_ALIASES: ClassVar[dict[str, str]] = {}
+    # Fields whose value may be a run id of the history (rft's data_from): the front end turns the id
+    # into that run's folder before launch (runs/launch.py:run_ids_as_folders), so that a rank reads
+    # a path only and never opens the history (on a multi-node job the home need not exist there).
+    RUN_ID_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     model: str = Field("tiny-math", description="model name, hub id or local path")
     dataset: str = Field("tiny-math", description="data set name or local JSONL path")

@@ -427,8 +427,9 @@ def main() -> None:
     parser.add_argument("--home", type=Path, required=True)
     args = parser.parse_args()
     store = Store(args.home)
-    # The ranks read the same history (rft's data_from=RUN_ID), from the run folder they start in: a
-    # relative GPUSCALE_HOME of the user's would name another folder there.
+    # What the run starts names the same home, from the run folder it starts in (a relative
+    # GPUSCALE_HOME of the user's would name another folder there); the ranks never open the history
+    # itself: a run id in their settings is a run folder by launch (launch.run_ids_as_folders).
     os.environ["GPUSCALE_HOME"] = str(store.home)
     supervisor = Supervisor(store, args.run_id)
     supervisor.install_signal_handlers()

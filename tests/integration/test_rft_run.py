@@ -75,6 +75,10 @@ def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
                      "--set", "save_model=false")
     assert again["status"] == "succeeded", again["error"]
     assert again["summary"]["data_from"] == str(run_dir / "generated.jsonl")
+    # The history keeps the id the user typed; the ranks were handed the run's folder (no rank opens
+    # the history: launch.run_ids_as_folders).
+    assert again["settings"]["data_from"] == str(run["id"])
+    assert json.loads((Path(again["run_dir"]) / "settings.json").read_text())["data_from"] == str(run_dir)
     assert again["summary"]["yield"] == summary["yield"]
     assert not (Path(again["run_dir"]) / "generated.jsonl").exists()
 

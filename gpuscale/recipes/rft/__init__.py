@@ -83,6 +83,8 @@ class Settings(SupervisedSettings):
     max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
 
 
+    RUN_ID_FIELDS = ("data_from",)  # a run id: the front end hands the ranks its folder
+
     _auto_words = field_validator("batch_size", "train_batch_size", mode="before")(auto_means_sized_on_card)
 
     @field_validator("data_from")

@@ -13,21 +13,13 @@ GENERATION_FILE = "generation.json"  # the generation's figures (yield...), for 
 
 
 def generated_set_path(data_from: str) -> Path:
-    """The generated.jsonl that `data_from` names: a run id of this GPUSCALE_HOME, a run folder, or
-    the file itself; for a run stopped while generating, the partial kept set its ranks saved
-    (results.jsonl). SettingsError with one line if there is none."""
+    """The generated.jsonl that `data_from` names: a run folder or the file itself (a run id the user
+    gave is that run's folder by now: the front end resolves it before launch,
+    runs/launch.py:run_ids_as_folders); for a run stopped while generating, the partial kept set its
+    ranks saved (results.jsonl). SettingsError with one line if there is none."""
     text = str(data_from).strip()
-    if text.isdigit():
-        from gpuscale.runs.store import Store, UnknownRun
-
-        try:
-            run_dir = Store.for_reading().get_run(int(text))["run_dir"]
-        except UnknownRun:
-            raise SettingsError(f"data_from: {text!r}: no run {text} in the history") from None
-        path = kept_set_in(Path(run_dir or ""))
-    else:
-        path = Path(text).expanduser()
-        path = kept_set_in(path) if path.is_dir() else path
+    path = Path(text).expanduser()
+    path = kept_set_in(path) if path.is_dir() else path
     if not path.is_file():
         raise SettingsError(f"data_from: {text!r}: {path} does not exist (a run of rft that finished generating "
                             "has one)")
