@@ -1,9 +1,11 @@
-"""The one-way rule between the floors (ARCHITECTURE.md), as a test: app -> recipes -> engines -> data,
-and app -> runs -> data; data imports no floor above it. The control plane (runs/) imports neither
-torch, transformers nor textual, nor anything from engines/, recipes/ or app/; nothing under
-engines/ imports recipes/ or app/; no recipe package imports another one; the core never imports
-textual; the app starts without torch; the views the CLI and the TUI share import neither textual
-nor torch, and run no SQL.
+"""The one-way rule between the floors (ARCHITECTURE.md), as a test: app -> recipes -> engines ->
+runs (every process's part) -> data, and app -> runs (the login node's part); data imports no floor
+above it. The control plane (runs/) imports neither torch, transformers nor textual, nor anything
+from engines/, recipes/ or app/; engines/ and recipes/ import none of runs/' login-node modules (all
+but `gpuscale.runs.EVERY_PROCESS`); nothing under engines/ imports recipes/ or app/; no recipe
+imports another one (the recipes are found, not listed: every package under recipes/ and every
+module there defining a Recipe); the core never imports textual; the app starts without torch; the
+views the CLI and the TUI share import neither textual nor torch, and run no SQL.
 
 Each rule is checked twice where it can be: by importing every module in a fresh interpreter (what
 really gets loaded) and by reading every import statement (which also catches an import inside a
@@ -23,11 +25,33 @@ from pathlib import Path
 import pytest
 
 import gpuscale
+from gpuscale.runs import EVERY_PROCESS
 
 PACKAGE_ROOT = Path(gpuscale.__file__).parent
 HEAVY = ("torch", "transformers", "textual")
-# The recipe packages: none imports another (the modules directly under recipes/ are shared by all).
-RECIPE_PACKAGES = ("eggroll", "grpo_mtl", "power_sampling", "rft", "sft", "probe")
+
+
+def defines_a_recipe(path: Path) -> bool:
+    """The file defines a class on `Recipe` (recipes/contract.py), read from its source."""
+    bases = (base for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+             for base in node.bases)
+    return any(getattr(base, "id", getattr(base, "attr", None)) == "Recipe" for base in bases)
+
+
+def recipes_under(folder: Path) -> tuple[str, ...]:
+    """The recipes, found where they live: every package under recipes/ and every module directly
+    there that defines a Recipe (probe.py); the other modules there are the pieces they share
+    (contract, registry, training, common...). A new recipes/dpo/ is a recipe from its first file."""
+    packages = [entry.name for entry in folder.iterdir() if (entry / "__init__.py").is_file()]
+    modules = [entry.stem for entry in folder.glob("*.py")
+               if not entry.stem.startswith("__") and defines_a_recipe(entry)]
+    return tuple(sorted(packages + modules))
+
+
+RECIPE_PACKAGES = recipes_under(PACKAGE_ROOT / "recipes")
+# runs/' modules only the login node uses: all but those every process may use (runs/__init__.py).
+LOGIN_NODE = tuple(sorted(f"gpuscale.runs.{path.stem}" for path in (PACKAGE_ROOT / "runs").glob("*.py")
+                          if not path.stem.startswith("__") and path.stem not in EVERY_PROCESS))
 
 
 # Run in one fresh interpreter: each group's code in a forked child that writes the modules it ended
@@ -161,6 +185,26 @@ def test_the_import_scanner_sees_lazy_relative_and_dynamic_imports(tmp_path):
 
 
 @pytest.mark.parametrize("package", ["gpuscale.engines", "gpuscale.recipes", "gpuscale.data"])
+def test_what_a_rank_runs_imports_no_login_node_module(package, loaded_by):
+    """A rank (engines/, recipes/: on a multi-node job, on a node without the front end's home) and
+    the tuner's child use only runs/' plain modules: never the history, the launcher, the supervisor
+    nor NVML's telemetry. A run id the user gave (rft's data_from) is a run folder by launch."""
+    assert "gpuscale.runs.store" in LOGIN_NODE and "gpuscale.runs.launch" in LOGIN_NODE
+    assert "gpuscale.runs.run_dir" not in LOGIN_NODE
+    label = package.removeprefix("gpuscale.")
+    assert sorted(m for m in loaded_by[label] if m.startswith(LOGIN_NODE)) == []
+    assert forbidden_imports(package, LOGIN_NODE) == []
+
+
+def test_every_process_modules_import_no_login_node_module():
+    shared = {name: path for name, path in source_files("gpuscale.runs").items()
+              if name.rpartition(".")[2] in EVERY_PROCESS}
+    assert len(shared) == len(EVERY_PROCESS)  # each name in EVERY_PROCESS is a module of runs/
+    assert sorted(f"{name} imports {m}" for name, path in shared.items() for m in imported_by(path, name)
+                  if m.startswith(LOGIN_NODE)) == []
+
+
+@pytest.mark.parametrize("package", ["gpuscale.engines", "gpuscale.recipes", "gpuscale.data"])
 def test_core_never_imports_textual(package, loaded_by):
     assert "textual" not in loaded_by[package.removeprefix("gpuscale.")]
     assert forbidden_imports(package, ("textual",)) == []
@@ -202,9 +246,19 @@ def recipe_package(module: str) -> str | None:
         else None
 
 
-def test_the_recipe_packages_are_known():
-    found = {recipe_package(name) for name in source_files("gpuscale.recipes")} - {None}
-    assert found == set(RECIPE_PACKAGES)
+def test_the_recipes_found_are_the_registered_ones(tmp_path):
+    """The recipes the layering rules see are the ones the registry starts; a recipe is found by
+    where it lives, so a new package counts as a recipe before anyone lists it."""
+    from gpuscale.recipes.registry import BUILTIN
+
+    registered = {reference.partition(":")[0].removeprefix("gpuscale.recipes.") for reference in BUILTIN.values()}
+    assert set(RECIPE_PACKAGES) == registered and "probe" in RECIPE_PACKAGES
+    assert {"common", "training", "contract", "registry", "device_trials"}.isdisjoint(RECIPE_PACKAGES)
+    (tmp_path / "dpo").mkdir()
+    (tmp_path / "dpo" / "__init__.py").write_text("")
+    (tmp_path / "shared.py").write_text("class Helper:\n    pass\n")
+    (tmp_path / "solo.py").write_text("from gpuscale.recipes import contract\nclass Solo(contract.Recipe):\n    pass\n")
+    assert recipes_under(tmp_path) == ("dpo", "solo")
 
 
 def test_no_recipe_imports_another_recipe(loaded_by):
@@ -218,6 +272,15 @@ def test_no_recipe_imports_another_recipe(loaded_by):
         crossings += [f"{own} loads {m}" for m in sorted(loaded_by[f"recipes.{own}"])
                       if recipe_package(m) not in (None, own)]
     assert crossings == []
+
+
+def test_the_shared_recipe_pieces_import_no_recipe():
+    """What the recipes share (the modules directly under recipes/ that are no recipe) names no recipe:
+    else a recipe would reach another through it. The registry loads them by name, at run time."""
+    shared = {name: path for name, path in source_files("gpuscale.recipes").items() if recipe_package(name) is None}
+    assert "gpuscale.recipes.training" in shared and "gpuscale.recipes.probe" not in shared
+    assert sorted(f"{name} imports {m}" for name, path in shared.items() for m in imported_by(path, name)
+                  if recipe_package(m) is not None) == []
 
 
 def test_views_import_neither_textual_nor_torch(loaded_by):
