@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="default: bench/results/tune/<recipe>-<model>-<date>-<card>.json")
     args = parser.parse_args(argv)
 
-    from gpuscale.recipes.device_trials import default_max_batch, pick_device, tune_recipe
+    from gpuscale.app.batch_choice import pick_device
+    from gpuscale.recipes.device_trials import default_max_batch, tune_recipe
     from gpuscale.recipes.registry import get_recipe
     from gpuscale.runs import telemetry
     from gpuscale.runs.settings import parse_assignments, resolve_settings
