@@ -255,8 +255,14 @@ def gpu_tests() -> dict:
     return {"exit_code": done.returncode, "last_line": tail[0], "seconds": time.perf_counter() - started}
 
 
+BASELINE = """No baseline: an acceptance run, not a comparison with other code. Each recipe runs at its defaults and is
+checked against its learning target (TARGETS); power sampling's accuracy is set beside its own
+temperature-1 sampling run (method=sample), the recipe's reference point, not a speed baseline."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", default=None, help="GPUs per run (default: every GPU found; CPU: 2 ranks)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all; they share the GPUs, "

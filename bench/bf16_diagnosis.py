@@ -338,8 +338,13 @@ def probe_head(args) -> dict:
     return result
 
 
+BASELINE = """No baseline: a diagnosis. It compares gpuscale's own attention paths and optimizers with one another
+(--variant), not gpuscale with other code."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probe", choices=("attention", "training", "head"), required=True)
     parser.add_argument("--variant", default="sdpa", choices=("sdpa", "eager", "no-cudnn", "unfused-adamw"))
     parser.add_argument("--steps", type=int, default=200)

@@ -42,8 +42,12 @@ def windows(records: list[dict], names: list[str], window: int) -> list[tuple[in
             for i in sorted(last_step)]
 
 
+BASELINE = """No baseline: it reads one run's metric records and prints them; nothing is compared."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_id", type=int)
     parser.add_argument("--names", required=True, help="comma-separated metric names (a trailing * matches a prefix)")
     parser.add_argument("--window", type=int, default=50, help="steps per row")

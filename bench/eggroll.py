@@ -122,8 +122,17 @@ def print_profile(engine, rows, args, sampling, label: str) -> None:
     print(f"\n{label}:\n{table}", flush=True)
 
 
+BASELINE = """Baseline (1): `method=naive`, the seed's structure (per member: perturb the weights in place, generate
+every prompt, restore), a real `gpuscale run --recipe eggroll` on 1 GPU that uses the same gpuscale
+generation engine, noise and update, so only the structure differs. How it is put at its best: not
+swept; it runs at --prompts rows per engine call (one member's prompts) and only --naive-steps steps.
+Baseline (2): plain batched inference of the same rows by the same GenerationEngine without low-rank
+terms (greedy; torch.compile only with --compile), in this process."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--dataset", default="tiny-math")
     parser.add_argument("--gpus", type=int, default=2)

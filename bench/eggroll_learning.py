@@ -46,8 +46,13 @@ def curve(run_id: int) -> list[dict]:
     return [{"step": step, **values} for step, values in sorted(by_step.items())]
 
 
+BASELINE = """No baseline: it sets several eggroll settings side by side (held-out accuracy), not gpuscale against
+other code."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", required=True, help="';'-separated configs of ','-separated key=value")
     parser.add_argument("--set", action="append", default=[], help="a setting common to every config")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")

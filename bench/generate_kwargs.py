@@ -7,6 +7,7 @@ code's structure (bench/reference_parity.py), and the reference's with one diffe
 variants take turns, 4 calls each, the first left out; the figure is ms per generated token.
 """
 
+import argparse
 import statistics
 import sys
 import time
@@ -35,7 +36,15 @@ def variants(attention_mask: torch.Tensor) -> dict[str, dict]:
     }
 
 
+BASELINE = """Baseline: the `public` variant, the generate() arguments of the public code's structure
+(bench/reference_parity.py); every variant is transformers' model.generate() in eager mode with its
+default dynamic cache (no StaticCache, no torch.compile), batch 1, on the same model and prompt.
+Needs one CUDA GPU."""
+
+
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__ + "\n" + BASELINE,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     model = build_random_model("random-qwen2.5-0.5b").to("cuda", torch.bfloat16).eval()
     ids = torch.randint(100, 1000, (1, PROMPT_TOKENS), device="cuda")
     calls = variants(torch.ones_like(ids))

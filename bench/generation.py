@@ -44,7 +44,8 @@ TARGET_SPEEDUP = {1: 15.0, 64: 10.0}  # engine vs generate(), on the GPU
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
@@ -154,6 +155,11 @@ def bench_engine(model, prompts: torch.Tensor, args, device, **engine_options) -
         "compile_error": None if error is None else f"{type(error).__name__}: {error}"[:500],
         "fused_weights": engine._fused is not None,
     }
+
+
+BASELINE = """Baseline: transformers' model.generate() in eager mode with its default dynamic cache (not at its best:
+no StaticCache / cache_implementation="static", no torch.compile), plain sampling, at the same batch
+sizes as the engine."""
 
 
 def main(argv=None):

@@ -139,8 +139,16 @@ def print_table(results: dict) -> None:
         print(f"{name:<38} {cell(value, '.2f'):>6}  ({verdict})")
 
 
+BASELINE = """Baseline: stock TRL GRPOTrainer with its own generation, `generator=transformers` (TRL's
+model.generate: eager, dynamic cache, no torch.compile) and `generator=continuous` (TRL's transformers
+continuous batching), real runs at the same settings as the engine's. Not put at its best: its
+micro-batch (--batch-size) and prompts per step are the engine's, not swept for it; TRL's vLLM
+generation is not measured."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--dataset", default="tiny-math")
     parser.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU engine run (1: none)")

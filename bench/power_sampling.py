@@ -96,8 +96,15 @@ def accuracy(args) -> dict:
     }
 
 
+BASELINE = """Baseline: `method=reference`, power_sample_reference (the users' structure: one chain, one problem at
+a time, a transformers generate() per block and per MCMC step), a real run at the same algorithm
+settings. bench/reference_parity.py times it against the paper's public code's structure; beyond
+that it is not tuned here (no StaticCache/torch.compile for its generate() calls)."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-math")
     parser.add_argument("--dataset", default="tiny-math")
     parser.add_argument("--gpus", type=int, default=2)

@@ -42,8 +42,13 @@ def gpu_figures(store: Store, run_id: int) -> dict:
             for peak in store.device_peaks(run_id, kinds=("gpu",))}
 
 
+BASELINE = """No baseline of other code: the N-GPU probe run is set against the same probe run on GPU 0 alone, same
+per-GPU settings."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--batch-size", type=int, default=64)

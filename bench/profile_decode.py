@@ -55,7 +55,8 @@ GEMM_NAMES = ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk", "cublas", "t
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
@@ -177,6 +178,10 @@ def kernel_table(rows, top: int) -> str:
     for name, calls, us in rows[:top]:
         lines.append(f"{us:>9.1f} {calls:>10.1f} {us / calls:>8.2f}  {name[:110]}")
     return "\n".join(lines) + "\n"
+
+
+BASELINE = """No baseline of other code: it profiles the engine's own step in three variants; `plain` (the model's
+own forward, uncompiled) is the reference among them."""
 
 
 def main(argv=None):

@@ -75,8 +75,15 @@ def public_structure(model, prompt: list[int], alpha: float, max_new_tokens: int
     return sequence[start:]
 
 
+BASELINE = """Baseline: the public code's structure (`public structure` above), written here from the paper's code's
+description: transformers generate() in eager mode with its default dynamic cache, HF's default sampling
+knobs, output_scores and output_logits. Not put at its best beyond that structure (no StaticCache, no
+torch.compile); gpuscale's `method=reference` runs the same way."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__ + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-math")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="auto")

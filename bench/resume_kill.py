@@ -134,8 +134,12 @@ def describe(processes) -> list[str]:
     return shown
 
 
+BASELINE = """No baseline: a demonstration that a killed run resumes from its checkpoint; nothing is compared."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", default="all", help="GPUs of the run (a count: CPU ranks where there is no GPU)")
     parser.add_argument("--checkpoint-every", type=int, default=50, help="optimizer steps between checkpoints")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",

@@ -89,8 +89,15 @@ def model_parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+BASELINE = """Baseline: `generator=transformers`, the seed's datagen.py structure (transformers model.generate with
+num_return_sequences: eager, dynamic cache, no torch.compile), a real run at the same questions per
+call (--batch-size) as gpuscale's; not swept for its own best batch (--engine-batch-size gives
+gpuscale, not the baseline, its own). The SFT part has no baseline of other code: N GPUs against 1."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--dataset", default="tiny-math")
     parser.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU training run")

@@ -244,7 +244,8 @@ def print_table(rows: list[dict]) -> None:
 
 
 def parse_options(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu-counts", default="1,2,4,8", help="counts above the visible GPUs are skipped")
     parser.add_argument("--recipes", default=",".join(RECIPES), help=f"any of {', '.join(RECIPES)}")
     parser.add_argument("--models", default=",".join(MODELS))
@@ -277,6 +278,10 @@ def parse_options(argv: list[str] | None = None):
     if unknown:
         parser.error(f"--recipes: unknown {sorted(unknown)}")
     return opts
+
+
+BASELINE = """No baseline of other code: each recipe at N GPUs is set against the same recipe on 1 GPU (weak
+scaling efficiency)."""
 
 
 def main() -> None:

@@ -159,8 +159,13 @@ def gpu_indices(gpus: str | None) -> list[int]:
     return indices
 
 
+BASELINE = """No baseline: it chooses among candidate settings on the validation split; nothing is compared with
+other code."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, help="a training recipe: sft, rft, grpo-mtl or eggroll")
     parser.add_argument("--candidates", required=True,
                         help="';'-separated candidates, each key=value[,key=value] (so no value with a comma: "

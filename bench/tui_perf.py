@@ -272,8 +272,12 @@ def with_feed(home: Path, env: dict, size: str, seconds: float) -> dict:
         feeder.wait()
 
 
+BASELINE = """No baseline: it measures the TUI's own start-up time and CPU use; nothing is compared with other code."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__ + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", default="120x40")

@@ -111,8 +111,14 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
     return rows, time.perf_counter() - started
 
 
+BASELINE = """Baseline: a full sweep of batch sizes (every power of two and every midpoint, up to --max-batch or the
+first out of memory), each measured as a short real run would be; its best batch is the figure the
+tuned batch is set against, so the baseline is at its best by construction over the sizes swept."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True)
     parser.add_argument("--model", default="tiny-math")
     parser.add_argument("--precision", default="auto")

@@ -308,3 +308,14 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
     assert not targets["eggroll"]["met"]  # seed 1 logged a non-finite figure
     assert targets["power-sampling"] == {"points": {"lead_over_sampling": 20.0}, "met": True}
     assert "grpo-mtl pcgrad: NOT MET" in done.stdout and "rft: MET" in done.stdout
+
+
+def test_every_bench_script_help_names_its_baseline():
+    """`--help` of every bench script (record.py and benchruns.py are helpers) names the baseline it runs
+    and how it is put at its best, or says it has none; it starts no run, so it works on CPU."""
+    scripts = sorted(path.name for path in (ROOT / "bench").glob("*.py")
+                     if path.name not in ("record.py", "benchruns.py"))
+    assert "generate_kwargs.py" in scripts and "train_speed.py" in scripts
+    for script in scripts:
+        done = bench(script, "--help", timeout=120)
+        assert "baseline" in done.stdout.lower(), f"{script}: {done.stdout}"
