@@ -101,7 +101,8 @@ class SupervisedSettings(TrainingSettings):
     activation_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
                                            "(less memory, about a third more compute)")
     max_new_tokens: int = Field(256, ge=1, le=65_536, description="answer length budget in the evaluation")
-    # Speed (issue 28): each can be turned off, each gives the same loss (tests/unit/test_training_speed.py).
+    # Speed (ARCHITECTURE.md, engines/packed_attention.py): each can be turned off, each gives the same loss
+    # (tests/unit/test_training_speed.py).
     padding_free: bool = Field(True, description="a micro-batch's rows concatenated into one sequence, attention "
                                "row by row (flash varlen on CUDA): no compute on padding tokens")
     packing: bool = Field(False, description="pack rows into sequences of max_length tokens (TRL's bfd packing): a "

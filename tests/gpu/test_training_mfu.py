@@ -1,4 +1,4 @@
-"""On a CUDA machine only (issue 28): a GPU training run shows its MFU in `gpuscale run`'s progress
+"""On a CUDA machine only: a GPU training run shows its MFU in `gpuscale run`'s progress
 line, in its summary and in the TUI's monitor, and one with a deliberately tiny batch is warned,
 live, that its MFU stays under 10%. GPU_TEST_EVIDENCE=DIR keeps the monitor's screenshot and the
 progress lines there (the closing note's evidence)."""
@@ -51,8 +51,7 @@ def test_mfu_in_the_progress_line_and_the_summary(home):
 
 def test_a_tiny_batch_is_warned_in_the_monitor(home):
     from gpuscale.app.tui import GpuscaleApp
-    from gpuscale.app.widgets.run_monitor import RunMonitor
-    from tui_helpers import settle, wait_for
+    from tui_helpers import opened_monitor, wait_for
 
     run_id = int(gpuscale(*SFT_05B, "--batch-size", "1", "--set", "max_examples=4096", "--set", "max_steps=400",
                           "--detach").stdout)
@@ -64,9 +63,7 @@ def test_a_tiny_batch_is_warned_in_the_monitor(home):
         async def scenario():
             app = GpuscaleApp(cursor_blink=False, poll_s=0.5)
             async with app.run_test(size=(120, 40)) as pilot:
-                await settle(pilot)
-                monitor = await wait_for(pilot, lambda: next(iter(app.screen.query(RunMonitor)), None), 30,
-                                         "the monitor")
+                monitor = await opened_monitor(pilot)
                 view = await wait_for(pilot, lambda: monitor.view if monitor.view and any(
                     w.startswith("MFU") for w in monitor.view.warnings) else None, 60, "the MFU warning")
                 keep("monitor_tiny_batch.svg", app.export_screenshot())

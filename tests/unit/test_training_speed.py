@@ -1,4 +1,4 @@
-"""Training speed without changing what is learned (issue 28): the micro-batch arithmetic on a table
+"""Training speed without changing what is learned: the micro-batch arithmetic on a table
 of cases, the FLOPs of a token against a hand count, MFU's card table, and every optimisation's off
 switch giving the same loss on a tiny model."""
 
