@@ -34,8 +34,8 @@ def test_picker_and_monitor_show_the_real_gpu(home):
     if not cuda_available():
         pytest.skip("needs CUDA")
     from gpuscale.app.tui import GpuscaleApp
-    from gpuscale.app.widgets.run_monitor import DeviceRow, RunMonitor
-    from tui_helpers import settle, wait_for
+    from gpuscale.app.widgets.run_monitor import DeviceRow
+    from tui_helpers import opened_monitor, settle, wait_for
 
     gpus = telemetry.list_gpus()
     assert gpus, "CUDA is there but NVML lists no GPU"
@@ -50,10 +50,7 @@ def test_picker_and_monitor_show_the_real_gpu(home):
         async def scenario():
             app = GpuscaleApp(cursor_blink=False, poll_s=0.5)
             async with app.run_test(size=(120, 40)) as pilot:
-                await settle(pilot)
-                # The app opened on the live run's monitor.
-                monitor = await wait_for(pilot, lambda: next(iter(app.screen.query(RunMonitor)), None), 30,
-                                         "the monitor")
+                monitor = await opened_monitor(pilot)  # the app opened on the live run's monitor
                 rows = await wait_for(pilot, lambda: list(monitor.query(DeviceRow)), 30, "a GPU row")
                 row = rows[0].view
                 assert row.label == f"GPU {first['index']} {short_gpu_name(first['name'])}"

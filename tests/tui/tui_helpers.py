@@ -142,6 +142,14 @@ async def wait_for(pilot, condition, timeout: float = 60.0, message: str = "cond
     raise AssertionError(f"timed out after {timeout}s waiting for {message}{state}")
 
 
+async def opened_monitor(pilot, timeout: float = 30.0):
+    """The run monitor the app opened on (a live run's), once it is mounted."""
+    from gpuscale.app.widgets.run_monitor import RunMonitor
+
+    await settle(pilot)
+    return await wait_for(pilot, lambda: next(iter(pilot.app.screen.query(RunMonitor)), None), timeout, "the monitor")
+
+
 def run_async(coro):
     return asyncio.run(coro)
 
