@@ -16,6 +16,7 @@ the model's own implementation on exit, since generation with a KV cache needs i
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import contextmanager
 
@@ -101,24 +102,30 @@ def _rows_by_sdpa(q, k, v, cumulative, scaling):
 
 def _varlen(q, k, v, cumulative, longest, scaling):
     kernel = _varlen_kernel()
-    parameters = inspect.signature(kernel).parameters
-    options = {"scale": scaling}
-    if "window_size" in parameters:
-        options["window_size"] = (-1, 0)  # causal
-    else:
-        options["is_causal"] = True
+    causal, takes_gqa = _varlen_options()
+    options = {"scale": scaling, **causal}
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
-        if "enable_gqa" in parameters:
+        if takes_gqa:
             options["enable_gqa"] = True
         else:
             k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
     return kernel(q, k, v, cumulative, cumulative, longest, longest, **options)
 
 
+@functools.cache
 def _varlen_kernel():
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     return varlen_attn
+
+
+@functools.cache
+def _varlen_options() -> tuple[dict, bool]:
+    """How this torch's kernel is told "causal" (torch 2.11: is_causal; later: window_size) and whether
+    it takes grouped key/value heads; read once, not at every layer of every forward."""
+    parameters = inspect.signature(_varlen_kernel()).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
+    return causal, "enable_gqa" in parameters
