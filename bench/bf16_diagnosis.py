@@ -254,7 +254,7 @@ def replay_once(trainer, model, inputs, context) -> dict:
 
 def probe_training(args) -> dict:
     from gpuscale.engines.distributed import RankContext
-    from gpuscale.engines.metrics import Reporter
+    from gpuscale.engines.reporter import Reporter
     from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.grpo_mtl import Settings
     from gpuscale.recipes.grpo_mtl.data import grpo_rows, training_and_eval_examples

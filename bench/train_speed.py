@@ -175,7 +175,7 @@ def gpuscale_sft(args, dataset, tokenizer, step_rows: int, steps: int, flops: fl
     import torch
 
     from gpuscale.engines.distributed import RankContext
-    from gpuscale.engines.metrics import Reporter
+    from gpuscale.engines.reporter import Reporter
     from gpuscale.recipes.sft import Settings
     from gpuscale.recipes.training import train_sft_dataset
 

@@ -29,7 +29,7 @@ from gpuscale.data.models import ModelError
 from gpuscale.data.precision import device_precision, torch_dtype
 from gpuscale.data.seeds import derived_seed
 from gpuscale.data.tasks import DataError
-from gpuscale.engines.metrics import NonFiniteFigure, Reporter
+from gpuscale.engines.reporter import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error

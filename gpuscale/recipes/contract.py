@@ -36,7 +36,7 @@ from gpuscale.runs.settings import RunSettings
 if TYPE_CHECKING:  # torch is imported only inside a rank
     from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.distributed import RankContext
-    from gpuscale.engines.metrics import Reporter
+    from gpuscale.engines.reporter import Reporter
 
 Launcher = Literal["torchrun", "accelerate"]
 

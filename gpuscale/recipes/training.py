@@ -414,7 +414,7 @@ def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, 
     default: {"accuracy_greedy_<when>": ..., "accuracy_greedy_<domain>_<when>": ...,
     "accuracy_sampled_<when>": ...}; the overall ones are None without examples. `when` is "before"
     or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires."""
-    from gpuscale.engines.metrics import fail_if_injected
+    from gpuscale.engines.reporter import fail_if_injected
 
     if when == "after":
         fail_if_injected("final_eval", ctx.rank)

@@ -23,7 +23,7 @@ import psutil
 
 from gpuscale.runs import launch
 from gpuscale.runs.launch import recorded_end
-from gpuscale.runs.metrics import MetricsTailer, Throughput
+from gpuscale.runs.metrics_tail import MetricsTailer, Throughput
 from gpuscale.runs.process import process_alive
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import LIVE_STATUSES, SCHEMA_VERSION, Store, StoreError, connect_read_only

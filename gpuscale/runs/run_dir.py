@@ -10,7 +10,7 @@ writes under RUN_DIR goes through `RunDir`.
         logs/rank<R>.log        each rank's stdout and stderr
         logs/launcher.log       torchrun's or accelerate's own output
         logs/supervisor.log     the supervisor's
-        metrics/rank<R>.jsonl   each rank's metric lines (engines.metrics.Reporter)
+        metrics/rank<R>.jsonl   each rank's metric lines (engines.reporter.Reporter)
         errors/rank<R>.json     the error a rank died of
         results/rank<R>.jsonl   each rank's per-example results, as they are done
         results.jsonl           every rank's results merged, in example order

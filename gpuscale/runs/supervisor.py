@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 
 from gpuscale.runs import telemetry
-from gpuscale.runs.metrics import MetricsTailer, Throughput
+from gpuscale.runs.metrics_tail import MetricsTailer, Throughput
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import Store, StoreError, UnknownRun, merge_rank_results

@@ -24,7 +24,7 @@ from gpuscale.data.models import load_model
 from gpuscale.data.prompts import prompt_ids
 from gpuscale.data.tasks import load_examples
 from gpuscale.engines.distributed import init_rank
-from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.grpo_mtl import Settings
 from gpuscale.recipes.grpo_mtl.data import grpo_rows
 from gpuscale.recipes.grpo_mtl.trainer import build_trainer

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from conftest import run_json, run_together
 from gpuscale.data.models import load_model
 from gpuscale.recipes.registry import get_recipe
-from gpuscale.runs.metrics import Throughput
+from gpuscale.runs.metrics_tail import Throughput
 from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs

@@ -14,7 +14,7 @@ import torch
 from gpuscale.data.models import load_model
 from gpuscale.data.tasks import load_examples
 from gpuscale.engines.distributed import RankContext
-from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.grpo_mtl import Settings
 from gpuscale.recipes.grpo_mtl.data import grpo_rows
 from gpuscale.recipes.grpo_mtl.pcgrad import gradient_cosines

@@ -10,7 +10,7 @@ import torch
 
 from gpuscale.data import tasks
 from gpuscale.engines.distributed import RankContext
-from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.eggroll import Settings
 from gpuscale.recipes.eggroll.trainer import run_eggroll
 from gpuscale.runs.run_dir import RunDir

@@ -10,7 +10,7 @@ import torch
 from gpuscale.data.models import load_model
 from gpuscale.data.seeds import derived_seed
 from gpuscale.engines.distributed import RankContext
-from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.reporter import Reporter
 from gpuscale.engines.rollout import repeated_runs
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
 from gpuscale.recipes.grpo_mtl.data import grpo_rows

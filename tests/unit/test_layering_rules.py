@@ -212,7 +212,7 @@ def test_core_never_imports_textual(package, loaded_by):
 
 def test_engines_never_import_recipes_or_the_app(loaded_by):
     loaded = loaded_by["engines"]
-    assert "gpuscale.engines.metrics" in loaded
+    assert "gpuscale.engines.reporter" in loaded
     assert sorted(m for m in loaded if m.startswith(("gpuscale.recipes", "gpuscale.app"))) == []
     assert forbidden_imports("gpuscale.engines", ("gpuscale.recipes", "gpuscale.app")) == []
 

@@ -1,7 +1,7 @@
 import json
 
-from gpuscale.engines.metrics import Reporter
-from gpuscale.runs.metrics import RUN_WIDE_RANK, MetricsTailer, Throughput
+from gpuscale.engines.reporter import Reporter
+from gpuscale.runs.metrics_tail import RUN_WIDE_RANK, MetricsTailer, Throughput
 
 
 def test_reporter_and_tailer_roundtrip(tmp_path):
@@ -105,7 +105,7 @@ def test_a_partial_summary_is_merged_under_the_whole_one_and_stays_marked_until_
 def test_point_faults_fire_at_their_point_only(tmp_path, monkeypatch):
     import pytest
 
-    from gpuscale.engines.metrics import fail_if_injected, injected_fault
+    from gpuscale.engines.reporter import fail_if_injected, injected_fault
 
     monkeypatch.setenv("GPUSCALE_INJECT_FAULT", "0:final_eval:0")
     reporter = Reporter(tmp_path, rank=0)

@@ -11,7 +11,7 @@ import torch
 from gpuscale.data.models import load_model
 from gpuscale.data.prompts import prompt_ids
 from gpuscale.engines.distributed import RankContext
-from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.sft import SFT, Settings
 from gpuscale.recipes.training import tokenized_dataset, train_sft, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError

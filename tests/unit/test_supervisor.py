@@ -33,7 +33,7 @@ def test_the_headline_combines_every_rank_live_and_equals_the_summary_at_the_end
     run's headline all give the run's accuracy, not the last rank's line."""
     from gpuscale.app.views.feed import RunFeed, figure_series
     from gpuscale.app.views.runs import progress_line
-    from gpuscale.engines.metrics import Reporter
+    from gpuscale.engines.reporter import Reporter
 
     store = Store(tmp_path)
     run_id = store.create_run("power-sampling", {}, [sys.executable, "-c", "pass"], "host")

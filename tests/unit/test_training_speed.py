@@ -13,8 +13,8 @@ import torch
 from gpuscale.data.cards import mfu, model_flops_shape, peak_flops, training_flops_per_token
 from gpuscale.data.models import load_model, random_model_config
 from gpuscale.engines.distributed import RankContext
-from gpuscale.engines.metrics import Reporter
 from gpuscale.engines.packed_attention import use_packed_attention
+from gpuscale.engines.reporter import Reporter
 from gpuscale.engines.training_memory import (
     MARGIN,
     TrainingShape,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuscale.engines.distributed import RankContext
-from gpuscale.engines.metrics import Reporter
+from gpuscale.engines.reporter import Reporter
 from gpuscale.engines.trl_bridge import ReporterCallback, metric_name, trainer_args
 from gpuscale.recipes.sft import Settings
 
@@ -184,7 +184,7 @@ def test_a_config_with_the_older_checkpointing_name_gets_it(tmp_path):
     ({"reward": None}, "step 168: reward is nan"),  # TRL logs an all-NaN reward as None
 ])
 def test_the_nan_guard_fails_on_a_non_finite_figure_with_one_line(logs, line):
-    from gpuscale.engines.metrics import NonFiniteFigure
+    from gpuscale.engines.reporter import NonFiniteFigure
     from gpuscale.engines.trl_bridge import NonFiniteGuard
 
     state = SimpleNamespace(global_step=168)
@@ -204,7 +204,7 @@ def test_the_nan_guard_lets_finite_and_absent_figures_pass():
 
 
 def test_the_nan_guard_checks_a_grpo_trainer_s_reward_values():
-    from gpuscale.engines.metrics import NonFiniteFigure
+    from gpuscale.engines.reporter import NonFiniteFigure
     from gpuscale.engines.trl_bridge import NonFiniteGuard
 
     def correctness_counting(prompts, completions, **columns):

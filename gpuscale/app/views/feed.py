@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from gpuscale.app.views.runs import PREFERRED_FIGURES
 from gpuscale.app.views.text import format_mib, memory_text, short_gpu_name
-from gpuscale.runs.metrics import RUN_WIDE_RANK
+from gpuscale.runs.metrics_tail import RUN_WIDE_RANK
 from gpuscale.runs.store import Store
 
 # Chart windows the user cycles through (seconds); a live feed keeps the longest.

@@ -4,7 +4,7 @@ runs compared. The CLI prints these, the TUI lays them out; both read them here.
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
-from gpuscale.runs.metrics import RATE_WINDOW_S
+from gpuscale.runs.metrics_tail import RATE_WINDOW_S
 from gpuscale.runs.store import LIVE_STATUSES
 
 # What a training run is for comes first in a table of runs: held-out accuracy before -> after

@@ -103,7 +103,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
 def check_finite(step: int, fitness: torch.Tensor) -> None:
     """Fail the run with the one line every recipe's divergence gives, as soon as a member's fitness
     is NaN or Inf (the update would carry it into every weight)."""
-    from gpuscale.engines.metrics import NonFiniteFigure, non_finite_message
+    from gpuscale.engines.reporter import NonFiniteFigure, non_finite_message
 
     bad = fitness[~torch.isfinite(fitness)]
     if bad.numel():

@@ -115,7 +115,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     from trl import GRPOConfig
 
     from gpuscale.data.rewards import RewardRouter, parse_reward_weights
-    from gpuscale.engines.metrics import injected_fault
+    from gpuscale.engines.reporter import injected_fault
     from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer

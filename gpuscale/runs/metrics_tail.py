@@ -1,5 +1,5 @@
 """Rank metrics, the reading side: the supervisor tails the JSON lines the ranks write (through
-`gpuscale.engines.metrics.Reporter`, to RUN_DIR/metrics/rank<R>.jsonl) into the store.
+`gpuscale.engines.reporter.Reporter`, to RUN_DIR/metrics/rank<R>.jsonl) into the store.
 
 `MetricsTailer` reads only complete new lines; `Throughput` turns token and sample counts into
 per-rank and total rates over a sliding window, and combines every other figure over the ranks: a
