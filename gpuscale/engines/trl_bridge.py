@@ -38,8 +38,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from gpuscale.engines.checkpoints import checkpoint_args
 from gpuscale.engines.reporter import NonFiniteFigure, non_finite_message
+from gpuscale.engines.trl_checkpoints import checkpoint_args
 from gpuscale.runs.run_dir import RunDir
 
 # Keys of a trainer's logs that are not per-step figures.

@@ -203,9 +203,9 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
 
     import torch
 
-    from gpuscale.engines.checkpoints import resume_checkpoint
     from gpuscale.engines.packed_attention import use_packed_attention
     from gpuscale.engines.trl_bridge import NonFiniteGuard
+    from gpuscale.engines.trl_checkpoints import resume_checkpoint
 
     if settings.lora_rank == 0 and ctx.dtype != torch.float32:
         model = model.float()

@@ -105,7 +105,7 @@ def test_a_succeeded_run_and_an_unknown_one_are_refused(home):
     assert gpuscale("resume", "99").returncode == 2
 
 
-# ---- TRL recipes: checkpoints written and read by the trainer (engines/checkpoints.py) --------------
+# ---- TRL recipes: checkpoints written and read by the trainer (engines/trl_checkpoints.py) --------------
 
 
 def saved_model_checksum(model_dir: str | Path) -> str:

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 import sqlite_utils
 
-from gpuscale.engines.checkpoints import checkpoint_args, resume_checkpoint
+from gpuscale.engines.trl_checkpoints import checkpoint_args, resume_checkpoint
 from gpuscale.runs import launch
 from gpuscale.runs.checkpoints import latest_checkpoint, prune_checkpoints, writing_checkpoint
 from gpuscale.runs.run_dir import RunDir

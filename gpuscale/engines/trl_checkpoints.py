@@ -5,8 +5,8 @@
     trainer.train(resume_from_checkpoint=resume_checkpoint(settings))
 
 TRL's trainer then writes RUN_DIR/checkpoints/checkpoint-<step>/ (model, optimizer, scheduler, RNG
-states, the step and the data position) and, given a checkpoint, continues from it.
-`latest_checkpoint` (the newest complete one) is the same function `gpuscale resume` uses.
+states, the step and the data position) and, given a checkpoint, continues from it. The checkpoint
+folders themselves (which is complete, the newest, pruning) are runs/checkpoints.py's, for every recipe.
 
 The trainer's checkpoint restores the RNGs it knows of (torch's, numpy's and Python's global ones,
 per rank), not the generators gpuscale keeps beside it (the engine's sampling stream in rollout.py,
@@ -21,10 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuscale.runs.checkpoints import latest_checkpoint, list_checkpoints, prune_checkpoints
 from gpuscale.runs.run_dir import RunDir
-
-__all__ = ["checkpoint_args", "latest_checkpoint", "list_checkpoints", "prune_checkpoints", "resume_checkpoint"]
 
 
 def checkpoint_args(settings, run_dir: str | Path) -> dict[str, Any]:
