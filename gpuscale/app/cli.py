@@ -36,8 +36,8 @@ from gpuscale.app.views.runs import (
     run_row,
 )
 from gpuscale.app.views.text import format_number, format_time, memory_text, setting_text
+from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
-from gpuscale.data.tasks import DataError
 from gpuscale.recipes.registry import all_recipes, get_recipe
 from gpuscale.runs import launch, telemetry
 from gpuscale.runs.run_dir import RunDir

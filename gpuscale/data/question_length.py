@@ -62,7 +62,7 @@ class QuestionLimit:
             if where not in self.skipped:
                 self.skipped.append(where)
             return False
-        from gpuscale.data.tasks import DataError
+        from gpuscale.data.data_error import DataError
 
         tokens, whole = measured
         raise DataError(f"{where}: the question is too long for the model: {len(question):,} characters, "
@@ -147,7 +147,9 @@ def questions_too_long(dataset: str, limit: QuestionLimit) -> list[str]:
     """Before launch: every file of a JSONL data set read under the rule. Refusing, the first
     question too long raises DataError ("dataset: FILE, line N: ..."); skipping, the places of
     those left out are returned. Named tasks read nothing here (see the module's docstring)."""
-    from gpuscale.data.tasks import DataError, parse_dataset, read_jsonl
+    from gpuscale.data.data_error import DataError
+    from gpuscale.data.jsonl_files import read_jsonl
+    from gpuscale.data.tasks import parse_dataset
 
     try:
         for path in parse_dataset(dataset).paths:

@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from pydantic import ValidationError
 
+from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
 from gpuscale.data.precision import device_precision, torch_dtype
 from gpuscale.data.seeds import derived_seed
-from gpuscale.data.tasks import DataError
 from gpuscale.engines.reporter import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir

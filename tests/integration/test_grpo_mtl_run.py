@@ -11,7 +11,7 @@ import torch
 
 from conftest import gpuscale, leftover_processes, run_json
 from gpuscale.data.models import load_model
-from gpuscale.data.tasks import TINY_MATH_DOMAINS
+from gpuscale.data.tiny_math import TINY_MATH_DOMAINS
 from gpuscale.recipes.registry import get_recipe
 from gpuscale.runs.store import Store
 

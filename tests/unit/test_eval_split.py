@@ -8,14 +8,9 @@ import json
 
 import pytest
 
-from gpuscale.data.tasks import (
-    TINY_MATH_SIZES,
-    DataError,
-    evaluation_examples,
-    held_out_split,
-    is_test_question,
-    load_examples,
-)
+from gpuscale.data.data_error import DataError
+from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
+from gpuscale.data.tiny_math import TINY_MATH_SIZES, is_test_question
 from gpuscale.recipes.data_checks import training_count
 from gpuscale.recipes.eggroll import Eggroll
 from gpuscale.recipes.eggroll import Settings as EggrollSettings

@@ -9,10 +9,12 @@ import time
 
 import pytest
 
+from gpuscale.data.data_error import DataError
+from gpuscale.data.jsonl_files import read_jsonl
 from gpuscale.data.models import model_context, model_path
 from gpuscale.data.prompts import prompt_ids
 from gpuscale.data.question_length import QuestionLimit, questions_too_long
-from gpuscale.data.tasks import DataError, held_out_split, read_jsonl
+from gpuscale.data.tasks import held_out_split
 
 CONTEXT = 256  # the embedded model's max_position_embeddings
 

@@ -8,17 +8,16 @@ from collections import Counter
 import pytest
 
 from conftest import python_offline
+from gpuscale.data.data_error import DataError
 from gpuscale.data.tasks import (
     KNOWN_TASKS,
-    TINY_MATH_DOMAINS,
-    DataError,
     check_dataset,
     check_dataset_name,
     gold_answer,
-    is_test_question,
     load_examples,
     parse_dataset,
 )
+from gpuscale.data.tiny_math import TINY_MATH_DOMAINS, is_test_question
 
 NUMBER = re.compile(r"-?\d+")
 COUNTING_QUESTION = re.compile(r"Here is a list: (.*)\. How many times does (\w+) appear in it\?")
