@@ -2,7 +2,9 @@
 
 Every front end and every supervisor opens its own connection; WAL lets several runs write at once
 while the TUI reads. The schema carries a version; `MIGRATIONS[i]` takes a database from version i to
-i + 1, so an old runs.db is upgraded in place and nothing stored is lost.
+i + 1, so an old runs.db is upgraded in place and nothing stored is lost. The `samples` table's measured
+columns follow `runs/sample_fields.py`'s declaration instead: one it lacks is added at every writable
+open (old rows read NULL there), so a new telemetry field needs no migration.
 
 A home that cannot be written (a shared, read-only copy of someone's runs) is still read:
 `Store.for_reading` falls back to a read-only connection, and any write then fails with a `StoreError`
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuscale.runs import sample_fields
 from gpuscale.runs.run_dir import RunDir, write_atomically
 
 if TYPE_CHECKING:  # imported for real by _sqlite_utils(), off the TUI's first frame
@@ -77,11 +80,7 @@ def _v1(db: sqlite_utils.Database) -> None:
     )
     db["metrics"].create_index(["run_id", "name", "t"])
     db["samples"].create(
-        {
-            "run_id": int, "t": float, "kind": str, "idx": int, "name": str,
-            "mem_used_mb": float, "mem_total_mb": float, "util": float, "power_w": float,
-            "temp_c": float, "sm_clock_mhz": float, "run_mem_mb": float,
-        },
+        {**SAMPLE_KEYS, **{f.name: f.sql_type for f in sample_fields.SAMPLE_FIELDS}},
         foreign_keys=[("run_id", "runs", "id")],
     )
     db["samples"].create_index(["run_id", "t"])
@@ -113,10 +112,21 @@ def _v4(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS = [_v1, _v2, _v3, _v4]
+
+
+def _add_declared_sample_columns(db: sqlite_utils.Database) -> None:
+    """The columns of fields declared since the history was made (`runs/sample_fields.py`); the
+    rows already stored keep their values and read NULL in the new column."""
+    present = db["samples"].columns_dict
+    for field in sample_fields.SAMPLE_FIELDS:
+        if field.name not in present:
+            db["samples"].add_column(field.name, field.sql_type)
+
+
 TUNING_KEY = ("recipe", "model", "device", "precision", "shape")
 METRIC_COLUMNS = ("run_id", "rank", "t", "step", "name", "value")
-SAMPLE_COLUMNS = ("run_id", "t", "kind", "idx", "name", "mem_used_mb", "mem_total_mb", "util", "power_w",
-                  "temp_c", "sm_clock_mhz", "run_mem_mb")
+# A sample's identity; what it measures is `sample_fields.SAMPLE_FIELDS`.
+SAMPLE_KEYS = {"run_id": int, "t": float, "kind": str, "idx": int, "name": str}
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -304,6 +314,7 @@ class Store:
                 )
             for migrate in MIGRATIONS[version:]:
                 migrate(self.db)
+            _add_declared_sample_columns(self.db)
             self.db.execute("DELETE FROM schema_version")
             self.db.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
 
@@ -426,7 +437,8 @@ class Store:
         if not metrics and not samples:
             return
         with self.transaction():
-            for table, rows, columns in (("metrics", metrics, METRIC_COLUMNS), ("samples", samples, SAMPLE_COLUMNS)):
+            sample_columns = (*SAMPLE_KEYS, *sample_fields.field_names())
+            for table, rows, columns in (("metrics", metrics, METRIC_COLUMNS), ("samples", samples, sample_columns)):
                 if rows:
                     self.db.conn.executemany(
                         f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
@@ -532,17 +544,22 @@ class Store:
         return samples, metrics
 
     def sample_buckets(self, run_id: int, bucket_s: float, upto_rowid: int, after_rowid: int | None = None,
-                       since: float = float("-inf")) -> list[tuple]:
-        """A run's samples up to `upto_rowid`, one row per (kind, idx, bucket of `bucket_s` seconds):
-        `(kind, idx, name, bucket, last t, mem_used_mb, mem_total_mb, util, power_w, temp_c, run_mem_mb)`,
-        means except the last time and the total memory. Rows after `after_rowid`, or (None) newer than `since`."""
+                       since: float = float("-inf")) -> list[dict]:
+        """A run's samples up to `upto_rowid`, one dict per (kind, idx, bucket of `bucket_s` seconds): `kind`,
+        `idx`, `name`, `bucket`, `t` (the bucket's last time) and every declared sample field by its name,
+        combined by its `bucket` aggregate (None where this history has no column for it: a read-only
+        one made before the field was declared). Rows after `after_rowid`, or (None) newer than `since`."""
         where, args = self._feed_range(run_id, upto_rowid, after_rowid, since)
-        return self.db.execute(
-            "SELECT kind, idx, name, CAST(t / ? AS INTEGER) AS bucket, max(t), avg(mem_used_mb), max(mem_total_mb), "
-            f"avg(util), avg(power_w), avg(temp_c), avg(run_mem_mb) FROM samples WHERE {where} "
-            "GROUP BY kind, idx, bucket",
+        present = self.db["samples"].columns_dict
+        fields = ", ".join(f"{f.bucket}({f.name}) AS {f.name}" if f.name in present else f"NULL AS {f.name}"
+                           for f in sample_fields.SAMPLE_FIELDS)
+        cursor = self.db.execute(
+            f"SELECT kind, idx, name, CAST(t / ? AS INTEGER) AS bucket, max(t) AS t, {fields} FROM samples "
+            f"WHERE {where} GROUP BY kind, idx, bucket",
             [bucket_s, *args],
-        ).fetchall()
+        )
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def metric_buckets(self, run_id: int, bucket_s: float, upto_rowid: int, after_rowid: int | None = None,
                        since: float = float("-inf")) -> list[tuple]:

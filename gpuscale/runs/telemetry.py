@@ -1,9 +1,10 @@
 """Telemetry: per-GPU samples through NVML (nvidia-ml-py), or host CPU and rank RSS through psutil.
 
 A sampler is built once per run and called once per tick; each call returns plain dicts shaped like
-rows of the store's `samples` table. NVML is queried directly (never by running nvidia-smi): a tick
-of a few queries per GPU costs tens of microseconds. The run's own GPU memory is the memory NVML
-attributes to the processes of the run's PID tree.
+rows of the store's `samples` table: its identity and the fields `runs/sample_fields.py` declares, by
+name (`NVML_READS` says how NVML gives each one-query field). NVML is queried directly (never by
+running nvidia-smi): a tick of a few queries per GPU costs tens of microseconds. The run's own GPU
+memory is the memory NVML attributes to the processes of the run's PID tree.
 """
 
 from __future__ import annotations
@@ -13,9 +14,20 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from gpuscale.runs import sample_fields
 from gpuscale.runs.devices import nvml_available, visible_gpu_indices
 
 MB = 1024 * 1024
+
+# How NVML gives each declared sample field that is one query (through `_safe`: a card may not report
+# it). The memory fields come from `_gpu_row`'s memory and process queries, read once for all three.
+NVML_READS = {
+    "util": lambda nvml, handle: nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+    "power_w": lambda nvml, handle: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+    "temp_c": lambda nvml, handle: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+    "sm_clock_mhz": lambda nvml, handle: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+}
+MEMORY_FIELDS = ("mem_used_mb", "mem_total_mb", "run_mem_mb")
 
 
 def list_gpus() -> list[dict]:
@@ -106,15 +118,11 @@ class GpuSampler:
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         procs = _safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), [])
         run_mem = sum((p.usedGpuMemory or 0) for p in procs if p.pid in run_pids)
-        return {
-            "run_id": self.run_id, "t": now, "kind": "gpu", "idx": index, "name": name,
-            "mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB,
-            "util": _safe(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-            "power_w": _safe(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
-            "temp_c": _safe(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
-            "sm_clock_mhz": _safe(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-            "run_mem_mb": run_mem / MB,
-        }
+        measured = {"mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB, "run_mem_mb": run_mem / MB}
+        for field_name in sample_fields.field_names():
+            if field_name in NVML_READS:
+                measured[field_name] = _safe(lambda read=NVML_READS[field_name]: read(nvml, handle))
+        return {"run_id": self.run_id, "t": now, "kind": "gpu", "idx": index, "name": name, **measured}
 
 
 @dataclass

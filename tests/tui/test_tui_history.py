@@ -177,8 +177,9 @@ def test_a_device_row_updated_before_it_mounted_shows_the_newer_view():
     from textual.app import App
 
     def gpu(used_mb: float) -> DeviceView:
-        return DeviceView(key="gpu0", kind="gpu", label="GPU 0", mem_used_mb=used_mb, mem_total_mb=81_559.0,
-                          util=90.0, power_w=300.0, temp_c=60.0, run_mem_mb=used_mb, util_series=(90.0,),
+        values = {"mem_used_mb": used_mb, "mem_total_mb": 81_559.0, "util": 90.0, "power_w": 300.0,
+                  "temp_c": 60.0, "run_mem_mb": used_mb}
+        return DeviceView(key="gpu0", kind="gpu", label="GPU 0", values=values, util_series=(90.0,),
                           mem_series=(used_mb,))
 
     async def scenario():

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuscale.app.views.runs import PREFERRED_FIGURES
 from gpuscale.app.views.text import format_mib, memory_text, short_gpu_name
+from gpuscale.runs import sample_fields
 from gpuscale.runs.metrics_tail import RUN_WIDE_RANK
 from gpuscale.runs.store import Store
 
@@ -31,7 +32,6 @@ LIVE_LAG_S = 2.0
 
 COUNT_NAMES = ("tokens", "samples")
 NOT_FIGURES = set(COUNT_NAMES) | {"total"}
-SAMPLE_FIELDS = ("mem_used_mb", "mem_total_mb", "util", "power_w", "temp_c", "run_mem_mb")
 
 
 def device_key(kind: str, idx: int) -> str:
@@ -80,12 +80,13 @@ class RunFeed:
         self._forget_before(since)
         return bool(samples or metrics)
 
-    def _add_samples(self, rows: Iterable[tuple]) -> None:
-        for kind, idx, name, bucket, t, *values in rows:
-            key = device_key(kind, idx)
-            self.device_names[key] = name or key
-            sample = {"kind": kind, "idx": idx, "name": name, "t": t, **dict(zip(SAMPLE_FIELDS, values, strict=True))}
-            self.devices.setdefault(key, {})[bucket] = sample  # a later sample of the same bucket wins
+    def _add_samples(self, rows: Iterable[dict]) -> None:
+        """Rows as `Store.sample_buckets` gives them: kind, idx, name, t and every declared field, by name."""
+        for row in rows:
+            key = device_key(row["kind"], row["idx"])
+            self.device_names[key] = row["name"] or key
+            sample = {name: value for name, value in row.items() if name != "bucket"}
+            self.devices.setdefault(key, {})[row["bucket"]] = sample  # a later sample of the same bucket wins
 
     def _add_metrics(self, rows: Iterable[tuple]) -> None:
         for name, rank, bucket, total, count, first_t in rows:
@@ -145,32 +146,45 @@ class DeviceView:
     key: str
     kind: str
     label: str
-    mem_used_mb: float | None
-    mem_total_mb: float | None
-    util: float | None
-    power_w: float | None
-    temp_c: float | None
-    run_mem_mb: float | None
+    values: Mapping[str, float | None]  # the latest sample: every declared sample field, by name
     util_series: tuple[float, ...]
     mem_series: tuple[float, ...]
 
     @property
+    def mem_used_mb(self) -> float | None:
+        """What the memory bar fills: a rank's own RSS, a GPU's or the host's memory in use."""
+        return self.values.get("run_mem_mb" if self.kind == "rank" else "mem_used_mb")
+
+    @property
+    def mem_total_mb(self) -> float | None:
+        return self.values.get("mem_total_mb")
+
+    @property
     def mem_text(self) -> str:
         if self.kind == "rank":
-            return f"RSS {format_mib(self.run_mem_mb)}"
+            return f"RSS {format_mib(self.mem_used_mb)}"
         return memory_text(self.mem_used_mb, self.mem_total_mb)
 
     @property
     def detail_text(self) -> str:
-        """Utilization, power and temperature where the device has them."""
-        parts = []
-        if self.util is not None:
-            parts.append(f"{self.util:3.0f}%")
-        if self.power_w is not None:
-            parts.append(f"{self.power_w:4.0f} W")
-        if self.temp_c is not None:
-            parts.append(f"{self.temp_c:3.0f}°C")
-        return " ".join(parts)
+        """The fields declared `shown="detail"` (utilization, power, temperature) the device has."""
+        return self._shown_text("detail")
+
+    @property
+    def wide_text(self) -> str:
+        """The fields declared `shown="wide"` (the SM clock), drawn where the terminal has room."""
+        return self._shown_text("wide")
+
+    @property
+    def fields_text(self) -> str:
+        """Every field the device row draws, each with its label and unit ("SM clock 1980 MHz"): the
+        row's tooltip, which also tells a narrow terminal what its row leaves out."""
+        return " · ".join(f"{f.label} {self.values[f.name]:.0f} {f.unit}" for f in sample_fields.SAMPLE_FIELDS
+                          if f.shown in ("detail", "wide") and self.values.get(f.name) is not None)
+
+    def _shown_text(self, shown: str) -> str:
+        return " ".join(f.format(self.values[f.name]) for f in sample_fields.SAMPLE_FIELDS
+                        if f.shown == shown and self.values.get(f.name) is not None)
 
 
 def device_label(sample: dict) -> str:
@@ -195,9 +209,7 @@ def device_views(feed: RunFeed, now: float, window_s: float) -> list[DeviceView]
         views.append(
             DeviceView(
                 key=key, kind=latest["kind"], label=device_label(latest),
-                mem_used_mb=latest["run_mem_mb"] if latest["kind"] == "rank" else latest["mem_used_mb"],
-                mem_total_mb=latest["mem_total_mb"], util=latest["util"], power_w=latest["power_w"],
-                temp_c=latest["temp_c"], run_mem_mb=latest["run_mem_mb"],
+                values={name: latest.get(name) for name in sample_fields.field_names()},
                 util_series=tuple(s["util"] or 0.0 for s in window if s["util"] is not None),
                 mem_series=memory,
             )

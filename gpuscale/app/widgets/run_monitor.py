@@ -68,7 +68,9 @@ class MonitorView:
 
 
 class DeviceRow(Horizontal):
-    """`GPU 0 H100 80GB  [bar]  45.1/79.6 GiB 57%   98%  312 W  61°C  ▁▂▅▇█`."""
+    """`GPU 0 H100 80GB  [bar]  45.1/79.6 GiB 57%   98%  312 W  61°C 1980 MHz  ▁▂▅▇█`: the fields that
+    `runs/sample_fields.py` declares shown, the `wide` ones (the SM clock) only in a terminal of 100
+    columns or more (the CSS hides `.device-wide` below), every one of them in the detail's tooltip."""
 
     def __init__(self, view: DeviceView, **kwargs):
         super().__init__(classes="device-row", **kwargs)
@@ -80,6 +82,7 @@ class DeviceRow(Horizontal):
         yield ProgressBar(total=BAR_STEPS, show_eta=False, show_percentage=False, classes="device-bar")
         yield PlainLabel("", classes="device-mem")
         yield PlainLabel("", classes="device-detail")
+        yield PlainLabel("", classes="device-wide")
         relative = self.view.kind == "rank"  # RSS has no natural ceiling: scale to its own range
         yield GaugeSparkline(lo=None if relative else 0.0, hi=None if relative else 100.0, classes="device-spark")
 
@@ -88,6 +91,7 @@ class DeviceRow(Horizontal):
         self._bar = self.query_one(".device-bar", ProgressBar)
         self._mem = self.query_one(".device-mem", Label)
         self._detail = self.query_one(".device-detail", Label)
+        self._wide = self.query_one(".device-wide", Label)
         self._spark = self.query_one(".device-spark", GaugeSparkline)
         self.show(self.view)
 
@@ -103,6 +107,10 @@ class DeviceRow(Horizontal):
             self._bar.update(progress=steps)
         set_text(self._mem, view.mem_text, fixed_size=True)
         set_text(self._detail, view.detail_text, fixed_size=True)
+        set_text(self._wide, view.wide_text, fixed_size=True)
+        tooltip = view.fields_text or None
+        if self._detail.tooltip != tooltip:  # only when it changed: a new tooltip is redrawn if shown
+            self._detail.tooltip = tooltip
         series = list(view.mem_series if view.kind == "rank" else view.util_series)
         if series != self._spark.data:
             self._spark.data = series

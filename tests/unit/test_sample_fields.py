@@ -1,0 +1,141 @@
+"""The GPU sample fields, declared once (gpuscale/runs/sample_fields.py): a field added there reaches the
+sampler, the store's columns and the monitor's device rows by its name; a history made before it opens
+with nothing lost; a bad declaration says which field and why."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from gpuscale.app.views import feed as feeds
+from gpuscale.runs import sample_fields, telemetry
+from gpuscale.runs.sample_fields import SampleField
+from gpuscale.runs.store import SCHEMA_VERSION, Store
+
+NOW = 1_000_000.0
+OLD_SCHEMA = Path(__file__).parent / "data" / "runs_db_v4.sql"
+FAN = SampleField("fan_pct", float, "fan", "%", shown="detail", text="fan {:3.0f}%")
+MB = 1024 * 1024
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_nvml(fan_speed: float = 55.0) -> types.ModuleType:
+    """What GpuSampler asks of pynvml, for one H100 that reports no power (as some boards do)."""
+    nvml = types.ModuleType("pynvml")
+    nvml.NVML_TEMPERATURE_GPU, nvml.NVML_CLOCK_SM = 0, 1
+
+    def no_power(handle):
+        raise NVMLError("Not Supported")
+
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: f"handle{index}"
+    nvml.nvmlDeviceGetName = lambda handle: b"NVIDIA H100 80GB HBM3"
+    nvml.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(used=40_000 * MB, total=80_000 * MB)
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: [types.SimpleNamespace(pid=os.getpid(),
+                                                                                       usedGpuMemory=30_000 * MB)]
+    nvml.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=93)
+    nvml.nvmlDeviceGetPowerUsage = no_power
+    nvml.nvmlDeviceGetTemperature = lambda handle, sensor: 61
+    nvml.nvmlDeviceGetClockInfo = lambda handle, clock: 1980 if clock == nvml.NVML_CLOCK_SM else 0
+    nvml.nvmlDeviceGetFanSpeed = lambda handle: fan_speed
+    return nvml
+
+
+@pytest.fixture
+def with_fan(monkeypatch):
+    """`fan_pct` declared, and read from NVML: the two lines a newcomer writes for a new field."""
+    monkeypatch.setattr(sample_fields, "SAMPLE_FIELDS", (*sample_fields.SAMPLE_FIELDS, FAN))
+    monkeypatch.setitem(telemetry.NVML_READS, "fan_pct", lambda nvml, handle: nvml.nvmlDeviceGetFanSpeed(handle))
+
+
+def device_view(store: Store, run_id: int) -> feeds.DeviceView:
+    feed = feeds.RunFeed(run_id)
+    feed.poll(store, NOW)
+    (view,) = feeds.device_views(feed, NOW, window_s=60)
+    return view
+
+
+def test_a_declared_field_flows_from_the_sampler_to_the_store_and_the_device_row(with_fan, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
+    (row,) = telemetry.GpuSampler(run_id=1, indices=[0], root_pid=os.getpid()).sample(now=NOW - 0.5)
+    assert row["fan_pct"] == 55.0 and row["sm_clock_mhz"] == 1980 and row["power_w"] is None
+    assert row["run_mem_mb"] == 30_000.0
+
+    store = Store(tmp_path)
+    assert "fan_pct" in store.db["samples"].columns_dict  # created from the declaration
+    run_id = store.create_run("probe", {}, [], "host")
+    store.add_rows([], [{**row, "run_id": run_id}])
+    assert store.samples(run_id)[0]["fan_pct"] == 55.0
+    (bucket,) = store.sample_buckets(run_id, 1.0, store.last_rowids()[0], since=0.0)
+    assert bucket["fan_pct"] == 55.0 and bucket["sm_clock_mhz"] == 1980.0  # by name, not by place
+
+    view = device_view(store, run_id)
+    assert view.values["fan_pct"] == 55.0
+    assert view.detail_text == " 93%  61°C fan  55%"  # no power on this board: left out, not "None W"
+    assert view.wide_text == "1980 MHz"
+    assert view.fields_text == "utilization 93 % · temperature 61 °C · SM clock 1980 MHz · fan 55 %"
+
+
+def test_every_declared_field_is_measured_by_the_gpu_sampler():
+    """A field declared without a way to read it would be a column that stays empty."""
+    assert set(telemetry.NVML_READS) | set(telemetry.MEMORY_FIELDS) == set(sample_fields.field_names())
+
+
+def old_history(home: Path) -> int:
+    """A runs.db made by the schema before the declaration, holding one run and one GPU sample."""
+    home.mkdir()
+    conn = sqlite3.connect(home / "runs.db")
+    conn.executescript(OLD_SCHEMA.read_text())
+    conn.execute("INSERT INTO runs (id, recipe, status, settings, summary, created_at, command, host) "
+                 "VALUES (7, 'probe', 'succeeded', '{}', '{}', 1.0, '[]', 'host')")
+    conn.execute("INSERT INTO samples VALUES (7, ?, 'gpu', 0, 'NVIDIA H100 80GB HBM3', 40000.0, 80000.0, 93.0, "
+                 "300.0, 61.0, 1755.0, 30000.0)", [NOW - 3.5])
+    conn.commit()
+    conn.close()
+    return 7
+
+
+def test_a_history_made_before_the_declaration_opens_with_nothing_lost(with_fan, tmp_path):
+    run_id = old_history(tmp_path / "home")
+    # Read-only first (a shared copy of someone's runs): no column can be added, the new field reads None.
+    reader = Store(tmp_path / "home", read_only=True)
+    (bucket,) = reader.sample_buckets(run_id, 1.0, reader.last_rowids()[0], since=0.0)
+    assert bucket["fan_pct"] is None and bucket["sm_clock_mhz"] == 1755.0
+    reader.close()
+
+    store = Store(tmp_path / "home")
+    assert "fan_pct" in store.db["samples"].columns_dict
+    assert store.db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    (old,) = store.samples(run_id)
+    assert old["fan_pct"] is None and (old["util"], old["power_w"], old["sm_clock_mhz"]) == (93.0, 300.0, 1755.0)
+    assert store.get_run(run_id)["status"] == "succeeded"
+    view = device_view(store, run_id)
+    assert view.detail_text == " 93%  300 W  61°C" and view.wide_text == "1755 MHz"
+
+    store.add_rows([], [{"run_id": run_id, "t": NOW - 1.5, "kind": "gpu", "idx": 0, "name": "NVIDIA H100 80GB HBM3",
+                         "mem_total_mb": 80_000.0, "fan_pct": 40.0}])
+    assert [s["fan_pct"] for s in store.samples(run_id)] == [None, 40.0]
+    store.close()
+    assert Store(tmp_path / "home").samples(run_id)[0]["sm_clock_mhz"] == 1755.0  # a second open adds nothing
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"name": "fan pct"}, "sample field 'fan pct': name = 'fan pct': must be a lower-case identifier"),
+    ({"sql_type": bytes}, "sample field 'fan_pct': sql_type = <class 'bytes'>: must be one of float, int, str"),
+    ({"bucket": "sum"}, "sample field 'fan_pct': bucket = 'sum': must be one of avg, max"),
+    ({"shown": "row"}, "sample field 'fan_pct': shown = 'row': must be one of 'memory', 'detail', 'wide', ''"),
+    ({"text": ""}, "sample field 'fan_pct': text = '': must be a format where it is shown"),
+])
+def test_a_bad_declaration_names_the_field_the_value_and_the_reason(changes, message):
+    declared = {"name": "fan_pct", "sql_type": float, "label": "fan", "unit": "%", "shown": "detail",
+                "text": "{:3.0f}%", **changes}
+    with pytest.raises(ValueError) as caught:
+        SampleField(**declared)
+    assert str(caught.value) == message
