@@ -75,7 +75,8 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
 
     from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.distributed import RankContext, resolve_dtype
-    from gpuscale.recipes.device_trials import device_memory_bytes, measured, run_ranks
+    from gpuscale.recipes.device_trials import device_memory_bytes, measured
+    from gpuscale.recipes.rank_batches import run_ranks
 
     torch_device = torch.device(device.torch_name)
     limit = args.memory_cap * device_memory_bytes(torch_device)

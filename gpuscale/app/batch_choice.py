@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuscale.app.views.text import format_number
 from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.device_trials import CPU_DEVICE_NAME, Device, tuning_key
+from gpuscale.recipes.tuning_key import CPU_DEVICE_NAME, Device, tuning_key
 from gpuscale.runs import telemetry
 from gpuscale.runs.launch import plan_devices
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings, resolved_precision

@@ -7,15 +7,14 @@ peak resident memory (VmHWM, reset before each trial through /proc/self/clear_re
 `memory_cap` of the card's memory or of the host's RAM. An out-of-memory error is a failed trial,
 not the end of the tuning.
 
-`tuning_key(...)` is what a stored result is found by: recipe, model, device name, precision and
-the recipe's shape-changing settings. Nothing here imports torch at module level (the TUI reads
-stored results through it).
+What a result is stored by (`tuning_key`, `Device`) is recipes/tuning_key.py; how many ranks a run
+starts and a rank's micro-batches are recipes/rank_batches.py. Nothing here imports torch at module
+level: the recipes' light modules import `timed_steps` and `out_of_memory_names` from here.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,48 +31,9 @@ from gpuscale.engines.batch_search import (
     search_batch_size,
 )
 from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.rank_batches import run_ranks
+from gpuscale.recipes.tuning_key import Device, TuningKey, tuning_key
 from gpuscale.runs.settings import RunSettings, SettingsError
-
-CPU_DEVICE_NAME = "cpu"
-
-
-@dataclass(frozen=True)
-class TuningKey:
-    recipe: str
-    model: str
-    device: str  # the GPU's name (NVML's), or "cpu"
-    precision: str  # resolved: bf16, fp16 or fp32
-    shape: str  # JSON of the recipe's shape-changing settings, keys sorted
-
-    def as_dict(self) -> dict:
-        return {"recipe": self.recipe, "model": self.model, "device": self.device, "precision": self.precision,
-                "shape": self.shape}
-
-
-def tuning_key(recipe: Recipe, settings: RunSettings, device_name: str, precision: str) -> TuningKey:
-    if recipe.tuning is None:
-        raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
-    shape = {name: getattr(settings, name) for name in recipe.tuning.shape_settings}
-    return TuningKey(recipe.name, settings.model, device_name, precision, json.dumps(shape, sort_keys=True))
-
-
-# ---- the device --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where trials run: `index` None is the CPU."""
-
-    index: int | None
-    name: str
-    compute_capability: tuple[int, int] | None
-
-    @property
-    def torch_name(self) -> str:
-        return "cpu" if self.index is None else f"cuda:{self.index}"
-
-
-# ---- running the trials --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -84,32 +44,6 @@ class TuneOutcome:
     memory_cap: float
     seconds: float
     compile: bool = False
-
-
-def run_ranks(settings: RunSettings) -> int:
-    """How many ranks a run of these settings starts on this machine (1 where its `gpus` cannot be
-    planned here): a rank's share of the work, and of a training recipe's global batch, depends on it."""
-    from gpuscale.runs.devices import plan_devices
-
-    try:
-        return plan_devices(settings.gpus).nproc * settings.nnodes
-    except SettingsError:
-        return 1
-
-
-def micro_batches(rank_batch: int, most_accumulation: int | None = None) -> list[int]:
-    """The micro-batches a training recipe may run for `rank_batch` rows per optimizer step on a rank:
-    the divisors of it (gradient accumulation = rank_batch // micro-batch keeps the step's batch), with
-    at most `most_accumulation` micro-batches per step."""
-    return [d for d in range(1, rank_batch + 1)
-            if rank_batch % d == 0 and (most_accumulation is None or rank_batch // d <= most_accumulation)]
-
-
-def micro_batch_within(rank_batch: int, wanted: int, most_accumulation: int | None = None) -> int:
-    """The largest allowed micro-batch up to `wanted` (a tuned batch found for another share of the
-    global batch need not divide this one), else the smallest allowed."""
-    allowed = micro_batches(rank_batch, most_accumulation) or [rank_batch]
-    return max((d for d in allowed if d <= wanted), default=allowed[0])
 
 
 def default_max_batch(recipe: Recipe, settings: RunSettings, ranks: int | None = None) -> int:

@@ -17,7 +17,8 @@ from gpuscale.data.precision import AUTO_RULE, PRECISIONS, device_precision, res
 from gpuscale.engines import distributed
 from gpuscale.engines.batch_search import Trial
 from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.recipes.device_trials import Device, tune_recipe
+from gpuscale.recipes.device_trials import tune_recipe
+from gpuscale.recipes.tuning_key import Device
 from gpuscale.runs import settings as run_settings
 from gpuscale.runs.settings import RunSettings
 

@@ -183,7 +183,7 @@ class GrpoMtl(Recipe):
         return trial_session(settings, ctx)
 
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
-        from gpuscale.recipes.device_trials import micro_batches
+        from gpuscale.recipes.rank_batches import micro_batches
 
         return micro_batches(rank_share(settings, ranks))
 
@@ -191,7 +191,7 @@ class GrpoMtl(Recipe):
         return rank_share(settings, ranks)
 
     def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
-        from gpuscale.recipes.device_trials import micro_batch_within, run_ranks
+        from gpuscale.recipes.rank_batches import micro_batch_within, run_ranks
 
         micro = micro_batch_within(rank_share(settings, run_ranks(settings)), batch_size)
         return settings.model_copy(update={"batch_size": micro})

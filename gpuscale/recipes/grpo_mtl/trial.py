@@ -12,8 +12,8 @@ ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of disti
 
 
 def trial_session(settings: Settings, ctx):
-    from gpuscale.recipes.device_trials import run_ranks
     from gpuscale.recipes.grpo_mtl import rank_share
+    from gpuscale.recipes.rank_batches import run_ranks
 
     share = rank_share(settings, run_ranks(settings))
 

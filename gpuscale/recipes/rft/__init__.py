@@ -103,7 +103,7 @@ def check_questions_per_rank(settings: Settings) -> None:
     held-out ones left out: a JSONL file's first eval_examples rows, and with eval_split=validation
     the validation rows)."""
     from gpuscale.recipes.data_checks import require_training_examples, training_count
-    from gpuscale.recipes.device_trials import run_ranks
+    from gpuscale.recipes.rank_batches import run_ranks
     from gpuscale.recipes.training import training_and_eval_examples
 
     ranks = run_ranks(settings)

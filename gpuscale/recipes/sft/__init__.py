@@ -90,7 +90,7 @@ class SFT(Recipe):
         return trial_session(settings, ctx)
 
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
-        from gpuscale.recipes.device_trials import micro_batches
+        from gpuscale.recipes.rank_batches import micro_batches
 
         return micro_batches(settings.rank_batch, MOST_ACCUMULATION)
 
@@ -98,7 +98,7 @@ class SFT(Recipe):
         return settings.rank_batch
 
     def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
-        from gpuscale.recipes.device_trials import micro_batch_within
+        from gpuscale.recipes.rank_batches import micro_batch_within
 
         micro = micro_batch_within(settings.rank_batch, batch_size, MOST_ACCUMULATION)
         return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": settings.rank_batch // micro})

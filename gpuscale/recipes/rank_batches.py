@@ -1,0 +1,34 @@
+"""A rank's share of a run's batch, before anything runs: how many ranks a run of these settings starts
+here (`run_ranks`) and which micro-batches a training recipe may run for a rank's rows per optimizer
+step (`micro_batches`, `micro_batch_within`). No torch (the device plan is runs/devices.py's): the
+recipes' tuning hooks call it in the front end's process, the trials and the ranks in theirs."""
+
+from __future__ import annotations
+
+from gpuscale.runs.settings import RunSettings, SettingsError
+
+
+def run_ranks(settings: RunSettings) -> int:
+    """How many ranks a run of these settings starts on this machine (1 where its `gpus` cannot be
+    planned here): a rank's share of the work, and of a training recipe's global batch, depends on it."""
+    from gpuscale.runs.devices import plan_devices
+
+    try:
+        return plan_devices(settings.gpus).nproc * settings.nnodes
+    except SettingsError:
+        return 1
+
+
+def micro_batches(rank_batch: int, most_accumulation: int | None = None) -> list[int]:
+    """The micro-batches a training recipe may run for `rank_batch` rows per optimizer step on a rank:
+    the divisors of it (gradient accumulation = rank_batch // micro-batch keeps the step's batch), with
+    at most `most_accumulation` micro-batches per step."""
+    return [d for d in range(1, rank_batch + 1)
+            if rank_batch % d == 0 and (most_accumulation is None or rank_batch // d <= most_accumulation)]
+
+
+def micro_batch_within(rank_batch: int, wanted: int, most_accumulation: int | None = None) -> int:
+    """The largest allowed micro-batch up to `wanted` (a tuned batch found for another share of the
+    global batch need not divide this one), else the smallest allowed."""
+    allowed = micro_batches(rank_batch, most_accumulation) or [rank_batch]
+    return max((d for d in allowed if d <= wanted), default=allowed[0])
