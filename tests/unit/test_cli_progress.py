@@ -14,7 +14,7 @@ import psutil
 import pytest
 from rich.cells import cell_len
 
-from gpuscale.app import cli
+from gpuscale.app.commands import launching
 from gpuscale.runs.store import Store
 
 ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -52,7 +52,7 @@ def test_the_progress_line_never_exceeds_the_terminal(home, monkeypatch, columns
     finisher = threading.Thread(target=finish_later)
     finisher.start()
     try:
-        assert cli.follow_run(store, run_id) == 0
+        assert launching.follow_run(store, run_id) == 0
     finally:
         finisher.join()
         signal.signal(signal.SIGINT, handlers[0])
@@ -86,7 +86,7 @@ def test_a_collapse_is_shown_in_the_progress_line_and_once_whole(home, monkeypat
     finisher = threading.Thread(target=finish_later)
     finisher.start()
     try:
-        cli.follow_run(store, run_id)
+        launching.follow_run(store, run_id)
     finally:
         finisher.join()
         signal.signal(signal.SIGINT, handlers[0])

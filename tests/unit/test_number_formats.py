@@ -49,11 +49,12 @@ def test_show_prints_figures_one_way(home):
 
 def test_future_warnings_stay_off_the_terminal(home):
     """A library's FutureWarning raised while a command runs (here: `recipes`, wrapped to raise one)."""
-    code = ("import sys, warnings; from gpuscale.app import cli; real = cli.cmd_recipes\n"
+    code = ("import sys, warnings; from gpuscale.app import cli; from gpuscale.app.commands import listings\n"
+            "real = listings.cmd_recipes\n"
             "def noisy(args):\n"
             "    warnings.warn('`x` is deprecated', FutureWarning)\n"
             "    return real(args)\n"
-            "cli.cmd_recipes = noisy; sys.exit(cli.main(['recipes']))")
+            "listings.cmd_recipes = noisy; sys.exit(cli.main(['recipes']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "probe" in result.stdout
     assert "FutureWarning" not in result.stderr and "deprecated" not in result.stderr, result.stderr

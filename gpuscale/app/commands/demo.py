@@ -15,6 +15,15 @@ import os
 import sys
 import time
 
+from gpuscale.app.commands.common import BadInput
+from gpuscale.app.commands.history import cmd_compare
+from gpuscale.app.commands.launching import follow_run
+from gpuscale.app.views.text import format_number
+from gpuscale.recipes.registry import get_recipe
+from gpuscale.runs import launch
+from gpuscale.runs.settings import resolve_settings
+from gpuscale.runs.store import Store
+
 DEMO_PROBLEMS = 200
 # Long enough for tiny-math's worked answers, short enough for a laptop CPU.
 DEMO_SETTINGS = {"dataset": "tiny-math", "model": "tiny-math", "max_new_tokens": 96, "blocks": 4}
@@ -33,13 +42,6 @@ def add_demo_parser(sub) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from gpuscale.app.cli import BadInput, cmd_compare, follow_run
-    from gpuscale.app.views.text import format_number
-    from gpuscale.recipes.registry import get_recipe
-    from gpuscale.runs import launch
-    from gpuscale.runs.settings import resolve_settings
-    from gpuscale.runs.store import Store
-
     if args.problems < 1:
         raise BadInput(f"problems: {args.problems}: at least 1")
     recipe = get_recipe("power-sampling")
@@ -77,3 +79,6 @@ def default_gpus(launch) -> str | int:
     if launch.plan_devices("all").on_gpu:
         return "all"
     return min(2, os.cpu_count() or 1)
+
+
+PARSERS = {"demo": add_demo_parser}

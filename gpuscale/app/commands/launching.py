@@ -1,0 +1,229 @@
+"""`gpuscale run`, `resume` and `sbatch`: starting runs, and following one until it ends."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from gpuscale.app.commands.common import (
+    ID_HELP,
+    BadInput,
+    add_setting_options,
+    checked_label,
+    open_store,
+    overrides_from_args,
+    public_run,
+)
+from gpuscale.app.views.collapse import run_collapse_warnings
+from gpuscale.app.views.runs import figure_text, progress_line
+from gpuscale.recipes.registry import get_recipe
+from gpuscale.runs import launch
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
+from gpuscale.runs.store import Store
+
+
+def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:
+    add_setting_options(parser, recipe_required)
+    parser.add_argument("--batch-size", type=str,
+                        help="the recipe's batch_size, per rank (what it counts differs: rows, questions, "
+                             "sequences per micro-batch...; see its settings' help, or `gpuscale recipes --json`): "
+                             "a number, or auto (a stored `gpuscale tune` result, else tune first on a GPU; the CPU "
+                             "default on CPU)")
+    parser.add_argument("--nnodes", help="nodes in a multi-node job")
+    parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
+    parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")
+    parser.add_argument("--label", help="a name for the run, shown by `gpuscale runs` and usable where its id is")
+
+
+def add_follow_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--detach", action="store_true", help="print the run id and return at once")
+    parser.add_argument("--json", action="store_true", help="print the finished run as JSON")
+
+
+def run_settings_from_args(args: argparse.Namespace):
+    """As settings_from_args, with `batch_size` resolved where it says `auto` (a stored tuning result,
+    or `gpuscale tune` first on a GPU; app/batch_choice.py); also the notes recorded with the run."""
+    from gpuscale.app.batch_choice import settings_with_batch
+
+    recipe = get_recipe(args.recipe)
+    merged = merge_layers(recipe.settings_cls, preset=args.preset, overrides=overrides_from_args(args))
+    settings, notes = settings_with_batch(recipe, merged)
+    return recipe, settings, notes
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    label = checked_label(args.label)
+    recipe, settings, notes = run_settings_from_args(args)
+    plan = launch.plan_devices(settings.gpus)
+    store = Store()
+    run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label)
+    say_questions_left_out(store.get_run(run_id))
+    if args.detach:
+        print(json.dumps({"id": run_id}) if args.json else run_id)
+        return 0
+    print(f"run {run_id}: {recipe.name} on {plan.describe()}; Ctrl-C stops it, a closed terminal does not "
+          f"(gpuscale logs {run_id} --follow)", file=sys.stderr)
+    return follow_run(store, run_id, as_json=args.json)
+
+
+def say_questions_left_out(run: dict) -> None:
+    """too_long=skip: how many questions the run leaves out as too long for the model's context."""
+    settings = run["settings"] or {}
+    if settings.get("questions_too_long"):
+        print(f"run {run['id']}: {settings['questions_too_long']} question(s) longer than the model's context left "
+              f"out (too_long=skip), the first at {settings['questions_too_long_first']}", file=sys.stderr)
+
+
+def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
+    """Show a live progress line until the run ends. SIGINT/SIGTERM here stop the run."""
+    stop = {"asked": False}
+
+    def ask_stop(*_):
+        stop["asked"] = True
+
+    signal.signal(signal.SIGINT, ask_stop)
+    signal.signal(signal.SIGTERM, ask_stop)
+    terminal = Console(file=sys.stderr)  # its width follows the terminal (and COLUMNS)
+    interactive = terminal.is_terminal
+    last_print = 0.0
+    said: set[str] = set()  # warnings already printed whole on a line of their own
+    while True:
+        if stop["asked"]:
+            print(f"\nstopping run {run_id} ...", file=sys.stderr)
+            launch.stop_run(store, run_id)
+        launch.reconcile(store)
+        run = store.get_run(run_id)
+        if run["status"] not in ("queued", "running"):
+            break
+        now = time.monotonic()
+        warnings = run_collapse_warnings(store, run)
+        if interactive:
+            for warning in warnings:  # once each, whole: the redrawn line may be cut to the width
+                if warning not in said:
+                    print(f"\r\033[K! {warning}", file=sys.stderr, flush=True)
+                    said.add(warning)
+            line = fit_to_width(progress_line(run, time.time(), warnings), terminal.width)
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+        elif now - last_print >= 10:
+            print(progress_line(run, time.time(), warnings), file=sys.stderr, flush=True)
+            last_print = now
+        time.sleep(0.5)
+    if interactive:
+        print(file=sys.stderr)
+    report_end(run, as_json, run_collapse_warnings(store, run))
+    return 0 if run["status"] == "succeeded" else 1
+
+
+def fit_to_width(line: str, width: int) -> str:
+    """`line` cut with an ellipsis to less than `width` cells. A redrawn line must never wrap: `\r`
+    returns to the start of the last row only, so each redraw would leave the wrapped part behind.
+    One cell is kept free because a line that fills the row puts some terminals in a pending wrap."""
+    text = Text(line)
+    text.truncate(max(1, width - 1), overflow="ellipsis")
+    return text.plain
+
+
+def report_end(run: dict, as_json: bool, warnings: list[str] = ()) -> None:
+    if as_json:
+        print(json.dumps(public_run(run), indent=2))
+        return
+    print(progress_line(run, time.time(), warnings), file=sys.stderr)
+    if run["error"]:
+        print(f"error: {run['error']}", file=sys.stderr)
+    if run["hint"]:
+        print(f"hint: {run['hint']}", file=sys.stderr)
+    summary = run["summary"] or {}
+    for name, value in summary.items():
+        print(f"  {name}: {figure_text(name, value)}")
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """A stopped, failed or lost run continued from its last checkpoint, as a new run naming it."""
+    store = open_store(write=True)
+    parent = store.find_run(args.id)
+    recipe = get_recipe(parent["recipe"])
+    overrides = parse_assignments(args.assignments)
+    if args.gpus is not None:
+        overrides["gpus"] = args.gpus
+    label = {} if args.label is None else {"label": checked_label(args.label)}  # else the parent's
+    # Refused before anything starts: nothing to resume from, or (without --force) resumed already.
+    run_id = launch.resume_run(store, recipe, parent, overrides, force=args.force, **label)
+    if args.detach:
+        print(json.dumps({"id": run_id}) if args.json else run_id)
+        return 0
+    run = store.get_run(run_id)
+    plan = json.loads(RunDir(run["run_dir"]).plan.read_text())
+    where = launch.DevicePlan(plan["nproc"], tuple(plan["gpu_indices"])).describe()
+    print(f"run {run_id}: {recipe.name} resuming run {parent['id']} from {resumed_from(run, parent)} "
+          f"on {where}; Ctrl-C stops it (gpuscale logs {run_id} --follow)", file=sys.stderr)
+    return follow_run(store, run_id, as_json=args.json)
+
+
+def resumed_from(run: dict, parent: dict) -> str:
+    """What a resumed run continues from: its parent's checkpoint, and (rft) the answers it kept."""
+    settings = run["settings"] or {}
+    parts = [Path(settings["resume_from"]).name] if settings.get("resume_from") else []
+    if settings.get("data_from") and settings["data_from"] == parent.get("run_dir"):
+        parts.append("the answers it kept")
+    return " and ".join(parts)
+
+
+def cmd_sbatch(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise BadInput(f"nodes/gpus-per-node: {args.nodes}/{args.gpus_per_node}: both must be at least 1")
+    recipe = get_recipe(args.recipe)
+    overrides = parse_assignments(args.assignments)
+    # Validate now, with the values the nodes will use, so a bad setting fails here and not in the queue.
+    resolve_settings(recipe.settings_cls, preset=args.preset, overrides={
+        **overrides, "nnodes": args.nodes, "gpus": args.gpus_per_node, "rdzv_endpoint": f"head:{args.port}"})
+    run_args = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    if args.preset:
+        run_args += ["--preset", str(args.preset.resolve())]
+    print(launch.sbatch_script(recipe.name, args.nodes, args.gpus_per_node, run_args,
+                               time_limit=args.time, partition=args.partition, port=args.port), end="")
+    return 0
+
+
+def add_run_parser(sub) -> None:
+    p = sub.add_parser("run", help="start a run (follows it until it ends unless --detach)")
+    add_run_options(p)
+    add_follow_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def add_resume_parser(sub) -> None:
+    p = sub.add_parser("resume", help="continue a stopped, failed or lost run from its last checkpoint, as a new run")
+    p.add_argument("id", help=ID_HELP)
+    p.add_argument("--gpus", help="'all', a count, or indices like 0,3 (default: the run's own)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a setting of the run; repeatable")
+    p.add_argument("--force", action="store_true",
+                   help="resume a run that was resumed before, again from the same checkpoint")
+    p.add_argument("--label", help="a name for the new run (default: the run's own label)")
+    add_follow_options(p)
+    p.set_defaults(func=cmd_resume)
+
+
+def add_sbatch_parser(sub) -> None:
+    p = sub.add_parser("sbatch", help="print a SLURM batch script for a multi-node run")
+    p.add_argument("--recipe", required=True, help="recipe name (see `gpuscale recipes`)")
+    p.add_argument("--nodes", type=int, required=True, help="how many nodes")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
+    p.add_argument("--time", default="04:00:00", help="the job's time limit (default 04:00:00)")
+    p.add_argument("--partition", help="the SLURM partition")
+    p.add_argument("--port", type=int, default=29500, help="the rendezvous port on the head node (default 29500)")
+    p.add_argument("--preset", type=Path, help="TOML file of settings (below --set)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting of the recipe; repeatable")
+    p.set_defaults(func=cmd_sbatch)
+
+
+PARSERS = {"run": add_run_parser, "resume": add_resume_parser, "sbatch": add_sbatch_parser}
