@@ -6,7 +6,8 @@ A recipe is a subclass of `Recipe` that declares, as class attributes,
 - `summary`        one line for the recipe list;
 - `settings_cls`   its pydantic settings (a `RunSettings` subclass: the TUI builds its form from it);
 - `launcher`       "torchrun" or "accelerate" (TRL-based recipes), how its ranks are started;
-- `promised_figures`  the keys its run summary always holds (the contract test checks them);
+- `promised_figures`  the keys its run summary always holds, each a figure of the catalogue
+                   (data/figures.py: label, unit, direction; the contract test checks both);
 - `smoke_settings` the smallest settings that still exercise the whole recipe on the embedded
                    default on one CPU rank (the contract test runs them);
 
@@ -88,6 +89,16 @@ class Recipe(ABC):
     def rank_entry(self) -> list[str]:
         """The module and arguments that start one rank (settings file excluded)."""
         return ["-m", "gpuscale.recipes", "--recipe", self.name]
+
+    @classmethod
+    def uncatalogued_figures(cls) -> list[str]:
+        """The promised figures, and the tuning's throughput figure, that the catalogue
+        (data/figures.py) does not know: the contract test wants none, so that every view writes what
+        a recipe promises with its unit."""
+        from gpuscale.data.figures import is_catalogued
+
+        names = (*cls.promised_figures, *([cls.tuning.figure] if cls.tuning else []))
+        return [name for name in names if not is_catalogued(name)]
 
     def check(self, settings: RunSettings) -> None:
         """Refuse, before launch, what can be known to be bad (raise SettingsError, DataError or

@@ -12,8 +12,9 @@
   (engines/trl_bridge.py), train, free the optimizer, merge LoRA, cast to the rank's dtype, eval
   mode; it returns one `TrainedModel`. `train_sft` is the SFT phase built on it.
 - The end of a run: `held_out_evaluation` (greedy and temperature 1, per domain, figures named
-  `accuracy_<greedy|sampled>[_<domain>]_<before|after>`) and `save_then_evaluate` (the trained model
-  is saved before the final evaluation, so that a failure there never loses it).
+  `accuracy_<greedy|sampled>[_<domain>]_<before|after>` by data/figures.py's `accuracy_name`) and
+  `save_then_evaluate` (the trained model is saved before the final evaluation, so that a failure
+  there never loses it).
 
 No torch at import: the front ends read the settings classes, and eggroll uses the evaluation.
 """
@@ -27,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from gpuscale.data.figures import accuracy_name
 from gpuscale.runs.settings import RunSettings
 
 MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
@@ -421,7 +423,7 @@ def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, 
     figures: dict[str, float | None] = {}
     for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         if not examples:
-            figures[f"accuracy_{label}_{when}"] = None
+            figures[accuracy_name(label, "", when)] = None
             continue
         from gpuscale.recipes.common import held_out_accuracy
 
@@ -430,11 +432,6 @@ def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, 
         figures.update({accuracy_name(label, name.removeprefix("accuracy").lstrip("_"), when): value
                         for name, value in found.items()})
     return figures
-
-
-def accuracy_name(kind: str, domain: str, when: str) -> str:
-    """`accuracy_<greedy|sampled>[_<domain>]_<when>`: the one name of a held-out accuracy."""
-    return "_".join(part for part in ("accuracy", kind, domain, when) if part)
 
 
 def save_then_evaluate(trained: TrainedModel, tokenizer, ctx, settings, reporter, summary: dict,

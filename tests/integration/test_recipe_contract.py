@@ -38,6 +38,7 @@ def test_the_recipe_declares_what_the_contract_asks(name):
     assert recipe.summary and "\n" not in recipe.summary
     assert recipe.launcher in ("torchrun", "accelerate")
     assert recipe.promised_figures, "a recipe promises at least one summary figure"
+    assert not recipe.uncatalogued_figures(), f"{name}: promised figures not in data/figures.py's catalogue"
     # The smallest settings are valid settings of the recipe (refused before launch otherwise).
     resolve_settings(recipe.settings_cls, overrides=recipe.smoke_settings, environ={})
 

@@ -113,7 +113,7 @@ def test_history_shows_a_runs_figures_whole_and_exports_into_the_home(frozen_hom
             await pilot.press("f4")
             await settle_screen(pilot)
             # Whole figures, as many as leave the Started column on screen.
-            assert "accuracy 0.4583…" in screen_text(app), screen_text(app)
+            assert "accuracy 0.4583, tokens/s 1,234" in screen_text(app), screen_text(app)
             assert "Started" in screen_text(app)
             await pilot.press("e")  # the newest run, under the cursor
             await settle(pilot)

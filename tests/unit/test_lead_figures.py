@@ -28,8 +28,8 @@ def test_accuracy_and_reward_lead_and_old_names_are_accepted():
     assert key_figures(GRPO, limit=3) == ["accuracy 0.125 -> 0.5", "sampled accuracy 0.1 -> 0.375",
                                           "reward 0.05 -> 0.61"]
     assert key_figures(OLD_SFT) == ["accuracy 0.2 -> 0.3", "sampled accuracy 0.1 -> 0.25"]
-    assert key_figures({"accuracy_after": 0.3, "tokens_per_s": 900.0}) == ["tokens_per_s 900"]  # half a pair
-    assert key_figures(PROBE) == ["tokens_per_s 5,219", "samples_per_s 40"]  # a benchmark keeps its rates
+    assert key_figures({"accuracy_after": 0.3, "tokens_per_s": 900.0}) == ["tokens/s 900"]  # half a pair
+    assert key_figures(PROBE) == ["tokens/s 5,219", "samples/s 40"]  # a benchmark keeps its rates
 
 
 def test_runs_and_show_lead_with_them(home, capsys):
@@ -40,8 +40,8 @@ def test_runs_and_show_lead_with_them(home, capsys):
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "accuracy 0.125 -> 0.5, sampled accuracy 0.1 -> 0.375" in rows[str(grpo)]
     assert "accuracy 0.2 -> 0.3, sampled accuracy 0.1 -> 0.25" in rows[str(sft)]
-    assert "tokens_per_s 5,219, samples_per_s 40" in rows[str(probe)]
+    assert "tokens/s 5,219, samples/s 40" in rows[str(probe)]
     assert cli.main(["show", str(grpo)]) == 0
     shown = capsys.readouterr().out.splitlines()
     assert shown[1] == ("figures: accuracy 0.125 -> 0.5 · sampled accuracy 0.1 -> 0.375 · reward 0.05 -> 0.61 · "
-                        "tokens_per_s 2,783")
+                        "tokens/s 2,783")

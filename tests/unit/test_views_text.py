@@ -86,7 +86,7 @@ def test_status_and_throughput_lines():
     assert per_rank_text(live) == "tokens/s per rank (last 10 s): 2,110 2,100"
     assert per_rank_text({**run, "progress": {"tokens_per_s_by_rank": {"0": 5.0}}}) == ""
     latest = {"step_time_ms": 12.5, "loss": 1.25, "reward": 0.5}
-    assert figures_text({**run, "progress": {"latest": latest}}) == "reward 0.5 · loss 1.25 · step_time_ms 12.5"
+    assert figures_text({**run, "progress": {"latest": latest}}) == "reward 0.5 · loss 1.25 · step_time_ms 12.5 ms"
 
 
 def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
@@ -169,7 +169,7 @@ def test_stopping_and_stopped_runs_show_no_eta():
 
 def test_run_row_and_key_figures():
     assert run_row(finished_run(), NOW)[1:3] == ("probe", "succeeded")
-    assert run_row(finished_run(), NOW)[3:5] == ("1:40", "loss 0.6931, tokens_per_s 12,345")
+    assert run_row(finished_run(), NOW)[3:5] == ("1:40", "loss 0.6931, tokens/s 12,345")
     assert key_figures_text(finished_run(summary={"accuracy": 0.25, "reward": 1, "loss": 2.0}), limit=2) == \
         "accuracy 0.25, reward 1"
 
@@ -193,8 +193,11 @@ def test_compare_two_runs():
     assert result["settings"] == {"batch_size": [8, 16], "seed": [None, 1]}
     assert list(result["figures"]) == ["loss", "tokens_per_s"]  # numbers both runs have, no bools or texts
     assert result["same"] == {}
-    assert result["figures"]["tokens_per_s"] == {"a": 12345, "b": 24690, "delta": 12345}
+    assert result["figures"]["tokens_per_s"] == {"a": 12345, "b": 24690, "delta": 12345, "better": "b"}
+    assert result["figures"]["loss"]["better"] == "b"  # lower is better (data/figures.py)
     assert delta_text(12345, 12345) == "+12,345 (+100.0%)"
+    assert delta_text(12345, 12345, "b") == "+12,345 (+100.0%) better"
+    assert delta_text(-0.19, 0.69, "a") == "-0.19 (-27.5%) worse"
     assert delta_text(-0.25, 0.0) == "-0.25"  # no percentage of zero
 
 
@@ -311,7 +314,7 @@ def test_cli_runs_and_tui_history_show_the_same_row(tmp_path, monkeypatch, capsy
     assert header.split() == ["ID", "RECIPE", "STATUS", "DURATION", "FIGURES", "STARTED"]
     row = history_row(run, NOW, marked=False)
     assert [cell.strip() for cell in re.split(r"\s{2,}", line)] == list(row)  # the same cells, in the same order
-    assert row[4] == "loss 0.6931, tokens_per_s 12,345"  # not 12345 in one and 12,345 in the other
+    assert row[4] == "loss 0.6931, tokens/s 12,345"  # not 12345 in one and 12,345 in the other
 
 
 def test_cli_show_and_compare_use_the_views(tmp_path, monkeypatch, capsys):
@@ -321,7 +324,7 @@ def test_cli_show_and_compare_use_the_views(tmp_path, monkeypatch, capsys):
     store.update_run(b, settings={"batch_size": 16}, summary={"tokens_per_s": 24690})
     assert cli.main(["show", str(a)]) == 0
     shown = capsys.readouterr().out
-    assert shown.startswith(f"run {a} probe · succeeded · 1:40 elapsed") and "  tokens_per_s: 12,345" in shown
+    assert shown.startswith(f"run {a} probe · succeeded · 1:40 elapsed") and "  tokens_per_s: 12,345 tokens/s" in shown
     assert cli.main(["compare", str(a), str(b)]) == 0
     compared = capsys.readouterr().out.splitlines()
     assert "  batch_size: 8 -> 16" in compared and "  tokens_per_s: 12,345 -> 24,690, +12,345 (+100.0%)" in compared

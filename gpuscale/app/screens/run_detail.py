@@ -9,8 +9,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from gpuscale.app.views.runs import lineage_lines, run_title, status_line
-from gpuscale.app.views.text import format_number, format_time, setting_text
+from gpuscale.app.views.runs import figure_text, lineage_lines, run_title, status_line
+from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.runs import launch
@@ -90,7 +90,7 @@ class RunDetailScreen(Screen):
         figures = self.query_one("#detail-figures", DataTable)
         figures.clear()
         for name, value in (run["summary"] or {}).items():
-            figures.add_row(name, format_number(value))
+            figures.add_row(name, figure_text(name, value))
         if not run["summary"]:
             figures.add_row("-", "no summary (the run did not finish)")
         settings = self.query_one("#detail-settings", DataTable)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from gpuscale.app.views.text import format_number
 from gpuscale.data.cards import LOW_MFU
+from gpuscale.data.figures import label
 from gpuscale.runs.store import Store
 
 # A collapse is judged over this many logged steps, all of them: one bad step (a hard batch, a
@@ -92,7 +93,8 @@ def low_mfu_warnings(history: dict[str, list[tuple[int, float]]], steps: int = C
     recent = [value for _, value in history.get(MFU, [])[-steps:]]
     if len(recent) < steps or max(recent) >= LOW_MFU:
         return []
-    return [f"MFU {100 * _mean(recent):.0f}% (under {100 * LOW_MFU:.0f}%) over the last {steps} steps — "
+    # Whole percents, not figure_text's tenths: the warning compares with a round threshold.
+    return [f"{label(MFU)} {100 * _mean(recent):.0f}% (under {100 * LOW_MFU:.0f}%) over the last {steps} steps — "
             f"{MORE_WORK_A_STEP}"]
 
 

@@ -4,6 +4,7 @@ runs compared. The CLI prints these, the TUI lays them out; both read them here.
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
+from gpuscale.data.figures import better, figure
 from gpuscale.runs.metrics_tail import RATE_WINDOW_S
 from gpuscale.runs.store import LIVE_STATUSES
 
@@ -22,10 +23,9 @@ LEAD_FIGURES = (
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
 # The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
 # of several parts is running, e.g. rft's generate / train / evaluate; `accuracy_greedy`: eggroll's
-# held-out accuracy every eval_every steps).
+# held-out accuracy every eval_every steps). How each is written (unit, a share as a percentage) is
+# the catalogue's, data/figures.py.
 PREFERRED_FIGURES = ("accuracy", "accuracy_greedy", "reward", "loss", "mfu", "phase")
-# Figures that are shares, shown as percentages: model FLOPs utilisation (data/cards.py).
-PERCENT_FIGURES = ("mfu",)
 # A table of runs: the CLI's `gpuscale runs` and the TUI's history. The TUI's history cuts the figures
 # to the room left at its width, so that the start time stays on screen at 80 columns.
 RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")
@@ -159,10 +159,28 @@ def figures_text(run: dict, limit: int = 4) -> str:
 
 
 def figure_text(name: str, value) -> str:
-    """A figure's value for people: a share in PERCENT_FIGURES as `28.2%`, anything else `format_number`'s."""
-    if name in PERCENT_FIGURES and _is_number(value):
-        return f"{100 * value:.1f}%"
-    return format_number(value)
+    """A figure's value for people, as the catalogue (data/figures.py) says: its format (MFU, a share,
+    as `28.2%`) and its unit (`5,219 tokens/s`, `12.5 ms`, `1,341 1,778 MiB` for a value per rank);
+    a missing value as `—`, with no unit. A figure the catalogue does not know: `format_number`'s."""
+    known = figure(name)
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if known is None or not values or not any(_is_number(v) for v in values):
+        return format_number(value)
+    text = " ".join(f"{100 * v:.1f}%" if known.format == "percent" and _is_number(v) else format_number(v)
+                    for v in values)
+    return f"{text} {known.unit}" if known.unit else text
+
+
+def labelled_text(name: str, value) -> str:
+    """A figure with the catalogue's label, for a line of a run's key figures: `MFU 28.2%`,
+    `step time (median) 0.52 s`; a label that is its unit says it once (`tokens/s 5,219`). A figure
+    the catalogue does not know keeps its name (`grad_norm 2`)."""
+    known, text = figure(name), figure_text(name, value)
+    if known is None:
+        return f"{name} {text}"
+    if known.unit and known.label == known.unit:
+        text = text.removesuffix(f" {known.unit}")
+    return f"{known.label} {text}"
 
 
 def progress_line(run: dict, now: float, warnings: tuple[str, ...] | list[str] = ()) -> str:
@@ -186,16 +204,17 @@ def lead_figures(summary: dict) -> list[str]:
     for label, pairs in LEAD_FIGURES:
         for first, last in pairs:
             if _is_number(summary.get(first)) and _is_number(summary.get(last)):
-                shown.append(f"{label} {format_number(summary[first])} -> {format_number(summary[last])}")
+                shown.append(f"{label} {figure_text(first, summary[first])} -> {figure_text(last, summary[last])}")
                 break
     return shown
 
 
 def key_figures(summary: dict, limit: int = 2) -> list[str]:
     """What a run's summary shows first, at most `limit` of them: LEAD_FIGURES (what a training run
-    is for), then KEY_FIGURES (a benchmark's rate). One place decides, for the CLI and the TUI."""
+    is for), then KEY_FIGURES (a benchmark's rate), with the catalogue's labels (`tokens/s 5,219`).
+    One place decides, for the CLI and the TUI."""
     shown = lead_figures(summary)
-    shown += [f"{name} {format_number(summary[name])}" for name in KEY_FIGURES if name in summary]
+    shown += [labelled_text(name, summary[name]) for name in KEY_FIGURES if name in summary]
     return shown[:limit]
 
 
@@ -231,11 +250,12 @@ def run_row(run: dict, now: float) -> tuple[str, ...]:
 
 
 def compare_runs(a: dict, b: dict) -> dict:
-    """The settings that differ; the numeric summary figures both runs have that differ (a, b and
-    b - a); the figures that are the same in both (`same`); and the figures only one of them has
-    (`only`: a and b, None on the side without it; e.g. the per-domain accuracy of two runs over
-    different domains). A summary entry that is also a setting (a recipe echoes `method`, `chains`)
-    is a setting, compared as one, not a figure."""
+    """The settings that differ; the numeric summary figures both runs have that differ (a, b, b - a,
+    and `better`: "a" or "b" by the catalogue's direction, None for a figure with none); the figures
+    that are the same in both (`same`); and the figures only one of them has (`only`: a and b, None
+    on the side without it; e.g. the per-domain accuracy of two runs over different domains). A
+    summary entry that is also a setting (a recipe echoes `method`, `chains`) is a setting, compared
+    as one, not a figure."""
     keys = sorted(set(a["settings"]) | set(b["settings"]))
     settings_diff = {
         k: [a["settings"].get(k), b["settings"].get(k)] for k in keys if a["settings"].get(k) != b["settings"].get(k)
@@ -248,7 +268,7 @@ def compare_runs(a: dict, b: dict) -> dict:
         if va == vb:
             same[name] = va
         else:
-            figures[name] = {"a": va, "b": vb, "delta": vb - va}
+            figures[name] = {"a": va, "b": vb, "delta": vb - va, "better": better(name, va, vb)}
     summary_a, summary_b = a["summary"] or {}, b["summary"] or {}
     only = {name: {"a": summary_a.get(name), "b": summary_b.get(name)}
             for name in sorted((set(summary_a) ^ set(summary_b)) - set(keys))
@@ -267,9 +287,10 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def delta_text(delta: float, a: float) -> str:
-    """`+12.5 (+4.1%)`; the relative change only where it means something (a is not zero)."""
+def delta_text(delta: float, a: float, better: str | None = None) -> str:
+    """`+12.5 (+4.1%)`; the relative change only where it means something (a is not zero); then
+    `better` or `worse` where the figure has a direction (`compare_runs`' `better`: b's side or a's)."""
     text = ("+" if delta >= 0 else "-") + format_number(abs(delta))
     if a:
         text += f" ({100 * delta / abs(a):+.1f}%)"
-    return text
+    return text + {"b": " better", "a": " worse"}.get(better, "")

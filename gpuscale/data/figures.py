@@ -1,0 +1,189 @@
+"""The catalogue of figures: what a run's figures (the names ranks log with `Reporter.log` and put in
+their summary) mean to people. Each known figure has a label, a unit, a direction (is a higher value
+better, a lower one, or neither) and a format; the recipes promise their summary's figures from it
+(`Recipe.promised_figures`, checked by the contract test) and the views read it to write a value
+(`app/views/runs.py:figure_text`). A figure not in it is still shown, plainly: as a number, no unit.
+
+One figure often comes in several names: per domain (`yield_math`), at the start and the end
+(`reward_first`, `reward_last`), before and after training, per rank, a median. A catalogued figure
+with `family=True` stands for every name it starts followed by `_` (`reward_first` is a `reward`),
+the longest catalogued name winning (`samples_per_s_steady` is a `samples_per_s`). Held-out accuracy
+has one vocabulary, `accuracy_name`'s `accuracy_<greedy|sampled>[_<domain>]_<before|after>`, which
+the `accuracy` family covers.
+
+Pure data, no torch: the ranks, the front ends and the tests share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+Direction = Literal["higher", "lower", "neither"]
+HIGHER: Direction = "higher"  # higher is better: accuracy, reward, throughput
+LOWER: Direction = "lower"  # lower is better: loss, time, memory
+NEITHER: Direction = "neither"  # a fact of the run's shape (world_size) or a diagnostic (entropy)
+
+# How a value is written (the views hold the formatters): `number` with thousands separators and four
+# significant digits (`12,345`, `0.6931`); `percent` a share (0.282) as `28.2%`; `text` as it is (a
+# dtype, a path, a split's name).
+Format = Literal["number", "percent", "text"]
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    label: str  # for people: `tokens/s`, `MFU`, `step time (median)`
+    unit: str = ""  # written after a value (`s`, `ms`, `tokens/s`); "" for a count or a share
+    direction: Direction = NEITHER
+    format: Format = "number"
+    family: bool = False  # also stands for `<name>_<qualifier>` (per domain, first/last, before/after)
+
+
+def _figures(*figures: Figure) -> dict[str, Figure]:
+    return {figure.name: figure for figure in figures}
+
+
+def _rate(name: str, label: str, **kw) -> Figure:
+    return Figure(name, label, unit=label, direction=HIGHER, **kw)
+
+
+def _seconds(name: str, label: str, **kw) -> Figure:
+    return Figure(name, label, unit="s", direction=LOWER, **kw)
+
+
+def _count(name: str, label: str, **kw) -> Figure:
+    return Figure(name, label, **kw)
+
+
+def _text(name: str, label: str) -> Figure:
+    return Figure(name, label, format="text")
+
+
+FIGURES: dict[str, Figure] = _figures(
+    # What a run is for: held-out accuracy (every accuracy_* name), reward, loss.
+    Figure("accuracy", "accuracy", direction=HIGHER, family=True),
+    Figure("accuracy_greedy_gain_points", "greedy accuracy gain", unit="points", direction=HIGHER),
+    Figure("accuracy_sampled_gain_points", "sampled accuracy gain", unit="points", direction=HIGHER),
+    Figure("sample_accuracy", "generated answers correct", direction=HIGHER),
+    Figure("train_accuracy", "training accuracy", direction=HIGHER, family=True),
+    Figure("reward", "reward", direction=HIGHER, family=True),
+    # eggroll's fitness of a member is the mean reward of its answers: its `reward` (the lead figures
+    # of app/views/runs.py read fitness_mean_first/_last where reward_first/_last are missing).
+    Figure("fitness_mean", "fitness (mean reward)", direction=HIGHER, family=True),
+    Figure("fitness_max", "fitness (best member)", direction=HIGHER),
+    Figure("fitness_std", "fitness spread"),
+    Figure("yield", "questions with a correct answer", direction=HIGHER, family=True),
+    Figure("loss", "loss", direction=LOWER, family=True),
+    Figure("train_loss", "training loss", direction=LOWER),
+    Figure("entropy", "entropy", family=True),  # in nats, which a headline need not repeat
+    Figure("kl", "KL", family=True),
+    Figure("grad_norm", "gradient norm"),
+    Figure("learning_rate", "learning rate"),
+    Figure("acceptance_rate", "MCMC acceptance"),
+    # Speed.
+    _rate("tokens_per_s", "tokens/s", family=True),
+    _rate("generated_tokens_per_s", "generated tokens/s"),
+    _rate("prefill_tokens_per_s", "prefill tokens/s"),
+    _rate("samples_per_s", "samples/s", family=True),
+    _rate("train_samples_per_s", "training samples/s"),
+    _rate("problems_per_s", "problems/s"),
+    _rate("members_per_s", "members/s"),
+    Figure("mfu", "MFU", direction=HIGHER, format="percent"),
+    Figure("generation_share", "share of time generating"),
+    _seconds("step_seconds_median", "step time (median)"),
+    Figure("step_time_ms", "step time", unit="ms", direction=LOWER, family=True),
+    _seconds("step_time_s", "step time"),
+    _seconds("generation_seconds", "generation time", family=True),
+    _seconds("generation_wall_seconds", "generation wall time"),
+    _seconds("training_seconds", "training time", family=True),
+    _seconds("train_seconds", "training time"),
+    _seconds("sampling_seconds", "sampling time"),
+    _seconds("warm_up_seconds", "warm-up time"),
+    # Memory.
+    Figure("peak_mem_mb", "peak memory", unit="MiB", direction=LOWER, family=True),
+    Figure("mem_mb", "memory", unit="MiB", direction=LOWER),
+    # The run's shape and what it worked on: facts, neither better nor worse.
+    _count("world_size", "ranks"),
+    _count("steps", "steps"),
+    _count("batch_size", "batch size"),
+    _count("gradient_accumulation", "gradient accumulation"),
+    _count("population", "population"),
+    _count("chains", "chains"),
+    _count("problems", "problems"),
+    _count("parameters", "parameters"),
+    _count("train_examples", "training examples"),
+    _count("train_questions", "training questions"),
+    _count("train_tokens", "training tokens"),
+    _count("eval_examples", "held-out examples"),
+    _count("generation_questions", "questions generated for"),
+    _count("samples_per_question", "samples per question"),
+    _count("generated_samples", "generated samples"),
+    _count("kept_examples", "kept examples"),
+    _count("kept_samples", "kept sampled answers"),
+    _count("decoded_tokens", "decoded tokens"),
+    _count("forward_passes", "forward passes"),
+    _count("mean_answer_tokens", "answer length (mean)"),
+    _count("prompts_too_long", "prompts too long"),
+    _count("held_out_rows_dropped", "held-out rows dropped"),
+    _count("temperature", "temperature"),
+    _text("dtype", "dtype"),
+    _text("eval_split", "held-out split"),
+    _text("method", "method"),
+    _text("generator", "generator"),
+    _text("mtl", "multi-task method"),
+    _text("phase", "phase"),
+    _text("model_dir", "trained model"),
+    _text("generated_set", "generated set"),
+    _text("data_from", "generated set read"),
+    _text("devices", "devices"),
+    _text("domains", "domains"),
+    _text("batch_size_reason", "micro-batch reason"),
+    _text("liger_kernels", "Liger kernels"),
+    _text("weights_identical_across_ranks", "weights identical across ranks"),
+    _text("weights_checksum", "weights checksum"),
+)
+
+# A name no entry stands for, with one of these ends, is a time in seconds (eggroll's
+# `<phase>_seconds_median`, one per phase of its step).
+TIME_ENDS = ("_seconds", "_seconds_median", "_seconds_per_step")
+
+
+def figure(name: str) -> Figure | None:
+    """The catalogue's figure for `name`: its own entry, else the longest family it belongs to (its
+    label then says which: `reward (first)`, `accuracy (greedy math after)`), else a time by its end;
+    None for a figure the catalogue does not know."""
+    if name in FIGURES:
+        return FIGURES[name]
+    families = [entry for entry in FIGURES.values() if entry.family and name.startswith(entry.name + "_")]
+    if families:
+        entry = max(families, key=lambda entry: len(entry.name))
+        qualifier = name.removeprefix(entry.name + "_").replace("_", " ")
+        return replace(entry, name=name, label=f"{entry.label} ({qualifier})", family=False)
+    if name.endswith(TIME_ENDS):
+        return _seconds(name, name.replace("_", " "))
+    return None
+
+
+def is_catalogued(name: str) -> bool:
+    return figure(name) is not None
+
+
+def label(name: str) -> str:
+    """The figure's label, or its name where the catalogue does not know it."""
+    known = figure(name)
+    return known.label if known else name
+
+
+def accuracy_name(kind: str, domain: str, when: str) -> str:
+    """`accuracy_<greedy|sampled>[_<domain>]_<when>`: the one name of a held-out accuracy."""
+    return "_".join(part for part in ("accuracy", kind, domain, when) if part)
+
+
+def better(name: str, a: float, b: float) -> str | None:
+    """Which of two values of the figure is better, "a" or "b"; None where they are equal, the
+    figure has no direction, or the catalogue does not know it."""
+    known = figure(name)
+    if known is None or known.direction == NEITHER or a == b:
+        return None
+    return "b" if (b > a) == (known.direction == HIGHER) else "a"
