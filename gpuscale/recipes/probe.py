@@ -105,10 +105,11 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     }
     everyone = ctx.gather(mine)
     if ctx.is_main:
+        from gpuscale.recipes.common import summary_opening
+
         reporter.summary(
             {
-                "world_size": ctx.world_size,
-                "dtype": str(ctx.dtype).removeprefix("torch."),
+                **summary_opening(ctx),
                 "tokens_per_s": sum(r["tokens_per_s"] for r in everyone),
                 "tokens_per_s_per_rank": [round(r["tokens_per_s"], 1) for r in everyone],
                 "step_time_ms_median": statistics.median(r["step_time_ms_median"] for r in everyone),

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import gpuscale.recipes
 from gpuscale.app import cli
 from gpuscale.app.views.runs import figure_text, figures_text, key_figures, labelled_text
 from gpuscale.data.figures import FIGURES, HIGHER, LOWER, NEITHER, accuracy_name, better, figure, label
+from gpuscale.recipes.common import summary_opening
 from gpuscale.recipes.contract import Recipe
 from gpuscale.recipes.registry import all_recipes
 from gpuscale.runs.settings import RunSettings
@@ -99,3 +103,16 @@ def test_every_recipe_promises_catalogued_figures(name):
 def test_the_catalogue_imports_no_torch():
     code = "import sys, gpuscale.data.figures; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_every_summary_opens_the_same_way():
+    ctx = SimpleNamespace(world_size=2, dtype="torch.bfloat16")
+    settings = SimpleNamespace(eval_split="validation")
+    assert summary_opening(ctx) == {"world_size": 2, "dtype": "bfloat16"}
+    assert summary_opening(ctx, settings, train=[{}] * 3, held_out=[{}] * 2) == {
+        "world_size": 2, "dtype": "bfloat16", "train_examples": 3, "eval_split": "validation", "eval_examples": 2}
+    assert all(figure(name) for name in summary_opening(ctx, settings, train=[], held_out=[]))
+    # Written there once: no recipe spells the opening out by hand.
+    by_hand = [str(path) for path in Path(gpuscale.recipes.__file__).parent.rglob("*.py")
+               if path.name != "common.py" and "str(ctx.dtype)" in path.read_text()]
+    assert by_hand == []

@@ -33,7 +33,7 @@ from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
     from gpuscale.engines.generation import GenerationEngine
-    from gpuscale.recipes.common import load_generation_model, save_model
+    from gpuscale.recipes.common import load_generation_model, save_model, summary_opening
     from gpuscale.recipes.training import training_and_eval_examples
 
     if settings.population % ctx.world_size:
@@ -52,8 +52,8 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
         print(f"resumed from {settings.resume_from} after step {done}", flush=True)
     # A resumed run keeps its parent's `before` figures: they describe the model before any step.
     before = history.get("before") or evaluator.figures("before")
-    summary = {"method": settings.method, "population": settings.population, "world_size": ctx.world_size,
-               "steps": settings.steps, "eval_split": settings.eval_split, "eval_examples": len(held_out), **before}
+    summary = {"method": settings.method, "population": settings.population,
+               **summary_opening(ctx, settings, train=train, held_out=held_out), "steps": settings.steps, **before}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
     reporter.total(settings.steps)

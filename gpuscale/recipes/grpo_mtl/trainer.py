@@ -16,7 +16,7 @@ from gpuscale.runs.settings import SettingsError
 
 
 def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.common import load_generation_model, summary_opening
     from gpuscale.recipes.training import save_then_evaluate
 
     train, held_out = training_and_eval_examples(settings)
@@ -25,11 +25,9 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     rows, dropped = grpo_rows(train, tokenizer, settings.max_prompt_length)
     check_rows_left(len(rows), dropped, settings)
     settings = with_card_sized_batch(settings, ctx, model)
-    summary = {"world_size": ctx.world_size, "batch_size": settings.batch_size,
-               "dtype": str(ctx.dtype).removeprefix("torch."),
+    summary = {**summary_opening(ctx, settings, train=rows, held_out=held_out), "batch_size": settings.batch_size,
                "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
-               "train_examples": len(rows), "prompts_too_long": dropped, "eval_split": settings.eval_split,
-               "eval_examples": len(held_out), **evaluate(model, tokenizer, held_out, settings, ctx, "before")}
+               "prompts_too_long": dropped, **evaluate(model, tokenizer, held_out, settings, ctx, "before")}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
     trained = train_grpo(rows, settings, ctx, reporter, model, tokenizer)

@@ -72,7 +72,7 @@ def most_kept_rows(settings: Settings, questions: int) -> int:
 
 
 def run_rft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.common import load_generation_model, summary_opening
     from gpuscale.recipes.rft.generate import generation_batches
     from gpuscale.recipes.training import save_then_evaluate, train_sft, training_and_eval_examples
 
@@ -89,8 +89,8 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
     phases.start(BASE_EVALUATION)
     before = evaluate(loaded.model, loaded.tokenizer, held_out, settings, ctx, "before")
     phases.log(1, **headline(before, "before"))
-    summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
-               "generator": settings.generator, "eval_split": settings.eval_split, "eval_examples": len(held_out),
+    # Its train_examples are the kept answers, known once generated (`trained_on`).
+    summary = {**summary_opening(ctx, settings, held_out=held_out), "generator": settings.generator,
                **({} if settings.data_from else {"generation_questions": len(train)}), **before}
     if ctx.is_main:
         reporter.summary(summary, partial=True)

@@ -7,7 +7,7 @@ from gpuscale.recipes.sft import Settings
 
 
 def run_sft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.common import load_generation_model, summary_opening
     from gpuscale.recipes.training import (
         held_out_evaluation,
         save_then_evaluate,
@@ -25,9 +25,7 @@ def run_sft(settings: Settings, ctx, reporter) -> None:
         return held_out_evaluation(model, tokenizer, held_out, ctx, when, max_new_tokens=settings.max_new_tokens,
                                    seed=settings.seed, answer_mode="auto")
 
-    summary = {"world_size": ctx.world_size, "dtype": str(ctx.dtype).removeprefix("torch."),
-               "train_examples": len(train), "eval_split": settings.eval_split, "eval_examples": len(held_out),
-               **evaluate(model, "before")}
+    summary = {**summary_opening(ctx, settings, train=train, held_out=held_out), **evaluate(model, "before")}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
     trained = train_sft(sft_rows(train), settings, ctx, reporter, model=model, tokenizer=tokenizer)
