@@ -142,7 +142,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"  {key}: {setting_text(va)} -> {setting_text(vb)}")
     print("figures that differ:" if result["figures"] else "figures: none differ")
     for key, f in result["figures"].items():
-        print(f"  {key}: {format_number(f['a'])} -> {format_number(f['b'])}, {delta_text(f['delta'], f['a'])}")
+        change = delta_text(f["delta"], f["a"], f.get("better"))  # `better`/`worse` by the figure's direction
+        print(f"  {key}: {format_number(f['a'])} -> {format_number(f['b'])}, {change}")
     if result["same"]:
         print("same in both: " + ", ".join(f"{key} {format_number(v)}" for key, v in result["same"].items()))
     for side in ("a", "b"):
