@@ -15,9 +15,9 @@ import gpuscale.recipes
 from gpuscale.app import cli
 from gpuscale.app.views.runs import figure_text, figures_text, key_figures, labelled_text
 from gpuscale.data.figures import FIGURES, HIGHER, LOWER, NEITHER, accuracy_name, better, figure, label
-from gpuscale.recipes.common import summary_opening
-from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.registry import all_recipes
+from gpuscale.recipes.shared.common import summary_opening
+from gpuscale.recipes.shared.contract import Recipe
+from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs.settings import RunSettings
 from gpuscale.runs.store import Store
 
@@ -116,3 +116,9 @@ def test_every_summary_opens_the_same_way():
     by_hand = [str(path) for path in Path(gpuscale.recipes.__file__).parent.rglob("*.py")
                if path.name != "common.py" and "str(ctx.dtype)" in path.read_text()]
     assert by_hand == []
+
+
+def test_a_table_that_names_the_figure_leaves_the_unit_out():
+    assert figure_text("mfu", 0.2824, unit=False) == "28.2%"  # still a percentage
+    assert figure_text("tokens_per_s", 5219.0, unit=False) == "5,219"
+    assert figure_text("frobs_per_widget", 2.5, unit=False) == "2.5"

@@ -9,8 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from gpuscale.app.views.runs import compare_runs, delta_text
-from gpuscale.app.views.text import MISSING, fit_columns, format_number, setting_text
+from gpuscale.app.views.runs import compare_runs, delta_text, figure_text
+from gpuscale.app.views.text import MISSING, fit_columns, setting_text
 from gpuscale.app.widgets.plain import PlainTable
 
 
@@ -70,12 +70,14 @@ class CompareScreen(Screen):
         settings = [(name, setting_text(va), setting_text(vb)) for name, (va, vb) in result["settings"].items()]
         self._fill_table("#compare-settings", ("setting", f"run {a}", f"run {b}"),
                          settings or [("(none)", "identical", "identical")])
-        figures = [(name, format_number(f["a"]), format_number(f["b"]), delta_text(f["delta"], f["a"]))
-                   for name, f in result["figures"].items()]
-        figures += [(name, format_number(value), format_number(value), "same")
+        # Values as the catalogue writes them (MFU as a percentage), without units: the table is narrow.
+        figures = [(name, figure_text(name, f["a"], unit=False), figure_text(name, f["b"], unit=False),
+                    delta_text(f["delta"], f["a"])) for name, f in result["figures"].items()]
+        figures += [(name, figure_text(name, value, unit=False), figure_text(name, value, unit=False), "same")
                     for name, value in result["same"].items()]
         # A figure only one run has (per-domain accuracy over other domains): — on the other side.
-        figures += [(name, format_number(f["a"]), format_number(f["b"]), MISSING) for name, f in result["only"].items()]
+        figures += [(name, figure_text(name, f["a"], unit=False), figure_text(name, f["b"], unit=False), MISSING)
+                    for name, f in result["only"].items()]
         self._fill_table("#compare-figures", ("figure", f"run {a}", f"run {b}", "delta"),
                          figures or [("(none)", "-", "-", "no figure in either")])
 

@@ -158,17 +158,18 @@ def figures_text(run: dict, limit: int = 4) -> str:
     return " · ".join(f"{name} {figure_text(name, latest[name])}" for name in names[:limit])
 
 
-def figure_text(name: str, value) -> str:
+def figure_text(name: str, value, unit: bool = True) -> str:
     """A figure's value for people, as the catalogue (data/figures.py) says: its format (MFU, a share,
-    as `28.2%`) and its unit (`5,219 tokens/s`, `12.5 ms`, `1,341 1,778 MiB` for a value per rank);
-    a missing value as `—`, with no unit. A figure the catalogue does not know: `format_number`'s."""
+    as `28.2%`) and its unit (`5,219 tokens/s`, `12.5 ms`, `1,341 1,778 MiB` for a value per rank;
+    `unit=False` for a table whose column already names the figure); a missing value as `—`, with no
+    unit. A figure the catalogue does not know: `format_number`'s."""
     known = figure(name)
     values = value if isinstance(value, (list, tuple)) else [value]
     if known is None or not values or not any(_is_number(v) for v in values):
         return format_number(value)
     text = " ".join(f"{100 * v:.1f}%" if known.format == "percent" and _is_number(v) else format_number(v)
                     for v in values)
-    return f"{text} {known.unit}" if known.unit else text
+    return f"{text} {known.unit}" if known.unit and unit else text
 
 
 def labelled_text(name: str, value) -> str:
