@@ -255,10 +255,10 @@ def replay_once(trainer, model, inputs, context) -> dict:
 def probe_training(args) -> dict:
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.reporter import Reporter
-    from gpuscale.recipes.common import load_generation_model
     from gpuscale.recipes.grpo_mtl import Settings
     from gpuscale.recipes.grpo_mtl.data import grpo_rows, training_and_eval_examples
     from gpuscale.recipes.grpo_mtl.trainer import build_trainer
+    from gpuscale.recipes.shared.common import load_generation_model
 
     if args.variant == "no-cudnn":
         torch.backends.cuda.enable_cudnn_sdp(False)

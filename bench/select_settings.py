@@ -2,7 +2,7 @@
 
 Every candidate (a set of settings) runs once per seed through `gpuscale run --set eval_split=validation`:
 the run holds the first eval_examples problems of the training data out of training and scores them
-(recipes/training.py's split; the summary's `eval_split` says so, and a run whose summary does not
+(recipes/shared/training.py's split; the summary's `eval_split` says so, and a run whose summary does not
 is counted as failed). Runs share the machine (`--jobs` at a time); with `--one-gpu-each` each run
 gets one GPU (`--gpus K,`), round-robin over the GPUs. Runs save no model unless `--set
 save_model=true`: the chosen settings are then run again with eval_split=test, once, for the figures
@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="the result file (default: bench/results/<recipe>/selection-...)")
     args = parser.parse_args()
 
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
 
     try:
         recipe = get_recipe(args.recipe)

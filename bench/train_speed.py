@@ -10,7 +10,7 @@ weights under bf16 autocast, TRL's defaults for everything else (padded batches,
 head, fused AdamW). It is put at its best by a sweep of B (--stock-batches: doubled until a batch
 runs out of memory or gains under 5% on the one before); the best B is the stock figure.
 
-gpuscale's side is `recipes/training.py:train_sft_dataset`, the function the sft and rft recipes train
+gpuscale's side is `recipes/shared/training.py:train_sft_dataset`, the function the sft and rft recipes train
 with, at the same rows per optimizer step as the stock side's best batch, its micro-batch left auto
 (cut to the card by engines/training_memory.py), in each of its variants: everything on (padding-free
 rows with attention row by row, liger-kernel's fused layers), each optimisation off in turn, and
@@ -177,7 +177,7 @@ def gpuscale_sft(args, dataset, tokenizer, step_rows: int, steps: int, flops: fl
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.reporter import Reporter
     from gpuscale.recipes.sft import Settings
-    from gpuscale.recipes.training import train_sft_dataset
+    from gpuscale.recipes.shared.training import train_sft_dataset
 
     model = fresh_model(args.model).to(torch.bfloat16)  # as a rank loads it: in its dtype (training casts to fp32)
     release()
@@ -356,7 +356,7 @@ def main(argv=None) -> dict:
 
     from gpuscale.data.cards import model_flops_shape, training_flops_per_token
     from gpuscale.data.models import random_model_config
-    from gpuscale.recipes.common import stand_in_tokenizer
+    from gpuscale.recipes.shared.common import stand_in_tokenizer
 
     only = set(filter(None, args.only.split(","))) or {"stock", "gpuscale", "variants", "sweep", "packed", "grpo"}
     card = torch.cuda.get_device_name(0)

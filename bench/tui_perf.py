@@ -241,7 +241,7 @@ def measure_first_frame(size: str, repeats: int, env: dict) -> dict:
 def with_cpu_run(home: Path, env: dict, size: str, seconds: float) -> dict:
     """A real probe run on 1 CPU rank, monitored by the app, then stopped."""
     os.environ["GPUSCALE_HOME"] = str(home)
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
     from gpuscale.runs import launch
     from gpuscale.runs.settings import resolve_settings
     from gpuscale.runs.store import Store

@@ -1,7 +1,7 @@
 """Issue 15: is `gpuscale tune`'s batch as fast as the best of a full sweep, at a fraction of its cost?
 
 In one process on one device (the first GPU, else the CPU), for one recipe, model and shape:
-1. `gpuscale tune`'s search (recipes/device_trials.py `tune_recipe`: doubling, bisection, a confirming
+1. `gpuscale tune`'s search (recipes/shared/device_trials.py `tune_recipe`: doubling, bisection, a confirming
    trial), timed from loading the model to its choice;
 2. a full sweep: every power of two and every midpoint between two (1, 2, 3, 4, 6, 8, 12, ...) up to
    --max-batch (default: the run's work per rank where the recipe knows it), brought down to the sizes
@@ -75,8 +75,8 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
 
     from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.distributed import RankContext, resolve_dtype
-    from gpuscale.recipes.device_trials import device_memory_bytes, measured
-    from gpuscale.recipes.rank_batches import run_ranks
+    from gpuscale.recipes.shared.device_trials import device_memory_bytes, measured
+    from gpuscale.recipes.shared.rank_batches import run_ranks
 
     torch_device = torch.device(device.torch_name)
     limit = args.memory_cap * device_memory_bytes(torch_device)
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gpuscale.app.batch_choice import pick_device
-    from gpuscale.recipes.device_trials import default_max_batch, tune_recipe
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.device_trials import default_max_batch, tune_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
     from gpuscale.runs import telemetry
     from gpuscale.runs.settings import parse_assignments, resolve_settings
 

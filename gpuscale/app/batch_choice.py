@@ -1,6 +1,6 @@
 """The front ends' side of tuning: `gpuscale tune`, and the batch a run gets from
 `--batch-size auto`, shared by the CLI and the TUI. No torch here: trials run in `gpuscale tune`
-(recipes/device_trials.py imports torch inside it), and `auto` on a GPU with nothing stored runs that
+(recipes/shared/device_trials.py imports torch inside it), and `auto` on a GPU with nothing stored runs that
 command as a child process, so that the memory its trials held goes back before the run starts.
 
 Where a run's batch comes from, recorded in its settings as `batch_size_source`:
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.app.views.text import format_number
-from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.tuning_key import CPU_DEVICE_NAME, Device, tuning_key
+from gpuscale.recipes.shared.contract import Recipe
+from gpuscale.recipes.shared.tuning_key import CPU_DEVICE_NAME, Device, tuning_key
 from gpuscale.runs import telemetry
 from gpuscale.runs.launch import plan_devices
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
@@ -167,7 +167,7 @@ def tuning_summary(row: dict) -> str:
 
 
 def outcome_record(outcome, figure: str) -> dict:
-    """The store's fields for a TuneOutcome (recipes/device_trials.py)."""
+    """The store's fields for a TuneOutcome (recipes/shared/device_trials.py)."""
     chosen = outcome.result.chosen
     return {"batch_size": chosen.batch_size, "throughput": chosen.throughput, "figure": figure,
             "peak_memory_bytes": chosen.peak_memory_bytes, "memory_total_bytes": outcome.memory_total_bytes,

@@ -21,7 +21,7 @@ from textual.binding import Binding
 from gpuscale.app.screens.launch import LaunchScreen
 from gpuscale.app.views.export import export_text
 from gpuscale.app.widgets.plain import literal
-from gpuscale.recipes.registry import all_recipes
+from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs import launch, telemetry
 from gpuscale.runs.store import Store, StoreError, gpuscale_home
 

@@ -16,7 +16,7 @@
    measured throughput (CONFIRM_SLOWER_BY) means the first figure was luck or the machine got busy:
    the smaller batch, measured faster, is chosen instead and `TuneResult.warning` says so.
 
-No torch here: `measure` is the recipe's trial (recipes/device_trials.py turns an out-of-memory error into a
+No torch here: `measure` is the recipe's trial (recipes/shared/device_trials.py turns an out-of-memory error into a
 failed Trial), so the logic is tested against a simulated curve.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from pydantic import Field
 
-from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.runs.settings import RunSettings
 
 
@@ -66,7 +66,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     import torch
 
     from gpuscale.data.seeds import derived_seed
-    from gpuscale.recipes.device_trials import out_of_memory_names
+    from gpuscale.recipes.shared.device_trials import out_of_memory_names
 
     model = load_probe_model(settings, ctx)
     vocab = model.config.vocab_size
@@ -105,7 +105,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     }
     everyone = ctx.gather(mine)
     if ctx.is_main:
-        from gpuscale.recipes.common import summary_opening
+        from gpuscale.recipes.shared.common import summary_opening
 
         reporter.summary(
             {
@@ -129,7 +129,7 @@ def probe_trial_session(settings: Settings, ctx):
     import torch
 
     from gpuscale.engines.batch_search import Trial
-    from gpuscale.recipes.device_trials import timed_steps
+    from gpuscale.recipes.shared.device_trials import timed_steps
 
     model = load_probe_model(settings, ctx)
     generator = torch.Generator().manual_seed(settings.seed)

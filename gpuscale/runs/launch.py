@@ -58,7 +58,7 @@ def accelerate_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], s
     only where neither its bf16 nor its fp16 is set. Each rank resolves `precision` on its own device
     (data/precision.py, the one rule) and sets the trainer's bf16/fp16 from it (engines/trl_bridge:
     trainer_args), so the trainer's Accelerator applies the one autocast, over the fp32 master
-    weights of a full fine-tune (recipes/training.py: train_model). With `no` here, a rank that
+    weights of a full fine-tune (recipes/shared/training.py: train_model). With `no` here, a rank that
     resolved fp32 trains in fp32: never under an autocast the launcher chose without seeing the card.
     """
     processes = plan.nproc * settings.nnodes

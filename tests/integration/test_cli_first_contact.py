@@ -49,7 +49,7 @@ def test_reading_the_history_creates_no_home(home):
 
 
 def test_recipes_lists_every_setting_in_text(home):
-    from gpuscale.recipes.registry import all_recipes
+    from gpuscale.recipes.shared.registry import all_recipes
 
     shown = gpuscale("recipes").stdout
     for recipe in all_recipes().values():

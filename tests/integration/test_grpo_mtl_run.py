@@ -12,7 +12,7 @@ import torch
 from conftest import gpuscale, leftover_processes, run_json
 from gpuscale.data.models import load_model
 from gpuscale.data.tiny_math import TINY_MATH_DOMAINS
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs

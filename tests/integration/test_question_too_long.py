@@ -15,7 +15,7 @@ import pytest
 
 from conftest import gpuscale, run_json
 from gpuscale.data.tasks import load_examples
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.launch import questions_left_out
 from gpuscale.runs.settings import resolve_settings
 
@@ -98,7 +98,7 @@ def test_the_training_recipes_data_leaves_it_out_before_launch_and_in_the_ranks(
     if recipe == "grpo-mtl":
         from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples
     else:
-        from gpuscale.recipes.training import training_and_eval_examples
+        from gpuscale.recipes.shared.training import training_and_eval_examples
     train, held_out = training_and_eval_examples(skip)
     assert len(held_out) == 4 and len(train) == settings["max_examples"]
     assert LONG_QUESTION not in {row["question"] for row in train + held_out}

@@ -17,8 +17,8 @@ from textual.app import App
 
 from conftest import run_together
 from gpuscale.app.widgets.settings_form import HIDDEN_FIELDS, SettingsForm
-from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.registry import all_recipes
+from gpuscale.recipes.shared.contract import Recipe
+from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs.settings import resolve_settings
 
 RECIPES = sorted(all_recipes())

@@ -15,7 +15,7 @@ from conftest import gpuscale, leftover_processes, run_json, wait_until
 from gpuscale.data.models import load_model
 from gpuscale.data.rewards import correctness
 from gpuscale.data.tasks import load_examples
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.store import Store
 
 TINY_RFT = ["--recipe", "rft", "--set", "max_examples=16", "--set", "samples_per_question=4",

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import run_json, run_together
 from gpuscale.data.models import load_model
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.metrics_tail import Throughput
 from gpuscale.runs.store import Store
 

@@ -14,9 +14,9 @@ import pytest
 
 from gpuscale.app import cli
 from gpuscale.app.batch_choice import settings_with_batch
-from gpuscale.recipes.device_trials import default_max_batch
 from gpuscale.recipes.grpo_mtl import accumulation_steps
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.device_trials import default_max_batch
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
 from gpuscale.runs.store import Store
 

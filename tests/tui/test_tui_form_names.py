@@ -9,7 +9,7 @@ import time
 import pytest
 from textual.widgets._toast import Toast
 
-from gpuscale.recipes.registry import all_recipes
+from gpuscale.recipes.shared.registry import all_recipes
 from tui_helpers import FROZEN_NOW, frozen_app, history_screen, run_async, screen_text, settle
 
 # The recipes whose settings have the longest names (`activation_checkpointing`, `generations_per_prompt`).

@@ -11,7 +11,7 @@ import pytest
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.data.tasks import load_examples
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)

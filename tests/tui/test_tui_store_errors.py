@@ -43,7 +43,7 @@ def test_a_damaged_history_is_one_line_in_the_tui_and_the_app_goes_on(home):
 READ_ONLY_SCENARIO = """
     import asyncio, json, sys
     from gpuscale.app.tui import GpuscaleApp
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
 
     async def main():
         app = GpuscaleApp(home=sys.argv[1], recipes={"probe": get_recipe("probe")}, list_gpus=lambda: [],

@@ -51,7 +51,7 @@ def frozen_home(home, frozen_template, monkeypatch):
 def frozen_app(home: Path, **kwargs) -> GpuscaleApp:
     """The app as the snapshots see it: frozen clock, the built-in recipe only, no NVML, no blinking,
     no animation."""
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
 
     options = dict(home=home, clock=lambda: FROZEN_NOW, recipes={"probe": get_recipe("probe")},
                    list_gpus=lambda: [], cursor_blink=False)
@@ -77,7 +77,7 @@ async def settle(pilot, rounds: int = 3) -> None:
 
 def app_recording_notifications(home: Path) -> tuple[GpuscaleApp, list[str]]:
     """An app on HOME with the probe recipe and no GPUs, and the list its notifications go to."""
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
 
     app = GpuscaleApp(home=home, recipes={"probe": get_recipe("probe")}, list_gpus=lambda: [], cursor_blink=False)
     shown: list[str] = []

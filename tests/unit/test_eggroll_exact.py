@@ -20,9 +20,9 @@ import torch
 
 from gpuscale.data.models import load_model
 from gpuscale.engines.generation import GenerationEngine, Sampling
-from gpuscale.recipes.common import GenerationModel
 from gpuscale.recipes.eggroll import Settings, evolution
 from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
+from gpuscale.recipes.shared.common import GenerationModel
 from gpuscale.runs.settings import resolve_settings
 
 POPULATION, RANK, SIGMA = 4, 2, 0.05

@@ -11,7 +11,6 @@ import pytest
 from gpuscale.data.data_error import DataError
 from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
 from gpuscale.data.tiny_math import TINY_MATH_SIZES, is_test_question
-from gpuscale.recipes.data_checks import training_count
 from gpuscale.recipes.eggroll import Eggroll
 from gpuscale.recipes.eggroll import Settings as EggrollSettings
 from gpuscale.recipes.grpo_mtl import GrpoMtl
@@ -19,10 +18,11 @@ from gpuscale.recipes.grpo_mtl import Settings as GrpoSettings
 from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples as grpo_examples
 from gpuscale.recipes.power_sampling import PowerSampling
 from gpuscale.recipes.power_sampling import Settings as PowerSettings
-from gpuscale.recipes.registry import get_recipe
 from gpuscale.recipes.sft import SFT
 from gpuscale.recipes.sft import Settings as SftSettings
-from gpuscale.recipes.training import training_and_eval_examples
+from gpuscale.recipes.shared.data_checks import training_count
+from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.recipes.shared.training import training_and_eval_examples
 from gpuscale.runs.settings import SettingsError, resolve_settings
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuscale.recipes.probe import Settings
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs import launch
 from gpuscale.runs.settings import SettingsError
 

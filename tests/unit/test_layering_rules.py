@@ -1,11 +1,12 @@
-"""The one-way rule between the floors (ARCHITECTURE.md), as a test: app -> recipes -> engines ->
-runs (every process's part) -> data, and app -> runs (the login node's part); data imports no floor
-above it. The control plane (runs/) imports neither torch, transformers nor textual, nor anything
-from engines/, recipes/ or app/; engines/ and recipes/ import none of runs/' login-node modules (all
-but `gpuscale.runs.EVERY_PROCESS`); nothing under engines/ imports recipes/ or app/; no recipe
-imports another one (the recipes are found, not listed: every package under recipes/ and every
-module there defining a Recipe); the core never imports textual; the app starts without torch; the
-views the CLI and the TUI share import neither textual nor torch, and run no SQL.
+"""The one-way rule between the floors (ARCHITECTURE.md), as a test: app -> recipes -> engines -> runs
+(every process's part) -> data, and app -> runs (the login node's part); data imports no floor above
+it. The control plane (runs/) imports neither torch, transformers nor textual, nor anything from
+engines/, recipes/ or app/; engines/ and recipes/ import none of runs/' login-node modules (all but
+`gpuscale.runs.EVERY_PROCESS`); nothing under engines/ imports recipes/ or app/; no recipe imports
+another one (the recipes are found, not listed: every package under recipes/ but shared/, and every
+module there defining a Recipe; what they share is in recipes/shared/ alone); the core never imports
+textual; the app starts without torch; the views the CLI and the TUI share import neither textual
+nor torch, and run no SQL.
 
 Each rule is checked twice where it can be: by importing every module in a fresh interpreter (what
 really gets loaded) and by reading every import statement (which also catches an import inside a
@@ -32,17 +33,22 @@ HEAVY = ("torch", "transformers", "textual")
 
 
 def defines_a_recipe(path: Path) -> bool:
-    """The file defines a class on `Recipe` (recipes/contract.py), read from its source."""
+    """The file defines a class on `Recipe` (recipes/shared/contract.py), read from its source."""
     bases = (base for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
              for base in node.bases)
     return any(getattr(base, "id", getattr(base, "attr", None)) == "Recipe" for base in bases)
 
 
+# recipes/shared/: the pieces the recipes share (contract, registry, training, common...), the one
+# package under recipes/ that is no recipe.
+SHARED = "shared"
+
+
 def recipes_under(folder: Path) -> tuple[str, ...]:
-    """The recipes, found where they live: every package under recipes/ and every module directly
-    there that defines a Recipe (probe.py); the other modules there are the pieces they share
-    (contract, registry, training, common...). A new recipes/dpo/ is a recipe from its first file."""
-    packages = [entry.name for entry in folder.iterdir() if (entry / "__init__.py").is_file()]
+    """The recipes, found where they live: every package under recipes/ but shared/, and every
+    module directly there that defines a Recipe (probe.py). A new recipes/dpo/ is a recipe from its
+    first file."""
+    packages = [entry.name for entry in folder.iterdir() if (entry / "__init__.py").is_file() and entry.name != SHARED]
     modules = [entry.stem for entry in folder.glob("*.py")
                if not entry.stem.startswith("__") and defines_a_recipe(entry)]
     return tuple(sorted(packages + modules))
@@ -98,7 +104,7 @@ def loaded_by(tmp_path_factory) -> dict[str, set[str]]:
     """What each package loads when imported in a fresh interpreter: label -> module names."""
     light = {"runs": importing("gpuscale.runs"), "views": importing("gpuscale.app.views"),
              "app start-up": "import gpuscale.app.cli, gpuscale.app.tui_main\n"
-                             "from gpuscale.recipes.registry import all_recipes\nall_recipes()"}
+                             "from gpuscale.recipes.shared.registry import all_recipes\nall_recipes()"}
     heavy = {package: importing(f"gpuscale.{package}") for package in ("engines", "recipes", "data")}
     heavy.update({f"recipes.{own}": importing(f"gpuscale.recipes.{own}") for own in RECIPE_PACKAGES})
     groups = json.dumps([light, heavy, RANK_SIDE_LIBRARIES, str(tmp_path_factory.mktemp("loaded"))])
@@ -169,13 +175,13 @@ def test_the_import_scanner_sees_lazy_relative_and_dynamic_imports(tmp_path):
     path.write_text(
         "import os\n"
         "def later():\n"
-        "    from gpuscale.recipes.registry import all_recipes\n"
+        "    from gpuscale.recipes.shared.registry import all_recipes\n"
         "    from ..app import views\n"
         "    import importlib\n"
         "    return importlib.import_module('gpuscale.app.cli')\n"
     )
     found = imported_by(path, "gpuscale.engines.module")
-    assert {"os", "gpuscale.recipes.registry", "gpuscale.app", "gpuscale.app.views", "gpuscale.app.cli"} <= found
+    assert {"os", "gpuscale.recipes.shared.registry", "gpuscale.app", "gpuscale.app.views", "gpuscale.app.cli"} <= found
     assert "gpuscale.engines.generation" in all_modules("gpuscale.engines")  # subpackages are walked
     # On a package that does break the rule it is checking, the rule says so (the widgets use textual).
     assert "gpuscale.app.widgets.charts imports textual.widgets" in forbidden_imports("gpuscale.app.widgets", HEAVY)
@@ -249,15 +255,17 @@ def recipe_package(module: str) -> str | None:
 def test_the_recipes_found_are_the_registered_ones(tmp_path):
     """The recipes the layering rules see are the ones the registry starts; a recipe is found by
     where it lives, so a new package counts as a recipe before anyone lists it."""
-    from gpuscale.recipes.registry import BUILTIN
+    from gpuscale.recipes.shared.registry import BUILTIN
 
     registered = {reference.partition(":")[0].removeprefix("gpuscale.recipes.") for reference in BUILTIN.values()}
     assert set(RECIPE_PACKAGES) == registered and "probe" in RECIPE_PACKAGES
-    assert {"common", "training", "contract", "registry", "device_trials"}.isdisjoint(RECIPE_PACKAGES)
-    (tmp_path / "dpo").mkdir()
-    (tmp_path / "dpo" / "__init__.py").write_text("")
-    (tmp_path / "shared.py").write_text("class Helper:\n    pass\n")
-    (tmp_path / "solo.py").write_text("from gpuscale.recipes import contract\nclass Solo(contract.Recipe):\n    pass\n")
+    assert SHARED not in RECIPE_PACKAGES
+    for package in ("dpo", SHARED):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "helper.py").write_text("class Helper:\n    pass\n")
+    (tmp_path / "solo.py").write_text("from gpuscale.recipes.shared import contract\n"
+                                      "class Solo(contract.Recipe):\n    pass\n")
     assert recipes_under(tmp_path) == ("dpo", "solo")
 
 
@@ -274,11 +282,19 @@ def test_no_recipe_imports_another_recipe(loaded_by):
     assert crossings == []
 
 
+def test_what_the_recipes_share_is_in_one_place():
+    """Every module directly under recipes/ is a recipe (probe.py) or the package's own (`__init__`,
+    `__main__`, the ranks' entry point): a piece the recipes share goes in recipes/shared/."""
+    loose = [path.name for path in (PACKAGE_ROOT / "recipes").glob("*.py")
+             if not path.stem.startswith("__") and not defines_a_recipe(path)]
+    assert loose == []
+
+
 def test_the_shared_recipe_pieces_import_no_recipe():
-    """What the recipes share (the modules directly under recipes/ that are no recipe) names no recipe:
-    else a recipe would reach another through it. The registry loads them by name, at run time."""
+    """What the recipes share (recipes/shared/, and the package's `__init__` and `__main__`) names no
+    recipe: else a recipe would reach another through it. The registry loads them by name, at run time."""
     shared = {name: path for name, path in source_files("gpuscale.recipes").items() if recipe_package(name) is None}
-    assert "gpuscale.recipes.training" in shared and "gpuscale.recipes.probe" not in shared
+    assert "gpuscale.recipes.shared.training" in shared and "gpuscale.recipes.probe" not in shared
     assert sorted(f"{name} imports {m}" for name, path in shared.items() for m in imported_by(path, name)
                   if recipe_package(m) is not None) == []
 

@@ -16,9 +16,9 @@ from gpuscale.data import models
 from gpuscale.data.precision import AUTO_RULE, PRECISIONS, device_precision, resolved_precision, torch_dtype
 from gpuscale.engines import distributed
 from gpuscale.engines.batch_search import Trial
-from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.recipes.device_trials import tune_recipe
-from gpuscale.recipes.tuning_key import Device
+from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.device_trials import tune_recipe
+from gpuscale.recipes.shared.tuning_key import Device
 from gpuscale.runs import settings as run_settings
 from gpuscale.runs.settings import RunSettings
 

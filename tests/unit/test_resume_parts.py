@@ -137,7 +137,7 @@ class EggrollLike:
 def test_rft_resumes_a_run_stopped_in_generation_from_the_answers_it_kept(tmp_path):
     """No checkpoint (it never trained), but kept answers: the new run trains on them (data_from
     the folder); a run without kept answers is refused as having nothing to resume from."""
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
 
     rft = get_recipe("rft")
     folder = RunDir(tmp_path / "runs" / "43").make()

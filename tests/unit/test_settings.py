@@ -57,7 +57,7 @@ def test_every_recipe_says_what_its_batch_size_counts():
     """batch_size means different things (rows per engine call, questions per generation call,
     sequences per micro-batch...): each built-in recipe's help says which, per rank, rather than
     RunSettings' generic words."""
-    from gpuscale.recipes.registry import BUILTIN, get_recipe
+    from gpuscale.recipes.shared.registry import BUILTIN, get_recipe
     from gpuscale.runs.settings import RunSettings
 
     generic = RunSettings.model_fields["batch_size"].description

@@ -13,7 +13,7 @@ from gpuscale.data.prompts import prompt_ids
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.sft import SFT, Settings
-from gpuscale.recipes.training import tokenized_dataset, train_sft, training_and_eval_examples
+from gpuscale.recipes.shared.training import tokenized_dataset, train_sft, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError
 
 

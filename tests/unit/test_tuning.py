@@ -185,7 +185,7 @@ def test_an_old_history_is_upgraded_with_its_runs_kept(tmp_path):
 def test_an_out_of_memory_error_in_a_run_names_the_batch_and_the_step(capsys):
     import torch
 
-    from gpuscale.recipes.device_trials import out_of_memory_names
+    from gpuscale.recipes.shared.device_trials import out_of_memory_names
 
     with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory at step 3 of 10 with batch_size 512"):
         with out_of_memory_names(512, 3, 10):

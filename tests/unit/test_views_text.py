@@ -100,7 +100,7 @@ def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
 
 
 def test_shell_equivalent_and_preview(tmp_path):
-    from gpuscale.recipes.registry import get_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
     from gpuscale.runs.launch import DevicePlan
     from gpuscale.runs.settings import resolve_settings
 

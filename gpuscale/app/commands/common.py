@@ -9,7 +9,7 @@ from pathlib import Path
 from gpuscale.app.views.export import NothingToExport
 from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs import launch
 from gpuscale.runs.settings import SettingsError, parse_assignments, resolve_settings
 from gpuscale.runs.store import Store, StoreError, UnknownRun, gpuscale_home

@@ -19,7 +19,7 @@ from gpuscale.app.commands.common import BadInput
 from gpuscale.app.commands.history import cmd_compare
 from gpuscale.app.commands.launching import follow_run
 from gpuscale.app.views.text import format_number
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs import launch
 from gpuscale.runs.settings import resolve_settings
 from gpuscale.runs.store import Store

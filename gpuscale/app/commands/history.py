@@ -33,7 +33,7 @@ from gpuscale.app.views.runs import (
     run_row,
 )
 from gpuscale.app.views.text import format_number, format_time, setting_text
-from gpuscale.recipes.registry import all_recipes
+from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs import launch
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import STATUSES, gpuscale_home

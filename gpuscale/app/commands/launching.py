@@ -23,7 +23,7 @@ from gpuscale.app.commands.common import (
 )
 from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.runs import figure_text, progress_line
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs import launch
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings

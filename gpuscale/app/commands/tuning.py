@@ -1,5 +1,5 @@
 """`gpuscale tune`: a recipe's trials on one device, the table and the choice printed and stored for
-`--batch-size auto` (the trials are recipes/device_trials.py's, in this process)."""
+`--batch-size auto` (the trials are recipes/shared/device_trials.py's, in this process)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuscale.app.commands.common import BadInput, add_setting_options, print_table, settings_from_args
 from gpuscale.app.views.text import format_number
-from gpuscale.recipes.registry import get_recipe
+from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs import launch
 from gpuscale.runs.store import Store
 
@@ -57,7 +57,7 @@ def tune_settings_from_args(args: argparse.Namespace):
 
 def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
     from gpuscale.app.batch_choice import outcome_record, trial_line, trial_rows
-    from gpuscale.recipes.device_trials import default_max_batch, tune_recipe
+    from gpuscale.recipes.shared.device_trials import default_max_batch, tune_recipe
 
     figure = recipe.tuning.figure
     max_batch = args.max_batch or default_max_batch(recipe, settings)  # the run's work per rank, where known
@@ -91,7 +91,7 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
 
 def compare_compile(recipe, settings, device, best, args: argparse.Namespace) -> None:
     """The chosen batch measured again with `compile` flipped; the faster one is said (not applied)."""
-    from gpuscale.recipes.device_trials import tune_recipe
+    from gpuscale.recipes.shared.device_trials import tune_recipe
 
     batch = best.result.chosen.batch_size
     flipped = tune_recipe(recipe, settings.model_copy(update={"compile": not settings.compile}), device,

@@ -298,7 +298,7 @@ class HistoryScreen(Screen):
 
     @work(thread=True, group="history-resume", exit_on_error=False)
     def _resume(self, run: dict, force: bool = False) -> None:
-        from gpuscale.recipes.registry import get_recipe
+        from gpuscale.recipes.shared.registry import get_recipe
 
         try:
             recipe = self.app.recipes.get(run["recipe"]) or get_recipe(run["recipe"])

@@ -33,8 +33,8 @@ from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
     from gpuscale.engines.generation import GenerationEngine
-    from gpuscale.recipes.common import load_generation_model, save_model, summary_opening
-    from gpuscale.recipes.training import training_and_eval_examples
+    from gpuscale.recipes.shared.common import load_generation_model, save_model, summary_opening
+    from gpuscale.recipes.shared.training import training_and_eval_examples
 
     if settings.population % ctx.world_size:
         raise ValueError(f"population: {settings.population}: must divide evenly over {ctx.world_size} ranks")
@@ -389,7 +389,7 @@ class Trainer:
 class Evaluator:
     """Held-out accuracy, greedy and at temperature 1 (the training engine's row terms act only in
     its own calls, so these see the unperturbed model), named as every training recipe names it
-    (recipes/training.py)."""
+    (recipes/shared/training.py)."""
 
     def __init__(self, settings: Settings, ctx, loaded, held_out: list[dict]):
         self.settings, self.ctx, self.loaded, self.held_out = settings, ctx, loaded, held_out
@@ -397,7 +397,7 @@ class Evaluator:
     def figures(self, label: str, log_only: bool = False) -> dict:
         """`accuracy_<greedy|sampled>[_<domain>]_<label>` (label before or after); with `log_only`,
         the two overall accuracies as the figures a step logs, `accuracy_greedy` and `accuracy_sampled`."""
-        from gpuscale.recipes.training import held_out_evaluation
+        from gpuscale.recipes.shared.training import held_out_evaluation
 
         s = self.settings
         figures = held_out_evaluation(self.loaded.model, self.loaded.tokenizer, self.held_out, self.ctx, label,

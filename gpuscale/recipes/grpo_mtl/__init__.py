@@ -14,12 +14,12 @@ test split's problems, or with `eval_split=validation` on the first problems of 
 taken out of training (for choosing settings; the summary's `eval_split` says which). The
 trained model (merged if LoRA) is saved with its tokenizer to RUN_DIR/model before the final
 evaluation (`save_model`, on by default). The training shell (fp32 master weights, the NaN guard,
-merging, casting) is recipes/training.py's, shared with sft and rft.
+merging, casting) is recipes/shared/training.py's, shared with sft and rft.
 
 Files: this one (settings and the recipe, no torch), data.py (training rows and held-out examples),
 rollout.py (the engine behind `rollout_func`), pcgrad.py (the projection, per-domain losses and
 gradients), trainer.py (a rank's work and the GRPOTrainer subclass), trial.py (its tuning trial, on
-recipes/training_trial.py).
+recipes/shared/training_trial.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.recipes.training import TrainingSettings
+from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.training import TrainingSettings
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
@@ -136,8 +136,8 @@ def check_training_examples(settings: Settings) -> None:
     loader yields no whole step and the run ends at once with 0 steps as if it had succeeded. The
     count is of the rows the run loads (the held-out ones left out: JSONL: its first eval_examples
     rows; validation problems too with eval_split=validation)."""
-    from gpuscale.recipes.data_checks import require_training_examples, training_count
     from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples
+    from gpuscale.recipes.shared.data_checks import require_training_examples, training_count
 
     count, source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
     require_training_examples(count, source, settings.prompts_per_step, "prompts_per_step",
@@ -183,7 +183,7 @@ class GrpoMtl(Recipe):
         return trial_session(settings, ctx)
 
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
-        from gpuscale.recipes.rank_batches import micro_batches
+        from gpuscale.recipes.shared.rank_batches import micro_batches
 
         return micro_batches(rank_share(settings, ranks))
 
@@ -191,7 +191,7 @@ class GrpoMtl(Recipe):
         return rank_share(settings, ranks)
 
     def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
-        from gpuscale.recipes.rank_batches import micro_batch_within, run_ranks
+        from gpuscale.recipes.shared.rank_batches import micro_batch_within, run_ranks
 
         micro = micro_batch_within(rank_share(settings, run_ranks(settings)), batch_size)
         return settings.model_copy(update={"batch_size": micro})

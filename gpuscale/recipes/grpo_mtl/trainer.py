@@ -1,4 +1,4 @@
-"""A rank's work in grpo-mtl: evaluate, train with TRL's GRPOTrainer over the domains (recipes/training.py's
+"""A rank's work in grpo-mtl: evaluate, train with TRL's GRPOTrainer over the domains (recipes/shared/training.py's
 shell), save the trained model, evaluate again.
 
 The trainer itself (TRL's GRPOTrainer with domain ids, generation timing and PCGrad) is in
@@ -16,8 +16,8 @@ from gpuscale.runs.settings import SettingsError
 
 
 def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model, summary_opening
-    from gpuscale.recipes.training import save_then_evaluate
+    from gpuscale.recipes.shared.common import load_generation_model, summary_opening
+    from gpuscale.recipes.shared.training import save_then_evaluate
 
     train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
@@ -42,7 +42,7 @@ def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
     8 on CPU), the same on every rank (`agreed_micro_batch`)."""
     if settings.batch_size is None:
         from gpuscale.recipes.grpo_mtl import rank_share
-        from gpuscale.recipes.training import AUTO_STEP_ROWS, agreed_micro_batch, fitted_micro_batch
+        from gpuscale.recipes.shared.training import AUTO_STEP_ROWS, agreed_micro_batch, fitted_micro_batch
 
         share = rank_share(settings, ctx.world_size)
         columns = settings.max_prompt_length + settings.max_completion_length
@@ -77,7 +77,7 @@ def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:
 def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx, when: str) -> dict[str, float | None]:
     """Held-out accuracy, overall and per domain, greedy and sampled at temperature 1, strict answers:
     `accuracy_greedy[_<domain>]_<when>`, `accuracy_sampled[_<domain>]_<when>`."""
-    from gpuscale.recipes.training import held_out_evaluation
+    from gpuscale.recipes.shared.training import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, examples, ctx, when, max_new_tokens=settings.max_completion_length,
                                seed=settings.seed, answer_mode="strict")
@@ -90,7 +90,7 @@ def train_grpo(rows: list[dict], settings: Settings, ctx, reporter, model, token
     """GRPO on `rows` ({"prompt", "answer", "domain"}, the same on every rank: the trainer shards them),
     in the training shell; a `TrainedModel`."""
     from gpuscale.recipes.grpo_mtl.multitask import StepClock
-    from gpuscale.recipes.training import train_model
+    from gpuscale.recipes.shared.training import train_model
 
     clock = None
 
@@ -117,7 +117,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
-    from gpuscale.recipes.training import apply_liger_kernels, card_name, lora_config
+    from gpuscale.recipes.shared.training import apply_liger_kernels, card_name, lora_config
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
     datasets.disable_progress_bars()

@@ -1,19 +1,19 @@
 """grpo-mtl's tuning trial (`gpuscale tune`): optimizer steps of the loss's forward and backward on the run's
 training prompts, each followed by a completion of the full max_completion_length (the gold answer's
 tokens repeated: the longest a rollout can be, so that the tuned micro-batch fits the longest step),
-at a per-device micro-batch (recipes/training_trial.py). The rollouts' generation is not in it."""
+at a per-device micro-batch (recipes/shared/training_trial.py). The rollouts' generation is not in it."""
 
 from __future__ import annotations
 
 from gpuscale.recipes.grpo_mtl import Settings
-from gpuscale.recipes.training_trial import TrainingRows, training_trial_session
+from gpuscale.recipes.shared.training_trial import TrainingRows, training_trial_session
 
 ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of distinct prompts at most
 
 
 def trial_session(settings: Settings, ctx):
     from gpuscale.recipes.grpo_mtl import rank_share
-    from gpuscale.recipes.rank_batches import run_ranks
+    from gpuscale.recipes.shared.rank_batches import run_ranks
 
     share = rank_share(settings, run_ranks(settings))
 

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.recipes.contract import Recipe, Tuning
+from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.runs.settings import RunSettings, SettingsError, auto_means_sized_on_card
 
 

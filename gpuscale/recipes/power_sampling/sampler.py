@@ -14,8 +14,8 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.question_length import question_limit
     from gpuscale.data.tasks import evaluation_examples
-    from gpuscale.recipes.common import RankResults, batched, load_generation_model, merge_results
-    from gpuscale.recipes.device_trials import out_of_memory_names
+    from gpuscale.recipes.shared.common import RankResults, batched, load_generation_model, merge_results
+    from gpuscale.recipes.shared.device_trials import out_of_memory_names
 
     examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed,
                                    question_limit=question_limit(settings))
@@ -146,7 +146,7 @@ class BatchSampler:
 
     def padded(self, prompts: list[list[int]]) -> list[list[int]]:
         """A short last batch keeps the full batch shape under CUDA graphs (common.padded_to)."""
-        from gpuscale.recipes.common import padded_to
+        from gpuscale.recipes.shared.common import padded_to
 
         if self.engine is None or not self.engine.cuda_graphs:
             return prompts

@@ -10,7 +10,7 @@
    `data_from=RUN_ID` (or a path to such a file) skips this and trains on an earlier run's set.
    `generator=transformers` generates with `model.generate` and `num_return_sequences`, as the
    seed did: the baseline the bench compares with.
-2. Train. Every rank fine-tunes on the whole kept set with recipes/training.py's `train_sft` (TRL
+2. Train. Every rank fine-tunes on the whole kept set with recipes/shared/training.py's `train_sft` (TRL
    SFTTrainer, DDP under `accelerate launch`, full or LoRA, merged after); the trained model goes to
    RUN_DIR/model before the final evaluation.
 3. Evaluate. Greedy and temperature-1 accuracy per domain on `eval_examples` held-out problems,
@@ -33,8 +33,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.recipes.training import SupervisedSettings
+from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.training import SupervisedSettings
 from gpuscale.runs.settings import auto_means_sized_on_card
 
 
@@ -102,9 +102,9 @@ def check_questions_per_rank(settings: Settings) -> None:
     launch will plan (gpus here, times nnodes); the questions are those the trainer loads (the
     held-out ones left out: a JSONL file's first eval_examples rows, and with eval_split=validation
     the validation rows)."""
-    from gpuscale.recipes.data_checks import require_training_examples, training_count
-    from gpuscale.recipes.rank_batches import run_ranks
-    from gpuscale.recipes.training import training_and_eval_examples
+    from gpuscale.recipes.shared.data_checks import require_training_examples, training_count
+    from gpuscale.recipes.shared.rank_batches import run_ranks
+    from gpuscale.recipes.shared.training import training_and_eval_examples
 
     ranks = run_ranks(settings)
     count, source = training_count(settings, lambda s: training_and_eval_examples(s)[0])

@@ -1,5 +1,5 @@
 """A rank's whole RFT run: evaluate the base model, generate (or reuse) the kept set, train on it
-with recipes/training.py's `train_sft`, save the trained model, evaluate again.
+with recipes/shared/training.py's `train_sft`, save the trained model, evaluate again.
 
 One step count runs through the phases (the front ends show progress from one counter and one
 total): `PhasedReporter` shifts each phase's steps past the previous phase's and adds the `phase`
@@ -72,9 +72,9 @@ def most_kept_rows(settings: Settings, questions: int) -> int:
 
 
 def run_rft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model, summary_opening
     from gpuscale.recipes.rft.generate import generation_batches
-    from gpuscale.recipes.training import save_then_evaluate, train_sft, training_and_eval_examples
+    from gpuscale.recipes.shared.common import load_generation_model, summary_opening
+    from gpuscale.recipes.shared.training import save_then_evaluate, train_sft, training_and_eval_examples
 
     train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
@@ -179,7 +179,7 @@ def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedRepor
 def evaluate(model, tokenizer, test: list[dict], settings: Settings, ctx, when: str) -> dict:
     """Greedy and temperature-1 accuracy, overall and per domain, strict answers:
     `accuracy_greedy[_<domain>]_<when>` and `accuracy_sampled[_<domain>]_<when>`."""
-    from gpuscale.recipes.training import held_out_evaluation
+    from gpuscale.recipes.shared.training import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, test, ctx, when, max_new_tokens=settings.max_new_tokens,
                                seed=settings.seed, batch_size=settings.eval_batch_size, answer_mode="strict")

@@ -14,7 +14,7 @@ before the final evaluation (`save_model`, on by default); any recipe loads it w
 `--model RUN_DIR/model`.
 
 Files: this one (settings and the recipe, no torch), trainer.py (a rank's work), trial.py (its tuning
-trial, on recipes/training_trial.py). The training itself is recipes/training.py's, shared with rft
+trial, on recipes/shared/training_trial.py). The training itself is recipes/shared/training.py's, shared with rft
 and grpo-mtl.
 """
 
@@ -24,8 +24,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.recipes.contract import Recipe, Tuning
-from gpuscale.recipes.training import MOST_ACCUMULATION, SupervisedSettings
+from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.training import MOST_ACCUMULATION, SupervisedSettings
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
@@ -67,8 +67,8 @@ class SFT(Recipe):
         validation problems come out of the training data)."""
         super().check(settings)
         from gpuscale.data.tasks import check_dataset
-        from gpuscale.recipes.data_checks import training_count
-        from gpuscale.recipes.training import training_and_eval_examples
+        from gpuscale.recipes.shared.data_checks import training_count
+        from gpuscale.recipes.shared.training import training_and_eval_examples
 
         check_dataset(settings.dataset, "train", settings.max_examples)
         count, _source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
@@ -90,7 +90,7 @@ class SFT(Recipe):
         return trial_session(settings, ctx)
 
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
-        from gpuscale.recipes.rank_batches import micro_batches
+        from gpuscale.recipes.shared.rank_batches import micro_batches
 
         return micro_batches(settings.rank_batch, MOST_ACCUMULATION)
 
@@ -98,7 +98,7 @@ class SFT(Recipe):
         return settings.rank_batch
 
     def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
-        from gpuscale.recipes.rank_batches import micro_batch_within
+        from gpuscale.recipes.shared.rank_batches import micro_batch_within
 
         micro = micro_batch_within(settings.rank_batch, batch_size, MOST_ACCUMULATION)
         return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": settings.rank_batch // micro})

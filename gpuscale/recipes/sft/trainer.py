@@ -1,4 +1,4 @@
-"""A rank's work in SFT: evaluate, train with TRL's SFTTrainer (recipes/training.py's shell), save the
+"""A rank's work in SFT: evaluate, train with TRL's SFTTrainer (recipes/shared/training.py's shell), save the
 trained model, evaluate again."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from gpuscale.recipes.sft import Settings
 
 
 def run_sft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.common import load_generation_model, summary_opening
-    from gpuscale.recipes.training import (
+    from gpuscale.recipes.shared.common import load_generation_model, summary_opening
+    from gpuscale.recipes.shared.training import (
         held_out_evaluation,
         save_then_evaluate,
         sft_rows,

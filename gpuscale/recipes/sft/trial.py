@@ -1,17 +1,17 @@
 """sft's tuning trial (`gpuscale tune`): optimizer steps on the run's training rows, tokenized and cut to
-max_length as the run's trainer gets them, at a per-device micro-batch (recipes/training_trial.py)."""
+max_length as the run's trainer gets them, at a per-device micro-batch (recipes/shared/training_trial.py)."""
 
 from __future__ import annotations
 
 from gpuscale.recipes.sft import Settings
-from gpuscale.recipes.training_trial import TrainingRows, training_trial_session
+from gpuscale.recipes.shared.training_trial import TrainingRows, training_trial_session
 
 ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of distinct rows at most
 
 
 def trial_session(settings: Settings, ctx):
     def rows_for(tokenizer) -> TrainingRows:
-        from gpuscale.recipes.training import sft_rows, tokenized_dataset, training_and_eval_examples
+        from gpuscale.recipes.shared.training import sft_rows, tokenized_dataset, training_and_eval_examples
 
         wanted = ROWS_PER_STEP_LOADED * settings.rank_batch
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})

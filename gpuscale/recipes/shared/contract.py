@@ -44,12 +44,12 @@ Launcher = Literal["torchrun", "accelerate"]
 
 @dataclass(frozen=True)
 class Tuning:
-    """How a recipe is tuned (`gpuscale tune`, recipes/device_trials.py). `figure`: the throughput its trials measure
-    (problems_per_s, tokens_per_s...); `shape_settings`: the settings that change the shape of the work (answer
-    length, chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what the tuned
-    batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow recipe cost minutes and are
-    never the best); `cpu_batch_size`: what `--batch-size auto` means on CPU with nothing stored (None: the
-    settings' default)."""
+    """How a recipe is tuned (`gpuscale tune`, recipes/shared/device_trials.py). `figure`: the throughput its trials
+    measure (problems_per_s, tokens_per_s...); `shape_settings`: the settings that change the shape of the work
+    (answer length, chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what
+    the tuned batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow recipe cost
+    minutes and are never the best); `cpu_batch_size`: what `--batch-size auto` means on CPU with nothing stored
+    (None: the settings' default)."""
 
     figure: str
     shape_settings: tuple[str, ...] = ()
@@ -118,7 +118,7 @@ class Recipe(ABC):
         """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of
         the real work at that batch on `ctx.device`, warm-up excluded, with `throughput` in
         `tuning.figure` and `step_seconds`; out of memory is raised (torch.cuda.OutOfMemoryError),
-        and peak memory is measured around the call by the tuner (recipes/device_trials.py)."""
+        and peak memory is measured around the call by the tuner (recipes/shared/device_trials.py)."""
         raise NotImplementedError(f"recipe {self.name} cannot be tuned")
 
     def tune_batch_sizes(self, settings: RunSettings, ranks: int = 1) -> list[int] | None:

@@ -7,8 +7,8 @@ peak resident memory (VmHWM, reset before each trial through /proc/self/clear_re
 `memory_cap` of the card's memory or of the host's RAM. An out-of-memory error is a failed trial,
 not the end of the tuning.
 
-What a result is stored by (`tuning_key`, `Device`) is recipes/tuning_key.py; how many ranks a run
-starts and a rank's micro-batches are recipes/rank_batches.py. Nothing here imports torch at module
+What a result is stored by (`tuning_key`, `Device`) is recipes/shared/tuning_key.py; how many ranks a run
+starts and a rank's micro-batches are recipes/shared/rank_batches.py. Nothing here imports torch at module
 level: the recipes' light modules import `timed_steps` and `out_of_memory_names` from here.
 """
 
@@ -30,9 +30,9 @@ from gpuscale.engines.batch_search import (
     TuneResult,
     search_batch_size,
 )
-from gpuscale.recipes.contract import Recipe
-from gpuscale.recipes.rank_batches import run_ranks
-from gpuscale.recipes.tuning_key import Device, TuningKey, tuning_key
+from gpuscale.recipes.shared.contract import Recipe
+from gpuscale.recipes.shared.rank_batches import run_ranks
+from gpuscale.recipes.shared.tuning_key import Device, TuningKey, tuning_key
 from gpuscale.runs.settings import RunSettings, SettingsError
 
 

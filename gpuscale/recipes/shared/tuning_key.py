@@ -1,14 +1,14 @@
 """What a stored tuning is found by, and where trials run: `tuning_key(...)` names a result by recipe,
 model, device name, precision and the recipe's shape-changing settings; `Device` is the card (or the
 CPU) the trials ran on. No torch: the front ends look results up through it (app/batch_choice.py)
-without loading it; the trials themselves are recipes/device_trials.py."""
+without loading it; the trials themselves are recipes/shared/device_trials.py."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.shared.contract import Recipe
 from gpuscale.runs.settings import RunSettings, SettingsError
 
 CPU_DEVICE_NAME = "cpu"

@@ -43,7 +43,7 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
     import torch
 
     from gpuscale.engines.batch_search import Trial
-    from gpuscale.recipes.device_trials import timed_steps
+    from gpuscale.recipes.shared.device_trials import timed_steps
 
     loaded, model = trainable_model(settings, ctx)
     frozen = reference_model(settings, ctx) if reference else None
@@ -87,8 +87,8 @@ def trainable_model(settings, ctx):
     """(the loaded model with its tokenizer, the module to train) as the run trains it."""
     import torch
 
-    from gpuscale.recipes.common import load_generation_model
-    from gpuscale.recipes.training import lora_config
+    from gpuscale.recipes.shared.common import load_generation_model
+    from gpuscale.recipes.shared.training import lora_config
 
     loaded = load_generation_model(settings.model, ctx)
     model = loaded.model
@@ -109,7 +109,7 @@ def trainable_model(settings, ctx):
 
 def reference_model(settings, ctx):
     """GRPO's frozen reference (beta > 0): the initial model in the rank's dtype, forwarded without grad."""
-    from gpuscale.recipes.common import load_generation_model
+    from gpuscale.recipes.shared.common import load_generation_model
 
     frozen = load_generation_model(settings.model, ctx).model
     frozen.requires_grad_(False)

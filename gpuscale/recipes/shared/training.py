@@ -261,7 +261,7 @@ def train_sft(rows: list[dict], settings: SupervisedSettings, ctx, reporter, mod
     (`packing`, off by default: it changes what a step holds), liger-kernel's fused layers on CUDA
     (`liger_kernels`), and with batch_size auto the micro-batch cut to the card (`card_sized_split`)."""
     if model is None:
-        from gpuscale.recipes.common import load_generation_model
+        from gpuscale.recipes.shared.common import load_generation_model
 
         loaded = load_generation_model(settings.model, ctx)
         model, tokenizer = loaded.model, loaded.tokenizer
@@ -425,7 +425,7 @@ def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, 
         if not examples:
             figures[accuracy_name(label, "", when)] = None
             continue
-        from gpuscale.recipes.common import held_out_accuracy
+        from gpuscale.recipes.shared.common import held_out_accuracy
 
         found = held_out_accuracy(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
                                   temperature=temperature, seed=seed, batch_size=batch_size, answer_mode=answer_mode)
@@ -440,7 +440,7 @@ def save_then_evaluate(trained: TrainedModel, tokenizer, ctx, settings, reporter
     the summary so far as a partial one, then run the final evaluation `evaluate()` and report the
     whole summary. A failure in the evaluation leaves the saved model and the figures measured
     before it. Returns the whole summary (rank 0's matters)."""
-    from gpuscale.recipes.common import save_model
+    from gpuscale.recipes.shared.common import save_model
 
     model_dir = save_model(trained.model, tokenizer, ctx) if settings.save_model else None
     summary = {**summary, **trained.figures, "model_dir": str(model_dir) if model_dir else None}

@@ -12,7 +12,7 @@ import importlib
 from functools import lru_cache
 from importlib.metadata import entry_points
 
-from gpuscale.recipes.contract import Recipe
+from gpuscale.recipes.shared.contract import Recipe
 from gpuscale.runs.settings import SettingsError
 
 GROUP = "gpuscale.recipes"
@@ -33,7 +33,7 @@ def load_recipe(reference: str) -> Recipe:
     module_name, _, class_name = reference.partition(":")
     recipe_cls = getattr(importlib.import_module(module_name), class_name)
     if not (isinstance(recipe_cls, type) and issubclass(recipe_cls, Recipe)):
-        raise TypeError(f"{reference} is not a gpuscale.recipes.contract.Recipe subclass")
+        raise TypeError(f"{reference} is not a gpuscale.recipes.shared.contract.Recipe subclass")
     return recipe_cls()
 
 
