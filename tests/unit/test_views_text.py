@@ -328,7 +328,7 @@ def test_cli_show_and_compare_use_the_views(tmp_path, monkeypatch, capsys):
     assert cli.main(["compare", str(a), str(b)]) == 0
     compared = capsys.readouterr().out.splitlines()
     assert "  batch_size: 8 -> 16" in compared
-    assert "  tokens_per_s: 12,345 -> 24,690, +12,345 (+100.0%) better" in compared  # higher is better
+    assert "  tokens_per_s: 12,345 tokens/s -> 24,690 tokens/s, +12,345 (+100.0%) better" in compared
     assert compared.index("figures that differ:") > compared.index("  batch_size: 8 -> 16")
 
 

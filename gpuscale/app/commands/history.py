@@ -32,7 +32,7 @@ from gpuscale.app.views.runs import (
     progress_line,
     run_row,
 )
-from gpuscale.app.views.text import format_number, format_time, setting_text
+from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs import launch
 from gpuscale.runs.run_dir import RunDir
@@ -143,13 +143,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print("figures that differ:" if result["figures"] else "figures: none differ")
     for key, f in result["figures"].items():
         change = delta_text(f["delta"], f["a"], f.get("better"))  # `better`/`worse` by the figure's direction
-        print(f"  {key}: {format_number(f['a'])} -> {format_number(f['b'])}, {change}")
+        print(f"  {key}: {figure_text(key, f['a'])} -> {figure_text(key, f['b'])}, {change}")
     if result["same"]:
-        print("same in both: " + ", ".join(f"{key} {format_number(v)}" for key, v in result["same"].items()))
+        print("same in both: " + ", ".join(f"{key} {figure_text(key, v)}" for key, v in result["same"].items()))
     for side in ("a", "b"):
         if names := [name for name, f in result["only"].items() if f[side] is not None]:
             print(f"only run {result[side]['id']} has: "
-                  + ", ".join(f"{name} {format_number(result['only'][name][side])}" for name in names))
+                  + ", ".join(f"{name} {figure_text(name, result['only'][name][side])}" for name in names))
     return 0
 
 
