@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import platform
 import statistics
 import sys
@@ -40,7 +41,10 @@ from gpuscale.engines.generation import GenerationEngine, Sampling
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
 from record import one_card, write_result  # noqa: E402
 
-TARGET_SPEEDUP = {1: 15.0, 64: 10.0}  # engine vs generate(), on the GPU
+# On the GPU, batch 1: the engine at least 2x generate() with a StaticCache + torch.compile, and a step
+# within 3x the floor (the weights read once at copy bandwidth).
+TARGET_SPEEDUP = {1: 2.0}
+TARGET_OVER_FLOOR = {1: 3.0}
 
 
 def parse_args(argv=None):
@@ -120,16 +124,31 @@ def ms_per_step(run, new_tokens: int, device, repeats: int) -> float:
     return (long - short) / (new_tokens - 1) * 1e3
 
 
-def bench_generate(model, prompts: torch.Tensor, args, device) -> float:
+def bench_generate(model, prompts: torch.Tensor, args, device, static: bool = False) -> float:
+    """ms per step of model.generate(): its default dynamic cache, or (static) transformers at its best:
+    a StaticCache, with which generate() torch.compiles the forward itself (CUDA graphs included).
+
+    The static cache is made once at prompt + new_tokens columns and reset before each call, so the
+    N-token and 1-token calls share one compiled graph (a cache sized per call would recompile)."""
     attention_mask = torch.ones_like(prompts)
+    cache_kwargs = {}
+    if static:
+        from transformers import StaticCache
+
+        cache = StaticCache(config=model.config, max_cache_len=prompts.shape[1] + args.new_tokens)
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        cache_kwargs = {name: cache}
 
     def run(n):
         config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
                                   min_new_tokens=n, pad_token_id=0, eos_token_id=None)
-        out = model.generate(prompts, attention_mask=attention_mask, generation_config=config)
+        if static:
+            cache.reset()
+        out = model.generate(prompts, attention_mask=attention_mask, generation_config=config, **cache_kwargs)
         assert out.shape[1] == prompts.shape[1] + n, out.shape
 
-    run(4)  # warm-up
+    run(args.new_tokens)  # warm-up (with a static cache: compiles, captures graphs)
+    run(1)
     return ms_per_step(run, args.new_tokens, device, args.repeats)
 
 
@@ -157,9 +176,10 @@ def bench_engine(model, prompts: torch.Tensor, args, device, **engine_options) -
     }
 
 
-BASELINE = """Baseline: transformers' model.generate() in eager mode with its default dynamic cache (not at its best:
-no StaticCache / cache_implementation="static", no torch.compile), plain sampling, at the same batch
-sizes as the engine."""
+BASELINE = """Baseline: transformers' model.generate() at its best: a StaticCache, with which generate() compiles
+the forward itself (torch.compile, mode reduce-overhead: CUDA graphs), the headline ratio; and, as
+users run it by default, eager with its dynamic cache. Plain sampling, the same rows, prompt and new
+tokens as the engine, medians after warm-up calls."""
 
 
 def main(argv=None):
@@ -185,6 +205,14 @@ def main(argv=None):
         with torch.no_grad():
             row["generate_ms_per_step"] = bench_generate(model, prompts, args, device)
             print(f"batch {batch}: generate() {row['generate_ms_per_step']:.3f} ms/step", flush=True)
+            try:
+                row["static_generate_ms_per_step"] = bench_generate(model, prompts, args, device, static=True)
+                print(f"batch {batch}: generate(), StaticCache + compile {row['static_generate_ms_per_step']:.3f} "
+                      "ms/step", flush=True)
+            except Exception as error:  # the baseline at its best failing must not lose the other figures
+                traceback.print_exc()
+                row["static_generate_ms_per_step"] = float("nan")
+                row["static_generate_error"] = f"{type(error).__name__}: {error}"[:1000]
             # (name, label, engine options); the first is the engine's default configuration
             configurations = [("engine", "engine (default)", {})]
             if device.type == "cuda" and not args.skip_no_compile:
@@ -209,8 +237,11 @@ def main(argv=None):
                 if run["compile_error"]:
                     print(f"  compile failed, ran uncompiled: {run['compile_error'][:200]}", flush=True)
         row["speedup_vs_generate"] = row["generate_ms_per_step"] / row["engine_ms_per_step"]
+        # The headline: against transformers at its best (StaticCache + its own torch.compile).
+        row["speedup_vs_static_generate"] = row["static_generate_ms_per_step"] / row["engine_ms_per_step"]
         row["engine_over_floor"] = row["engine_ms_per_step"] / floor_ms
         row["target_speedup"] = TARGET_SPEEDUP.get(batch)
+        row["target_over_floor"] = TARGET_OVER_FLOOR.get(batch)
         results.append(row)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -245,19 +276,20 @@ def print_table(report: dict):
     optional = [(key, title) for key, title in (("engine_no_compile_ms_per_step", "no compile"),
                                                 ("engine_eager_ms_per_step", "no graphs"))
                 if any(key in r for r in results)]
-    header = f"{'batch':>5}  {'generate()':>11}  {'engine':>9}  "
+    header = f"{'batch':>5}  {'generate()':>11}  {'static+compile':>14}  {'engine':>9}  "
     header += "".join(f"{title:>10}  " for _, title in optional)
-    header += f"{'speedup':>8}  {'target':>6}  {'floor':>7}  {'x floor':>7}"
+    header += f"{'vs static':>9}  {'target':>6}  {'floor':>7}  {'x floor':>7}"
     print(f"\nms per decode step, {report['model']} {report['dtype']}, {report['device']}, "
           f"{report['prompt_tokens']} prompt + {report['new_tokens']} new tokens")
     print("engine: default configuration (GPU: CUDA graph + torch.compile); no compile: CUDA graph only; "
           "no graphs: eager")
     print(header)
     for r in results:
-        line = f"{r['batch']:>5}  {r['generate_ms_per_step']:>11.3f}  {r['engine_ms_per_step']:>9.3f}  "
+        line = (f"{r['batch']:>5}  {r['generate_ms_per_step']:>11.3f}  {r['static_generate_ms_per_step']:>14.3f}  "
+                f"{r['engine_ms_per_step']:>9.3f}  ")
         line += "".join(f"{r.get(key, float('nan')):>10.3f}  " for key, _ in optional)
         target = f"{r['target_speedup']:.0f}x" if r["target_speedup"] else "-"
-        line += (f"{r['speedup_vs_generate']:>7.1f}x  {target:>6}  {report['floor_ms_per_step']:>7.3f}  "
+        line += (f"{r['speedup_vs_static_generate']:>8.1f}x  {target:>6}  {report['floor_ms_per_step']:>7.3f}  "
                  f"{r['engine_over_floor']:>6.1f}x")
         print(line)
 

@@ -181,15 +181,22 @@ def test_sample_tokens_equals_the_plain_recipe(sampling):
     tokens, raw, sampled = sample_tokens(logits, sampling, noise)
     expected_tokens, expected_raw, expected_sampled = _reference_sample(logits, sampling, noise)
     assert torch.equal(tokens, expected_tokens)
-    assert torch.equal(raw, expected_raw)
-    assert torch.equal(sampled, expected_sampled)
+    # The engine normalizes by a log-sum-exp after the argmax: the same log-probs up to fp32 rounding.
+    torch.testing.assert_close(raw, expected_raw, rtol=0, atol=1e-5)
+    torch.testing.assert_close(sampled, expected_sampled, rtol=0, atol=1e-5)
     if not sampling.changes_distribution:
         assert torch.equal(raw, sampled)
 
 
-def test_grouped_query_attention_equals_repeated_kv():
+@pytest.mark.parametrize("way", ["sdpa", "matmul"])
+def test_grouped_query_attention_equals_repeated_kv(way, monkeypatch):
     """One query token per row: stacking the query heads of each KV head gives the attention of
-    transformers' repeat_kv path, mask included."""
+    transformers' repeat_kv path, mask included; through SDPA and through the written-out matmuls
+    the engine uses from MATMUL_ATTENTION_MIN_ROWS rows on."""
+    monkeypatch.setattr(fused_module, "MATMUL_ATTENTION_MIN_ROWS", 1 if way == "matmul" else 10**9)
+    used = []
+    monkeypatch.setattr(fused_module, "_matmul_attention",
+                        lambda *args, real=fused_module._matmul_attention: used.append(1) or real(*args))
     batch, heads, kv_heads, columns, dim = 3, 8, 2, 20, 16
     generator = _seeded(5)
     query = torch.randn(batch, heads, 1, dim, generator=generator)
@@ -203,6 +210,7 @@ def test_grouped_query_attention_equals_repeated_kv():
         query, repeat_kv(key, 4), repeat_kv(value, 4), attn_mask=mask, scale=0.3).transpose(1, 2)
     assert out.shape == (batch, 1, heads, dim)
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    assert bool(used) == (way == "matmul")
 
 
 def test_decode_steps_use_grouped_attention_and_restore_the_config(llama, monkeypatch):
@@ -647,3 +655,24 @@ def test_cuda_graphs_on_the_qwen_shape_in_bf16():
         mask = generation.mask.cpu()
         # bf16 forwards of different shapes (batched prefill vs one-token decode) differ by about 1e-2.
         assert float((generation.base_logprobs.cpu() - expected)[mask].abs().max()) < 0.1
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_matmul_attention_agrees_with_sdpa_in_bf16_on_the_gpu():
+    """The large-batch way (scores written in fp32 by the bf16 matmul) against SDPA's kernels, at a
+    batch above MATMUL_ATTENTION_MIN_ROWS: within bf16's rounding of the output."""
+    rows, kv_heads, groups, columns, dim = fused_module.MATMUL_ATTENTION_MIN_ROWS + 16, 2, 7, 96, 64
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    query = torch.randn(rows, kv_heads, groups, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, columns, dim, device="cuda", dtype=torch.bfloat16,
+                              generator=generator) * 3 for _ in range(2))
+    mask = torch.zeros(rows, 1, 1, columns, device="cuda", dtype=torch.bfloat16)
+    mask[::3, ..., :40] = torch.finfo(torch.bfloat16).min
+    ours = fused_module._matmul_attention(query, key, value, mask, dim ** -0.5)
+    expected = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
+                                                                attn_mask=mask.float(), scale=dim ** -0.5)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=dim ** -0.5)
+    ours_error = float((ours.float() - expected).abs().max())
+    sdpa_error = float((sdpa.float() - expected).abs().max())
+    assert ours_error <= 2 * sdpa_error + 1e-3, (ours_error, sdpa_error)

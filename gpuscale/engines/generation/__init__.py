@@ -68,11 +68,14 @@ batches that is mostly their number. So:
   queries (`_grouped_query_sdpa`), so grouped K/V are read as stored, never copied per query head
   (transformers does the same in eager mode, but not under torch.compile).
 
-Sampling uses the Gumbel-max trick with uniform noise drawn, before each step, from the caller's
-`torch.Generator` into a fixed buffer: seeded, identical code on CPU and GPU, and graph-safe (no
-RNG inside the captured graph). Logits are computed in fp32 from the model's last hidden state
-(`torch.mm(..., out_dtype=float32)` on CUDA), so bf16 rounding of the logits does not enter the
-log-probs, which matters when alpha * log p is summed over hundreds of tokens.
+Sampling uses the Gumbel-max trick. Its uniform numbers are a hash of (the step's two seed words,
+the row, the token id) (`sampling.counter_uniform`): the seed words are drawn before each step from
+the caller's `torch.Generator` (seeded; graph-safe: no RNG inside the captured graph), and the
+numbers themselves are computed inside the compiled sampling kernel, never written to memory (at a
+large batch a [rows, vocab] buffer of them cost more than the model's matmuls). Logits are computed
+in fp32 from the model's last hidden state (`torch.mm(..., out_dtype=float32)` on CUDA), so bf16
+rounding of the logits does not enter the log-probs, which matters when alpha * log p is summed over
+hundreds of tokens.
 
 Limits: decoder-only models whose logits are a plain linear head over the last hidden state and
 whose layers are all full attention (Llama, Qwen2, Mistral without sliding window, ...); others are

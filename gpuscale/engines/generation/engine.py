@@ -455,25 +455,23 @@ class GenerationEngine:
         s.finished.copy_(finished)
         s.limit.fill_(limit)
         s.step.zero_()
+        torch.arange(s.noise_rows.shape[0], out=s.noise_rows)
+        if noise_period is not None:
+            s.noise_rows.remainder_(noise_period)
         check_every = CUDA_STOP_CHECK_EVERY if self.cuda_graphs else 1
         for step in range(steps):
             if step % check_every == 0 and bool(s.finished.all()):
                 return step
             if not sampling.greedy:
-                self._draw_noise(generator, noise_period)
+                self._draw_noise_seed(generator)
             self._step(slot, sampling)
             self._cursor.host_write_col += 1
         return steps
 
-    def _draw_noise(self, generator, period: int | None):
-        """The next step's uniform numbers, outside the graph; with a period, the first `period`
-        rows' numbers repeated down the batch."""
-        noise = self._state.noise
-        if period is None or period == noise.shape[0]:
-            noise.uniform_(generator=generator)
-            return
-        noise[:period].uniform_(generator=generator)
-        noise.view(-1, period, noise.shape[-1])[1:].copy_(noise[:period])
+    def _draw_noise_seed(self, generator):
+        """The next step's seed words, drawn outside the graph from the caller's generator (one tiny
+        kernel; the step computes its uniform numbers from them, `counter_uniform`)."""
+        self._state.noise_seed.random_(-(1 << 31), 1 << 31, generator=generator)
 
     def _step(self, slot: int, sampling: Sampling):
         if not self._slots[slot].allocated:

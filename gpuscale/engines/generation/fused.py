@@ -41,9 +41,35 @@ def _grouped_query_sdpa(module, query, key, value, attention_mask, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     batch, heads, _, dim = query.shape
     grouped = query.reshape(batch, heads // groups, groups, dim)  # head h = kv * groups + g, as repeat_kv
-    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask,
-                                         scale=kwargs.get("scaling"))
+    scale = kwargs.get("scaling") or dim ** -0.5
+    if batch >= MATMUL_ATTENTION_MIN_ROWS:
+        out = _matmul_attention(grouped, key, value, attention_mask, scale)
+    else:
+        out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scale)
     return out.reshape(batch, 1, heads, value.shape[-1]), None  # [B, q_len, heads, head_dim], as sdpa's
+
+
+# From this many rows on, one query token per row attends through two batched matmuls and a softmax
+# (`_matmul_attention`) instead of scaled_dot_product_attention: on an H200, at 3,840 rows x 256
+# columns (and 4,096 x 64) the compiled matmuls read K and V at 1.6x (1.3x) the speed of SDPA's
+# kernels, whose tiles are sized for many queries, not for a head group's 7
+# (bench/results/generation/attention-decode-*.json). Below it SDPA is kept (not measured apart there).
+MATMUL_ATTENTION_MIN_ROWS = 1024
+
+
+def _matmul_attention(query, key, value, mask, scale):
+    """softmax(q k^T * scale + mask) v over [B, KV, G, D] queries and [B, KV, C, D] keys/values, the
+    scores in fp32 (on CUDA a bf16/fp16 matmul writes them in fp32 directly, as SDPA keeps them)."""
+    rows, kv_heads, groups, dim = query.shape
+    q = query.reshape(rows * kv_heads, groups, dim)
+    k = key.reshape(rows * kv_heads, key.shape[2], dim).transpose(1, 2)
+    if q.is_cuda and q.dtype != torch.float32:
+        scores = torch.bmm(q, k, out_dtype=torch.float32)
+    else:
+        scores = torch.bmm(q.float(), k.float())
+    scores = scores.view(rows, kv_heads, groups, -1) * scale + mask
+    probabilities = scores.softmax(dim=-1).to(value.dtype)
+    return torch.matmul(probabilities, value)
 
 
 def _register_grouped_attention():

@@ -59,30 +59,97 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Draw one token per row. Returns (tokens, raw log-prob, sampled-distribution log-prob), fp32.
 
-    `noise` holds uniform [0, 1) numbers of the logits' shape (unused when greedy): Gumbel-max over
-    the filtered log-probs samples exactly from the filtered distribution.
-
-    Full-vocabulary work per step, the part that grows with batch x vocab: one log-softmax (a second
-    one only when temperature/top-k/top-p change the distribution; the sort only with top_p < 1),
-    the Gumbel transform and the argmax. Written as few whole-tensor expressions, so that
-    torch.compile can fuse them into a few reductions over the logits and the noise.
+    `noise` holds uniform (0, 1) numbers of the logits' shape (unused when greedy): Gumbel-max over
+    the filtered scores samples exactly from the filtered distribution. The argmax is taken over the
+    scores, not the log-probs (they differ by one constant per row), so that it does not wait for the
+    normalizer: the argmax and the log-sum-exp are independent reductions over the same row, which
+    torch.compile runs in one pass over the logits (at a large batch the logits are gigabytes). The
+    sort happens only with top_p < 1.
     """
     logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    slices = _vocabulary_slices(*logits.shape)
+    normalizer = _logsumexp(logits, slices)
     if sampling.greedy:
-        tokens = logits.argmax(dim=-1)
-        return tokens, _pick(raw_logprobs, tokens), torch.zeros(tokens.shape, dtype=torch.float32,
-                                                                  device=tokens.device)
+        tokens = _argmax(logits, slices)
+        return tokens, _pick(logits, tokens) - normalizer, torch.zeros(tokens.shape, dtype=torch.float32,
+                                                                       device=tokens.device)
     if sampling.changes_distribution:
-        sampled_logprobs = torch.log_softmax(filter_logits(logits, sampling), dim=-1)
+        scores = filter_logits(logits, sampling)
+        sampled_normalizer = _logsumexp(scores, slices)
     else:  # plain sampling: the sampled distribution is the model's
-        sampled_logprobs = raw_logprobs
-    # argmax(log p + g) with Gumbel noise g = -log(-log u); u < 1 keeps g finite, so filtered
+        scores, sampled_normalizer = logits, normalizer
+    # argmax(score + g) with Gumbel noise g = -log(-log u); u < 1 keeps g finite, so filtered
     # tokens (-inf) never win, and u = 0 only gives g = -inf.
-    tokens = (sampled_logprobs - torch.log(-torch.log(noise))).argmax(dim=-1)
-    raw_logprob = _pick(raw_logprobs, tokens)
-    sampled_logprob = raw_logprob if sampled_logprobs is raw_logprobs else _pick(sampled_logprobs, tokens)
+    tokens = _argmax(scores - torch.log(-torch.log(noise)), slices)
+    raw_logprob = _pick(logits, tokens) - normalizer
+    sampled_logprob = raw_logprob if scores is logits else _pick(scores, tokens) - sampled_normalizer
     return tokens, raw_logprob, sampled_logprob
+
+
+# ---- the random numbers of a step, computed where they are used ------------------------------------
+
+# Multipliers of C. Wellons' "lowbias32" integer hash, and the golden ratio's (Weyl sequence), as int32.
+_MIX_A, _MIX_B, _WEYL = 0x7FEB352D, 0x846CA68B - (1 << 32), 0x9E3779B9 - (1 << 32)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32's xorshift-multiply rounds) on int32 tensors: each input bit
+    flips about half the output bits, and distinct inputs never collide. Multiplication wraps around
+    (two's complement: Triton's and the CPU's integer multiply); a right shift is masked to be logical."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * _MIX_A
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * _MIX_B
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
+def counter_uniform(seed: torch.Tensor, row_keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniform numbers in (0, 1), [rows, vocab] float32: a pure function of the step's two int32 seed
+    words, the row's key and the token id (a counter-based generator, as Philox is).
+
+    Why not a buffer filled by torch's RNG: at a large batch a [rows, vocab] fp32 buffer is written,
+    then read, at every step (2.3 GB each way at 3,840 rows of a 152k vocabulary). As an expression of
+    (seed, row, token id), torch.compile fuses it into the kernel that consumes it, and the numbers
+    never reach memory. Rows with one key draw the same numbers (common random numbers); the caller's
+    torch.Generator draws the seed words, so runs stay reproducible. Per number: the row's hash xor a
+    Weyl sequence of the token id, mixed once (two int32 multiplies); 24 random bits, as torch.rand
+    gives a float32.
+    """
+    row_hash = _mix32(_mix32(seed[0] ^ row_keys.to(torch.int32)) ^ seed[1])  # [rows]
+    token_key = torch.arange(vocab, device=row_keys.device, dtype=torch.int32) * _WEYL  # [vocab]
+    bits = (_mix32(row_hash[:, None] ^ token_key[None, :]) >> 8) & 0xFFFFFF
+    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+
+
+# Below this many rows, each row's reductions over the vocabulary run as `_vocabulary_slices` parallel
+# partial reductions: a compiled reduction gives each row one thread block, so at batch 1 one block
+# walked all 152k logits of Qwen's vocabulary, 60 us of a 1.0 ms step on an H200 (bench/results/
+# generation/profile-decode-*.json). At a large batch every block is busy already.
+SLICED_BELOW_ROWS = 1024
+MIN_SLICE = 512
+
+
+def _vocabulary_slices(rows: int, vocab: int) -> int:
+    """How many equal slices each row's vocabulary is reduced in (1: whole rows)."""
+    if rows >= SLICED_BELOW_ROWS:
+        return 1
+    return next((n for n in (128, 64, 32, 16, 8, 4, 2) if vocab % n == 0 and vocab // n >= MIN_SLICE), 1)
+
+
+def _logsumexp(values: torch.Tensor, slices: int) -> torch.Tensor:
+    """torch.logsumexp over the last dim, as a log-sum-exp of each slice's log-sum-exp."""
+    if slices == 1:
+        return torch.logsumexp(values, dim=-1)
+    return torch.logsumexp(torch.logsumexp(values.unflatten(-1, (slices, -1)), dim=-1), dim=-1)
+
+
+def _argmax(values: torch.Tensor, slices: int) -> torch.Tensor:
+    """argmax over the last dim (the first of equal maxima, as torch.argmax), slice by slice."""
+    if slices == 1:
+        return values.argmax(dim=-1)
+    best, where = values.unflatten(-1, (slices, -1)).max(dim=-1)  # [rows, slices]
+    slice_index = best.argmax(dim=-1, keepdim=True)
+    return (slice_index * (values.shape[-1] // slices) + where.gather(-1, slice_index)).squeeze(-1)
 
 
 def _pick(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
