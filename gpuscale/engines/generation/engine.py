@@ -56,10 +56,11 @@ class GenerationEngine:
     cuda_graphs: capture the decode step (default: on CUDA devices).
     static_shapes: attention over the whole KV buffer at every step, as CUDA graphs need
         (default: same as cuda_graphs; True on CPU runs the graph's exact step eagerly, for tests).
-    compile: torch.compile the decode step's forward and its sampling + bookkeeping (needs static
-        shapes; default: on CUDA with static shapes). The first step of each new batch size or KV
-        capacity then compiles the forward (tens of seconds for a 0.5B model), of each new sampling
-        setting the sampling step (seconds).
+    compile: torch.compile the decode step's forward (needs static shapes; default: on CUDA with
+        static shapes). The first step of each new batch size or KV capacity then compiles the
+        forward (tens of seconds for a 0.5B model). The sampling + bookkeeping half of the step is
+        compiled on CUDA either way (seconds, at each new batch size, capacity or sampling setting):
+        it computes its random numbers inside its kernel.
     compile_mode: the torch.compile mode (one without its own CUDA graphs).
     fuse_weights: for Llama-style decoders (Llama, Qwen2, Mistral), run decode steps through
         `_FusedDecode`: q/k/v and gate/up projections as one matmul each, over copies of their
@@ -326,9 +327,12 @@ class GenerationEngine:
         # one cuBLAS call either way, and its fp32 output dtype is best left to ATen).
         self._forward_step: Callable = self._decode_forward
         self._sample_step: Callable = _sample_and_record
+        mode = self._compile_mode
         if self.compile:
-            mode = self._compile_mode
             self._forward_step = _CompiledOrEager(self._decode_forward, "decode forward", mode, False)
+        if self.compile or self.device.type == "cuda":
+            # Compiled on CUDA whatever `compile` says: its random numbers (`counter_uniform`) are an
+            # expression that, run uncompiled, writes [rows, vocab] integers a dozen times a step.
             self._sample_step = _CompiledOrEager(_sample_and_record, "sampling step", mode, True)
 
     # ---- buffers ---------------------------------------------------------------------------------
