@@ -60,6 +60,10 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copy-mib", type=int, default=0,
                         help="buffer for the bandwidth test (default 1024 GPU, 256 CPU)")
+    parser.add_argument("--baselines", nargs="+", choices=["dynamic", "static"], default=["dynamic", "static"],
+                        help="generate() as users run it (dynamic cache, eager) and at its best on small "
+                             "batches (StaticCache + its compile); leave one out only where an earlier run "
+                             "of this script showed it slower at the batch")
     parser.add_argument("--skip-eager", action="store_true", help="on GPU, skip the engine without CUDA graphs")
     parser.add_argument("--skip-no-compile", action="store_true",
                         help="on GPU, skip the engine with CUDA graphs but without torch.compile")
@@ -203,15 +207,17 @@ def main(argv=None):
                                 generator=torch.Generator().manual_seed(args.seed + batch)).to(device)
         row = {"batch": batch}
         with torch.no_grad():
-            row["generate_ms_per_step"] = bench_generate(model, prompts, args, device)
-            print(f"batch {batch}: generate() {row['generate_ms_per_step']:.3f} ms/step", flush=True)
+            row["generate_ms_per_step"] = row["static_generate_ms_per_step"] = float("nan")
+            if "dynamic" in args.baselines:
+                row["generate_ms_per_step"] = bench_generate(model, prompts, args, device)
+                print(f"batch {batch}: generate() {row['generate_ms_per_step']:.3f} ms/step", flush=True)
             try:
-                row["static_generate_ms_per_step"] = bench_generate(model, prompts, args, device, static=True)
-                print(f"batch {batch}: generate(), StaticCache + compile {row['static_generate_ms_per_step']:.3f} "
-                      "ms/step", flush=True)
+                if "static" in args.baselines:
+                    row["static_generate_ms_per_step"] = bench_generate(model, prompts, args, device, static=True)
+                    print(f"batch {batch}: generate(), StaticCache + compile "
+                          f"{row['static_generate_ms_per_step']:.3f} ms/step", flush=True)
             except Exception as error:  # the baseline at its best failing must not lose the other figures
                 traceback.print_exc()
-                row["static_generate_ms_per_step"] = float("nan")
                 row["static_generate_error"] = f"{type(error).__name__}: {error}"[:1000]
             # (name, label, engine options); the first is the engine's default configuration
             configurations = [("engine", "engine (default)", {})]
@@ -237,8 +243,14 @@ def main(argv=None):
                 if run["compile_error"]:
                     print(f"  compile failed, ran uncompiled: {run['compile_error'][:200]}", flush=True)
         row["speedup_vs_generate"] = row["generate_ms_per_step"] / row["engine_ms_per_step"]
-        # The headline: against transformers at its best (StaticCache + its own torch.compile).
         row["speedup_vs_static_generate"] = row["static_generate_ms_per_step"] / row["engine_ms_per_step"]
+        # The headline: against generate() at its best of the ways measured (at small batches its
+        # StaticCache + compile, at thousands of rows its dynamic cache: a static cache's attention
+        # spans every column of the cache).
+        best = min((v for v in (row["generate_ms_per_step"], row["static_generate_ms_per_step"]) if v == v),
+                   default=float("nan"))
+        row["best_generate_ms_per_step"] = best
+        row["speedup_vs_best_generate"] = best / row["engine_ms_per_step"]
         row["engine_over_floor"] = row["engine_ms_per_step"] / floor_ms
         row["target_speedup"] = TARGET_SPEEDUP.get(batch)
         row["target_over_floor"] = TARGET_OVER_FLOOR.get(batch)
@@ -278,7 +290,7 @@ def print_table(report: dict):
                 if any(key in r for r in results)]
     header = f"{'batch':>5}  {'generate()':>11}  {'static+compile':>14}  {'engine':>9}  "
     header += "".join(f"{title:>10}  " for _, title in optional)
-    header += f"{'vs static':>9}  {'target':>6}  {'floor':>7}  {'x floor':>7}"
+    header += f"{'vs best':>8}  {'target':>6}  {'floor':>7}  {'x floor':>7}"
     print(f"\nms per decode step, {report['model']} {report['dtype']}, {report['device']}, "
           f"{report['prompt_tokens']} prompt + {report['new_tokens']} new tokens")
     print("engine: default configuration (GPU: CUDA graph + torch.compile); no compile: CUDA graph only; "
@@ -289,7 +301,7 @@ def print_table(report: dict):
                 f"{r['engine_ms_per_step']:>9.3f}  ")
         line += "".join(f"{r.get(key, float('nan')):>10.3f}  " for key, _ in optional)
         target = f"{r['target_speedup']:.0f}x" if r["target_speedup"] else "-"
-        line += (f"{r['speedup_vs_static_generate']:>8.1f}x  {target:>6}  {report['floor_ms_per_step']:>7.3f}  "
+        line += (f"{r['speedup_vs_best_generate']:>7.1f}x  {target:>6}  {report['floor_ms_per_step']:>7.3f}  "
                  f"{r['engine_over_floor']:>6.1f}x")
         print(line)
 
