@@ -92,23 +92,3 @@ def test_gumbel_max_over_the_numbers_samples_the_distribution():
     chi_square = float(((counts - expected) ** 2 / expected).sum())
     assert chi_square < 4 + 6 * math.sqrt(8)  # 4 degrees of freedom: mean 4, sd sqrt(8)
     torch.testing.assert_close(raw, probabilities.log()[tokens])
-
-
-def test_sliced_reductions_equal_whole_rows_ties_included():
-    """At a small batch the vocabulary is reduced in slices: the same argmax (the first of equal
-    maxima, as torch.argmax) and log-sum-exp as over whole rows."""
-    from gpuscale.engines.generation.sampling import _argmax, _logsumexp, _vocabulary_slices
-
-    values = torch.randn(3, 4096, generator=torch.Generator().manual_seed(0)) * 4
-    values[1, 100] = values[1, 3000] = 50.0  # a tie across slices: the first wins
-    values[2, 7] = values[2, 9] = 60.0  # a tie within a slice
-    slices = _vocabulary_slices(3, 4096)
-    assert slices == 8 and _vocabulary_slices(4096, 4096) == 1 and _vocabulary_slices(3, 4099) == 1
-    assert torch.equal(_argmax(values, slices), values.argmax(-1))
-    assert _argmax(values, slices).tolist()[1:] == [100, 7]
-    torch.testing.assert_close(_logsumexp(values, slices), torch.logsumexp(values, -1), rtol=0, atol=1e-5)
-    # And through sample_tokens: the token Gumbel-max over whole rows picks, its log-prob.
-    noise = counter_uniform(seed(5, 6), torch.arange(3), 4096)
-    tokens, raw, _ = sample_tokens(values, Sampling(1.0), noise)
-    assert torch.equal(tokens, (values - torch.log(-torch.log(noise))).argmax(-1))
-    torch.testing.assert_close(raw, values.log_softmax(-1).gather(-1, tokens[:, None])[:, 0], rtol=0, atol=1e-5)

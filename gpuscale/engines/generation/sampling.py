@@ -67,20 +67,19 @@ def sample_tokens(
     sort happens only with top_p < 1.
     """
     logits = logits.float()
-    slices = _vocabulary_slices(*logits.shape)
-    normalizer = _logsumexp(logits, slices)
+    normalizer = torch.logsumexp(logits, dim=-1)
     if sampling.greedy:
-        tokens = _argmax(logits, slices)
+        tokens = logits.argmax(dim=-1)
         return tokens, _pick(logits, tokens) - normalizer, torch.zeros(tokens.shape, dtype=torch.float32,
                                                                        device=tokens.device)
     if sampling.changes_distribution:
         scores = filter_logits(logits, sampling)
-        sampled_normalizer = _logsumexp(scores, slices)
+        sampled_normalizer = torch.logsumexp(scores, dim=-1)
     else:  # plain sampling: the sampled distribution is the model's
         scores, sampled_normalizer = logits, normalizer
     # argmax(score + g) with Gumbel noise g = -log(-log u); u < 1 keeps g finite, so filtered
     # tokens (-inf) never win, and u = 0 only gives g = -inf.
-    tokens = _argmax(scores - torch.log(-torch.log(noise)), slices)
+    tokens = (scores - torch.log(-torch.log(noise))).argmax(dim=-1)
     raw_logprob = _pick(logits, tokens) - normalizer
     sampled_logprob = raw_logprob if scores is logits else _pick(scores, tokens) - sampled_normalizer
     return tokens, raw_logprob, sampled_logprob
@@ -119,37 +118,6 @@ def counter_uniform(seed: torch.Tensor, row_keys: torch.Tensor, vocab: int) -> t
     token_key = torch.arange(vocab, device=row_keys.device, dtype=torch.int32) * _WEYL  # [vocab]
     bits = (_mix32(row_hash[:, None] ^ token_key[None, :]) >> 8) & 0xFFFFFF
     return (bits.float() + 0.5) * (1.0 / (1 << 24))
-
-
-# Below this many rows, each row's reductions over the vocabulary run as `_vocabulary_slices` parallel
-# partial reductions: a compiled reduction gives each row one thread block, so at batch 1 one block
-# walked all 152k logits of Qwen's vocabulary, 60 us of a 1.0 ms step on an H200 (bench/results/
-# generation/profile-decode-*.json). At a large batch every block is busy already.
-SLICED_BELOW_ROWS = 1024
-MIN_SLICE = 512
-
-
-def _vocabulary_slices(rows: int, vocab: int) -> int:
-    """How many equal slices each row's vocabulary is reduced in (1: whole rows)."""
-    if rows >= SLICED_BELOW_ROWS:
-        return 1
-    return next((n for n in (128, 64, 32, 16, 8, 4, 2) if vocab % n == 0 and vocab // n >= MIN_SLICE), 1)
-
-
-def _logsumexp(values: torch.Tensor, slices: int) -> torch.Tensor:
-    """torch.logsumexp over the last dim, as a log-sum-exp of each slice's log-sum-exp."""
-    if slices == 1:
-        return torch.logsumexp(values, dim=-1)
-    return torch.logsumexp(torch.logsumexp(values.unflatten(-1, (slices, -1)), dim=-1), dim=-1)
-
-
-def _argmax(values: torch.Tensor, slices: int) -> torch.Tensor:
-    """argmax over the last dim (the first of equal maxima, as torch.argmax), slice by slice."""
-    if slices == 1:
-        return values.argmax(dim=-1)
-    best, where = values.unflatten(-1, (slices, -1)).max(dim=-1)  # [rows, slices]
-    slice_index = best.argmax(dim=-1, keepdim=True)
-    return (slice_index * (values.shape[-1] // slices) + where.gather(-1, slice_index)).squeeze(-1)
 
 
 def _pick(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
