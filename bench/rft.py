@@ -89,10 +89,13 @@ def model_parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-BASELINE = """Baseline: `generator=transformers`, the seed's datagen.py structure (transformers model.generate with
-num_return_sequences: eager, dynamic cache, no torch.compile), a real run at the same questions per
-call (--batch-size) as gpuscale's; not swept for its own best batch (--engine-batch-size gives
-gpuscale, not the baseline, its own). The SFT part has no baseline of other code: N GPUs against 1."""
+BASELINE = """Baseline: `generator=transformers`, the structure of the users' earlier RFT script (transformers
+model.generate with num_return_sequences: eager, its default dynamic cache), a real run at the same
+questions per call (--batch-size) as gpuscale's. At its best at large calls: at 3,840 rows generate()
+decodes a step in half the time with its dynamic cache that it takes with a StaticCache and its own
+torch.compile (bench/generation.py, results/generation/engine-vs-generate-b3840-before-*); not swept
+over batch sizes (--engine-batch-size gives gpuscale, not the baseline, its own). The SFT part has no
+baseline of other code: N GPUs against 1."""
 
 
 def main() -> None:

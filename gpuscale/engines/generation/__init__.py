@@ -59,14 +59,16 @@ batches that is mostly their number. So:
   projections as one matmul each, over concatenated copies of their weights (by default when the
   copies take at most FUSED_WEIGHTS_MAX_BYTES; 3 matmuls fewer per layer). It holds only while those
   linears are plain, unhooked and unreplaced: otherwise the call decodes through the model's modules;
-- on CUDA the forward and the sampling + bookkeeping are each wrapped in torch.compile (`compile`,
-  on by default with static shapes on CUDA): RMSNorm, rotary, KV writes, SiLU-mul, residual adds and
+- on CUDA the forward (`compile`, on by default with static shapes on CUDA) and the sampling +
+  bookkeeping (always on CUDA) are each wrapped in torch.compile: RMSNorm, rotary, KV writes, SiLU-mul, residual adds and
   the full-vocab sampling passes fuse into a few kernels. The CUDA graph is captured around the
   compiled code, which only updates the same fixed tensors in place. If compiling fails, the step
   runs uncompiled, with a warning;
 - one query token per row attends with the query heads of each KV head stacked as that head's
   queries (`_grouped_query_sdpa`), so grouped K/V are read as stored, never copied per query head
-  (transformers does the same in eager mode, but not under torch.compile).
+  (transformers does the same in eager mode, but not under torch.compile); from
+  `fused.MATMUL_ATTENTION_MIN_ROWS` rows on, through two batched matmuls and a softmax instead of
+  SDPA's kernels, whose tiles are sized for many queries per head, not a group's few.
 
 Sampling uses the Gumbel-max trick. Its uniform numbers are a hash of (the step's two seed words,
 the row, the token id) (`sampling.counter_uniform`): the seed words are drawn before each step from
