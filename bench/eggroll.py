@@ -38,6 +38,7 @@ def run(method: str, gpus: int, args, steps: int, batch_size: int, population: i
         "--set", f"method={method}", "--set", f"population={population or args.population}",
         "--set", f"rank={args.rank}", "--set", f"perturb_norms={not args.frozen_norms}",
         "--set", f"prompts_per_step={args.prompts}", "--set", f"max_new_tokens={args.max_new_tokens}",
+        "--set", f"fitness={args.fitness}",
         "--set", f"steps={steps}", "--set", "eval_examples=8", "--set", "eval_every=0",
         "--set", "save_model=false", "--set", f"seed={args.seed}", "--json",
     ]
@@ -138,6 +139,10 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--population", type=int, default=256)
     parser.add_argument("--rank", type=int, default=1)
+    parser.add_argument("--fitness", choices=["correctness", "gold_logprob"], default="correctness",
+                        help="of the runs: correctness decodes every member's answers (--max-new-tokens), "
+                             "gold_logprob (the recipe's default) scores the gold answers by teacher forcing "
+                             "and decodes nothing")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step (every member answers each)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=4, help="ES steps of the eggroll runs")
