@@ -77,8 +77,8 @@ def sample_tokens(
         sampled_normalizer = torch.logsumexp(scores, dim=-1)
     else:  # plain sampling: the sampled distribution is the model's
         scores, sampled_normalizer = logits, normalizer
-    # argmax(score + g) with Gumbel noise g = -log(-log u); u < 1 keeps g finite, so filtered
-    # tokens (-inf) never win, and u = 0 only gives g = -inf.
+    # argmax(score + g) with Gumbel noise g = -log(-log u); u strictly inside (0, 1) keeps g finite,
+    # so filtered tokens (-inf) never win.
     tokens = (scores - torch.log(-torch.log(noise))).argmax(dim=-1)
     raw_logprob = _pick(logits, tokens) - normalizer
     sampled_logprob = raw_logprob if scores is logits else _pick(scores, tokens) - sampled_normalizer
