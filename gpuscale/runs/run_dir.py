@@ -14,6 +14,7 @@ writes under RUN_DIR goes through `RunDir`.
         errors/rank<R>.json     the error a rank died of
         results/rank<R>.jsonl   each rank's per-example results, as they are done
         results.jsonl           every rank's results merged, in example order
+        samples.jsonl           a bounded sample of what the model generated, by step (runs/samples.py)
         model/                  a trained model and its tokenizer
         trainer/                TRL's output folder
         checkpoints/            checkpoint-<step>/ folders to resume from (runs/checkpoints.py)
@@ -57,6 +58,12 @@ class RunDir:
     @property
     def results(self) -> Path:
         return self.root / "results.jsonl"
+
+    @property
+    def samples(self) -> Path:
+        """What the model generated, a few per step (runs/samples.py); not the telemetry samples,
+        which the history holds."""
+        return self.root / "samples.jsonl"
 
     # ---- folders ----
 
