@@ -103,6 +103,13 @@ FIGURES: dict[str, Figure] = _figures(
     # Memory.
     Figure("peak_mem_mb", "peak memory", unit="MiB", direction=LOWER, family=True),
     Figure("mem_mb", "memory", unit="MiB", direction=LOWER),
+    # Energy: NVML's energy counter of the run's GPUs, read at its start and end (runs/telemetry.py's
+    # EnergyMeter); absent on CPU and on a GPU without the counter, `energy_unavailable` saying why.
+    Figure("energy_j", "energy", unit="J", direction=LOWER),
+    Figure("energy_j_by_gpu", "energy per GPU", unit="J", direction=LOWER),
+    Figure("energy_j_per_1k_tokens", "energy per 1,000 tokens", unit="J", direction=LOWER),
+    Figure("energy_j_per_correct_answer", "energy per correct held-out answer", unit="J", direction=LOWER),
+    _text("energy_unavailable", "energy not measured"),
     # The run's shape and what it worked on: facts, neither better nor worse.
     _count("world_size", "ranks"),
     _count("steps", "steps"),

@@ -53,6 +53,7 @@ class Supervisor:
         self.throughput = Throughput()
         self.tailer = MetricsTailer(RunDir(self.run_dir).metrics_dir, run_id)
         self.started_at = time.time()
+        self.energy: telemetry.EnergyMeter | None = None  # read from when the launcher starts (supervise)
         self.history_failing = False
         # Metric rows not yet in the history (kept while it cannot be written), and after runs.db was
         # replaced, per rank the time up to which the repair restored this run's rows (None: not yet).
@@ -178,6 +179,7 @@ class Supervisor:
             supervisor_started=me.create_time(), started_at=self.started_at,
         )
         wall_start, cpu_start = time.monotonic(), sum(me.cpu_times()[:2])
+        self.energy = self._start_energy_meter()
         launcher = self.launch()
         self.store.update_run(self.run_id, launcher_pid=launcher.pid)
         sampler = self._make_sampler(launcher.pid)
@@ -201,6 +203,21 @@ class Supervisor:
             print(f"telemetry unavailable: {exc}", flush=True)
             return None
 
+    def _start_energy_meter(self) -> telemetry.EnergyMeter | None:
+        try:
+            return telemetry.EnergyMeter.start(self.plan["gpu_indices"])
+        except Exception as exc:  # like telemetry, the energy figures must never take a run down
+            print(f"energy unavailable: {exc}", flush=True)
+            return None
+
+    def _energy_figures(self, summary: dict, progress: dict) -> dict:
+        if self.energy is None:
+            return {}
+        try:
+            return self.energy.figures(summary, logged_tokens=progress.get("tokens") or 0.0)
+        except Exception as exc:
+            return {"energy_unavailable": f"the energy counter could not be read ({exc})"}
+
     def finish(self, exit_code: int, cpu_percent: float, leftovers: int) -> None:
         if leftovers:
             print(f"killed {leftovers} leftover process(es) of the run", flush=True)
@@ -219,6 +236,7 @@ class Supervisor:
             progress["nonfinite"] = nonfinite
         summary = ended_summary(self.tailer.summaries.get(0, {}), progress, status == "succeeded")
         summary.update(self._run_figures(cpu_percent))
+        summary.update(self._energy_figures(summary, progress))
         end = {"exit_code": exit_code, "summary": summary, "error": error, "hint": hint, "progress": progress}
         # The folder first: the one record of a stop, and of the end of a run whose history was lost.
         RunDir(self.run_dir).record_end(status, started_at=self.started_at, **end)

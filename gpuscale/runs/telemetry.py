@@ -1,4 +1,5 @@
-"""Telemetry: per-GPU samples through NVML (nvidia-ml-py), or host CPU and rank RSS through psutil.
+"""Telemetry: per-GPU samples through NVML (nvidia-ml-py), or host CPU and rank RSS through psutil;
+and the energy a run's GPUs used, from NVML's energy counter (`EnergyMeter`).
 
 A sampler is built once per run and called once per tick; each call returns plain dicts shaped like
 rows of the store's `samples` table: its identity and the fields `runs/sample_fields.py` declares, by
@@ -183,3 +184,93 @@ def make_sampler(run_id: int, gpu_indices: list[int], root_pid: int):
     if gpu_indices and nvml_available():
         return GpuSampler(run_id, gpu_indices, root_pid)
     return HostSampler(run_id, root_pid)
+
+
+# ---- energy: NVML's cumulative counter, read when the run starts and when it ends ----------------
+
+NO_GPU = "no NVML GPU (CPU run)"
+# The token counts a summary may hold, in order of preference, for the energy per 1,000 tokens where
+# the ranks logged none (their logged `tokens`, generated and trained, are preferred: they cover
+# every phase of a run, rft's generation and training alike).
+SUMMARY_TOKEN_COUNTS = ("tokens", "train_tokens", "decoded_tokens")
+
+
+@dataclass
+class EnergyMeter:
+    """The joules each of a run's GPUs used, from NVML's cumulative energy counter
+    (nvmlDeviceGetTotalEnergyConsumption: millijoules since the driver was loaded; Volta and newer),
+    read once when the run starts and once when it ends. Exact whatever the sampling interval, where
+    summing sampled power would miss what happens between ticks. The counter is the whole card's: a
+    process of someone else on the same GPU counts too. `unavailable` says why there is no figure: a
+    CPU run, NVML not there, a GPU without the counter (NVMLError_NotSupported)."""
+
+    indices: list[int]
+    start_mj: dict[int, int] = field(default_factory=dict)
+    unavailable: str | None = None
+
+    @classmethod
+    def start(cls, indices: list[int]) -> EnergyMeter:
+        if not indices:
+            return cls([], unavailable=NO_GPU)
+        if not nvml_available():
+            return cls(list(indices), unavailable="NVML cannot be initialised (no NVIDIA driver?)")
+        start, why = read_energy_mj(indices)
+        return cls(list(indices), start or {}, why)
+
+    def joules_by_gpu(self) -> tuple[dict[int, float] | None, str | None]:
+        """Each GPU's joules since `start`, or None and why. A counter lower than at the start was
+        reset (the driver reloaded during the run): what it counted before is lost, so no figure
+        rather than a wrong or negative one."""
+        if self.unavailable:
+            return None, self.unavailable
+        end, why = read_energy_mj(self.indices)
+        if end is None:
+            return None, why
+        for index in self.indices:
+            if end[index] < self.start_mj[index]:
+                return None, (f"GPU {index}'s energy counter went back during the run "
+                              f"({self.start_mj[index]} -> {end[index]} mJ: the driver reloaded?)")
+        return {index: (end[index] - self.start_mj[index]) / 1000.0 for index in self.indices}, None
+
+    def figures(self, summary: dict, logged_tokens: float = 0.0) -> dict:
+        """The run's energy figures (data/figures.py), or `energy_unavailable` and why."""
+        joules, why = self.joules_by_gpu()
+        if joules is None:
+            return {"energy_unavailable": why}
+        return energy_figures(joules, summary, logged_tokens)
+
+
+def read_energy_mj(indices: list[int]) -> tuple[dict[int, int] | None, str | None]:
+    """NVML's energy counter of each GPU now, in millijoules; None and why where one cannot be read."""
+    import pynvml
+
+    readings = {}
+    for index in indices:
+        try:
+            readings[index] = int(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(index)))
+        except Exception as error:  # NVMLError_NotSupported before Volta and on some boards
+            return None, f"GPU {index} gives no energy counter (NVML: {error})"
+    return readings, None
+
+
+def energy_figures(joules_by_gpu: dict[int, float], summary: dict, logged_tokens: float = 0.0) -> dict:
+    """`energy_j` (every GPU of the run on this node), `energy_j_by_gpu`; per 1,000 tokens where the
+    run counted any (the ranks' logged tokens, else the summary's count); per correct held-out answer
+    where the summary has a final greedy accuracy and its number of held-out examples (and one was
+    right)."""
+    total = sum(joules_by_gpu.values())
+    figures = {"energy_j": round(total, 3),
+               "energy_j_by_gpu": {f"gpu{index}": round(j, 3) for index, j in sorted(joules_by_gpu.items())}}
+    counts = [logged_tokens] + [summary.get(name) for name in SUMMARY_TOKEN_COUNTS]
+    tokens = next((count for count in counts if _positive(count)), None)
+    if tokens:
+        figures["energy_j_per_1k_tokens"] = round(1000.0 * total / tokens, 4)
+    accuracy, examples = summary.get("accuracy_greedy_after"), summary.get("eval_examples")
+    correct = round(accuracy * examples) if _positive(accuracy) and _positive(examples) else 0
+    if correct:
+        figures["energy_j_per_correct_answer"] = round(total / correct, 4)
+    return figures
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

@@ -30,6 +30,11 @@ def test_two_ranks_succeed_with_metrics_and_samples(home):
     assert {m["rank"] for m in store.metrics(run["id"], "tokens")} == {0, 1}
     kinds = {s["kind"] for s in store.samples(run["id"])}
     assert "host" in kinds or "gpu" in kinds
+    if "gpu" in kinds:  # NVML's energy counter over the run (runs/telemetry.py's EnergyMeter)
+        assert run["summary"]["energy_j"] > 0 and len(run["summary"]["energy_j_by_gpu"]) == 2
+    else:
+        assert run["summary"]["energy_unavailable"] == "no NVML GPU (CPU run)" and "energy_j" not in run["summary"]
+        assert "  energy_unavailable: no NVML GPU (CPU run)" in gpuscale("show", str(run["id"])).stdout.splitlines()
     listed = run_json("runs")
     assert [r["id"] for r in listed] == [run["id"]]
     assert {"id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error"} <= set(listed[0])

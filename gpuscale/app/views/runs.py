@@ -164,6 +164,8 @@ def figure_text(name: str, value, unit: bool = True) -> str:
     `unit=False` for a table whose column already names the figure); a missing value as `—`, with no
     unit. A figure the catalogue does not know: `format_number`'s."""
     known = figure(name)
+    if isinstance(value, dict) and known is not None and any(_is_number(v) for v in value.values()):
+        return " · ".join(f"{key} {figure_text(name, v, unit)}" for key, v in value.items())  # per GPU, per rank
     values = value if isinstance(value, (list, tuple)) else [value]
     if known is None or not values or not any(_is_number(v) for v in values):
         return format_number(value)
@@ -220,8 +222,13 @@ def key_figures(summary: dict, limit: int = 2) -> list[str]:
 
 
 def key_figures_text(run: dict, limit: int = 2) -> str:
-    """A table of runs' figures column: `key_figures` of the run's summary."""
-    return ", ".join(key_figures(run.get("summary") or {}, limit))
+    """A table of runs' figures column: `key_figures` of the run's summary, then the energy its GPUs
+    used where it was measured (`energy 41,230 J`; runs/telemetry.py's EnergyMeter)."""
+    summary = run.get("summary") or {}
+    shown = key_figures(summary, limit)
+    if _is_number(summary.get("energy_j")):
+        shown.append(labelled_text("energy_j", summary["energy_j"]))
+    return ", ".join(shown)
 
 
 def run_id_text(run: dict) -> str:
