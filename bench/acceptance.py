@@ -8,8 +8,9 @@ by default). Two run settings that say how runs share the machine, not how a rec
 set for every run: `gpus` (with `--gpus 1` on a machine of several GPUs, each run is pinned to one
 of them in turn) and `gpu_memory_share` (runs sized `auto` that start together each take their
 share of the card instead of half of it: at the same moment they all see the same free memory).
-The table: status, wall time, peak memory per GPU, held-out accuracy greedy and at temperature 1
-before and after (power sampling: its accuracy against the baseline's), whether every logged figure
+The table: status, wall time, peak memory per GPU, the energy its GPUs used (kJ, from NVML's energy
+counter: the summary's energy_j) and per correct held-out answer (J), held-out accuracy greedy and at
+temperature 1 before and after (power sampling: its accuracy against the baseline's), whether every logged figure
 and the summary are finite, and whether the saved model loads and generates with plain
 transformers. Means and spreads over the seeds follow, per domain too, and each recipe's learning
 target (TARGETS) met or not. Written with bench/record.py to bench/results/acceptance/.
@@ -144,6 +145,9 @@ def row_of(result: dict) -> dict:
         "label": result["label"], "seed": result["seed"], "run_id": run.get("id"), "status": run.get("status"),
         "error": run.get("error"), "wall_s": round(result["wall_s"], 1),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
+        # NVML's energy counter over the run (runs/telemetry.py's EnergyMeter); None, and why, without one.
+        "energy_j": summary.get("energy_j"), "energy_j_per_correct_answer": summary.get("energy_j_per_correct_answer"),
+        "energy_unavailable": summary.get("energy_unavailable"),
         **{name: summary.get(name) for name in ACCURACIES},
         "domains": domain_figures(summary),
         "accuracy": summary.get("accuracy"),
@@ -219,17 +223,26 @@ def print_table(rows: list[dict], stats: dict) -> None:
     def pct(value):
         return f"{100 * value:5.1f}" if isinstance(value, (int, float)) else "    —"
 
+    def number(value, scale: float = 1.0):
+        return f"{value / scale:,.1f}" if isinstance(value, (int, float)) else "—"
+
     print(f"{'run':<26}{'seed':>5} {'status':<10}{'wall s':>7}  {'peak MB per GPU':<18}"
+          f"{'energy kJ':>10}{'J/correct':>10}"
           f"{'greedy before→after':>21}{'T=1 before→after':>19}{'acc':>7}  nan-free  model")
     for row in rows:
         peak = " ".join(f"{v:,.0f}" for v in (row["peak_mem_mb"] or {}).values()) or "—"
         model = {None: "—", True: "loads+gen", False: "FAILS"}[row["saved_model_generates"]]
+        # `—*`: not measured, the reason below the row; `—` alone: a row written before the energy figures.
+        energy = number(row.get("energy_j"), 1000.0) + ("*" if row.get("energy_unavailable") else "")
         print(f"{row['label']:<26}{row['seed']:>5} {str(row['status']):<10}{row['wall_s']:>7.0f}  {peak:<18}"
+              f"{energy:>10}{number(row.get('energy_j_per_correct_answer')):>10}"
               f"{pct(row['accuracy_greedy_before']):>13} → {pct(row['accuracy_greedy_after'])}"
               f"{pct(row['accuracy_sampled_before']):>11} → {pct(row['accuracy_sampled_after'])}"
               f"{pct(row['accuracy']):>7}  {'yes' if row['nan_free'] else 'NO':<9} {model}")
         if row["status"] != "succeeded" and row["error"]:
             print(f"    {row['error']}")
+        if row.get("energy_unavailable"):
+            print(f"    * energy not measured: {row['energy_unavailable']}")
     print("\nmean ± sd over seeds (points):")
     for label, figures in stats.items():
         shown = ", ".join(f"{name} {100 * f['mean']:+.1f} ± {100 * f['sd']:.1f}" if name.startswith("gain")

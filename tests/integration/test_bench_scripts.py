@@ -265,12 +265,13 @@ def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_p
 
 
 def acceptance_row(label: str, seed: int, greedy: tuple, sampled: tuple, domains: dict | None = None,
-                   nan_free: bool = True, accuracy: float | None = None) -> dict:
-    """One row as bench/acceptance.py writes it to its --partial file; greedy and sampled: (before, after)."""
+                   nan_free: bool = True, accuracy: float | None = None, **energy) -> dict:
+    """One row as bench/acceptance.py writes it to its --partial file; greedy and sampled: (before, after);
+    `energy`: its energy figures (a row of a file written before them has none)."""
     return {"label": label, "seed": seed, "run_id": seed + 1, "status": "succeeded", "error": None, "wall_s": 60.0,
             "peak_mem_mb": {"gpu0": 1000.0}, "accuracy_greedy_before": greedy[0], "accuracy_greedy_after": greedy[1],
             "accuracy_sampled_before": sampled[0], "accuracy_sampled_after": sampled[1], "domains": domains or {},
-            "accuracy": accuracy, "nan_free": nan_free, "saved_model_generates": True}
+            "accuracy": accuracy, "nan_free": nan_free, "saved_model_generates": True, **energy}
 
 
 def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp_path):
@@ -284,7 +285,9 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
         "accuracy_greedy_comparison_before": 0.6, "accuracy_greedy_comparison_after": comparison_after[seed],
         "accuracy_sampled_comparison_before": 0.4, "accuracy_sampled_comparison_after": 0.5,
     }) for seed in range(3)]
-    rest = [acceptance_row("rft", seed, (0.50, 0.54), (0.30, 0.39)) for seed in range(3)]
+    rest = [acceptance_row("rft", seed, (0.50, 0.54), (0.30, 0.39), energy_j=123_456.0 + seed,
+                           energy_j_per_correct_answer=987.6) for seed in range(2)]
+    rest.append(acceptance_row("rft", 2, (0.50, 0.54), (0.30, 0.39), energy_unavailable="no NVML GPU (CPU run)"))
     rest += [acceptance_row("eggroll", seed, (0.50, 0.60), (0.30, 0.50), nan_free=seed != 1) for seed in range(3)]
     rest += [acceptance_row("power-sampling", seed, (None, None), (None, None), accuracy=0.6) for seed in range(3)]
     rest += [acceptance_row("power-sampling baseline", seed, (None, None), (None, None), accuracy=0.4)
@@ -308,6 +311,13 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
     assert not targets["eggroll"]["met"]  # seed 1 logged a non-finite figure
     assert targets["power-sampling"] == {"points": {"lead_over_sampling": 20.0}, "met": True}
     assert "grpo-mtl pcgrad: NOT MET" in done.stdout and "rft: MET" in done.stdout
+    # The energy columns (kJ, J per correct answer), and why a run has none.
+    table = done.stdout.splitlines()
+    assert "energy kJ J/correct" in table[0]
+    assert [line.split()[5:7] for line in table if line.startswith("rft ")] == [
+        ["123.5", "987.6"], ["123.5", "987.6"], ["—*", "—"]]
+    assert "    * energy not measured: no NVML GPU (CPU run)" in table
+    assert [line.split()[5:7] for line in table if line.startswith("eggroll ")][0] == ["—", "—"]
 
 
 def test_every_bench_script_help_names_its_baseline():
