@@ -13,6 +13,7 @@ import types
 import pytest
 
 from gpuscale.app import cli
+from gpuscale.app.screens.history import history_row
 from gpuscale.runs import telemetry
 from gpuscale.runs.store import Store
 from gpuscale.runs.supervisor import Supervisor
@@ -95,6 +96,12 @@ def test_a_supervised_run_on_two_gpus_ends_with_its_energy_figures(two_fake_gpus
     assert "energy 4,000 J" in row  # the figures column of the table of runs
     assert cli.main(["export", str(run_id), "--what", "summary", "--format", "csv"]) == 0
     assert "energy_j,4000.0" in capsys.readouterr().out.splitlines()
+    # The TUI's history row is `gpuscale runs`' row; `compare` says which run used less.
+    assert "energy 4,000 J" in history_row(store.get_run(run_id), now=0.0, marked=False)[4]
+    other = store.create_run("probe", {"telemetry_interval": 0.05}, [], "host")
+    store.finish_run(other, "succeeded", summary={**summary, "energy_j": 5000.0})
+    assert cli.main(["compare", str(run_id), str(other)]) == 0
+    assert "  energy_j: 4,000 J -> 5,000 J, +1,000 (+25.0%) worse" in capsys.readouterr().out.splitlines()
 
 
 def test_the_figures_come_from_the_summary_where_the_ranks_logged_no_tokens():
