@@ -78,6 +78,13 @@ FIGURES: dict[str, Figure] = _figures(
     Figure("train_loss", "training loss", direction=LOWER),
     Figure("entropy", "entropy", family=True),  # in nats, which a headline need not repeat
     Figure("kl", "KL", family=True),
+    # How far the trainer's log-probs of the sampled tokens are from the sampler's (engines/policy_mismatch.py;
+    # TRL's names for vLLM's): 0 where both are the same weights at the same precision.
+    Figure("sampling_sampling_logp_difference_mean", "policy mismatch (mean)", unit="nats", direction=LOWER,
+           family=True),
+    Figure("sampling_sampling_logp_difference_max", "policy mismatch (max)", unit="nats", direction=LOWER,
+           family=True),
+    Figure("sampling_sampler_kl", "policy mismatch KL", unit="nats", direction=LOWER, family=True),
     Figure("grad_norm", "gradient norm"),
     Figure("learning_rate", "learning rate"),
     Figure("acceptance_rate", "MCMC acceptance"),

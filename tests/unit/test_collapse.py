@@ -127,3 +127,17 @@ def test_mfu_is_shown_as_a_percentage():
     assert figure_text("mfu", 0.2824) == "28.2%" and figure_text("loss", 0.2824) == "0.2824"
     run = {"status": "running", "progress": {"latest": {"loss": 1.5, "mfu": 0.31, "grad_norm": 2.0}}}
     assert figures_text(run) == "loss 1.5 · mfu 31.0% · grad_norm 2"
+
+
+def test_a_policy_mismatch_beyond_its_bound_step_after_step_warns():
+    from gpuscale.app.views.collapse import MISMATCH, MISMATCH_BOUND, MISMATCH_STEPS, policy_mismatch_warnings
+
+    drifting = {MISMATCH: [(1, 0.01), (2, 0.06), (3, 0.07), (4, 0.0812)]}
+    assert policy_mismatch_warnings(drifting) == [
+        "policy mismatch: the trainer's log-probs of the sampled tokens are 0.081 nats from the sampler's "
+        f"(over {MISMATCH_BOUND}) over the last {MISMATCH_STEPS} steps — the loss trains on another policy's "
+        "completions; compare a run with --precision fp32"]
+    drifting[MISMATCH][-2] = (3, MISMATCH_BOUND)  # at the bound is within it
+    assert policy_mismatch_warnings(drifting) == []
+    assert policy_mismatch_warnings({MISMATCH: [(1, 0.2), (2, 0.2)]}) == []  # too few steps to judge
+    assert policy_mismatch_warnings({}) == []  # a recipe that samples nothing (or TRL's own generation)

@@ -173,3 +173,36 @@ def test_a_pcgrad_step_writes_the_projected_sum_of_the_domains_gradients(setup, 
     # ... which is not the plain sum: the projection changed it.
     plain = [sum(parts) for parts in zip(*per_domain)]
     assert not all(torch.allclose(got, raw, atol=1e-6) for got, raw in zip(written, plain))
+
+
+def test_the_policy_mismatch_is_the_loss_s_log_probs_against_the_engine_s_and_is_logged(setup):
+    """Same weights, fp32, CPU: the loss's own log-probs are the engine's (within float tolerance); a
+    sampler off by 0.3 nats on every token gives exactly that; each log carries the figures since the
+    last one, through the ReporterCallback into the rank's metric file."""
+    import json
+    import math
+    from pathlib import Path
+
+    from gpuscale.engines.policy_mismatch import KL, MAX, MEAN
+    from gpuscale.engines.trl_bridge import ReporterCallback
+
+    trainer, batch = setup
+    trainer._mismatch_sums = None  # what the other tests' losses left
+    inputs = scored_inputs(trainer, batch)
+    trainer._compute_loss(trainer.model, inputs)
+    same = trainer._mismatch_sums.tolist()
+    assert same[2] == inputs["completion_mask"].sum().item() > 20  # every completion token, counted once
+    assert same[0] / same[2] < 1e-5 and same[3] < 1e-4
+
+    trainer._mismatch_sums = None
+    off = {**inputs, "sampling_per_token_logps": inputs["sampling_per_token_logps"] + 0.3}
+    for domain in range(len(trainer.domains)):  # PCGrad's per-domain losses: padding rows are masked out
+        trainer.domain_loss(trainer.model, off, domain, padded_rows=len(batch))
+    trainer.log({"loss": 0.5})
+    assert trainer._mismatch_sums is None  # reset by the log
+    (callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, ReporterCallback)]
+    line = json.loads(Path(callback.reporter._file.name).read_text().splitlines()[-1])
+    assert line["sampling_sampling_logp_difference_mean"] == pytest.approx(0.3, abs=1e-4)
+    assert line["sampling_sampling_logp_difference_max"] == pytest.approx(0.3, abs=1e-4)
+    assert line["sampling_sampler_kl"] == pytest.approx(math.expm1(-0.3) + 0.3, abs=1e-4)  # k3 at r = -0.3
+    assert {MEAN, MAX, KL} <= set(trainer.state.log_history[-1])

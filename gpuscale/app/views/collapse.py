@@ -6,7 +6,9 @@ while learning nothing. Pointed out while it happens, the way `waste` points out
 - entropy under a floor: the policy has stopped exploring, every completion of a group is the same;
 - a figure that is no longer finite (the loss is nan): training has diverged;
 - beside them, not a collapse but waste of the same kind: a training run's MFU under 10% step after
-  step (`low_mfu_warnings`).
+  step (`low_mfu_warnings`);
+- and a cause of one: the trainer's log-probs of the sampled tokens far from the sampler's step after
+  step (`policy_mismatch_warnings`): GRPO then trains on another policy's completions.
 
 Names are the ranks' metric names (TRL's `completions/clipped_ratio` becomes
 `completions_clipped_ratio`, see `gpuscale.engines.trl_bridge.metric_name`). `collapse_warnings` is
@@ -46,6 +48,21 @@ LOWER_LR = "lower learning_rate, check precision"
 MFU = "mfu"
 MORE_WORK_A_STEP = ("give each step more rows (gradient_accumulation, the micro-batch left auto), packing=true "
                     "for short rows, or `gpuscale tune`")
+# The policy mismatch (engines/policy_mismatch.py): the mean over the sampled tokens of |log p_trainer -
+# log p_sampler|, in nats. The same weights at the same precision give ~0 (under 1e-5 in fp32 on CPU);
+# a bf16 forward against an fp32 one should stay near 0.01 (bf16 keeps 8 bits of mantissa: logits of
+# magnitude 10 are off by a few hundredths, and most of it cancels in the softmax). At 0.05 the average
+# token's importance ratio is off by 5%, a quarter of GRPO's clip range (epsilon 0.2): the clipping and
+# the advantages then act on the sampler's noise as much as on the update (the training-inference
+# mismatch that makes RL runs collapse; TRL corrects it for vLLM with `vllm_importance_sampling_correction`).
+MISMATCH = "sampling_sampling_logp_difference_mean"
+MISMATCH_BOUND = 0.05
+# Judged over fewer steps than a collapse: a mismatch of precision or kernels is there from the first
+# step on, every step; three in a row are no unlucky batch.
+MISMATCH_STEPS = 3
+# What to do about it: on a GPU the engine decodes the fp32 master weights while the loss's forward runs
+# under bf16 autocast; fp32 on both sides tells a precision mismatch from a bug.
+ALIGN_PRECISION = "the loss trains on another policy's completions; compare a run with --precision fp32"
 
 
 def collapse_warnings(history: dict[str, list[tuple[int, float]]], settings: dict | None = None,
@@ -98,10 +115,21 @@ def low_mfu_warnings(history: dict[str, list[tuple[int, float]]], steps: int = C
             f"{MORE_WORK_A_STEP}"]
 
 
+def policy_mismatch_warnings(history: dict[str, list[tuple[int, float]]], steps: int = MISMATCH_STEPS) -> list[str]:
+    """The trainer's log-probs of the sampled tokens more than MISMATCH_BOUND nats from the sampler's, on
+    average over the tokens, at each of the last `steps` logged steps."""
+    recent = [value for _, value in history.get(MISMATCH, [])[-steps:]]
+    if len(recent) < steps or min(recent) <= MISMATCH_BOUND:
+        return []
+    return [f"policy mismatch: the trainer's log-probs of the sampled tokens are {recent[-1]:.3f} nats from the "
+            f"sampler's (over {format_number(MISMATCH_BOUND)}) over the last {steps} steps — {ALIGN_PRECISION}"]
+
+
 def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) -> list[str]:
     """`collapse_warnings` for a run of the store: its last `steps` logged steps of the watched
     figures, and the figures its supervisor saw turn non-finite (in the run's progress); then
-    `low_mfu_warnings`."""
-    history = store.recent_steps(run["id"], (*WATCHED, MFU), steps)
+    `low_mfu_warnings` and `policy_mismatch_warnings`."""
+    history = store.recent_steps(run["id"], (*WATCHED, MFU, MISMATCH), max(steps, MISMATCH_STEPS))
     nonfinite = (run.get("progress") or {}).get("nonfinite")
-    return collapse_warnings(history, run.get("settings"), nonfinite, steps) + low_mfu_warnings(history, steps)
+    return (collapse_warnings(history, run.get("settings"), nonfinite, steps) + low_mfu_warnings(history, steps)
+            + policy_mismatch_warnings(history))

@@ -2,6 +2,8 @@
 
 `MultiTaskGRPOTrainer` adds to GRPOTrainer:
 - each completion carries its domain's index (`domain_ids`), for per-domain losses;
+- how far the loss's log-probs of the sampled tokens are from the engine's, every step
+  (engines/policy_mismatch.py: `sampling_sampling_logp_difference_mean`/`_max`, `sampling_sampler_kl`);
 - the time spent generating is measured (`time/generation` per step; `generation_seconds` in all);
   `StepClock` times each optimizer step end to end and the generation inside it;
 - `mtl="pcgrad"`: `training_step` computes one loss per domain on that domain's rows (`domain_loss`,
@@ -25,6 +27,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from gpuscale.data.seeds import derived_seed
+from gpuscale.engines.policy_mismatch import SamplerMismatchLogging
 from gpuscale.recipes.grpo_mtl.pcgrad import gradient_cosines, pcgrad
 
 # How a domain's loss on its own rows relates to TRL's loss on the whole micro-batch, per loss type:
@@ -35,7 +38,7 @@ LOSS_NORMALISATION = {"dapo": "tokens_global", "cispo": "tokens_global", "vespo"
                       "grpo": "rows", "sapo": "rows", "dr_grpo": "rows", "luspo": "rows", "bnpo": "tokens_local"}
 
 
-class MultiTaskGRPOTrainer(GRPOTrainer):
+class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
     def __init__(self, *args, domains: list[str], mtl: str = "none", mtl_seed: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.domains = list(domains)
