@@ -50,6 +50,7 @@ class SampleLog:
 
     def __init__(self, run_dir: str | Path):
         self.path = RunDir(run_dir).samples
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.earlier: dict[int, list[dict]] = {}  # step -> the few kept of it
         self.latest_step: int | None = None
         self.latest: list[dict] = []

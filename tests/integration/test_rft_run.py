@@ -6,6 +6,7 @@ the first one's set (`data_from`)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from gpuscale.data.models import load_model
 from gpuscale.data.rewards import correctness
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
 from gpuscale.runs.store import Store
 
 TINY_RFT = ["--recipe", "rft", "--set", "max_examples=16", "--set", "samples_per_question=4",
@@ -52,6 +54,13 @@ def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
     for question in gold:
         mine = [row["completion"] for row in samples if row["question"] == question]
         assert len(mine) <= 2 and len(set(mine)) == len(mine)
+
+    # What rank 0 generated (runs/samples.py): a few of its first call, all of its last (4 questions x 4).
+    records = read_samples(run_dir)
+    assert Counter(record["step"] for record in records) == {1: SAMPLES_PER_STEP, 2: 16}
+    for record in records:
+        assert record["phase"] == "generate" and record["rewards"] == {"correctness": float(record["correct"])}
+        assert record["correct"] is bool(correctness(record["completion"], gold[record["prompt"]], mode="strict"))
 
     # The monitor saw every phase, in order, on one rising step count.
     phases = Store(home).metrics(run["id"], "phase")

@@ -1,4 +1,4 @@
-"""`gpuscale runs`, `show`, `stop`, `delete`, `logs`, `compare`, `export` and `doctor`: reading (and
+"""`gpuscale runs`, `show`, `stop`, `delete`, `logs`, `samples`, `compare`, `export` and `doctor`: reading (and
 tidying) the run history."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from gpuscale.app.commands.common import (
     print_table,
     public_run,
 )
+from gpuscale.app.views import samples as samples_view
 from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
@@ -36,6 +37,7 @@ from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs import launch
 from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.samples import read_samples
 from gpuscale.runs.store import STATUSES, gpuscale_home
 
 COMPARE_NEEDS = "compare needs two run ids, e.g. gpuscale compare 12 15; `gpuscale runs` lists them"
@@ -101,6 +103,33 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return 0
         time.sleep(0.5)
         launch.reconcile(store)
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    """What the run generated, as kept in its samples file: the newest step's (or --step N's), newest
+    first, with --domain only that domain's."""
+    run = open_store().find_run(args.id)
+    records = read_samples(run["run_dir"])
+    steps, domains = samples_view.steps_of(records), samples_view.domains_of(records)
+    if records and args.step is not None and args.step not in steps:
+        raise BadInput(f"step: {args.step}: run {run['id']} kept samples of steps {samples_view.steps_text(steps)}")
+    if records and args.domain is not None and args.domain not in domains:
+        raise BadInput(f"domain: {args.domain!r}: run {run['id']}'s samples are of {', '.join(domains) or 'no domain'}")
+    step = args.step if args.step is not None else (steps[-1] if steps else None)
+    shown = samples_view.filtered(records, step=step, domain=args.domain)
+    if args.json:
+        print(json.dumps(shown, indent=2))
+        return 0
+    if not records:
+        print(f"run {run['id']} ({run['recipe']}) kept no samples: only a recipe that generates keeps them, "
+              "from its first step on")
+        return 0
+    print(f"run {run['id']}: {len(shown)} samples of step {step} (steps kept: {samples_view.steps_text(steps)};"
+          " --step N for another), newest first")
+    for record in shown:
+        print()
+        print(samples_view.sample_text(record))
+    return 0
 
 
 def print_new_lines(path: Path, offset: int, prefix: str) -> int:
@@ -236,6 +265,15 @@ def add_logs_parser(sub) -> None:
     p.set_defaults(func=cmd_logs)
 
 
+def add_samples_parser(sub) -> None:
+    p = sub.add_parser("samples", help="what a run generated: prompts, completions, rewards, a few per step")
+    p.add_argument("id", help=ID_HELP)
+    p.add_argument("--step", type=int, help="this step's samples (default: the newest step's)")
+    p.add_argument("--domain", help="only this domain's samples")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.set_defaults(func=cmd_samples)
+
+
 def add_compare_parser(sub) -> None:
     p = sub.add_parser("compare", help="two runs side by side: settings diff and figure deltas")
     # Optional here so that a missing id gets COMPARE_NEEDS rather than argparse's "required: a, b".
@@ -263,5 +301,5 @@ def add_doctor_parser(sub) -> None:
 
 
 PARSERS = {"runs": add_runs_parser, "show": add_show_parser, "stop": add_stop_parser, "delete": add_delete_parser,
-           "logs": add_logs_parser, "compare": add_compare_parser, "export": add_export_parser,
-           "doctor": add_doctor_parser}
+           "logs": add_logs_parser, "samples": add_samples_parser, "compare": add_compare_parser,
+           "export": add_export_parser, "doctor": add_doctor_parser}

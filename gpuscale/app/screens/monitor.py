@@ -41,6 +41,7 @@ class MonitorScreen(Screen):
         Binding("p", "previous_tab", "Previous run", show=False),
         Binding("x", "close", "Close tab", show=False),
         Binding("c", "charts", "Charts", show=False),
+        Binding("a", "samples", "Samples", show=False),
     ]
 
     def __init__(self):
@@ -161,6 +162,12 @@ class MonitorScreen(Screen):
     def action_details(self) -> None:
         if monitor := self.active_monitor():
             self.app.open_details(monitor.run_id)
+
+    def action_samples(self) -> None:
+        if monitor := self.active_monitor():
+            from gpuscale.app.screens.samples import SamplesScreen
+
+            self.app.push_screen(SamplesScreen(monitor.run_id, live=monitor.live))
 
     async def action_close(self) -> None:
         monitor = self.active_monitor()

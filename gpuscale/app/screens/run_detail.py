@@ -1,4 +1,5 @@
-"""One run: its status, error and hint, command, settings and summary; its stored charts and logs."""
+"""One run: its status, error and hint, command, settings and summary; its stored charts and logs; what
+it generated (its samples)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gpuscale.app.views.runs import figure_text, lineage_lines, run_title, statu
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
+from gpuscale.app.widgets.samples_view import SamplesView
 from gpuscale.runs import launch
 
 
@@ -38,6 +40,7 @@ class RunDetailScreen(Screen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("1", "tab('summary')", "Summary"),
         Binding("2", "tab('charts')", "Charts"),
+        Binding("3", "tab('samples')", "Samples"),
         Binding("e", "export", "Export"),
     ]
 
@@ -56,6 +59,8 @@ class RunDetailScreen(Screen):
                     yield PlainTable(id="detail-settings", cursor_type="row", show_cursor=False)
             with TabPane("Charts", id="charts"):
                 yield RunMonitor(self.run_id, stored=True)
+            with TabPane("Samples", id="samples"):
+                yield SamplesView(self.run_id, id="detail-samples")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -66,6 +71,8 @@ class RunDetailScreen(Screen):
 
     def action_tab(self, tab: str) -> None:
         self.query_one("#detail-tabs", TabbedContent).active = tab
+        if tab == "samples":
+            self.query_one(SamplesView).focus()  # its keys: d (domain), c (correct or not)
 
     def action_export(self) -> None:
         self.app.export_run(self.run_id)

@@ -154,7 +154,7 @@ class RunMonitor(VerticalScroll):
         yield Log(max_lines=400, classes="monitor-log")
         if not self.stored:
             yield PlainStatic("w: chart window · f: next figure · r: next log · n/p: next/previous run · "
-                         "x: close a finished run's tab · d: details · s: stop · c: charts or devices "
+                         "x: close a finished run's tab · d: details · a: samples · s: stop · c: charts or devices "
                          "(short terminals)", classes="monitor-hint")
 
     def on_mount(self) -> None:

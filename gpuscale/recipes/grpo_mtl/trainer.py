@@ -117,6 +117,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
+    from gpuscale.recipes.grpo_mtl.samples import SampleKeeper, SampleNotes
     from gpuscale.recipes.shared.training import apply_liger_kernels, card_name, lora_config
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
@@ -152,6 +153,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     nan_from = injected_fault("nan_reward", ctx.rank)
     if nan_from is not None:
         reward_funcs = [NanFrom(function, nan_from) for function in reward_funcs]
+    reward_funcs[0] = SampleNotes(reward_funcs[0], settings.max_completion_length)  # the samples' domain, truncation
     trainer = MultiTaskGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -165,6 +167,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         mtl=settings.mtl,
         mtl_seed=settings.seed,
     )
+    trainer.add_callback(SampleKeeper(trainer, ctx.run_dir))  # RUN_DIR/samples.jsonl, rank 0
     return trainer, callback
 
 

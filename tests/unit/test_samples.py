@@ -1,0 +1,69 @@
+"""The generations' samples file (runs/samples.py): bounded however long the run, a few of each earlier
+step spread over its kinds, all of the latest; and its views (app/views/samples.py)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from gpuscale.app.views import samples as view
+from gpuscale.runs import samples
+from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.samples import SampleLog, read_samples, sample_record
+
+
+def step_records(step: int, count: int = 10) -> list[dict]:
+    return [sample_record(step, f"q{step}-{i}", f"a{step}-{i}", domain=("add", "count")[i % 2],
+                          correct=i % 4 < 2, rewards={"correctness": float(i % 4 < 2)}) for i in range(count)]
+
+
+def test_the_file_stays_bounded_over_a_long_run_and_keeps_all_of_the_latest_step(tmp_path):
+    log = SampleLog(tmp_path)
+    for step in range(1, samples.STEPS_KEPT + 51):
+        log.add(step, step_records(step))
+    records = read_samples(tmp_path)
+    per_step = Counter(record["step"] for record in records)
+    last = samples.STEPS_KEPT + 50
+    assert per_step[last] == 10  # all of the latest step
+    assert len(per_step) == samples.STEPS_KEPT + 1 and min(per_step) == last - samples.STEPS_KEPT  # the oldest dropped
+    assert set(per_step.values()) == {samples.SAMPLES_PER_STEP, 10}
+    assert len(records) == samples.STEPS_KEPT * samples.SAMPLES_PER_STEP + 10
+
+
+def test_an_earlier_step_keeps_one_of_each_domain_and_correctness_and_long_text_is_cut(tmp_path):
+    log = SampleLog(tmp_path)
+    log.add(1, step_records(1, 40))
+    log.add(1, [sample_record(1, "long", "x" * 10_000)])  # a second call of the same step adds to it
+    log.add(2, step_records(2, 300))
+    records = read_samples(tmp_path)
+    first = [record for record in records if record["step"] == 1]
+    assert {(record["domain"], record["correct"]) for record in first} == {
+        ("add", True), ("count", True), ("add", False), ("count", False)}
+    assert sum(record["step"] == 2 for record in records) == samples.LAST_STEP_LIMIT
+    log.add(2, [sample_record(2, "p", "y" * 10_000)])
+    assert len(read_samples(tmp_path)) == samples.SAMPLES_PER_STEP + samples.LAST_STEP_LIMIT  # still bounded
+    cut = sample_record(3, "p", "z" * 10_000)["completion"]
+    assert len(cut) == samples.TEXT_LIMIT + len(samples.CUT_MARK) and cut.endswith(samples.CUT_MARK)
+
+
+def test_nan_figures_are_left_out_and_a_damaged_line_is_skipped(tmp_path):
+    record = sample_record(1, "p", "c", rewards={"correctness": float("nan"), "format": 0.5}, advantage=float("nan"))
+    assert record["rewards"] == {"format": 0.5} and record["advantage"] is None
+    RunDir(tmp_path).samples.write_text(json.dumps(record) + "\n{torn\n[1]\n")
+    assert read_samples(tmp_path) == [json.loads(json.dumps(record))]
+    assert read_samples(tmp_path / "missing") == []
+
+
+def test_the_views_filter_newest_first_and_write_each_sample_wrapped():
+    records = step_records(1, 4) + step_records(2, 4)
+    shown = view.filtered(records, domain="count", correct=True)
+    assert [(r["step"], r["prompt"]) for r in shown] == [(2, "q2-1"), (1, "q1-1")]
+    assert [r["prompt"] for r in view.filtered(records, step=2)] == ["q2-3", "q2-2", "q2-1", "q2-0"]
+    assert view.steps_text([1, 2, 3]) == "1-3" and view.steps_text([2, 7]) == "2, 7"
+    record = sample_record(4, "what is [bold]2+2[/x]?", "word " * 40, domain="add", correct=False,
+                           rewards={"correctness": 0.0}, advantage=-0.5, truncated=True)
+    text = view.sample_text(record, width=40)
+    lines = text.splitlines()
+    assert lines[0] == "step 4 · add · incorrect · correctness 0 · advantage -0.5 · hit the length cap"
+    assert lines[1:3] == ["prompt:", "  what is [bold]2+2[/x]?"]
+    assert lines[3] == "completion:" and len(lines) > 6 and all(len(line) <= 40 for line in lines[4:])
