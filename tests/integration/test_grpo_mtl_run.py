@@ -56,6 +56,7 @@ def test_two_cpu_ranks_train_with_pcgrad_and_report_per_domain_figures(home):
     assert [m["step"] for m in rewards if m["rank"] >= 0] == [1, 2] and {m["rank"] for m in rewards} <= {0, -1}
     assert {m["rank"] for m in store.metrics(run["id"], "tokens")} == {0, 1}
     assert store.metrics(run["id"], "time_generation")
+    check_policy_mismatch(store, run)
     check_samples(run)
 
     # The trained model is in the run folder, loadable by name, and PCGrad's update changed it.
@@ -85,6 +86,20 @@ def check_samples(run: dict) -> None:
     assert picked and {(r["step"], r["domain"]) for r in picked} == {(1, domain)}
     wrong = gpuscale("samples", str(run["id"]), "--step", "9")
     assert wrong.returncode == 2 and f"step: 9: run {run['id']} kept samples of steps 1-2" in wrong.stderr
+
+
+def check_policy_mismatch(store: Store, run: dict) -> None:
+    """The engine samples from the weights the loss trains (fp32 on CPU, the same step): the trainer's
+    log-probs of the sampled tokens are the sampler's, every step, both ranks' tokens counted; no warning."""
+    from gpuscale.app.views.collapse import run_collapse_warnings
+
+    for name, tolerance in (("sampling_sampling_logp_difference_mean", 1e-5),
+                            ("sampling_sampling_logp_difference_max", 1e-4), ("sampling_sampler_kl", 1e-8)):
+        logged = [(m["step"], m["value"]) for m in store.metrics(run["id"], name) if m["rank"] >= 0]
+        assert [step for step, _ in logged] == [1, 2], name
+        assert all(0 <= value < tolerance for _, value in logged), (name, logged)
+    assert 0 <= run["summary"]["sampling_sampling_logp_difference_mean_last"] < 1e-5
+    assert not any("mismatch" in warning for warning in run_collapse_warnings(store, run))
 
 
 def test_a_nan_reward_fails_the_run_within_a_few_steps_with_one_line(home):

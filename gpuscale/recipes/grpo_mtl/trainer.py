@@ -188,7 +188,10 @@ class NanFrom:
 def grpo_figures(trainer, callback, seconds: float, ctx) -> dict[str, Any]:
     """GRPO's figures beside the shell's: the generation/training split of the time, MFU over the
     whole training time (generation included: the share of the card the update's FLOPs use) where
-    the card's peak is known, and each domain's training reward at the start and the end."""
+    the card's peak is known, the policy mismatch at the start and the end, and each domain's
+    training reward at the start and the end."""
+    from gpuscale.engines.policy_mismatch import MISMATCH_FIGURES
+
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     tokens = callback.tokens_seen
     generation = trainer.generation_seconds
@@ -198,7 +201,7 @@ def grpo_figures(trainer, callback, seconds: float, ctx) -> dict[str, Any]:
         "generation_share": generation / seconds if seconds > 0 else None,
         "mfu": callback.mfu_of(tokens / seconds if seconds > 0 else None),
     }
-    for key in ("reward", "completions/mean_length", "entropy", "kl", "pcgrad/conflict_share"):
+    for key in ("reward", "completions/mean_length", "entropy", "kl", "pcgrad/conflict_share", *MISMATCH_FIGURES):
         figures.update(first_and_last(history, key))
     for domain in trainer.domains:
         figures.update(first_and_last(history, f"rewards/correctness_{domain}/mean", f"train_accuracy_{domain}"))
