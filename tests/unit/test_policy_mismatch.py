@@ -44,3 +44,13 @@ def test_micro_batches_of_a_step_add_up_and_keep_the_largest_difference():
     second = mismatch_sums(torch.zeros(1, 2), torch.tensor([[-0.1, 0.2]]), torch.ones(1, 2))
     figures = mismatch_figures(combined_sums(first, second))
     assert figures[MEAN] == pytest.approx(0.9 / 4) and figures[MAX] == pytest.approx(0.3)
+
+
+def test_the_monitor_s_headline_leads_with_the_mismatch_among_trl_s_sampling_figures():
+    from gpuscale.app.views.runs import figures_text
+
+    latest = {"reward": 0.3, "loss": 0.01, "mfu": 0.2, "entropy": 0.5, "clip_ratio_low_mean": 0.0,
+              "sampling_sampling_logp_difference_max": 0.4, "sampling_sampling_logp_difference_mean": 0.0123}
+    run = {"status": "running", "progress": {"latest": latest}}
+    assert figures_text(run) == ("reward 0.3 · loss 0.01 · mfu 20.0% · "
+                                 "sampling_sampling_logp_difference_mean 0.0123 nats")

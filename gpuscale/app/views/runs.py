@@ -23,9 +23,12 @@ LEAD_FIGURES = (
 KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "problems_per_s")
 # The figures a recipe reports as it goes that people look for first (`phase`: which part of a run
 # of several parts is running, e.g. rft's generate / train / evaluate; `accuracy_greedy`: eggroll's
-# held-out accuracy every eval_every steps). How each is written (unit, a share as a percentage) is
-# the catalogue's, data/figures.py.
-PREFERRED_FIGURES = ("accuracy", "accuracy_greedy", "reward", "loss", "mfu", "phase")
+# held-out accuracy every eval_every steps; `sampling_sampling_logp_difference_mean`: grpo-mtl's policy
+# mismatch, the trainer's log-probs of the sampled tokens against the engine's, which TRL's other
+# `sampling_` figures would leave out of the headline). How each is written (unit, a share as a
+# percentage) is the catalogue's, data/figures.py.
+PREFERRED_FIGURES = ("accuracy", "accuracy_greedy", "reward", "loss", "mfu", "sampling_sampling_logp_difference_mean",
+                     "phase")
 # A table of runs: the CLI's `gpuscale runs` and the TUI's history. The TUI's history cuts the figures
 # to the room left at its width, so that the start time stays on screen at 80 columns.
 RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")
