@@ -29,6 +29,7 @@ from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
 from gpuscale.data.precision import device_precision, torch_dtype
 from gpuscale.data.seeds import derived_seed
+from gpuscale.engines import preemption
 from gpuscale.engines.reporter import NonFiniteFigure, Reporter
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir
@@ -180,6 +181,7 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
     _redirect_output(run_dir, rank)
     reporter = Reporter(run_dir, rank)
     status = 0
+    preemption.install()  # SIGUSR1: write a checkpoint where the recipe can, and end (engines/preemption.py)
     try:
         settings = read_settings(settings_cls, settings_path)
         ctx = init_rank(settings, run_dir)
@@ -187,6 +189,12 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
         main(settings, ctx, reporter)
         if dist.is_initialized():
             dist.barrier()  # leave together: no rank tears its group down under a peer's collective
+    except preemption.Preempted as ended:
+        # Not an error: the run ends as asked. No barrier: outside a loop that checkpoints, a peer
+        # may already be gone.
+        print(f"rank {rank}: {ended}", flush=True)
+        if rank == 0:
+            RunDir(run_dir).preempted.write_text(json.dumps({"step": ended.step, "checkpoint": ended.checkpoint}))
     except BaseException as exc:
         _write_error(run_dir, rank, exc)
         traceback.print_exc()

@@ -56,6 +56,9 @@ class Reporter:
         # Fault injection, for testing failure handling end to end: GPUSCALE_INJECT_FAULT=RANK:KIND:STEP
         if self._fault and step >= self._fault[1]:
             kind = self._fault[0]
+            if kind == "slow":  # a step that takes a second: a test can signal the run mid-training
+                time.sleep(1.0)
+                return
             if kind == "oom":
                 import torch
 

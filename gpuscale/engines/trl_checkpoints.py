@@ -26,12 +26,14 @@ from gpuscale.runs.run_dir import RunDir
 
 def checkpoint_args(settings, run_dir: str | Path) -> dict[str, Any]:
     """TrainingArguments fields for the run's checkpoints: every `checkpoint_every` optimizer steps
-    into RUN_DIR/checkpoints, the newest `keep_checkpoints` kept; none when checkpoint_every is 0."""
+    into RUN_DIR/checkpoints, the newest `keep_checkpoints` kept; none when checkpoint_every is 0
+    but the one SLURM's signal asks for (engines/preemption.py), which goes there too."""
     every = getattr(settings, "checkpoint_every", 0)
+    where = {"output_dir": str(RunDir(run_dir).checkpoints),
+             "save_total_limit": getattr(settings, "keep_checkpoints", None) or None}
     if not every:
-        return {"save_strategy": "no"}
-    return {"save_strategy": "steps", "save_steps": every, "save_total_limit": settings.keep_checkpoints,
-            "output_dir": str(RunDir(run_dir).checkpoints)}
+        return {"save_strategy": "no", **where}
+    return {"save_strategy": "steps", "save_steps": every, **where}
 
 
 def resume_checkpoint(settings) -> str | None:

@@ -129,11 +129,17 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(store.home)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, preexec_fn=ignore_preemption_signal,
         )
     store.update_run(run_id, supervisor_pid=supervisor.pid)
     _children.append(supervisor)
     return run_id
+
+
+def ignore_preemption_signal() -> None:
+    """In the supervisor before exec: SIGUSR1 ignored until it takes the signal itself (SLURM may
+    send it to every process of the job step, and by default it ends a process)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def run_ids_as_folders(store: Store, settings: RunSettings) -> RunSettings:
@@ -187,7 +193,7 @@ class AlreadyResumed(ResumeRefused):
                          f"`gpuscale resume {run_id} --force` resumes run {run_id} again")
 
 
-RESUMABLE_STATUSES = ("stopped", "failed", "lost")
+RESUMABLE_STATUSES = ("stopped", "failed", "lost", "preempted")
 
 
 def refuse_unless_ended(run: dict) -> None:
@@ -257,7 +263,8 @@ _PARENTS_LABEL = object()  # resume_run's default: the child carries its parent'
 
 
 def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
-               plan: DevicePlan | None = None, force: bool = False, label: str | None | object = _PARENTS_LABEL) -> int:
+               plan: DevicePlan | None = None, force: bool = False, label: str | None | object = _PARENTS_LABEL,
+               notes: dict | None = None) -> int:
     """Continue a stopped, failed or lost run as a new run that names it as its parent, from its
     last checkpoint (`resume_settings`), with its label unless `label` is given; returns the new
     run's id. A run resumed before is refused (`AlreadyResumed`, naming the runs that continued it)
@@ -267,7 +274,18 @@ def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
     if children and not force:
         raise AlreadyResumed(run["id"], children)
     label = run.get("label") if label is _PARENTS_LABEL else label
-    return start_run(store, recipe, settings, plan, label=label, parent_id=run["id"])
+    return start_run(store, recipe, settings, plan, notes=notes, label=label, parent_id=run["id"])
+
+
+def earlier_attempt(store: Store, job_id: str, node_rank: int) -> dict | None:
+    """The newest run of SLURM job `job_id` on node `node_rank` (`gpuscale run --slurm-requeue`
+    records the job in the run's notes), after marking runs whose supervisor died lost; None if none."""
+    reconcile(store)
+    for run in store.list_runs():  # newest first
+        settings = run.get("settings") or {}
+        if str(settings.get("slurm_job_id")) == str(job_id) and settings.get("node_rank", 0) == node_rank:
+            return run
+    return None
 
 
 # Supervisors this front end started; polled so that finished ones do not linger as zombies.
@@ -345,8 +363,11 @@ def recorded_end(ended: dict) -> dict:
 
 
 def sbatch_script(recipe_name: str, nodes: int, gpus_per_node: int, run_args: list[str],
-                  time_limit: str = "04:00:00", partition: str | None = None, port: int = 29500) -> str:
-    """A batch script: one `gpuscale run` per node through srun, rendezvous on the first node."""
+                  time_limit: str = "04:00:00", partition: str | None = None, port: int = 29500,
+                  requeue_margin_s: int | None = None) -> str:
+    """A batch script: one `gpuscale run` per node through srun, rendezvous on the first node.
+    `requeue_margin_s`: a job that checkpoints and requeues itself that many seconds before its
+    time limit (`requeue_lines`)."""
     head = [
         "#!/bin/bash",
         f"#SBATCH --job-name=gpuscale-{recipe_name}",
@@ -358,6 +379,10 @@ def sbatch_script(recipe_name: str, nodes: int, gpus_per_node: int, run_args: li
     ]
     if partition:
         head.append(f"#SBATCH --partition={partition}")
+    if requeue_margin_s is not None:
+        # USR1 to the batch shell (B:) alone: srun passes it to each node's `gpuscale run` (below).
+        head += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{requeue_margin_s}"]
+        run_args = [*run_args, "--slurm-requeue"]
     run = shlex.join(
         ["gpuscale", "run", "--recipe", recipe_name, "--gpus", str(gpus_per_node), "--nnodes", str(nodes), *run_args]
     )
@@ -370,4 +395,31 @@ def sbatch_script(recipe_name: str, nodes: int, gpus_per_node: int, run_args: li
         f'  {run} \\',
         f'  --rdzv-endpoint "$head_node:{port}" --set rdzv_id="$SLURM_JOB_ID"',
     ]
+    if requeue_margin_s is not None:
+        body = requeue_lines(body)
     return "\n".join(head + [""] + body) + "\n"
+
+
+def requeue_lines(body: list[str]) -> list[str]:
+    """The batch script's body for `--requeue`: srun in the background, so that the shell can take
+    SLURM's USR1 (bash runs a trap only between commands, and `wait` is one it interrupts). On USR1
+    it passes the signal to srun, which passes it to each node's `gpuscale run` (its supervisor then to
+    the ranks: they write a checkpoint and the run ends `preempted`), waits for them, and requeues the
+    job: SLURM requeues on its own only for a node failure or a preemption, never at the time limit.
+    The requeued job runs this script again (same SLURM_JOB_ID, SLURM_RESTART_COUNT > 0), and
+    `gpuscale run --slurm-requeue` continues each node's run from its checkpoint."""
+    *before, last = body
+    return [
+        *before,
+        f"{last} &",
+        "step=$!",
+        "requeue() {",
+        '  echo "USR1 from SLURM: the runs write a checkpoint and end; then the job is requeued"',
+        '  kill -USR1 "$step" || true',
+        '  wait "$step" || true',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "  exit 0",
+        "}",
+        "trap requeue USR1",
+        'wait "$step"',
+    ]

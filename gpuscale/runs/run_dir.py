@@ -98,6 +98,12 @@ class RunDir:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"checkpoint-{step}"
 
+    @property
+    def preempted(self) -> Path:
+        """Written by rank 0 when the run ends on SLURM's signal: the step and the checkpoint (or
+        none) it ended with (engines/preemption.py)."""
+        return self.root / "preempted.json"
+
     # ---- per rank ----
 
     def log(self, rank: int) -> Path:

@@ -49,7 +49,7 @@ def _sqlite_utils():
     return sqlite_utils
 
 
-STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost")
+STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost", "preempted")
 # Per-item results a recipe may merge into its run folder (one JSON object a line), from the files
 # its ranks append to as they go, RUN_DIR/results/rank<R>.jsonl.
 LIVE_STATUSES = ("queued", "running")

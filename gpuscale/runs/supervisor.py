@@ -30,11 +30,14 @@ import psutil
 
 from gpuscale.runs import telemetry
 from gpuscale.runs.metrics_tail import MetricsTailer, Throughput
-from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, signal_group
+from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import Store, StoreError, UnknownRun, merge_rank_results
 
 STOP_GRACE_S = 7.0
+# While a preemption is asked, SIGUSR1 goes to the ranks again this often: a rank still starting
+# (the launcher's ignored disposition, until run_rank takes the signal) would have missed it.
+PREEMPT_RESEND_S = 5.0
 # Metric rows kept while the history cannot be written (all are in the ranks' metric files too).
 MAX_UNSENT_ROWS = 100_000
 
@@ -48,6 +51,8 @@ class Supervisor:
         self.plan = json.loads(RunDir(self.run_dir).plan.read_text())
         self.interval = float(self.run["settings"].get("telemetry_interval", 1.0))
         self.stop_requested_at: float | None = None
+        self.preempt_requested_at: float | None = None  # SIGUSR1: SLURM's signal ahead of the time limit
+        self.preempt_sent_at: float | None = None
         self.term_sent = False
         self.killed = False
         self.throughput = Throughput()
@@ -69,11 +74,16 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal must not end the run
+        signal.signal(signal.SIGUSR1, self._request_preemption)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # the launcher's exit wakes the loop at once
 
     def _request_stop(self, *_args) -> None:
         if self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
+
+    def _request_preemption(self, *_args) -> None:
+        if self.preempt_requested_at is None:
+            self.preempt_requested_at = time.monotonic()
 
     def _sleep_until(self, deadline: float) -> None:
         timeout = max(0.0, deadline - time.monotonic())
@@ -95,7 +105,7 @@ class Supervisor:
         with open(RunDir(self.run_dir).launcher_log, "ab") as log:
             return subprocess.Popen(
                 self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                process_group=0, preexec_fn=lambda: die_with_parent(signal.SIGTERM), cwd=self.run_dir,
+                process_group=0, preexec_fn=launcher_preexec, cwd=self.run_dir,
             )
 
     def tick(self, sampler) -> None:
@@ -159,6 +169,23 @@ class Supervisor:
         upto, self.restored_upto = self.restored_upto, {}
         return [row for row in rows if row["t"] > upto.get(row["rank"], float("-inf"))]
 
+    def pass_preemption_on(self) -> None:
+        """SIGUSR1 to every process of the run: the ranks write a checkpoint and end
+        (engines/preemption.py); the launcher ignores it (`launcher_preexec`)."""
+        if self.preempt_requested_at is None or self.stop_requested_at is not None:
+            return
+        now = time.monotonic()
+        if self.preempt_sent_at is not None and now - self.preempt_sent_at < PREEMPT_RESEND_S:
+            return
+        if self.preempt_sent_at is None:
+            print("SIGUSR1: asking the ranks to write a checkpoint and end (preemption)", flush=True)
+        self.preempt_sent_at = now
+        for proc in run_processes(str(self.run_dir)):
+            try:
+                proc.send_signal(signal.SIGUSR1)
+            except psutil.Error:
+                pass
+
     def enforce_stop(self, launcher: subprocess.Popen) -> None:
         """SIGTERM the launcher's group once; SIGKILL everything of the run after the grace time."""
         if self.stop_requested_at is None:
@@ -186,6 +213,7 @@ class Supervisor:
         next_tick = time.monotonic()
         while launcher.poll() is None:
             self.enforce_stop(launcher)
+            self.pass_preemption_on()
             if time.monotonic() >= next_tick:
                 self.tick(sampler)
                 next_tick = time.monotonic() + self.interval
@@ -223,6 +251,9 @@ class Supervisor:
             print(f"killed {leftovers} leftover process(es) of the run", flush=True)
         if self.stop_requested_at is not None:
             status, error, hint = "stopped", None, None
+        elif self.preempt_requested_at is not None and self.preempted() is not None:
+            # The ranks ended as asked (a peer's exit code may say it lost rank 0 meanwhile).
+            status, error, hint = "preempted", None, preempted_hint(self.run_id, self.preempted())
         elif exit_code == 0:
             status, error, hint = "succeeded", None, None
         else:
@@ -242,6 +273,13 @@ class Supervisor:
         RunDir(self.run_dir).record_end(status, started_at=self.started_at, **end)
         self.write_history(lambda: self.store.finish_run(self.run_id, status, **end))
 
+    def preempted(self) -> dict | None:
+        """What rank 0 wrote on ending at SLURM's signal (RunDir.preempted), or None."""
+        try:
+            return json.loads(RunDir(self.run_dir).preempted.read_text())
+        except (OSError, ValueError):
+            return None
+
     def _run_figures(self, cpu_percent: float) -> dict:
         figures = {
             "duration_s": round(time.time() - self.started_at, 3),
@@ -254,6 +292,25 @@ class Supervisor:
         if peaks:
             figures["peak_run_mem_mb"] = {f"{p['kind']}{p['idx']}": round(p["peak_run_mem_mb"] or 0, 1) for p in peaks}
         return figures
+
+
+def launcher_preexec() -> None:
+    """In the launcher, before exec: it dies with the supervisor, and ignores SIGUSR1 (torchrun would
+    die of it; SLURM may send it to every process of a job step). The ranks inherit the ignored
+    signal and take it themselves once started (engines/preemption.py)."""
+    die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def preempted_hint(run_id: int, preempted: dict | None) -> str:
+    """What a preempted run's end says: what it left, and how it goes on."""
+    checkpoint = (preempted or {}).get("checkpoint")
+    if checkpoint:
+        return (f"preempted after step {preempted.get('step')}: {Path(checkpoint).name} written; the requeued "
+                f"SLURM job continues from it (or `gpuscale resume {run_id}`)")
+    return ("preempted with no checkpoint (the signal came outside a training loop that writes one, or the "
+            "recipe writes none): the requeued SLURM job resumes from an earlier checkpoint if there is one, "
+            "else starts it over")
 
 
 def partial_summary(progress: dict) -> dict:

@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -145,3 +146,50 @@ def test_busy_cores_sees_work_that_just_started():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+
+def test_sbatch_requeue_script_signals_ahead_of_the_limit_and_requeues_itself(tmp_path):
+    """`gpuscale sbatch --requeue`'s script, run by bash with a stand-in srun and scontrol: SLURM's
+    USR1 (300 s before the limit, to the batch shell) reaches srun at once (srun in the background,
+    so that the trap runs), the shell waits for the nodes' runs to end and requeues the job."""
+    printed = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "sbatch", "--recipe", "probe", "--nodes", "2",
+                              "--gpus-per-node", "4", "--requeue", "--set", "steps=5"], capture_output=True, text=True)
+    assert printed.returncode == 0, printed.stderr
+    lines = printed.stdout.splitlines()
+    assert {"#SBATCH --requeue", "#SBATCH --signal=B:USR1@300"} <= set(lines)
+    assert "--slurm-requeue" in next(line for line in lines if line.lstrip().startswith("gpuscale run"))
+    script = tmp_path / "job.sh"
+    script.write_text(printed.stdout)
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"""#!/bin/bash
+trap 'echo "srun: USR1" >> {log}; exit 0' USR1
+echo "srun: $*" >> {log}
+while true; do sleep 0.05; done
+""")
+    (bin_dir / "scontrol").write_text(f"""#!/bin/bash
+if [ "$1" = show ]; then echo node7; else echo "scontrol: $*" >> {log}; fi
+""")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node7"}
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not (log.exists() and "srun:" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=10)
+    assert job.returncode == 0
+    assert "USR1 from SLURM" in out
+    srun_line, *rest = log.read_text().splitlines()
+    assert "--slurm-requeue" in srun_line and '--rdzv-endpoint node7:29500' in srun_line
+    assert rest == ["srun: USR1", "scontrol: requeue 77"]
+
+
+def test_sbatch_refuses_a_signal_margin_slurm_does_not_take():
+    refused = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "sbatch", "--recipe", "probe", "--nodes", "1",
+                              "--gpus-per-node", "1", "--requeue", "--signal-margin", "0"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr == "gpuscale: error: signal-margin: 0: SLURM takes 1 to 65535 seconds\n"

@@ -69,7 +69,9 @@ def test_checkpoint_settings_and_their_training_arguments(tmp_path):
     assert checkpoint_args(settings, tmp_path) == {"save_strategy": "steps", "save_steps": 50, "save_total_limit": 2,
                                                    "output_dir": str(tmp_path / "checkpoints")}
     off = resolve_settings(RunSettings, overrides={"checkpoint_every": "off"}, environ={})
-    assert off.checkpoint_every == 0 and checkpoint_args(off, tmp_path) == {"save_strategy": "no"}
+    # None on a schedule, but SLURM's signal may still ask for one (engines/preemption.py): it goes there too.
+    assert off.checkpoint_every == 0 and checkpoint_args(off, tmp_path) == {
+        "save_strategy": "no", "save_total_limit": 2, "output_dir": str(tmp_path / "checkpoints")}
     assert resume_checkpoint(settings) is None
     there = resolve_settings(RunSettings, overrides={"resume_from": str(tmp_path)}, environ={})
     assert resume_checkpoint(there) == str(tmp_path)

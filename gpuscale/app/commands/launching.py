@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -41,6 +42,10 @@ def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = Tru
     parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
     parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")
     parser.add_argument("--label", help="a name for the run, shown by `gpuscale runs` and usable where its id is")
+    parser.add_argument("--slurm-requeue", action="store_true",
+                        help="inside a job of `gpuscale sbatch --requeue`: a requeued job (SLURM_RESTART_COUNT > 0) "
+                             "continues this node's run of the same SLURM_JOB_ID from its checkpoint, and a run "
+                             "preempted by SLURM's signal exits 0 (the job requeues itself)")
 
 
 def add_follow_options(parser: argparse.ArgumentParser) -> None:
@@ -61,9 +66,18 @@ def run_settings_from_args(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     label = checked_label(args.label)
+    job = slurm_job(os.environ) if args.slurm_requeue else None
+    if job is not None:  # SLURM's signal may come before the run has started: kept for follow_run
+        signal.signal(signal.SIGUSR1, lambda *_: PREEMPTION.update(asked=True))
     recipe, settings, notes = run_settings_from_args(args)
     plan = launch.plan_devices(settings.gpus)
     store = Store()
+    if job is not None:
+        notes = {**notes, "slurm_job_id": job["id"], "slurm_restart_count": job["restarts"]}
+        if job["restarts"]:
+            continued = continue_slurm_job(store, recipe, settings, args, job, notes, label)
+            if continued is not None:
+                return continued
     run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label)
     say_questions_left_out(store.get_run(run_id))
     if args.detach:
@@ -71,7 +85,49 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     print(f"run {run_id}: {recipe.name} on {plan.describe()}; Ctrl-C stops it, a closed terminal does not "
           f"(gpuscale logs {run_id} --follow)", file=sys.stderr)
-    return follow_run(store, run_id, as_json=args.json)
+    return follow_run(store, run_id, as_json=args.json, preempted_ok=job is not None)
+
+
+def slurm_job(environ) -> dict:
+    """`--slurm-requeue`: the job's id and how often SLURM requeued it, from its environment."""
+    job_id = environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        raise BadInput("--slurm-requeue: SLURM_JOB_ID is not set: it is for the script of `gpuscale sbatch --requeue`")
+    restarts = environ.get("SLURM_RESTART_COUNT", "0").strip() or "0"
+    if not restarts.isdigit():
+        raise BadInput(f"SLURM_RESTART_COUNT: {restarts!r}: expected a count (0, 1, ...)")
+    return {"id": job_id, "restarts": int(restarts)}
+
+
+def continue_slurm_job(store: Store, recipe, settings, args: argparse.Namespace, job: dict, notes: dict,
+                       label: str | None) -> int | None:
+    """A requeued job: this node's earlier run of the job (`launch.earlier_attempt`) continued from
+    its checkpoint, as `gpuscale resume` does (a new run, its parent the earlier one), with this
+    command's settings on top (the rendezvous host may have changed). Returns the exit status, or
+    None where the run starts over: no earlier run here, or one with no checkpoint."""
+    where = f"SLURM job {job['id']} (restart {job['restarts']})"
+    earlier = launch.earlier_attempt(store, job["id"], settings.node_rank)
+    if earlier is None:
+        print(f"{where}: no earlier run of this job on node {settings.node_rank} in the history: starting afresh",
+              file=sys.stderr)
+        return None
+    if earlier["status"] == "succeeded":
+        print(f"{where}: run {earlier['id']} of this job succeeded: nothing left to do", file=sys.stderr)
+        return 0
+    if launch.checkpoint_of(earlier) is None:
+        print(f"{where}: run {earlier['id']} ended {earlier['status']} with no checkpoint (recipe {recipe.name} "
+              "writes none, or it ended before its first): starting over", file=sys.stderr)
+        return None
+    overrides = {key: value for key, value in overrides_from_args(args).items() if key != "batch_size"}
+    run_id = launch.resume_run(store, recipe, earlier, overrides, force=True, notes=notes,
+                               **({} if label is None else {"label": label}))
+    run = store.get_run(run_id)
+    print(f"run {run_id}: {recipe.name} resuming run {earlier['id']} of {where} from {resumed_from(run, earlier)}; "
+          f"Ctrl-C stops it (gpuscale logs {run_id} --follow)", file=sys.stderr)
+    if args.detach:
+        print(json.dumps({"id": run_id}) if args.json else run_id)
+        return 0
+    return follow_run(store, run_id, as_json=args.json, preempted_ok=True)
 
 
 def say_questions_left_out(run: dict) -> None:
@@ -82,8 +138,10 @@ def say_questions_left_out(run: dict) -> None:
               f"out (too_long=skip), the first at {settings['questions_too_long_first']}", file=sys.stderr)
 
 
-def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
-    """Show a live progress line until the run ends. SIGINT/SIGTERM here stop the run."""
+def follow_run(store: Store, run_id: int, as_json: bool = False, preempted_ok: bool = False) -> int:
+    """Show a live progress line until the run ends. SIGINT/SIGTERM here stop the run; SIGUSR1
+    (SLURM's, from `gpuscale sbatch --requeue`'s script) goes to its supervisor: the run writes a
+    checkpoint and ends `preempted`, which exits 0 where `preempted_ok` (the job requeues itself)."""
     stop = {"asked": False}
 
     def ask_stop(*_):
@@ -91,6 +149,7 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
 
     signal.signal(signal.SIGINT, ask_stop)
     signal.signal(signal.SIGTERM, ask_stop)
+    signal.signal(signal.SIGUSR1, lambda *_: PREEMPTION.update(asked=True))
     terminal = Console(file=sys.stderr)  # its width follows the terminal (and COLUMNS)
     interactive = terminal.is_terminal
     last_print = 0.0
@@ -103,6 +162,7 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
         run = store.get_run(run_id)
         if run["status"] not in ("queued", "running"):
             break
+        pass_on_preemption(run)
         now = time.monotonic()
         warnings = run_collapse_warnings(store, run)
         if interactive:
@@ -119,7 +179,23 @@ def follow_run(store: Store, run_id: int, as_json: bool = False) -> int:
     if interactive:
         print(file=sys.stderr)
     report_end(run, as_json, run_collapse_warnings(store, run))
-    return 0 if run["status"] == "succeeded" else 1
+    return 0 if run["status"] == "succeeded" or (preempted_ok and run["status"] == "preempted") else 1
+
+
+# SIGUSR1 received (SLURM's, through srun), and whether the run's supervisor has been told.
+PREEMPTION = {"asked": False, "passed": False}
+
+
+def pass_on_preemption(run: dict) -> None:
+    """SLURM's signal to the run's supervisor, once it runs (its own handler is in place by then)."""
+    if not PREEMPTION["asked"] or PREEMPTION["passed"] or run["status"] != "running":
+        return
+    PREEMPTION["passed"] = True
+    print(f"\nSIGUSR1: run {run['id']} writes a checkpoint and ends (preempted)", file=sys.stderr)
+    try:
+        os.kill(run["supervisor_pid"], signal.SIGUSR1)
+    except (ProcessLookupError, TypeError):
+        pass  # gone meanwhile: reconcile records how it ended
 
 
 def fit_to_width(line: str, width: int) -> str:
@@ -184,12 +260,23 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     # Validate now, with the values the nodes will use, so a bad setting fails here and not in the queue.
     resolve_settings(recipe.settings_cls, preset=args.preset, overrides={
         **overrides, "nnodes": args.nodes, "gpus": args.gpus_per_node, "rdzv_endpoint": f"head:{args.port}"})
+    if args.requeue and not 1 <= args.signal_margin <= MAX_SIGNAL_MARGIN_S:
+        raise BadInput(f"signal-margin: {args.signal_margin}: SLURM takes 1 to {MAX_SIGNAL_MARGIN_S} seconds")
     run_args = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
     if args.preset:
         run_args += ["--preset", str(args.preset.resolve())]
     print(launch.sbatch_script(recipe.name, args.nodes, args.gpus_per_node, run_args,
-                               time_limit=args.time, partition=args.partition, port=args.port), end="")
+                               time_limit=args.time, partition=args.partition, port=args.port,
+                               requeue_margin_s=args.signal_margin if args.requeue else None), end="")
     return 0
+
+
+MAX_SIGNAL_MARGIN_S = 65535  # sbatch's --signal takes at most this many seconds
+# SLURM's signal ahead of the time limit: time to finish the optimizer step under way (the ranks stop
+# only at a step's end), write its checkpoint (model, optimizer state and RNG: tens of GB for a
+# full fine-tune of a 7B model, a minute or more at the file system's speed) and end the ranks,
+# with room for SLURM, which sends it up to 60 s late or early (its event resolution).
+SIGNAL_MARGIN_S = 300
 
 
 def add_run_parser(sub) -> None:
@@ -223,6 +310,13 @@ def add_sbatch_parser(sub) -> None:
     p.add_argument("--preset", type=Path, help="TOML file of settings (below --set)")
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                    help="any setting of the recipe; repeatable")
+    p.add_argument("--requeue", action="store_true",
+                   help="survive the time limit and preemption: SLURM signals the job --signal-margin seconds "
+                        "before its limit, every node's run writes a checkpoint and ends `preempted`, the job "
+                        "requeues itself, and the requeued job continues the runs from their checkpoints")
+    p.add_argument("--signal-margin", type=int, default=SIGNAL_MARGIN_S,
+                   help=f"with --requeue, seconds before the time limit for the signal (default {SIGNAL_MARGIN_S}): "
+                        "enough for a step to end and its checkpoint to be written")
     p.set_defaults(func=cmd_sbatch)
 
 

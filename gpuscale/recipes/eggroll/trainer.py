@@ -28,7 +28,9 @@ import torch
 import torch.distributed as dist
 
 from gpuscale.data.seeds import derived_seed
+from gpuscale.engines import preemption
 from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
+from gpuscale.runs.run_dir import RunDir
 
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
@@ -59,23 +61,29 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     reporter.total(settings.steps)
     # The rates (members/s, tokens/s) are this run's own steps'; the fitness series goes on from the parent's.
     step_seconds, fitness_means, tokens_total = [], list(history.get("fitness_means", [])), 0
-    for step in range(done + 1, settings.steps + 1):
-        started = time.perf_counter()
-        result = trainer.step(step)
-        step_seconds.append(time.perf_counter() - started)
-        tokens_total += result.tokens
-        fitness = result.fitness
-        check_finite(step, fitness)
-        fitness_means.append(float(fitness.mean()))
-        figures = {}
-        if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
-            figures = evaluator.figures(f"step{step}", log_only=True)
-        reporter.log(step=step, tokens=result.tokens, samples=trainer.local_members,
-                     fitness_mean=fitness_means[-1], fitness_max=float(fitness.max()),
-                     fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1],
-                     **result.reward_by_domain(), **figures)
-        if settings.checkpoint_every and step % settings.checkpoint_every == 0:
-            checkpoint.save(trainer, step, {"before": before, "fitness_means": fitness_means})
+    with preemption.cooperating():
+        for step in range(done + 1, settings.steps + 1):
+            started = time.perf_counter()
+            result = trainer.step(step)
+            step_seconds.append(time.perf_counter() - started)
+            tokens_total += result.tokens
+            fitness = result.fitness
+            check_finite(step, fitness)
+            fitness_means.append(float(fitness.mean()))
+            figures = {}
+            if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
+                figures = evaluator.figures(f"step{step}", log_only=True)
+            reporter.log(step=step, tokens=result.tokens, samples=trainer.local_members,
+                         fitness_mean=fitness_means[-1], fitness_max=float(fitness.max()),
+                         fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1],
+                         **result.reward_by_domain(), **figures)
+            scheduled = bool(settings.checkpoint_every and step % settings.checkpoint_every == 0)
+            # SLURM's signal (engines/preemption.py): every rank stops after the same step, with its checkpoint.
+            preempted = preemption.agreed(ctx.device)
+            if scheduled or preempted:
+                checkpoint.save(trainer, step, {"before": before, "fitness_means": fitness_means})
+            if preempted:
+                raise preemption.Preempted(step, RunDir(ctx.run_dir).checkpoint(step))
     # Saved before the final evaluation: a failure there never loses the trained weights.
     model_dir = save_model(loaded.model, loaded.tokenizer, ctx) if settings.save_model else None
     checksums = ctx.gather(weights_checksum(trainer.linears + trainer.norms))

@@ -205,17 +205,25 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
 
     import torch
 
+    from gpuscale.engines import preemption
     from gpuscale.engines.packed_attention import use_packed_attention
     from gpuscale.engines.trl_bridge import NonFiniteGuard
     from gpuscale.engines.trl_checkpoints import resume_checkpoint
+    from gpuscale.runs.run_dir import RunDir
 
     if settings.lora_rank == 0 and ctx.dtype != torch.float32:
         model = model.float()
     trainer, callback = build(model)
     NonFiniteGuard().attach(trainer)
+    # SLURM's signal (engines/preemption.py): the trainer saves the step it ends and stops.
+    on_preemption = preemption.preemption_callback(ctx.device)
+    trainer.add_callback(on_preemption)
     started = time.perf_counter()
-    with use_packed_attention(model, packed_attention):
+    with use_packed_attention(model, packed_attention), preemption.cooperating():
         trainer.train(resume_from_checkpoint=resume_checkpoint(settings))
+        if on_preemption.stopped_at is not None:
+            step = on_preemption.stopped_at
+            raise preemption.Preempted(step, RunDir(ctx.run_dir).checkpoint(step))
     # The trainer's own training time (its loop, without its set-up), or the wall time if it reports none.
     seconds = callback.final.get("train_runtime") or time.perf_counter() - started
     figures = training_figures(trainer, callback, seconds, ctx)
