@@ -31,6 +31,7 @@ from gpuscale.data.seeds import derived_seed
 from gpuscale.engines import preemption
 from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.samples import SampleLog, sample_record
 
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
@@ -215,6 +216,9 @@ class Trainer:
         self.updater = evolution.Updater([module.weight for _, module in self.linears + self.norms], settings.optimizer,
                                   settings.lr)
         self.clock = PhaseClock(ctx.synchronize)  # where a step's time goes: noise, generate, score, gather, update
+        # What the members answered (runs/samples.py), rank 0's first call of each step: only where answers are decoded.
+        self.samples = SampleLog(ctx.run_dir) if ctx.is_main and settings.fitness == "correctness" else None
+        self.last_answers: tuple | None = None  # _answer's (texts, rewards, lengths) of its latest call
 
     def _add_row_terms(self):
         """A low-rank term on every perturbed linear and a row scale on every perturbed norm, one
@@ -254,10 +258,14 @@ class Trainer:
         clock.lap("noise")
         mine = list(range(self.first_member, self.first_member + self.local_members))
         result = StepResult(domains=[p["domain"] for p in prompts for _ in range(s.generations_per_prompt)])
+        noted = None
         for start in range(0, len(mine), self.members_per_call):
             rewards, tokens = self._evaluate(mine[start : start + self.members_per_call], prompts)
             result.add(rewards, tokens)
+            noted = noted or (mine[start : start + self.members_per_call], self.last_answers)
         result.fitness = self._gather(torch.tensor(result.member_fitness, device=self.ctx.device))
+        if self.samples is not None and noted[1] is not None:
+            self.samples.add(step, self._answer_samples(step, prompts, *noted, result.fitness))
         clock.lap("gather")  # the rewards ended on the host: this is the gather, waiting for the others included
         shaped = evolution.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic)
         coefficients = evolution.draw_coefficients(shaped, s.antithetic)
@@ -274,6 +282,7 @@ class Trainer:
         chosen = draw.sample(self.train, self.settings.prompts_per_step)
         tokenizer = self.loaded.tokenizer
         return [{"ids": prompt_ids(tokenizer, e["question"]), "answer": e["answer"], "domain": e.get("domain") or "all",
+                 "question": e["question"],
                  # the training answer as SFT tokenizes it (fitness gold_logprob)
                  "gold_ids": tokenizer(e["answer"], add_special_tokens=False)["input_ids"] + [self._answer_end]}
                 for e in chosen]
@@ -348,7 +357,21 @@ class Trainer:
         texts = decode_completions(answers, loaded.tokenizer, loaded.eos)
         rewards = [correctness(text, gold, s.answer_mode) for text, gold in zip(texts, golds)]
         self.clock.lap("score")
+        self.last_answers = (texts, rewards, lengths)
         return rewards, lengths
+
+    def _answer_samples(self, step: int, prompts, members: list[int], answers: tuple, fitness) -> list[dict]:
+        """One call's answers as sample records: each with its member's fitness (gathered), row order as
+        `_answer`'s (member, prompt, generation)."""
+        texts, rewards, lengths = answers
+        generations, records = self.settings.generations_per_prompt, []
+        for row in range(len(members) * self.rows_per_member):
+            member, prompt = members[row // self.rows_per_member], prompts[(row % self.rows_per_member) // generations]
+            records.append(sample_record(step, prompt["question"], texts[row], domain=prompt["domain"],
+                                         correct=rewards[row] >= 1.0, rewards={"correctness": rewards[row]},
+                                         fitness=float(fitness[member]),
+                                         truncated=lengths[row] >= self.settings.max_new_tokens))
+        return records
 
     @torch.no_grad()
     def _gold_logprobs(self, members: list[int], prompts) -> tuple[list[float], list[int]]:
