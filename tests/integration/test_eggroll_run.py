@@ -1,8 +1,11 @@
 """eggroll end to end on CPU ranks: the real CLI, torchrun on gloo, the embedded model and tasks."""
 
+from collections import Counter
+
 import pytest
 
 from conftest import run_json, runs_at_once
+from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
 from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
@@ -30,6 +33,15 @@ def test_two_ranks_record_fitness_and_keep_identical_weights(home):
     assert sum(row["value"] for row in samples) == 8 * 3  # members evaluated, over ranks and steps
     names = {row["name"] for row in Store(home).metrics(run["id"])}
     assert {"reward_arithmetic", "reward_comparison", "reward_counting"} & names  # the step's prompts' domains
+    # What rank 0's members answered (runs/samples.py): its first call of each step (its 4 members x 4
+    # prompts), a few of the earlier steps, all of the last; each answer with its member's fitness.
+    records = read_samples(run["run_dir"])
+    assert Counter(record["step"] for record in records) == {1: SAMPLES_PER_STEP, 2: SAMPLES_PER_STEP, 3: 16}
+    last = [record for record in records if record["step"] == 3]
+    for member in range(4):
+        answers = last[member * 4 : member * 4 + 4]
+        assert len({record["fitness"] for record in answers}) == 1
+        assert answers[0]["fitness"] == pytest.approx(sum(record["correct"] for record in answers) / 4)
 
 
 @pytest.mark.parametrize("temperature", ["0", "1"])

@@ -40,7 +40,7 @@ class RunDetailScreen(Screen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("1", "tab('summary')", "Summary"),
         Binding("2", "tab('charts')", "Charts"),
-        Binding("3", "tab('samples')", "Samples"),
+        Binding("3", "tab('samples')", "Samples", show=False),  # the footer must fit 80 columns
         Binding("e", "export", "Export"),
     ]
 
