@@ -67,3 +67,26 @@ def test_the_views_filter_newest_first_and_write_each_sample_wrapped():
     assert lines[0] == "step 4 · add · incorrect · correctness 0 · advantage -0.5 · hit the length cap"
     assert lines[1:3] == ["prompt:", "  what is [bold]2+2[/x]?"]
     assert lines[3] == "completion:" and len(lines) > 6 and all(len(line) <= 40 for line in lines[4:])
+
+
+def test_gpuscale_samples_prints_the_newest_step_literally_and_refuses_what_the_run_lacks(home, capsys):
+    from gpuscale.app.cli import main
+    from gpuscale.runs.store import Store
+
+    store = Store(home)
+    run_id = store.create_run("rft", {"model": "tiny-math"}, [], "node")
+    bare_id = store.create_run("probe", {"model": "tiny-math"}, [], "node")
+    log = SampleLog(store.get_run(run_id)["run_dir"])
+    log.add(1, step_records(1, 4))
+    log.add(2, [*step_records(2, 2), sample_record(2, "q [bold]x[/x]", "y " * 80, domain="count", correct=False)])
+    assert main(["samples", str(run_id)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"run {run_id}: 3 samples of step 2 (steps kept: 1-2; --step N for another), newest first\n")
+    assert "\nstep 2 · count · incorrect\nprompt:\n  q [bold]x[/x]\ncompletion:\n  y y" in out  # newest first
+    assert main(["samples", str(run_id), "--step", "1", "--domain", "add", "--json"]) == 0
+    picked = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["domain"], r["prompt"]) for r in picked] == [(1, "add", "q1-2"), (1, "add", "q1-0")]
+    assert main(["samples", str(run_id), "--domain", "algebra"]) == 2
+    assert f"domain: 'algebra': run {run_id}'s samples are of add, count" in capsys.readouterr().err
+    assert main(["samples", str(bare_id)]) == 0
+    assert "kept no samples" in capsys.readouterr().out
