@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_resume import saved_model_checksum
 
-from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_until
+from conftest import gpuscale, leftover_processes, spawn_gpuscale, wait_until
 from gpuscale.runs.checkpoints import list_checkpoints
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.store import Store
@@ -48,10 +48,11 @@ def preempted_after_first_step(home: Path, args: list[str]) -> tuple[dict, str]:
 
 
 def test_a_preempted_sft_run_is_continued_by_the_requeued_job_to_the_uninterrupted_weights(home):
-    whole = run_json("run", *TINY_SFT)
-    assert whole["status"] == "succeeded", whole["error"]
-
+    alone = spawn_gpuscale("run", *TINY_SFT, "--json")  # the run left alone, meanwhile
     first, _ = preempted_after_first_step(home, TINY_SFT)
+    out, err = alone.communicate(timeout=240)
+    whole = json.loads(out)
+    assert whole["status"] == "succeeded", err
     assert first["status"] == "preempted" and first["error"] is None
     assert first["settings"]["slurm_job_id"] == "4242" and first["settings"]["slurm_restart_count"] == 0
     marker = json.loads(RunDir(first["run_dir"]).preempted.read_text())

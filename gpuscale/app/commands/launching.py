@@ -104,7 +104,8 @@ def continue_slurm_job(store: Store, recipe, settings, args: argparse.Namespace,
     """A requeued job: this node's earlier run of the job (`launch.earlier_attempt`) continued from
     its checkpoint, as `gpuscale resume` does (a new run, its parent the earlier one), with this
     command's settings on top (the rendezvous host may have changed). Returns the exit status, or
-    None where the run starts over: no earlier run here, or one with no checkpoint."""
+    None where the run starts over: no earlier run here, or one with nothing to resume from (no
+    checkpoint, nor work its recipe keeps: `Recipe.resume_overrides`)."""
     where = f"SLURM job {job['id']} (restart {job['restarts']})"
     earlier = launch.earlier_attempt(store, job["id"], settings.node_rank)
     if earlier is None:
@@ -114,7 +115,8 @@ def continue_slurm_job(store: Store, recipe, settings, args: argparse.Namespace,
     if earlier["status"] == "succeeded":
         print(f"{where}: run {earlier['id']} of this job succeeded: nothing left to do", file=sys.stderr)
         return 0
-    if launch.checkpoint_of(earlier) is None:
+    # What `gpuscale resume` would continue from: a checkpoint, or the work a recipe keeps besides (rft's answers).
+    if launch.checkpoint_of(earlier) is None and not recipe.resume_overrides(earlier):
         print(f"{where}: run {earlier['id']} ended {earlier['status']} with no checkpoint (recipe {recipe.name} "
               "writes none, or it ended before its first): starting over", file=sys.stderr)
         return None
