@@ -2,7 +2,7 @@
 
 - `SampleNotes` wraps the first reward function and, through the `log_extra` keyword TRL gives every
   reward function, adds two columns to TRL's completion log: each row's domain and whether its
-  completion filled max_completion_length;
+  completion was cut (max_completion_length tokens, the last no EOS: TRL's own `is_truncated` rule);
 - `SampleKeeper`, a TrainerCallback, reads that log (`GRPOTrainer._logs`: prompts, completions, each
   reward function's value and the advantages, TRL gathers them from every rank onto each rank,
   `log_completions` or not) at the end of each optimizer step, and rank 0 hands it to a `SampleLog`.
@@ -21,16 +21,19 @@ from gpuscale.runs.samples import SampleLog, sample_record
 class SampleNotes:
     """A reward function as it was, that also notes each row's domain and truncation for the samples."""
 
-    def __init__(self, function, max_completion_length: int):
-        self.function, self.max_completion_length = function, max_completion_length
+    def __init__(self, function, max_completion_length: int, eos: list[int]):
+        self.function, self.max_completion_length, self.eos = function, max_completion_length, set(eos)
         self.__name__ = function.__name__  # the name TRL logs its reward under
 
     def __call__(self, *args, log_extra=None, **kwargs):
         if log_extra is not None:
             ids = kwargs.get("completion_ids") or []
             log_extra("domain", list(kwargs.get("domain") or [None] * len(ids)))
-            log_extra("truncated", [len(row) >= self.max_completion_length for row in ids])
+            log_extra("truncated", [self.cut(list(row)) for row in ids])
         return self.function(*args, log_extra=log_extra, **kwargs)
+
+    def cut(self, row: list[int]) -> bool:
+        return len(row) >= self.max_completion_length and (not row or row[-1] not in self.eos)
 
 
 class SampleKeeper(TrainerCallback):

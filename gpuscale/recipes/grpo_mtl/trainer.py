@@ -112,6 +112,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     import datasets
     from trl import GRPOConfig
 
+    from gpuscale.data.prompts import eos_token_ids
     from gpuscale.data.rewards import RewardRouter, parse_reward_weights
     from gpuscale.engines.reporter import injected_fault
     from gpuscale.engines.rollout import EngineRollout
@@ -153,7 +154,8 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     nan_from = injected_fault("nan_reward", ctx.rank)
     if nan_from is not None:
         reward_funcs = [NanFrom(function, nan_from) for function in reward_funcs]
-    reward_funcs[0] = SampleNotes(reward_funcs[0], settings.max_completion_length)  # the samples' domain, truncation
+    # The samples' domain and truncation (a completion at the cap that did not end with EOS).
+    reward_funcs[0] = SampleNotes(reward_funcs[0], settings.max_completion_length, eos_token_ids(model, tokenizer))
     trainer = MultiTaskGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
