@@ -218,7 +218,7 @@ class Trainer:
         self.clock = PhaseClock(ctx.synchronize)  # where a step's time goes: noise, generate, score, gather, update
         # What the members answered (runs/samples.py), rank 0's first call of each step: only where answers are decoded.
         self.samples = SampleLog(ctx.run_dir) if ctx.is_main and settings.fitness == "correctness" else None
-        self.last_answers: tuple | None = None  # _answer's (texts, rewards, lengths) of its latest call
+        self.last_answers: tuple | None = None  # _answer's (texts, rewards, cut at max_new_tokens) of its latest call
 
     def _add_row_terms(self):
         """A low-rank term on every perturbed linear and a row scale on every perturbed norm, one
@@ -357,20 +357,21 @@ class Trainer:
         texts = decode_completions(answers, loaded.tokenizer, loaded.eos)
         rewards = [correctness(text, gold, s.answer_mode) for text, gold in zip(texts, golds)]
         self.clock.lap("score")
-        self.last_answers = (texts, rewards, lengths)
+        cut = [len(tokens) >= s.max_new_tokens and tokens[-1] not in loaded.eos for tokens in answers]
+        self.last_answers = (texts, rewards, cut)
         return rewards, lengths
 
     def _answer_samples(self, step: int, prompts, members: list[int], answers: tuple, fitness) -> list[dict]:
         """One call's answers as sample records: each with its member's fitness (gathered), row order as
         `_answer`'s (member, prompt, generation)."""
-        texts, rewards, lengths = answers
+        texts, rewards, cut = answers
         generations, records = self.settings.generations_per_prompt, []
         for row in range(len(members) * self.rows_per_member):
             member, prompt = members[row // self.rows_per_member], prompts[(row % self.rows_per_member) // generations]
             records.append(sample_record(step, prompt["question"], texts[row], domain=prompt["domain"],
                                          correct=rewards[row] >= 1.0, rewards={"correctness": rewards[row]},
                                          fitness=float(fitness[member]),
-                                         truncated=lengths[row] >= self.settings.max_new_tokens))
+                                         truncated=cut[row]))
         return records
 
     @torch.no_grad()
