@@ -38,6 +38,7 @@ STOP_GRACE_S = 7.0
 # While a preemption is asked, SIGUSR1 goes to the ranks again this often: a rank still starting
 # (the launcher's ignored disposition, until run_rank takes the signal) would have missed it.
 PREEMPT_RESEND_S = 5.0
+RANK_MODULE = "gpuscale.recipes"  # a rank is `python -m gpuscale.recipes ...` (recipes/__main__.py)
 # Metric rows kept while the history cannot be written (all are in the ranks' metric files too).
 MAX_UNSENT_ROWS = 100_000
 
@@ -170,8 +171,7 @@ class Supervisor:
         return [row for row in rows if row["t"] > upto.get(row["rank"], float("-inf"))]
 
     def pass_preemption_on(self) -> None:
-        """SIGUSR1 to every process of the run: the ranks write a checkpoint and end
-        (engines/preemption.py); the launcher ignores it (`launcher_preexec`)."""
+        """SIGUSR1 to the run's ranks: they write a checkpoint and end (engines/preemption.py)."""
         if self.preempt_requested_at is None or self.stop_requested_at is not None:
             return
         now = time.monotonic()
@@ -182,7 +182,9 @@ class Supervisor:
         self.preempt_sent_at = now
         for proc in run_processes(str(self.run_dir)):
             try:
-                proc.send_signal(signal.SIGUSR1)
+                # The ranks only: a helper a rank started (torch's compile workers) takes no such signal.
+                if RANK_MODULE in proc.cmdline():
+                    proc.send_signal(signal.SIGUSR1)
             except psutil.Error:
                 pass
 
