@@ -60,10 +60,10 @@ batches that is mostly their number. So:
   copies take at most FUSED_WEIGHTS_MAX_BYTES; 3 matmuls fewer per layer). It holds only while those
   linears are plain, unhooked and unreplaced: otherwise the call decodes through the model's modules;
 - on CUDA the forward (`compile`, on by default with static shapes on CUDA) and the sampling +
-  bookkeeping (always on CUDA) are each wrapped in torch.compile: RMSNorm, rotary, KV writes, SiLU-mul, residual adds and
-  the full-vocab sampling passes fuse into a few kernels. The CUDA graph is captured around the
-  compiled code, which only updates the same fixed tensors in place. If compiling fails, the step
-  runs uncompiled, with a warning;
+  bookkeeping (always on CUDA) are each wrapped in torch.compile: RMSNorm, rotary, KV writes,
+  SiLU-mul, residual adds and the full-vocab sampling passes fuse into a few kernels. The CUDA
+  graph is captured around the compiled code, which only updates the same fixed tensors in place.
+  If compiling fails, the step runs uncompiled, with a warning;
 - one query token per row attends with the query heads of each KV head stacked as that head's
   queries (`_grouped_query_sdpa`), so grouped K/V are read as stored, never copied per query head
   (transformers does the same in eager mode, but not under torch.compile); from
