@@ -33,16 +33,55 @@ PEAK_DENSE_BF16 = {
     "RTX 6000 Ada": 364e12,
 }
 
+# Device memory bandwidth, bytes/s, from the vendors' data sheets (decimal GB/s x 1e9). Matched like
+# PEAK_DENSE_BF16; an A100's memory differs by its size and form, so those keys say it.
+MEMORY_BANDWIDTH = {
+    "H100 PCIe": 2000e9,
+    "H100 NVL": 3900e9,
+    "H100": 3350e9,  # SXM (NVIDIA H100 80GB HBM3)
+    "H200": 4800e9,
+    "H20": 4000e9,
+    "GH200": 4000e9,
+    "B200": 8000e9,
+    "A100-SXM4-40GB": 1555e9,
+    "A100-PCIE-40GB": 1555e9,
+    "A100 80GB PCIe": 1935e9,
+    "A100": 2039e9,  # SXM4 80GB
+    "A800": 2039e9,
+    "L40S": 864e9,
+    "L40": 864e9,
+    "L4": 300e9,
+    "A10G": 600e9,
+    "A10": 600e9,
+    "RTX 4090": 1008e9,
+    "RTX 6000 Ada": 960e9,
+}
+
 LOW_MFU = 0.10  # a GPU training run below this for a while gets a live warning
 
 
 def peak_flops(card_name: str | None) -> float | None:
     """The card's dense bf16 peak in FLOP/s, or None for a card not in the table (or no card)."""
+    return _by_card(PEAK_DENSE_BF16, card_name)
+
+
+def memory_bandwidth(card_name: str | None) -> float | None:
+    """The card's data-sheet memory bandwidth in bytes/s, or None for a card not in the table."""
+    return _by_card(MEMORY_BANDWIDTH, card_name)
+
+
+def unknown_card_note(card_name: str | None) -> str:
+    """What a table of measured figures says beside a card without data-sheet figures."""
+    return f"no data-sheet figures for {card_name or 'this device'} (not in gpuscale/data/cards.py)"
+
+
+def _by_card(table: dict[str, float], card_name: str | None) -> float | None:
+    """The entry of `table` whose key the card's name contains, the most specific (longest) key first."""
     if not card_name:
         return None
-    for key in sorted(PEAK_DENSE_BF16, key=len, reverse=True):
+    for key in sorted(table, key=len, reverse=True):
         if key in card_name:
-            return PEAK_DENSE_BF16[key]
+            return table[key]
     return None
 
 

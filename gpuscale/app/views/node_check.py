@@ -1,0 +1,81 @@
+"""The probe's node check as one table: each GPU's measured figures beside its card's data-sheet
+figures, the all-reduce bus bandwidth across the ranks, and the GPUs flagged as slower than their
+peers. The CLI's end of a run, `gpuscale show` and the TUI's run page write the same lines.
+"""
+
+from __future__ import annotations
+
+from gpuscale.app.views.text import MISSING, format_number
+from gpuscale.data.cards import memory_bandwidth, peak_flops, unknown_card_note
+from gpuscale.data.node_check import NODE_FIGURES, per_rank_name
+
+# The summary's figures the table shows (besides the per-rank ones), left out of the plain list.
+TABLE_FIGURES = ("gpus", "node_check_flags", "allreduce_busbw_gb_per_s", "allreduce_algbw_gb_per_s",
+                 "allreduce_mib", "throughput_batch_size")
+
+
+def has_node_check(summary: dict) -> bool:
+    return isinstance(summary.get("gpus"), list) and bool(summary["gpus"])
+
+
+def table_names(summary: dict) -> set[str]:
+    """Every summary figure the node check's table shows (none where the summary has no node check)."""
+    if not has_node_check(summary):
+        return set()
+    ranks = range(len(summary["gpus"]))
+    return set(TABLE_FIGURES) | {per_rank_name(f.name, r) for f in NODE_FIGURES for r in ranks}
+
+
+def _measured_and_spec(measured, spec: float | None) -> str:
+    """`3,210 (96% of 3,350)`, or the measured value alone where the card has no data-sheet figure."""
+    if not isinstance(measured, (int, float)):
+        return MISSING
+    if not spec:
+        return format_number(measured)
+    return f"{format_number(measured)} ({measured / spec:.0%} of {format_number(spec)})"
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def node_check_lines(summary: dict) -> list[str]:
+    """The node check's table, its all-reduce line, the data-sheet note of a card not in the table and
+    the flags (`slow: none` where no GPU is slow); no lines for a summary without a node check."""
+    if not has_node_check(summary):
+        return []
+    gpus, devices = summary["gpus"], summary.get("devices") or []
+    batch = summary.get("throughput_batch_size")
+    header = ["GPU", "device", "memory GB/s", "matmul TFLOP/s", "decode b=1 tokens/s",
+              f"decode b={batch if batch else '?'} tokens/s"]
+    rows = [header]
+    unknown = []
+    for rank, gpu in enumerate(gpus):
+        device = devices[rank] if rank < len(devices) else None
+        if device and device not in unknown and (memory_bandwidth(device) is None or peak_flops(device) is None):
+            unknown.append(device)
+        value = {f.name: summary.get(per_rank_name(f.name, rank)) for f in NODE_FIGURES}
+        bandwidth = memory_bandwidth(device)
+        flops = peak_flops(device)
+        rows.append([
+            str(gpu), str(device or MISSING),
+            _measured_and_spec(value["copy_gb_per_s"], bandwidth / 1e9 if bandwidth else None),
+            _measured_and_spec(value["matmul_tflops"], flops / 1e12 if flops else None),
+            format_number(value["latency_tokens_per_s"]), format_number(value["throughput_tokens_per_s"]),
+        ])
+    lines = ["node check:", *("  " + line for line in _aligned(rows))]
+    lines.append("  " + allreduce_line(summary))
+    lines += ["  " + unknown_card_note(device) for device in unknown]
+    flags = summary.get("node_check_flags") or []
+    lines += ["  slow: " + flag for flag in flags] or ["  slow: none (no GPU more than 15% below its peers)"]
+    return lines
+
+
+def allreduce_line(summary: dict) -> str:
+    busbw = summary.get("allreduce_busbw_gb_per_s")
+    if not isinstance(busbw, (int, float)):
+        return "all-reduce: one rank, nothing to measure"
+    return (f"all-reduce bus bandwidth {format_number(busbw)} GB/s across {len(summary['gpus'])} ranks "
+            f"(algbw {format_number(summary.get('allreduce_algbw_gb_per_s'))} GB/s, "
+            f"{format_number(summary.get('allreduce_mib'))} MiB a rank; busbw as nccl-tests computes it)")

@@ -1,0 +1,72 @@
+"""The node check's arithmetic (the probe's figures per GPU): all-reduce bus bandwidth as nccl-tests
+computes it, and the rule that flags a GPU slower than its peers.
+
+Pure arithmetic, no torch: the ranks compute the figures and the flags with it, the tests check it
+on made-up figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+SLOW_SHARE = 0.15  # a GPU more than this share below the median of its peers is flagged
+
+
+@dataclass(frozen=True)
+class NodeFigure:
+    name: str  # the summary's figure, one per rank: `<name>_rank_<r>`
+    label: str
+    unit: str
+
+
+# The per-GPU figures of the node check, each higher-is-better, in the table's column order.
+NODE_FIGURES = (
+    NodeFigure("copy_gb_per_s", "memory bandwidth", "GB/s"),
+    NodeFigure("matmul_tflops", "matmul", "TFLOP/s"),
+    NodeFigure("latency_tokens_per_s", "decode at batch 1", "tokens/s"),
+    NodeFigure("throughput_tokens_per_s", "decode at full batch", "tokens/s"),
+)
+
+
+def per_rank_name(figure: str, rank: int) -> str:
+    return f"{figure}_rank_{rank}"
+
+
+def bus_bandwidth(nbytes: float, seconds: float, ranks: int) -> tuple[float, float]:
+    """(algbw, busbw) of an all-reduce of `nbytes` a rank that took `seconds`, in bytes/s, as
+    nccl-tests computes them: algbw = bytes / time; busbw = algbw x 2(n-1)/n, the share of the data
+    each rank's link carries in a ring, so that busbw is comparable with the link's speed whatever
+    the rank count (and 0 for one rank, which sends nothing)."""
+    if seconds <= 0 or ranks < 1:
+        raise ValueError(f"all-reduce of {nbytes} bytes on {ranks} ranks in {seconds} s: needs ranks >= 1 and time > 0")
+    algbw = nbytes / seconds
+    return algbw, algbw * 2 * (ranks - 1) / ranks
+
+
+def slow_gpus(gpus: list[str], figures: dict[str, list[float | None]],
+              share: float = SLOW_SHARE) -> list[str]:
+    """One line for each GPU and figure where the GPU is more than `share` below the median of its
+    peers (the other GPUs' values of that figure): `GPU 2: memory bandwidth 1,200 GB/s is 60% below
+    its peers' median 3,000 GB/s`. `gpus` names the GPUs in rank order; `figures` maps a NODE_FIGURES
+    name to its value per GPU (None where not measured). A lone GPU has no peers and is never
+    flagged."""
+    lines = []
+    for node_figure in NODE_FIGURES:
+        values = figures.get(node_figure.name) or []
+        for index, value in enumerate(values):
+            peers = [v for i, v in enumerate(values) if i != index and v is not None]
+            if value is None or not peers:
+                continue
+            median = statistics.median(peers)
+            if value < (1 - share) * median:
+                below = 1 - value / median
+                lines.append(f"{gpus[index]}: {node_figure.label} {_number(value)} {node_figure.unit} is "
+                             f"{below:.0%} below its peers' median {_number(median)} {node_figure.unit}")
+    return lines
+
+
+def _number(value: float) -> str:
+    """Four significant digits, whole numbers with thousands separators from 1,000 on (as the views
+    write figures: `3,210`, `0.1123`)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"

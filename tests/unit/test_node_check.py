@@ -1,0 +1,109 @@
+"""The node check's arithmetic and table on made-up figures: all-reduce bus bandwidth as nccl-tests
+computes it, the rule that flags a GPU slower than its peers, the card table's data-sheet figures
+(an unknown card has none, and the table says so), and `compare` of two probes."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuscale.app.views.node_check import node_check_lines, table_names
+from gpuscale.app.views.runs import compare_runs
+from gpuscale.data.cards import memory_bandwidth, peak_flops
+from gpuscale.data.figures import figure
+from gpuscale.data.node_check import NODE_FIGURES, bus_bandwidth, per_rank_name, slow_gpus
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_busbw_is_nccl_tests_algbw_times_2_n_minus_1_over_n():
+    assert bus_bandwidth(1e9, 0.5, 2) == (2e9, 2e9)  # 2(n-1)/n = 1 on two ranks
+    assert bus_bandwidth(1e9, 0.5, 4) == (2e9, 3e9)  # 1.5 on four
+    algbw, busbw = bus_bandwidth(256 * 2**20, 0.002, 8)
+    assert algbw == pytest.approx(134.2e9, rel=1e-3) and busbw == pytest.approx(algbw * 1.75)
+    assert bus_bandwidth(1e9, 1.0, 1) == (1e9, 0.0)  # one rank sends nothing
+    with pytest.raises(ValueError, match="time > 0"):
+        bus_bandwidth(1e9, 0.0, 4)
+
+
+def node(**values: list) -> dict[str, list]:
+    return {f.name: values.get(f.name, [100.0] * 4) for f in NODE_FIGURES}
+
+
+GPUS = ["GPU 0", "GPU 1", "GPU 2", "GPU 3"]
+
+
+def test_a_gpu_more_than_15_percent_below_its_peers_median_is_flagged_in_one_line():
+    flags = slow_gpus(GPUS, node(copy_gb_per_s=[3300.0, 3310.0, 2000.0, 3290.0]))
+    assert flags == ["GPU 2: memory bandwidth 2,000 GB/s is 39% below its peers' median 3,300 GB/s"]
+    # Each figure on its own: a GPU slow at matmul and at decode gets a line for each.
+    flags = slow_gpus(GPUS, node(matmul_tflops=[700.0, 80.0, 710.0, 705.0],
+                                 throughput_tokens_per_s=[9000.0, 5000.0, 9100.0, 8900.0]))
+    assert flags == ["GPU 1: matmul 80 TFLOP/s is 89% below its peers' median 705 TFLOP/s",
+                     "GPU 1: decode at full batch 5,000 tokens/s is 44% below its peers' median 9,000 tokens/s"]
+
+
+def test_within_15_percent_a_lone_gpu_or_a_missing_figure_is_not_flagged():
+    assert slow_gpus(GPUS, node(copy_gb_per_s=[100.0, 100.0, 86.0, 100.0])) == []  # 14% below
+    assert slow_gpus(GPUS, node(copy_gb_per_s=[100.0, 100.0, 84.0, 100.0])) != []  # 16% below
+    assert slow_gpus(["GPU 0"], {"copy_gb_per_s": [1.0]}) == []  # no peers
+    assert slow_gpus(GPUS, node(copy_gb_per_s=[100.0, None, 100.0, 100.0])) == []
+    # Two GPUs: the slow one is flagged, not the fast one (whose peer is the slow one).
+    assert slow_gpus(GPUS[:2], {"copy_gb_per_s": [100.0, 50.0]}) == [
+        "GPU 1: memory bandwidth 50 GB/s is 50% below its peers' median 100 GB/s"]
+
+
+def test_the_card_table_gives_data_sheet_figures_the_most_specific_name_first():
+    assert memory_bandwidth(H100) == 3350e9 and peak_flops(H100) == 989e12
+    assert memory_bandwidth("NVIDIA H100 PCIe") == 2000e9
+    assert memory_bandwidth("NVIDIA H200") == 4800e9 and memory_bandwidth("NVIDIA H20") == 4000e9
+    assert memory_bandwidth("NVIDIA A100-SXM4-40GB") == 1555e9 and memory_bandwidth("NVIDIA A100-SXM4-80GB") == 2039e9
+    assert memory_bandwidth("NVIDIA GH200 480GB") == 4000e9
+    assert memory_bandwidth("Tesla T4") is None and peak_flops("Tesla T4") is None
+    assert memory_bandwidth(None) is None and memory_bandwidth("cpu") is None
+
+
+def probe_summary(devices: list[str], copy: list[float], flags: list[str] = ()) -> dict:
+    summary = {"world_size": len(devices), "devices": devices, "gpus": [f"GPU {i}" for i in range(len(devices))],
+               "throughput_batch_size": 64, "node_check_flags": list(flags),
+               "allreduce_mib": 256, "allreduce_algbw_gb_per_s": 200.0, "allreduce_busbw_gb_per_s": 300.0}
+    for rank, value in enumerate(copy):
+        summary.update({per_rank_name("copy_gb_per_s", rank): value, per_rank_name("matmul_tflops", rank): 700.0,
+                        per_rank_name("latency_tokens_per_s", rank): 250.0,
+                        per_rank_name("throughput_tokens_per_s", rank): 90000.0})
+    return summary
+
+
+def test_the_table_puts_each_figure_beside_the_cards_and_says_when_a_card_has_none():
+    lines = node_check_lines(probe_summary([H100, "Tesla T4"], [3216.0, 300.0], ["GPU 1: memory bandwidth ..."]))
+    assert lines[0] == "node check:"
+    header, first, second = lines[1:4]
+    assert header.split()[:2] == ["GPU", "device"] and "decode b=64 tokens/s" in header
+    assert "3,216 (96% of 3,350)" in first and "700 (71% of 989)" in first and "90,000" in first
+    assert "Tesla T4" in second and "300" in second and "% of" not in second
+    assert ("  all-reduce bus bandwidth 300 GB/s across 2 ranks (algbw 200 GB/s, 256 MiB a rank; busbw as "
+            "nccl-tests computes it)") in lines
+    assert "  no data-sheet figures for Tesla T4 (not in gpuscale/data/cards.py)" in lines
+    assert lines[-1] == "  slow: GPU 1: memory bandwidth ..."
+    calm = node_check_lines(probe_summary([H100, H100], [3216.0, 3200.0]))
+    assert calm[-1] == "  slow: none (no GPU more than 15% below its peers)"
+    assert not any("no data-sheet" in line for line in calm)
+    # Every per-rank figure is in the table, so the summary's plain list leaves them out.
+    names = table_names(probe_summary([H100] * 2, [1.0] * 2))
+    assert {"copy_gb_per_s_rank_1", "gpus", "allreduce_busbw_gb_per_s"} <= names
+    assert node_check_lines({"tokens_per_s": 5.0}) == [] and table_names({"tokens_per_s": 5.0}) == set()
+
+
+def test_every_node_check_figure_is_catalogued_higher_is_better():
+    for name in ["copy_gb_per_s_rank_3", "matmul_tflops_rank_0", "latency_tokens_per_s_rank_1",
+                 "throughput_tokens_per_s_rank_2", "allreduce_busbw_gb_per_s"]:
+        assert figure(name) is not None and figure(name).direction == "higher", name
+
+
+def test_compare_of_two_probes_shows_which_gpu_changed_and_which_way():
+    def run(run_id: int, copy: list[float]) -> dict:
+        return {"id": run_id, "recipe": "probe", "status": "succeeded", "settings": {},
+                "summary": probe_summary([H100, H100], copy)}
+
+    diff = compare_runs(run(1, [3300.0, 3300.0]), run(2, [3300.0, 2000.0]))
+    assert list(diff["figures"]) == ["copy_gb_per_s_rank_1"]
+    assert diff["figures"]["copy_gb_per_s_rank_1"]["better"] == "a"
