@@ -1,40 +1,54 @@
-"""Weak scaling of every recipe over the GPUs of one host: 1, 2, 4, 8 GPUs (as many as there are).
+"""Strong and weak scaling of every recipe over the GPUs of one host: 1, 2, 4 GPUs by default (any counts).
 
-    python bench/scaling.py [--gpu-counts 1,2,4,8] [--recipes probe,eggroll] [--models tiny-math]
+    python bench/scaling.py [--gpu-counts 1,2,4] [--recipes probe,eggroll] [--models random-qwen2.5-0.5b,tiny-math]
     python bench/scaling.py --cpu --gpu-counts 1,2 ...     # ranks as CPU processes (the script's test)
     python bench/scaling.py --recipes rft,grpo-mtl --append --out FILE.json   # a sweep in several parts
 
-Each point is a real `gpuscale run` (CLI, supervisor, torchrun or accelerate). Weak scaling: every GPU
-gets the same work at every count (the per-GPU size knobs below: a rank's batch, its prompts,
-problems, questions or members, and the same number of steps), so
+Each point is a real `gpuscale run` (CLI, supervisor, torchrun or accelerate). The per-call sizes (a
+rank's engine batch, its micro-batch) are the same at every count and in both modes; what changes is
+how much of it a rank does:
+- weak scaling: every GPU gets the same work at every count (the per-GPU sizes below: prompts,
+  problems, questions or members, the same number of steps);
+- strong scaling: the same total work at every count, the weak run's at the largest count (M GPUs).
+  On N GPUs a rank does M/N times the weak share: more engine calls, or, in training, M/N micro-batches
+  of gradient accumulation, so that an optimizer step holds the same rows. Its M-GPU point is the weak
+  one (one run serves both). Every count must divide M.
+
+In both modes
 
     efficiency(N) = total(N) / (N x total(1))
 
-where total is the run's throughput in the recipe's own unit, all GPUs together:
+against the 1-GPU run of the same recipe, model and mode, where total is the run's throughput in the
+recipe's own unit (its catalogue figure), all GPUs together:
 - probe: tokens/s of its timed decode steps (summary `tokens_per_s`);
 - power-sampling: problems/s (summary `problems_per_s`);
 - eggroll: members/s (summary `members_per_s`: the population over the median ES step);
-- rft: generated samples/s of its generation phase (summary `samples_per_s`); its SFT phase's step
-  time and tokens/s are in the row too (`train_*`);
-- grpo-mtl, sft: tokens/s at the median step, `tokens_per_s_steady` = (the trainer's token count /
-  steps) / median step time, so that a short run's first step (optimizer state, graph capture) does
-  not weigh on it.
+- rft generation: generated samples/s of its generation phase (summary `samples_per_s`);
+- rft sft (the same run's training phase), grpo-mtl, sft: tokens/s at the median step,
+  `tokens_per_s_steady` = (the trainer's token count / steps) / median step time, so that a short run's
+  first step (optimizer state, graph capture) does not weigh on it.
 
-Training recipes (eggroll, rft's SFT phase, grpo-mtl, sft) also give the time per optimizer step
-(`step_seconds`: the median, the first step left out; eggroll and grpo-mtl from their summaries,
-rft and sft from the step times rank 0 logged to the Store) and the share of it spent communicating:
+Training recipes also give the time per optimizer step (`step_seconds`: the median, the first step left
+out; eggroll and grpo-mtl from their summaries, rft and sft from the step times rank 0 logged to the
+Store). The share of time in communication (`comm_share`) is given where the run times its own
+collective: eggroll's `gather_seconds_median` (the fitness all-gather, waiting for the slowest rank
+included) over its median step. No other recipe times its collectives (DDP's gradient all-reduce
+overlaps the backward; probe's and power-sampling's ranks do not talk while they decode): their
+comm_share is "not measured". What weak scaling shows instead, for every recipe with a step time:
 
-    comm_share(N) = (step(N) - step(1)) / step(N)
+    step_overhead(N) = (step(N) - step(1)) / step(N)
 
-With the same per-device work at every count, a step on N GPUs does the same compute as on one; what
-it adds is the communication the recipe cannot hide (DDP's gradient all-reduce beyond what overlaps
-the backward, eggroll's fitness all-gather, TRL's metric gathers) and the waiting for the slowest
-rank. comm_share therefore measures exposed communication plus waiting, not bytes on the wire; it
-can be slightly negative from noise. eggroll also times its own collective: `gather_seconds` (the
-fitness all-gather, waiting included, median over steps).
+the same per-GPU work at every count, so what a step on N GPUs adds is the communication it cannot hide
+and the waiting for the slowest rank (exposed communication plus waiting, not bytes on the wire; it can
+be slightly negative from noise).
+
+Targets (issue 30, at random-qwen2.5-0.5b, 1 GPU -> each larger count): weak-scaling efficiency >= 0.9
+for every recipe; strong-scaling efficiency >= 0.85 for power-sampling, rft generation, eggroll and
+grpo-mtl. Each is printed met / not met / not measured and stored in the JSON's `targets`.
 
 Memory per GPU is the peak memory NVML attributes to the run's own processes on each GPU (the Store's
-device peaks; with --cpu, each rank's peak RSS); `memory_spread` = (max - min) / max.
+device peaks; with --cpu, each rank's peak RSS); `memory_spread` = (max - min) / max. `wall_s` is the
+whole `gpuscale run` (start-up included), to plan a sweep's time.
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +70,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also w
 from benchruns import RunFailed, gpuscale_run  # noqa: E402
 from record import figures_of, write_result  # noqa: E402
 
-MODELS = ("tiny-math", "random-qwen2.5-0.5b")
+MODELS = ("random-qwen2.5-0.5b", "tiny-math")
+TARGET_MODEL = "random-qwen2.5-0.5b"  # the issue's targets are at this size
+MODES = ("weak", "strong")
+WEAK_TARGET = 0.9  # every bench
+STRONG_TARGET = 0.85  # the generation-bound benches and grpo-mtl only
+STRONG_TARGETED = ("power-sampling", "rft generation", "eggroll", "grpo-mtl")
 
 
-# ---- each recipe's command (weak scaling: per-GPU work fixed) --------------------------------------
+# ---- each recipe's command: per-GPU work x share (1 weak; M/N strong), per-call sizes fixed --------
 
 
 def sets(**settings) -> list[str]:
@@ -68,46 +88,49 @@ def sets(**settings) -> list[str]:
     return out
 
 
-def probe_args(o, gpus: int) -> list[str]:
-    return ["--batch-size", str(o.probe_batch), *sets(steps=o.probe_steps, prompt_tokens=128)]
+def probe_args(o, gpus: int, share: int) -> list[str]:
+    return ["--batch-size", str(o.probe_batch), *sets(steps=o.probe_steps * share, prompt_tokens=128)]
 
 
-def power_args(o, gpus: int) -> list[str]:
+def power_args(o, gpus: int, share: int) -> list[str]:
     return ["--batch-size", str(o.problems_per_gpu),
-            *sets(max_examples=o.problems_per_gpu * gpus, max_new_tokens=o.max_new_tokens, blocks=4, mcmc_steps=3)]
+            *sets(max_examples=o.problems_per_gpu * gpus * share, max_new_tokens=o.max_new_tokens, blocks=4,
+                  mcmc_steps=3)]
 
 
-def eggroll_args(o, gpus: int) -> list[str]:
-    rows_per_gpu = o.eggroll_members_per_gpu * o.eggroll_prompts  # every local member in one engine call
-    return ["--batch-size", str(rows_per_gpu),
-            *sets(population=o.eggroll_members_per_gpu * gpus, prompts_per_step=o.eggroll_prompts,
+def eggroll_args(o, gpus: int, share: int) -> list[str]:
+    rows_per_call = o.eggroll_members_per_gpu * o.eggroll_prompts  # the weak share's members in one engine call
+    return ["--batch-size", str(rows_per_call),
+            *sets(population=o.eggroll_members_per_gpu * gpus * share, prompts_per_step=o.eggroll_prompts,
                   max_new_tokens=o.eggroll_max_new_tokens, steps=o.train_steps, eval_examples=gpus, eval_every=0,
                   save_model=False)]
 
 
-def rft_args(o, gpus: int) -> list[str]:
+def rft_args(o, gpus: int, share: int) -> list[str]:
     # A random model answers noise: include_gold gives the SFT phase a set to train on (its speed counts).
     return ["--batch-size", str(o.rft_questions_per_call),
-            *sets(max_examples=o.rft_questions_per_gpu * gpus, samples_per_question=o.rft_samples,
+            *sets(max_examples=o.rft_questions_per_gpu * gpus * share, samples_per_question=o.rft_samples,
                   max_new_tokens=o.max_new_tokens, include_gold=True, max_steps=o.train_steps,
-                  train_batch_size=o.sft_batch, max_length=256, eval_examples=0, save_model=False)]
+                  train_batch_size=o.sft_batch, gradient_accumulation=share, max_length=256, eval_examples=0,
+                  save_model=False)]
 
 
-def grpo_args(o, gpus: int) -> list[str]:
-    prompts = o.grpo_prompts_per_gpu * gpus
+def grpo_args(o, gpus: int, share: int) -> list[str]:
+    # batch_size is the micro-batch: the step's completions beyond it are accumulated.
+    prompts = o.grpo_prompts_per_gpu * gpus * share
     return ["--batch-size", str(o.grpo_batch),
             *sets(generator="engine", num_generations=o.grpo_generations, prompts_per_step=prompts,
                   max_completion_length=o.grpo_completion_length, max_steps=o.train_steps, learning_rate=1e-6,
                   eval_examples=0, save_model=False, max_examples=prompts * o.train_steps)]
 
 
-def sft_args(o, gpus: int) -> list[str]:
+def sft_args(o, gpus: int, share: int) -> list[str]:
     return ["--batch-size", str(o.sft_batch),
-            *sets(max_steps=o.train_steps, max_length=256, eval_examples=0, save_model=False,
-                  max_examples=o.sft_batch * gpus * o.train_steps)]
+            *sets(max_steps=o.train_steps, gradient_accumulation=share, max_length=256, eval_examples=0,
+                  save_model=False, max_examples=o.sft_batch * gpus * share * o.train_steps)]
 
 
-# ---- each recipe's figures --------------------------------------------------------------------------
+# ---- each recipe's figures: one part per measured phase ---------------------------------------------
 
 
 def typical(values: list[float]) -> float | None:
@@ -126,55 +149,77 @@ def steady_tokens_per_s(summary: dict, step_seconds: float | None) -> float | No
     return tokens / steps / step_seconds if steps and tokens and step_seconds else None
 
 
-def probe_figures(summary: dict, store: Store, run_id: int) -> dict:
-    return {"figure": "tokens_per_s", "total": summary["tokens_per_s"]}
+def share_of(part: float | None, whole: float | None) -> float | None:
+    return part / whole if part is not None and whole else None
 
 
-def power_figures(summary: dict, store: Store, run_id: int) -> dict:
-    return {"figure": "problems_per_s", "total": summary["problems_per_s"]}
+def probe_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
+    return [{"figure": "tokens_per_s", "total": summary["tokens_per_s"]}]
 
 
-def eggroll_figures(summary: dict, store: Store, run_id: int) -> dict:
-    return {"figure": "members_per_s", "total": summary["members_per_s"],
-            "step_seconds": summary["step_seconds_median"], "gather_seconds": summary.get("gather_seconds_median")}
+def power_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
+    return [{"figure": "problems_per_s", "total": summary["problems_per_s"]}]
 
 
-def rft_figures(summary: dict, store: Store, run_id: int) -> dict:
+def eggroll_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
+    step, gather = summary["step_seconds_median"], summary.get("gather_seconds_median")
+    return [{"figure": "members_per_s", "total": summary["members_per_s"], "step_seconds": step,
+             "gather_seconds": gather, "comm_share": share_of(gather, step)}]
+
+
+def rft_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
+    """Two parts of one run: the generation (its samples/s) and the SFT on what it kept."""
     step = logged_step_seconds(store, run_id)
-    return {"figure": "samples_per_s", "total": summary["samples_per_s"],
-            "samples_per_s_steady": summary.get("samples_per_s_steady"),
-            "step_seconds": step, "train_tokens_per_s_steady": steady_tokens_per_s(summary, step)}
+    return [{"phase": "generation", "figure": "samples_per_s", "total": summary["samples_per_s"],
+             "samples_per_s_steady": summary.get("samples_per_s_steady")},
+            {"phase": "sft", "figure": "tokens_per_s_steady", "total": steady_tokens_per_s(summary, step),
+             "step_seconds": step}]
 
 
-def grpo_figures(summary: dict, store: Store, run_id: int) -> dict:
+def grpo_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
     step = summary["step_seconds_median"]
-    return {"figure": "tokens_per_s_steady", "total": steady_tokens_per_s(summary, step), "step_seconds": step,
-            "generation_seconds_per_step": summary.get("generation_seconds_per_step")}
+    return [{"figure": "tokens_per_s_steady", "total": steady_tokens_per_s(summary, step), "step_seconds": step,
+             "generation_seconds_per_step": summary.get("generation_seconds_per_step")}]
 
 
-def sft_figures(summary: dict, store: Store, run_id: int) -> dict:
+def sft_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
     step = logged_step_seconds(store, run_id)
-    return {"figure": "tokens_per_s_steady", "total": steady_tokens_per_s(summary, step), "step_seconds": step}
+    return [{"figure": "tokens_per_s_steady", "total": steady_tokens_per_s(summary, step), "step_seconds": step}]
 
 
 @dataclass(frozen=True)
 class RecipeBench:
-    arguments: Callable  # (opts, gpus) -> the run's arguments after --recipe/--gpus/--model
-    figures: Callable  # (summary, store, run_id) -> {"figure", "total", ...}
-    training: bool
+    arguments: Callable  # (opts, gpus, share) -> the run's arguments after --recipe/--gpus/--model
+    figures: Callable  # (summary, store, run_id) -> [{"figure", "total", ...}, one per phase]
+    phases: tuple[str | None, ...] = (None,)
 
 
 RECIPES = {
-    "probe": RecipeBench(probe_args, probe_figures, training=False),
-    "power-sampling": RecipeBench(power_args, power_figures, training=False),
-    "eggroll": RecipeBench(eggroll_args, eggroll_figures, training=True),
-    "rft": RecipeBench(rft_args, rft_figures, training=True),
-    "grpo-mtl": RecipeBench(grpo_args, grpo_figures, training=True),
-    "sft": RecipeBench(sft_args, sft_figures, training=True),
+    "probe": RecipeBench(probe_args, probe_figures),
+    "power-sampling": RecipeBench(power_args, power_figures),
+    "eggroll": RecipeBench(eggroll_args, eggroll_figures),
+    "rft": RecipeBench(rft_args, rft_figures, phases=("generation", "sft")),
+    "grpo-mtl": RecipeBench(grpo_args, grpo_figures),
+    "sft": RecipeBench(sft_args, sft_figures),
 }
 
 
 # ---- runs and rows ----------------------------------------------------------------------------------
+
+
+def bench_name(row: dict) -> str:
+    """`rft generation`, `rft sft`, or the recipe where a run has one part."""
+    return f"{row['recipe']} {row['phase']}" if row.get("phase") else row["recipe"]
+
+
+def strong_shares(counts: list[int]) -> dict[int, int]:
+    """Each count's share of the strong-scaling work, in weak shares: M/N (M the largest count)."""
+    most = max(counts)
+    uneven = [n for n in counts if most % n]
+    if uneven:
+        raise ValueError(f"--gpu-counts: {','.join(map(str, counts))}: strong scaling splits the work of {most} "
+                         f"GPUs evenly, and {uneven} do not divide {most} (drop them or run --modes weak)")
+    return {n: most // n for n in counts}
 
 
 def run_memory(store: Store, run_id: int, kind: str) -> list[float]:
@@ -182,75 +227,152 @@ def run_memory(store: Store, run_id: int, kind: str) -> list[float]:
     return [round(peak["peak_run_mem_mb"] or 0.0, 1) for peak in store.device_peaks(run_id, kinds=(kind,))]
 
 
-def measure(recipe: str, model: str, gpus: int, opts, env: dict) -> dict:
+def measure(recipe: str, model: str, gpus: int, share: int, opts, env: dict) -> list[dict]:
+    """One run's rows, one per phase the recipe measures (without their mode)."""
     bench = RECIPES[recipe]
-    arguments = ["--recipe", recipe, "--gpus", str(gpus), "--model", model, *bench.arguments(opts, gpus)]
+    arguments = ["--recipe", recipe, "--gpus", str(gpus), "--model", model, *bench.arguments(opts, gpus, share)]
     command = "gpuscale run " + " ".join(arguments)
+    base = {"recipe": recipe, "model": model, "gpus": gpus, "share": share}
+    started = time.perf_counter()
     try:
         run = gpuscale_run(arguments, env)
-    except RunFailed as failure:  # recorded as a row; the sweep goes on
+    except RunFailed as failure:  # recorded as rows; the sweep goes on
         print(f"  -> failed: {failure}", flush=True)
-        return {"recipe": recipe, "model": model, "gpus": gpus, "figure": None, "total": None, "per_gpu": None,
-                "run_mem_mb_per_gpu": [], "memory_spread": None, "error": str(failure), "command": command}
+        return [{**base, "phase": phase, "figure": None, "total": None, "per_gpu": None, "run_mem_mb_per_gpu": [],
+                 "memory_spread": None, "error": str(failure), "command": command} for phase in bench.phases]
+    wall = round(time.perf_counter() - started, 1)
     store = Store(read_only=True)  # the run is over: reading takes no write lock
-    figures = bench.figures(run["summary"], store, run["id"])
+    parts = bench.figures(run["summary"], store, run["id"])
     memory = run_memory(store, run["id"], "rank" if opts.cpu else "gpu")
     store.close()
     spread = (max(memory) - min(memory)) / max(memory) if memory and max(memory) else None
-    row = {"recipe": recipe, "model": model, "gpus": gpus, **figures,
-           "per_gpu": figures["total"] / gpus if figures["total"] else None,
-           "run_mem_mb_per_gpu": memory, "memory_spread": spread, "run": run["id"], "command": command}
-    print(f"  -> {row['total'] or 0:.2f} {row['figure']}" +
-          (f", step {row['step_seconds']:.3f} s" if row.get("step_seconds") else ""), flush=True)
-    return row
+    rows = [{**base, "phase": None, **part, "per_gpu": part["total"] / gpus if part["total"] else None,
+             "run_mem_mb_per_gpu": memory, "memory_spread": spread, "run": run["id"], "wall_s": wall,
+             "command": command} for part in parts]
+    for row in rows:
+        print(f"  -> {bench_name(row)}: {row['total'] or 0:.2f} {row['figure']}" +
+              (f", step {row['step_seconds']:.3f} s" if row.get("step_seconds") else "") + f", {wall} s", flush=True)
+    return rows
+
+
+def sweep(opts, counts: list[int], env: dict) -> list[dict]:
+    """Every recipe x model x mode x count; a point whose command another already ran (the strong
+    run at the largest count is the weak one) takes that run's rows."""
+    shares = {"weak": dict.fromkeys(counts, 1), "strong": strong_shares(counts) if "strong" in opts.modes else {}}
+    done: dict[tuple, list[dict]] = {}
+    rows = []
+    for recipe in opts.recipes:
+        for model in opts.models:
+            for mode in opts.modes:
+                for n in counts:
+                    key = (recipe, model, n, shares[mode][n])
+                    if key not in done:
+                        done[key] = measure(recipe, model, n, shares[mode][n], opts, env)
+                    rows += [{**row, "mode": mode} for row in done[key]]
+    return rows
+
+
+def row_key(row: dict) -> tuple:
+    return row["recipe"], row.get("phase"), row["model"], row.get("mode", "weak"), row["gpus"]
 
 
 def add_scaling(rows: list[dict]) -> None:
-    """Efficiency against the 1-GPU row of the same recipe and model; comm_share for training recipes."""
-    ones = {(r["recipe"], r["model"]): r for r in rows if r["gpus"] == 1}
+    """Efficiency against the 1-GPU row of the same bench, model and mode; weak scaling's step
+    overhead where there is a step time; comm_share kept where the run reported it, else None."""
+    ones = {row_key(r)[:4]: r for r in rows if r["gpus"] == 1}
     for row in rows:
-        one = ones.get((row["recipe"], row["model"]))
+        one = ones.get(row_key(row)[:4])
         row["efficiency"] = row["total"] / (row["gpus"] * one["total"]) if one and one["total"] and row["total"] \
             else None
-        if RECIPES[row["recipe"]].training:
+        row.setdefault("comm_share", None)
+        if row.get("mode", "weak") == "weak" and row["gpus"] > 1:
             step, base = row.get("step_seconds"), one.get("step_seconds") if one else None
-            row["comm_share"] = (step - base) / step if step and base and row["gpus"] > 1 else None
+            row["step_overhead"] = (step - base) / step if step and base else None
+        else:
+            row["step_overhead"] = None
+
+
+def target_of(row: dict) -> float | None:
+    """The issue's efficiency target for the row's bench and mode; None where it sets none."""
+    if row["model"] != TARGET_MODEL:
+        return None
+    if row.get("mode", "weak") == "weak":
+        return WEAK_TARGET
+    return STRONG_TARGET if bench_name(row) in STRONG_TARGETED else None
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """Per bench and mode with a target: the lowest efficiency over the counts above 1 against it
+    (met, not met, or None where no count above 1 was measured: a failed run, a single count)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if target_of(row) is not None and row["gpus"] > 1:
+            groups.setdefault(row_key(row)[:4], []).append(row)
+    verdicts = []
+    for group in groups.values():
+        first = group[0]
+        measured = [row for row in group if row.get("efficiency") is not None]
+        worst = min(measured, key=lambda row: row["efficiency"]) if len(measured) == len(group) else None
+        target = target_of(first)
+        verdicts.append({"bench": bench_name(first), "model": first["model"], "mode": first.get("mode", "weak"),
+                         "target": target,
+                         "gpus": sorted(row["gpus"] for row in group),
+                         "worst_efficiency": worst["efficiency"] if worst else None,
+                         "worst_at_gpus": worst["gpus"] if worst else None,
+                         "met": worst["efficiency"] >= target if worst else None})
+    return verdicts
 
 
 def merged(earlier: list[dict], new: list[dict]) -> list[dict]:
-    """The earlier rows that the new ones do not replace (same recipe, model and count), then the new."""
-    def key(row: dict) -> tuple:
-        return row["recipe"], row["model"], row["gpus"]
-
-    replaced = {key(row) for row in new}
-    return [row for row in earlier if key(row) not in replaced] + new
+    """The earlier rows that the new ones do not replace (same bench, model, mode and count), then the new."""
+    replaced = {row_key(row) for row in new}
+    return [row for row in earlier if row_key(row) not in replaced] + new
 
 
-def print_table(rows: list[dict]) -> None:
+def percent(value: float | None, missing: str = "-") -> str:
+    return f"{100 * value:.1f}%" if value is not None else missing
+
+
+def print_table(rows: list[dict], verdicts: list[dict]) -> None:
     def cell(value, form: str) -> str:
-        return format(value, form) if value is not None else "-"
+        return format(value, form) if value is not None else "-".rjust(int(form.split(".")[0]))
 
-    print(f"\n{'recipe':<15} {'model':<20} {'GPUs':>4} {'figure':<20} {'total':>10} {'per GPU':>10} {'eff.':>6} "
-          f"{'step s':>8} {'comm':>6}  run memory per GPU (MiB), spread")
+    print(f"\n{'bench':<16} {'model':<20} {'mode':<6} {'GPUs':>4} {'figure':<20} {'total':>10} {'per GPU':>10} "
+          f"{'eff.':>6} {'step s':>8} {'comm':>12} {'overhead':>8} {'wall s':>6}  run memory per GPU (MiB), spread")
     for r in rows:
+        head = f"{bench_name(r):<16} {r['model']:<20} {r.get('mode', 'weak'):<6} {r['gpus']:>4}"
         if "error" in r:
-            print(f"{r['recipe']:<15} {r['model']:<20} {r['gpus']:>4} failed: {r['error'][:80]}")
+            print(f"{head} failed: {r['error'][:80]}")
             continue
-        spread = f"{100 * r['memory_spread']:.1f}%" if r["memory_spread"] is not None else "-"
-        comm = f"{100 * r['comm_share']:.1f}%" if r.get("comm_share") is not None else "-"
-        print(f"{r['recipe']:<15} {r['model']:<20} {r['gpus']:>4} {r['figure']:<20} {cell(r['total'], '10.2f')} "
-              f"{cell(r['per_gpu'], '10.2f')} {cell(r['efficiency'], '6.3f')} {cell(r.get('step_seconds'), '8.3f')} "
-              f"{comm:>6}  {r['run_mem_mb_per_gpu']}, {spread}")
+        print(f"{head} {r['figure']:<20} {cell(r['total'], '10.2f')} {cell(r['per_gpu'], '10.2f')} "
+              f"{cell(r['efficiency'], '6.3f')} {cell(r.get('step_seconds'), '8.3f')} "
+              f"{percent(r.get('comm_share'), 'not measured'):>12} {percent(r.get('step_overhead')):>8} "
+              f"{cell(r.get('wall_s'), '6.0f')}  {r['run_mem_mb_per_gpu']}, {percent(r['memory_spread'])}")
+    print(f"\ntargets (efficiency 1 GPU -> N, {TARGET_MODEL}):")
+    for v in verdicts:
+        verdict = "not measured" if v["met"] is None else "met" if v["met"] else "not met"
+        worst = f"lowest {v['worst_efficiency']:.3f} at {v['worst_at_gpus']} GPUs" if v["met"] is not None else \
+            f"GPUs {v['gpus']}: a run failed or had no 1-GPU row"
+        print(f"  {v['mode']:<6} {v['bench']:<16} >= {v['target']:.2f}  {worst:<28}  {verdict}")
+    if not verdicts:
+        print(f"  none: no {TARGET_MODEL} row above 1 GPU")
+
+
+BASELINE = """Baseline: each recipe on 1 GPU, the same recipe, model and mode (strong or weak scaling) in the same
+invocation; no other code is compared."""
 
 
 def parse_options(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu-counts", default="1,2,4,8", help="counts above the visible GPUs are skipped")
+    parser.add_argument("--gpu-counts", default="1,2,4",
+                        help="any counts (8 included); counts above the visible GPUs are skipped")
     parser.add_argument("--recipes", default=",".join(RECIPES), help=f"any of {', '.join(RECIPES)}")
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=TARGET_MODEL,
+                        help=f"comma-separated; the targets are at {TARGET_MODEL}; tiny-math (the embedded model) too")
+    parser.add_argument("--modes", default=",".join(MODES), help="weak, strong or both")
     parser.add_argument("--cpu", action="store_true", help="ranks as CPU processes (no GPU is used or needed)")
-    size = parser.add_argument_group("per-GPU sizes (the same at every count)")
+    size = parser.add_argument_group("per-GPU sizes of weak scaling (strong: the largest count's total)")
     size.add_argument("--probe-batch", type=int, default=64)
     size.add_argument("--probe-steps", type=int, default=200)
     size.add_argument("--problems-per-gpu", type=int, default=64, help="power-sampling")
@@ -265,23 +387,32 @@ def parse_options(argv: list[str] | None = None):
     size.add_argument("--grpo-generations", type=int, default=8)
     size.add_argument("--grpo-completion-length", type=int, default=64)
     size.add_argument("--grpo-batch", type=int, default=32, help="completions per GPU per micro-batch")
-    size.add_argument("--sft-batch", type=int, default=16, help="sequences per GPU per step (sft and rft's SFT)")
+    size.add_argument("--sft-batch", type=int, default=16, help="sequences per GPU per micro-batch (sft, rft's SFT)")
     size.add_argument("--train-steps", type=int, default=5,
                       help="steps of every training recipe (eggroll, rft's SFT, grpo-mtl, sft); the first is left out")
-    parser.add_argument("--out", default=None, help="default: bench/results/scaling/weak-scaling-<date>-<card>.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/scaling/scaling-<date>-<card>.json")
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out (a sweep split "
-                        "into several invocations); a row of the same recipe, model and count is replaced")
+                        "into several invocations); a row of the same bench, model, mode and count is replaced")
     opts = parser.parse_args(argv)
     if opts.append and not opts.out:
         parser.error("--append needs --out (the file whose rows to keep)")
-    unknown = set(opts.recipes.split(",")) - set(RECIPES)
-    if unknown:
-        parser.error(f"--recipes: unknown {sorted(unknown)}")
+    opts.recipes, opts.models, opts.modes = (value.split(",") for value in (opts.recipes, opts.models, opts.modes))
+    for field, chosen, known in (("--recipes", opts.recipes, RECIPES), ("--modes", opts.modes, MODES)):
+        if unknown := sorted(set(chosen) - set(known)):
+            parser.error(f"{field}: unknown {unknown} (known: {', '.join(known)})")
+    try:
+        counts = [int(n) for n in opts.gpu_counts.split(",")]
+    except ValueError:
+        counts = [0]
+    if min(counts) < 1:
+        parser.error(f"--gpu-counts: {opts.gpu_counts}: not a comma-separated list of counts of at least 1")
+    opts.gpu_counts = counts
+    if "strong" in opts.modes:
+        try:
+            strong_shares(opts.gpu_counts)
+        except ValueError as error:
+            parser.error(str(error))
     return opts
-
-
-BASELINE = """No baseline of other code: each recipe at N GPUs is set against the same recipe on 1 GPU (weak
-scaling efficiency)."""
 
 
 def main() -> None:
@@ -292,19 +423,24 @@ def main() -> None:
         gpus = []
     else:
         gpus = telemetry.list_gpus()
-    requested = [int(n) for n in opts.gpu_counts.split(",")]
-    counts = requested if opts.cpu else [n for n in requested if n <= len(gpus)]
-    if skipped := sorted(set(requested) - set(counts)):
+    counts = opts.gpu_counts if opts.cpu else [n for n in opts.gpu_counts if n <= len(gpus)]
+    if skipped := sorted(set(opts.gpu_counts) - set(counts)):
         print(f"skipped GPU counts {skipped}: {len(gpus)} GPU(s) visible", flush=True)
-    rows = [measure(recipe, model, n, opts, env)
-            for recipe in opts.recipes.split(",") for model in opts.models.split(",") for n in counts]
+    if not counts:
+        sys.exit(f"--gpu-counts: {opts.gpu_counts}: none fits the {len(gpus)} GPU(s) visible")
+    try:
+        rows = sweep(opts, counts, env)
+    except ValueError as error:  # the counts left after skipping do not split the strong work evenly
+        print(error, file=sys.stderr)
+        sys.exit(2)
     if opts.append and os.path.exists(opts.out):
         rows = merged(figures_of(json.loads(Path(opts.out).read_text()))["rows"], rows)
     add_scaling(rows)
+    verdicts = targets(rows)
     device = gpus[0]["name"] if gpus else "cpu"
-    print_table(rows)
-    write_result("scaling", "weak-scaling", vars(opts), {"gpus_available": len(gpus), "device_name": device,
-                                                         "rows": rows},
+    print_table(rows, verdicts)
+    write_result("scaling", "scaling", vars(opts), {"gpus_available": len(gpus), "device_name": device,
+                                                    "rows": rows, "targets": verdicts},
                  out=opts.out, card="cpu" if opts.cpu else None)
 
 

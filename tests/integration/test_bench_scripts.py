@@ -80,33 +80,47 @@ def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(
     assert record["command"].startswith("python bench/scaling.py --cpu ")
     results = record["figures"]
     assert results["gpus_available"] == 0 and results["device_name"] == "cpu"
-    rows = {(row["recipe"], row["gpus"]): row for row in results["rows"]}
-    assert set(rows) == {("probe", 1), ("probe", 2), ("sft", 1), ("sft", 2)}
+    rows = {(row["recipe"], row["mode"], row["gpus"]): row for row in results["rows"]}
+    assert set(rows) == {(recipe, mode, gpus) for recipe in ("probe", "sft") for mode in ("weak", "strong")
+                         for gpus in (1, 2)}
     store = Store(home, read_only=True)
-    for (recipe, gpus), row in rows.items():
+    for (recipe, _mode, gpus), row in rows.items():
         summary = store.get_run(row["run"])["summary"]
-        assert summary["world_size"] == gpus and row["model"] == "tiny-math"
+        assert summary["world_size"] == gpus and row["model"] == "tiny-math" and row["wall_s"] > 0
         assert row["command"].startswith(f"gpuscale run --recipe {recipe} --gpus {gpus} --model tiny-math")
         assert row["total"] > 0 and row["per_gpu"] == pytest.approx(row["total"] / gpus)
+        assert row["comm_share"] is None  # neither times its collectives: "not measured"
         # CPU: the RSS of each rank the sampler caught alive (a short rank can end between samples).
         assert len(row["run_mem_mb_per_gpu"]) <= gpus and all(mb > 0 for mb in row["run_mem_mb_per_gpu"])
     for recipe in ("probe", "sft"):
-        one, two = rows[(recipe, 1)], rows[(recipe, 2)]
-        assert one["efficiency"] == pytest.approx(1.0)
-        assert two["efficiency"] == pytest.approx(two["total"] / (2 * one["total"]))
-    assert rows[("probe", 1)]["figure"] == "tokens_per_s" and "comm_share" not in rows[("probe", 2)]
-    assert rows[("probe", 1)]["total"] == store.get_run(rows[("probe", 1)]["run"])["summary"]["tokens_per_s"]
-    # Weak scaling: every rank trains on the same sequences per step at both counts.
-    assert "--set max_examples=6" in rows[("sft", 1)]["command"]
-    assert "--set max_examples=12" in rows[("sft", 2)]["command"]
-    one, two = rows[("sft", 1)], rows[("sft", 2)]
-    assert one["figure"] == "tokens_per_s_steady" and one["comm_share"] is None
-    for row in (one, two):
+        # Strong scaling's 2-GPU point is the weak one's run; its 1-GPU run does the work of two.
+        assert rows[(recipe, "strong", 2)]["run"] == rows[(recipe, "weak", 2)]["run"]
+        assert rows[(recipe, "strong", 1)]["run"] != rows[(recipe, "weak", 1)]["run"]
+        for mode in ("weak", "strong"):
+            one, two = rows[(recipe, mode, 1)], rows[(recipe, mode, 2)]
+            assert one["efficiency"] == pytest.approx(1.0)
+            assert two["efficiency"] == pytest.approx(two["total"] / (2 * one["total"]))
+    assert rows[("probe", "weak", 1)]["figure"] == "tokens_per_s"
+    assert rows[("probe", "weak", 1)]["total"] == store.get_run(rows[("probe", "weak", 1)]["run"])["summary"][
+        "tokens_per_s"]
+    assert "--set steps=6 " in rows[("probe", "weak", 1)]["command"]
+    assert "--set steps=12 " in rows[("probe", "strong", 1)]["command"]
+    # Weak scaling: every rank trains on the same sequences per step at both counts; strong: one rank
+    # accumulates two micro-batches, so a step holds the 2-GPU run's sequences.
+    assert "--set max_examples=6" in rows[("sft", "weak", 1)]["command"]
+    assert "--set max_examples=12" in rows[("sft", "weak", 2)]["command"]
+    strong = rows[("sft", "strong", 1)]["command"]
+    assert "--set max_examples=12" in strong and "--set gradient_accumulation=2" in strong
+    one, two = rows[("sft", "weak", 1)], rows[("sft", "weak", 2)]
+    assert one["figure"] == "tokens_per_s_steady" and one["step_overhead"] is None
+    for row in (one, two, rows[("sft", "strong", 1)]):
         summary = store.get_run(row["run"])["summary"]
         assert summary["steps"] == 3 and 0 < row["step_seconds"] <= summary["train_seconds"]
         assert row["total"] == pytest.approx(summary["train_tokens"] / 3 / row["step_seconds"])
-    assert two["comm_share"] == pytest.approx((two["step_seconds"] - one["step_seconds"]) / two["step_seconds"])
-    assert "tokens_per_s_steady" in done.stdout and "comm" in done.stdout  # the table
+    assert two["step_overhead"] == pytest.approx((two["step_seconds"] - one["step_seconds"]) / two["step_seconds"])
+    assert results["targets"] == []  # the targets are at random-qwen2.5-0.5b
+    assert "tokens_per_s_steady" in done.stdout and "not measured" in done.stdout  # the table
+    assert "none: no random-qwen2.5-0.5b row above 1 GPU" in done.stdout
 
 
 def load_bench(script: str):
@@ -128,9 +142,77 @@ def test_scaling_rows_of_several_invocations_merge_and_scale_against_the_one_gpu
     by_key = {(row["recipe"], row["gpus"]): row for row in rows}
     assert len(rows) == 3 and by_key[("sft", 2)]["total"] == 180.0  # the new row replaced the earlier one
     assert by_key[("sft", 2)]["efficiency"] == pytest.approx(0.9)
-    assert by_key[("sft", 2)]["comm_share"] == pytest.approx(0.2)
-    assert by_key[("sft", 1)]["comm_share"] is None
+    assert by_key[("sft", 2)]["step_overhead"] == pytest.approx(0.2)
+    assert by_key[("sft", 2)]["comm_share"] is None  # sft reports no collective time: not measured
+    assert by_key[("sft", 1)]["step_overhead"] is None
     assert by_key[("probe", 2)]["efficiency"] is None  # no 1-GPU row to scale against
+
+
+def scaling_row(recipe: str, mode: str, gpus: int, total: float | None, phase: str | None = None,
+                model: str = "random-qwen2.5-0.5b", **more) -> dict:
+    return {"recipe": recipe, "phase": phase, "model": model, "mode": mode, "gpus": gpus, "figure": "members_per_s",
+            "total": total, "per_gpu": total / gpus if total else None, "run_mem_mb_per_gpu": [],
+            "memory_spread": None, **more}
+
+
+def test_scaling_efficiency_per_mode_and_the_issue_targets_met_or_not_on_made_up_rows(capsys):
+    scaling = load_bench("scaling.py")
+    rows = [scaling_row("eggroll", "weak", 1, 100.0, step_seconds=1.0, comm_share=0.01),
+            scaling_row("eggroll", "weak", 2, 190.0, step_seconds=1.05, comm_share=0.04),
+            scaling_row("eggroll", "weak", 4, 372.0, step_seconds=1.08, comm_share=0.07),
+            scaling_row("eggroll", "strong", 1, 110.0), scaling_row("eggroll", "strong", 2, 200.0),
+            scaling_row("eggroll", "strong", 4, 372.0),
+            scaling_row("rft", "strong", 1, 50.0, phase="generation"),
+            scaling_row("rft", "strong", 4, 180.0, phase="generation"),
+            scaling_row("rft", "strong", 1, 1000.0, phase="sft"),
+            scaling_row("rft", "strong", 4, 1000.0, phase="sft"),  # no strong target for rft's SFT
+            scaling_row("sft", "weak", 1, 10.0), scaling_row("sft", "weak", 4, None, error="run 9 failed"),
+            scaling_row("sft", "weak", 1, 10.0, model="tiny-math"),  # targets are at 0.5B only
+            scaling_row("sft", "weak", 4, 1.0, model="tiny-math")]
+    scaling.add_scaling(rows)
+    by_key = {(scaling.bench_name(r), r["model"][:4], r["mode"], r["gpus"]): r for r in rows}
+    # Each mode against its own 1-GPU row.
+    assert by_key[("eggroll", "rand", "weak", 4)]["efficiency"] == pytest.approx(372 / 400)
+    assert by_key[("eggroll", "rand", "strong", 4)]["efficiency"] == pytest.approx(372 / 440)
+    assert by_key[("rft generation", "rand", "strong", 4)]["efficiency"] == pytest.approx(0.9)
+    assert by_key[("eggroll", "rand", "weak", 4)]["comm_share"] == 0.07  # as the run reported it
+    assert by_key[("eggroll", "rand", "weak", 4)]["step_overhead"] == pytest.approx(0.08 / 1.08)
+    assert by_key[("eggroll", "rand", "strong", 4)]["step_overhead"] is None  # only weak has the same step work
+    verdicts = {(v["bench"], v["mode"]): v for v in scaling.targets(rows)}
+    assert set(verdicts) == {("eggroll", "weak"), ("eggroll", "strong"), ("rft generation", "strong"),
+                             ("sft", "weak")}
+    assert verdicts[("eggroll", "weak")] == {
+        "bench": "eggroll", "model": "random-qwen2.5-0.5b", "mode": "weak", "target": 0.9, "gpus": [2, 4],
+        "worst_efficiency": pytest.approx(0.93), "worst_at_gpus": 4, "met": True}
+    assert verdicts[("eggroll", "strong")]["met"] is False and verdicts[("eggroll", "strong")]["target"] == 0.85
+    assert verdicts[("eggroll", "strong")]["worst_efficiency"] == pytest.approx(372 / 440)
+    assert verdicts[("rft generation", "strong")]["met"] is True
+    assert verdicts[("sft", "weak")]["met"] is None  # its 4-GPU run failed: not measured, not "met"
+    scaling.print_table(rows, list(verdicts.values()))
+    table = capsys.readouterr().out.splitlines()
+    assert any("weak" in line and "eggroll" in line and "lowest 0.930 at 4 GPUs" in line and line.endswith(" met")
+               for line in table)
+    assert any("strong" in line and "eggroll" in line and line.endswith("not met") for line in table)
+    assert any(line.split()[:2] == ["weak", "sft"] and line.endswith("not measured") for line in table)
+    assert any(line.startswith("sft ") and "not measured" in line for line in table)  # its comm share
+
+
+def test_scaling_strong_shares_split_the_largest_counts_work_and_refuse_uneven_counts(capsys):
+    scaling = load_bench("scaling.py")
+    assert scaling.strong_shares([1, 2, 4]) == {1: 4, 2: 2, 4: 1}
+    assert scaling.strong_shares([1, 2, 4, 8]) == {1: 8, 2: 4, 4: 2, 8: 1}
+    assert scaling.parse_options(["--gpu-counts", "1,3", "--modes", "weak"]).gpu_counts == [1, 3]
+    with pytest.raises(SystemExit) as refused:
+        scaling.parse_options(["--gpu-counts", "1,3,4"])
+    assert refused.value.code == 2
+    assert "--gpu-counts: 1,3,4: strong scaling splits the work of 4 GPUs evenly, and [3] do not divide 4" in \
+        capsys.readouterr().err
+    # rft's one run gives two benches: its generation's samples/s and its SFT's steady tokens/s.
+    store = type("LoggedSteps", (), {"metrics": lambda self, run, name: [
+        {"rank": 0, "value": ms} for ms in (900.0, 200.0, 220.0, 240.0)] + [{"rank": 1, "value": 5000.0}]})()
+    parts = scaling.rft_figures({"samples_per_s": 40.0, "steps": 4, "train_tokens": 8000}, store, 1)
+    assert [(p["phase"], p["figure"], p["total"]) for p in parts] == [
+        ("generation", "samples_per_s", 40.0), ("sft", "tokens_per_s_steady", pytest.approx(2000 / 0.22))]
 
 
 def test_curve_averages_each_metric_over_windows_of_steps_and_ranks():
