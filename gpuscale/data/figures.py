@@ -161,7 +161,7 @@ FIGURES: dict[str, Figure] = _figures(
     _text("generated_set", "generated set"),
     _text("data_from", "generated set read"),
     _text("devices", "devices"),
-    _text("gpus", "GPUs"),
+    _text("node_check_gpus", "GPUs checked"),
     _text("node_check_flags", "slow GPUs"),
     _text("domains", "domains"),
     _text("batch_size_reason", "micro-batch reason"),

@@ -1,17 +1,26 @@
-"""probe: does every GPU work, how fast, at what memory?
+"""probe: does every GPU work, how fast, at what memory? The node check.
 
 Each rank loads the model, prefills `batch_size` random prompts of `prompt_tokens` tokens, then runs
 `steps` greedy decode steps with the KV cache, timing each one. It reports tokens/s, step time and
 peak memory per rank; rank 0 gathers them into the run's summary. It exercises the whole spine:
 launcher, ranks, metrics, telemetry and store.
+
+Then the node check, on every rank: device memory bandwidth (a device-to-device copy), dense matmul
+TFLOP/s in the run's dtype, decode tokens/s through the generation engine at batch 1 (latency) and at
+`batch_size` (throughput: what `--batch-size auto` tunes), and the all-reduce bus bandwidth across
+the ranks (nccl on GPUs, gloo on CPU ranks). Rank 0 flags a GPU more than 15% below its peers
+(data/node_check.py); app/views/node_check.py writes the table. The sizes scale with the device
+(MEASURE_SIZES): large enough on a GPU to reach its bandwidth, small on CPU ranks.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -103,6 +112,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
         "prefill_tokens_per_s": settings.batch_size * settings.prompt_tokens / prefill_s,
         "peak_mem_mb": ctx.peak_memory_mb(),
     }
+    mine.update(node_check(model, settings, ctx))
     everyone = ctx.gather(mine)
     if ctx.is_main:
         from gpuscale.recipes.shared.common import summary_opening
@@ -110,6 +120,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
         reporter.summary(
             {
                 **summary_opening(ctx),
+                **node_check_summary(everyone, settings),
                 "tokens_per_s": sum(r["tokens_per_s"] for r in everyone),
                 "tokens_per_s_per_rank": [round(r["tokens_per_s"], 1) for r in everyone],
                 "step_time_ms_median": statistics.median(r["step_time_ms_median"] for r in everyone),
@@ -118,6 +129,136 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
                 "parameters": sum(p.numel() for p in model.parameters()),
             }
         )
+
+
+@dataclass(frozen=True)
+class MeasureSizes:
+    copy_mib: int  # bytes copied device to device a repeat (read and written: twice this moved)
+    matmul_n: int  # square matrices of n x n multiplied
+    allreduce_mib: int  # bytes all-reduced a rank a repeat
+    repeats: int  # timed repeats of each, after one untimed
+
+
+# On a GPU large enough to reach the card's bandwidth and peak (as nccl-tests and bandwidthTest use
+# hundreds of MiB), each figure in well under a second; on CPU ranks small, so the tests stay fast.
+MEASURE_SIZES = {
+    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=20),
+    "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=3),
+}
+
+
+def measure_sizes(device) -> MeasureSizes:
+    return MEASURE_SIZES["cuda" if device.type == "cuda" else "cpu"]
+
+
+def timed(work, repeats: int, synchronize) -> float:
+    """Seconds `repeats` calls of `work` took, after one untimed call (allocation, kernel choice)."""
+    work()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        work()
+    synchronize()
+    return time.perf_counter() - start
+
+
+def copy_gb_per_s(ctx, sizes: MeasureSizes) -> float:
+    """Device memory bandwidth: bytes read plus bytes written by a device-to-device copy, per second
+    (as CUDA's bandwidthTest counts a device-to-device copy), in GB/s."""
+    import torch
+
+    source = torch.empty(sizes.copy_mib * 2**20, dtype=torch.uint8, device=ctx.device)
+    target = torch.empty_like(source)
+    seconds = timed(lambda: target.copy_(source), sizes.repeats, ctx.synchronize)
+    return 2 * source.numel() * sizes.repeats / seconds / 1e9
+
+
+def matmul_tflops(ctx, sizes: MeasureSizes) -> float:
+    """Dense matmul throughput in the run's dtype (bf16 on a GPU that has it): 2n^3 FLOPs a product."""
+    import torch
+
+    n = sizes.matmul_n
+    a, b = (torch.randn(n, n, device=ctx.device).to(ctx.dtype) for _ in range(2))
+    seconds = timed(lambda: torch.mm(a, b), sizes.repeats, ctx.synchronize)
+    return 2 * n**3 * sizes.repeats / seconds / 1e12
+
+
+def allreduce_seconds(ctx, sizes: MeasureSizes) -> float | None:
+    """Seconds this rank took for one all-reduce of `allreduce_mib` MiB (the mean of the repeats);
+    None on a single rank, which has nothing to reduce with."""
+    if ctx.world_size < 2:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.ones(sizes.allreduce_mib * 2**20 // 4, dtype=torch.float32, device=ctx.device)
+    dist.barrier()
+    return timed(lambda: dist.all_reduce(tensor), sizes.repeats, ctx.synchronize) / sizes.repeats
+
+
+def engine_tokens_per_s(model, ctx, batch_size: int, settings: Settings) -> float:
+    """Greedy decode tokens/s through the generation engine at `batch_size` (CUDA graphs on a GPU, no
+    torch.compile: the check must take seconds): `steps` new tokens a row after random prompts of
+    `prompt_tokens` tokens, no EOS (every row decodes all its steps), the prefill included."""
+    import torch
+
+    from gpuscale.data.seeds import derived_seed
+    from gpuscale.engines.generation import GenerationEngine, Sampling
+
+    engine = GenerationEngine(model, (), compile=False)
+    generator = torch.Generator().manual_seed(derived_seed(settings.seed, "node-check", ctx.rank))
+    prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens), generator=generator)
+    greedy = Sampling(temperature=0.0)
+    engine.generate(prompts, min(settings.steps, 4), greedy)  # untimed: buffers, graph capture
+    ctx.synchronize()
+    start = time.perf_counter()
+    engine.generate(prompts, settings.steps, greedy)
+    ctx.synchronize()
+    return batch_size * settings.steps / (time.perf_counter() - start)
+
+
+def gpu_name(ctx) -> str:
+    """`GPU <index>` as nvidia-smi numbers it (CUDA_VISIBLE_DEVICES maps the rank's device), or
+    `cpu <rank>` for a CPU rank."""
+    if ctx.device.type != "cuda":
+        return f"cpu {ctx.rank}"
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    index = ctx.device.index or 0
+    return f"GPU {visible[index] if index < len(visible) else index}"
+
+
+def node_check(model, settings: Settings, ctx) -> dict:
+    """This rank's node-check figures (data/node_check.py's NODE_FIGURES) and its all-reduce time."""
+    sizes = measure_sizes(ctx.device)
+    return {
+        "gpu": gpu_name(ctx),
+        "copy_gb_per_s": copy_gb_per_s(ctx, sizes),
+        "matmul_tflops": matmul_tflops(ctx, sizes),
+        "latency_tokens_per_s": engine_tokens_per_s(model, ctx, 1, settings),
+        "throughput_tokens_per_s": engine_tokens_per_s(model, ctx, settings.batch_size, settings),
+        "allreduce_seconds": allreduce_seconds(ctx, sizes),
+        "allreduce_mib": sizes.allreduce_mib,
+    }
+
+
+def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
+    """The summary's node-check figures from every rank's: one figure per rank and per NODE_FIGURES
+    name (`copy_gb_per_s_rank_0`: so `gpuscale compare` sets each against another probe's), the
+    all-reduce bandwidths (the ranks' mean time, as nccl-tests averages it) and the slow-GPU flags."""
+    from gpuscale.data.node_check import NODE_FIGURES, bus_bandwidth, per_rank_name, slow_gpus
+
+    gpus = [r["gpu"] for r in everyone]
+    summary: dict = {"node_check_gpus": gpus, "throughput_batch_size": settings.batch_size}
+    for figure in NODE_FIGURES:
+        summary.update({per_rank_name(figure.name, r["rank"]): round(r[figure.name], 3) for r in everyone})
+    times = [r["allreduce_seconds"] for r in everyone if r["allreduce_seconds"] is not None]
+    if times:
+        nbytes = everyone[0]["allreduce_mib"] * 2**20
+        algbw, busbw = bus_bandwidth(nbytes, statistics.mean(times), len(everyone))
+        summary.update(allreduce_mib=everyone[0]["allreduce_mib"], allreduce_algbw_gb_per_s=round(algbw / 1e9, 3),
+                       allreduce_busbw_gb_per_s=round(busbw / 1e9, 3))
+    summary["node_check_flags"] = slow_gpus(gpus, {f.name: [r[f.name] for r in everyone] for f in NODE_FIGURES})
+    return summary
 
 
 TRIAL_STEPS = 8  # decode steps timed per trial, after `warmup_steps` (at least 2) untimed ones

@@ -26,6 +26,16 @@ def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(home):
     assert shown and shown.group(1) == format_rate(run["summary"]["tokens_per_s"]), (final[-1], run["summary"])
     # The supervisor's own figure for the run is another number (it counts loading and warm-up).
     assert run["progress"]["tokens_per_s"] != run["summary"]["tokens_per_s"]
+    # The output ends in the node check's one table: a row for the one rank, no all-reduce, no peers.
+    output = result.stdout.splitlines()
+    table = output[output.index("node check:"):]
+    summary = run["summary"]
+    assert table[1].split()[:2] == ["GPU", "device"] and "decode b=2 tokens/s" in table[1], table
+    assert table[2].split()[:3] == [*summary["node_check_gpus"][0].split(), summary["devices"][0].split()[0]], table
+    assert table[3:] == ["  all-reduce: one rank, nothing to measure",
+                         *(["  no data-sheet figures for cpu (not in gpuscale/data/cards.py)"]
+                           if summary["devices"] == ["cpu"] else []),
+                         "  slow: none (no GPU more than 15% below its peers)"], table
     # The decode loop passes its KV cache as `cache`: transformers' "`past_key_values` ... deprecated"
     # warning reaches neither the output nor the rank's log.
     rank_log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()

@@ -35,6 +35,7 @@ def test_two_ranks_succeed_with_metrics_and_samples(home):
     else:
         assert run["summary"]["energy_unavailable"] == "no NVML GPU (CPU run)" and "energy_j" not in run["summary"]
         assert "  energy_unavailable: no NVML GPU (CPU run)" in gpuscale("show", str(run["id"])).stdout.splitlines()
+    assert_node_check(run)
     listed = run_json("runs")
     assert [r["id"] for r in listed] == [run["id"]]
     assert {"id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error"} <= set(listed[0])
@@ -57,6 +58,24 @@ def test_two_ranks_succeed_with_metrics_and_samples(home):
     written = gpuscale("export", str(run["id"]), "--what", "summary", "-o", str(home / "summary.json"))
     assert written.returncode == 0 and json.loads((home / "summary.json").read_text()) == run["summary"]
     assert not leftover_processes(run["run_dir"])
+
+
+def assert_node_check(run: dict) -> None:
+    """The probe's node check on two ranks: every figure measured on each, the all-reduce's busbw
+    nccl-tests' algbw x 2(n-1)/n, and `show` ends in one table with a row a rank, the per-rank figures
+    not repeated in the plain list above it."""
+    summary = run["summary"]
+    assert len(summary["node_check_gpus"]) == 2
+    for name in ("copy_gb_per_s", "matmul_tflops", "latency_tokens_per_s", "throughput_tokens_per_s"):
+        assert summary[f"{name}_rank_0"] > 0 and summary[f"{name}_rank_1"] > 0, name
+    assert summary["allreduce_busbw_gb_per_s"] == pytest.approx(summary["allreduce_algbw_gb_per_s"], abs=0.002)
+    shown = gpuscale("show", str(run["id"])).stdout.splitlines()
+    table = shown[shown.index("node check:"):]
+    assert table[1].split()[:2] == ["GPU", "device"] and "decode b=2 tokens/s" in table[1]
+    assert [row.split()[:2] for row in table[2:4]] == [gpu.split() for gpu in summary["node_check_gpus"]]
+    assert table[4].startswith("  all-reduce bus bandwidth ") and "across 2 ranks" in table[4]
+    assert table[-1].startswith("  slow: ")  # CPU ranks share two cores: whether one is flagged is chance
+    assert not any(line.startswith("  copy_gb_per_s") for line in shown)
 
 
 def test_headless_tui_is_the_same_run(home):

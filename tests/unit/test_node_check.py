@@ -63,7 +63,8 @@ def test_the_card_table_gives_data_sheet_figures_the_most_specific_name_first():
 
 
 def probe_summary(devices: list[str], copy: list[float], flags: list[str] = ()) -> dict:
-    summary = {"world_size": len(devices), "devices": devices, "gpus": [f"GPU {i}" for i in range(len(devices))],
+    summary = {"world_size": len(devices), "devices": devices,
+               "node_check_gpus": [f"GPU {i}" for i in range(len(devices))],
                "throughput_batch_size": 64, "node_check_flags": list(flags),
                "allreduce_mib": 256, "allreduce_algbw_gb_per_s": 200.0, "allreduce_busbw_gb_per_s": 300.0}
     for rank, value in enumerate(copy):
@@ -89,7 +90,7 @@ def test_the_table_puts_each_figure_beside_the_cards_and_says_when_a_card_has_no
     assert not any("no data-sheet" in line for line in calm)
     # Every per-rank figure is in the table, so the summary's plain list leaves them out.
     names = table_names(probe_summary([H100] * 2, [1.0] * 2))
-    assert {"copy_gb_per_s_rank_1", "gpus", "allreduce_busbw_gb_per_s"} <= names
+    assert {"copy_gb_per_s_rank_1", "node_check_gpus", "allreduce_busbw_gb_per_s"} <= names
     assert node_check_lines({"tokens_per_s": 5.0}) == [] and table_names({"tokens_per_s": 5.0}) == set()
 
 

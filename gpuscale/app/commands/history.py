@@ -23,6 +23,7 @@ from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
 from gpuscale.app.views.export import export_text
 from gpuscale.app.views.logs import read_lines, world_size
+from gpuscale.app.views.node_check import node_check_lines, table_names
 from gpuscale.app.views.runs import (
     RUN_COLUMNS,
     compare_runs,
@@ -80,8 +81,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     for key, value in run["settings"].items():
         print(f"  {key}: {setting_text(value)}")
     print("summary:")
-    for key, value in (run["summary"] or {}).items():
-        print(f"  {key}: {figure_text(key, value)}")
+    summary = run["summary"] or {}
+    in_table = table_names(summary)
+    for key, value in summary.items():
+        if key not in in_table:
+            print(f"  {key}: {figure_text(key, value)}")
+    for line in node_check_lines(summary):
+        print(line)
     return 0
 
 

@@ -23,6 +23,7 @@ from gpuscale.app.commands.common import (
     public_run,
 )
 from gpuscale.app.views.collapse import run_collapse_warnings
+from gpuscale.app.views.node_check import node_check_lines, table_names
 from gpuscale.app.views.runs import figure_text, progress_line
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs import launch
@@ -219,8 +220,12 @@ def report_end(run: dict, as_json: bool, warnings: list[str] = ()) -> None:
     if run["hint"]:
         print(f"hint: {run['hint']}", file=sys.stderr)
     summary = run["summary"] or {}
+    in_table = table_names(summary)
     for name, value in summary.items():
-        print(f"  {name}: {figure_text(name, value)}")
+        if name not in in_table:
+            print(f"  {name}: {figure_text(name, value)}")
+    for line in node_check_lines(summary):
+        print(line)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
+from gpuscale.app.views.node_check import node_check_lines, table_names
 from gpuscale.app.views.runs import figure_text, lineage_lines, run_title, status_line
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.app.widgets.plain import PlainTable
@@ -56,6 +57,7 @@ class RunDetailScreen(Screen):
                 with VerticalScroll(id="detail-summary"):
                     yield Static("reading the run…", id="detail-heading")
                     yield PlainTable(id="detail-figures", cursor_type="row", show_cursor=False)
+                    yield Static("", id="detail-node-check")
                     yield PlainTable(id="detail-settings", cursor_type="row", show_cursor=False)
             with TabPane("Charts", id="charts"):
                 yield RunMonitor(self.run_id, stored=True)
@@ -96,8 +98,14 @@ class RunDetailScreen(Screen):
         heading.update(run_heading(run, self.app.clock(), children))
         figures = self.query_one("#detail-figures", DataTable)
         figures.clear()
-        for name, value in (run["summary"] or {}).items():
-            figures.add_row(name, figure_text(name, value))
+        summary = run["summary"] or {}
+        in_table = table_names(summary)  # the probe's node check: one table of its own, below
+        for name, value in summary.items():
+            if name not in in_table:
+                figures.add_row(name, figure_text(name, value))
+        node_check = self.query_one("#detail-node-check", Static)
+        node_check.update(Text("\n".join(node_check_lines(summary))))
+        node_check.display = bool(in_table)
         if not run["summary"]:
             figures.add_row("-", "no summary (the run did not finish)")
         settings = self.query_one("#detail-settings", DataTable)

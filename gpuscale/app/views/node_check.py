@@ -10,19 +10,19 @@ from gpuscale.data.cards import memory_bandwidth, peak_flops, unknown_card_note
 from gpuscale.data.node_check import NODE_FIGURES, per_rank_name
 
 # The summary's figures the table shows (besides the per-rank ones), left out of the plain list.
-TABLE_FIGURES = ("gpus", "node_check_flags", "allreduce_busbw_gb_per_s", "allreduce_algbw_gb_per_s",
+TABLE_FIGURES = ("node_check_gpus", "node_check_flags", "allreduce_busbw_gb_per_s", "allreduce_algbw_gb_per_s",
                  "allreduce_mib", "throughput_batch_size")
 
 
 def has_node_check(summary: dict) -> bool:
-    return isinstance(summary.get("gpus"), list) and bool(summary["gpus"])
+    return isinstance(summary.get("node_check_gpus"), list) and bool(summary["node_check_gpus"])
 
 
 def table_names(summary: dict) -> set[str]:
     """Every summary figure the node check's table shows (none where the summary has no node check)."""
     if not has_node_check(summary):
         return set()
-    ranks = range(len(summary["gpus"]))
+    ranks = range(len(summary["node_check_gpus"]))
     return set(TABLE_FIGURES) | {per_rank_name(f.name, r) for f in NODE_FIGURES for r in ranks}
 
 
@@ -45,7 +45,7 @@ def node_check_lines(summary: dict) -> list[str]:
     the flags (`slow: none` where no GPU is slow); no lines for a summary without a node check."""
     if not has_node_check(summary):
         return []
-    gpus, devices = summary["gpus"], summary.get("devices") or []
+    gpus, devices = summary["node_check_gpus"], summary.get("devices") or []
     batch = summary.get("throughput_batch_size")
     header = ["GPU", "device", "memory GB/s", "matmul TFLOP/s", "decode b=1 tokens/s",
               f"decode b={batch if batch else '?'} tokens/s"]
@@ -76,6 +76,6 @@ def allreduce_line(summary: dict) -> str:
     busbw = summary.get("allreduce_busbw_gb_per_s")
     if not isinstance(busbw, (int, float)):
         return "all-reduce: one rank, nothing to measure"
-    return (f"all-reduce bus bandwidth {format_number(busbw)} GB/s across {len(summary['gpus'])} ranks "
+    return (f"all-reduce bus bandwidth {format_number(busbw)} GB/s across {len(summary['node_check_gpus'])} ranks "
             f"(algbw {format_number(summary.get('allreduce_algbw_gb_per_s'))} GB/s, "
             f"{format_number(summary.get('allreduce_mib'))} MiB a rank; busbw as nccl-tests computes it)")
