@@ -104,6 +104,7 @@ FIGURES: dict[str, Figure] = _figures(
     Figure("throughput_tokens_per_s", "decode tokens/s at full batch", unit="tokens/s", direction=HIGHER,
            family=True),
     Figure("allreduce_busbw_gb_per_s", "all-reduce bus bandwidth", unit="GB/s", direction=HIGHER),
+    Figure("link_gb_per_s", "link bandwidth each way", unit="GB/s", direction=HIGHER, family=True),
     Figure("allreduce_algbw_gb_per_s", "all-reduce algorithm bandwidth", unit="GB/s", direction=HIGHER),
     Figure("generation_share", "share of time generating"),
     _seconds("step_seconds_median", "step time (median)"),

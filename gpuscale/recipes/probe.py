@@ -21,6 +21,7 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 from pydantic import Field
 
@@ -142,7 +143,7 @@ class MeasureSizes:
 # On a GPU large enough to reach the card's bandwidth and peak (as nccl-tests and bandwidthTest use
 # hundreds of MiB), each figure in well under a second; on CPU ranks small, so the tests stay fast.
 MEASURE_SIZES = {
-    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=20),
+    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=50),
     "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=3),
 }
 
@@ -152,8 +153,10 @@ def measure_sizes(device) -> MeasureSizes:
 
 
 def timed(work, repeats: int, synchronize) -> float:
-    """Seconds `repeats` calls of `work` took, after one untimed call (allocation, kernel choice)."""
-    work()
+    """Seconds `repeats` calls of `work` took, after a tenth as many untimed ones (at least one:
+    allocation, kernel choice, the GPU's clocks)."""
+    for _ in range(max(1, repeats // 10)):
+        work()
     synchronize()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -194,6 +197,39 @@ def allreduce_seconds(ctx, sizes: MeasureSizes) -> float | None:
     tensor = torch.ones(sizes.allreduce_mib * 2**20 // 4, dtype=torch.float32, device=ctx.device)
     dist.barrier()
     return timed(lambda: dist.all_reduce(tensor), sizes.repeats, ctx.synchronize) / sizes.repeats
+
+
+def link_gb_per_s(ctx, sizes: MeasureSizes) -> dict[str, float]:
+    """Each link of this rank to another, `"<a>-<b>"` -> GB/s each way: the pair sends each other
+    `allreduce_mib` MiB at once (both directions together), bytes / time. Empty on one rank."""
+    if ctx.world_size < 2:
+        return {}
+    import torch
+    import torch.distributed as dist
+
+    from gpuscale.data.node_check import pair_rounds
+
+    outgoing = torch.ones(sizes.allreduce_mib * 2**20 // 4, dtype=torch.float32, device=ctx.device)
+    incoming = torch.empty_like(outgoing)
+    links = {}
+    for pairs in pair_rounds(ctx.world_size):
+        partner = next((b if a == ctx.rank else a for a, b in pairs if ctx.rank in (a, b)), None)
+        dist.barrier()
+        if partner is None:
+            continue
+        seconds = timed(partial(exchange, outgoing, incoming, partner), sizes.repeats, ctx.synchronize)
+        low, high = sorted((ctx.rank, partner))
+        links[f"{low}-{high}"] = outgoing.numel() * 4 * sizes.repeats / seconds / 1e9
+    return links
+
+
+def exchange(outgoing, incoming, partner: int) -> None:
+    """Send `outgoing` to rank `partner` while receiving its tensor into `incoming`."""
+    import torch.distributed as dist
+
+    ops = [dist.P2POp(dist.isend, outgoing, partner), dist.P2POp(dist.irecv, incoming, partner)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
 
 
 def engine_tokens_per_s(model, ctx, batch_size: int, settings: Settings) -> float:
@@ -237,6 +273,7 @@ def node_check(model, settings: Settings, ctx) -> dict:
         "latency_tokens_per_s": engine_tokens_per_s(model, ctx, 1, settings),
         "throughput_tokens_per_s": engine_tokens_per_s(model, ctx, settings.batch_size, settings),
         "allreduce_seconds": allreduce_seconds(ctx, sizes),
+        "links": link_gb_per_s(ctx, sizes),
         "allreduce_mib": sizes.allreduce_mib,
     }
 
@@ -245,7 +282,7 @@ def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
     """The summary's node-check figures from every rank's: one figure per rank and per NODE_FIGURES
     name (`copy_gb_per_s_rank_0`: so `gpuscale compare` sets each against another probe's), the
     all-reduce bandwidths (the ranks' mean time, as nccl-tests averages it) and the slow-GPU flags."""
-    from gpuscale.data.node_check import NODE_FIGURES, bus_bandwidth, per_rank_name, slow_gpus
+    from gpuscale.data.node_check import NODE_FIGURES, bus_bandwidth, link_name, per_rank_name, slow_gpus, slow_links
 
     gpus = [r["gpu"] for r in everyone]
     summary: dict = {"node_check_gpus": gpus, "throughput_batch_size": settings.batch_size}
@@ -257,7 +294,13 @@ def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
         algbw, busbw = bus_bandwidth(nbytes, statistics.mean(times), len(everyone))
         summary.update(allreduce_mib=everyone[0]["allreduce_mib"], allreduce_algbw_gb_per_s=round(algbw / 1e9, 3),
                        allreduce_busbw_gb_per_s=round(busbw / 1e9, 3))
-    summary["node_check_flags"] = slow_gpus(gpus, {f.name: [r[f.name] for r in everyone] for f in NODE_FIGURES})
+    # A link as its lower rank measured it (both ends time the same exchange).
+    links = {pair: gbps for r in everyone for pair, gbps in r["links"].items() if pair.startswith(f"{r['rank']}-")}
+    summary.update({link_name(pair): round(gbps, 3) for pair, gbps in sorted(links.items())})
+    summary["node_check_flags"] = [
+        *slow_gpus(gpus, {f.name: [r[f.name] for r in everyone] for f in NODE_FIGURES}),
+        *slow_links({pair: gbps for pair, gbps in links.items()}, gpus),
+    ]
     return summary
 
 

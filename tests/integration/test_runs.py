@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_for_metrics, wait_until
+from gpuscale.app.views.text import format_number
 from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
@@ -74,6 +75,9 @@ def assert_node_check(run: dict) -> None:
     assert table[1].split()[:2] == ["GPU", "device"] and "decode b=2 tokens/s" in table[1]
     assert [row.split()[:2] for row in table[2:4]] == [gpu.split() for gpu in summary["node_check_gpus"]]
     assert table[4].startswith("  all-reduce bus bandwidth ") and "across 2 ranks" in table[4]
+    gpus = summary["node_check_gpus"]
+    assert table[5] == (f"  links (GB/s each way, a pair at a time): {gpus[0]} - {gpus[1]} "
+                        f"{format_number(summary['link_gb_per_s_0_1'])}") and summary["link_gb_per_s_0_1"] > 0
     assert table[-1].startswith("  slow: ")  # CPU ranks share two cores: whether one is flagged is chance
     assert not any(line.startswith("  copy_gb_per_s") for line in shown)
 

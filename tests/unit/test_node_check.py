@@ -10,7 +10,15 @@ from gpuscale.app.views.node_check import node_check_lines, table_names
 from gpuscale.app.views.runs import compare_runs
 from gpuscale.data.cards import memory_bandwidth, peak_flops
 from gpuscale.data.figures import figure
-from gpuscale.data.node_check import NODE_FIGURES, bus_bandwidth, per_rank_name, slow_gpus
+from gpuscale.data.node_check import (
+    NODE_FIGURES,
+    bus_bandwidth,
+    link_name,
+    pair_rounds,
+    per_rank_name,
+    slow_gpus,
+    slow_links,
+)
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -108,3 +116,25 @@ def test_compare_of_two_probes_shows_which_gpu_changed_and_which_way():
     diff = compare_runs(run(1, [3300.0, 3300.0]), run(2, [3300.0, 2000.0]))
     assert list(diff["figures"]) == ["copy_gb_per_s_rank_1"]
     assert diff["figures"]["copy_gb_per_s_rank_1"]["better"] == "a"
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 8])
+def test_the_links_are_every_pair_once_in_rounds_of_disjoint_pairs(ranks):
+    rounds = pair_rounds(ranks)
+    pairs = [pair for round_ in rounds for pair in round_]
+    assert sorted(pairs) == [(a, b) for a in range(ranks) for b in range(a + 1, ranks)]
+    assert len(rounds) == ranks - 1 + ranks % 2
+    for round_ in rounds:  # no rank in two pairs of a round: they are measured at once
+        ranks_in_round = [rank for pair in round_ for rank in pair]
+        assert len(ranks_in_round) == len(set(ranks_in_round))
+
+
+def test_a_link_well_below_the_others_is_flagged_naming_its_two_gpus():
+    links = {"0-1": 48.0, "0-2": 47.0, "0-3": 20.0, "1-2": 48.5, "1-3": 47.5, "2-3": 48.2}
+    assert slow_links(links, GPUS) == [
+        "link GPU 0 - GPU 3: 20 GB/s each way is 58% below the other links' median 48 GB/s"]
+    assert slow_links({"0-1": 1.0}, GPUS) == []  # one link: nothing to compare it with
+    summary = {**probe_summary([H100] * 4, [3300.0] * 4), **{link_name(pair): v for pair, v in links.items()}}
+    assert "  links (GB/s each way, a pair at a time): GPU 0 - GPU 1 48 · GPU 0 - GPU 2 47 · GPU 0 - GPU 3 20 · " \
+        "GPU 1 - GPU 2 48.5 · GPU 1 - GPU 3 47.5 · GPU 2 - GPU 3 48.2" in node_check_lines(summary)
+    assert "link_gb_per_s_0_3" in table_names(summary) and figure("link_gb_per_s_0_3").direction == "higher"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gpuscale.app.views.text import MISSING, format_number
 from gpuscale.data.cards import memory_bandwidth, peak_flops, unknown_card_note
-from gpuscale.data.node_check import NODE_FIGURES, per_rank_name
+from gpuscale.data.node_check import NODE_FIGURES, link_name, per_rank_name
 
 # The summary's figures the table shows (besides the per-rank ones), left out of the plain list.
 TABLE_FIGURES = ("node_check_gpus", "node_check_flags", "allreduce_busbw_gb_per_s", "allreduce_algbw_gb_per_s",
@@ -23,7 +23,22 @@ def table_names(summary: dict) -> set[str]:
     if not has_node_check(summary):
         return set()
     ranks = range(len(summary["node_check_gpus"]))
-    return set(TABLE_FIGURES) | {per_rank_name(f.name, r) for f in NODE_FIGURES for r in ranks}
+    links = {name for name in summary if name.startswith(LINK_PREFIX)}
+    return set(TABLE_FIGURES) | {per_rank_name(f.name, r) for f in NODE_FIGURES for r in ranks} | links
+
+
+LINK_PREFIX = link_name("")
+
+
+def links_line(summary: dict) -> str | None:
+    """`links (GB/s each way): GPU 0-GPU 1 48.2 · ...`, or None where no link was measured."""
+    gpus = summary["node_check_gpus"]
+    links = []
+    for name, value in summary.items():
+        ranks = name.removeprefix(LINK_PREFIX).split("_")
+        if name.startswith(LINK_PREFIX) and len(ranks) == 2 and all(r.isdigit() and int(r) < len(gpus) for r in ranks):
+            links.append(f"{gpus[int(ranks[0])]} - {gpus[int(ranks[1])]} {format_number(value)}")
+    return "links (GB/s each way, a pair at a time): " + " · ".join(links) if links else None
 
 
 def _measured_and_spec(measured, spec: float | None) -> str:
@@ -66,6 +81,8 @@ def node_check_lines(summary: dict) -> list[str]:
         ])
     lines = ["node check:", *("  " + line for line in _aligned(rows))]
     lines.append("  " + allreduce_line(summary))
+    if links := links_line(summary):
+        lines.append("  " + links)
     lines += ["  " + unknown_card_note(device) for device in unknown]
     flags = summary.get("node_check_flags") or []
     lines += ["  slow: " + flag for flag in flags] or ["  slow: none (no GPU more than 15% below its peers)"]
