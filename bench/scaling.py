@@ -31,10 +31,12 @@ recipe's own unit (its catalogue figure), all GPUs together:
 Training recipes also give the time per optimizer step (`step_seconds`: the median, the first step left
 out; eggroll and grpo-mtl from their summaries, rft and sft from the step times rank 0 logged to the
 Store). The share of time in communication (`comm_share`) is given where the run times its own
-collective: eggroll's `gather_seconds_median` (the fitness all-gather, waiting for the slowest rank
-included) over its median step. No other recipe times its collectives (DDP's gradient all-reduce
-overlaps the backward; probe's and power-sampling's ranks do not talk while they decode): their
-comm_share is "not measured". What weak scaling shows instead, for every recipe with a step time:
+collective apart: eggroll with fitness=correctness, whose step laps load, generate and score before its
+`gather` phase (the fitness all-gather, waiting for the slowest rank included): gather over the median
+step. With eggroll's default fitness (gold_logprob) that phase also holds the scoring, and no other
+recipe times its collectives (DDP's gradient all-reduce overlaps the backward; probe's and
+power-sampling's ranks do not talk while they decode): comm_share is then "not measured". What weak
+scaling shows instead, for every recipe with a step time:
 
     step_overhead(N) = (step(N) - step(1)) / step(N)
 
@@ -54,6 +56,7 @@ whole `gpuscale run` (start-up included), to plan a sweep's time.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -68,7 +71,7 @@ from gpuscale.runs.store import Store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
 from benchruns import RunFailed, gpuscale_run  # noqa: E402
-from record import figures_of, write_result  # noqa: E402
+from record import card, default_path, figures_of, write_result  # noqa: E402
 
 MODELS = ("random-qwen2.5-0.5b", "tiny-math")
 TARGET_MODEL = "random-qwen2.5-0.5b"  # the issue's targets are at this size
@@ -100,7 +103,8 @@ def power_args(o, gpus: int, share: int) -> list[str]:
 
 def eggroll_args(o, gpus: int, share: int) -> list[str]:
     rows_per_call = o.eggroll_members_per_gpu * o.eggroll_prompts  # the weak share's members in one engine call
-    return ["--batch-size", str(rows_per_call),
+    fitness = sets(fitness=o.eggroll_fitness) if o.eggroll_fitness else []  # else the recipe's default
+    return ["--batch-size", str(rows_per_call), *fitness,
             *sets(population=o.eggroll_members_per_gpu * gpus * share, prompts_per_step=o.eggroll_prompts,
                   max_new_tokens=o.eggroll_max_new_tokens, steps=o.train_steps, eval_examples=gpus, eval_every=0,
                   save_model=False)]
@@ -162,9 +166,13 @@ def power_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
 
 
 def eggroll_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
+    """Its step's `gather` phase is the fitness all-gather (and the waiting for the slowest rank) only
+    where the scoring laps its own phases before it (fitness=correctness: load, generate, score); with
+    gold_logprob (the default) it also holds the whole scoring: no communication share then."""
     step, gather = summary["step_seconds_median"], summary.get("gather_seconds_median")
+    timed_apart = "score_seconds_median" in summary
     return [{"figure": "members_per_s", "total": summary["members_per_s"], "step_seconds": step,
-             "gather_seconds": gather, "comm_share": share_of(gather, step)}]
+             "gather_seconds": gather, "comm_share": share_of(gather, step) if timed_apart else None}]
 
 
 def rft_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
@@ -255,9 +263,11 @@ def measure(recipe: str, model: str, gpus: int, share: int, opts, env: dict) -> 
     return rows
 
 
-def sweep(opts, counts: list[int], env: dict) -> list[dict]:
+def sweep(opts, counts: list[int], env: dict,
+          after_each: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """Every recipe x model x mode x count; a point whose command another already ran (the strong
-    run at the largest count is the weak one) takes that run's rows."""
+    run at the largest count is the weak one) takes that run's rows. `after_each` gets the rows so far
+    after every run (the result file is rewritten, so a sweep cut by a time limit keeps its runs)."""
     shares = {"weak": dict.fromkeys(counts, 1), "strong": strong_shares(counts) if "strong" in opts.modes else {}}
     done: dict[tuple, list[dict]] = {}
     rows = []
@@ -269,11 +279,17 @@ def sweep(opts, counts: list[int], env: dict) -> list[dict]:
                     if key not in done:
                         done[key] = measure(recipe, model, n, shares[mode][n], opts, env)
                     rows += [{**row, "mode": mode} for row in done[key]]
+                    after_each(rows)
     return rows
 
 
 def row_key(row: dict) -> tuple:
     return row["recipe"], row.get("phase"), row["model"], row.get("mode", "weak"), row["gpus"]
+
+
+def table_order(row: dict) -> tuple:
+    """By recipe (as RECIPES lists them), phase, model, mode and count."""
+    return list(RECIPES).index(row["recipe"]), row.get("phase") or "", *row_key(row)[2:]
 
 
 def add_scaling(rows: list[dict]) -> None:
@@ -379,7 +395,10 @@ def parse_options(argv: list[str] | None = None):
     size.add_argument("--max-new-tokens", type=int, default=96, help="power-sampling and rft's generation")
     size.add_argument("--eggroll-members-per-gpu", type=int, default=32)
     size.add_argument("--eggroll-prompts", type=int, default=8)
-    size.add_argument("--eggroll-max-new-tokens", type=int, default=32)
+    size.add_argument("--eggroll-max-new-tokens", type=int, default=32, help="with --eggroll-fitness correctness")
+    size.add_argument("--eggroll-fitness", choices=("correctness", "gold_logprob"), default=None,
+                      help="default: the recipe's (gold_logprob: teacher forcing, nothing sampled); correctness "
+                      "samples answers and times the fitness all-gather apart (its comm share)")
     size.add_argument("--rft-questions-per-gpu", type=int, default=16)
     size.add_argument("--rft-questions-per-call", type=int, default=8)
     size.add_argument("--rft-samples", type=int, default=8, help="samples per question")
@@ -390,7 +409,8 @@ def parse_options(argv: list[str] | None = None):
     size.add_argument("--sft-batch", type=int, default=16, help="sequences per GPU per micro-batch (sft, rft's SFT)")
     size.add_argument("--train-steps", type=int, default=5,
                       help="steps of every training recipe (eggroll, rft's SFT, grpo-mtl, sft); the first is left out")
-    parser.add_argument("--out", default=None, help="default: bench/results/scaling/scaling-<date>-<card>.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/scaling/scaling-<date>-<card>.json; "
+                        "rewritten after every run, so a sweep cut by a time limit keeps what it measured")
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out (a sweep split "
                         "into several invocations); a row of the same bench, model, mode and count is replaced")
     opts = parser.parse_args(argv)
@@ -428,20 +448,28 @@ def main() -> None:
         print(f"skipped GPU counts {skipped}: {len(gpus)} GPU(s) visible", flush=True)
     if not counts:
         sys.exit(f"--gpu-counts: {opts.gpu_counts}: none fits the {len(gpus)} GPU(s) visible")
+    earlier = figures_of(json.loads(Path(opts.out).read_text()))["rows"] \
+        if opts.append and os.path.exists(opts.out) else []
+    found_card = "cpu" if opts.cpu else card()
+    out = opts.out or default_path("scaling", "scaling", datetime.datetime.now(datetime.UTC).isoformat(), found_card)
+    device = gpus[0]["name"] if gpus else "cpu"
+
+    def save(new: list[dict], show: bool = False) -> None:
+        rows = sorted(merged(earlier, new), key=table_order)  # earlier rows among the new ones
+        add_scaling(rows)
+        verdicts = targets(rows)
+        if show:
+            print_table(rows, verdicts)
+        write_result("scaling", "scaling", vars(opts), {"gpus_available": len(gpus), "device_name": device,
+                                                        "rows": rows, "targets": verdicts},
+                     out=out, card=found_card)
+
     try:
-        rows = sweep(opts, counts, env)
+        rows = sweep(opts, counts, env, after_each=save)
     except ValueError as error:  # the counts left after skipping do not split the strong work evenly
         print(error, file=sys.stderr)
         sys.exit(2)
-    if opts.append and os.path.exists(opts.out):
-        rows = merged(figures_of(json.loads(Path(opts.out).read_text()))["rows"], rows)
-    add_scaling(rows)
-    verdicts = targets(rows)
-    device = gpus[0]["name"] if gpus else "cpu"
-    print_table(rows, verdicts)
-    write_result("scaling", "scaling", vars(opts), {"gpus_available": len(gpus), "device_name": device,
-                                                    "rows": rows, "targets": verdicts},
-                 out=opts.out, card="cpu" if opts.cpu else None)
+    save(rows, show=True)
 
 
 if __name__ == "__main__":

@@ -213,6 +213,12 @@ def test_scaling_strong_shares_split_the_largest_counts_work_and_refuse_uneven_c
     parts = scaling.rft_figures({"samples_per_s": 40.0, "steps": 4, "train_tokens": 8000}, store, 1)
     assert [(p["phase"], p["figure"], p["total"]) for p in parts] == [
         ("generation", "samples_per_s", 40.0), ("sft", "tokens_per_s_steady", pytest.approx(2000 / 0.22))]
+    # eggroll's gather phase is communication only where its scoring was timed apart (fitness=correctness).
+    correctness = {"members_per_s": 64.0, "step_seconds_median": 2.0, "load_seconds_median": 0.1,
+                   "generate_seconds_median": 1.5, "score_seconds_median": 0.2, "gather_seconds_median": 0.1}
+    assert scaling.eggroll_figures(correctness, store, 1)[0]["comm_share"] == pytest.approx(0.05)
+    gold_logprob = {"members_per_s": 64.0, "step_seconds_median": 2.0, "gather_seconds_median": 1.9}
+    assert scaling.eggroll_figures(gold_logprob, store, 1)[0]["comm_share"] is None
 
 
 def test_curve_averages_each_metric_over_windows_of_steps_and_ranks():
