@@ -233,24 +233,35 @@ def exchange(outgoing, incoming, partner: int) -> None:
 
 
 def engine_tokens_per_s(model, ctx, batch_size: int, settings: Settings) -> float:
-    """Greedy decode tokens/s through the generation engine at `batch_size` (CUDA graphs on a GPU, no
-    torch.compile: the check must take seconds): `steps` new tokens a row after random prompts of
-    `prompt_tokens` tokens, no EOS (every row decodes all its steps), the prefill included."""
+    """Greedy decode tokens/s through the generation engine at `batch_size`: `steps` new tokens a row
+    after random prompts of `prompt_tokens` tokens, no EOS (every row decodes all its steps), the
+    prefill included."""
     import torch
 
     from gpuscale.data.seeds import derived_seed
-    from gpuscale.engines.generation import GenerationEngine, Sampling
 
-    engine = GenerationEngine(model, (), compile=False)
     generator = torch.Generator().manual_seed(derived_seed(settings.seed, "node-check", ctx.rank))
     prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens), generator=generator)
+    return engine_rate(model, ctx, prompts, settings.steps, timed_calls=1)[0]
+
+
+def engine_rate(model, ctx, prompts, steps: int, timed_calls: int) -> tuple[float, float]:
+    """(tokens/s, median seconds of a decode step) of greedy generation of `steps` tokens after each
+    of `prompts` through a fresh engine (CUDA graphs on a GPU, no torch.compile: the check must take
+    seconds; fresh, so that one batch size's graphs do not hold memory at the next), after one
+    untimed call (buffers, graph capture)."""
+    from gpuscale.engines.generation import GenerationEngine, Sampling
+    from gpuscale.recipes.shared.device_trials import timed_steps
+
+    engine = GenerationEngine(model, (), compile=False)
     greedy = Sampling(temperature=0.0)
-    engine.generate(prompts, min(settings.steps, 4), greedy)  # untimed: buffers, graph capture
-    ctx.synchronize()
-    start = time.perf_counter()
-    engine.generate(prompts, settings.steps, greedy)
-    ctx.synchronize()
-    return batch_size * settings.steps / (time.perf_counter() - start)
+
+    def generate() -> int:
+        engine.generate(prompts, steps, greedy)
+        return prompts.shape[0] * steps
+
+    rate, seconds = timed_steps(generate, timed_calls, ctx.synchronize, warm_up=1)
+    return rate, seconds / steps
 
 
 def gpu_name(ctx) -> str:
@@ -304,34 +315,23 @@ def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
     return summary
 
 
-TRIAL_STEPS = 8  # decode steps timed per trial, after `warmup_steps` (at least 2) untimed ones
+TRIAL_STEPS = 64  # at most this many decode steps a trial (the run decodes `steps`)
 
 
 @contextmanager
 def probe_trial_session(settings: Settings, ctx):
-    """The probe's work at a batch size: prefill random prompts, decode; tokens/s of the timed steps."""
+    """The probe's throughput figure at a batch size (what `--batch-size auto` tunes): greedy decode
+    of random prompts through the generation engine, as the node check measures it; tokens/s."""
     import torch
 
     from gpuscale.engines.batch_search import Trial
-    from gpuscale.recipes.shared.device_trials import timed_steps
 
     model = load_probe_model(settings, ctx)
     generator = torch.Generator().manual_seed(settings.seed)
-    cache_kwarg = cache_name(model)
 
     def trial(batch_size: int) -> Trial:
         prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens), generator=generator)
-        with torch.inference_mode():
-            out = model(input_ids=prompts.to(ctx.device), use_cache=True)
-            state = {"cache": getattr(out, cache_kwarg), "next": out.logits[:, -1].argmax(-1, keepdim=True)}
-
-            def decode_step() -> int:
-                out = model(input_ids=state["next"], use_cache=True, **{cache_kwarg: state["cache"]})
-                state["next"] = out.logits[:, -1].argmax(-1, keepdim=True)
-                return batch_size
-
-            rate, seconds = timed_steps(decode_step, min(settings.steps, TRIAL_STEPS), ctx.synchronize,
-                                        warm_up=max(2, settings.warmup_steps))
+        rate, seconds = engine_rate(model, ctx, prompts, min(settings.steps, TRIAL_STEPS), timed_calls=2)
         return Trial(batch_size, throughput=rate, step_seconds=seconds)
 
     yield trial
