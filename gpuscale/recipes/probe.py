@@ -113,6 +113,12 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
         "prefill_tokens_per_s": settings.batch_size * settings.prompt_tokens / prefill_s,
         "peak_mem_mb": ctx.peak_memory_mb(),
     }
+    # The decode loop's KV cache goes before the node check's engine makes its own at the same batch
+    # (a batch tuned to fill the card would not fit twice), and back to the device: the engine's CUDA
+    # graphs allocate from a pool of their own.
+    del out, cache, next_tokens
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
     mine.update(node_check(model, settings, ctx))
     everyone = ctx.gather(mine)
     if ctx.is_main:
@@ -250,6 +256,12 @@ def engine_rate(model, ctx, prompts, steps: int, timed_calls: int) -> tuple[floa
     of `prompts` through a fresh engine (CUDA graphs on a GPU, no torch.compile: the check must take
     seconds; fresh, so that one batch size's graphs do not hold memory at the next), after one
     untimed call (buffers, graph capture)."""
+    rate, seconds = timed_generation(model, ctx, prompts, steps, timed_calls)
+    free_device_memory(ctx)  # the engine is gone with timed_generation's frame
+    return rate, seconds / steps
+
+
+def timed_generation(model, ctx, prompts, steps: int, timed_calls: int) -> tuple[float, float]:
     from gpuscale.engines.generation import GenerationEngine, Sampling
     from gpuscale.recipes.shared.device_trials import timed_steps
 
@@ -260,8 +272,20 @@ def engine_rate(model, ctx, prompts, steps: int, timed_calls: int) -> tuple[floa
         engine.generate(prompts, steps, greedy)
         return prompts.shape[0] * steps
 
-    rate, seconds = timed_steps(generate, timed_calls, ctx.synchronize, warm_up=1)
-    return rate, seconds / steps
+    return timed_steps(generate, timed_calls, ctx.synchronize, warm_up=1)
+
+
+def free_device_memory(ctx) -> None:
+    """A dropped engine's KV buffers and CUDA graphs back to the device now, not at some later garbage
+    collection: the next batch size's trial, or the throughput measure after the latency one, needs
+    the memory."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def gpu_name(ctx) -> str:
