@@ -108,7 +108,7 @@ def decode_steps(engine: GenerationEngine, steps: int, sampling: Sampling, gener
     """Continue slot 0's decoding for `steps` steps, as GenerationEngine._decode does (noise, step)."""
     for _ in range(steps):
         if not sampling.greedy:
-            engine._draw_noise_seed(generator)
+            engine._draw_noise_words(generator)
         engine._decode_step(0, sampling)
         engine._cursor.host_write_col += 1
 

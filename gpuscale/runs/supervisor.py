@@ -225,6 +225,18 @@ class Supervisor:
         leftovers = kill_run_processes(str(self.run_dir), timeout=2.0)
         cpu_percent = 100.0 * (sum(me.cpu_times()[:2]) - cpu_start) / max(1e-9, time.monotonic() - wall_start)
         self.finish(launcher.returncode, cpu_percent, leftovers)
+        self.close()
+
+    def close(self) -> None:
+        """Close the wake-up socket pair (a supervisor made in a test process must not leak it)."""
+        try:
+            previous = signal.set_wakeup_fd(-1)
+            if previous not in (-1, self._wake_w.fileno()):
+                signal.set_wakeup_fd(previous)  # another owner's: left as it was
+        except ValueError:  # not the main thread, where no wake-up descriptor was set from
+            pass
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _make_sampler(self, launcher_pid: int):
         try:

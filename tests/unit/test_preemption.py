@@ -17,6 +17,7 @@ def usr1_taken():
     before = signal.getsignal(signal.SIGUSR1)
     preemption.install()
     yield
+    preemption.install()  # the flag down again: later tests train in this process
     signal.signal(signal.SIGUSR1, before)
 
 

@@ -15,7 +15,8 @@ from gpuscale.recipes.rft import Settings
 from gpuscale.recipes.rft.generate import generate_kept_set, make_sampler
 from gpuscale.recipes.shared.common import load_generation_model
 
-CTX = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"), dtype=torch.float32, run_dir=None)
+CTX = SimpleNamespace(rank=0, is_main=False, world_size=1, device=torch.device("cpu"), dtype=torch.float32,
+                      run_dir=None)
 
 
 @pytest.fixture(scope="module")

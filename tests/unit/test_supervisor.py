@@ -18,6 +18,7 @@ def test_launch_leaves_no_file_open_in_the_supervisor(tmp_path):
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "plan.json").write_text(json.dumps({"gpu_indices": [], "nproc": 1}))
     supervisor = Supervisor(store, run_id)
+    gc.collect()  # what earlier tests left for the collector is theirs, not this launch's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         launcher = supervisor.launch()

@@ -70,8 +70,8 @@ batches that is mostly their number. So:
   `fused.MATMUL_ATTENTION_MIN_ROWS` rows on, through two batched matmuls and a softmax instead of
   SDPA's kernels, whose tiles are sized for many queries per head, not a group's few.
 
-Sampling uses the Gumbel-max trick. Its uniform numbers are a hash of (the step's two seed words,
-the row, the token id) (`sampling.counter_uniform`): the seed words are drawn before each step from
+Sampling uses the Gumbel-max trick. Its uniform numbers are a hash of (the step's two key words,
+the row, the token id) (`sampling.counter_uniform`): the key words are drawn before each step from
 the caller's `torch.Generator` (seeded; graph-safe: no RNG inside the captured graph), and the
 numbers themselves are computed inside the compiled sampling kernel, never written to memory (at a
 large batch a [rows, vocab] buffer of them cost more than the model's matmuls). Logits are computed

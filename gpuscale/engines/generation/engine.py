@@ -467,15 +467,15 @@ class GenerationEngine:
             if step % check_every == 0 and bool(s.finished.all()):
                 return step
             if not sampling.greedy:
-                self._draw_noise_seed(generator)
+                self._draw_noise_words(generator)
             self._step(slot, sampling)
             self._cursor.host_write_col += 1
         return steps
 
-    def _draw_noise_seed(self, generator):
-        """The next step's seed words, drawn outside the graph from the caller's generator (one tiny
+    def _draw_noise_words(self, generator):
+        """The next step's key words, drawn outside the graph from the caller's generator (one tiny
         kernel; the step computes its uniform numbers from them, `counter_uniform`)."""
-        self._state.noise_seed.random_(-(1 << 31), 1 << 31, generator=generator)
+        self._state.noise_words.random_(-(1 << 31), 1 << 31, generator=generator)
 
     def _step(self, slot: int, sampling: Sampling):
         if not self._slots[slot].allocated:

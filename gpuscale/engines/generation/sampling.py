@@ -102,19 +102,20 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 16) & 0xFFFF)
 
 
-def counter_uniform(seed: torch.Tensor, row_keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Uniform numbers in (0, 1), [rows, vocab] float32: a pure function of the step's two int32 seed
-    words, the row's key and the token id (a counter-based generator, as Philox is).
+def counter_uniform(words: torch.Tensor, row_keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniform numbers in (0, 1), [rows, vocab] float32: a pure function of the step's two int32 key
+    words (drawn from the caller's generator), the row's key and the token id (a counter-based
+    generator, as Philox is).
 
     Why not a buffer filled by torch's RNG: at a large batch a [rows, vocab] fp32 buffer is written,
     then read, at every step (2.3 GB each way at 3,840 rows of a 152k vocabulary). As an expression of
     (seed, row, token id), torch.compile fuses it into the kernel that consumes it, and the numbers
     never reach memory. Rows with one key draw the same numbers (common random numbers); the caller's
-    torch.Generator draws the seed words, so runs stay reproducible. Per number: the row's hash xor a
+    torch.Generator draws the key words, so runs stay reproducible. Per number: the row's hash xor a
     Weyl sequence of the token id, mixed once (two int32 multiplies); 24 random bits, as torch.rand
     gives a float32.
     """
-    row_hash = _mix32(_mix32(seed[0] ^ row_keys.to(torch.int32)) ^ seed[1])  # [rows]
+    row_hash = _mix32(_mix32(words[0] ^ row_keys.to(torch.int32)) ^ words[1])  # [rows]
     token_key = torch.arange(vocab, device=row_keys.device, dtype=torch.int32) * _WEYL  # [vocab]
     bits = (_mix32(row_hash[:, None] ^ token_key[None, :]) >> 8) & 0xFFFFFF
     return (bits.float() + 0.5) * (1.0 / (1 << 24))

@@ -21,7 +21,7 @@ class _DecodeState:
     limit: torch.Tensor  # [1] generated-length budget of every row
     step: torch.Tensor  # [1] index of the next record
     eos_ids: torch.Tensor  # [E]
-    noise_seed: torch.Tensor  # [2] int32: the next step's two seed words (`counter_uniform`)
+    noise_words: torch.Tensor  # [2] int32: the next step's two key words (`counter_uniform`)
     noise_rows: torch.Tensor  # [B] each row's key in the noise: rows with one key draw the same numbers
     tokens: torch.Tensor  # [B, capacity] records, one column per decode step
     raw_logprobs: torch.Tensor
@@ -39,7 +39,7 @@ class _DecodeState:
             mask=zeros(batch, 1, 1, capacity, dtype=dtype), generated=zeros(batch),
             finished=zeros(batch, dtype=torch.bool), limit=zeros(1), step=zeros(1),
             eos_ids=torch.tensor(list(eos_ids), dtype=torch.long, device=device),
-            noise_seed=zeros(2, dtype=torch.int32), noise_rows=torch.arange(batch, device=device),
+            noise_words=zeros(2, dtype=torch.int32), noise_rows=torch.arange(batch, device=device),
             tokens=zeros(batch, capacity), raw_logprobs=zeros(batch, capacity, dtype=torch.float32),
             sampled_logprobs=zeros(batch, capacity, dtype=torch.float32),
             valid=zeros(batch, capacity, dtype=torch.bool),
@@ -50,7 +50,7 @@ def _sample_and_record(s: _DecodeState, logits: torch.Tensor, sampling: Sampling
                        write_col: torch.Tensor):
     """Sample every row's next token, record it, and advance: in-place updates of `s` only (the second
     half of a decode step; compiled as one graph, its many small kernels become a few)."""
-    noise = None if sampling.greedy else counter_uniform(s.noise_seed, s.noise_rows, logits.shape[-1])
+    noise = None if sampling.greedy else counter_uniform(s.noise_words, s.noise_rows, logits.shape[-1])
     tokens, raw_logprob, sampled_logprob = sample_tokens(logits, sampling, noise)
     active = ~s.finished
     tokens = torch.where(active, tokens, pad_token_id)
