@@ -41,7 +41,7 @@ class LayerNoise:
     b: torch.Tensor
 
 
-def noise_words(seed: int, step: int, layer: int) -> int:
+def noise_seed(seed: int, step: int, layer: int) -> int:
     """A generator seed per (run seed, step, layer); the same on every rank."""
     return derived_seed(seed, "noise", step, layer)
 
@@ -59,7 +59,7 @@ def layer_noise(weight: torch.Tensor, draws: int, rank: int, seed: int, step: in
     """Every draw's A and B for one matrix, in one normal draw of shape [draws, out + in, rank]
     (fp32, on the weight's device)."""
     out_features, in_features = weight.shape
-    generator = torch.Generator(device=weight.device).manual_seed(noise_words(seed, step, layer))
+    generator = torch.Generator(device=weight.device).manual_seed(noise_seed(seed, step, layer))
     both = torch.randn(draws, out_features + in_features, rank, generator=generator, device=weight.device)
     return LayerNoise(a=both[:, :out_features], b=both[:, out_features:])
 
@@ -69,7 +69,7 @@ def vector_noise(weight: torch.Tensor, draws: int, seed: int, step: int, layer: 
     """Every draw's noise for one gain vector: [draws, size], fp32, on the weight's device, of
     standard deviation `std` (norm_sigma / sigma: the members' gains are then g + norm_sigma * e, and
     the update, with sigma, is the estimator of that perturbation)."""
-    generator = torch.Generator(device=weight.device).manual_seed(noise_words(seed, step, layer))
+    generator = torch.Generator(device=weight.device).manual_seed(noise_seed(seed, step, layer))
     return torch.randn(draws, weight.shape[0], generator=generator, device=weight.device) * std
 
 
