@@ -23,7 +23,6 @@ from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
 from gpuscale.app.views.export import export_text
 from gpuscale.app.views.logs import read_lines, world_size
-from gpuscale.app.views.node_check import node_check_lines, table_names
 from gpuscale.app.views.runs import (
     RUN_COLUMNS,
     compare_runs,
@@ -33,6 +32,7 @@ from gpuscale.app.views.runs import (
     lineage_lines,
     progress_line,
     run_row,
+    summary_lines,
 )
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.recipes.shared.registry import all_recipes
@@ -81,12 +81,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for key, value in run["settings"].items():
         print(f"  {key}: {setting_text(value)}")
     print("summary:")
-    summary = run["summary"] or {}
-    in_table = table_names(summary)
-    for key, value in summary.items():
-        if key not in in_table:
-            print(f"  {key}: {figure_text(key, value)}")
-    for line in node_check_lines(summary):
+    for line in summary_lines(run["summary"] or {}):
         print(line)
     return 0
 

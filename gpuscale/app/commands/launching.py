@@ -23,8 +23,7 @@ from gpuscale.app.commands.common import (
     public_run,
 )
 from gpuscale.app.views.collapse import run_collapse_warnings
-from gpuscale.app.views.node_check import node_check_lines, table_names
-from gpuscale.app.views.runs import figure_text, progress_line
+from gpuscale.app.views.runs import progress_line, summary_lines
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs import launch
 from gpuscale.runs.run_dir import RunDir
@@ -219,12 +218,7 @@ def report_end(run: dict, as_json: bool, warnings: list[str] = ()) -> None:
         print(f"error: {run['error']}", file=sys.stderr)
     if run["hint"]:
         print(f"hint: {run['hint']}", file=sys.stderr)
-    summary = run["summary"] or {}
-    in_table = table_names(summary)
-    for name, value in summary.items():
-        if name not in in_table:
-            print(f"  {name}: {figure_text(name, value)}")
-    for line in node_check_lines(summary):
+    for line in summary_lines(run["summary"] or {}):
         print(line)
 
 

@@ -305,3 +305,13 @@ def delta_text(delta: float, a: float, better: str | None = None) -> str:
     if a:
         text += f" ({100 * delta / abs(a):+.1f}%)"
     return text + {"b": " better", "a": " worse"}.get(better, "")
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """A run's summary for the terminal (`gpuscale run`'s end, `gpuscale show`): each figure as the
+    catalogue writes it, then the node check's table for the figures that table holds."""
+    from gpuscale.app.views.node_check import node_check_lines, table_names
+
+    in_table = table_names(summary)
+    plain = [f"  {name}: {figure_text(name, value)}" for name, value in summary.items() if name not in in_table]
+    return plain + node_check_lines(summary)

@@ -131,7 +131,8 @@ def attention_mask_4d(
 
 def bytes_per_row(config, dtype_bytes: int, columns: int) -> int:
     """GPU memory one batch row takes in the engine: its K and V over `columns` cache columns in every
-    layer, and a few fp32 vocabulary-sized rows per decode step (logits, noise, probabilities).
+    layer, and a few fp32 vocabulary-sized rows per decode step (the logits, and the sampling step's
+    temporaries where it runs uncompiled; its random numbers are no longer a stored buffer).
     What a recipe sizes its `auto` batch with."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
