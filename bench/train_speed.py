@@ -65,6 +65,8 @@ def parse(argv=None):
     parser.add_argument("--grpo-completion-tokens", type=int, default=128)
     parser.add_argument("--grpo-stock-micro", default="32,64,128", help="stock GRPOTrainer's micro-batches to "
                         "try; its best is the baseline (128 on an H200, 2026-11-27: bench/RESULTS.md)")
+    parser.add_argument("--grpo-compiled", action="store_true", help="also gpuscale's grpo-mtl with compile=true "
+                        "(the engine's decode step compiled, replayed as CUDA graphs)")
     parser.add_argument("--profile", default="", help="a folder: torch profiler table of gpuscale's best step")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)
@@ -315,11 +317,12 @@ def stock_grpo(args, rows, tokenizer, micro: int) -> dict:
             "training_seconds_per_step": statistics.median(s - g for s, g in zip(steps, generation))}
 
 
-def gpuscale_grpo(args) -> dict:
-    """A real `gpuscale run --recipe grpo-mtl` at the same shape, generator=engine, batch_size auto."""
+def gpuscale_grpo(args, compile: bool = False) -> dict:
+    """A real `gpuscale run --recipe grpo-mtl` at the same shape, generator=engine, batch_size auto;
+    with `compile`, the engine's decode step compiled and replayed as CUDA graphs (`compile=true`)."""
     from benchruns import gpuscale_run
 
-    settings = {"generator": "engine", "num_generations": args.grpo_generations,
+    settings = {"generator": "engine", "compile": str(compile).lower(), "num_generations": args.grpo_generations,
                 "prompts_per_step": args.grpo_prompts, "max_completion_length": args.grpo_completion_tokens,
                 "max_steps": args.warm_up + args.steps, "learning_rate": 1e-6, "temperature": 1.0, "beta": 0.0,
                 "eval_examples": 0, "save_model": "false",
@@ -343,11 +346,14 @@ def grpo_comparison(args, tokenizer, log) -> dict:
         stock.append(stock_grpo(args, rows, tokenizer, micro))
         log(stock[-1])
     best = min(stock, key=lambda r: r["step_seconds_median"])
-    mine = gpuscale_grpo(args)
-    log(mine)
-    return {"stock": stock, "stock_best": best, "gpuscale": mine,
-            "step_stock_over_gpuscale": best["step_seconds_median"] / mine["step_seconds_median"],
-            "training_stock_over_gpuscale": best["training_seconds_per_step"] / mine["training_seconds_per_step"]}
+    figures = {"stock": stock, "stock_best": best}
+    for name, compile in (("gpuscale", False), ("gpuscale_compiled", True))[: 2 if args.grpo_compiled else 1]:
+        mine = gpuscale_grpo(args, compile)
+        log(mine)
+        figures.update({name: mine, **{f"{part}_stock_over_{name}": best[f"{part}_seconds_per_step"] / mine[
+            f"{part}_seconds_per_step"] for part in ("generation", "training")},
+            f"step_stock_over_{name}": best["step_seconds_median"] / mine["step_seconds_median"]})
+    return figures
 
 
 def main(argv=None) -> dict:
@@ -421,7 +427,7 @@ def main(argv=None) -> dict:
         figures["auto_over_best_micro_batch"] = mine["tokens_per_s"] / max(r["tokens_per_s"] for r in swept)
     print({k: v for k, v in figures.items() if k.startswith(("ratio", "auto"))}, flush=True)
     if "grpo" in figures:
-        print({k: v for k, v in figures["grpo"].items() if k.endswith("gpuscale")}, flush=True)
+        print({k: v for k, v in figures["grpo"].items() if "_over_" in k}, flush=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write_result("sft", "train-speed", settings, figures, out=args.out)
     return figures
