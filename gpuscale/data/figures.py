@@ -88,6 +88,8 @@ FIGURES: dict[str, Figure] = _figures(
     Figure("grad_norm", "gradient norm"),
     Figure("learning_rate", "learning rate"),
     Figure("acceptance_rate", "MCMC acceptance"),
+    # power-sampling with several chains: {"k": pass@k} (recipes/power_sampling/pass_at_k.py), per domain too.
+    Figure("pass_at_k", "pass@k", direction=HIGHER, family=True),
     # Speed.
     _rate("tokens_per_s", "tokens/s", family=True),
     _rate("generated_tokens_per_s", "generated tokens/s"),
@@ -155,6 +157,7 @@ FIGURES: dict[str, Figure] = _figures(
     _text("dtype", "dtype"),
     _text("eval_split", "held-out split"),
     _text("method", "method"),
+    _text("counted_in_accuracy", "accuracy counts"),
     _text("generator", "generator"),
     _text("mtl", "multi-task method"),
     _text("phase", "phase"),

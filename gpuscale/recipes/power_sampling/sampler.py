@@ -204,6 +204,7 @@ def answer(tokens: list[int], logprobs: list[float], accepted: int, proposed: in
 
 def summarise(settings: Settings, everyone: list[dict]) -> dict:
     from gpuscale.data.scoring import accuracy_by_domain
+    from gpuscale.recipes.power_sampling.pass_at_k import pass_at_k_figures
 
     rows = [r for rank in everyone for r in rank["results"]]
     problems = len({r["index"] for r in rows})
@@ -226,4 +227,12 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
         "sampling_seconds": wall,
         "warm_up_seconds": max(rank["warm_up"] for rank in everyone),
     }
+    if settings.chains > 1:  # independent answers per problem: the diversity figures too
+        summary["counted_in_accuracy"] = ACCURACY_OVER_CHAINS
+        summary.update(pass_at_k_figures(rows))  # pass_at_k, pass_at_k_<domain>
     return summary
+
+
+# What `accuracy` is with several chains: every chain's answer counts once (not the first chain, not a
+# majority vote), so it is the mean per-answer accuracy, the same figure as pass@1.
+ACCURACY_OVER_CHAINS = "every chain's answer, each counted once: the share correct over problems x chains (= pass@1)"
