@@ -54,7 +54,7 @@ SEED_KNOBS = {"POWERSAMPLE_STEPS": "1", "POWERSAMPLE_MAX_NEW": "32", "POWERSAMPL
 def one_rank_runs(module_home, tmp_path_factory) -> dict:
     """The two 1-rank runs of the tests below, started together (each keeps one core busy): one set by
     the POWERSAMPLE_ knobs of the users' earlier power-sampling script alone, one on a saved model
-    directory and a local GSM8K-format file (and the examples written to it)."""
+    directory and a local GSM8K-format file (and the examples written to it), 3 chains a problem."""
     folder = tmp_path_factory.mktemp("local")
     model_dir = folder / "my-model"
     shutil.copytree(model_path("tiny-math"), model_dir)
@@ -64,7 +64,7 @@ def one_rank_runs(module_home, tmp_path_factory) -> dict:
     knobs, local = run_together(["--recipe", "power-sampling"],
                                 ["--recipe", "power-sampling", "--gpus", "1", "--model", str(model_dir),
                                  "--dataset", str(data), "--set", "max_new_tokens=64", "--set", "blocks=2",
-                                 "--set", "mcmc_steps=2"],
+                                 "--set", "mcmc_steps=2", "--set", "chains=3"],
                                 envs=[SEED_KNOBS, {}])
     return {"knobs": knobs, "local": local, "examples": examples}
 
@@ -86,7 +86,23 @@ def test_local_model_directory_and_gsm8k_format_jsonl(one_rank_runs):
     run = json.loads(result.stdout)
     assert run["status"] == "succeeded", run["error"]
     results = json.loads(gpuscale("export", str(run["id"])).stdout)["results"]
-    assert [r["gold"] for r in results] == [e["answer"].rsplit("#### ", 1)[1] for e in examples]
+    assert [r["gold"] for r in results] == [e["answer"].rsplit("#### ", 1)[1] for e in examples for _ in range(3)]
+
+
+def test_several_chains_give_pass_at_k(one_rank_runs):
+    """3 chains a problem: 3 result rows each, and the summary's pass@k for k = 1..3 as the rows give it."""
+    from gpuscale.recipes.power_sampling.pass_at_k import pass_at_k
+
+    run = json.loads(one_rank_runs["local"].stdout)
+    summary = run["summary"]
+    results = json.loads(gpuscale("export", str(run["id"])).stdout)["results"]
+    assert [(r["index"], r["chain"]) for r in results] == [(i, c) for i in range(3) for c in range(3)]
+    correct = [sum(r["correct"] for r in results if r["index"] == i) for i in range(3)]
+    assert summary["chains"] == 3 and list(summary["pass_at_k"]) == ["1", "2", "3"]
+    for k in (1, 2, 3):
+        assert summary["pass_at_k"][str(k)] == pytest.approx(sum(pass_at_k(3, c, k) for c in correct) / 3)
+    assert summary["accuracy"] == pytest.approx(summary["pass_at_k"]["1"]) == pytest.approx(sum(correct) / 9)
+    assert "pass_at_k" not in json.loads(one_rank_runs["knobs"].stdout)["summary"]  # one chain: no pass@k
 
 
 def assert_an_auditor_can_rescore(row: dict) -> None:
