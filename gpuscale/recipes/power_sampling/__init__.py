@@ -4,7 +4,9 @@ Each rank takes every world_size-th problem, and works through its share in batc
 problems x `chains` chains, all advanced together by the batched engine (mcmc.py). `method` also
 offers the baselines to compare with: plain sampling at `temperature`, greedy decoding, and
 `reference`, the public code's structure (one problem at a time, one generate() call per MCMC step).
-At the end rank 0 merges every rank's results into RUN_DIR/results.jsonl.
+At the end rank 0 merges every rank's results into RUN_DIR/results.jsonl. The chains of a problem are
+independent draws (every row its own noise), so with chains > 1 the summary's `accuracy` is the share
+of all problems x chains answered correctly (pass@1) and `pass_at_k` adds Chen et al.'s unbiased pass@k.
 
 `split` (also set as `eval_split`) chooses the problems: the data set's test or training split, or
 `validation`, the first `max_examples` problems of the training data as a training recipe's
@@ -12,7 +14,8 @@ At the end rank 0 merges every rank's results into RUN_DIR/results.jsonl.
 settings without scoring the test problems. The summary's `eval_split` names it.
 
 Files: this one (settings and the recipe, no torch), sampler.py (a rank's work), mcmc.py (the
-Metropolis-Hastings sampler on the generation engine, and the reference structure).
+Metropolis-Hastings sampler on the generation engine, and the reference structure), pass_at_k.py (the
+estimator, pure).
 """
 
 from __future__ import annotations
