@@ -143,6 +143,10 @@ FIGURES: dict[str, Figure] = _figures(
     _count("train_questions", "training questions"),
     _count("train_tokens", "training tokens"),
     _count("eval_examples", "held-out examples"),
+    # tiny-math's held-out problems no training or pretraining problem equals up to names and nouns
+    # (data/near_duplicates.py); their accuracy is `accuracy_<greedy|sampled>_new_<before|after>`.
+    _count("eval_examples_new", "held-out examples structurally new"),
+    _text("structurally_new_unavailable", "structurally new subset not measured"),
     _count("generation_questions", "questions generated for"),
     _count("samples_per_question", "samples per question"),
     _count("generated_samples", "generated samples"),

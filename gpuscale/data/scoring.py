@@ -38,7 +38,44 @@ def score_completion(index: int, chain: int, example: Mapping, tokens: list[int]
         "gold": gold, "completion": text, "token_ids": tokens, "tokens": len(tokens),
         "extracted": extract_answer(text, answer_mode),
         "correct": is_correct(text, gold, mode=answer_mode),
+        # tiny-math's mark (data/near_duplicates.py); None for data that has none.
+        "structurally_new": example.get("structurally_new"),
     }
+
+
+# The one answer-extraction rule of every recipe's held-out accuracy (recipes/shared/training.py's
+# `held_out_evaluation`): strict, the `#### N` line the training data teaches (lm-eval's strict-match).
+# A lenient rule (the last number in the text) also credits an answer the model never stated as its
+# answer, a number it rambled past, which would let one recipe's figure gain on another's by its
+# extraction alone; the same figure name must mean the same count everywhere.
+HELD_OUT_ANSWER_MODE = "strict"
+
+# The held-out rows' subset no training or pretraining problem equals up to names and nouns:
+# `accuracy_new` (data/near_duplicates.py), named `accuracy_<greedy|sampled>_new_<when>` in a summary.
+NEW_SUBSET = "new"
+NO_NEW_SUBSET = ("only tiny-math marks its held-out problems structurally new (no training or pretraining problem "
+                 "equal to one up to names and nouns)")
+
+
+def held_out_figures(rows: Iterable[Mapping]) -> dict[str, float | None]:
+    """`accuracy_by_domain`, and `accuracy_new` over the rows marked `structurally_new` where the
+    rows carry the mark (None if none of them is new)."""
+    rows = list(rows)
+    figures = accuracy_by_domain(rows)
+    if rows and all(row.get("structurally_new") is not None for row in rows):
+        new = [row for row in rows if row["structurally_new"]]
+        figures[f"accuracy_{NEW_SUBSET}"] = sum(bool(row["correct"]) for row in new) / len(new) if new else None
+    return figures
+
+
+def new_subset_size(examples: list[Mapping]) -> dict[str, int | str | None]:
+    """The summary's `eval_examples_new`, how many held-out problems are structurally new; for data
+    without the mark, None and `structurally_new_unavailable` saying why. Nothing without examples."""
+    if not examples:
+        return {}
+    if all(example.get("structurally_new") is not None for example in examples):
+        return {"eval_examples_new": sum(bool(example["structurally_new"]) for example in examples)}
+    return {"eval_examples_new": None, "structurally_new_unavailable": NO_NEW_SUBSET}
 
 
 def accuracy_by_domain(rows: Iterable[Mapping]) -> dict[str, float | None]:

@@ -9,9 +9,10 @@ are apart: data/tiny_math.py and data/tiny_math_conflict.py (the generated tasks
 
 What `--dataset` accepts (`parse_dataset`):
 
-- `tiny-math`: synthetic word problems in three domains (arithmetic, comparison, counting), generated
-  from a seed. Train and test are disjoint by construction: a question belongs to the test split iff a
-  hash of its text says so, whatever the seed.
+- `tiny-math`: synthetic word problems in three domains (arithmetic, comparison, counting). Train,
+  validation and test are disjoint by construction: a hash of a question's text fixes its split. The
+  seed chooses the training problems only: test and validation are the same for every seed, and
+  validation holds none of the embedded model's pretraining problems (data/tiny_math.py).
 - `tiny-math:arithmetic,counting`: the same problems, only those of the named domains.
 - `tiny-math-conflict`: two domains built to pull GRPO's gradients apart, for seeing what PCGrad
   does: every tiny-math-style counting question twice, `counting` wanting the number of occurrences
@@ -36,12 +37,14 @@ What a run trains on and what it scores (`held_out_split`, the one rule every re
 
 - `test` (the default): a named task's test split; a JSONL file (one split by itself) its first
   `eval_examples` rows. Training is the training split less any question of those rows.
-- `validation`: the first `eval_examples` problems of the training data, for choosing settings
-  without ever scoring the test problems. For a named task that is its training split's first
-  problems; for a JSONL file the training data is what is left once its test rows (still its first
-  `eval_examples` rows, as with `test`) are held out, so validation is the `eval_examples` rows after
-  them. Training is the rest, less any question scored: neither the validation nor the test
-  questions are trained on, and the validation questions are never test questions.
+- `validation`: problems for choosing settings without ever scoring the test problems. tiny-math
+  and tiny-math-conflict have a validation split of their own (the first `eval_examples` of it,
+  fixed across seeds, none a pretraining problem of the embedded model); for gsm8k it is the first
+  `eval_examples` problems of the training split; for a JSONL file the training data is what is left
+  once its test rows (still its first `eval_examples` rows, as with `test`) are held out, so
+  validation is the `eval_examples` rows after them. Training is the rest, less any question scored:
+  neither the validation nor the test questions are trained on, and the validation questions are
+  never test questions.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ if TYPE_CHECKING:
 KNOWN_TASKS = ("tiny-math", "tiny-math-conflict", "gsm8k")
 SPLITS = ("train", "test")
 EVAL_SPLITS = ("test", "validation")  # what a run's held-out evaluation scores: `held_out_split`
+# The generated tasks, each with a validation split of its own: (split, max_examples, seed, domains) -> rows.
+GENERATED_TASKS = {"tiny-math": tiny_math_examples, "tiny-math-conflict": conflict_examples}
 JSONL_SUFFIX = ".jsonl"
 
 
@@ -160,17 +165,16 @@ def load_examples(
     """The examples of a data set named as `--dataset` takes it (see the module's docstring).
 
     `max_examples` keeps the first N of the data set's order (as lm-eval's --limit does; for a
-    mixture of domains that order is interleaved, see above). `seed` chooses the generated problems of
-    `tiny-math`; fixed data sets ignore it. JSONL files are one split by themselves, so `split` does
-    not apply to them. `question_limit`: the rule for questions longer than the model's context
-    (data/question_length.py), applied to files and the hub's rows before the first N are taken.
+    mixture of domains that order is interleaved, see above). `seed` chooses the generated training
+    problems of `tiny-math` (its test problems are the same for every seed); fixed data sets ignore
+    it. JSONL files are one split by themselves, so `split` does not apply to them. `question_limit`:
+    the rule for questions longer than the model's context (data/question_length.py), applied to files
+    and the hub's rows before the first N are taken.
     """
     _check_split_and_limit(split, max_examples)
     spec = _parse_named(name_or_path)
-    if spec.task == "tiny-math":
-        return tiny_math_examples(split, max_examples, seed, spec.domains)
-    if spec.task == "tiny-math-conflict":
-        return conflict_examples(split, max_examples, seed, spec.domains)
+    if spec.task in GENERATED_TASKS:
+        return GENERATED_TASKS[spec.task](split, max_examples, seed, spec.domains)
     if spec.paths:
         examples = interleave_domains([row for path in spec.paths for row in read_jsonl(path, question_limit)])
     else:
@@ -184,15 +188,20 @@ def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: i
     """(training examples, evaluation examples) of a run: the rule of the module's docstring.
 
     eval_split="test": the test split's first `eval_examples` problems (a JSONL file: its first rows);
-    eval_split="validation": the first `eval_examples` problems of the training data (a JSONL file:
-    the rows after its test rows). The training examples are the first `max_examples` (None: all) of
+    eval_split="validation": a generated task's validation split's first `eval_examples` problems;
+    otherwise the first `eval_examples` problems of the training data (a JSONL file: the rows after
+    its test rows). The training examples are the first `max_examples` (None: all) of
     the training data left once every scored question, and a file's test rows, are taken out, so
     `max_examples` counts what is trained on whatever is held out. `question_limit`: as
     `load_examples`'s."""
     if eval_split not in EVAL_SPLITS:
         raise DataError(f"unknown eval_split {eval_split!r}; known: {', '.join(EVAL_SPLITS)}")
-    one_split = bool(_parse_named(name_or_path).paths)
+    spec = _parse_named(name_or_path)
+    one_split = bool(spec.paths)
     validation = eval_split == "validation"
+    if validation and spec.task in GENERATED_TASKS:  # three splits apart by construction
+        scored = GENERATED_TASKS[spec.task]("validation", eval_examples, seed, spec.domains)
+        return load_examples(name_or_path, "train", max_examples, seed=seed), scored
     # The test rows: never trained on. A named task's test split is apart from its training split, so
     # a validation run need not load it; a file's test rows are its first rows, held out either way.
     test = load_examples(name_or_path, "test", eval_examples, seed=seed, question_limit=question_limit) \
@@ -228,7 +237,8 @@ def evaluation_examples(name_or_path: str, split: str, count: int | None, seed: 
                         question_limit: QuestionLimit | None = None) -> list[dict]:
     """The problems a run that only scores (no training) takes: `load_examples`'s for "train" and
     "test"; for "validation", the `count` problems `held_out_split` would hold out for validation
-    with eval_examples=count (a count is needed: validation is a part of the training data).
+    with eval_examples=count (a count is needed: validation is a part of the training data, or of a
+    generated task's validation split).
     `question_limit`: as `load_examples`'s."""
     if split != "validation":
         return load_examples(name_or_path, split, count, seed=seed, question_limit=question_limit)

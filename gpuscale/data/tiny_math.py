@@ -1,10 +1,26 @@
 """tiny-math (`--dataset tiny-math`, `tiny-math:arithmetic,counting`): synthetic word problems in three
-domains (arithmetic, comparison, counting) whose answers a program can check, generated from a seed.
-Train and test are disjoint by construction: a question belongs to the test split iff a hash of its
-text says so, whatever the seed. Every example is GSM8K-format (data/tasks.py's docstring)."""
+domains (arithmetic, comparison, counting) whose answers a program can check. Every example is
+GSM8K-format (data/tasks.py's docstring).
+
+Three splits, disjoint by construction: a hash of a question's text puts it in one bucket of ten
+(`split_of`), bucket 0 the test split's, bucket 1 the validation split's, the rest the training
+split's, whatever the seed.
+
+- test and validation are fixed: the same problems for every seed (a run's seed changes what it
+  trains on and how, never what it is scored on). The test split is the one seed 0 drew before the
+  seed stopped choosing it, so figures measured on seed 0's test problems still compare.
+- validation also leaves out every pretraining problem of the embedded model (`pretraining_examples`:
+  train_tiny.py's first 51,200 training problems of seed 0), so settings chosen on it were never
+  chosen on problems the base model was trained on.
+- Both are marked `structurally_new` (data/near_duplicates.py): no pretraining problem equals them up
+  to the names and nouns. The training split (drawn from the run's seed) leaves out every problem
+  sharing a structurally new held-out problem's structure key, so no run trains on a near-duplicate
+  of one either.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import random
@@ -13,9 +29,16 @@ from collections.abc import Callable, Iterator
 TINY_MATH_DOMAINS = ("arithmetic", "comparison", "counting")
 # How often each domain is drawn. Arithmetic is the GSM8K-like one, so it gets the most weight.
 TINY_MATH_WEIGHTS = (0.5, 0.25, 0.25)
-TINY_MATH_SIZES = {"train": 200_000, "test": 2_000}
-# One question in TEST_BUCKETS belongs to the test split (by the hash of its text).
+TINY_MATH_SIZES = {"train": 200_000, "validation": 2_000, "test": 2_000}
+# A question's bucket (one of TEST_BUCKETS, by the hash of its text) fixes its split.
 TEST_BUCKETS = 10
+TEST_BUCKET, VALIDATION_BUCKET = 0, 1
+# The seed the test and validation problems are drawn with, whatever the run's seed (0: the test
+# problems every earlier seed-0 figure was measured on).
+HELD_OUT_SEED = 0
+# The embedded model's pretraining problems (models/tiny-math/training.json: train_tiny.py's --seed 0,
+# --steps 800 of --batch-size 64): the first PRETRAINING_COUNT problems of `_pretraining_stream`.
+PRETRAINING_SEED, PRETRAINING_COUNT = 0, 800 * 64
 
 NAMES = ("Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena",
          "Mo", "Nia", "Omar", "Pia", "Raj", "Sara", "Tom", "Uma")
@@ -24,17 +47,81 @@ THINGS = ("apples", "books", "coins", "marbles", "pencils", "stickers", "shells"
 LIST_WORDS = ("apple", "pear", "plum", "fig", "lime", "kiwi", "grape", "lemon")
 
 
-def is_test_question(question: str) -> bool:
-    """Which split a question belongs to, fixed by its text so train and test never share one."""
+def question_bucket(question: str) -> int:
     digest = hashlib.md5(question.encode("utf-8")).digest()
-    return int.from_bytes(digest[:4], "little") % TEST_BUCKETS == 0
+    return int.from_bytes(digest[:4], "little") % TEST_BUCKETS
+
+
+def split_of(question: str) -> str:
+    """Which split a question belongs to, fixed by its text so that no two splits share one."""
+    bucket = question_bucket(question)
+    return "test" if bucket == TEST_BUCKET else "validation" if bucket == VALIDATION_BUCKET else "train"
+
+
+def is_test_question(question: str) -> bool:
+    return question_bucket(question) == TEST_BUCKET
 
 
 def tiny_math_examples(split: str, max_examples: int | None, seed: int = 0,
                        domains: tuple[str, ...] | None = None) -> list[dict]:
     """The split's problems (TINY_MATH_SIZES of them), or only those of `domains`, the first
-    `max_examples` of them: a domain subset holds the same problems as the whole task, in its order."""
-    return first_of_split(_tiny_math_stream(split, seed), split, max_examples, domains)
+    `max_examples` of them: a domain subset holds the same problems as the whole task, in its order.
+    `seed` chooses the training problems only; test and validation are fixed (the module's docstring)."""
+    if split == "train":
+        return first_of_split(_training_stream(seed), split, max_examples, domains)
+    return [dict(example) for example in first_of_split(iter(held_out_problems(split)), split, max_examples, domains)]
+
+
+@functools.cache
+def held_out_problems(split: str) -> tuple[dict, ...]:
+    """The whole test or validation split (TINY_MATH_SIZES), each problem marked `structurally_new`,
+    generated once per process (callers get copies)."""
+    from gpuscale.data.near_duplicates import is_structurally_new  # it reads this module's word lists
+
+    keep = (lambda question: is_test_question(question)) if split == "test" else _validation_question
+    stream = _distinct_problems(random.Random(f"tiny-math/{split}/{HELD_OUT_SEED}"), keep)
+    return tuple({**example, "structurally_new": is_structurally_new(example["question"])}
+                 for example in itertools.islice(stream, TINY_MATH_SIZES[split]))
+
+
+def _validation_question(question: str) -> bool:
+    return question_bucket(question) == VALIDATION_BUCKET and question not in pretraining_questions()
+
+
+@functools.cache
+def pretraining_questions() -> frozenset[str]:
+    return frozenset(example["question"] for example in pretraining_examples())
+
+
+def pretraining_examples(count: int = PRETRAINING_COUNT, seed: int = PRETRAINING_SEED) -> list[dict]:
+    """The problems train_tiny.py pretrains a model on: the first `count` of the stream it has always
+    drawn (every question outside the test bucket, validation's included); with the defaults, the
+    embedded model's. Validation leaves these out; the training split may hold them."""
+    return list(itertools.islice(_pretraining_stream(seed), count))
+
+
+def _pretraining_stream(seed: int) -> Iterator[dict]:
+    return _distinct_problems(random.Random(f"tiny-math/train/{seed}"), lambda question: not is_test_question(question))
+
+
+@functools.cache
+def held_out_new_keys() -> frozenset[str]:
+    """The structure keys of the structurally new test and validation problems: no training problem
+    may have one (data/near_duplicates.py)."""
+    from gpuscale.data.near_duplicates import structure_key
+
+    return frozenset(structure_key(example["question"]) for split in ("test", "validation")
+                     for example in held_out_problems(split) if example["structurally_new"])
+
+
+def _training_stream(seed: int) -> Iterator[dict]:
+    """The training split of `seed`: its training-bucket questions less every near-duplicate of a
+    structurally new held-out problem."""
+    from gpuscale.data.near_duplicates import structure_key
+
+    new_keys = held_out_new_keys()
+    return _distinct_problems(random.Random(f"tiny-math/train/{seed}"), lambda question: (
+        split_of(question) == "train" and structure_key(question) not in new_keys))
 
 
 def first_of_split(stream: Iterator[dict], split: str, max_examples: int | None,
@@ -46,21 +133,15 @@ def first_of_split(stream: Iterator[dict], split: str, max_examples: int | None,
     return list(itertools.islice(problems, max_examples))
 
 
-def generate_tiny_math(split: str, count: int, seed: int = 0) -> list[dict]:
-    """`count` distinct tiny-math problems of `split`, the same ones for the same seed."""
-    return list(itertools.islice(_tiny_math_stream(split, seed), count))
-
-
-def _tiny_math_stream(split: str, seed: int) -> Iterator[dict]:
-    """Distinct problems of `split`, without end, each domain drawn with TINY_MATH_WEIGHTS."""
-    rng = random.Random(f"tiny-math/{split}/{seed}")
-    want_test = split == "test"
+def _distinct_problems(rng: random.Random, keep: Callable[[str], bool]) -> Iterator[dict]:
+    """Distinct problems whose question `keep` accepts, without end, each domain drawn with
+    TINY_MATH_WEIGHTS."""
     seen = set()
     while True:
         domain = rng.choices(TINY_MATH_DOMAINS, weights=TINY_MATH_WEIGHTS)[0]
         example = _DOMAIN_GENERATORS[domain](rng)
         question = example["question"]
-        if is_test_question(question) == want_test and question not in seen:
+        if question not in seen and keep(question):
             seen.add(question)
             yield example
 

@@ -7,10 +7,12 @@ import random
 from collections.abc import Iterator
 
 from gpuscale.data.tiny_math import (
+    HELD_OUT_SEED,
     counting_example,
     counting_steps,
     first_of_split,
-    is_test_question,
+    pretraining_questions,
+    split_of,
     word_list,
     worked_example,
 )
@@ -36,8 +38,10 @@ from gpuscale.data.tiny_math import (
 # negated answer (`#### -N`) is never sampled, so that domain's groups all score 0, leaving its GRPO
 # advantages and gradient at zero.
 #
-# Twins share a split (the test split holds the problems whose question hashes to it, as tiny-math's
-# do), so no test question is trained on under either convention.
+# Twins share a split (a question's hash bucket fixes it, as tiny-math's do: data/tiny_math.py), so no
+# held-out question is trained on under either convention. As tiny-math's, the test and validation
+# problems are the same for every seed, and validation leaves out the embedded model's pretraining
+# questions. Its problems are not marked `structurally_new`: only tiny-math's are.
 
 CONFLICT_DOMAINS = ("counting", "repeats")
 
@@ -50,14 +54,20 @@ def conflict_examples(split: str, max_examples: int | None, seed: int = 0,
 
 
 def _conflict_stream(split: str, seed: int) -> Iterator[dict]:
-    rng = random.Random(f"tiny-math-conflict/{split}/{seed}")
-    want_test = split == "test"
+    # The seed chooses the training problems only (data/tiny_math.py's docstring).
+    rng = random.Random(f"tiny-math-conflict/{split}/{seed if split == 'train' else HELD_OUT_SEED}")
     seen = set()
     while True:
         words, target, hits = word_list(rng)
         counting = counting_example(words, target, hits)
-        if is_test_question(counting["question"]) == want_test and counting["question"] not in seen:
+        if counting["question"] not in seen and _in_split(counting["question"], split):
             seen.add(counting["question"])
             yield counting
             steps = counting_steps(target, hits) + [f"Repeats after the first: {hits} - 1 = {hits - 1}."]
             yield worked_example("repeats", counting["question"], steps, hits - 1)
+
+
+def _in_split(question: str, split: str) -> bool:
+    if split_of(question) != split:
+        return False
+    return split != "validation" or question not in pretraining_questions()

@@ -40,6 +40,7 @@ import torch
 from gpuscale.data.answers import is_correct
 from gpuscale.data.prompts import prompt_ids
 from gpuscale.data.tasks import gold_answer, load_examples
+from gpuscale.data.tiny_math import pretraining_examples
 
 PAD, END, USER, ASSISTANT = "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>"
 SPECIAL_TOKENS = [PAD, END, USER, ASSISTANT]
@@ -165,7 +166,9 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
 
 def train(args) -> tuple:
     torch.manual_seed(args.seed)
-    examples = load_examples("tiny-math", "train", max_examples=args.steps * args.batch_size, seed=args.seed)
+    # The pretraining problems (data/tiny_math.py's `pretraining_examples`: with the defaults, the
+    # embedded model's, which the validation split leaves out).
+    examples = pretraining_examples(args.steps * args.batch_size, args.seed)
     tokenizer = build_tokenizer(
         text for e in examples[:TOKENIZER_TRAINING_EXAMPLES] for text in (e["question"], e["answer"])
     )
@@ -291,7 +294,8 @@ def parse_args(argv=None):
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=0, help="steps between progress evaluations")
     parser.add_argument("--eval-examples", type=int, default=500, help="held-out tiny-math test problems")
-    parser.add_argument("--eval-seed", type=int, default=0, help="seed of the test problems")
+    parser.add_argument("--eval-seed", type=int, default=0,
+                        help="kept for old command lines: tiny-math's test problems are the same for every seed")
     parser.add_argument("--samples", type=int, default=4, help="temperature-1 samples per test problem")
     args = parser.parse_args(argv)
     if (args.out is None) == (args.eval_only is None):

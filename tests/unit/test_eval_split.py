@@ -1,6 +1,7 @@
 """`eval_split`: what a run scores and trains on (data/tasks.py's `held_out_split`, the one rule every
-recipe goes through). With validation the scored problems come from the training data, are never
-trained on and are never test problems; with test (the default) nothing changed."""
+recipe goes through). With validation the scored problems are a generated task's validation split (a
+file's or gsm8k's: from the training data), never trained on and never test problems; with test (the
+default) the test split. Neither changes with the seed (tests/unit/test_near_duplicates.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from gpuscale.data.data_error import DataError
 from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
-from gpuscale.data.tiny_math import TINY_MATH_SIZES, is_test_question
+from gpuscale.data.tiny_math import TINY_MATH_SIZES, split_of
 from gpuscale.recipes.eggroll import Eggroll
 from gpuscale.recipes.eggroll import Settings as EggrollSettings
 from gpuscale.recipes.grpo_mtl import GrpoMtl
@@ -44,19 +45,19 @@ def rows(numbers) -> list[str]:
 
 
 @pytest.mark.parametrize("dataset", ["tiny-math", "tiny-math:counting", "tiny-math-conflict"])
-@pytest.mark.parametrize("seed", [0, 3])
-def test_validation_problems_come_from_the_training_split_and_are_neither_trained_on_nor_test(dataset, seed):
+def test_validation_problems_are_their_own_split_the_same_for_every_seed_and_neither_trained_on_nor_test(dataset):
     # 15: odd, so that a tiny-math-conflict twin pair is cut in two (its twins share one question).
-    train, validation = held_out_split(dataset, "validation", 15, 40, seed=seed)
+    train, validation = held_out_split(dataset, "validation", 15, 40, seed=0)
     assert len(validation) == 15 and len(train) == 40
-    training_split = questions(load_examples(dataset, "train", 100, seed=seed))
-    assert questions(validation) == training_split[:15]  # the training data's first problems
-    assert not set(questions(validation)) & set(questions(train))
-    test_split = set(questions(load_examples(dataset, "test", None, seed=seed)))
+    other_train, other_validation = held_out_split(dataset, "validation", 15, 40, seed=3)
+    assert other_validation == validation  # the seed changes what is trained on, never what is scored
+    assert questions(other_train) != questions(train)
+    assert all(split_of(question) == "validation" for question in questions(validation))
+    assert not set(questions(validation)) & (set(questions(train)) | set(questions(other_train)))
+    test_split = set(questions(load_examples(dataset, "test", None, seed=0)))
     assert not set(questions(validation)) & test_split
-    assert not any(is_test_question(question) for question in questions(validation))
-    # The run trains on what follows them, max_examples of it.
-    assert set(questions(train)) <= set(training_split[15:])
+    # The run trains on its seed's training split, max_examples of it.
+    assert train == load_examples(dataset, "train", 40, seed=0)
 
 
 def test_the_test_split_is_unchanged():

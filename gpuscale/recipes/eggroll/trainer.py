@@ -433,8 +433,7 @@ class Evaluator:
 
         s = self.settings
         figures = held_out_evaluation(self.loaded.model, self.loaded.tokenizer, self.held_out, self.ctx, label,
-                                      max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=s.batch_size,
-                                      answer_mode=s.answer_mode)
+                                      max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=s.batch_size)
         if log_only:
             return {f"accuracy_{kind}": figures[f"accuracy_{kind}_{label}"] for kind in ("greedy", "sampled")}
         return figures

@@ -80,7 +80,7 @@ def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx, wh
     from gpuscale.recipes.shared.training import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, examples, ctx, when, max_new_tokens=settings.max_completion_length,
-                               seed=settings.seed, answer_mode="strict")
+                               seed=settings.seed)
 
 
 # ---- training ------------------------------------------------------------------------------------

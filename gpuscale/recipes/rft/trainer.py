@@ -182,7 +182,7 @@ def evaluate(model, tokenizer, test: list[dict], settings: Settings, ctx, when: 
     from gpuscale.recipes.shared.training import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, test, ctx, when, max_new_tokens=settings.max_new_tokens,
-                               seed=settings.seed, batch_size=settings.eval_batch_size, answer_mode="strict")
+                               seed=settings.seed, batch_size=settings.eval_batch_size)
 
 
 def rft_training_figures(figures: dict) -> dict:

@@ -21,9 +21,8 @@ def run_sft(settings: Settings, ctx, reporter) -> None:
     model, tokenizer = loaded.model, loaded.tokenizer
 
     def evaluate(model, when: str) -> dict:
-        # The lenient answer extraction sft has always scored with (rft and grpo-mtl score strictly).
         return held_out_evaluation(model, tokenizer, held_out, ctx, when, max_new_tokens=settings.max_new_tokens,
-                                   seed=settings.seed, answer_mode="auto")
+                                   seed=settings.seed)
 
     summary = {**summary_opening(ctx, settings, train=train, held_out=held_out), **evaluate(model, "before")}
     if ctx.is_main:

@@ -99,15 +99,16 @@ def merge_results(run_dir: Path, rows: list[dict], key=lambda row: (row["index"]
 
 
 def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens: int,
-                      temperature: float = 0.0, seed: int = 0, batch_size: int = 64,
-                      answer_mode: str = "auto") -> dict[str, float | None]:
-    """Accuracy on held-out `examples`, each answered once at `temperature` (0 = greedy): sharded
-    over the ranks and gathered on every rank as {"accuracy": ..., "accuracy_<domain>": ...}. The
+                      temperature: float = 0.0, seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
+    """Accuracy on held-out `examples`, each answered once at `temperature` (0 = greedy), answers
+    extracted by the one held-out rule (data/scoring.py's HELD_OUT_ANSWER_MODE, strict): sharded
+    over the ranks and gathered on every rank as {"accuracy": ..., "accuracy_<domain>": ...}, with
+    "accuracy_new" for examples marked `structurally_new` (data/scoring.py's `held_out_figures`). The
     engine leaves the model's train/eval mode as it was."""
     import torch
 
     from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
-    from gpuscale.data.scoring import accuracy_by_domain, score_completion
+    from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, held_out_figures, score_completion
     from gpuscale.data.seeds import derived_seed
     from gpuscale.engines.generation import GenerationEngine, Sampling
 
@@ -120,8 +121,8 @@ def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_to
         prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]
         generation = engine.generate(prompts, max_new_tokens, Sampling(temperature=temperature), generator)
         for (index, example), tokens in zip(batch, generation.sequences()):
-            rows.append(score_completion(index, 0, example, tokens, tokenizer, eos, answer_mode))
-    return accuracy_by_domain(row for rank_rows in ctx.gather(rows) for row in rank_rows)
+            rows.append(score_completion(index, 0, example, tokens, tokenizer, eos, HELD_OUT_ANSWER_MODE))
+    return held_out_figures(row for rank_rows in ctx.gather(rows) for row in rank_rows)
 
 
 def save_model(model, tokenizer, ctx) -> Path:

@@ -11,8 +11,9 @@
   what every training recipe does around it: fp32 master weights for a full fine-tune, the NaN guard
   (engines/trl_bridge.py), train, free the optimizer, merge LoRA, cast to the rank's dtype, eval
   mode; it returns one `TrainedModel`. `train_sft` is the SFT phase built on it.
-- The end of a run: `held_out_evaluation` (greedy and temperature 1, per domain, figures named
-  `accuracy_<greedy|sampled>[_<domain>]_<before|after>` by data/figures.py's `accuracy_name`) and
+- The end of a run: `held_out_evaluation` (greedy and temperature 1, per domain and on tiny-math's
+  structurally new subset, one strict answer rule, figures named
+  `accuracy_<greedy|sampled>[_<domain>|_new]_<before|after>` by data/figures.py's `accuracy_name`) and
   `save_then_evaluate` (the trained model is saved before the final evaluation, so that a failure
   there never loses it).
 
@@ -47,11 +48,12 @@ def checked_lora_targets(value: str) -> str:
 
 # ---- settings ------------------------------------------------------------------------------------
 
-EVAL_SPLIT_HELP = ("which problems the held-out evaluation scores: test = the data set's test split (a JSONL "
-                   "file: its first eval_examples rows); validation = the first eval_examples problems of the "
-                   "training data, taken out of training, for choosing settings without scoring the test "
-                   "problems (a JSONL file: the eval_examples rows after its test rows, which stay out of "
-                   "training too)")
+EVAL_SPLIT_HELP = ("which problems the held-out evaluation scores: test = the data set's test split, the same "
+                   "for every seed (a JSONL file: its first eval_examples rows); validation = problems for "
+                   "choosing settings without scoring the test problems, never trained on: tiny-math's own "
+                   "validation split (the same for every seed, none a pretraining problem of the embedded model), "
+                   "else the first eval_examples problems of the training data, taken out of training (a JSONL "
+                   "file: the eval_examples rows after its test rows, which stay out of training too)")
 
 
 def eval_split_field():
@@ -131,7 +133,8 @@ def training_and_eval_examples(settings) -> tuple[list[dict], list[dict]]:
     `eval_examples`, `max_examples` and `seed` of its settings through data/tasks.py's
     `held_out_split`, the rule every recipe holds out by. With eval_split=test the evaluation is the
     test split (a JSONL file, one split by itself: its first `eval_examples` rows); with validation,
-    the first `eval_examples` problems of the training data. A question scored is never trained on,
+    a generated task's validation split, else the first `eval_examples` problems of the training
+    data. The seed never changes the problems scored. A question scored is never trained on,
     whatever the data set. A question longer than the model's context is refused or left out before
     any of this (`too_long`, data/question_length.py)."""
     from gpuscale.data.question_length import question_limit
@@ -419,16 +422,20 @@ def card_name(ctx) -> str | None:
 
 
 def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, *, max_new_tokens: int,
-                        seed: int = 0, batch_size: int = 64, answer_mode: str = "strict") -> dict[str, float | None]:
-    """Held-out accuracy, greedy and at temperature 1, overall and per domain, strict answers by
-    default: {"accuracy_greedy_<when>": ..., "accuracy_greedy_<domain>_<when>": ...,
-    "accuracy_sampled_<when>": ...}; the overall ones are None without examples. `when` is "before"
-    or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires."""
+                        seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
+    """Held-out accuracy, greedy and at temperature 1, overall and per domain, every recipe's answers
+    extracted by one strict `#### N` rule (data/scoring.py's HELD_OUT_ANSWER_MODE says why):
+    {"accuracy_greedy_<when>": ..., "accuracy_greedy_<domain>_<when>": ..., "accuracy_sampled_<when>": ...};
+    the overall ones are None without examples. On tiny-math also the structurally new subset
+    (data/near_duplicates.py): `accuracy_<greedy|sampled>_new_<when>` and its size `eval_examples_new`;
+    other data has `eval_examples_new` None and `structurally_new_unavailable` saying why. `when` is
+    "before" or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires."""
+    from gpuscale.data.scoring import new_subset_size
     from gpuscale.engines.reporter import fail_if_injected
 
     if when == "after":
         fail_if_injected("final_eval", ctx.rank)
-    figures: dict[str, float | None] = {}
+    figures: dict[str, float | None] = dict(new_subset_size(examples))
     for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         if not examples:
             figures[accuracy_name(label, "", when)] = None
@@ -436,7 +443,7 @@ def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, 
         from gpuscale.recipes.shared.common import held_out_accuracy
 
         found = held_out_accuracy(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, seed=seed, batch_size=batch_size, answer_mode=answer_mode)
+                                  temperature=temperature, seed=seed, batch_size=batch_size)
         figures.update({accuracy_name(label, name.removeprefix("accuracy").lstrip("_"), when): value
                         for name, value in found.items()})
     return figures

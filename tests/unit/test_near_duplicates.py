@@ -1,0 +1,170 @@
+"""What a run is scored on (issue 31): one fixed test set for every seed, a validation split the base
+model never saw, tiny-math's structurally new subset (data/near_duplicates.py), and one strict
+answer rule for every recipe's held-out figure."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+
+from gpuscale.data.models import model_path
+from gpuscale.data.near_duplicates import is_structurally_new, pretraining_keys, structure_key
+from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NO_NEW_SUBSET, held_out_figures, new_subset_size
+from gpuscale.data.tasks import held_out_split, load_examples
+from gpuscale.data.tiny_math import (
+    PRETRAINING_COUNT,
+    PRETRAINING_SEED,
+    TINY_MATH_SIZES,
+    pretraining_examples,
+    pretraining_questions,
+    split_of,
+    tiny_math_examples,
+)
+from gpuscale.recipes.sft import Settings as SftSettings
+from gpuscale.recipes.shared.training import training_and_eval_examples
+
+TRAINING_LOOKED_AT = 20_000  # of each seed's training split: enough to meet every common structure
+
+
+def questions(examples) -> list[str]:
+    return [example["question"] for example in examples]
+
+
+@pytest.fixture(scope="module")
+def splits() -> dict[str, list[dict]]:
+    return {"test": load_examples("tiny-math", "test", None, seed=0),
+            "validation": tiny_math_examples("validation", None, seed=0),
+            **{f"train{seed}": load_examples("tiny-math", "train", TRAINING_LOOKED_AT, seed=seed) for seed in (0, 1)}}
+
+
+# ---- the near-duplicate rule ----------------------------------------------------------------------
+
+
+def test_the_same_problem_with_another_name_and_noun_is_a_near_duplicate_and_other_numbers_are_not():
+    ann = "Ann has 3 apples. Ann gets 4 more. How many apples does Ann have now?"
+    raj = "Raj has 3 coins. Raj gets 4 more. How many coins does Raj have now?"
+    assert structure_key(ann) == structure_key(raj) == (
+        "<name1> has 3 <thing1>. <name1> gets 4 more. How many <thing1> does <name1> have now?")
+    assert structure_key(ann) != structure_key(ann.replace("3", "5"))
+
+
+def test_placeholders_keep_who_is_who_and_the_list_s_pattern():
+    # Comparison: the people renamed is a near-duplicate; the amounts given to other people is not.
+    first = "Ann has 3 coins, Ben has 9 coins and Cara has 5 coins. How many coins does the one with the most have?"
+    renamed = first.replace("Ann", "X").replace("Ben", "Ann").replace("X", "Ben").replace("coins", "shells")
+    swapped = "Ann has 9 coins, Ben has 3 coins and Cara has 5 coins. How many coins does the one with the most have?"
+    assert structure_key(first) == structure_key(renamed) != structure_key(swapped)
+    # Counting: other words in the same pattern are a near-duplicate; another pattern is not.
+    listed = "Here is a list: apple, pear, apple, plum. How many times does apple appear in it?"
+    assert structure_key(listed) == structure_key(
+        "Here is a list: fig, kiwi, fig, lime. How many times does fig appear in it?")
+    assert structure_key(listed) != structure_key(
+        "Here is a list: apple, apple, pear, plum. How many times does apple appear in it?")
+    # Whole words only: the list's "apple" is not the noun "apples".
+    assert structure_key("apples and apple") == "<thing1> and <word1>"
+
+
+# ---- one fixed test set, a validation split the base never saw ------------------------------------
+
+
+def test_the_test_problems_are_the_same_for_every_seed():
+    assert load_examples("tiny-math", "test", None, seed=0) == load_examples("tiny-math", "test", None, seed=1)
+    assert load_examples("tiny-math-conflict", "test", 60, seed=0) == load_examples("tiny-math-conflict", "test", 60,
+                                                                                  seed=1)
+    # Every recipe's held-out rows: the seed changes the training problems only.
+    runs = [training_and_eval_examples(SftSettings(max_examples=30, eval_examples=40, seed=seed)) for seed in (0, 1)]
+    assert runs[0][1] == runs[1][1] == load_examples("tiny-math", "test", 40)
+    assert questions(runs[0][0]) != questions(runs[1][0])
+
+
+def test_the_pretraining_problems_are_the_embedded_model_s():
+    info = json.loads((model_path("tiny-math") / "training.json").read_text())  # what train_tiny.py wrote
+    assert (info["seed"], info["steps"] * info["batch_size"]) == (PRETRAINING_SEED, PRETRAINING_COUNT)
+    first = questions(pretraining_examples(200))
+    assert first == questions(pretraining_examples())[:200] and len(pretraining_questions()) == PRETRAINING_COUNT
+    # Drawn before validation had a bucket: they hold validation questions, which validation leaves out.
+    assert "test" not in {split_of(q) for q in first} and "validation" in {split_of(q) for q in first}
+
+
+def test_train_validation_and_test_are_disjoint_and_validation_holds_no_pretraining_problem(splits):
+    validation, test = set(questions(splits["validation"])), set(questions(splits["test"]))
+    assert len(validation) == TINY_MATH_SIZES["validation"] and len(test) == TINY_MATH_SIZES["test"]
+    assert not validation & pretraining_questions()
+    assert not validation & test
+    for seed in (0, 1):
+        assert not set(questions(splits[f"train{seed}"])) & (validation | test)
+    assert {split_of(q) for q in validation} == {"validation"} and {split_of(q) for q in test} == {"test"}
+    # The same validation problems whatever the seed (eval_split=validation).
+    assert held_out_split("tiny-math", "validation", 50, 0, seed=4)[1] == splits["validation"][:50]
+
+
+# ---- the structurally new subset ------------------------------------------------------------------
+
+
+def test_held_out_problems_are_marked_and_no_training_problem_is_a_near_duplicate_of_a_new_one(splits):
+    for split in ("test", "validation"):
+        marked = splits[split]
+        assert all(example["structurally_new"] == is_structurally_new(example["question"]) for example in marked)
+        new_keys = {structure_key(example["question"]) for example in marked if example["structurally_new"]}
+        assert not new_keys & pretraining_keys()
+        for seed in (0, 1):
+            assert not new_keys & {structure_key(question) for question in questions(splits[f"train{seed}"])}
+    # As the issue measured: most arithmetic test problems are a pretraining problem renamed.
+    counts = collections.Counter((e["domain"], e["structurally_new"]) for e in splits["test"])
+    arithmetic_new = counts["arithmetic", True] / (counts["arithmetic", True] + counts["arithmetic", False])
+    assert 0.1 < arithmetic_new < 0.35
+    assert counts["comparison", True] > 0.9 * (counts["comparison", True] + counts["comparison", False])
+
+
+def test_held_out_figures_report_the_new_subset_only_where_the_rows_are_marked():
+    rows = [{"domain": "a", "correct": True, "structurally_new": True},
+            {"domain": "a", "correct": False, "structurally_new": True},
+            {"domain": "b", "correct": True, "structurally_new": False}]
+    figures = held_out_figures(rows)
+    assert figures["accuracy_new"] == 0.5 and figures["accuracy"] == pytest.approx(2 / 3)
+    assert held_out_figures([{**row, "structurally_new": False} for row in rows])["accuracy_new"] is None
+    unmarked = [{**row, "structurally_new": None} for row in rows]
+    assert "accuracy_new" not in held_out_figures(unmarked)
+    assert new_subset_size(rows) == {"eval_examples_new": 2}
+    assert new_subset_size([{"question": "q"}]) == {"eval_examples_new": None,
+                                                    "structurally_new_unavailable": NO_NEW_SUBSET}
+    assert new_subset_size([]) == {}
+
+
+# ---- one answer rule ------------------------------------------------------------------------------
+
+
+class ScriptedEngine:
+    """A generation engine that answers every prompt with the next of `ScriptedEngine.answers`."""
+
+    answers: list[list[int]] = []
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def generate(self, prompts, max_new_tokens, sampling, generator):
+        answers = ScriptedEngine.answers[: len(prompts)]
+        return type("Generation", (), {"sequences": lambda self: answers})()
+
+
+def test_every_recipe_s_held_out_figure_is_strict(monkeypatch, tmp_path):
+    import torch
+
+    from gpuscale.data.models import load_model
+    from gpuscale.engines import generation
+    from gpuscale.engines.distributed import RankContext
+    from gpuscale.recipes.shared.training import held_out_evaluation
+
+    assert HELD_OUT_ANSWER_MODE == "strict"
+    model, tokenizer = load_model("tiny-math", dtype=torch.float32, device=torch.device("cpu"))
+    examples = [{"question": f"What is {n} + 4?", "answer": f"#### {n + 4}", "domain": "arithmetic"} for n in (3, 5)]
+    # The first answer states the right number without the `#### N` line a lenient rule would credit.
+    texts = ["3 + 4 = 7.", "5 + 4 = 9.\n#### 9"]
+    ScriptedEngine.answers = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    monkeypatch.setattr(generation, "GenerationEngine", ScriptedEngine)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    figures = held_out_evaluation(model, tokenizer, examples, ctx, "before", max_new_tokens=8)
+    assert figures["accuracy_greedy_before"] == figures["accuracy_sampled_before"] == 0.5
+    assert figures["eval_examples_new"] is None and "tiny-math" in figures["structurally_new_unavailable"]
