@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import run_json, run_together
 from gpuscale.data.models import load_model
+from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.metrics_tail import Throughput
 from gpuscale.runs.store import Store
@@ -38,6 +39,10 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     assert summary["train_loss"] > 0 and summary["tokens_per_s"] > 0
     for kind in ("greedy", "sampled"):
         assert 0 <= summary[f"accuracy_{kind}_before"] <= 1 and 0 <= summary[f"accuracy_{kind}_after"] <= 1
+        # tiny-math's structurally new subset, gathered from both ranks: one of the 4 test problems.
+        assert summary[f"accuracy_{kind}_new_after"] in (0.0, 1.0)
+    marked = [example["structurally_new"] for example in load_examples("tiny-math", "test", 4)]
+    assert summary["eval_examples_new"] == sum(marked) == 1
 
     store = Store(home)
     # The ranks' own rows (rank -1 holds the supervisor's run-wide combination of each figure).
@@ -97,9 +102,9 @@ def test_a_failure_in_the_final_evaluation_keeps_the_saved_model_and_the_figures
 
 
 def test_a_run_scored_on_validation_problems_says_so_in_its_summary(one_rank_runs):
-    """eval_split=validation: the run scores the first eval_examples problems of the training data and
-    trains on max_examples others; the summary names the split, so its figures are never taken for
-    test figures."""
+    """eval_split=validation: the run scores the first eval_examples problems of tiny-math's validation
+    split and trains on max_examples of the training split; the summary names the split, so its
+    figures are never taken for test figures."""
     result = one_rank_runs["validation"]
     assert result.returncode == 0, result.stderr
     run = json.loads(result.stdout)
