@@ -1,19 +1,34 @@
 """The GPU acceptance run: every recipe through `gpuscale run` with its defaults, on the GPUs found,
 several seeds at once, and the GPU-marked tests alongside; one table and one result file.
 
-For each recipe (grpo-mtl twice: mtl none and pcgrad; power-sampling against its temperature-1
-baseline, `method=sample`) and each seed, one run with nothing set but the seed (and, for
-power sampling, how many problems). Runs of different seeds share the GPUs (`--jobs` at a time, all
-by default). Two run settings that say how runs share the machine, not how a recipe learns, are
-set for every run: `gpus` (with `--gpus 1` on a machine of several GPUs, each run is pinned to one
-of them in turn) and `gpu_memory_share` (runs sized `auto` that start together each take their
-share of the card instead of half of it: at the same moment they all see the same free memory).
+For each recipe (grpo-mtl twice: mtl none and pcgrad) and each seed, one run with nothing set but the
+seed. Beside them, two controls, each run through the power-sampling recipe:
+- power sampling against its real rivals on the same problems and answer length budget: greedy
+  decoding, token-level sampling at T = 1/alpha (what power sampling claims to beat) and at T = 1,
+  16 samples a problem (greedy: one) for pass@k, k = 1..16 (POWER_PROBLEMS, POWER_CHAINS);
+- the sharpening control: the base model sharpened without training. Its temperature is chosen on
+  VALIDATION_PROBLEMS validation problems (SHARPENING_GRID, once, the first seed: the validation split
+  is the same for every seed), then scored on the training recipes' own test problems once a seed.
+Runs of different seeds share the GPUs (`--jobs` at a time, all by default). Two run settings that
+say how runs share the machine, not how a recipe learns, are set for every run: `gpus` (with
+`--gpus 1` on a machine of several GPUs, each run is pinned to one of them in turn) and
+`gpu_memory_share` (runs sized `auto` that start together each take their share of the card
+instead of half of it: at the same moment they all see the same free memory).
+
 The table: status, wall time, peak memory per GPU, the energy its GPUs used (kJ, from NVML's energy
 counter: the summary's energy_j) and per correct held-out answer (J), held-out accuracy greedy and at
-temperature 1 before and after (power sampling: its accuracy against the baseline's), whether every logged figure
-and the summary are finite, and whether the saved model loads and generates with plain
-transformers. Means and spreads over the seeds follow, per domain too, and each recipe's learning
-target (TARGETS) met or not. Written with bench/record.py to bench/results/acceptance/.
+temperature 1 before and after (the controls: their accuracy), whether every logged figure and the
+summary are finite, and the saved model scored with plain transformers on SAVED_MODEL_PROBLEMS test
+problems, agreeing or not with the run's own greedy figure (`saved_model_check`). Means and spreads
+over the seeds follow, per domain too, then the verdicts:
+- each training recipe's learning target (TARGETS) on GREEDY accuracy: the mean gain over the seeds
+  reaches the floor (overall, and per domain where it has one) AND no seed is below the base in any
+  domain, every seed having succeeded with finite figures. Temperature-1 gains stay in the table only:
+  sharpening alone moves them (issue 31);
+- each training recipe's temperature-1 accuracy after training over the sharpening control, same seed
+  (CONTROL_TARGET points, mean over the seeds);
+- power sampling at least as accurate as greedy and as sampling at T = 1/alpha (mean over the seeds).
+Written with bench/record.py to bench/results/acceptance/.
 
 Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs N] [--skip-tests]
        [--only LABEL ...] [--set LABEL:key=value ...]   (--set: for quick CPU checks, not acceptance)
@@ -39,31 +54,57 @@ from record import ROOT, write_result  # noqa: E402
 
 from gpuscale.runs.settings import AUTO_MEMORY_SHARE  # noqa: E402  (the control plane: no torch)
 
-# (label, recipe, settings beyond the seed). Power sampling's only setting is the problem count: its
-# default is the whole 2,000-problem test split, more than its comparison needs.
-# Longest first: with every run started at once, the last to end sets the wall time.
+# Power sampling and its rivals: the same problems and answer length budget (the recipe's default),
+# 16 samples a problem for pass@k up to 16 (greedy decoding has one answer: its pass@k is its accuracy).
+# 128 problems x 16 samples, not 500 x 1: pass@k needs the samples, and 2,048 answers a method keep
+# the runs shorter than the longest training run.
+ALPHA = 4.0  # the recipe's default, set here so that the low-temperature rival's 1/alpha follows it
+POWER_PROBLEMS, POWER_CHAINS = 128, 16
+POWER_RUNS = {"max_examples": POWER_PROBLEMS, "chains": POWER_CHAINS, "alpha": ALPHA}
+POWER, GREEDY, LOW_TEMPERATURE, TEMPERATURE_1 = (
+    "power-sampling", "power-sampling greedy", "power-sampling low-temperature", "power-sampling temperature-1")
+# The sharpening control scores the training recipes' own held-out problems (their eval_examples
+# default, strict `#### N` answers) at the evaluation's answer budget (the training shell's
+# max_new_tokens; rft's and eggroll's are shorter, and the embedded model's answers shorter still).
+CONTROL = "sharpening control"
+EVAL_PROBLEMS, EVAL_TOKENS = 500, 256
+CONTROL_RUNS = {"method": "sample", "max_new_tokens": EVAL_TOKENS, "answer_mode": "strict", "compile": False}
+# Its temperature: the best of this grid on the validation split (1.0 = the base model as it is).
+SHARPENING_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
+VALIDATION_PROBLEMS = 300
+VALIDATION_PREFIX = "sharpening validation T="
+CHOSEN = "chosen on validation"  # the control's temperature until the validation runs have chosen it
+# (label, recipe, settings beyond the seed). Longest first: with every run started at once, the last
+# to end sets the wall time; the sharpening control last, as it waits for its validation runs.
 JOBS = (
     ("grpo-mtl pcgrad", "grpo-mtl", {"mtl": "pcgrad"}),
     ("grpo-mtl", "grpo-mtl", {}),
     ("rft", "rft", {}),
     ("eggroll", "eggroll", {}),
     ("sft", "sft", {}),
-    ("power-sampling", "power-sampling", {"max_examples": 500}),
-    ("power-sampling baseline", "power-sampling", {"max_examples": 500, "method": "sample"}),
+    (POWER, "power-sampling", POWER_RUNS),
+    (LOW_TEMPERATURE, "power-sampling", {**POWER_RUNS, "method": "sample", "temperature": 1 / ALPHA}),
+    (TEMPERATURE_1, "power-sampling", {**POWER_RUNS, "method": "sample", "temperature": 1.0}),
+    (GREEDY, "power-sampling", {"max_examples": POWER_PROBLEMS, "method": "greedy"}),
+    # One batch of the tiny model's answers: sized by hand, it takes none of the auto-sized runs' share.
+    (CONTROL, "power-sampling", {**CONTROL_RUNS, "max_examples": EVAL_PROBLEMS, "batch_size": EVAL_PROBLEMS,
+                                 "temperature": CHOSEN}),
 )
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 # Jobs whose batch is sized `auto` from the memory free when they start (gpu_memory_share applies).
-AUTO_SIZED = {"grpo-mtl", "grpo-mtl pcgrad", "rft", "power-sampling", "power-sampling baseline"}
-# Learning targets, mean gain over the seeds in points of accuracy on the held-out problems:
-# label -> (T=1 gain at least, greedy gain at least, per domain too).
+AUTO_SIZED = {"grpo-mtl", "grpo-mtl pcgrad", "rft", POWER, GREEDY, LOW_TEMPERATURE, TEMPERATURE_1}
+# Learning targets on greedy accuracy, points of mean gain over the seeds on the held-out problems:
+# label -> (overall floor, floor in every domain or None). Met only if, besides, no seed is below the
+# base in any domain, and every seed succeeded with finite figures.
 TARGETS = {
-    "grpo-mtl": (8, 0, True),
-    "grpo-mtl pcgrad": (8, 0, True),
-    "rft": (8, 3, False),
-    "eggroll": (5, 0, False),
-    "sft": (8, None, False),
+    "sft": (8, None),
+    "rft": (7, None),
+    "grpo-mtl": (5, 2),
+    "grpo-mtl pcgrad": (5, 2),
+    "eggroll": (3, None),
 }
-POWER_TARGET = 15  # points of power sampling's accuracy over its temperature-1 baseline
+CONTROL_TARGET = 5  # points of a training recipe's temperature-1 accuracy over the sharpening control
+SAVED_MODEL_PROBLEMS = 100
 MODEL_CHECK_LOCK = threading.Lock()
 
 
@@ -91,7 +132,7 @@ def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefi
         run = json.loads(done.stdout)
     except json.JSONDecodeError:
         run = {"status": f"no result (exit {done.returncode})", "error": done.stderr.strip()[-300:]}
-    return {"label": label, "recipe": recipe, "seed": seed, "wall_s": wall, "run": run}
+    return {"label": label, "recipe": recipe, "seed": seed, "settings": settings, "wall_s": wall, "run": run}
 
 
 def finite(value) -> bool:
@@ -114,27 +155,98 @@ def nan_free(run: dict) -> bool:
     return finite(run.get("summary") or {})
 
 
-def saved_model_generates(summary: dict) -> bool | None:
-    """Whether the run's saved model loads with plain transformers and generates (None: none saved)."""
-    model_dir = summary.get("model_dir")
-    if not model_dir:
+def saved_model_check(run: dict) -> dict | None:
+    """The run's saved model scored with plain transformers on the first SAVED_MODEL_PROBLEMS of the
+    problems the run scored (`plain_greedy_accuracy`), set beside the run's own greedy figure
+    (`agreement`). None where no model was saved; `agrees` False, and why, where it cannot be scored."""
+    summary, settings = run.get("summary") or {}, run.get("settings") or {}
+    if not summary.get("model_dir"):
         return None
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    scored = settings.get("eval_examples") or SAVED_MODEL_PROBLEMS
+    problems = min(SAVED_MODEL_PROBLEMS, scored)
     try:
+        from gpuscale.data.tasks import evaluation_examples
+
+        # The first problems of the run's own held-out split, as its evaluation took them.
+        examples = evaluation_examples(settings.get("dataset", "tiny-math"), settings.get("eval_split", "test"),
+                                       problems, seed=settings.get("seed", 0))
         # One at a time: from_pretrained sets torch's default dtype for the whole process while it builds
         # the model, so two runs' checks in the pool's threads raced (a bf16 model built half in fp32).
         with MODEL_CHECK_LOCK:
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
-            ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
-            with torch.no_grad():
-                out = model.generate(ids, max_new_tokens=8, do_sample=False)
-        return out.shape[1] > ids.shape[1]
-    except Exception as error:  # the table says no; the reason goes to the log
-        print(f"{model_dir}: {type(error).__name__}: {error}", file=sys.stderr)
-        return False
+            plain = plain_greedy_accuracy(summary["model_dir"], examples, settings.get("max_new_tokens", EVAL_TOKENS))
+    except Exception as error:  # the table says it failed; the reason is in the row and the log
+        print(f"{summary['model_dir']}: {type(error).__name__}: {error}", file=sys.stderr)
+        return {"agrees": False, "error": f"{type(error).__name__}: {error}"}
+    return agreement(plain, summary.get("accuracy_greedy_after"), len(examples), scored)
+
+
+def plain_greedy_accuracy(model_dir: str, examples: list[dict], max_new_tokens: int, batch_size: int = 100) -> float:
+    """Greedy accuracy of the model saved in `model_dir` on `examples` (`plain_greedy_answers`), strict
+    `#### N` answers (data/answers.py, the recipes' held-out rule)."""
+    from gpuscale.data.answers import is_correct
+    from gpuscale.data.tasks import gold_answer
+
+    answers = plain_greedy_answers(model_dir, [example["question"] for example in examples], max_new_tokens,
+                                   batch_size)
+    return sum(is_correct(text, gold_answer(example), mode="strict")
+               for text, example in zip(answers, examples)) / len(examples)
+
+
+def plain_greedy_answers(model_dir: str, questions: list[str], max_new_tokens: int, batch_size: int = 100) -> list[str]:
+    """The greedy answers of the model saved in `model_dir`, with nothing of gpuscale's: AutoModelForCausalLM
+    and AutoTokenizer from the folder, the tokenizer's chat template (as data/prompts.py prompts; a bare
+    question and a newline without one), batches padded on the left, `generate` greedy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype="auto").to(device).eval()
+    answers = []
+    for start in range(0, len(questions), batch_size):
+        prompts = [plain_prompt(tokenizer, question) for question in questions[start:start + batch_size]]
+        batch = tokenizer(prompts, return_tensors="pt", padding=True,
+                          add_special_tokens=not tokenizer.chat_template).to(device)
+        with torch.no_grad():
+            out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        answers += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the runs still going share the card
+    return answers
+
+
+def plain_prompt(tokenizer, question: str) -> str:
+    """The prompt's text: the chat template's user turn and the assistant's opening (the template adds
+    any special tokens itself), else the bare question and a newline."""
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                             tokenize=False)
+    return question + "\n"
+
+
+def agreement(plain: float | None, run_figure: float | None, problems: int, scored: int) -> dict:
+    """Whether plain transformers' accuracy on the first `problems` of the run's `scored` problems agrees
+    with the run's greedy accuracy over all of them, within `agreement_tolerance`."""
+    tolerance = agreement_tolerance(run_figure, problems, scored)
+    agrees = None not in (plain, run_figure) and abs(plain - run_figure) <= tolerance
+    return {"plain_accuracy": plain, "problems": problems, "run_accuracy": run_figure, "run_problems": scored,
+            "tolerance": tolerance, "agrees": agrees}
+
+
+def agreement_tolerance(accuracy: float | None, problems: int, scored: int) -> float | None:
+    """How far the accuracy of the first `problems` of `scored` problems may lie from the accuracy over all
+    of them when the same model answers every problem the same: three standard errors of the share
+    correct in `problems` problems drawn from the `scored` (binomial, with the finite-population
+    correction: none where they are all of them), plus two problems' worth for greedy near-ties that the
+    engine's kernels and transformers' break apart. 3 standard errors: of the 15 checks of a 3-seed
+    acceptance, one disagrees by chance in about 4 of 100 acceptances (2 would: in one of two).
+    E.g. accuracy 0.6, 100 of 500 problems: 3 x 4.4 + 2 = 15.1 points; 100 of 100: 2 points."""
+    if accuracy is None:
+        return None
+    drawn = (scored - problems) / (scored - 1) if scored > problems else 0.0
+    return 3 * math.sqrt(accuracy * (1 - accuracy) / problems * drawn) + 2 / problems
 
 
 def row_of(result: dict) -> dict:
@@ -151,9 +263,19 @@ def row_of(result: dict) -> dict:
         **{name: summary.get(name) for name in ACCURACIES},
         "domains": domain_figures(summary),
         "accuracy": summary.get("accuracy"),
+        # The power-sampling recipe's runs: the temperature they sampled at, pass@k where several samples.
+        "temperature": result.get("settings", {}).get("temperature"),
+        "pass_at_k": summary.get("pass_at_k"),
         "nan_free": nan_free(run) if run.get("run_dir") else False,
-        "saved_model_generates": saved_model_generates(summary),
+        "saved_model": saved_model_check(run),
     }
+
+
+def skipped_row(label: str, seed: int, reason: str) -> dict:
+    """The row of a job that did not run (the sharpening control without a chosen temperature)."""
+    return {"label": label, "seed": seed, "run_id": None, "status": "skipped", "error": reason, "wall_s": 0.0,
+            "peak_mem_mb": None, **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
+            "temperature": None, "pass_at_k": None, "nan_free": False, "saved_model": None}
 
 
 def domain_figures(summary: dict) -> dict:
@@ -184,33 +306,148 @@ def gain(figures: dict, stem: str) -> float | None:
     return after - before if isinstance(after, (int, float)) and isinstance(before, (int, float)) else None
 
 
-def targets_met(rows: list[dict], stats: dict) -> dict:
-    """Each target of TARGETS (and POWER_TARGET): the figures it reads and whether it is met. A job is
-    met only if every seed succeeded and every figure is finite."""
+def verdicts_of(rows: list[dict], stats: dict) -> tuple[dict, dict]:
+    """(verdicts, the sharpening control). Per training recipe of TARGETS: its greedy target, its
+    temperature-1 accuracy over the sharpening control, and `met` for both; power sampling against its
+    rivals."""
+    control = sharpening_control(rows)
     verdicts = {}
-    for label, (sampled_min, greedy_min, per_domain) in TARGETS.items():
+    for label, (floor, domain_floor) in TARGETS.items():
         if label not in stats:
             continue
-        figures = stats[label]
-        checks = {"gain_sampled": sampled_min, "gain_greedy": greedy_min}
-        if per_domain:
-            checks.update({name: sampled_min if "sampled" in name else greedy_min
-                           for name in figures if name.startswith(("gain_sampled_", "gain_greedy_"))})
-        shown = {name: round(100 * figures[name]["mean"], 1) if figures.get(name, {}).get("n") else None
-                 for name, floor in checks.items() if floor is not None}
-        met = all(value is not None and value >= checks[name] for name, value in shown.items())
-        verdicts[label] = {"points": shown, "met": met and all_ran(rows, label)}
-    power, baseline = stats.get("power-sampling", {}), stats.get("power-sampling baseline", {})
-    if power.get("accuracy", {}).get("n") and baseline.get("accuracy", {}).get("n"):
-        lead = round(100 * (power["accuracy"]["mean"] - baseline["accuracy"]["mean"]), 1)
-        verdicts["power-sampling"] = {"points": {"lead_over_sampling": lead},
-                                      "met": lead >= POWER_TARGET and all_ran(rows, "power-sampling")
-                                      and all_ran(rows, "power-sampling baseline")}
-    return verdicts
+        greedy = greedy_verdict(rows, stats[label], label, floor, domain_floor)
+        over = control_verdict(rows, label, control_accuracy_by_seed(rows))
+        verdicts[label] = {"greedy": greedy, "over_sharpening_control": over, "met": greedy["met"] and over["met"]}
+    rivals = power_verdict(rows, stats)
+    if rivals:
+        verdicts[POWER] = rivals
+    return verdicts, control
+
+
+def greedy_verdict(rows: list[dict], figures: dict, label: str, floor: float, domain_floor: float | None) -> dict:
+    """The learning target on greedy accuracy: the mean gain over the seeds (points, rounded as shown)
+    at least `floor`, and `domain_floor` in every domain where given; no seed below its base in any
+    domain (`below_base`); every seed succeeded with finite figures and both greedy figures."""
+    floors = {"gain_greedy": floor}
+    if domain_floor is not None:
+        floors.update({name: domain_floor for name in figures if name.startswith("gain_greedy_")})
+    points = {name: points_of(figures.get(name)) for name in floors}
+    below = below_base(rows, label)
+    incomplete = [row["seed"] for row in rows if row["label"] == label
+                  and gain(row, "accuracy_greedy") is None]
+    failed = failed_seeds(rows, label)
+    met = (all(value is not None and value >= floors[name] for name, value in points.items())
+           and not below and not incomplete and not failed)
+    return {"points": points, "floors": floors, "below_base": below, "seeds_without_greedy_figures": incomplete,
+            "seeds_failed_or_not_finite": failed, "met": met}
+
+
+def points_of(figure: dict | None) -> float | None:
+    """A mean over the seeds (a share) in points of accuracy, rounded as the verdict shows it."""
+    return round(100 * figure["mean"], 1) if figure and figure.get("n") else None
+
+
+def below_base(rows: list[dict], label: str) -> list[dict]:
+    """Every (seed, domain) of `label`'s rows whose greedy accuracy after training is below the base's
+    before it; domain "overall" for the whole held-out set."""
+    found = []
+    for row in rows:
+        if row["label"] != label:
+            continue
+        pairs = {"overall": (row.get("accuracy_greedy_before"), row.get("accuracy_greedy_after"))}
+        domains = row.get("domains") or {}
+        for name in sorted(domains):
+            if name.startswith("accuracy_greedy_") and name.endswith("_before"):
+                domain = name.removeprefix("accuracy_greedy_").removesuffix("_before")
+                pairs[domain] = (domains[name], domains.get(f"accuracy_greedy_{domain}_after"))
+        found += [{"seed": row["seed"], "domain": domain, "before": before, "after": after}
+                  for domain, (before, after) in pairs.items()
+                  if isinstance(before, (int, float)) and isinstance(after, (int, float)) and after < before]
+    return found
+
+
+def choose_temperature(rows: list[dict]) -> tuple[float | None, dict]:
+    """The sharpening control's temperature: the best validation accuracy of the grid's runs that
+    succeeded with finite figures (a tie goes to the higher temperature, the less sharpened model);
+    with {temperature: accuracy} of every such run. None where none did."""
+    scored = {row["temperature"]: row["accuracy"] for row in rows
+              if row["label"].startswith(VALIDATION_PREFIX) and row["status"] == "succeeded" and row["nan_free"]
+              and isinstance(row.get("accuracy"), (int, float)) and isinstance(row.get("temperature"), (int, float))}
+    best = max(scored, key=lambda temperature: (scored[temperature], temperature)) if scored else None
+    return best, dict(sorted(scored.items()))
+
+
+def sharpening_control(rows: list[dict]) -> dict:
+    """The control as the result file keeps it: the validation accuracy of each temperature of the grid,
+    the one chosen, and the control's test accuracy per seed (its rows' own temperature)."""
+    chosen, validation = choose_temperature(rows)
+    tested = [row for row in rows if row["label"] == CONTROL]
+    return {"validation_problems": VALIDATION_PROBLEMS, "validation_accuracy": validation, "temperature": chosen,
+            "test_problems": EVAL_PROBLEMS, "test_temperatures": sorted({row.get("temperature") for row in tested
+                                                                         if row.get("temperature") is not None}),
+            "test_accuracy": {str(seed): accuracy for seed, accuracy in control_accuracy_by_seed(rows).items()}}
+
+
+def control_accuracy_by_seed(rows: list[dict]) -> dict[int, float]:
+    return {row["seed"]: row["accuracy"] for row in rows if row["label"] == CONTROL and row["status"] == "succeeded"
+            and row["nan_free"] and isinstance(row.get("accuracy"), (int, float))}
+
+
+def control_verdict(rows: list[dict], label: str, control: dict[int, float]) -> dict:
+    """A training recipe's temperature-1 accuracy after training over the sharpening control of the same
+    seed: per seed and their mean (points), met at CONTROL_TARGET when every seed has both figures."""
+    per_seed = {str(row["seed"]): points_over(row.get("accuracy_sampled_after"), control.get(row["seed"]))
+                for row in rows if row["label"] == label}
+    values = [value for value in per_seed.values() if value is not None]
+    mean = round(statistics.fmean(values), 1) if values else None
+    met = (bool(per_seed) and len(values) == len(per_seed) and mean >= CONTROL_TARGET
+           and all_ran(rows, label) and all_ran(rows, CONTROL))
+    return {"points": {"over_control": mean, "per_seed": per_seed}, "floor": CONTROL_TARGET, "met": met}
+
+
+def points_over(accuracy, control: float | None) -> float | None:
+    return round(100 * (accuracy - control), 1) if isinstance(accuracy, (int, float)) and control is not None else None
+
+
+def power_verdict(rows: list[dict], stats: dict) -> dict | None:
+    """Power sampling against its rivals on the same problems: met where its mean accuracy over the seeds
+    is at least greedy's and at least sampling's at T = 1/alpha, every run of the three having succeeded
+    with finite figures. Its leads (points) over each rival, T = 1 too; pass@k per method."""
+    means = {label: stats[label]["accuracy"]["mean"] for label in (POWER, GREEDY, LOW_TEMPERATURE, TEMPERATURE_1)
+             if stats.get(label, {}).get("accuracy", {}).get("n")}
+    if POWER not in means:
+        return None
+    rivals = {"greedy": GREEDY, "low_temperature": LOW_TEMPERATURE, "temperature_1": TEMPERATURE_1}
+    leads = {f"over_{name}": round(100 * (means[POWER] - means[label]), 1) if label in means else None
+             for name, label in rivals.items()}
+    met = (all(label in means and means[POWER] >= means[label] for label in (GREEDY, LOW_TEMPERATURE))
+           and all(all_ran(rows, label) for label in (POWER, GREEDY, LOW_TEMPERATURE)))
+    return {"points": {"accuracy": {label: round(100 * mean, 1) for label, mean in means.items()}, **leads},
+            "alpha": ALPHA, "problems": POWER_PROBLEMS, "pass_at_k": pass_at_k_means(rows), "met": met}
+
+
+def pass_at_k_means(rows: list[dict]) -> dict:
+    """Per power-sampling job whose runs drew several samples a problem: pass@k's mean over the seeds
+    for each k the summaries give (the recipe's `pass_at_k`, keyed by k as text)."""
+    means = {}
+    for label in (POWER, LOW_TEMPERATURE, TEMPERATURE_1, GREEDY):
+        figures = [row["pass_at_k"] for row in rows if row["label"] == label and isinstance(row.get("pass_at_k"), dict)]
+        ks = sorted({k for figure in figures for k in figure}, key=int)
+        if ks:
+            means[label] = {k: statistics.fmean(figure[k] for figure in figures if k in figure) for k in ks}
+    return means
+
+
+def failed_seeds(rows: list[dict], label: str) -> list[int]:
+    """The seeds of `label` whose run did not succeed or logged a non-finite figure."""
+    return [row["seed"] for row in rows if row["label"] == label and not (row["status"] == "succeeded"
+                                                                          and row["nan_free"])]
 
 
 def all_ran(rows: list[dict], label: str) -> bool:
-    return all(row["status"] == "succeeded" and row["nan_free"] for row in rows if row["label"] == label)
+    """Every run of `label` succeeded with finite figures (and there was one)."""
+    mine = [row for row in rows if row["label"] == label]
+    return bool(mine) and all(row["status"] == "succeeded" and row["nan_free"] for row in mine)
 
 
 def spread(values: list) -> dict:
@@ -226,19 +463,20 @@ def print_table(rows: list[dict], stats: dict) -> None:
     def number(value, scale: float = 1.0):
         return f"{value / scale:,.1f}" if isinstance(value, (int, float)) else "—"
 
-    print(f"{'run':<26}{'seed':>5} {'status':<10}{'wall s':>7}  {'peak MB per GPU':<18}"
+    print(f"{'run':<31}{'seed':>5} {'status':<10}{'wall s':>7}  {'peak MB per GPU':<18}"
           f"{'energy kJ':>10}{'J/correct':>10}"
-          f"{'greedy before→after':>21}{'T=1 before→after':>19}{'acc':>7}  nan-free  model")
+          f"{'greedy before→after':>21}{'T=1 before→after':>19}{'acc':>7}  nan-free  "
+          "saved model: plain transformers greedy")
     for row in rows:
         peak = " ".join(f"{v:,.0f}" for v in (row["peak_mem_mb"] or {}).values()) or "—"
-        model = {None: "—", True: "loads+gen", False: "FAILS"}[row["saved_model_generates"]]
         # `—*`: not measured, the reason below the row; `—` alone: a row written before the energy figures.
         energy = number(row.get("energy_j"), 1000.0) + ("*" if row.get("energy_unavailable") else "")
-        print(f"{row['label']:<26}{row['seed']:>5} {str(row['status']):<10}{row['wall_s']:>7.0f}  {peak:<18}"
+        print(f"{row['label']:<31}{row['seed']:>5} {str(row['status']):<10}{row['wall_s']:>7.0f}  {peak:<18}"
               f"{energy:>10}{number(row.get('energy_j_per_correct_answer')):>10}"
               f"{pct(row['accuracy_greedy_before']):>13} → {pct(row['accuracy_greedy_after'])}"
               f"{pct(row['accuracy_sampled_before']):>11} → {pct(row['accuracy_sampled_after'])}"
-              f"{pct(row['accuracy']):>7}  {'yes' if row['nan_free'] else 'NO':<9} {model}")
+              f"{pct(row['accuracy']):>7}  {'yes' if row['nan_free'] else 'NO':<9} "
+              f"{saved_model_text(row.get('saved_model'))}")
         if row["status"] != "succeeded" and row["error"]:
             print(f"    {row['error']}")
         if row.get("energy_unavailable"):
@@ -251,12 +489,76 @@ def print_table(rows: list[dict], stats: dict) -> None:
         print(f"  {label}: {shown}; wall {figures['wall_s']['mean']:.0f} s")
 
 
-def print_targets(verdicts: dict) -> None:
-    print("\nlearning targets (mean gain, points):")
+def saved_model_text(check: dict | None) -> str:
+    """The table's cell of `saved_model_check`: plain transformers' accuracy, and whether it agrees."""
+    if not check:
+        return "—"
+    if check.get("error"):
+        return f"FAILS: {check['error'][:60]}"
+    plain, tolerance = check["plain_accuracy"], check["tolerance"]
+    shown = f"{100 * plain:.1f}% on {check['problems']}" if plain is not None else "—"
+    if tolerance is None:
+        return f"{shown}, no run figure to compare"
+    return f"{shown}: {'agrees' if check['agrees'] else 'DISAGREES'} (±{100 * tolerance:.1f})"
+
+
+def print_targets(verdicts: dict, control: dict) -> None:
+    print("\nlearning targets: greedy gain, mean over the seeds, and no seed below the base in any domain; "
+          f"T=1 accuracy over the sharpening control (+{CONTROL_TARGET}), mean over the seeds (points):")
     for label, verdict in verdicts.items():
-        shown = ", ".join(f"{name} {value:+.1f}" if value is not None else f"{name} —"
-                          for name, value in verdict["points"].items())
-        print(f"  {label}: {'MET' if verdict['met'] else 'NOT MET'}: {shown}")
+        if label in TARGETS:
+            print(f"  {label} greedy: {greedy_text(verdict['greedy'])}")
+            over = verdict["over_sharpening_control"]
+            per_seed = ", ".join(f"seed {seed} {signed(value)}" for seed, value in over["points"]["per_seed"].items())
+            print(f"  {label} T=1 over the sharpening control: {met_text(over['met'])}: "
+                  f"{signed(over['points']['over_control'])} (floor +{over['floor']}; {per_seed})")
+    print_sharpening_control(control)
+    if POWER in verdicts:
+        print_power_rivals(verdicts[POWER])
+
+
+def greedy_text(verdict: dict) -> str:
+    """MET or NOT MET, each figure against its floor, and what broke the per-seed rule."""
+    shown = ", ".join(f"{name} {signed(value)} (floor +{verdict['floors'][name]})"
+                      for name, value in verdict["points"].items())
+    broken = "; ".join(f"seed {found['seed']} {found['domain']} {100 * found['before']:.1f} → "
+                       f"{100 * found['after']:.1f}" for found in verdict["below_base"])
+    missing = ", ".join(str(seed) for seed in verdict["seeds_without_greedy_figures"])
+    failed = ", ".join(str(seed) for seed in verdict["seeds_failed_or_not_finite"])
+    return (f"{met_text(verdict['met'])}: {shown}" + (f"; below the base: {broken}" if broken else "")
+            + (f"; no greedy figures: seed {missing}" if missing else "")
+            + (f"; failed or not finite: seed {failed}" if failed else ""))
+
+
+def print_sharpening_control(control: dict) -> None:
+    grid = ", ".join(f"T={temperature} {100 * accuracy:.1f}" for temperature, accuracy in
+                     control["validation_accuracy"].items()) or "no validation run succeeded"
+    tested = ", ".join(f"seed {seed} {100 * accuracy:.1f}" for seed, accuracy in control["test_accuracy"].items())
+    print(f"\nsharpening control (the base model sampled at the temperature best on {control['validation_problems']} "
+          f"validation problems): T={control['temperature']} chosen ({grid}); on the {control['test_problems']} test "
+          f"problems: {tested or '—'}")
+
+
+def print_power_rivals(verdict: dict) -> None:
+    points = verdict["points"]
+    accuracy = ", ".join(f"{label.removeprefix('power-sampling ') if label != POWER else 'power'} {value:.1f}"
+                         for label, value in points["accuracy"].items())
+    print(f"\npower sampling (alpha {verdict['alpha']}) vs greedy, T=1/alpha and T=1 sampling on the same "
+          f"{verdict['problems']} problems and answer budget: {met_text(verdict['met'])}: {accuracy}; power's lead: "
+          f"over greedy {signed(points['over_greedy'])}, over T=1/alpha {signed(points['over_low_temperature'])}, "
+          f"over T=1 {signed(points['over_temperature_1'])}")
+    for label, figures in verdict["pass_at_k"].items():
+        print(f"  pass@k {label}: " + ", ".join(f"k={k} {100 * value:.1f}" for k, value in figures.items()))
+    if verdict["pass_at_k"]:
+        print("  (greedy decoding gives one answer a problem: its pass@k is its accuracy at every k)")
+
+
+def met_text(met: bool) -> str:
+    return "MET" if met else "NOT MET"
+
+
+def signed(value: float | None) -> str:
+    return f"{value:+.1f}" if value is not None else "—"
 
 
 def gpu_tests() -> dict:
@@ -268,9 +570,12 @@ def gpu_tests() -> dict:
     return {"exit_code": done.returncode, "last_line": tail[0], "seconds": time.perf_counter() - started}
 
 
-BASELINE = """No baseline: an acceptance run, not a comparison with other code. Each recipe runs at its defaults and is
-checked against its learning target (TARGETS); power sampling's accuracy is set beside its own
-temperature-1 sampling run (method=sample), the recipe's reference point, not a speed baseline."""
+BASELINE = """No speed baseline: an acceptance run, not a comparison with other code. Each training recipe runs at its
+defaults and is checked against its greedy learning target (TARGETS) and against a sharpening
+control: the base model sampled, untrained, at the temperature best on the validation split (grid
+SHARPENING_GRID; the test problems are scored once, at the chosen one). Power sampling is set beside
+its rivals at its best: greedy decoding and token-level sampling at T = 1/alpha (and T = 1), on the
+same problems, answer budget and number of samples."""
 
 
 def main() -> None:
@@ -281,9 +586,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all; they share the GPUs, "
                         "runs sized `auto` each taking their share of a card's free memory)")
     parser.add_argument("--partial", default=None, help="append each run's row to this JSON-lines file as it ends")
-    parser.add_argument("--only", nargs="*", default=None, help="labels of the jobs to run (default all)")
+    parser.add_argument("--only", nargs="*", default=None, help="labels of the jobs to run (default all; "
+                        f"'{CONTROL}' brings its validation runs)")
     parser.add_argument("--set", action="append", default=[], metavar="LABEL:KEY=VALUE",
-                        help="a setting for one job (quick checks on CPU; an acceptance run sets none)")
+                        help="a setting for one job (quick checks on CPU; an acceptance run sets none); "
+                             f"'{CONTROL}:KEY=VALUE' sets its validation runs too, but for the temperature")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
     parser.add_argument("--out", default=None)
@@ -303,23 +610,22 @@ def main() -> None:
     found = torch.cuda.device_count()
     gpus = args.gpus or str(found or 2)
     home = Path(args.home or ROOT / ".acceptance" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    extra: dict[str, dict] = {}
-    for item in args.set:
-        label, _, pair = item.partition(":")
-        key, _, value = pair.partition("=")
-        extra.setdefault(label, {})[key] = value
-    jobs = [(label, recipe, {**settings, **extra.get(label, {})}, int(seed))
-            for seed in args.seeds.split(",") for label, recipe, settings in JOBS
-            if args.only is None or label in args.only]
+    jobs = job_list([int(seed) for seed in args.seeds.split(",")], args.only, assignments(args.set))
     at_once = min(args.jobs or len(jobs), len(jobs))
     jobs = [(label, recipe, {**machine_settings(index, gpus, found, jobs[:at_once]), **settings}, seed)
             for index, (label, recipe, settings, seed) in enumerate(jobs)]
     shared_threads(at_once)
+    choice = TemperatureChoice(sum(label.startswith(VALIDATION_PREFIX) for label, *_ in jobs))
     started = time.perf_counter()
 
     def run_and_keep(job) -> dict:
         label, recipe, settings, seed = job
-        row = row_of(launch(label, recipe, settings, seed, home))
+        row = None
+        try:
+            row = run_job(label, recipe, settings, seed, home, choice)
+        finally:  # the control's runs wait for every validation run, failed ones too
+            if label.startswith(VALIDATION_PREFIX):
+                choice.add(row or skipped_row(label, seed, "no result"))
         if args.partial:
             with open(args.partial, "a") as handle:
                 handle.write(json.dumps(row) + "\n")
@@ -331,31 +637,91 @@ def main() -> None:
         tests = None if args.skip_tests else beside.submit(gpu_tests)
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
         tests = tests and tests.result()
-    stats, verdicts = report(rows)
+    stats, verdicts, control = report(rows)
     total = time.perf_counter() - started
     print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")
     write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
                                                         "set": args.set, "only": args.only},
-                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "gpu_tests": tests,
-                  "seconds": total}, out=args.out)
+                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
+                  "gpu_tests": tests, "seconds": total}, out=args.out)
 
 
-def report(rows: list[dict]) -> tuple[dict, dict]:
-    """The seed statistics and the targets' verdicts of the rows, both printed."""
+def assignments(items: list[str]) -> dict[str, dict]:
+    """--set's LABEL:KEY=VALUE items as {label: {key: value}}."""
+    extra: dict[str, dict] = {}
+    for item in items:
+        label, _, pair = item.partition(":")
+        key, _, value = pair.partition("=")
+        extra.setdefault(label, {})[key] = value
+    return extra
+
+
+def job_list(seeds: list[int], only: list[str] | None, extra: dict[str, dict]) -> list[tuple]:
+    """(label, recipe, settings, seed) of every run, in the order the pool starts them: the sharpening
+    control's validation runs first (once, at the first seed: the validation split is the same for
+    every seed), then JOBS for each seed. The control's runs, last of each seed's, wait for them."""
+    chosen = [(label, recipe, {**settings, **extra.get(label, {})}) for label, recipe, settings in JOBS
+              if only is None or label in only]
+    validation = []
+    if any(label == CONTROL for label, *_ in chosen):
+        overrides = {key: value for key, value in extra.get(CONTROL, {}).items() if key != "temperature"}
+        validation = [(f"{VALIDATION_PREFIX}{temperature}", "power-sampling",
+                       {**CONTROL_RUNS, "split": "validation", "max_examples": VALIDATION_PROBLEMS,
+                        "batch_size": VALIDATION_PROBLEMS, **overrides, "temperature": temperature}, seeds[0])
+                      for temperature in SHARPENING_GRID]
+    return validation + [(label, recipe, settings, seed) for seed in seeds for label, recipe, settings in chosen]
+
+
+class TemperatureChoice:
+    """The sharpening control's temperature, chosen (`choose_temperature`) once every validation run has
+    ended. The control's runs wait for it: the pool starts the validation runs before them, so a pool
+    of any size has started every validation run by the time a control run waits."""
+
+    def __init__(self, runs: int):
+        self.rows: list[dict] = []
+        self.runs, self.lock, self.ended = runs, threading.Lock(), threading.Event()
+        if runs == 0:
+            self.ended.set()
+
+    def add(self, row: dict) -> None:
+        with self.lock:
+            self.rows.append(row)
+            if len(self.rows) >= self.runs:
+                self.ended.set()
+
+    def temperature(self) -> float | None:
+        self.ended.wait()
+        return choose_temperature(self.rows)[0]
+
+
+def run_job(label: str, recipe: str, settings: dict, seed: int, home: Path, choice: TemperatureChoice) -> dict:
+    """One job's row; the sharpening control's run at the temperature chosen on validation, or skipped
+    where no validation run succeeded."""
+    if settings.get("temperature") == CHOSEN:
+        temperature = choice.temperature()
+        if temperature is None:
+            return skipped_row(label, seed, "no temperature chosen: no validation run succeeded")
+        settings = {**settings, "temperature": temperature}
+    return row_of(launch(label, recipe, settings, seed, home))
+
+
+def report(rows: list[dict]) -> tuple[dict, dict, dict]:
+    """The seed statistics, the verdicts and the sharpening control of the rows, all printed."""
     stats = seed_statistics(rows)
-    verdicts = targets_met(rows, stats)
+    verdicts, control = verdicts_of(rows, stats)
     print_table(rows, stats)
-    print_targets(verdicts)
-    return stats, verdicts
+    print_targets(verdicts, control)
+    return stats, verdicts, control
 
 
 def report_partial(args) -> None:
     lines = [line for path in args.from_partial for line in Path(path).read_text().splitlines() if line.strip()]
     rows = sorted((json.loads(line) for line in lines), key=lambda row: (row["label"], row["seed"]))
-    stats, verdicts = report(rows)
+    stats, verdicts, control = report(rows)
     write_result("acceptance", f"acceptance-{args.gpus}gpu-partial",
                  {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial},
-                 {"runs": rows, "seed_statistics": stats, "targets": verdicts}, out=args.out)
+                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control},
+                 out=args.out)
 
 
 def machine_settings(index: int, gpus: str, found: int, first_wave: list) -> dict:

@@ -353,18 +353,21 @@ def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_p
 
 
 def acceptance_row(label: str, seed: int, greedy: tuple, sampled: tuple, domains: dict | None = None,
-                   nan_free: bool = True, accuracy: float | None = None, **energy) -> dict:
+                   nan_free: bool = True, accuracy: float | None = None, temperature: float | None = None,
+                   saved_model: dict | None = None, **energy) -> dict:
     """One row as bench/acceptance.py writes it to its --partial file; greedy and sampled: (before, after);
     `energy`: its energy figures (a row of a file written before them has none)."""
     return {"label": label, "seed": seed, "run_id": seed + 1, "status": "succeeded", "error": None, "wall_s": 60.0,
             "peak_mem_mb": {"gpu0": 1000.0}, "accuracy_greedy_before": greedy[0], "accuracy_greedy_after": greedy[1],
             "accuracy_sampled_before": sampled[0], "accuracy_sampled_after": sampled[1], "domains": domains or {},
-            "accuracy": accuracy, "nan_free": nan_free, "saved_model_generates": True, **energy}
+            "accuracy": accuracy, "temperature": temperature, "pass_at_k": None, "nan_free": nan_free,
+            "saved_model": saved_model, **energy}
 
 
 def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp_path):
-    """Two --partial files (a check run in two calls) make one table; a target is met only if every
-    domain's mean gain clears it and the figures of every seed were finite."""
+    """Two --partial files (a check run in two calls) make one table; a greedy target is met only if every
+    domain's mean gain clears it, no seed fell below the base in any domain and the figures of every
+    seed were finite; the sharpening control and power sampling's rivals come from their rows too."""
     comparison_greedy_gains = [0.01, -0.02, -0.02]  # mean -1 point: greedy lower in one domain
     comparison_after = [0.6 + gain for gain in comparison_greedy_gains]
     pcgrad = [acceptance_row("grpo-mtl pcgrad", seed, (0.50, 0.55), (0.30, 0.40), {
@@ -373,32 +376,44 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
         "accuracy_greedy_comparison_before": 0.6, "accuracy_greedy_comparison_after": comparison_after[seed],
         "accuracy_sampled_comparison_before": 0.4, "accuracy_sampled_comparison_after": 0.5,
     }) for seed in range(3)]
-    rest = [acceptance_row("rft", seed, (0.50, 0.54), (0.30, 0.39), energy_j=123_456.0 + seed,
-                           energy_j_per_correct_answer=987.6) for seed in range(2)]
-    rest.append(acceptance_row("rft", 2, (0.50, 0.54), (0.30, 0.39), energy_unavailable="no NVML GPU (CPU run)"))
+    plain = {"plain_accuracy": 0.57, "problems": 100, "run_accuracy": 0.58, "run_problems": 500,
+             "tolerance": 0.152, "agrees": True}
+    rest = [acceptance_row("rft", seed, (0.50, 0.58), (0.30, 0.39), energy_j=123_456.0 + seed,
+                           energy_j_per_correct_answer=987.6, saved_model=plain) for seed in range(2)]
+    rest.append(acceptance_row("rft", 2, (0.50, 0.58), (0.30, 0.39), energy_unavailable="no NVML GPU (CPU run)"))
     rest += [acceptance_row("eggroll", seed, (0.50, 0.60), (0.30, 0.50), nan_free=seed != 1) for seed in range(3)]
-    rest += [acceptance_row("power-sampling", seed, (None, None), (None, None), accuracy=0.6) for seed in range(3)]
-    rest += [acceptance_row("power-sampling baseline", seed, (None, None), (None, None), accuracy=0.4)
+    rest += [acceptance_row(label, seed, (None, None), (None, None), accuracy=accuracy) for seed in range(3)
+             for label, accuracy in (("power-sampling", 0.6), ("power-sampling greedy", 0.58),
+                                     ("power-sampling low-temperature", 0.55), ("power-sampling temperature-1", 0.4))]
+    rest += [acceptance_row(f"sharpening validation T={t}", 0, (None, None), (None, None), accuracy=accuracy,
+                            temperature=t) for t, accuracy in ((0.5, 0.5), (1.0, 0.4))]
+    rest += [acceptance_row("sharpening control", seed, (None, None), (None, None), accuracy=0.33, temperature=0.5)
              for seed in range(3)]
     first, second, out = tmp_path / "pcgrad.jsonl", tmp_path / "rest.jsonl", tmp_path / "acceptance.json"
     first.write_text("".join(json.dumps(row) + "\n" for row in pcgrad))
     second.write_text("".join(json.dumps(row) + "\n" for row in rest))
     done = bench("acceptance.py", "--gpus", "2", "--from-partial", str(first), str(second), "--out", str(out))
     figures = json.loads(out.read_text())["figures"]
-    assert len(figures["runs"]) == 15
+    assert len(figures["runs"]) == 26
     comparison = figures["seed_statistics"]["grpo-mtl pcgrad"]["gain_greedy_comparison"]
     assert comparison["mean"] == pytest.approx(statistics.fmean(comparison_greedy_gains))
     assert comparison["sd"] == pytest.approx(statistics.stdev(comparison_greedy_gains)) and comparison["n"] == 3
     targets = figures["targets"]
-    assert targets["grpo-mtl pcgrad"]["points"] == {
-        "gain_sampled": 10.0, "gain_greedy": 5.0, "gain_greedy_arithmetic": 2.0, "gain_greedy_comparison": -1.0,
-        "gain_sampled_arithmetic": 10.0, "gain_sampled_comparison": 10.0}
-    assert not targets["grpo-mtl pcgrad"]["met"]
-    assert targets["rft"] == {"points": {"gain_sampled": 9.0, "gain_greedy": 4.0}, "met": True}
-    assert targets["eggroll"]["points"] == {"gain_sampled": 20.0, "gain_greedy": 10.0}
+    pcgrad_greedy = targets["grpo-mtl pcgrad"]["greedy"]
+    assert pcgrad_greedy["points"] == {"gain_greedy": 5.0, "gain_greedy_arithmetic": 2.0,
+                                       "gain_greedy_comparison": -1.0}
+    assert [(found["seed"], found["domain"]) for found in pcgrad_greedy["below_base"]] == [
+        (1, "comparison"), (2, "comparison")]
+    assert not pcgrad_greedy["met"] and not targets["grpo-mtl pcgrad"]["met"]
+    assert targets["rft"]["greedy"]["points"] == {"gain_greedy": 8.0} and targets["rft"]["greedy"]["met"]
+    assert targets["rft"]["over_sharpening_control"]["points"]["over_control"] == 6.0 and targets["rft"]["met"]
+    assert targets["eggroll"]["greedy"]["points"] == {"gain_greedy": 10.0}
     assert not targets["eggroll"]["met"]  # seed 1 logged a non-finite figure
-    assert targets["power-sampling"] == {"points": {"lead_over_sampling": 20.0}, "met": True}
-    assert "grpo-mtl pcgrad: NOT MET" in done.stdout and "rft: MET" in done.stdout
+    assert figures["sharpening_control"]["temperature"] == 0.5
+    power = targets["power-sampling"]
+    assert (power["points"]["over_greedy"], power["points"]["over_low_temperature"]) == (2.0, 5.0) and power["met"]
+    assert "grpo-mtl pcgrad greedy: NOT MET" in done.stdout and "rft greedy: MET" in done.stdout
+    assert "seed 1 comparison 60.0 → 58.0" in done.stdout
     # The energy columns (kJ, J per correct answer), and why a run has none.
     table = done.stdout.splitlines()
     assert "energy kJ J/correct" in table[0]
@@ -406,6 +421,9 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
         ["123.5", "987.6"], ["123.5", "987.6"], ["—*", "—"]]
     assert "    * energy not measured: no NVML GPU (CPU run)" in table
     assert [line.split()[5:7] for line in table if line.startswith("eggroll ")][0] == ["—", "—"]
+    # The saved model scored with plain transformers, and whether it agrees with the run's figure.
+    assert [line.endswith("57.0% on 100: agrees (±15.2)") for line in table if line.startswith("rft ")] == [
+        True, True, False]
 
 
 def test_every_bench_script_help_names_its_baseline():

@@ -1,0 +1,187 @@
+"""bench/acceptance.py's verdicts on made-up rows (no run): the greedy targets and their per-seed rule,
+the sharpening control, power sampling against its rivals, the saved-model check's agreement rule;
+and the saved-model check's plain-transformers scoring on the embedded model."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def acceptance():
+    spec = importlib.util.spec_from_file_location("acceptance", ROOT / "bench" / "acceptance.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(label: str, seed: int, greedy=(None, None), sampled=(None, None), domains: dict | None = None,
+        accuracy: float | None = None, temperature: float | None = None, status: str = "succeeded",
+        pass_at_k: dict | None = None) -> dict:
+    """A row as acceptance.py's row_of writes it; greedy and sampled: (before, after)."""
+    return {"label": label, "seed": seed, "status": status, "error": None, "wall_s": 1.0, "peak_mem_mb": None,
+            "accuracy_greedy_before": greedy[0], "accuracy_greedy_after": greedy[1],
+            "accuracy_sampled_before": sampled[0], "accuracy_sampled_after": sampled[1], "domains": domains or {},
+            "accuracy": accuracy, "temperature": temperature, "pass_at_k": pass_at_k, "nan_free": True,
+            "saved_model": None}
+
+
+def domains_of(**greedy: tuple) -> dict:
+    """Per-domain greedy figures: domain=(before, after)."""
+    return {f"accuracy_greedy_{domain}_{when}": value for domain, pair in greedy.items()
+            for when, value in zip(("before", "after"), pair)}
+
+
+def control_rows(acceptance, accuracy: float, seeds=range(3)) -> list[dict]:
+    return [row(acceptance.CONTROL, seed, accuracy=accuracy, temperature=0.5) for seed in seeds]
+
+
+def verdicts(acceptance, rows):
+    return acceptance.verdicts_of(rows, acceptance.seed_statistics(rows))
+
+
+def test_a_run_that_only_sharpens_fails_both_verdicts(acceptance):
+    """T=1 up by 10 points with greedy unchanged (what a temperature change alone does, issue 31) met
+    sft's old T=1 target; now its greedy gain is 0 against +8, and its T=1 accuracy lies no higher than
+    the base sharpened without training."""
+    rows = [row("sft", seed, greedy=(0.57, 0.57), sampled=(0.38, 0.48)) for seed in range(3)]
+    found, _ = verdicts(acceptance, rows + control_rows(acceptance, 0.47))
+    sft = found["sft"]
+    assert sft["greedy"]["points"] == {"gain_greedy": 0.0} and not sft["greedy"]["met"]
+    assert sft["over_sharpening_control"]["points"] == {"over_control": 1.0,
+                                                        "per_seed": {"0": 1.0, "1": 1.0, "2": 1.0}}
+    assert not sft["over_sharpening_control"]["met"] and not sft["met"]
+    # The same run with a real greedy gain, well over the control: both met.
+    learned = [row("sft", seed, greedy=(0.57, 0.66), sampled=(0.38, 0.55)) for seed in range(3)]
+    found, _ = verdicts(acceptance, learned + control_rows(acceptance, 0.47))
+    assert found["sft"]["greedy"]["met"] and found["sft"]["over_sharpening_control"]["met"] and found["sft"]["met"]
+
+
+def test_the_mean_is_not_enough_when_one_seed_falls_below_the_base_in_one_domain(acceptance, capsys):
+    def grpo_rows(arithmetic_after_seed_1: float) -> list[dict]:
+        return [row("grpo-mtl", seed, greedy=(0.50, 0.57), sampled=(0.3, 0.5), domains=domains_of(
+            arithmetic=(0.40, arithmetic_after_seed_1 if seed == 1 else 0.50), comparison=(0.60, 0.65)))
+            for seed in range(3)] + control_rows(acceptance, 0.40)
+
+    found, control = verdicts(acceptance, grpo_rows(0.39))
+    greedy = found["grpo-mtl"]["greedy"]
+    # Mean arithmetic gain (10 - 1 + 10) / 3 = +6.3, over the +2 floor; overall +7 over +5 ...
+    assert greedy["points"] == {"gain_greedy": 7.0, "gain_greedy_arithmetic": 6.3, "gain_greedy_comparison": 5.0}
+    assert greedy["floors"] == {"gain_greedy": 5, "gain_greedy_arithmetic": 2, "gain_greedy_comparison": 2}
+    # ... but seed 1 lost a point in arithmetic: not met, and the verdict line says where.
+    assert greedy["below_base"] == [{"seed": 1, "domain": "arithmetic", "before": 0.40, "after": 0.39}]
+    assert not greedy["met"]
+    acceptance.print_targets(found, control)
+    assert "grpo-mtl greedy: NOT MET: gain_greedy +7.0 (floor +5)" in capsys.readouterr().out.replace("\n", " ")
+    acceptance.print_targets(found, control)
+    assert "below the base: seed 1 arithmetic 40.0 → 39.0" in capsys.readouterr().out
+    assert verdicts(acceptance, grpo_rows(0.40))[0]["grpo-mtl"]["greedy"]["met"]  # equal to the base is not below
+
+
+def test_a_failed_or_missing_seed_fails_the_greedy_target(acceptance):
+    rows = [row("eggroll", seed, greedy=(0.5, 0.6), sampled=(0.3, 0.4)) for seed in range(3)]
+    assert verdicts(acceptance, rows)[0]["eggroll"]["greedy"]["met"]
+    rows[2] = row("eggroll", 2, status="failed")
+    greedy = verdicts(acceptance, rows)[0]["eggroll"]["greedy"]
+    assert greedy["points"] == {"gain_greedy": 10.0} and greedy["seeds_without_greedy_figures"] == [2]
+    assert not greedy["met"]
+
+
+def test_the_sharpening_control_takes_the_best_validation_temperature_and_gains_are_measured_over_it(acceptance):
+    grid = [row(f"{acceptance.VALIDATION_PREFIX}{t}", 0, accuracy=a, temperature=t)
+            for t, a in ((0.3, 0.50), (0.5, 0.56), (0.6, 0.56), (0.8, 0.52), (1.0, 0.40))]
+    grid.append(row(f"{acceptance.VALIDATION_PREFIX}0.4", 0, accuracy=0.9, temperature=0.4, status="failed"))
+    assert acceptance.choose_temperature(grid) == (0.6, {0.3: 0.50, 0.5: 0.56, 0.6: 0.56, 0.8: 0.52, 1.0: 0.40})
+    tested = [row(acceptance.CONTROL, seed, accuracy=accuracy, temperature=0.6)
+              for seed, accuracy in enumerate((0.45, 0.47, 0.43))]
+    rft = [row("rft", seed, greedy=(0.57, 0.66), sampled=(0.38, sampled))
+           for seed, sampled in enumerate((0.55, 0.50, 0.49))]
+    found, control = verdicts(acceptance, grid + tested + rft)
+    assert control["temperature"] == 0.6 and control["test_accuracy"] == {"0": 0.45, "1": 0.47, "2": 0.43}
+    over = found["rft"]["over_sharpening_control"]
+    # Over the control of the same seed, not over the base's T=1 (+17, +12, +11 points).
+    assert over["points"] == {"over_control": 6.3, "per_seed": {"0": 10.0, "1": 3.0, "2": 6.0}} and over["met"]
+    failed = [dict(r, status="failed") if r["seed"] == 2 else r for r in tested]
+    assert not verdicts(acceptance, grid + failed + rft)[0]["rft"]["over_sharpening_control"]["met"]
+
+
+def test_the_control_waits_for_every_validation_run_and_runs_after_them(acceptance):
+    jobs = acceptance.job_list([3, 4], None, acceptance.assignments(["sharpening control:max_examples=4"]))
+    labels = [label for label, *_ in jobs]
+    grid = len(acceptance.SHARPENING_GRID)
+    assert all(label.startswith(acceptance.VALIDATION_PREFIX) for label in labels[:grid])
+    assert {seed for _, _, _, seed in jobs[:grid]} == {3}  # once: the validation split is every seed's
+    assert [seed for label, _, _, seed in jobs if label == acceptance.CONTROL] == [3, 4]
+    assert {settings["max_examples"] for _, _, settings, _ in jobs[:grid]} == {"4"}
+    assert [settings["temperature"] for _, _, settings, _ in jobs[:grid]] == list(acceptance.SHARPENING_GRID)
+    choice = acceptance.TemperatureChoice(2)
+    chosen = []
+    waiter = threading.Thread(target=lambda: chosen.append(choice.temperature()))
+    waiter.start()
+    choice.add(row(f"{acceptance.VALIDATION_PREFIX}0.5", 3, accuracy=0.6, temperature=0.5))
+    waiter.join(0.05)
+    assert waiter.is_alive()  # one validation run still going
+    choice.add(row(f"{acceptance.VALIDATION_PREFIX}1.0", 3, accuracy=0.4, temperature=1.0))
+    waiter.join(5)
+    assert chosen == [0.5]
+
+
+def test_power_sampling_must_match_greedy_and_low_temperature_sampling(acceptance):
+    def rows(power: float) -> list[dict]:
+        accuracies = {acceptance.POWER: power, acceptance.GREEDY: 0.585, acceptance.LOW_TEMPERATURE: 0.56,
+                      acceptance.TEMPERATURE_1: 0.39}
+        return [row(label, seed, accuracy=accuracy, pass_at_k=None if label == acceptance.GREEDY else
+                    {"1": accuracy, "16": accuracy + 0.2 + seed / 100})
+                for label, accuracy in accuracies.items() for seed in range(2)]
+
+    lower = verdicts(acceptance, rows(0.573))[0]["power-sampling"]
+    assert lower["points"]["over_greedy"] == -1.2 and lower["points"]["over_low_temperature"] == 1.3
+    assert lower["points"]["over_temperature_1"] == 18.3 and not lower["met"]  # far over T=1 is not enough
+    assert lower["pass_at_k"][acceptance.POWER] == pytest.approx({"1": 0.573, "16": 0.778})
+    assert acceptance.GREEDY not in lower["pass_at_k"]
+    assert verdicts(acceptance, rows(0.585))[0]["power-sampling"]["met"]  # as accurate as greedy: met
+
+
+def test_the_saved_model_check_agrees_within_the_sampling_error_of_its_100_problems(acceptance):
+    # 100 of the run's 500 problems at 60%: 3 standard errors (4.4 points, finite population) + 2 problems.
+    tolerance = acceptance.agreement_tolerance(0.6, 100, 500)
+    assert tolerance == pytest.approx(3 * (0.6 * 0.4 / 100 * 400 / 499) ** 0.5 + 0.02) and 0.15 < tolerance < 0.152
+    assert acceptance.agreement(0.50, 0.6, 100, 500)["agrees"]
+    assert not acceptance.agreement(0.44, 0.6, 100, 500)["agrees"]
+    # All of the run's problems: only near-ties may differ.
+    assert acceptance.agreement_tolerance(0.6, 100, 100) == pytest.approx(0.02)
+    assert not acceptance.agreement(0.57, 0.6, 100, 100)["agrees"]
+    assert not acceptance.agreement(0.6, None, 100, 500)["agrees"]  # no run figure: nothing agrees
+    assert acceptance.saved_model_text(acceptance.agreement(0.5, 0.6, 100, 500)) == "50.0% on 100: agrees (±15.2)"
+
+
+def test_plain_transformers_scores_the_saved_model_as_the_recipes_prompt_it(acceptance):
+    """The embedded model's folder scored with plain transformers: its prompts are the recipes' token for
+    token, and a left-padded batch answers as each problem alone does."""
+    from transformers import AutoTokenizer
+
+    from gpuscale.data.answers import is_correct
+    from gpuscale.data.models import model_path
+    from gpuscale.data.prompts import prompt_ids
+    from gpuscale.data.tasks import gold_answer, load_examples
+
+    examples = load_examples("tiny-math", "test", max_examples=6)
+    tokenizer = AutoTokenizer.from_pretrained(model_path(), local_files_only=True)
+    for example in examples:
+        text = acceptance.plain_prompt(tokenizer, example["question"])
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == prompt_ids(tokenizer, example["question"])
+    questions = [example["question"] for example in examples]
+    batched = acceptance.plain_greedy_answers(str(model_path()), questions, 48, batch_size=len(questions))
+    assert batched == acceptance.plain_greedy_answers(str(model_path()), questions, 48, batch_size=1)
+    assert all(answer.rstrip().splitlines()[-1].startswith("#### ") for answer in batched)  # the format it learned
+    accuracy = acceptance.plain_greedy_accuracy(str(model_path()), examples, 48, batch_size=len(questions))
+    assert accuracy == sum(is_correct(answer, gold_answer(example), mode="strict")
+                           for answer, example in zip(batched, examples)) / len(examples)
