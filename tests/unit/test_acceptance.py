@@ -173,7 +173,7 @@ def test_plain_transformers_scores_the_saved_model_as_the_recipes_prompt_it(acce
     from gpuscale.data.prompts import prompt_ids
     from gpuscale.data.tasks import gold_answer, load_examples
 
-    examples = load_examples("tiny-math", "test", max_examples=6)
+    examples = load_examples("tiny-math", "test", max_examples=4)
     tokenizer = AutoTokenizer.from_pretrained(model_path(), local_files_only=True)
     for example in examples:
         text = acceptance.plain_prompt(tokenizer, example["question"])
@@ -185,3 +185,24 @@ def test_plain_transformers_scores_the_saved_model_as_the_recipes_prompt_it(acce
     accuracy = acceptance.plain_greedy_accuracy(str(model_path()), examples, 48, batch_size=len(questions))
     assert accuracy == sum(is_correct(answer, gold_answer(example), mode="strict")
                            for answer, example in zip(batched, examples)) / len(examples)
+
+
+def test_every_job_of_the_acceptance_is_valid_settings_of_its_recipe(acceptance):
+    """Each run's settings, as `gpuscale run --set` passes them (text), pass its recipe's validation and
+    check: the controls' temperature, split, answer rule and batch are ones the recipe takes."""
+    from gpuscale.recipes.shared.registry import get_recipe
+    from gpuscale.runs.settings import resolve_settings
+
+    jobs = acceptance.job_list([0], None, {})
+    assert len(jobs) == len(acceptance.SHARPENING_GRID) + len(acceptance.JOBS)
+    for label, recipe_name, settings, seed in jobs:
+        recipe = get_recipe(recipe_name)
+        temperature = settings.get("temperature")
+        typed = {**settings, "temperature": 0.5} if temperature == acceptance.CHOSEN else settings
+        as_typed = {key: str(value) for key, value in {**typed, "seed": seed}.items()}
+        resolved = resolve_settings(recipe.settings_cls, overrides=as_typed)
+        recipe.check(resolved)
+        if label.startswith(acceptance.VALIDATION_PREFIX):
+            assert resolved.split == "validation" and resolved.max_examples == acceptance.VALIDATION_PROBLEMS
+        if label == acceptance.LOW_TEMPERATURE:
+            assert resolved.method == "sample" and resolved.temperature == 1 / resolved.alpha == 0.25
