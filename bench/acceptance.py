@@ -52,6 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import ROOT, write_result  # noqa: E402
 
+from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NEW_SUBSET  # noqa: E402  (no torch)
 from gpuscale.runs.settings import AUTO_MEMORY_SHARE  # noqa: E402  (the control plane: no torch)
 
 # Power sampling and its rivals: the same problems and answer length budget (the recipe's default),
@@ -64,11 +65,12 @@ POWER_RUNS = {"max_examples": POWER_PROBLEMS, "chains": POWER_CHAINS, "alpha": A
 POWER, GREEDY, LOW_TEMPERATURE, TEMPERATURE_1 = (
     "power-sampling", "power-sampling greedy", "power-sampling low-temperature", "power-sampling temperature-1")
 # The sharpening control scores the training recipes' own held-out problems (their eval_examples
-# default, strict `#### N` answers) at the evaluation's answer budget (the training shell's
+# default, their answer rule) at the evaluation's answer budget (the training shell's
 # max_new_tokens; rft's and eggroll's are shorter, and the embedded model's answers shorter still).
 CONTROL = "sharpening control"
 EVAL_PROBLEMS, EVAL_TOKENS = 500, 256
-CONTROL_RUNS = {"method": "sample", "max_new_tokens": EVAL_TOKENS, "answer_mode": "strict", "compile": False}
+CONTROL_RUNS = {"method": "sample", "max_new_tokens": EVAL_TOKENS, "answer_mode": HELD_OUT_ANSWER_MODE,
+                "compile": False}
 # Its temperature: the best of this grid on the validation split (1.0 = the base model as it is).
 SHARPENING_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
 VALIDATION_PROBLEMS = 300
@@ -181,14 +183,14 @@ def saved_model_check(run: dict) -> dict | None:
 
 
 def plain_greedy_accuracy(model_dir: str, examples: list[dict], max_new_tokens: int, batch_size: int = 100) -> float:
-    """Greedy accuracy of the model saved in `model_dir` on `examples` (`plain_greedy_answers`), strict
-    `#### N` answers (data/answers.py, the recipes' held-out rule)."""
+    """Greedy accuracy of the model saved in `model_dir` on `examples` (`plain_greedy_answers`), answers
+    found by the recipes' held-out rule (data/scoring.py's HELD_OUT_ANSWER_MODE: strict `#### N`)."""
     from gpuscale.data.answers import is_correct
     from gpuscale.data.tasks import gold_answer
 
     answers = plain_greedy_answers(model_dir, [example["question"] for example in examples], max_new_tokens,
                                    batch_size)
-    return sum(is_correct(text, gold_answer(example), mode="strict")
+    return sum(is_correct(text, gold_answer(example), mode=HELD_OUT_ANSWER_MODE)
                for text, example in zip(answers, examples)) / len(examples)
 
 
@@ -327,10 +329,12 @@ def verdicts_of(rows: list[dict], stats: dict) -> tuple[dict, dict]:
 def greedy_verdict(rows: list[dict], figures: dict, label: str, floor: float, domain_floor: float | None) -> dict:
     """The learning target on greedy accuracy: the mean gain over the seeds (points, rounded as shown)
     at least `floor`, and `domain_floor` in every domain where given; no seed below its base in any
-    domain (`below_base`); every seed succeeded with finite figures and both greedy figures."""
+    domain (`below_base`); every seed succeeded with finite figures and both greedy figures. The
+    structurally new subset (data/scoring.py's NEW_SUBSET) is no domain: its gain is shown beside."""
     floors = {"gain_greedy": floor}
     if domain_floor is not None:
-        floors.update({name: domain_floor for name in figures if name.startswith("gain_greedy_")})
+        floors.update({name: domain_floor for name in figures
+                       if name.startswith("gain_greedy_") and name != f"gain_greedy_{NEW_SUBSET}"})
     points = {name: points_of(figures.get(name)) for name in floors}
     below = below_base(rows, label)
     incomplete = [row["seed"] for row in rows if row["label"] == label
@@ -339,7 +343,8 @@ def greedy_verdict(rows: list[dict], figures: dict, label: str, floor: float, do
     met = (all(value is not None and value >= floors[name] for name, value in points.items())
            and not below and not incomplete and not failed)
     return {"points": points, "floors": floors, "below_base": below, "seeds_without_greedy_figures": incomplete,
-            "seeds_failed_or_not_finite": failed, "met": met}
+            "seeds_failed_or_not_finite": failed,
+            "structurally_new_gain": points_of(figures.get(f"gain_greedy_{NEW_SUBSET}")), "met": met}
 
 
 def points_of(figure: dict | None) -> float | None:
@@ -349,15 +354,15 @@ def points_of(figure: dict | None) -> float | None:
 
 def below_base(rows: list[dict], label: str) -> list[dict]:
     """Every (seed, domain) of `label`'s rows whose greedy accuracy after training is below the base's
-    before it; domain "overall" for the whole held-out set."""
-    found = []
+    before it; domain "overall" for the whole held-out set (the structurally new subset is no domain)."""
+    found, new_before = [], f"accuracy_greedy_{NEW_SUBSET}_before"
     for row in rows:
         if row["label"] != label:
             continue
         pairs = {"overall": (row.get("accuracy_greedy_before"), row.get("accuracy_greedy_after"))}
         domains = row.get("domains") or {}
         for name in sorted(domains):
-            if name.startswith("accuracy_greedy_") and name.endswith("_before"):
+            if name.startswith("accuracy_greedy_") and name.endswith("_before") and name != new_before:
                 domain = name.removeprefix("accuracy_greedy_").removesuffix("_before")
                 pairs[domain] = (domains[name], domains.get(f"accuracy_greedy_{domain}_after"))
         found += [{"seed": row["seed"], "domain": domain, "before": before, "after": after}
@@ -527,7 +532,9 @@ def greedy_text(verdict: dict) -> str:
     failed = ", ".join(str(seed) for seed in verdict["seeds_failed_or_not_finite"])
     return (f"{met_text(verdict['met'])}: {shown}" + (f"; below the base: {broken}" if broken else "")
             + (f"; no greedy figures: seed {missing}" if missing else "")
-            + (f"; failed or not finite: seed {failed}" if failed else ""))
+            + (f"; failed or not finite: seed {failed}" if failed else "")
+            + (f"; structurally new subset {signed(verdict['structurally_new_gain'])} (no target)"
+               if verdict.get("structurally_new_gain") is not None else ""))
 
 
 def print_sharpening_control(control: dict) -> None:
