@@ -582,8 +582,8 @@ BASELINE = """No speed baseline: an acceptance run, not a comparison with other 
 defaults and is checked against its greedy learning target (TARGETS) and against a sharpening
 control: the base model sampled, untrained, at the temperature best on the validation split (grid
 SHARPENING_GRID; the test problems are scored once, at the chosen one). Power sampling is set beside
-its rivals at its best: greedy decoding and token-level sampling at T = 1/alpha (and T = 1), on the
-same problems, answer budget and number of samples."""
+its rivals at their best: greedy decoding and token-level sampling at T = 1/alpha (and T = 1), on the
+same problems and answer budget, 16 samples a problem (greedy: its one answer)."""
 
 
 def main() -> None:
