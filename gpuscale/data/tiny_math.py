@@ -23,8 +23,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import json
+import os
 import random
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 TINY_MATH_DOMAINS = ("arithmetic", "comparison", "counting")
 # How often each domain is drawn. Arithmetic is the GSM8K-like one, so it gets the most weight.
@@ -72,16 +75,60 @@ def tiny_math_examples(split: str, max_examples: int | None, seed: int = 0,
     return [dict(example) for example in first_of_split(iter(held_out_problems(split)), split, max_examples, domains)]
 
 
-@functools.cache
 def held_out_problems(split: str) -> tuple[dict, ...]:
-    """The whole test or validation split (TINY_MATH_SIZES), each problem marked `structurally_new`,
-    generated once per process (callers get copies)."""
-    from gpuscale.data.near_duplicates import is_structurally_new  # it reads this module's word lists
+    """The whole test or validation split (TINY_MATH_SIZES), each problem marked `structurally_new`
+    (callers copy before changing one)."""
+    return _held_out()[split]
 
-    keep = (lambda question: is_test_question(question)) if split == "test" else _validation_question
-    stream = _distinct_problems(random.Random(f"tiny-math/{split}/{HELD_OUT_SEED}"), keep)
-    return tuple({**example, "structurally_new": is_structurally_new(example["question"])}
-                 for example in itertools.islice(stream, TINY_MATH_SIZES[split]))
+
+def held_out_new_keys() -> frozenset[str]:
+    """The structure keys of the structurally new test and validation problems: no training problem
+    may have one (data/near_duplicates.py)."""
+    return _held_out()["new_keys"]
+
+
+@functools.cache
+def _held_out() -> dict:
+    """The held-out splits and the new keys, once per process: read from the user's cache, else
+    computed (about 2 s, the pretraining problems generated and keyed: every rank would pay it) and
+    written there for the next process. A cache that cannot be read or written is only slower."""
+    path = held_out_cache_path()
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        found = _computed_held_out()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            partial.write_text(json.dumps(found))
+            os.replace(partial, path)  # whole or not at all: ranks may write it at the same time
+        except OSError:
+            pass
+    return {"test": tuple(found["test"]), "validation": tuple(found["validation"]),
+            "new_keys": frozenset(found["new_keys"])}
+
+
+def held_out_cache_path() -> Path:
+    """The cache file of `_held_out`, under XDG_CACHE_HOME (else ~/.cache)/gpuscale, named by a digest of
+    the code that makes its content (this module and the near-duplicate rule), so that a changed
+    generator or rule never reads an old file."""
+    code = b"".join(Path(__file__).with_name(name).read_bytes() for name in ("tiny_math.py", "near_duplicates.py"))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuscale"
+    return cache / f"tiny-math-held-out-{hashlib.sha256(code).hexdigest()[:16]}.json"
+
+
+def _computed_held_out() -> dict:
+    from gpuscale.data.near_duplicates import is_structurally_new, structure_key  # it reads this module's words
+
+    found = {}
+    for split in ("test", "validation"):
+        keep = is_test_question if split == "test" else _validation_question
+        stream = _distinct_problems(random.Random(f"tiny-math/{split}/{HELD_OUT_SEED}"), keep)
+        found[split] = [{**example, "structurally_new": is_structurally_new(example["question"])}
+                        for example in itertools.islice(stream, TINY_MATH_SIZES[split])]
+    found["new_keys"] = sorted({structure_key(example["question"]) for split in ("test", "validation")
+                                for example in found[split] if example["structurally_new"]})
+    return found
 
 
 def _validation_question(question: str) -> bool:
@@ -102,16 +149,6 @@ def pretraining_examples(count: int = PRETRAINING_COUNT, seed: int = PRETRAINING
 
 def _pretraining_stream(seed: int) -> Iterator[dict]:
     return _distinct_problems(random.Random(f"tiny-math/train/{seed}"), lambda question: not is_test_question(question))
-
-
-@functools.cache
-def held_out_new_keys() -> frozenset[str]:
-    """The structure keys of the structurally new test and validation problems: no training problem
-    may have one (data/near_duplicates.py)."""
-    from gpuscale.data.near_duplicates import structure_key
-
-    return frozenset(structure_key(example["question"]) for split in ("test", "validation")
-                     for example in held_out_problems(split) if example["structurally_new"])
 
 
 def _training_stream(seed: int) -> Iterator[dict]:

@@ -168,3 +168,25 @@ def test_every_recipe_s_held_out_figure_is_strict(monkeypatch, tmp_path):
     figures = held_out_evaluation(model, tokenizer, examples, ctx, "before", max_new_tokens=8)
     assert figures["accuracy_greedy_before"] == figures["accuracy_sampled_before"] == 0.5
     assert figures["eval_examples_new"] is None and "tiny-math" in figures["structurally_new_unavailable"]
+
+
+def test_the_held_out_splits_are_read_from_the_user_s_cache_and_a_broken_file_is_made_again(monkeypatch, tmp_path):
+    from gpuscale.data import tiny_math
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = tiny_math.held_out_cache_path()
+    assert path.parent == tmp_path / "gpuscale"
+    whole = {"test": [{"question": "q", "structurally_new": True}], "validation": [], "new_keys": ["k"]}
+    path.parent.mkdir()
+    path.write_text(json.dumps(whole))
+    tiny_math._held_out.cache_clear()
+    try:
+        assert tiny_math.held_out_problems("test") == ({"question": "q", "structurally_new": True},)
+        assert tiny_math.held_out_new_keys() == {"k"}
+        path.write_text('{"test": [')  # a write cut short: computed again and written whole
+        monkeypatch.setattr(tiny_math, "_computed_held_out", lambda: {**whole, "new_keys": ["again"]})
+        tiny_math._held_out.cache_clear()
+        assert tiny_math.held_out_new_keys() == {"again"}
+        assert json.loads(path.read_text())["new_keys"] == ["again"]
+    finally:
+        tiny_math._held_out.cache_clear()  # the other tests read the real splits
