@@ -10,6 +10,7 @@ import json
 import pytest
 
 from gpuscale.data.data_error import DataError
+from gpuscale.data.gsm8k_hub import GSM8K_TRAIN_SIZE
 from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
 from gpuscale.data.tiny_math import TINY_MATH_SIZES, split_of
 from gpuscale.recipes.eggroll import Eggroll
@@ -157,10 +158,13 @@ def test_checks_count_the_validation_rows_out_of_a_file(tmp_path):
 
 
 def test_a_named_split_of_known_size_counts_what_validation_leaves():
-    size = TINY_MATH_SIZES["train"]
-    settings = GrpoSettings(eval_split="validation", eval_examples=100, max_examples=None)
+    size = GSM8K_TRAIN_SIZE
+    settings = GrpoSettings(dataset="gsm8k", eval_split="validation", eval_examples=100, max_examples=None)
     count, source = training_count(settings, lambda s: [])
     assert count == size - 100 and "after eval_examples=100 held out for validation" in source
+    # tiny-math's validation problems are a split of their own: its training split stays whole.
+    tiny = settings.model_copy(update={"dataset": "tiny-math", "max_examples": TINY_MATH_SIZES["train"]})
+    assert training_count(tiny, lambda s: [])[0] == TINY_MATH_SIZES["train"]
     # max_examples within what is left: the validation problems are loaded on top of it.
     assert training_count(settings.model_copy(update={"max_examples": 50}), lambda s: [])[0] == 50
     assert training_count(settings.model_copy(update={"eval_split": "test"}), lambda s: [])[0] is None

@@ -20,12 +20,12 @@ def training_count(settings, training_examples: Callable[[object], list[dict]]) 
     files only: they are read whole by the data check anyway, and the loader (data/tasks.py's
     `held_out_split`) leaves out the rows the run scores: a file's first eval_examples rows, and with
     eval_split=validation the eval_examples rows after them too. A named task's training split holds
-    thousands of problems (its test split is separate, and the validation problems are loaded on top
-    of max_examples), so there the count is `max_examples`, or None where it is unset (the whole
-    split: plenty); only where validation problems would leave fewer than that in a split of known
-    size (data/tasks.py's `training_split_size`) is the count what is left. The message says what
-    was held out."""
-    from gpuscale.data.tasks import parse_dataset, training_split_size
+    thousands of problems (its test split is separate, and gsm8k's validation problems are loaded on
+    top of max_examples; tiny-math's are a split of their own), so there the count is `max_examples`,
+    or None where it is unset (the whole split: plenty); only where gsm8k's validation problems would
+    leave fewer than that in its split of known size (data/tasks.py's `training_split_size`) is the
+    count what is left. The message says what was held out."""
+    from gpuscale.data.tasks import GENERATED_TASKS, parse_dataset, training_split_size
 
     held_out = getattr(settings, "eval_examples", 0)
     validation = held_out and getattr(settings, "eval_split", "test") == "validation"
@@ -39,7 +39,9 @@ def training_count(settings, training_examples: Callable[[object], list[dict]]) 
         elif held_out:
             source += f", after eval_examples={held_out} held out"
         return count, source
-    size = training_split_size(settings.dataset) if validation else None
+    # A generated task's validation split is its own (data/tiny_math.py): it leaves the training split whole.
+    takes_from_training = validation and parse_dataset(settings.dataset).task not in GENERATED_TASKS
+    size = training_split_size(settings.dataset) if takes_from_training else None
     if size is not None and (settings.max_examples is None or settings.max_examples > size - held_out):
         return max(0, size - held_out), (f"the {size} training problems of {settings.dataset}, after "
                                          f"eval_examples={held_out} held out for validation")
