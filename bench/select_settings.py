@@ -1,13 +1,13 @@
 """Choose learning settings on the validation split, never on the test problems.
 
-Every candidate (a set of settings) runs once per seed through `gpuscale run --set eval_split=validation`:
-the run scores eval_examples validation problems, never trained on (tiny-math's validation split: the
-same for every seed, none a pretraining problem of the embedded model; other data: the first problems
-of the training data, held out of training) (recipes/shared/training.py's split; the summary's `eval_split` says so, and a run whose summary does not
-is counted as failed). Runs share the machine (`--jobs` at a time); with `--one-gpu-each` each run
-gets one GPU (`--gpus K,`), round-robin over the GPUs. Runs save no model unless `--set
-save_model=true`: the chosen settings are then run again with eval_split=test, once, for the figures
-to report.
+Every candidate (a set of settings) runs once per seed through `gpuscale run --set eval_split=validation`: the
+run scores eval_examples validation problems, never trained on (tiny-math's validation split: the same for
+every seed, none a pretraining problem of the embedded model; other data: the first problems of the training
+data, held out of training) (recipes/shared/training.py's split; the summary's `eval_split` says so, and a run
+whose summary does not is counted as failed). Runs share the machine (`--jobs` at a time); with `--one-gpu-
+each` each run gets one GPU (`--gpus K,`), round-robin over the GPUs. Runs save no model unless `--set
+save_model=true`: the chosen settings are then run again with eval_split=test, once, for the figures to
+report.
 
 The table: per candidate, the seeds that succeeded, and over them the mean ± sd (sample standard
 deviation, in points) of validation accuracy greedy and at temperature 1 after training
