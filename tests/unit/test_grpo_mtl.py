@@ -206,3 +206,32 @@ def test_the_policy_mismatch_is_the_loss_s_log_probs_against_the_engine_s_and_is
     assert line["sampling_sampling_logp_difference_max"] == pytest.approx(0.3, abs=1e-4)
     assert line["sampling_sampler_kl"] == pytest.approx(math.expm1(-0.3) + 0.3, abs=1e-4)  # k3 at r = -0.3
     assert {MEAN, MAX, KL} <= set(trainer.state.log_history[-1])
+
+
+def test_under_half_precision_autocast_the_engine_decodes_a_copy_refreshed_after_each_optimizer_step():
+    """TRL's bf16 trainer keeps fp32 masters; the rollout decodes a bf16 copy of them (as TRL's own
+    generation does under autocast), copied again once the optimizer has stepped, never in between."""
+    from types import SimpleNamespace
+
+    from gpuscale.engines.rollout import EngineRollout
+
+    model, tokenizer = load_model("tiny-math")
+    state = SimpleNamespace(global_step=0)
+    trainer = SimpleNamespace(model=model, state=state, args=SimpleNamespace(bf16=True, fp16=False),
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m, process_index=0))
+    rollout = EngineRollout(tokenizer, max_new_tokens=4, temperature=1.0)
+    prompt = [{"role": "user", "content": "What is 2 + 3?"}]
+    out = rollout([prompt, prompt], trainer)
+    assert len(out["completion_ids"]) == 2 and all(len(row) > 0 for row in out["logprobs"])
+    decoded = rollout.engine.model
+    assert decoded is not model and {p.dtype for p in decoded.parameters()} == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in model.parameters())  # the masters as they were
+    first = next(model.parameters())
+    with torch.no_grad():
+        first.add_(0.5)  # what an optimizer step does
+    rollout([prompt], trainer)  # the same optimizer step: nothing copied
+    assert not torch.equal(next(decoded.parameters()), first.to(torch.bfloat16))
+    state.global_step = 1
+    rollout([prompt], trainer)
+    assert all(torch.equal(copied, master.to(torch.bfloat16))
+               for copied, master in zip(decoded.parameters(), model.parameters(), strict=True))
