@@ -19,7 +19,6 @@ follows their updates by itself.
 
 from __future__ import annotations
 
-import copy
 import time
 from itertools import groupby
 
@@ -86,8 +85,10 @@ class EngineRollout:
             model = trainer.accelerator.unwrap_model(trainer.model)
             decode_dtype = autocast_dtype(trainer.args)
             if decode_dtype is not None and next(model.parameters()).dtype == torch.float32:
-                self.masters, model = model, half_precision_copy(model, decode_dtype)
-                self._copied_at_step = int(trainer.state.global_step)
+                half = half_precision_copy(model, decode_dtype)
+                if half is not None:
+                    self.masters, model = model, half
+                    self._copied_at_step = int(trainer.state.global_step)
             eos = eos_token_ids(model, self.tokenizer)
             self.engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(self.tokenizer, eos),
                                            compile=None if self.compile else False,  # None: on where it can be (CUDA)
@@ -134,18 +135,35 @@ def autocast_dtype(args):
 
 
 def half_precision_copy(model, dtype):
-    """A copy of `model` (its modules, hooks and adapters alike) whose parameters are `dtype` and need no
-    gradient; buffers (rotary frequencies) stay as they are. Each parameter is cast straight into the
-    copy, so the fp32 weights are never held twice."""
+    """A plain copy of a transformers model in `dtype`, built from its config (no hooks, no patches: what
+    the trainer hung on its model stays there), with the model's parameters cast into it and its buffers
+    (rotary frequencies, in fp32) copied as they are; or None for a model that is not plain
+    transformers (a PEFT model), which is then decoded as it is."""
     import torch
+    from transformers import PreTrainedModel
 
-    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in model.parameters()}
-    return copy.deepcopy(model, memo)
+    if not isinstance(model, PreTrainedModel):
+        return None
+    with torch.device("meta"):
+        half = type(model)(model.config)
+    for parameter in half.parameters():
+        parameter.data = parameter.data.to(dtype)
+    half.to_empty(device=next(model.parameters()).device)
+    half.tie_weights()
+    half.requires_grad_(False)
+    copy_weights(model, half)
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, copied in half.named_buffers():
+            copied.copy_(buffers[name])
+    return half.train(model.training)
 
 
 def copy_weights(source, target) -> None:
-    """`source`'s parameters into `target`'s, cast to their dtype, in place (same structure)."""
+    """`source`'s parameters into `target`'s of the same names, cast to their dtype, in place."""
     import torch
 
+    masters = dict(source.named_parameters())
     with torch.no_grad():
-        torch._foreach_copy_(list(target.parameters()), list(source.parameters()))
+        for name, copied in target.named_parameters():
+            copied.copy_(masters[name])
