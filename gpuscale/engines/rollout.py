@@ -85,7 +85,8 @@ class EngineRollout:
             model = trainer.accelerator.unwrap_model(trainer.model)
             decode_dtype = autocast_dtype(trainer.args)
             if decode_dtype is not None and next(model.parameters()).dtype == torch.float32:
-                half = half_precision_copy(model, decode_dtype)
+                half, why = decoding_copy(model, decode_dtype)
+                print(f"speed: the engine decodes {why}", flush=True)
                 if half is not None:
                     self.masters, model = model, half
                     self._copied_at_step = int(trainer.state.global_step)
@@ -132,6 +133,18 @@ def autocast_dtype(args):
     import torch
 
     return torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) else None
+
+
+def decoding_copy(model, dtype):
+    """(the half-precision copy to decode, or None, and what the engine decodes, for the rank log). The
+    copy is a speed-up only: a model it cannot be made of is decoded as it is, never a failed run."""
+    try:
+        half = half_precision_copy(model, dtype)
+    except Exception as error:  # noqa: BLE001 (any failure of the copy leaves the run as it was)
+        return None, f"the fp32 master weights: no {dtype} copy ({type(error).__name__}: {error})"
+    if half is None:
+        return None, f"the model as it is: {type(model).__name__} is not a plain transformers model"
+    return half, f"a {dtype} copy of the fp32 master weights, copied after each optimizer step"
 
 
 def half_precision_copy(model, dtype):
