@@ -570,12 +570,17 @@ def signed(value: float | None) -> str:
 
 
 def gpu_tests() -> dict:
+    """The GPU-marked tests: exit code, last line, and each failure's `FAILED test - reason` line (an
+    acceptance that only said "1 failed" left the next session guessing which)."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider"],
-                          capture_output=True, text=True, cwd=ROOT)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-    print(f"\nGPU-marked tests: exit {done.returncode}: {tail[0]}", flush=True)
-    return {"exit_code": done.returncode, "last_line": tail[0], "seconds": time.perf_counter() - started}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-m", "gpu", "tests/gpu", "-p",
+                           "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    tail = lines[-1:] or [""]
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    print(f"\nGPU-marked tests: exit {done.returncode}: {tail[0]}", *failures, sep="\n  ", flush=True)
+    return {"exit_code": done.returncode, "last_line": tail[0], "failures": failures,
+            "seconds": time.perf_counter() - started}
 
 
 BASELINE = """No speed baseline: an acceptance run, not a comparison with other code. Each training recipe runs at its

@@ -358,6 +358,9 @@ def grpo_comparison(args, tokenizer, log) -> dict:
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    # One GPU: with several visible, stock Trainer wraps the model in DataParallel and GRPOTrainer refuses
+    # to start (2 x H200, 2026-11-27); gpuscale's runs here ask for one GPU anyway.
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
     import torch
 
     from gpuscale.data.cards import model_flops_shape, training_flops_per_token
