@@ -9,11 +9,10 @@ placeholders by first appearance keeps who is who (the comparison's order of peo
 list's pattern of target and other words), so only a renaming makes a near-duplicate.
 
 A held-out problem is `structurally_new` when its key is no key of the embedded model's pretraining
-problems (`pretraining_keys`). Keys cost about 8 us a question (200,000 in 1.5 s on one shared core),
-the 51,200 pretraining problems generated and keyed about 1.5 s; data/tiny_math.py marks its test and
-validation problems once and keeps the marks and the new keys in the user's cache (read in about 30 ms
-by the next process). It also keeps every problem sharing a new problem's key out of its training
-split, so no run trains on a near-duplicate of one either, whatever its seed.
+problems (`pretraining_keys`). data/tiny_math.py marks its test and validation problems once and keeps
+the marks and the new keys in the user's cache, so the next process reads them instead of generating and
+keying the pretraining problems again. It also keeps every problem sharing a new problem's key out of
+its training split, so no run trains on a near-duplicate of one either, whatever its seed.
 """
 
 from __future__ import annotations
