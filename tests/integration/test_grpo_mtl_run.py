@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +135,19 @@ def test_too_few_prompts_left_under_max_prompt_length_fail_at_once_in_one_line(h
     assert int(found.group(1)) + int(found.group(2)) == 16 and int(found.group(2)) < 8
     assert not Store(home).metrics(run["id"], "reward")  # no step was taken
     assert not leftover_processes(run["run_dir"])
+
+
+def test_under_bf16_the_engine_samples_from_a_bf16_copy_within_the_mismatch_bound(home):
+    """Precision bf16 (a GPU run's default; autocast over fp32 masters, on a CPU rank here): the engine
+    decodes a bf16 copy of the policy, the rank log says so, and the trainer's log-probs of the sampled
+    tokens differ from the sampler's, a little: above zero, below the warning's bound."""
+    from gpuscale.app.views.collapse import MISMATCH_BOUND
+
+    run = run_json("run", "--recipe", "grpo-mtl", "--gpus", "1", "--precision", "bf16", "--set", "rollout.n=4",
+                   "--set", "data.train_batch_size=4", "--set", "max_response_length=16", "--set", "max_steps=2",
+                   "--set", "eval_examples=0", "--set", "max_examples=8")
+    assert run["status"] == "succeeded", run["error"]
+    assert run["summary"]["dtype"] == "bfloat16"
+    log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()
+    assert "speed: the engine decodes a torch.bfloat16 copy of the fp32 master weights" in log
+    assert 0 < run["summary"]["sampling_sampling_logp_difference_mean_last"] < MISMATCH_BOUND
