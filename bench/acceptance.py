@@ -16,7 +16,8 @@ say how runs share the machine, not how a recipe learns, are set for every run: 
 instead of half of it: at the same moment they all see the same free memory).
 
 The table: status, wall time, peak memory per GPU, the energy its GPUs used (kJ, from NVML's energy
-counter: the summary's energy_j) and per correct held-out answer (J), held-out accuracy greedy and at
+counter: the summary's energy_j; marked † where other runs shared the GPU meanwhile, their work
+counted too) and per correct held-out answer (J; none where shared), held-out accuracy greedy and at
 temperature 1 before and after (the controls: their accuracy), whether every logged figure and the
 summary are finite, and the saved model scored with plain transformers on SAVED_MODEL_PROBLEMS test
 problems, agreeing or not with the run's own greedy figure (`saved_model_check`). Means and spreads
@@ -263,6 +264,8 @@ def row_of(result: dict) -> dict:
         # NVML's energy counter over the run (runs/telemetry.py's EnergyMeter); None, and why, without one.
         "energy_j": summary.get("energy_j"), "energy_j_per_correct_answer": summary.get("energy_j_per_correct_answer"),
         "energy_unavailable": summary.get("energy_unavailable"),
+        # Other runs on its GPU meanwhile (runs/telemetry.py's shared_gpu_figures): their work counts too.
+        "energy_shared": summary.get("energy_shared"),
         **{name: summary.get(name) for name in ACCURACIES},
         "domains": domain_figures(summary),
         "accuracy": summary.get("accuracy"),
@@ -476,7 +479,9 @@ def print_table(rows: list[dict], stats: dict) -> None:
     for row in rows:
         peak = " ".join(f"{v:,.0f}" for v in (row["peak_mem_mb"] or {}).values()) or "—"
         # `—*`: not measured, the reason below the row; `—` alone: a row written before the energy figures.
-        energy = number(row.get("energy_j"), 1000.0) + ("*" if row.get("energy_unavailable") else "")
+        # `†`: the GPU was shared with other runs, whose work the figure counts too (no J/correct).
+        energy = number(row.get("energy_j"), 1000.0) + ("*" if row.get("energy_unavailable") else "") \
+            + ("†" if row.get("energy_shared") else "")
         print(f"{row['label']:<31}{row['seed']:>5} {str(row['status']):<10}{row['wall_s']:>7.0f}  {peak:<18}"
               f"{energy:>10}{number(row.get('energy_j_per_correct_answer')):>10}"
               f"{pct(row['accuracy_greedy_before']):>13} → {pct(row['accuracy_greedy_after'])}"
@@ -487,6 +492,8 @@ def print_table(rows: list[dict], stats: dict) -> None:
             print(f"    {row['error']}")
         if row.get("energy_unavailable"):
             print(f"    * energy not measured: {row['energy_unavailable']}")
+        if row.get("energy_shared"):
+            print(f"    † energy shared: {row['energy_shared']}")
     print("\nmean ± sd over seeds (points):")
     for label, figures in stats.items():
         shown = ", ".join(f"{name} {100 * f['mean']:+.1f} ± {100 * f['sd']:.1f}" if name.startswith("gain")

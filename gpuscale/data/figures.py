@@ -128,6 +128,10 @@ FIGURES: dict[str, Figure] = _figures(
     Figure("energy_j_per_1k_tokens", "energy per 1,000 tokens", unit="J", direction=LOWER),
     Figure("energy_j_per_correct_answer", "energy per correct held-out answer", unit="J", direction=LOWER),
     _text("energy_unavailable", "energy not measured"),
+    # Other runs that used the run's GPUs while it lived (runs/telemetry.py's shared_gpu_figures):
+    # energy_j counts their work too, and the figures per token and per answer are left out.
+    _text("energy_shared_with", "runs sharing the GPU"),
+    _text("energy_shared", "energy counts other runs' work"),
     # The run's shape and what it worked on: facts, neither better nor worse.
     _count("world_size", "ranks"),
     _count("steps", "steps"),

@@ -422,6 +422,23 @@ class Store:
         rows = self.db["runs"].rows_where("status IN ('queued', 'running')", order_by="id")
         return [_decode_run(r) for r in rows]
 
+    def runs_sharing_gpus(self, run_id: int, host: str | None, gpu_indices: list[int], start: float,
+                          end: float) -> dict[int, list[int]]:
+        """The other runs on `host` that used any of `gpu_indices` at some time between `start` and
+        `end` (a live run has no end yet), by id, each with those of `gpu_indices` it used: NVML's
+        energy counter of a GPU counts every process on it. A run's GPUs are its folder's plan.json
+        (the history keeps none); a run whose plan cannot be read is not counted."""
+        if not gpu_indices:
+            return {}
+        rows = self.db.execute(
+            "SELECT id, run_dir FROM runs WHERE id != ? AND host IS ? AND started_at < ? "
+            "AND (ended_at IS NULL OR ended_at > ?) ORDER BY id", [run_id, host, end, start])
+        sharing = {}
+        for other, run_dir in rows:
+            if shared := [gpu for gpu in _planned_gpus(run_dir) if gpu in gpu_indices]:
+                sharing[other] = shared
+        return sharing
+
     def delete_run(self, run_id: int) -> None:
         with self.transaction():
             self.db.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
@@ -603,6 +620,14 @@ def merge_rank_results(run_dir: str | Path) -> Path | None:
         rows.sort(key=lambda row: (row["index"], row.get("chain") or 0))
     write_atomically(merged, "".join(json.dumps(row) + "\n" for row in rows))
     return merged
+
+
+def _planned_gpus(run_dir: str | None) -> list[int]:
+    """The GPUs of a run's device plan (RunDir.plan); none where it cannot be read."""
+    try:
+        return list(json.loads(RunDir(run_dir).plan.read_text())["gpu_indices"])
+    except (OSError, TypeError, ValueError, KeyError):
+        return []
 
 
 def _decode_tuning(row: dict) -> dict:

@@ -256,9 +256,20 @@ class Supervisor:
         if self.energy is None:
             return {}
         try:
-            return self.energy.figures(summary, logged_tokens=progress.get("tokens") or 0.0)
+            figures = self.energy.figures(summary, logged_tokens=progress.get("tokens") or 0.0)
         except Exception as exc:
             return {"energy_unavailable": f"the energy counter could not be read ({exc})"}
+        if "energy_j" not in figures:
+            return figures
+        return telemetry.shared_gpu_figures(figures, self._runs_sharing_gpus())
+
+    def _runs_sharing_gpus(self) -> dict[int, list[int]] | None:
+        """The other runs that used this run's GPUs while it lived, live ones too; None where the
+        history cannot be read."""
+        found = []
+        self.write_history(lambda: found.append(self.store.runs_sharing_gpus(
+            self.run_id, self.run["host"], self.plan["gpu_indices"], self.started_at, time.time())))
+        return found[0] if found else None
 
     def finish(self, exit_code: int, cpu_percent: float, leftovers: int) -> None:
         if leftovers:

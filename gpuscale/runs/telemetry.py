@@ -201,7 +201,8 @@ class EnergyMeter:
     (nvmlDeviceGetTotalEnergyConsumption: millijoules since the driver was loaded; Volta and newer),
     read once when the run starts and once when it ends. Exact whatever the sampling interval, where
     summing sampled power would miss what happens between ticks. The counter is the whole card's: a
-    process of someone else on the same GPU counts too. `unavailable` says why there is no figure: a
+    process of someone else on the same GPU counts too (another run of the history is named:
+    `shared_gpu_figures`). `unavailable` says why there is no figure: a
     CPU run, NVML not there, a GPU without the counter (NVMLError_NotSupported)."""
 
     indices: list[int]
@@ -270,6 +271,36 @@ def energy_figures(joules_by_gpu: dict[int, float], summary: dict, logged_tokens
     if correct:
         figures["energy_j_per_correct_answer"] = round(total / correct, 4)
     return figures
+
+
+# The figures that divide the GPUs' energy by this run's own work: wrong where other runs' work counts too.
+PER_WORK_ENERGY = ("energy_j_per_1k_tokens", "energy_j_per_correct_answer")
+LEFT_OUT = "no energy per 1,000 tokens or per correct answer"
+
+
+def shared_gpu_figures(figures: dict, sharing: dict[int, list[int]] | None) -> dict:
+    """A run's energy figures once the runs that shared its GPUs while it lived are known (`sharing`:
+    their ids, each with the GPUs shared; None: the history could not say). NVML's counter is the
+    whole card's, so `energy_j` stays (what the GPUs used while the run lived) and says so:
+    `energy_shared_with` and `energy_shared` (why); the figures per unit of this run's work are left
+    out rather than charged with the others' work (bench/acceptance.py --gpus 1: 17 runs on one card)."""
+    if sharing == {}:
+        return figures
+    kept = {name: value for name, value in figures.items() if name not in PER_WORK_ENERGY}
+    if sharing is None:
+        return {**kept, "energy_shared": "whether other runs shared the GPU is unknown (the history could not be "
+                                         f"read), and NVML counts the whole GPU: {LEFT_OUT}"}
+    runs_by_gpu: dict[int, list[int]] = {}
+    for run_id, gpus in sorted(sharing.items()):
+        for gpu in gpus:
+            runs_by_gpu.setdefault(gpu, []).append(run_id)
+    where = "; ".join(f"GPU {gpu} shared with {_runs_text(ids)}" for gpu, ids in sorted(runs_by_gpu.items()))
+    return {**kept, "energy_shared_with": sorted(sharing),
+            "energy_shared": f"{where}: NVML counts the whole GPU, their work included: {LEFT_OUT}"}
+
+
+def _runs_text(ids: list[int]) -> str:
+    return f"run {ids[0]}" if len(ids) == 1 else f"runs {', '.join(map(str, ids))}"
 
 
 def _positive(value) -> bool:

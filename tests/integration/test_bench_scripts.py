@@ -381,7 +381,10 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
     rest = [acceptance_row("rft", seed, (0.50, 0.58), (0.30, 0.39), energy_j=123_456.0 + seed,
                            energy_j_per_correct_answer=987.6, saved_model=plain) for seed in range(2)]
     rest.append(acceptance_row("rft", 2, (0.50, 0.58), (0.30, 0.39), energy_unavailable="no NVML GPU (CPU run)"))
-    rest += [acceptance_row("eggroll", seed, (0.50, 0.60), (0.30, 0.50), nan_free=seed != 1) for seed in range(3)]
+    rest += [acceptance_row("eggroll", seed, (0.50, 0.60), (0.30, 0.50), nan_free=seed != 1) for seed in range(2)]
+    # A run that shared its GPU with others (runs/telemetry.py's shared_gpu_figures): no J per correct answer.
+    rest.append(acceptance_row("eggroll", 2, (0.50, 0.60), (0.30, 0.50), energy_j=20_300.0,
+                               energy_shared="GPU 0 shared with runs 12, 13: NVML counts the whole GPU"))
     rest += [acceptance_row(label, seed, (None, None), (None, None), accuracy=accuracy) for seed in range(3)
              for label, accuracy in (("power-sampling", 0.6), ("power-sampling greedy", 0.58),
                                      ("power-sampling low-temperature", 0.55), ("power-sampling temperature-1", 0.4))]
@@ -420,7 +423,9 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
     assert [line.split()[5:7] for line in table if line.startswith("rft ")] == [
         ["123.5", "987.6"], ["123.5", "987.6"], ["—*", "—"]]
     assert "    * energy not measured: no NVML GPU (CPU run)" in table
-    assert [line.split()[5:7] for line in table if line.startswith("eggroll ")][0] == ["—", "—"]
+    assert [line.split()[5:7] for line in table if line.startswith("eggroll ")] == [
+        ["—", "—"], ["—", "—"], ["20.3†", "—"]]
+    assert "    † energy shared: GPU 0 shared with runs 12, 13: NVML counts the whole GPU" in table
     # The saved model scored with plain transformers, and whether it agrees with the run's figure.
     assert [line.endswith("57.0% on 100: agrees (±15.2)") for line in table if line.startswith("rft ")] == [
         True, True, False]

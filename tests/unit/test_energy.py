@@ -129,3 +129,130 @@ def test_a_gpu_without_the_counter_and_a_cpu_run_say_why_there_is_no_energy(monk
     assert telemetry.EnergyMeter.start([0]).figures({}) == {
         "energy_unavailable": "GPU 0 gives no energy counter (NVML: Not Supported)"}
     assert telemetry.EnergyMeter.start([]).figures({}) == {"energy_unavailable": "no NVML GPU (CPU run)"}
+
+
+# ---- a GPU shared with other runs: NVML's counter is the whole card's ------------------------------
+
+# A rank that starts, then waits until the other ranks of its group have started (a file each in
+# `together`), so that the runs of the group surely overlap; then it logs as RANK does.
+RANK_TOGETHER = textwrap.dedent("""
+    import pathlib, sys, time
+    together, name, group = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    (together / name).touch()
+    deadline = time.monotonic() + 30
+    while len(list(together.iterdir())) < group and time.monotonic() < deadline:
+        time.sleep(0.02)
+""") + RANK
+
+
+def supervised_runs(home, gpus_of_runs: list[list[int]]) -> list[int]:
+    """One run per entry, on those GPUs, all supervised at once (a supervisor a thread, as many
+    supervisors on one node are), their ranks alive together; their ids once all have ended."""
+    import threading
+
+    store = Store(home)
+    together = home / f"together-{len(store.list_runs())}"
+    together.mkdir(parents=True)
+    ids = []
+    for name, gpus in enumerate(gpus_of_runs):
+        command = [sys.executable, "-c", RANK_TOGETHER, str(together), str(name), str(len(gpus_of_runs))]
+        run_id = store.create_run("probe", {"telemetry_interval": 0.05}, command, "host")
+        (home / "runs" / str(run_id) / "logs").mkdir(parents=True)
+        (home / "runs" / str(run_id) / "plan.json").write_text(json.dumps({"gpu_indices": gpus, "nproc": 1}))
+        ids.append(run_id)
+    # A store a thread: a SQLite connection stays in the thread that opened it.
+    threads = [threading.Thread(target=lambda run_id=run_id: Supervisor(Store(home), run_id).supervise())
+               for run_id in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return ids
+
+
+def test_runs_that_shared_a_gpu_say_so_and_have_no_energy_per_token(two_fake_gpus, home, capsys):
+    """Three runs at once, two on GPU 0 and one on GPU 1, then one more on GPU 0 after them: the two
+    on GPU 0 together name each other and keep energy_j, marked, without the figures per token and per
+    answer (the other's work counts in both); the run on GPU 1 and the one after are not marked."""
+    first, second, alone_on_gpu1 = supervised_runs(home, [[0], [0], [1]])
+    (after,) = supervised_runs(home, [[0]])
+    store = Store(home)
+    runs = {run_id: store.get_run(run_id) for run_id in (first, second, alone_on_gpu1, after)}
+    assert all(run["status"] == "succeeded" for run in runs.values())
+    for run_id, other in ((first, second), (second, first)):
+        summary = runs[run_id]["summary"]
+        assert summary["energy_shared_with"] == [other]
+        assert summary["energy_shared"] == (f"GPU 0 shared with run {other}: NVML counts the whole GPU, their work "
+                                            "included: no energy per 1,000 tokens or per correct answer")
+        assert summary["energy_j"] > 0 and "energy_unavailable" not in summary
+        assert "energy_j_per_1k_tokens" not in summary and "energy_j_per_correct_answer" not in summary
+    for run_id in (alone_on_gpu1, after):
+        summary = runs[run_id]["summary"]
+        assert "energy_shared" not in summary and "energy_shared_with" not in summary
+        assert summary["energy_j_per_1k_tokens"] > 0 and summary["energy_j_per_correct_answer"] > 0
+
+    capsys.readouterr()
+    assert cli.main(["show", str(first)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert f"  energy_shared_with: {second}" in shown
+    assert f"  energy_shared: GPU 0 shared with run {second}: NVML counts the whole GPU, their work included: " \
+           "no energy per 1,000 tokens or per correct answer" in shown
+    assert cli.main(["runs"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "J (GPU shared)" in rows[str(first)] and "J (GPU shared)" in rows[str(second)]
+    assert "GPU shared" not in rows[str(alone_on_gpu1)] and "GPU shared" not in rows[str(after)]
+    assert "J (GPU shared)" in history_row(runs[first], now=0.0, marked=False)[4]  # the TUI's history
+    assert cli.main(["export", str(first), "--what", "summary", "--format", "csv"]) == 0
+    assert f"energy_shared_with,[{second}]" in capsys.readouterr().out.splitlines()
+    # compare: the shared run's energy is neither better nor worse than another's, and says why (a run
+    # not shared that used 1,000 J more: otherwise `worse`).
+    unshared = store.create_run("probe", {"telemetry_interval": 0.05}, [], "host")
+    energy = runs[first]["summary"]["energy_j"]
+    store.finish_run(unshared, "succeeded", summary={**runs[after]["summary"], "energy_j": energy + 1000.0})
+    assert cli.main(["compare", str(first), str(unshared)]) == 0
+    compared = capsys.readouterr().out.splitlines()
+    (energy_line,) = [line for line in compared if line.startswith("  energy_j: ")]
+    assert energy_line.endswith(f"+1,000 (+{100_000 / energy:.1f}%)")
+    assert f"  run {first}'s energy counts other runs' work: {runs[first]['summary']['energy_shared']}" in compared
+
+
+def test_the_history_finds_the_runs_on_the_same_gpus_of_the_same_host_while_a_run_lived(home):
+    store = Store(home)
+
+    def run(gpus, started, ended, host="node1"):
+        run_id = store.create_run("probe", {}, [], host)
+        (home / "runs" / str(run_id)).mkdir(parents=True)
+        (home / "runs" / str(run_id) / "plan.json").write_text(json.dumps({"gpu_indices": gpus, "nproc": 1}))
+        store.update_run(run_id, status="running", started_at=started)
+        if ended is not None:
+            store.finish_run(run_id, "succeeded", ended_at=ended)
+        return run_id
+
+    me = run([0, 1], 100.0, 200.0)
+    on_gpu1 = run([1, 2], 150.0, 250.0)  # overlaps on GPU 1
+    still_live = run([0], 190.0, None)  # started before the end, not ended yet
+    before, later = run([0], 10.0, 99.0), run([0], 201.0, 300.0)  # one before, one after
+    run([3], 120.0, 180.0), run([0], 120.0, 180.0, host="node2")  # another GPU; another node's GPU 0
+    unknown = run([0], 120.0, 180.0)
+    (home / "runs" / str(unknown) / "plan.json").unlink()  # a folder emptied by hand: its GPUs unknown
+    assert store.runs_sharing_gpus(me, "node1", [0, 1], 100.0, 200.0) == {on_gpu1: [1], still_live: [0]}
+    assert store.runs_sharing_gpus(before, "node1", [0], 10.0, 99.0) == {}
+    assert store.runs_sharing_gpus(later, "node1", [0], 201.0, 300.0) == {still_live: [0]}
+    assert store.runs_sharing_gpus(me, "node1", [], 100.0, 200.0) == {}  # a CPU run shares no GPU
+
+
+def test_a_run_on_two_gpus_says_which_runs_shared_which_gpu_and_when_the_history_could_not_say():
+    figures = telemetry.energy_figures({0: 900.0, 1: 100.0}, {"train_tokens": 300, "accuracy_greedy_after": 0.5,
+                                                                "eval_examples": 10})
+    assert telemetry.shared_gpu_figures(figures, {}) == figures  # no other run: every figure stays
+    shared = telemetry.shared_gpu_figures(figures, {14: [1], 12: [0, 1]})
+    assert shared == {"energy_j": 1000.0, "energy_j_by_gpu": {"gpu0": 900.0, "gpu1": 100.0},
+                      "energy_shared_with": [12, 14],
+                      "energy_shared": "GPU 0 shared with run 12; GPU 1 shared with runs 12, 14: NVML counts the "
+                                       "whole GPU, their work included: no energy per 1,000 tokens or per correct "
+                                       "answer"}
+    unknown = telemetry.shared_gpu_figures(figures, None)
+    assert "energy_j_per_1k_tokens" not in unknown and "energy_shared_with" not in unknown
+    assert unknown["energy_shared"] == ("whether other runs shared the GPU is unknown (the history could not be "
+                                        "read), and NVML counts the whole GPU: no energy per 1,000 tokens or per "
+                                        "correct answer")

@@ -174,6 +174,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for key, f in result["figures"].items():
         change = delta_text(f["delta"], f["a"], f.get("better"))  # `better`/`worse` by the figure's direction
         print(f"  {key}: {figure_text(key, f['a'])} -> {figure_text(key, f['b'])}, {change}")
+    for run_id, why in result["energy_shared"].items():  # its energy counts other runs' work: no better/worse
+        print(f"  run {run_id}'s energy counts other runs' work: {why}")
     if result["same"]:
         print("same in both: " + ", ".join(f"{key} {figure_text(key, v)}" for key, v in result["same"].items()))
     for side in ("a", "b"):

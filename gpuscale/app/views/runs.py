@@ -226,12 +226,21 @@ def key_figures(summary: dict, limit: int = 2) -> list[str]:
 
 def key_figures_text(run: dict, limit: int = 2) -> str:
     """A table of runs' figures column: `key_figures` of the run's summary, then the energy its GPUs
-    used where it was measured (`energy 41,230 J`; runs/telemetry.py's EnergyMeter)."""
+    used where it was measured (`energy 41,230 J`; runs/telemetry.py's EnergyMeter), `(GPU shared)`
+    where other runs used them meanwhile (their work counts too)."""
     summary = run.get("summary") or {}
     shown = key_figures(summary, limit)
     if _is_number(summary.get("energy_j")):
-        shown.append(labelled_text("energy_j", summary["energy_j"]))
+        shown.append(labelled_text("energy_j", summary["energy_j"]) + shared_gpu_mark(summary))
     return ", ".join(shown)
+
+
+def shared_gpu_mark(summary: dict) -> str:
+    """` (GPU shared)` after an energy figure that counts other runs' work, ` (GPU shared?)` where the
+    history could not say; "" otherwise."""
+    if "energy_shared" not in summary:
+        return ""
+    return " (GPU shared)" if summary.get("energy_shared_with") else " (GPU shared?)"
 
 
 def run_id_text(run: dict) -> str:
@@ -281,6 +290,12 @@ def compare_runs(a: dict, b: dict) -> dict:
         else:
             figures[name] = {"a": va, "b": vb, "delta": vb - va, "better": better(name, va, vb)}
     summary_a, summary_b = a["summary"] or {}, b["summary"] or {}
+    # Energy that counts other runs' work (a GPU shared) is neither better nor worse than another.
+    energy_shared = {run["id"]: run["summary"]["energy_shared"] for run in (a, b)
+                     if (run["summary"] or {}).get("energy_shared")}
+    for name in figures:
+        if energy_shared and name.startswith("energy_j"):
+            figures[name]["better"] = None
     only = {name: {"a": summary_a.get(name), "b": summary_b.get(name)}
             for name in sorted((set(summary_a) ^ set(summary_b)) - set(keys))
             if _is_number(summary_a.get(name, summary_b.get(name)))}
@@ -291,6 +306,7 @@ def compare_runs(a: dict, b: dict) -> dict:
         "figures": figures,
         "same": same,
         "only": only,
+        "energy_shared": energy_shared,
     }
 
 
