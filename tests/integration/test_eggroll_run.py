@@ -12,7 +12,8 @@ pytestmark = pytest.mark.e2e  # every test here starts real runs
 
 SMALL = ["--set", "population=8", "--set", "prompts_per_step=4", "--set", "max_new_tokens=24",
          "--set", "steps=3", "--set", "eval_examples=8", "--set", "sigma=0.05", "--set", "lr=0.5",
-         "--set", "fitness=correctness", "--batch-size", "16"]  # the answers' rewards: equal in both methods
+         "--set", "fitness=correctness", "--batch-size", "16",  # the answers' rewards: equal in both methods
+         "--set", "max_examples=64"]  # not the whole 200,000-problem split: generating it costs a rank ~6 s
 
 
 def test_two_ranks_record_fitness_and_keep_identical_weights(home):

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.e2e  # every test here starts real runs
 TINY = ["--recipe", "eggroll", "--set", "population=8", "--set", "prompts_per_step=4", "--set", "max_new_tokens=16",
         "--set", "steps=4", "--set", "eval_examples=4", "--set", "eval_every=0", "--set", "sigma=0.05",
         "--set", "lr=0.05", "--set", "optimizer=adam", "--set", "checkpoint_every=2",
-        "--set", "keep_checkpoints=1", "--set", "save_model=false", "--batch-size", "16"]
+        "--set", "keep_checkpoints=1", "--set", "save_model=false", "--batch-size", "16",
+        "--set", "max_examples=64"]  # not the whole 200,000-problem split: generating it costs a rank ~6 s
 
 
 def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
