@@ -289,7 +289,7 @@ def test_eggroll_accepts_no_evaluation(home):
     figures are None (nothing measured), not a refusal."""
     run = run_json("run", "--recipe", "eggroll", "--gpus", "1", "--set", "eval_examples=0",
                    "--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=4",
-                   "--set", "steps=1", "--set", "batch_size=8", "--set", "save_model=false")
+                   "--set", "steps=1", "--set", "batch_size=8", "--set", "save_model=false", "--set", "max_examples=16")
     assert run["status"] == "succeeded", run["error"]
     summary = run["summary"]
     assert summary.get("accuracy_greedy_before") is None and summary.get("accuracy_sampled_after") is None

@@ -338,7 +338,7 @@ def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_p
     done = bench("select_settings.py", "--recipe", "eggroll", "--candidates", "lr=0.3;lr=0.1", "--seeds", "0",
                  "--jobs", "2", "--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=8",
                  "--set", "steps=1", "--set", "eval_examples=2", "--set", "eval_every=0", "--set", "batch_size=8",
-                 "--home", str(home), "--out", str(out))
+                 "--set", "max_examples=16", "--home", str(home), "--out", str(out))
     assert "chosen: " in done.stdout
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["settings"]["eval_split"] == "validation"

@@ -22,7 +22,8 @@ from gpuscale.runs.store import Store
 
 # Tiny settings per recipe; eggroll and rft leave --max-batch to its default (the run's work per rank).
 TINY = {
-    "eggroll": ["--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=6"],
+    "eggroll": ["--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=6",
+                "--set", "max_examples=16"],  # not the whole 200,000-problem split (~6 s a trial to generate)
     "rft": ["--set", "max_examples=4", "--set", "samples_per_question=2", "--set", "max_new_tokens=6",
             "--set", "eval_examples=2"],
     # batch_size stays the default 8 (as under --batch-size auto): 8 x 2 = 16 sequences per step.

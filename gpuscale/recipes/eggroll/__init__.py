@@ -125,7 +125,8 @@ class Eggroll(Recipe):
                         "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
                         "accuracy_sampled_after", "weights_identical_across_ranks", "model_dir")
     smoke_settings = {"population": 4, "prompts_per_step": 2, "max_new_tokens": 8, "steps": 2,
-                      "eval_examples": 4, "eval_every": 0, "batch_size": 8}
+                      "eval_examples": 4, "eval_every": 0, "batch_size": 8,
+                      "max_examples": 16}  # the whole training split takes a rank ~6 s to generate on CPU
 
     def check(self, settings: Settings) -> None:
         super().check(settings)
