@@ -261,9 +261,15 @@ def test_doctor_repair_rebuilds_the_history_from_the_run_folders(home):
     the new history every run back under its own id, with recipe, settings, label, summary, metrics
     and the status each one ended with: succeeded, failed, stopped (its figures kept), lost, and the
     live run running, its supervisor writing on to the new runs.db until it is stopped."""
-    good = run_json("run", *FAST, "--gpus", "1", "--label", "first")
-    failing = gpuscale("run", *FAST, "--gpus", "1", "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:2"})
-    assert good["status"] == "succeeded" and failing.returncode == 1
+    # The two short runs at once (each keeps one core busy), run 1 recorded before run 2 starts.
+    good_front = spawn_gpuscale("run", *FAST, "--gpus", "1", "--label", "first", "--json")
+    wait_until(lambda: (home / "runs.db").exists() and Store(home).list_runs(), 60, message="run 1 recorded")
+    failing_front = spawn_gpuscale("run", *FAST, "--gpus", "1", "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:2"})
+    good_out, good_err = good_front.communicate(timeout=240)
+    failing_front.communicate(timeout=240)
+    assert good_front.returncode == 0 and failing_front.returncode == 1, good_err
+    good = json.loads(good_out)
+    assert good["id"] == 1 and good["status"] == "succeeded"
     stopped, lost, live = (int(gpuscale("run", *LONG, "--gpus", "1", "--detach").stdout) for _ in range(3))
     for run_id in (stopped, lost, live):
         wait_for_metrics(home, run_id)
