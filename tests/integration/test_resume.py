@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import gpuscale, run_json
+from conftest import gpuscale, run_json, run_together
 from gpuscale.runs.checkpoints import list_checkpoints
 from gpuscale.runs.store import Store
 
@@ -27,12 +27,15 @@ TINY = ["--recipe", "eggroll", "--set", "population=8", "--set", "prompts_per_st
 
 
 def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
-    whole = run_json("run", *TINY, "--gpus", "2")
+    # The run left alone and the one that fails, at once: neither reads the other.
+    ended, broken = run_together([*TINY, "--gpus", "2"],
+                                 [*TINY, "--gpus", "2", "--label", "adam"],
+                                 envs=[{}, {"GPUSCALE_INJECT_FAULT": "0:error:3"}])
+    assert ended.returncode == 0, ended.stderr
+    whole = json.loads(ended.stdout)
     assert whole["status"] == "succeeded", whole["error"]
     assert [p.name for p in list_checkpoints(whole["run_dir"])] == ["checkpoint-4"]  # keep_checkpoints=1
 
-    broken = gpuscale("run", *TINY, "--gpus", "2", "--label", "adam", "--json",
-                      env={"GPUSCALE_INJECT_FAULT": "0:error:3"})
     assert broken.returncode == 1
     parent = json.loads(broken.stdout)
     assert parent["status"] == "failed"
@@ -129,10 +132,13 @@ TINY_GRPO = ["--recipe", "grpo-mtl", "--gpus", "2", "--set", "mtl=pcgrad", "--se
 
 
 def test_a_failed_grpo_mtl_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
-    whole = run_json("run", *TINY_GRPO)
+    # The run left alone and the one that fails, at once: neither reads the other.
+    ended, broken = run_together(TINY_GRPO, [*TINY_GRPO, "--label", "adam"],
+                                 envs=[{}, {"GPUSCALE_INJECT_FAULT": "0:error:3"}])
+    assert ended.returncode == 0, ended.stderr
+    whole = json.loads(ended.stdout)
     assert whole["status"] == "succeeded", whole["error"]
 
-    broken = gpuscale("run", *TINY_GRPO, "--label", "adam", "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:3"})
     assert broken.returncode == 1
     parent = json.loads(broken.stdout)
     assert parent["status"] == "failed"
