@@ -23,19 +23,26 @@ pytestmark = pytest.mark.e2e  # every test here starts real runs
 STEP_SCRIPT = Path(__file__).with_name("pcgrad_step.py")
 
 
-def run_step(ranks: int, out_dir: Path) -> list[dict]:
-    """Every rank's {"before", "after", "log"} of one step with `ranks` ranks."""
+def start_step(ranks: int, out_dir: Path) -> subprocess.Popen:
+    """One step with `ranks` ranks under torchrun, started (`step_outcome` waits for it)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    result = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone",
-         str(STEP_SCRIPT), str(out_dir)], env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+         str(STEP_SCRIPT), str(out_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def step_outcome(step: subprocess.Popen, ranks: int, out_dir: Path) -> list[dict]:
+    """Every rank's {"before", "after", "log"} of a step `start_step` started."""
+    out, err = step.communicate(timeout=180)
+    assert step.returncode == 0, out[-3000:] + err[-3000:]
     return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(ranks)]
 
 
 def test_two_ranks_take_the_same_pcgrad_step_as_one_process(tmp_path):
-    (single,) = run_step(1, tmp_path / "one")
-    ranks = run_step(2, tmp_path / "two")
+    # Both at once (three ranks on the cores): neither reads the other.
+    one, two = start_step(1, tmp_path / "one"), start_step(2, tmp_path / "two")
+    (single,) = step_outcome(one, 1, tmp_path / "one")
+    ranks = step_outcome(two, 2, tmp_path / "two")
 
     # The step moved the weights well beyond the tolerance, and PCGrad had a conflict to project.
     moved = max((single["after"][name] - single["before"][name]).abs().max().item() for name in single["after"])
