@@ -28,7 +28,7 @@ def test_a_run_without_evaluation_never_loads_the_test_split(tmp_path, monkeypat
 
     monkeypatch.setattr(tasks, "load_examples", train_split_only)
     settings = Settings(eval_examples=0, population=4, prompts_per_step=2, max_new_tokens=4, steps=1, batch_size=8,
-                        save_model=False, checkpoint_every=0)
+                        save_model=False, checkpoint_every=0, max_examples=16)  # not the whole 200,000-problem split
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     reporter = Reporter(tmp_path, 0)
     try:

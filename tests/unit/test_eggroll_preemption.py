@@ -21,7 +21,8 @@ from gpuscale.runs.checkpoints import list_checkpoints
 from gpuscale.runs.run_dir import RunDir
 
 TINY = {"eval_examples": 0, "population": 4, "prompts_per_step": 2, "max_new_tokens": 4, "steps": 3,
-        "batch_size": 8, "save_model": False, "checkpoint_every": 0, "optimizer": "adam", "lr": 0.05, "sigma": 0.05}
+        "batch_size": 8, "save_model": False, "checkpoint_every": 0, "optimizer": "adam", "lr": 0.05, "sigma": 0.05,
+        "max_examples": 16}  # not the whole 200,000-problem training split: ~4 s a run to generate
 
 
 def final_summary(run_dir: Path) -> dict:
