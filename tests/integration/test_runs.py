@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gpuscale, leftover_processes, run_json, spawn_gpuscale, wait_for_metrics, wait_until
+from conftest import gpuscale, leftover_processes, run_json, run_together, spawn_gpuscale, wait_for_metrics, wait_until
 from gpuscale.app.views.text import format_number
 from gpuscale.runs.store import Store
 
@@ -144,14 +144,25 @@ def test_killed_supervisor_means_lost_and_no_rank_left(home):
     assert listed[0]["status"] == "lost" and "supervisor" in listed[0]["error"]
 
 
+FAULTS = ("1:error:2", "0:oom:1")
+
+
+@pytest.fixture(scope="module")
+def failed_runs(module_home) -> dict:
+    """A 2-rank run for each of FAULTS, both at once: {fault: what `gpuscale run --json` gave}."""
+    ended = run_together(*([*FAST, "--gpus", "2"] for _ in FAULTS),
+                         envs=[{"GPUSCALE_INJECT_FAULT": fault} for fault in FAULTS])
+    return dict(zip(FAULTS, ended))
+
+
 @pytest.mark.parametrize("fault, error, hint", [
-    ("1:error:2", "rank 1: RuntimeError: injected fault on rank 1 at step 2", None),
-    ("0:oom:1", "rank 0: torch.OutOfMemoryError: CUDA out of memory", "lower batch_size (now 2; try 1)"),
+    (FAULTS[0], "rank 1: RuntimeError: injected fault on rank 1 at step 2", None),
+    (FAULTS[1], "rank 0: torch.OutOfMemoryError: CUDA out of memory", "lower batch_size (now 2; try 1)"),
 ])
-def test_failing_rank_gives_failed_with_its_error_line(home, fault, error, hint):
-    result = gpuscale("run", *FAST, "--gpus", "2", "--json", env={"GPUSCALE_INJECT_FAULT": fault})
+def test_failing_rank_gives_failed_with_its_error_line(failed_runs, fault, error, hint):
+    result = failed_runs[fault]
     assert result.returncode == 1
-    run = run_json("show", "1")
+    run = run_json("show", str(json.loads(result.stdout)["id"]))
     assert run["status"] == "failed" and run["error"].startswith(error)
     assert (hint is None and run["hint"] is None) or hint in run["hint"]
     assert not leftover_processes(run["run_dir"])
