@@ -235,3 +235,23 @@ def test_under_half_precision_autocast_the_engine_decodes_a_copy_refreshed_after
     rollout([prompt], trainer)
     assert all(torch.equal(copied, master.to(torch.bfloat16))
                for copied, master in zip(decoded.parameters(), model.parameters(), strict=True))
+
+
+def test_continuous_batching_on_cpu_caches_the_step_s_sequences_not_half_the_machine_s_memory(tmp_path):
+    """transformers sizes its paged cache by the device's free memory: on CPU, half of the RAM, allocated
+    at every generation call. A CPU rank's trainer asks for the pages a step's sequences can fill."""
+    from gpuscale.data.tasks import load_examples
+
+    model, tokenizer = load_model("tiny-math")
+    rows, _ = grpo_rows(load_examples("tiny-math", "train", 8), tokenizer, 256)
+    settings = Settings(generator="continuous", num_generations=2, prompts_per_step=4, batch_size=8, max_steps=1,
+                        max_completion_length=8)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    reporter = Reporter(tmp_path, 0)
+    try:
+        trainer, _callback = build_trainer(rows, settings, ctx, reporter, model, tokenizer)
+    finally:
+        reporter.close()
+    pages_per_sequence = -(-(settings.max_prompt_length + 8) // 256)
+    assert trainer.use_transformers_continuous_batching
+    assert trainer.continuous_batching_config.num_blocks == 4 * 2 * pages_per_sequence
