@@ -12,9 +12,9 @@ plain model otherwise; never the DDP wrapper, whose forward would prepare a back
 train/eval mode as it found it. Under bf16/fp16 autocast the trainer keeps fp32 master weights, and
 the engine decodes a half-precision copy of them instead (`half_precision_copy`), refreshed in place
 after each optimizer step: TRL's own generation runs under the same autocast, and decoding the fp32
-masters ran fp32 GEMMs without tensor cores and fp32 attention (7.8 ms a decode step at 128 rows of
-the 0.5B shape on an H200, bench/RESULTS.md). With fp32 training the engine decodes the masters and
-follows their updates by itself.
+masters ran fp32 GEMMs without tensor cores and fp32 attention (the rollout's profile in
+bench/RESULTS.md, grpo-mtl). With fp32 training the engine decodes the masters and follows their
+updates by itself.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def decoding_copy(model, dtype):
     copy is a speed-up only: a model it cannot be made of is decoded as it is, never a failed run."""
     try:
         half = half_precision_copy(model, dtype)
-    except Exception as error:  # noqa: BLE001 (any failure of the copy leaves the run as it was)
+    except Exception as error:  # any failure of the copy leaves the run as it was
         return None, f"the fp32 master weights: no {dtype} copy ({type(error).__name__}: {error})"
     if half is None:
         return None, f"the model as it is: {type(model).__name__} is not a plain transformers model"
