@@ -296,6 +296,19 @@ def reap_children() -> None:
     _children[:] = [child for child in _children if child.poll() is None]
 
 
+def wait_for_own_supervisor(run: dict, seconds: float) -> None:
+    """Sleep `seconds`, or only until the run's supervisor exits where this front end started it (the
+    run's end is recorded by then): `gpuscale run` returns as its run ends, not up to `seconds` later."""
+    child = next((c for c in _children if c.pid == run.get("supervisor_pid") and c.poll() is None), None)
+    if child is None:
+        time.sleep(seconds)
+        return
+    try:
+        child.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def stop_run(store: Store, run_id: int, timeout: float = 15.0) -> dict:
     """SIGTERM the run's supervisor, which stops the ranks; returns the run once it has ended."""
     run = store.get_run(run_id)

@@ -193,3 +193,17 @@ def test_sbatch_refuses_a_signal_margin_slurm_does_not_take():
                              capture_output=True, text=True)
     assert refused.returncode == 2
     assert refused.stderr == "gpuscale: error: signal-margin: 0: SLURM takes 1 to 65535 seconds\n"
+
+
+def test_the_front_end_waits_for_its_own_supervisor_s_exit_not_a_whole_poll(monkeypatch):
+    """`gpuscale run` polls its run every 0.5 s; where it started the supervisor, the wait ends as
+    that process exits (the run's end is recorded by then). Another front end's run: a plain sleep."""
+    supervisor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    monkeypatch.setattr(launch, "_children", [supervisor])
+    started = time.monotonic()
+    launch.wait_for_own_supervisor({"supervisor_pid": supervisor.pid}, 30)
+    assert supervisor.returncode == 0 and time.monotonic() - started < 10
+    started = time.monotonic()
+    launch.wait_for_own_supervisor({"supervisor_pid": supervisor.pid}, 0.2)  # ended: nothing to wait on
+    launch.wait_for_own_supervisor({"supervisor_pid": None}, 0.2)  # not started here
+    assert time.monotonic() - started >= 0.4

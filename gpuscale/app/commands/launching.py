@@ -177,7 +177,7 @@ def follow_run(store: Store, run_id: int, as_json: bool = False, preempted_ok: b
         elif now - last_print >= 10:
             print(progress_line(run, time.time(), warnings), file=sys.stderr, flush=True)
             last_print = now
-        time.sleep(0.5)
+        launch.wait_for_own_supervisor(run, 0.5)
     if interactive:
         print(file=sys.stderr)
     report_end(run, as_json, run_collapse_warnings(store, run))
