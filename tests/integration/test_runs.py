@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import time
 from pathlib import Path
 
@@ -290,6 +291,10 @@ def test_doctor_repair_rebuilds_the_history_from_the_run_folders(home):
     before = {run["id"]: run for run in run_json("runs")}
     assert [before[i]["status"] for i in sorted(before)] == ["succeeded", "failed", "stopped", "lost", "running"]
     rank_rows = {run_id: [m for m in Store(home).metrics(run_id) if m["rank"] >= 0] for run_id in before}
+    # Every page into runs.db itself first: in WAL mode the recent pages live in runs.db-wal until a
+    # checkpoint, and a truncated runs.db whose pages all sat in the WAL still read as healthy (the test
+    # then depended on whether SQLite had checkpointed by itself before this line).
+    checkpoint_the_wal(home / "runs.db")
     os.truncate(home / "runs.db", 100)
 
     repaired = gpuscale("doctor", "--repair")
@@ -322,3 +327,18 @@ def test_doctor_repair_rebuilds_the_history_from_the_run_folders(home):
     steps = [(m["step"], m["t"]) for m in Store(home).metrics(5, "tokens") if m["rank"] == 0]
     assert len(steps) == len(set(steps))  # the rows the repair restored are not written twice
     assert gpuscale("doctor").returncode == 0
+
+
+def checkpoint_the_wal(database: Path) -> None:
+    """Copy the WAL's pages into the database file and empty the WAL, retried while the live run's
+    supervisor holds a write."""
+    connection = sqlite3.connect(database, timeout=10)
+    try:
+        for _ in range(50):
+            busy, _, _ = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                return
+            time.sleep(0.1)
+        raise AssertionError("the WAL could not be checkpointed")
+    finally:
+        connection.close()
