@@ -22,14 +22,13 @@ Qwen2.5-0.5B (7 projections a layer), and each way's largest error against fp32 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
+from attention_decode import seconds_per_call  # noqa: E402  (the same timing loop)
 from record import one_card, write_result  # noqa: E402
 
 BASELINE = """No baseline of other code: it compares ways of adding the engine's per-member low-rank terms
@@ -82,22 +81,6 @@ def padded(rank: int):
 def ways():
     eager = {"bmm": bmm, "bmm_rank8": padded(8), "broadcast": broadcast}
     return {**eager, **{f"{name}_compiled": torch.compile(fn, dynamic=False) for name, fn in eager.items()}}
-
-
-def seconds_per_call(fn, inputs, args, device) -> float:
-    for _ in range(3):
-        fn(*inputs)
-    times = []
-    for _ in range(args.repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        begin = time.perf_counter()
-        for _ in range(args.calls):
-            fn(*inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - begin) / args.calls)
-    return statistics.median(times)
 
 
 def one_shape(in_features: int, out_features: int, args, device, dtype) -> dict:

@@ -49,7 +49,7 @@ def verdicts(acceptance, rows):
 
 
 def test_a_run_that_only_sharpens_fails_both_verdicts(acceptance):
-    """T=1 up by 10 points with greedy unchanged (what a temperature change alone does, issue 31) met
+    """T=1 up by 10 points with greedy unchanged (what a temperature change alone does) met
     sft's old T=1 target; now its greedy gain is 0 against +8, and its T=1 accuracy lies no higher than
     the base sharpened without training."""
     rows = [row("sft", seed, greedy=(0.57, 0.57), sampled=(0.38, 0.48)) for seed in range(3)]
@@ -118,7 +118,7 @@ def test_the_control_waits_for_every_validation_run_and_runs_after_them(acceptan
     labels = [label for label, *_ in jobs]
     grid = len(acceptance.SHARPENING_GRID)
     assert all(label.startswith(acceptance.VALIDATION_PREFIX) for label in labels[:grid])
-    assert {seed for _, _, _, seed in jobs[:grid]} == {3}  # once: the validation split is every seed's
+    assert {seed for _, _, _, seed in jobs[:grid]} == {3}  # once: every seed has the same validation split
     assert [seed for label, _, _, seed in jobs if label == acceptance.CONTROL] == [3, 4]
     assert {settings["max_examples"] for _, _, settings, _ in jobs[:grid]} == {"4"}
     assert [settings["temperature"] for _, _, settings, _ in jobs[:grid]] == list(acceptance.SHARPENING_GRID)

@@ -57,7 +57,7 @@ def test_validation_problems_are_their_own_split_the_same_for_every_seed_and_nei
     assert not set(questions(validation)) & (set(questions(train)) | set(questions(other_train)))
     test_split = set(questions(load_examples(dataset, "test", None, seed=0)))
     assert not set(questions(validation)) & test_split
-    # The run trains on its seed's training split, max_examples of it.
+    # The run trains on the first max_examples problems of the training split of its seed.
     assert train == load_examples(dataset, "train", 40, seed=0)
 
 
