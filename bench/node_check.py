@@ -69,14 +69,22 @@ def plain_gpu_figures(index: int) -> dict:
 
 
 def allreduce_worker(out: str) -> None:
-    """One torchrun rank: all-reduce ALLREDUCE_BYTES of fp32 over NCCL (the probe's dtype); rank 0 writes
-    algbw and busbw of the ranks' mean time (nccl-tests' default average)."""
+    """One torchrun rank: the copy again, every GPU at once (as the probe's ranks copy), then an
+    all-reduce of ALLREDUCE_BYTES of fp32 over NCCL (the probe's dtype); rank 0 writes each rank's
+    copy GB/s, and algbw and busbw of the ranks' mean time (nccl-tests' default average)."""
     import torch
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
+    source = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    dist.barrier()  # every GPU copies at once, as the probe's ranks do
+    copy = 2 * COPY_BYTES / event_seconds(lambda: target.copy_(source)) / 1e9
+    copies = [None] * world
+    dist.all_gather_object(copies, copy)
+    del source, target
     tensor = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device="cuda")
     dist.barrier()
     seconds = torch.tensor([event_seconds(lambda: dist.all_reduce(tensor))], device="cuda")
@@ -84,8 +92,8 @@ def allreduce_worker(out: str) -> None:
     if rank == 0:
         algbw = ALLREDUCE_BYTES / (seconds.item() / world) / 1e9
         with open(out, "w") as handle:
-            json.dump({"allreduce_algbw_gb_per_s": algbw, "allreduce_busbw_gb_per_s": algbw * 2 * (world - 1) / world},
-                      handle)
+            json.dump({"allreduce_algbw_gb_per_s": algbw, "allreduce_busbw_gb_per_s": algbw * 2 * (world - 1) / world,
+                       "copy_gb_per_s_all_gpus_at_once": copies}, handle)
     dist.destroy_process_group()
 
 
@@ -103,7 +111,8 @@ def agreement(summary: dict, plain: list[dict], plain_allreduce_figures: dict) -
         for name, value in figures.items():
             rows.append({"gpu": index, "figure": name, "probe": summary.get(per_rank_name(name, index)), "plain": value})
     for name, value in plain_allreduce_figures.items():
-        rows.append({"gpu": "all", "figure": name, "probe": summary.get(name), "plain": value})
+        if name.startswith("allreduce"):
+            rows.append({"gpu": "all", "figure": name, "probe": summary.get(name), "plain": value})
     for row in rows:
         row["ratio"] = row["probe"] / row["plain"] if row["probe"] and row["plain"] else None
         row["within_5_percent"] = row["ratio"] is not None and abs(row["ratio"] - 1) <= AGREEMENT
@@ -137,6 +146,7 @@ def main() -> None:
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--batch-size", default="auto", help="the throughput batch (auto: tuned, as a user would)")
     parser.add_argument("--loaded-gpu", type=int, default=1)
+    parser.add_argument("--loaded-batch-size", default=None, help="default: the first run's throughput batch")
     parser.add_argument("--out", default=None)
     parser.add_argument("--allreduce-worker", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -157,7 +167,7 @@ def main() -> None:
     for row in rows:
         print(f"  GPU {row['gpu']} {row['figure']}: probe {row['probe']:.4g} / plain torch {row['plain']:.4g} = "
               f"{row['ratio']:.3f} ({'within' if row['within_5_percent'] else 'NOT within'} 5%)", flush=True)
-    batch = str(run["summary"]["throughput_batch_size"])
+    batch = opts.loaded_batch_size or str(run["summary"]["throughput_batch_size"])
     loaded, flags, right = loaded_run([*probe, "--batch-size", batch], opts.loaded_gpu)
     loaded_table = node_check_lines(loaded["summary"])
     print("\n".join(loaded_table), f"GPU {opts.loaded_gpu} loaded: flagged alone: {right}", sep="\n", flush=True)

@@ -158,17 +158,27 @@ def measure_sizes(device) -> MeasureSizes:
     return MEASURE_SIZES["cuda" if device.type == "cuda" else "cpu"]
 
 
-def timed(work, repeats: int, synchronize) -> float:
+def timed(work, repeats: int, ctx) -> float:
     """Seconds `repeats` calls of `work` took, after a tenth as many untimed ones (at least one:
-    allocation, kernel choice, the GPU's clocks)."""
+    allocation, kernel choice, the GPU's clocks). On a GPU by CUDA events around the queued calls,
+    as bandwidthTest times a copy: the device's time, not the host's launches and wake-ups."""
+    import torch
+
     for _ in range(max(1, repeats // 10)):
         work()
-    synchronize()
-    start = time.perf_counter()
+    ctx.synchronize()
+    if ctx.device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            work()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000
+    start_s = time.perf_counter()
     for _ in range(repeats):
         work()
-    synchronize()
-    return time.perf_counter() - start
+    return time.perf_counter() - start_s
 
 
 def copy_gb_per_s(ctx, sizes: MeasureSizes) -> float:
@@ -178,7 +188,7 @@ def copy_gb_per_s(ctx, sizes: MeasureSizes) -> float:
 
     source = torch.empty(sizes.copy_mib * 2**20, dtype=torch.uint8, device=ctx.device)
     target = torch.empty_like(source)
-    seconds = timed(lambda: target.copy_(source), sizes.repeats, ctx.synchronize)
+    seconds = timed(lambda: target.copy_(source), sizes.repeats, ctx)
     return 2 * source.numel() * sizes.repeats / seconds / 1e9
 
 
@@ -188,7 +198,7 @@ def matmul_tflops(ctx, sizes: MeasureSizes) -> float:
 
     n = sizes.matmul_n
     a, b = (torch.randn(n, n, device=ctx.device).to(ctx.dtype) for _ in range(2))
-    seconds = timed(lambda: torch.mm(a, b), sizes.repeats, ctx.synchronize)
+    seconds = timed(lambda: torch.mm(a, b), sizes.repeats, ctx)
     return 2 * n**3 * sizes.repeats / seconds / 1e12
 
 
@@ -202,7 +212,7 @@ def allreduce_seconds(ctx, sizes: MeasureSizes) -> float | None:
 
     tensor = torch.ones(sizes.allreduce_mib * 2**20 // 4, dtype=torch.float32, device=ctx.device)
     dist.barrier()
-    return timed(lambda: dist.all_reduce(tensor), sizes.repeats, ctx.synchronize) / sizes.repeats
+    return timed(lambda: dist.all_reduce(tensor), sizes.repeats, ctx) / sizes.repeats
 
 
 def link_gb_per_s(ctx, sizes: MeasureSizes) -> dict[str, float]:
@@ -223,7 +233,7 @@ def link_gb_per_s(ctx, sizes: MeasureSizes) -> dict[str, float]:
         dist.barrier()
         if partner is None:
             continue
-        seconds = timed(partial(exchange, outgoing, incoming, partner), sizes.repeats, ctx.synchronize)
+        seconds = timed(partial(exchange, outgoing, incoming, partner), sizes.repeats, ctx)
         low, high = sorted((ctx.rank, partner))
         links[f"{low}-{high}"] = outgoing.numel() * 4 * sizes.repeats / seconds / 1e9
     return links
