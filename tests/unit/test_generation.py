@@ -676,3 +676,25 @@ def test_matmul_attention_agrees_with_sdpa_in_bf16_on_the_gpu():
     ours_error = float((ours.float() - expected).abs().max())
     sdpa_error = float((sdpa.float() - expected).abs().max())
     assert ours_error <= 2 * sdpa_error + 1e-3, (ours_error, sdpa_error)
+
+
+class _SwiGLUWithoutActFn(torch.nn.Module):
+    """An MLP that fuses its activation into its forward and keeps no `act_fn`, as liger-kernel's
+    SwiGLU (which the training recipes put on the policy on CUDA) does."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+    def forward(self, x):
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_an_mlp_without_act_fn_decodes_fused_with_the_configs_activation():
+    model = _sharpen(_tiny_qwen2(), 20)
+    for layer in model.model.layers:
+        layer.mlp = _SwiGLUWithoutActFn(layer.mlp)
+    assert not hasattr(model.model.layers[0].mlp, "act_fn")
+    engine = GenerationEngine(model, pad_token_id=PAD, static_shapes=True, fuse_weights=True)
+    assert engine._fused is not None
+    assert_matches_teacher_forcing(model, engine.generate(PROMPTS, 12, Sampling(1.0), generator=_seeded(0)))

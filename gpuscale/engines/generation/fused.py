@@ -139,6 +139,7 @@ class _FusedDecode:
         self.apply_rotary = inspect.getmodule(type(first.self_attn)).apply_rotary_pos_emb
         self.head_dim = first.self_attn.head_dim
         self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
+        self.activations = [mlp_activation(layer.mlp, decoder.config) for layer in decoder.layers]
         # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
         self.weights = [[self._cat(layer, group, "weight") for layer in decoder.layers]
                         for group in self.GROUPS]
@@ -250,7 +251,16 @@ class _FusedDecode:
 
     def _mlp(self, i, mlp, x):
         gate, up = self._projections(1, i, x)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
+        return mlp.down_proj(self.activations[i](gate) * up)
+
+
+def mlp_activation(mlp, config):
+    """The gate's activation: the MLP's own `act_fn`, or the config's where the module fuses it into its
+    forward and has none (liger-kernel's SwiGLU, put on a model the training recipes patch on CUDA).
+    `_same_decode` checks the wiring against the model's forward either way."""
+    from transformers.activations import ACT2FN
+
+    return getattr(mlp, "act_fn", None) or ACT2FN[config.hidden_act]
 
 
 def _plain_linear(module) -> bool:
