@@ -9,7 +9,8 @@ seed. Beside them, two controls, each run through the power-sampling recipe:
 - the sharpening control: the base model sharpened without training. Its temperature is chosen on
   VALIDATION_PROBLEMS validation problems (SHARPENING_GRID, once, the first seed: the validation split
   is the same for every seed), then scored on the training recipes' own test problems once a seed.
-Runs of different seeds share the GPUs (`--jobs` at a time, all by default). Two run settings that
+Runs of different seeds share the GPUs (`--jobs` at a time: by default all where a run has one GPU,
+one seed's where it has several: default_jobs says why). Two run settings that
 say how runs share the machine, not how a recipe learns, are set for every run: `gpus` (with
 `--gpus 1` on a machine of several GPUs, each run is pinned to one of them in turn) and
 `gpu_memory_share` (runs sized `auto` that start together each take their share of the card
@@ -603,7 +604,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", default=None, help="GPUs per run (default: every GPU found; CPU: 2 ranks)")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all; they share the GPUs, "
+    parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all with one GPU a run, "
+                        "one seed's with several; they share the GPUs, "
                         "runs sized `auto` each taking their share of a card's free memory)")
     parser.add_argument("--partial", default=None, help="append each run's row to this JSON-lines file as it ends")
     parser.add_argument("--only", nargs="*", default=None, help="labels of the jobs to run (default all; "
@@ -631,7 +633,7 @@ def main() -> None:
     gpus = args.gpus or str(found or 2)
     home = Path(args.home or ROOT / ".acceptance" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     jobs = job_list([int(seed) for seed in args.seeds.split(",")], args.only, assignments(args.set))
-    at_once = min(args.jobs or len(jobs), len(jobs))
+    at_once = min(args.jobs or default_jobs(jobs, gpus, found), len(jobs))
     jobs = [(label, recipe, {**machine_settings(index, gpus, found, jobs[:at_once]), **settings}, seed)
             for index, (label, recipe, settings, seed) in enumerate(jobs)]
     shared_threads(at_once)
@@ -664,6 +666,20 @@ def main() -> None:
                                                         "set": args.set, "only": args.only},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
                   "gpu_tests": tests, "seconds": total}, out=args.out)
+
+
+def default_jobs(jobs: list[tuple], gpus: str, found: int) -> int:
+    """Runs at once unless --jobs says: all of them where each run has one GPU (or CPU ranks); where each
+    run spans several GPUs, one seed's runs (with the validation runs, the first wave). All three seeds'
+    37 runs at once on 4 x H200, 4 GPUs a run, had not ended one run after 545 s (bench/RESULTS.md),
+    where a one-seed check had ended in 183 s on the same kind of machine (an earlier version, with
+    fewer runs): every run's NCCL collectives wait on peers time-sliced among dozens of processes on
+    each GPU (the likely cause; not profiled), and each auto-sized run got a third of the memory share."""
+    if gpus == "1" or not found:
+        return len(jobs)
+    validation = sum(label.startswith(VALIDATION_PREFIX) for label, *_ in jobs)
+    seeds = len({seed for label, *_, seed in jobs if not label.startswith(VALIDATION_PREFIX)}) or 1
+    return validation + (len(jobs) - validation) // seeds
 
 
 def assignments(items: list[str]) -> dict[str, dict]:

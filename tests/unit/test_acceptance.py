@@ -206,3 +206,13 @@ def test_every_job_of_the_acceptance_is_valid_settings_of_its_recipe(acceptance)
             assert resolved.split == "validation" and resolved.max_examples == acceptance.VALIDATION_PROBLEMS
         if label == acceptance.LOW_TEMPERATURE:
             assert resolved.method == "sample" and resolved.temperature == 1 / resolved.alpha == 0.25
+
+
+def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_with_several(acceptance):
+    jobs = acceptance.job_list([0, 1, 2], None, {})
+    validation = sum(label.startswith(acceptance.VALIDATION_PREFIX) for label, *_ in jobs)
+    assert acceptance.default_jobs(jobs, "1", found=4) == len(jobs)
+    assert acceptance.default_jobs(jobs, "2", found=0) == len(jobs)  # CPU ranks
+    assert acceptance.default_jobs(jobs, "4", found=4) == validation + len(acceptance.JOBS)
+    one_seed = acceptance.job_list([5], None, {})
+    assert acceptance.default_jobs(one_seed, "4", found=4) == len(one_seed)
