@@ -20,7 +20,11 @@ In both modes
 
 against the 1-GPU run of the same recipe, model and mode, where total is the run's throughput in the
 recipe's own unit (its catalogue figure), all GPUs together:
-- probe: tokens/s of its timed decode steps (summary `tokens_per_s`);
+- probe: the node check's decode tokens/s through the generation engine at the batch, all ranks
+  together (summary `throughput_tokens_per_s_rank_<r>`); weak scaling only: its ranks share no work,
+  and more decode steps a rank (strong scaling's way of giving one rank more) make every step longer
+  (a longer KV cache), not more of the same. The decode loop's `tokens_per_s` (the model's own
+  forward, launch-bound at batch 64 on an H200) is kept beside it;
 - power-sampling: problems/s (summary `problems_per_s`);
 - eggroll: members/s (summary `members_per_s`: the population over the median ES step);
 - rft generation: generated samples/s of its generation phase (summary `samples_per_s`);
@@ -66,6 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuscale.data.node_check import per_rank_name
 from gpuscale.runs import telemetry
 from gpuscale.runs.store import Store
 
@@ -92,7 +97,7 @@ def sets(**settings) -> list[str]:
 
 
 def probe_args(o, gpus: int, share: int) -> list[str]:
-    return ["--batch-size", str(o.probe_batch), *sets(steps=o.probe_steps * share, prompt_tokens=128)]
+    return ["--batch-size", str(o.probe_batch), *sets(steps=o.probe_steps, prompt_tokens=128)]
 
 
 def power_args(o, gpus: int, share: int) -> list[str]:
@@ -158,7 +163,10 @@ def share_of(part: float | None, whole: float | None) -> float | None:
 
 
 def probe_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
-    return [{"figure": "tokens_per_s", "total": summary["tokens_per_s"]}]
+    ranks = range(summary["world_size"])
+    return [{"figure": "throughput_tokens_per_s",
+             "total": sum(summary[per_rank_name("throughput_tokens_per_s", rank)] for rank in ranks),
+             "decode_loop_tokens_per_s": summary["tokens_per_s"]}]
 
 
 def power_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
@@ -200,10 +208,11 @@ class RecipeBench:
     arguments: Callable  # (opts, gpus, share) -> the run's arguments after --recipe/--gpus/--model
     figures: Callable  # (summary, store, run_id) -> [{"figure", "total", ...}, one per phase]
     phases: tuple[str | None, ...] = (None,)
+    strong: bool = True  # whether strong scaling means anything for it
 
 
 RECIPES = {
-    "probe": RecipeBench(probe_args, probe_figures),
+    "probe": RecipeBench(probe_args, probe_figures, strong=False),
     "power-sampling": RecipeBench(power_args, power_figures),
     "eggroll": RecipeBench(eggroll_args, eggroll_figures),
     "rft": RecipeBench(rft_args, rft_figures, phases=("generation", "sft")),
@@ -273,7 +282,7 @@ def sweep(opts, counts: list[int], env: dict,
     rows = []
     for recipe in opts.recipes:
         for model in opts.models:
-            for mode in opts.modes:
+            for mode in (m for m in opts.modes if m == "weak" or RECIPES[recipe].strong):
                 for n in counts:
                     key = (recipe, model, n, shares[mode][n])
                     if key not in done:
@@ -389,7 +398,7 @@ def parse_options(argv: list[str] | None = None):
     parser.add_argument("--modes", default=",".join(MODES), help="weak, strong or both")
     parser.add_argument("--cpu", action="store_true", help="ranks as CPU processes (no GPU is used or needed)")
     size = parser.add_argument_group("per-GPU sizes of weak scaling (strong: the largest count's total)")
-    size.add_argument("--probe-batch", type=int, default=64)
+    size.add_argument("--probe-batch", type=int, default=256)
     size.add_argument("--probe-steps", type=int, default=200)
     size.add_argument("--problems-per-gpu", type=int, default=64, help="power-sampling")
     size.add_argument("--max-new-tokens", type=int, default=96, help="power-sampling and rft's generation")

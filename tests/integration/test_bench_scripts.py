@@ -81,8 +81,9 @@ def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(
     results = record["figures"]
     assert results["gpus_available"] == 0 and results["device_name"] == "cpu"
     rows = {(row["recipe"], row["mode"], row["gpus"]): row for row in results["rows"]}
-    assert set(rows) == {(recipe, mode, gpus) for recipe in ("probe", "sft") for mode in ("weak", "strong")
-                         for gpus in (1, 2)}
+    # The probe's ranks share no work: weak scaling only.
+    assert set(rows) == {("probe", "weak", 1), ("probe", "weak", 2)} | {
+        ("sft", mode, gpus) for mode in ("weak", "strong") for gpus in (1, 2)}
     store = Store(home, read_only=True)
     for (recipe, _mode, gpus), row in rows.items():
         summary = store.get_run(row["run"])["summary"]
@@ -92,19 +93,19 @@ def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(
         assert row["comm_share"] is None  # neither times its collectives: "not measured"
         # CPU: the RSS of each rank the sampler caught alive (a short rank can end between samples).
         assert len(row["run_mem_mb_per_gpu"]) <= gpus and all(mb > 0 for mb in row["run_mem_mb_per_gpu"])
-    for recipe in ("probe", "sft"):
-        # Strong scaling's 2-GPU point is the weak one's run; its 1-GPU run does the work of two.
-        assert rows[(recipe, "strong", 2)]["run"] == rows[(recipe, "weak", 2)]["run"]
-        assert rows[(recipe, "strong", 1)]["run"] != rows[(recipe, "weak", 1)]["run"]
-        for mode in ("weak", "strong"):
-            one, two = rows[(recipe, mode, 1)], rows[(recipe, mode, 2)]
-            assert one["efficiency"] == pytest.approx(1.0)
-            assert two["efficiency"] == pytest.approx(two["total"] / (2 * one["total"]))
-    assert rows[("probe", "weak", 1)]["figure"] == "tokens_per_s"
-    assert rows[("probe", "weak", 1)]["total"] == store.get_run(rows[("probe", "weak", 1)]["run"])["summary"][
-        "tokens_per_s"]
-    assert "--set steps=6 " in rows[("probe", "weak", 1)]["command"]
-    assert "--set steps=12 " in rows[("probe", "strong", 1)]["command"]
+    # Strong scaling's 2-GPU point is the weak one's run; its 1-GPU run does the work of two.
+    assert rows[("sft", "strong", 2)]["run"] == rows[("sft", "weak", 2)]["run"]
+    assert rows[("sft", "strong", 1)]["run"] != rows[("sft", "weak", 1)]["run"]
+    for recipe, mode in (("probe", "weak"), ("sft", "weak"), ("sft", "strong")):
+        one, two = rows[(recipe, mode, 1)], rows[(recipe, mode, 2)]
+        assert one["efficiency"] == pytest.approx(1.0)
+        assert two["efficiency"] == pytest.approx(two["total"] / (2 * one["total"]))
+    for gpus in (1, 2):  # the engine's throughput of every rank, summed; the decode loop's beside it
+        row = rows[("probe", "weak", gpus)]
+        summary = store.get_run(row["run"])["summary"]
+        assert row["figure"] == "throughput_tokens_per_s" and row["decode_loop_tokens_per_s"] == summary["tokens_per_s"]
+        assert row["total"] == pytest.approx(sum(summary[f"throughput_tokens_per_s_rank_{r}"] for r in range(gpus)))
+        assert "--set steps=6 " in row["command"]
     # Weak scaling: every rank trains on the same sequences per step at both counts; strong: one rank
     # accumulates two micro-batches, so a step holds the 2-GPU run's sequences.
     assert "--set max_examples=6" in rows[("sft", "weak", 1)]["command"]
