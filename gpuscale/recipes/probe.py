@@ -78,7 +78,9 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.seeds import derived_seed
     from gpuscale.recipes.shared.device_trials import out_of_memory_names
 
+    laps = Laps()
     model = load_probe_model(settings, ctx)
+    laps.lap("model load")
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(derived_seed(settings.seed, "prompts", ctx.rank))
     prompts = torch.randint(0, vocab, (settings.batch_size, settings.prompt_tokens), generator=generator)
@@ -119,7 +121,9 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     del out, cache, next_tokens
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
-    mine.update(node_check(model, settings, ctx))
+    laps.lap("decode loop")
+    mine.update(node_check(model, settings, ctx, laps))
+    print(laps.line(), flush=True)
     everyone = ctx.gather(mine)
     if ctx.is_main:
         from gpuscale.recipes.shared.common import summary_opening
@@ -308,19 +312,41 @@ def gpu_name(ctx) -> str:
     return f"GPU {visible[index] if index < len(visible) else index}"
 
 
-def node_check(model, settings: Settings, ctx) -> dict:
-    """This rank's node-check figures (data/node_check.py's NODE_FIGURES) and its all-reduce time."""
+def node_check(model, settings: Settings, ctx, laps: Laps) -> dict:
+    """This rank's node-check figures (data/node_check.py's NODE_FIGURES) and its all-reduce time,
+    each part's wall time lapped into `laps`."""
     sizes = measure_sizes(ctx.device)
-    return {
-        "gpu": gpu_name(ctx),
-        "copy_gb_per_s": copy_gb_per_s(ctx, sizes),
-        "matmul_tflops": matmul_tflops(ctx, sizes),
-        "latency_tokens_per_s": engine_tokens_per_s(model, ctx, 1, settings),
-        "throughput_tokens_per_s": engine_tokens_per_s(model, ctx, settings.batch_size, settings),
-        "allreduce_seconds": allreduce_seconds(ctx, sizes),
-        "links": link_gb_per_s(ctx, sizes),
-        "allreduce_mib": sizes.allreduce_mib,
+    parts = {
+        "copy_gb_per_s": lambda: copy_gb_per_s(ctx, sizes),
+        "matmul_tflops": lambda: matmul_tflops(ctx, sizes),
+        "latency_tokens_per_s": lambda: engine_tokens_per_s(model, ctx, 1, settings),
+        "throughput_tokens_per_s": lambda: engine_tokens_per_s(model, ctx, settings.batch_size, settings),
+        "allreduce_seconds": lambda: allreduce_seconds(ctx, sizes),
+        "links": lambda: link_gb_per_s(ctx, sizes),
     }
+    figures = {"gpu": gpu_name(ctx), "allreduce_mib": sizes.allreduce_mib}
+    for name, measure in parts.items():
+        figures[name] = measure()
+        laps.lap(name)
+    return figures
+
+
+class Laps:
+    """Wall seconds of each part of the probe on this rank, for its log: where a node check's time
+    goes. The first lap counts from the process's start (imports, process group) to the model loaded."""
+
+    def __init__(self):
+        import psutil
+
+        self.seconds: dict[str, float] = {}
+        self._last = psutil.Process().create_time()
+
+    def lap(self, name: str) -> None:
+        now = time.time()
+        self.seconds[name], self._last = now - self._last, now
+
+    def line(self) -> str:
+        return "probe time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
 
 
 def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
