@@ -53,19 +53,29 @@ def event_seconds(work, repeats: int = REPEATS) -> float:
     return start.elapsed_time(end) / 1000 / repeats
 
 
+def copy_gb_per_s() -> float:
+    """A device-to-device copy of COPY_BYTES on the current GPU: bytes read plus written a second."""
+    import torch
+
+    source = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    return 2 * COPY_BYTES / event_seconds(lambda: target.copy_(source)) / 1e9
+
+
+def matmul_tflops() -> float:
+    import torch
+
+    a, b = (torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return 2 * MATMUL_N**3 / event_seconds(lambda: torch.mm(a, b)) / 1e12
+
+
 def plain_gpu_figures(index: int) -> dict:
     import torch
 
     with torch.cuda.device(index):
-        source = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
-        target = torch.empty_like(source)
-        copy = 2 * COPY_BYTES / event_seconds(lambda: target.copy_(source)) / 1e9
-        del source, target
-        a, b = (torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        matmul = 2 * MATMUL_N**3 / event_seconds(lambda: torch.mm(a, b)) / 1e12
-        del a, b
+        figures = {"copy_gb_per_s": copy_gb_per_s(), "matmul_tflops": matmul_tflops()}
         torch.cuda.empty_cache()
-    return {"copy_gb_per_s": copy, "matmul_tflops": matmul}
+    return figures
 
 
 def allreduce_worker(out: str) -> None:
@@ -78,13 +88,10 @@ def allreduce_worker(out: str) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
-    source = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
-    target = torch.empty_like(source)
     dist.barrier()  # every GPU copies at once, as the probe's ranks do
-    copy = 2 * COPY_BYTES / event_seconds(lambda: target.copy_(source)) / 1e9
     copies = [None] * world
-    dist.all_gather_object(copies, copy)
-    del source, target
+    dist.all_gather_object(copies, copy_gb_per_s())
+    torch.cuda.empty_cache()
     tensor = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device="cuda")
     dist.barrier()
     seconds = torch.tensor([event_seconds(lambda: dist.all_reduce(tensor))], device="cuda")
@@ -109,7 +116,8 @@ def agreement(summary: dict, plain: list[dict], plain_allreduce_figures: dict) -
     rows = []
     for index, figures in enumerate(plain):
         for name, value in figures.items():
-            rows.append({"gpu": index, "figure": name, "probe": summary.get(per_rank_name(name, index)), "plain": value})
+            probe = summary.get(per_rank_name(name, index))
+            rows.append({"gpu": index, "figure": name, "probe": probe, "plain": value})
     for name, value in plain_allreduce_figures.items():
         if name.startswith("allreduce"):
             rows.append({"gpu": "all", "figure": name, "probe": summary.get(name), "plain": value})
@@ -141,8 +149,14 @@ def loaded_run(arguments: list[str], loaded_gpu: int) -> tuple[dict, list[str], 
     return run, flags, right
 
 
+BASELINE = """Baseline: plain torch measuring the same things on the same GPUs in the same call, at the probe's sizes
+(copy, matmul, all-reduce), timed by CUDA events, each GPU alone and all at once; for the flag, the same
+probe with no other process on the GPUs."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--batch-size", default="auto", help="the throughput batch (auto: tuned, as a user would)")
     parser.add_argument("--loaded-gpu", type=int, default=1)
