@@ -163,12 +163,13 @@ def measure_sizes(device) -> MeasureSizes:
 
 
 def timed(work, repeats: int, ctx) -> float:
-    """Seconds `repeats` calls of `work` took, after a tenth as many untimed ones (at least one:
-    allocation, kernel choice, the GPU's clocks). On a GPU by CUDA events around the queued calls,
-    as bandwidthTest times a copy: the device's time, not the host's launches and wake-ups."""
+    """Seconds `repeats` calls of `work` took, after as many untimed ones (allocation, kernel choice,
+    and the GPU's clocks, which may still be low after the host-bound decode loop). On a GPU by CUDA
+    events around the queued calls, as bandwidthTest times a copy: the device's time, not the host's
+    launches and wake-ups."""
     import torch
 
-    for _ in range(max(1, repeats // 10)):
+    for _ in range(repeats):
         work()
     ctx.synchronize()
     if ctx.device.type == "cuda":
