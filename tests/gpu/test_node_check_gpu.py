@@ -1,9 +1,11 @@
 """On a CUDA machine only: the probe's node check against a plain torch measurement of the same
 things in the same session, and a GPU loaded by another process flagged (and no other)."""
 
+import importlib.util
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,34 +17,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cud
 PROBE = ["run", "--recipe", "probe", "--model", "random-qwen2.5-0.5b", "--batch-size", "64"]
 
 
-def plain_torch_figures(device: int) -> tuple[float, float]:
-    """(copy GB/s counting read and write, bf16 matmul TFLOP/s) on one GPU, timed with CUDA events."""
-    with torch.cuda.device(device):
-        source = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-        target = torch.empty_like(source)
-        a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-
-        def seconds(work, repeats: int = 50) -> float:
-            for _ in range(5):
-                work()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(repeats):
-                work()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1000 / repeats
-
-        copy = 2 * source.numel() / seconds(lambda: target.copy_(source)) / 1e9
-        matmul = 2 * 8192**3 / seconds(lambda: torch.mm(a, b)) / 1e12
-    return copy, matmul
+def node_check_bench():
+    """bench/node_check.py: its plain torch measures (CUDA events, the probe's sizes) and its loader."""
+    spec = importlib.util.spec_from_file_location("node_check", Path(__file__).parents[2] / "bench" / "node_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_node_check_agrees_with_plain_torch_within_5_percent(home):
     run = run_json(*PROBE, "--gpus", "1")
     assert run["status"] == "succeeded", run["error"]
     summary = run["summary"]
-    copy, matmul = plain_torch_figures(0)
+    plain = node_check_bench().plain_gpu_figures(0)
+    copy, matmul = plain["copy_gb_per_s"], plain["matmul_tflops"]
     assert summary["copy_gb_per_s_rank_0"] == pytest.approx(copy, rel=0.05), (summary, copy)
     assert summary["matmul_tflops_rank_0"] == pytest.approx(matmul, rel=0.05), (summary, matmul)
     assert summary["latency_tokens_per_s_rank_0"] < summary["throughput_tokens_per_s_rank_0"]
@@ -51,9 +39,7 @@ def test_the_node_check_agrees_with_plain_torch_within_5_percent(home):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_a_gpu_loaded_by_another_process_is_flagged_and_no_other(home):
     count = torch.cuda.device_count()
-    load = ("import torch\na = torch.randn(8192, 8192, device='cuda:1', dtype=torch.bfloat16)\n"
-            "while True:\n    a = (a @ a).clamp_(-1, 1)\n")
-    loader = subprocess.Popen([sys.executable, "-c", load])
+    loader = subprocess.Popen([sys.executable, "-c", node_check_bench().LOADER, "1"])
     try:
         time.sleep(10)  # the loader's CUDA context and its first kernels
         run = run_json(*PROBE, "--gpus", str(count))
