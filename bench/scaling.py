@@ -272,13 +272,33 @@ def measure(recipe: str, model: str, gpus: int, share: int, opts, env: dict) -> 
     return rows
 
 
-def sweep(opts, counts: list[int], env: dict,
-          after_each: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
-    """Every recipe x model x mode x count; a point whose command another already ran (the strong
-    run at the largest count is the weak one) takes that run's rows. `after_each` gets the rows so far
-    after every run (the result file is rewritten, so a sweep cut by a time limit keeps its runs)."""
-    shares = {"weak": dict.fromkeys(counts, 1), "strong": strong_shares(counts) if "strong" in opts.modes else {}}
+def measured_points(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """(recipe, model, count, share) -> the rows of a run that ended without error (its phases), as
+    `measure` returns them: the points an --append sweep need not run again."""
     done: dict[tuple, list[dict]] = {}
+    failed = {point_key(row) for row in rows if row.get("error")}
+    for row in rows:
+        key = point_key(row)
+        if key not in failed and not any(same["phase"] == row.get("phase") for same in done.get(key, [])):
+            done.setdefault(key, []).append({name: value for name, value in row.items() if name not in SCALED})
+    return done
+
+
+def point_key(row: dict) -> tuple:
+    return row["recipe"], row["model"], row["gpus"], row.get("share", 1)
+
+
+SCALED = ("mode", "efficiency", "step_overhead")  # what a row gains in the sweep and add_scaling
+
+
+def sweep(opts, counts: list[int], env: dict, after_each: Callable[[list[dict]], None] = lambda rows: None,
+          earlier: list[dict] = ()) -> list[dict]:
+    """Every recipe x model x mode x count; a point whose command another already ran (the strong
+    run at the largest count is the weak one), or that `earlier` rows measured (--append), takes that
+    run's rows. `after_each` gets the rows so far after every run (the result file is rewritten, so a
+    sweep cut by a time limit keeps its runs)."""
+    shares = {"weak": dict.fromkeys(counts, 1), "strong": strong_shares(counts) if "strong" in opts.modes else {}}
+    done = measured_points(list(earlier))
     rows = []
     for recipe in opts.recipes:
         for model in opts.models:
@@ -421,7 +441,8 @@ def parse_options(argv: list[str] | None = None):
     parser.add_argument("--out", default=None, help="default: bench/results/scaling/scaling-<date>-<card>.json; "
                         "rewritten after every run, so a sweep cut by a time limit keeps what it measured")
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out (a sweep split "
-                        "into several invocations); a row of the same bench, model, mode and count is replaced")
+                        "into several invocations): a point they measured without error is not run again; one "
+                        "that failed is, and its new row replaces the old")
     opts = parser.parse_args(argv)
     if opts.append and not opts.out:
         parser.error("--append needs --out (the file whose rows to keep)")
@@ -474,7 +495,7 @@ def main() -> None:
                      out=out, card=found_card)
 
     try:
-        rows = sweep(opts, counts, env, after_each=save)
+        rows = sweep(opts, counts, env, after_each=save, earlier=earlier)
     except ValueError as error:  # the counts left after skipping do not split the strong work evenly
         print(error, file=sys.stderr)
         sys.exit(2)

@@ -149,6 +149,34 @@ def test_scaling_rows_of_several_invocations_merge_and_scale_against_the_one_gpu
     assert by_key[("probe", 2)]["efficiency"] is None  # no 1-GPU row to scale against
 
 
+def test_an_appended_sweep_runs_only_the_points_not_measured_without_error(monkeypatch):
+    scaling = load_bench("scaling.py")
+    opts = scaling.parse_options(["--gpu-counts", "1,2", "--recipes", "sft,rft", "--models", "tiny-math",
+                                  "--out", "unused.json", "--append"])
+    base = {"model": "tiny-math", "figure": "f", "total": 1.0, "per_gpu": 1.0, "run_mem_mb_per_gpu": [],
+            "memory_spread": None}
+    earlier = [{**base, "recipe": "sft", "phase": None, "gpus": 1, "share": 1, "mode": "weak", "run": 7},
+               {**base, "recipe": "sft", "phase": None, "gpus": 2, "share": 1, "mode": "weak", "error": "oom"},
+               *({**base, "recipe": "rft", "phase": phase, "gpus": 2, "share": 1, "mode": mode, "run": 8}
+                 for phase in ("generation", "sft") for mode in ("weak", "strong"))]
+    ran = []
+
+    def measure(recipe, model, gpus, share, opts, env):
+        ran.append((recipe, gpus, share))
+        return [{**base, "recipe": recipe, "phase": phase, "gpus": gpus, "share": share, "run": len(ran)}
+                for phase in scaling.RECIPES[recipe].phases]
+
+    monkeypatch.setattr(scaling, "measure", measure)
+    rows = scaling.sweep(opts, [1, 2], {}, earlier=earlier)
+    # sft: its 1-GPU weak point was measured; its 2-GPU one failed (run again); the strong 1-GPU one is new.
+    # rft: both phases of its 2-GPU run were measured (weak and strong share it); its 1-GPU points are new.
+    assert sorted(ran) == [("rft", 1, 1), ("rft", 1, 2), ("sft", 1, 2), ("sft", 2, 1)]
+    weak_sft_one = next(r for r in rows if (r["recipe"], r["mode"], r["gpus"]) == ("sft", "weak", 1))
+    assert weak_sft_one["run"] == 7
+    assert {(r["phase"], r["mode"]) for r in rows if r["recipe"] == "rft" and r["gpus"] == 2} == {
+        (phase, mode) for phase in ("generation", "sft") for mode in ("weak", "strong")}
+
+
 def scaling_row(recipe: str, mode: str, gpus: int, total: float | None, phase: str | None = None,
                 model: str = "random-qwen2.5-0.5b", **more) -> dict:
     return {"recipe": recipe, "phase": phase, "model": model, "mode": mode, "gpus": gpus, "figure": "members_per_s",
