@@ -59,7 +59,10 @@ def load_probe_model(settings: Settings, ctx):
     from gpuscale.data import models
 
     if settings.model in models.RANDOM_CONFIGS:
-        model = models.build_random_model(settings.model, seed=settings.seed)
+        # Made on the GPU in the run's dtype: random weights serve the probe whatever their values.
+        on_gpu = ctx.device.type == "cuda"
+        model = models.build_random_model(settings.model, seed=settings.seed, device=ctx.device if on_gpu else None,
+                                          dtype=ctx.dtype if on_gpu else None)
     else:
         model, _tokenizer = models.load_model(settings.model)
     return model.to(device=ctx.device, dtype=ctx.dtype).eval()
