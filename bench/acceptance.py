@@ -26,7 +26,7 @@ over the seeds follow, per domain too, then the verdicts:
 - each training recipe's learning target (TARGETS) on GREEDY accuracy: the mean gain over the seeds
   reaches the floor (overall, and per domain where it has one) AND no seed is below the base in any
   domain, every seed having succeeded with finite figures. Temperature-1 gains stay in the table only:
-  sharpening alone moves them (issue 31);
+  sharpening alone moves them (the sharpening control below shows how far);
 - each training recipe's temperature-1 accuracy after training over the sharpening control, same seed
   (CONTROL_TARGET points, mean over the seeds);
 - power sampling at least as accurate as greedy and as sampling at T = 1/alpha (mean over the seeds).

@@ -1,5 +1,5 @@
 """EGGROLL learning on the embedded default: several settings side by side, held-out accuracy before,
-during and after (issue 12's learning figure).
+during and after (its learning figure in bench/RESULTS.md).
 
     python bench/eggroll_learning.py \
         --configs "sigma=0.01,lr=0.05;sigma=0.003,lr=0.1" --set population=512 --set prompts_per_step=32 \

@@ -4,7 +4,7 @@ runs at the same settings.
 
     python bench/grpo_mtl.py [--gpus 2] [--model random-qwen2.5-0.5b] [--skip continuous]
 
-Runs (issue 14, "Speed"): generator=transformers, generator=continuous and generator=engine on one GPU,
+Runs: generator=transformers, generator=continuous and generator=engine on one GPU,
 and generator=engine on --gpus GPUs. Every run: `--prompts-per-step` prompts per GPU per step, each
 answered `--generations` times, `--max-completion-length` tokens, `--steps` optimizer steps, no
 evaluation, nothing saved. The multi-GPU run is weak scaling: prompts_per_step grows with the GPUs,

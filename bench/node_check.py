@@ -32,7 +32,7 @@ from gpuscale.app.views.node_check import node_check_lines  # noqa: E402
 from gpuscale.data.node_check import per_rank_name  # noqa: E402
 
 COPY_BYTES, MATMUL_N, ALLREDUCE_BYTES, REPEATS = 2**30, 8192, 256 * 2**20, 50
-AGREEMENT = 0.05  # the target: each figure within 5% of plain torch's
+AGREEMENT = 0.05  # the target: each figure within 5% of plain torch's
 LOADER = ("import sys, torch\na = torch.randn(8192, 8192, device='cuda:' + sys.argv[1], dtype=torch.bfloat16)\n"
           "while True:\n    a = (a @ a).clamp_(-1, 1)\n")
 

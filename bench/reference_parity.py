@@ -1,5 +1,5 @@
 """Is `method=reference` the users' code at its best? Times it against the public code's structure, in
-one process, on the same model, prompts and settings (issue 11, item 12).
+one process, on the same model, prompts and settings.
 
     python bench/reference_parity.py --model random-qwen2.5-0.5b --device cuda --precision bf16 \
         --max-new-tokens 256 --blocks 4 --mcmc-steps 3 --problems 3

@@ -48,7 +48,7 @@ the same per-GPU work at every count, so what a step on N GPUs adds is the commu
 and the waiting for the slowest rank (exposed communication plus waiting, not bytes on the wire; it can
 be slightly negative from noise).
 
-Targets (issue 30, at random-qwen2.5-0.5b, 1 GPU -> each larger count): weak-scaling efficiency >= 0.9
+Targets (bench/RESULTS.md's, at random-qwen2.5-0.5b, 1 GPU -> each larger count): weak-scaling efficiency >= 0.9
 for every recipe; strong-scaling efficiency >= 0.85 for power-sampling, rft generation, eggroll and
 grpo-mtl. Each is printed met / not met / not measured and stored in the JSON's `targets`.
 
@@ -79,7 +79,7 @@ from benchruns import RunFailed, gpuscale_run  # noqa: E402
 from record import card, default_path, figures_of, write_result  # noqa: E402
 
 MODELS = ("random-qwen2.5-0.5b", "tiny-math")
-TARGET_MODEL = "random-qwen2.5-0.5b"  # the issue's targets are at this size
+TARGET_MODEL = "random-qwen2.5-0.5b"  # the targets above are at this size
 MODES = ("weak", "strong")
 WEAK_TARGET = 0.9  # every bench
 STRONG_TARGET = 0.85  # the generation-bound benches and grpo-mtl only

@@ -1,7 +1,7 @@
 """How fast the TUI opens and how much CPU it costs while it monitors a live run.
 
     python bench/tui_perf.py [--seconds 30] [--repeats 5] [--size 120x40] [--out OUT.json]
-    python bench/tui_perf.py --first-frame-only --size 80x24 --repeats 10   # issue 27's figure
+    python bench/tui_perf.py --first-frame-only --size 80x24 --repeats 10   # the first-frame figure in RESULTS.md
 
 Three figures, each measured in a fresh child process so that nothing is cached or shared:
 

@@ -1,4 +1,4 @@
-"""What a run is scored on (issue 31): one fixed test set for every seed, a validation split the base
+"""What a run is scored on: one fixed test set for every seed, a validation split the base
 model never saw, tiny-math's structurally new subset (data/near_duplicates.py), and one strict
 answer rule for every recipe's held-out figure."""
 
@@ -25,7 +25,7 @@ from gpuscale.data.tiny_math import (
 from gpuscale.recipes.sft import Settings as SftSettings
 from gpuscale.recipes.shared.training import training_and_eval_examples
 
-TRAINING_LOOKED_AT = 20_000  # of each seed's training split: enough to meet every common structure
+TRAINING_LOOKED_AT = 20_000  # questions of each seed's training split read: every common structure appears
 
 
 def questions(examples) -> list[str]:
@@ -111,7 +111,8 @@ def test_held_out_problems_are_marked_and_no_training_problem_is_a_near_duplicat
         assert not new_keys & pretraining_keys()
         for seed in (0, 1):
             assert not new_keys & {structure_key(question) for question in questions(splits[f"train{seed}"])}
-    # As the issue measured: most arithmetic test problems are a pretraining problem renamed.
+    # Most arithmetic test problems are a pretraining problem with other names and numbers (the
+    # structure_key of data/near_duplicates.py); nearly every comparison problem is structurally new.
     counts = collections.Counter((e["domain"], e["structurally_new"]) for e in splits["test"])
     arithmetic_new = counts["arithmetic", True] / (counts["arithmetic", True] + counts["arithmetic", False])
     assert 0.1 < arithmetic_new < 0.35
