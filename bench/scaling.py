@@ -55,6 +55,11 @@ grpo-mtl. Each is printed met / not met / not measured and stored in the JSON's 
 Memory per GPU is the peak memory NVML attributes to the run's own processes on each GPU (the Store's
 device peaks; with --cpu, each rank's peak RSS); `memory_spread` = (max - min) / max. `wall_s` is the
 whole `gpuscale run` (start-up included), to plan a sweep's time.
+
+`--side-by-side` runs the points of one GPU count at once on disjoint GPUs (four 1-GPU runs on a
+4-GPU host, then two 2-GPU runs), to fit a sweep into less machine time; each row's `beside` says how
+many other runs shared the host (its CPU cores, PCIe and host memory, never its GPUs) while it ran.
+Without it (the default) every run has the host to itself.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,10 +250,13 @@ def run_memory(store: Store, run_id: int, kind: str) -> list[float]:
     return [round(peak["peak_run_mem_mb"] or 0.0, 1) for peak in store.device_peaks(run_id, kinds=(kind,))]
 
 
-def measure(recipe: str, model: str, gpus: int, share: int, opts, env: dict) -> list[dict]:
-    """One run's rows, one per phase the recipe measures (without their mode)."""
+def measure(recipe: str, model: str, gpus: int, share: int, opts, env: dict,
+            devices: tuple[int, ...] = ()) -> list[dict]:
+    """One run's rows, one per phase the recipe measures (without their mode); on `devices` (GPU
+    indices) if given, else on the first `gpus` GPUs."""
     bench = RECIPES[recipe]
-    arguments = ["--recipe", recipe, "--gpus", str(gpus), "--model", model, *bench.arguments(opts, gpus, share)]
+    where = ",".join(map(str, devices)) if devices else str(gpus)
+    arguments = ["--recipe", recipe, "--gpus", where, "--model", model, *bench.arguments(opts, gpus, share)]
     command = "gpuscale run " + " ".join(arguments)
     base = {"recipe": recipe, "model": model, "gpus": gpus, "share": share}
     started = time.perf_counter()
@@ -291,25 +300,54 @@ def point_key(row: dict) -> tuple:
 SCALED = ("mode", "efficiency", "step_overhead")  # what a row gains in the sweep and add_scaling
 
 
+def rounds(points: list[tuple], devices: list[int]) -> list[list[tuple[tuple, tuple[int, ...]]]]:
+    """Points (recipe, model, count, share) grouped into rounds that run at once, each point with its
+    GPU indices: with `devices`, the points of one count side by side on disjoint slices of them;
+    without, one point a round on the first GPUs (its indices left empty)."""
+    if not devices:
+        return [[(point, ())] for point in points]
+    out = []
+    for count in sorted({point[2] for point in points}):
+        same = [point for point in points if point[2] == count]
+        slots = len(devices) // count
+        for start in range(0, len(same), slots):
+            out.append([(point, tuple(devices[slot * count:(slot + 1) * count]))
+                        for slot, point in enumerate(same[start:start + slots])])
+    return out
+
+
+def run_round(round_: list[tuple[tuple, tuple[int, ...]]], opts, env: dict) -> dict[tuple, list[dict]]:
+    """Each point's rows, the points run at once; `beside` = how many other runs shared the host."""
+    def one(entry):
+        (recipe, model, count, share), devices = entry
+        rows = measure(recipe, model, count, share, opts, env, devices=devices)
+        return [{**row, "beside": len(round_) - 1} for row in rows]
+
+    with ThreadPoolExecutor(max_workers=len(round_)) as pool:
+        return {entry[0]: rows for entry, rows in zip(round_, pool.map(one, round_), strict=True)}
+
+
 def sweep(opts, counts: list[int], env: dict, after_each: Callable[[list[dict]], None] = lambda rows: None,
-          earlier: list[dict] = ()) -> list[dict]:
+          earlier: list[dict] = (), devices: list[int] = ()) -> list[dict]:
     """Every recipe x model x mode x count; a point whose command another already ran (the strong
     run at the largest count is the weak one), or that `earlier` rows measured (--append), takes that
-    run's rows. `after_each` gets the rows so far after every run (the result file is rewritten, so a
-    sweep cut by a time limit keeps its runs)."""
+    run's rows. `devices` (GPU indices) runs each count's points side by side (`rounds`). `after_each`
+    gets the rows so far after every round (the result file is rewritten, so a sweep cut by a time
+    limit keeps its runs)."""
     shares = {"weak": dict.fromkeys(counts, 1), "strong": strong_shares(counts) if "strong" in opts.modes else {}}
+    plan = [(mode, (recipe, model, n, shares[mode][n]))
+            for recipe in opts.recipes for model in opts.models
+            for mode in (m for m in opts.modes if m == "weak" or RECIPES[recipe].strong) for n in counts]
     done = measured_points(list(earlier))
-    rows = []
-    for recipe in opts.recipes:
-        for model in opts.models:
-            for mode in (m for m in opts.modes if m == "weak" or RECIPES[recipe].strong):
-                for n in counts:
-                    key = (recipe, model, n, shares[mode][n])
-                    if key not in done:
-                        done[key] = measure(recipe, model, n, shares[mode][n], opts, env)
-                    rows += [{**row, "mode": mode} for row in done[key]]
-                    after_each(rows)
-    return rows
+    pending = list(dict.fromkeys(key for _, key in plan if key not in done))
+
+    def rows_so_far() -> list[dict]:
+        return [{**row, "mode": mode} for mode, key in plan if key in done for row in done[key]]
+
+    for round_ in rounds(pending, list(devices)):
+        done.update(run_round(round_, opts, env))
+        after_each(rows_so_far())
+    return rows_so_far()
 
 
 def row_key(row: dict) -> tuple:
@@ -383,7 +421,8 @@ def print_table(rows: list[dict], verdicts: list[dict]) -> None:
         return format(value, form) if value is not None else "-".rjust(int(form.split(".")[0]))
 
     print(f"\n{'bench':<16} {'model':<20} {'mode':<6} {'GPUs':>4} {'figure':<20} {'total':>10} {'per GPU':>10} "
-          f"{'eff.':>6} {'step s':>8} {'comm':>12} {'overhead':>8} {'wall s':>6}  run memory per GPU (MiB), spread")
+          f"{'eff.':>6} {'step s':>8} {'comm':>12} {'overhead':>8} {'wall s':>6} {'beside':>6}  "
+          "run memory per GPU (MiB), spread")
     for r in rows:
         head = f"{bench_name(r):<16} {r['model']:<20} {r.get('mode', 'weak'):<6} {r['gpus']:>4}"
         if "error" in r:
@@ -392,7 +431,8 @@ def print_table(rows: list[dict], verdicts: list[dict]) -> None:
         print(f"{head} {r['figure']:<20} {cell(r['total'], '10.2f')} {cell(r['per_gpu'], '10.2f')} "
               f"{cell(r['efficiency'], '6.3f')} {cell(r.get('step_seconds'), '8.3f')} "
               f"{percent(r.get('comm_share'), 'not measured'):>12} {percent(r.get('step_overhead')):>8} "
-              f"{cell(r.get('wall_s'), '6.0f')}  {r['run_mem_mb_per_gpu']}, {percent(r['memory_spread'])}")
+              f"{cell(r.get('wall_s'), '6.0f')} {r.get('beside', 0):>6}  {r['run_mem_mb_per_gpu']}, "
+              f"{percent(r['memory_spread'])}")
     print(f"\ntargets (efficiency 1 GPU -> N, {TARGET_MODEL}):")
     for v in verdicts:
         verdict = "not measured" if v["met"] is None else "met" if v["met"] else "not met"
@@ -417,6 +457,9 @@ def parse_options(argv: list[str] | None = None):
                         help=f"comma-separated; the targets are at {TARGET_MODEL}; tiny-math (the embedded model) too")
     parser.add_argument("--modes", default=",".join(MODES), help="weak, strong or both")
     parser.add_argument("--cpu", action="store_true", help="ranks as CPU processes (no GPU is used or needed)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="run the points of one GPU count at once on disjoint GPUs (less machine time; the "
+                        "runs share the host's CPU, PCIe and memory, each row's `beside` says with how many)")
     size = parser.add_argument_group("per-GPU sizes of weak scaling (strong: the largest count's total)")
     size.add_argument("--probe-batch", type=int, default=256)
     size.add_argument("--probe-steps", type=int, default=200)
@@ -446,6 +489,8 @@ def parse_options(argv: list[str] | None = None):
     opts = parser.parse_args(argv)
     if opts.append and not opts.out:
         parser.error("--append needs --out (the file whose rows to keep)")
+    if opts.side_by_side and opts.cpu:
+        parser.error("--side-by-side: runs GPU points on disjoint GPUs; CPU ranks (--cpu) have none to split")
     opts.recipes, opts.models, opts.modes = (value.split(",") for value in (opts.recipes, opts.models, opts.modes))
     for field, chosen, known in (("--recipes", opts.recipes, RECIPES), ("--modes", opts.modes, MODES)):
         if unknown := sorted(set(chosen) - set(known)):
@@ -495,7 +540,8 @@ def main() -> None:
                      out=out, card=found_card)
 
     try:
-        rows = sweep(opts, counts, env, after_each=save, earlier=earlier)
+        devices = [gpu["index"] for gpu in gpus] if opts.side_by_side else []
+        rows = sweep(opts, counts, env, after_each=save, earlier=earlier, devices=devices)
     except ValueError as error:  # the counts left after skipping do not split the strong work evenly
         print(error, file=sys.stderr)
         sys.exit(2)

@@ -161,7 +161,7 @@ def test_an_appended_sweep_runs_only_the_points_not_measured_without_error(monke
                  for phase in ("generation", "sft") for mode in ("weak", "strong"))]
     ran = []
 
-    def measure(recipe, model, gpus, share, opts, env):
+    def measure(recipe, model, gpus, share, opts, env, devices=()):
         ran.append((recipe, gpus, share))
         return [{**base, "recipe": recipe, "phase": phase, "gpus": gpus, "share": share, "run": len(ran)}
                 for phase in scaling.RECIPES[recipe].phases]
@@ -175,6 +175,37 @@ def test_an_appended_sweep_runs_only_the_points_not_measured_without_error(monke
     assert weak_sft_one["run"] == 7
     assert {(r["phase"], r["mode"]) for r in rows if r["recipe"] == "rft" and r["gpus"] == 2} == {
         (phase, mode) for phase in ("generation", "sft") for mode in ("weak", "strong")}
+
+
+def test_a_side_by_side_sweep_runs_each_counts_points_at_once_on_disjoint_gpus(monkeypatch):
+    scaling = load_bench("scaling.py")
+    opts = scaling.parse_options(["--gpu-counts", "1,2,4", "--recipes", "sft,rft,grpo-mtl", "--side-by-side"])
+    ran = []
+
+    def measure(recipe, model, gpus, share, opts, env, devices=()):
+        ran.append((recipe, gpus, share, devices))
+        return [{"recipe": recipe, "model": model, "phase": phase, "gpus": gpus, "share": share, "figure": "f",
+                 "total": 1.0, "per_gpu": 1.0, "run_mem_mb_per_gpu": [], "memory_spread": None}
+                for phase in scaling.RECIPES[recipe].phases]
+
+    monkeypatch.setattr(scaling, "measure", measure)
+    rounds_seen = []
+    rows = scaling.sweep(opts, [1, 2, 4], {}, devices=[4, 5, 6, 7],
+                         after_each=lambda rows: rounds_seen.append(len(ran)))
+    # 3 recipes x (weak 1, 2, 4; strong 1, 2; strong 4 is weak 4's run): six 1-GPU points in two rounds of
+    # four and two, six 2-GPU points in three rounds of two, three 4-GPU points alone.
+    assert rounds_seen == [4, 6, 8, 10, 12, 13, 14, 15]
+    assert sorted(devices for _, gpus, _, devices in ran if gpus == 1) == [(4,), (4,), (5,), (5,), (6,), (7,)]
+    assert {devices for _, gpus, _, devices in ran if gpus == 2} == {(4, 5), (6, 7)}
+    assert {devices for _, gpus, _, devices in ran if gpus == 4} == {(4, 5, 6, 7)}
+    beside = {(r["recipe"], r["mode"], r["gpus"]): r["beside"] for r in rows if r.get("phase") != "sft"}
+    assert beside[("sft", "weak", 1)] == 3 and beside[("sft", "weak", 4)] == 0 and beside[("sft", "strong", 2)] == 1
+    # Without devices every point runs alone on the first GPUs.
+    ran.clear()
+    scaling.sweep(opts, [1, 2, 4], {})
+    assert len(ran) == 15 and {devices for *_, devices in ran} == {()}
+    with pytest.raises(SystemExit):
+        scaling.parse_options(["--cpu", "--side-by-side"])
 
 
 def scaling_row(recipe: str, mode: str, gpus: int, total: float | None, phase: str | None = None,
