@@ -255,7 +255,8 @@ def measure(recipe: str, model: str, gpus: int, share: int, opts, env: dict,
     """One run's rows, one per phase the recipe measures (without their mode); on `devices` (GPU
     indices) if given, else on the first `gpus` GPUs."""
     bench = RECIPES[recipe]
-    where = ",".join(map(str, devices)) if devices else str(gpus)
+    # GPU indices as `--gpus` takes them ("3," is GPU 3 alone; a bare "3" would be a count of three)
+    where = ",".join(map(str, devices)) + ("," if len(devices) == 1 else "") if devices else str(gpus)
     arguments = ["--recipe", recipe, "--gpus", where, "--model", model, *bench.arguments(opts, gpus, share)]
     command = "gpuscale run " + " ".join(arguments)
     base = {"recipe": recipe, "model": model, "gpus": gpus, "share": share}

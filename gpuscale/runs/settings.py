@@ -98,7 +98,7 @@ class RunSettings(BaseModel):
     @classmethod
     def _check_gpus(cls, value: Any) -> Any:
         if isinstance(value, int) and value < 1:
-            raise ValueError("at least 1 GPU (or CPU rank) is needed")
+            raise ValueError("at least 1 GPU (or CPU rank) is needed; GPU 0 alone is written '0,'")
         if isinstance(value, list):
             if not value:
                 raise ValueError("give at least one GPU index")

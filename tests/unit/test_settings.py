@@ -18,6 +18,7 @@ def test_layers_later_wins(tmp_path):
 def test_gpus_forms():
     assert resolve_settings(Settings, overrides={"gpus": "0,3"}, environ={}).gpus == [0, 3]
     assert resolve_settings(Settings, overrides={"gpus": "2"}, environ={}).gpus == 2
+    assert resolve_settings(Settings, overrides={"gpus": "3,"}, environ={}).gpus == [3]  # GPU 3 alone
     assert resolve_settings(Settings, environ={}).gpus == "all"
 
 
@@ -29,6 +30,7 @@ def test_gpus_forms():
         ({"precision": "fp8"}, "precision: 'fp8':"),
         ({"gpus": "0,0"}, "gpus: '0,0': a GPU index is listed twice"),
         ({"gpus": "x"}, "gpus: 'x': expected 'all', a count"),
+        ({"gpus": "0"}, "gpus: '0': at least 1 GPU (or CPU rank) is needed; GPU 0 alone is written '0,'"),
         ({"rdzv_endpoint": "nohostport"}, "rdzv_endpoint: 'nohostport': expected HOST:PORT"),
     ],
 )
