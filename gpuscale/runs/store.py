@@ -422,6 +422,12 @@ class Store:
         rows = self.db["runs"].rows_where("status IN ('queued', 'running')", order_by="id")
         return [_decode_run(r) for r in rows]
 
+    def live_ranks_on(self, host: str | None) -> int:
+        """The ranks of every live run on `host`, by their device plans (a plan that cannot be read
+        counts one rank)."""
+        rows = self.db.execute("SELECT run_dir FROM runs WHERE status IN ('queued', 'running') AND host IS ?", [host])
+        return sum(_planned_ranks(run_dir) for (run_dir,) in rows)
+
     def runs_sharing_gpus(self, run_id: int, host: str | None, gpu_indices: list[int], start: float,
                           end: float) -> dict[int, list[int]]:
         """The other runs on `host` that used any of `gpu_indices` at some time between `start` and
@@ -628,6 +634,13 @@ def _planned_gpus(run_dir: str | None) -> list[int]:
         return list(json.loads(RunDir(run_dir).plan.read_text())["gpu_indices"])
     except (OSError, TypeError, ValueError, KeyError):
         return []
+
+
+def _planned_ranks(run_dir: str | None) -> int:
+    try:
+        return max(1, int(json.loads(RunDir(run_dir).plan.read_text())["nproc"]))
+    except (OSError, TypeError, ValueError, KeyError):
+        return 1
 
 
 def _decode_tuning(row: dict) -> dict:

@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from gpuscale.runs import telemetry
+from gpuscale.runs.devices import visible_gpu_indices
 from gpuscale.runs.metrics_tail import MetricsTailer, Throughput
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir
@@ -99,7 +100,11 @@ class Supervisor:
     # ---- the run ------------------------------------------------------------------------------
 
     def launch(self) -> subprocess.Popen:
-        threads, why = omp_threads(os.environ, self.plan["nproc"])
+        live = []  # the ranks of the live runs on this host, this one's included
+        self.write_history(lambda: live.append(self.store.live_ranks_on(self.run["host"])))
+        ranks_here = live[0] if live else 0
+        gpus_here = len(visible_gpu_indices()) if self.plan["gpu_indices"] else 0
+        threads, why = omp_threads(os.environ, self.plan["nproc"], ranks_here=ranks_here, gpus_here=gpus_here)
         print(f"OMP_NUM_THREADS={threads} per rank ({why})", flush=True)
         env = rank_environment(os.environ, self.run_dir, self.plan, threads)
         # The launcher writes to its own copy of the descriptor: ours is closed once it has started.
@@ -386,7 +391,8 @@ def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = N
     return env
 
 
-def omp_threads(environ, nproc: int, cores: int | None = None, busy: float | None = None) -> tuple[str, str]:
+def omp_threads(environ, nproc: int, cores: int | None = None, busy: float | None = None, ranks_here: int = 0,
+                gpus_here: int = 0) -> tuple[str, str]:
     """OpenMP threads per rank, and why (the supervisor's log says both).
 
     A value the user set wins. Otherwise the ranks share the cores that are free now. Left alone,
@@ -395,14 +401,24 @@ def omp_threads(environ, nproc: int, cores: int | None = None, busy: float | Non
     a rank with more threads than free cores waits at every OpenMP barrier for a descheduled thread
     (on 2 busy cores a tiny decode step took 500 ms with 2 threads, 1.6 ms with 1: bench/RESULTS.md),
     while one thread on an idle machine loses at most the parallel speed-up.
+
+    Free cores cannot see runs that start at the same moment (the load average lags; their ranks do
+    not exist yet), so two caps more: the cores over `ranks_here`, the ranks of every live run on this
+    host (this one's included, from the history), and on a GPU the GPU's share of the cores
+    (`gpus_here`: the GPUs this process sees). Four 1-GPU runs started together on a 64-core host each
+    took 64 threads, and each ran 1.5-2x slower than alone (bench/RESULTS.md, the scaling section).
     """
     if environ.get("OMP_NUM_THREADS"):
         return environ["OMP_NUM_THREADS"], "set by the user"
     cores = cores or os.cpu_count() or 1
     busy = busy_cores(cores) if busy is None else busy
     free = max(0, int(cores - busy + 0.5))
-    threads = max(1, free // nproc)
-    return str(threads), f"{cores} cores, {busy:.1f} busy, {free} free, {nproc} rank(s): free cores / ranks, at least 1"
+    ranks_here = max(ranks_here, nproc)
+    threads = max(1, min(free // nproc, cores // ranks_here, cores // gpus_here if gpus_here else cores))
+    return str(threads), (f"{cores} cores, {busy:.1f} busy, {free} free, {nproc} rank(s) of {ranks_here} on this host"
+                          + (f", {gpus_here} GPUs" if gpus_here else "")
+                          + ": the least of free cores / ranks, cores / ranks on the host"
+                          + (", cores / GPUs" if gpus_here else "") + ", at least 1")
 
 
 def busy_cores(cores: int) -> float:

@@ -135,6 +135,40 @@ def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores,
     assert supervisor.omp_threads({"OMP_NUM_THREADS": "4"}, nproc) == ("4", "set by the user")
 
 
+@pytest.mark.parametrize("ranks_here, gpus_here, threads", [
+    (1, 0, "64"),    # a lone CPU run keeps every core
+    (4, 4, "16"),    # four 1-GPU runs started together on a 4-GPU host: a GPU's share each, not 64
+    (48, 4, "1"),    # twelve 4-GPU runs on one host: the cores over all their ranks
+    (1, 8, "8"),     # a lone 1-GPU run on an 8-GPU host: its GPU's share
+])
+def test_runs_started_together_share_the_host_by_their_ranks_and_gpus(ranks_here, gpus_here, threads):
+    from gpuscale.runs.supervisor import omp_threads
+
+    value, why = omp_threads({}, 1, cores=64, busy=0.0, ranks_here=ranks_here, gpus_here=gpus_here)
+    assert value == threads and f"of {ranks_here} on this host" in why
+    assert ("GPUs" in why) == bool(gpus_here)
+
+
+def test_the_history_counts_the_ranks_of_the_live_runs_on_a_host(tmp_path):
+    import json
+
+    from gpuscale.runs.run_dir import RunDir
+    from gpuscale.runs.store import Store
+
+    store = Store(tmp_path)
+    ids = [store.create_run("probe", {}, [], host) for host in ("node1", "node1", "node1", "node2")]
+    for run_id, nproc in zip(ids, (4, 2, 8, 4), strict=True):
+        folder = RunDir(store.get_run(run_id)["run_dir"])
+        folder.plan.parent.mkdir(parents=True, exist_ok=True)
+        folder.plan.write_text(json.dumps({"nproc": nproc, "gpu_indices": list(range(nproc))}))
+    store.update_run(ids[1], status="running")
+    store.finish_run(ids[2], "succeeded")  # ended: its 8 ranks no longer count
+    assert store.live_ranks_on("node1") == 4 + 2 and store.live_ranks_on("node2") == 4
+    RunDir(store.get_run(ids[0])["run_dir"]).plan.unlink()  # an unreadable plan counts one rank
+    assert store.live_ranks_on("node1") == 1 + 2 and store.live_ranks_on("elsewhere") == 0
+    store.close()
+
+
 def test_busy_cores_sees_work_that_just_started():
     """A loop started now shows in the CPU use at once, before the load average catches up."""
     from gpuscale.runs.supervisor import busy_cores
