@@ -113,13 +113,14 @@ SAVED_MODEL_PROBLEMS = 100
 MODEL_CHECK_LOCK = threading.Lock()
 
 
-def shared_threads(runs_at_once: int) -> None:
-    """Give every run started from here its share of the host's cores as OpenMP threads (unless the
-    caller set OMP_NUM_THREADS). Runs that start together all find the machine idle, so each would
-    take every core (runs/supervisor.py's omp_threads): with 20 runs on 16 cores, each rank's
-    OpenMP barriers then wait on descheduled threads. Like gpu_memory_share, it says how runs share
-    the machine, not how a recipe learns."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, runs_at_once))))
+def shared_threads(ranks_at_once: int) -> None:
+    """Give every rank started from here its share of the host's cores as OpenMP threads (unless the
+    caller set OMP_NUM_THREADS): the cores over the ranks of all the runs at once. The supervisor
+    divides by the live runs' ranks too (runs/supervisor.py's omp_threads), but runs that start
+    together may not yet see one another there; with 20 runs on 16 cores each rank's OpenMP barriers
+    would wait on descheduled threads. Like gpu_memory_share, it says how runs share the machine,
+    not how a recipe learns."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, ranks_at_once))))
 
 
 def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefix: str = "acceptance") -> dict:
@@ -636,7 +637,7 @@ def main() -> None:
     at_once = min(args.jobs or default_jobs(jobs, gpus, found), len(jobs))
     jobs = [(label, recipe, {**machine_settings(index, gpus, found, jobs[:at_once]), **settings}, seed)
             for index, (label, recipe, settings, seed) in enumerate(jobs)]
-    shared_threads(at_once)
+    shared_threads(at_once * ranks_per_run(gpus))
     choice = TemperatureChoice(sum(label.startswith(VALIDATION_PREFIX) for label, *_ in jobs))
     started = time.perf_counter()
 
@@ -666,6 +667,11 @@ def main() -> None:
                                                         "set": args.set, "only": args.only},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
                   "gpu_tests": tests, "seconds": total}, out=args.out)
+
+
+def ranks_per_run(gpus: str) -> int:
+    """The ranks of a run given `--gpus` as gpuscale takes it: a count, or GPU indices ("0,3", "2,")."""
+    return int(gpus) if gpus.isdigit() else len([part for part in gpus.split(",") if part.strip()])
 
 
 def default_jobs(jobs: list[tuple], gpus: str, found: int) -> int:

@@ -5,6 +5,7 @@ and the saved-model check's plain-transformers scoring on the embedded model."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import threading
 from pathlib import Path
@@ -216,3 +217,14 @@ def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_with_several(accepta
     assert acceptance.default_jobs(jobs, "4", found=4) == validation + len(acceptance.JOBS)
     one_seed = acceptance.job_list([5], None, {})
     assert acceptance.default_jobs(one_seed, "4", found=4) == len(one_seed)
+
+
+def test_the_runs_at_once_share_the_cores_by_their_ranks(acceptance, monkeypatch):
+    assert [acceptance.ranks_per_run(gpus) for gpus in ("1", "4", "0,3", "2,")] == [1, 4, 2, 1]
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    for ranks, threads in ((12 * 4, "1"), (4, "16"), (0, "64")):
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        acceptance.shared_threads(ranks)
+        assert os.environ["OMP_NUM_THREADS"] == threads
+    acceptance.shared_threads(1)  # a value already set (the caller's) stays
+    assert os.environ["OMP_NUM_THREADS"] == "64"
