@@ -222,6 +222,7 @@ def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_with_several(accepta
 def test_the_runs_at_once_share_the_cores_by_their_ranks(acceptance, monkeypatch):
     assert [acceptance.ranks_per_run(gpus) for gpus in ("1", "4", "0,3", "2,")] == [1, 4, 2, 1]
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setenv("OMP_NUM_THREADS", "restored after the test")
     for ranks, threads in ((12 * 4, "1"), (4, "16"), (0, "64")):
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         acceptance.shared_threads(ranks)
