@@ -27,7 +27,9 @@ recipe's own unit (its catalogue figure), all GPUs together:
   forward, launch-bound at batch 64 on an H200) is kept beside it;
 - power-sampling: problems/s (summary `problems_per_s`);
 - eggroll: members/s (summary `members_per_s`: the population over the median ES step);
-- rft generation: generated samples/s of its generation phase (summary `samples_per_s`);
+- rft generation: generated samples/s of its generation phase without each rank's first call
+  (summary `samples_per_s_steady`; the first call captures CUDA graphs, and at a few calls a rank it
+  was most of the phase: 68 against 12 samples/s on one H200); `samples_per_s` is kept beside it;
 - rft sft (the same run's training phase), grpo-mtl, sft: tokens/s at the median step,
   `tokens_per_s_steady` = (the trainer's token count / steps) / median step time, so that a short run's
   first step (optimizer state, graph capture) does not weigh on it.
@@ -59,7 +61,9 @@ whole `gpuscale run` (start-up included), to plan a sweep's time.
 `--side-by-side` runs the points of one GPU count at once on disjoint GPUs (four 1-GPU runs on a
 4-GPU host, then two 2-GPU runs), to fit a sweep into less machine time; each row's `beside` says how
 many other runs shared the host (its CPU cores, PCIe and host memory, never its GPUs) while it ran.
-Without it (the default) every run has the host to itself.
+Its figures are not yet trustworthy: on 4 x H200 a 1-GPU run with three beside it ran 1.5-2x slower
+than alone (bench/RESULTS.md; likely their OpenMP threads, capped since). Without it (the default)
+every run has the host to itself: the figures to compare.
 """
 
 from __future__ import annotations
@@ -192,8 +196,8 @@ def eggroll_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
 def rft_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
     """Two parts of one run: the generation (its samples/s) and the SFT on what it kept."""
     step = logged_step_seconds(store, run_id)
-    return [{"phase": "generation", "figure": "samples_per_s", "total": summary["samples_per_s"],
-             "samples_per_s_steady": summary.get("samples_per_s_steady")},
+    return [{"phase": "generation", "figure": "samples_per_s_steady", "total": summary["samples_per_s_steady"],
+             "samples_per_s": summary["samples_per_s"]},
             {"phase": "sft", "figure": "tokens_per_s_steady", "total": steady_tokens_per_s(summary, step),
              "step_seconds": step}]
 
@@ -472,7 +476,8 @@ def parse_options(argv: list[str] | None = None):
     size.add_argument("--eggroll-fitness", choices=("correctness", "gold_logprob"), default=None,
                       help="default: the recipe's (gold_logprob: teacher forcing, nothing sampled); correctness "
                       "samples answers and times the fitness all-gather apart (its comm share)")
-    size.add_argument("--rft-questions-per-gpu", type=int, default=16)
+    size.add_argument("--rft-questions-per-gpu", type=int, default=64, help="8 engine calls a GPU at the default "
+                      "per call: the steady rate leaves the first out")
     size.add_argument("--rft-questions-per-call", type=int, default=8)
     size.add_argument("--rft-samples", type=int, default=8, help="samples per question")
     size.add_argument("--grpo-prompts-per-gpu", type=int, default=8)

@@ -267,12 +267,14 @@ def test_scaling_strong_shares_split_the_largest_counts_work_and_refuse_uneven_c
     assert refused.value.code == 2
     assert "--gpu-counts: 1,3,4: strong scaling splits the work of 4 GPUs evenly, and [3] do not divide 4" in \
         capsys.readouterr().err
-    # rft's one run gives two benches: its generation's samples/s and its SFT's steady tokens/s.
+    # rft's one run gives two benches: its generation's steady samples/s and its SFT's steady tokens/s.
     store = type("LoggedSteps", (), {"metrics": lambda self, run, name: [
         {"rank": 0, "value": ms} for ms in (900.0, 200.0, 220.0, 240.0)] + [{"rank": 1, "value": 5000.0}]})()
-    parts = scaling.rft_figures({"samples_per_s": 40.0, "steps": 4, "train_tokens": 8000}, store, 1)
+    parts = scaling.rft_figures({"samples_per_s": 40.0, "samples_per_s_steady": 70.0, "steps": 4,
+                                 "train_tokens": 8000}, store, 1)
     assert [(p["phase"], p["figure"], p["total"]) for p in parts] == [
-        ("generation", "samples_per_s", 40.0), ("sft", "tokens_per_s_steady", pytest.approx(2000 / 0.22))]
+        ("generation", "samples_per_s_steady", 70.0), ("sft", "tokens_per_s_steady", pytest.approx(2000 / 0.22))]
+    assert parts[0]["samples_per_s"] == 40.0
     # eggroll's gather phase is communication only where its scoring was timed apart (fitness=correctness).
     correctness = {"members_per_s": 64.0, "step_seconds_median": 2.0, "load_seconds_median": 0.1,
                    "generate_seconds_median": 1.5, "score_seconds_median": 0.2, "gather_seconds_median": 0.1}
