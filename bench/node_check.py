@@ -9,7 +9,9 @@ Three parts, one result file (bench/results/probe/node_check-<date>-<card>.json)
    instead of the probe's clock: a 1 GiB device-to-device copy (GB/s, read plus written) and a bf16
    8192 x 8192 matmul (TFLOP/s) on each GPU, then a 256 MiB a rank all-reduce of fp32 over NCCL
    across all of them (torchrun; busbw = algbw x 2(n-1)/n, as nccl-tests computes it), the same sizes
-   as the probe's. Each probe figure over the plain one: the target is within 5%;
+   as the probe's. Each probe figure over the plain one: the target is within 5%. Beside them, the
+   probe's own copy and matmul functions run in this process (`probe_code_in_this_process`): where
+   the probe and plain torch disagree, the same code without the rank around it says which differs;
 3. the probe again at the first run's throughput batch while another process runs bf16 matmuls on
    `--loaded-gpu`: that GPU must be flagged, and no other.
 """
@@ -74,6 +76,28 @@ def plain_gpu_figures(index: int) -> dict:
 
     with torch.cuda.device(index):
         figures = {"copy_gb_per_s": copy_gb_per_s(), "matmul_tflops": matmul_tflops()}
+        torch.cuda.empty_cache()
+    return figures
+
+
+def probe_code_figures(device) -> dict:
+    """The probe's own copy and matmul measures (gpuscale/recipes/probe.py) run in this process: the
+    rank's code without the rank's surroundings (its model, decode loop, process group). Where the
+    probe and plain torch disagree, this says whether the code or the surroundings differ."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gpuscale.recipes import probe
+
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(device)
+    ctx = SimpleNamespace(device=device, dtype=torch.bfloat16 if on_gpu else torch.float32,
+                          synchronize=(lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None))
+    sizes = probe.measure_sizes(device)
+    figures = {"copy_gb_per_s": probe.copy_gb_per_s(ctx, sizes), "matmul_tflops": probe.matmul_tflops(ctx, sizes)}
+    if on_gpu:
         torch.cuda.empty_cache()
     return figures
 
@@ -181,6 +205,10 @@ def main() -> None:
     for row in rows:
         print(f"  GPU {row['gpu']} {row['figure']}: probe {row['probe']:.4g} / plain torch {row['plain']:.4g} = "
               f"{row['ratio']:.3f} ({'within' if row['within_5_percent'] else 'NOT within'} 5%)", flush=True)
+    probe_code = [probe_code_figures(torch.device("cuda", index)) for index in range(gpus)]
+    for index, figures in enumerate(probe_code):
+        print(f"  GPU {index}, the probe's code in this process / plain torch: " + ", ".join(
+            f"{name} {value:.4g} / {plain[index][name]:.4g}" for name, value in figures.items()), flush=True)
     batch = opts.loaded_batch_size or str(run["summary"]["throughput_batch_size"])
     loaded, flags, right = loaded_run([*probe, "--batch-size", batch], opts.loaded_gpu)
     loaded_table = node_check_lines(loaded["summary"])
@@ -188,6 +216,7 @@ def main() -> None:
     write_result("probe", "node_check", vars(opts), {
         "gpus": gpus, "probe_run": run["summary"], "probe_wall_s": wall, "table": table,
         "plain_torch": plain, "plain_allreduce": plain_reduce, "agreement": rows,
+        "probe_code_in_this_process": probe_code,
         "all_within_5_percent": all(row["within_5_percent"] for row in rows),
         "loaded_gpu": opts.loaded_gpu, "loaded_run": loaded["summary"], "loaded_table": loaded_table,
         "loaded_flags": flags, "loaded_gpu_flagged_alone": right}, out=opts.out)

@@ -502,3 +502,11 @@ def test_every_bench_script_help_names_its_baseline():
     for script in scripts:
         done = bench(script, "--help", timeout=120)
         assert "baseline" in done.stdout.lower(), f"{script}: {done.stdout}"
+
+
+def test_the_node_check_runs_the_probes_own_measures_outside_a_rank_on_cpu():
+    import torch
+
+    node_check = load_bench("node_check.py")
+    figures = node_check.probe_code_figures(torch.device("cpu"))
+    assert set(figures) == {"copy_gb_per_s", "matmul_tflops"} and all(value > 0 for value in figures.values())
