@@ -4,13 +4,17 @@
     python bench/row_terms.py --device cpu --groups 4 --rows 8 --repeats 1 --calls 2 --out /tmp/r.json  # smoke
 
 The engine adds, for every row of member g, y += scale * (x @ down[g]) @ up[g]^T to each perturbed
-projection's output (engines/generation/row_terms.py, `RowTerm.add_into`: a batched matmul, then a
-batched multiply-add into the output). At rank 1 the first product is a matrix-vector product per
-member, which cuBLAS sends to a batched GEMV-like kernel (MAGMA's `sgemmEx`, fp32 arithmetic: the
-largest entry of the population's kernel table on an H200, bench/RESULTS.md). Ways timed, each on
-the same output and inputs:
+projection's output (engines/generation/row_terms.py, `RowTerm.add_into`). At rank 1 the first
+product is a matrix-vector product per member, which cuBLAS sends, batched, to a GEMV-like kernel
+(MAGMA's `sgemmEx`, fp32 arithmetic: the largest entry of the population's kernel table on an H200,
+bench/RESULTS.md); the engine now makes it one GEMM against every member where a group has few rows
+(`DENSE_MAX_ROWS_PER_GROUP`, a guess until this bench has run on a GPU at --tokens 1 and at a
+prompt's length). Ways timed, each on the same output and inputs:
 
-    bmm            the engine's way (bmm, then baddbmm_ into the output)
+    engine         RowTerm.add_into, the engine's way: at rank 1 with few rows a group (a decode step),
+                   one GEMM of every row against every member's down vector, each row keeping its
+                   group's column; else batched products (as bmm); then baddbmm_ into the output
+    bmm            the batched products (bmm, then baddbmm_ into the output): the engine's way before
     bmm_rank8      the same with down and up padded with zero columns to rank 8 (exact; tensor cores)
     broadcast      (x * down[g]).sum(-1) per rank, then the outer product added (no matmul)
     *_compiled     each under torch.compile
@@ -30,6 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
 from attention_decode import seconds_per_call  # noqa: E402  (the same timing loop)
 from record import one_card, write_result  # noqa: E402
+
+from gpuscale.engines.generation.row_terms import RowTerm  # noqa: E402
 
 BASELINE = """No baseline of other code: it compares ways of adding the engine's per-member low-rank terms
 (the engine's batched matmuls, the same padded to rank 8, a broadcast multiply-sum; eager and compiled)
@@ -78,8 +84,12 @@ def padded(rank: int):
     return add
 
 
+def engine_way(output, x, down, up, scale):
+    RowTerm(down, up, scale).add_into(output, x)
+
+
 def ways():
-    eager = {"bmm": bmm, "bmm_rank8": padded(8), "broadcast": broadcast}
+    eager = {"engine": engine_way, "bmm": bmm, "bmm_rank8": padded(8), "broadcast": broadcast}
     return {**eager, **{f"{name}_compiled": torch.compile(fn, dynamic=False) for name, fn in eager.items()}}
 
 

@@ -24,6 +24,14 @@ from collections.abc import Sequence
 
 import torch
 
+# At rank 1 with at most this many row-tokens a group (a decode step of a large population), the
+# members' down products x_g @ down[g] are one GEMM of every row against every member's vector,
+# [rows, in] @ [in, G], of which each row keeps its own group's column: G times the arithmetic of
+# the batched products, on tensor cores, where the batched form is G matrix-vector products that
+# cuBLAS sends to a slow batched kernel (MAGMA's sgemmEx, fp32 arithmetic: the largest entry of the
+# population's kernel profile on an H200, bench/RESULTS.md). Above it (a prefill), the batched form.
+DENSE_MAX_ROWS_PER_GROUP = 64
+
 
 class RowTerm:
     """down [G, in_features, r], up [G, out_features, r], scale a float or a 0-dim tensor.
@@ -55,8 +63,17 @@ class RowTerm:
         term tensor added to it, which halves the memory traffic on the [B, ..., out] side, the large
         one. `output` may be a slice of a fused projection's output. (A broadcast multiply-add at
         rank 1 instead of the batched matmuls was slower on an H200: bench/RESULTS.md.)"""
-        low_rank = torch.bmm(x.reshape(self.groups, -1, x.shape[-1]), self.down) * self.scale
+        low_rank = self._down_products(x.reshape(-1, x.shape[-1])) * self.scale
         output.view(self.groups, -1, output.shape[-1]).baddbmm_(low_rank, self.up.transpose(1, 2))
+
+    def _down_products(self, rows: torch.Tensor) -> torch.Tensor:
+        """x_g @ down[g] for every group g: [G, rows a group, r], from x as [rows, in]."""
+        groups, per_group = self.groups, rows.shape[0] // self.groups
+        if self.down.shape[2] == 1 and per_group <= DENSE_MAX_ROWS_PER_GROUP:
+            every = rows @ self.down[:, :, 0].transpose(0, 1)  # [rows, G]: each row against every member
+            # Row j of group g keeps column g: the diagonal of the [G, rows a group, G] view.
+            return every.view(groups, per_group, groups).diagonal(dim1=0, dim2=2).transpose(0, 1).unsqueeze(-1)
+        return torch.bmm(rows.reshape(groups, per_group, rows.shape[-1]), self.down)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.down, self.up, self.scale
