@@ -56,6 +56,7 @@ def parse_args(argv=None):
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-compiled", action="store_true", help="the eager ways only (no torch.compile)")
     parser.add_argument("--out", default=None, help="default: bench/results/eggroll/row-terms-<date>-<card>.json")
     return parser.parse_args(argv)
 
@@ -88,8 +89,10 @@ def engine_way(output, x, down, up, scale):
     RowTerm(down, up, scale).add_into(output, x)
 
 
-def ways():
+def ways(compiled: bool = True):
     eager = {"engine": engine_way, "bmm": bmm, "bmm_rank8": padded(8), "broadcast": broadcast}
+    if not compiled:
+        return eager
     return {**eager, **{f"{name}_compiled": torch.compile(fn, dynamic=False) for name, fn in eager.items()}}
 
 
@@ -106,7 +109,7 @@ def one_shape(in_features: int, out_features: int, args, device, dtype) -> dict:
     reference = base.float().clone()
     bmm(reference, x.float(), down.float(), up.float(), scale)
     row = {"in": in_features, "out": out_features, "us": {}, "max_error": {}, "errors": {}}
-    for name, fn in ways().items():
+    for name, fn in ways(compiled=not args.skip_compiled).items():
         try:
             output = base.clone()
             fn(output, x, down, up, scale)

@@ -510,3 +510,14 @@ def test_the_node_check_runs_the_probes_own_measures_outside_a_rank_on_cpu():
     node_check = load_bench("node_check.py")
     figures = node_check.probe_code_figures(torch.device("cpu"))
     assert set(figures) == {"copy_gb_per_s", "matmul_tflops"} and all(value > 0 for value in figures.values())
+
+
+def test_row_terms_bench_times_the_engines_way_beside_the_batched_one_on_cpu(tmp_path):
+    out = tmp_path / "row-terms.json"
+    load_bench("row_terms.py").main(["--device", "cpu", "--groups", "4", "--rows", "8", "--repeats", "1", "--calls",
+                                     "1", "--skip-compiled", "--out", str(out)])
+    shapes = json.loads(out.read_text())["figures"]["shapes"]
+    assert len(shapes) == 5
+    for shape in shapes:
+        assert set(shape["us"]) == {"engine", "bmm", "bmm_rank8", "broadcast"} and not shape["errors"]
+        assert all(error < 1e-4 for error in shape["max_error"].values())
