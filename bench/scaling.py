@@ -61,9 +61,11 @@ whole `gpuscale run` (start-up included), to plan a sweep's time.
 `--side-by-side` runs the points of one GPU count at once on disjoint GPUs (four 1-GPU runs on a
 4-GPU host, then two 2-GPU runs), to fit a sweep into less machine time; each row's `beside` says how
 many other runs shared the host (its CPU cores, PCIe and host memory, never its GPUs) while it ran.
-Its figures are not yet trustworthy: on 4 x H200 a 1-GPU run with three beside it ran 1.5-2x slower
-than alone (bench/RESULTS.md; likely their OpenMP threads, capped since). Without it (the default)
-every run has the host to itself: the figures to compare.
+On 4 x H200 a 1-GPU run with three beside it once ran 1.5-2x slower than alone (bench/RESULTS.md;
+likely their OpenMP threads, capped since), so it checks itself (`SideBySideCheck`): its first point
+runs alone, then again beside others; below 0.95 of its figure alone, that round is dropped and the
+sweep goes on one run at a time (the JSON's `side_by_side_check`). Without it (the default) every run
+has the host to itself.
 """
 
 from __future__ import annotations
@@ -332,27 +334,76 @@ def run_round(round_: list[tuple[tuple, tuple[int, ...]]], opts, env: dict) -> d
         return {entry[0]: rows for entry, rows in zip(round_, pool.map(one, round_), strict=True)}
 
 
-def sweep(opts, counts: list[int], env: dict, after_each: Callable[[list[dict]], None] = lambda rows: None,
-          earlier: list[dict] = (), devices: list[int] = ()) -> list[dict]:
+SIDE_BY_SIDE_AGREEMENT = 0.95  # a point beside others must keep this share of its figure alone
+
+
+@dataclass
+class SideBySideCheck:
+    """--side-by-side checks itself: the first point (of the smallest count) runs alone, then again
+    in the first side-by-side round. Below SIDE_BY_SIDE_AGREEMENT of its figure alone (or without a
+    figure to compare), that round's runs are discarded and the sweep goes on one run at a time."""
+
+    point: tuple | None = None
+    alone: float | None = None
+    beside: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.beside / self.alone if self.alone and self.beside else None
+
+    @property
+    def passed(self) -> bool:
+        return self.ratio is not None and self.ratio >= SIDE_BY_SIDE_AGREEMENT
+
+    def record(self) -> dict | None:
+        if self.point is None:
+            return None
+        return {"point": list(self.point), "alone": self.alone, "beside": self.beside, "ratio": self.ratio,
+                "agreement": SIDE_BY_SIDE_AGREEMENT, "passed": self.passed if self.beside is not None else None}
+
+
+def sweep(opts, counts: list[int], env: dict,
+          after_each: Callable[[list[dict], SideBySideCheck], None] = lambda rows, check: None,
+          earlier: list[dict] = (), devices: list[int] = ()) -> tuple[list[dict], SideBySideCheck]:
     """Every recipe x model x mode x count; a point whose command another already ran (the strong
     run at the largest count is the weak one), or that `earlier` rows measured (--append), takes that
-    run's rows. `devices` (GPU indices) runs each count's points side by side (`rounds`). `after_each`
-    gets the rows so far after every round (the result file is rewritten, so a sweep cut by a time
-    limit keeps its runs)."""
+    run's rows. `devices` (GPU indices) runs each count's points side by side (`rounds`), checked by
+    `SideBySideCheck`. `after_each` gets the rows so far and the check after every round (the result
+    file is rewritten, so a sweep cut by a time limit keeps its runs)."""
     shares = {"weak": dict.fromkeys(counts, 1), "strong": strong_shares(counts) if "strong" in opts.modes else {}}
     plan = [(mode, (recipe, model, n, shares[mode][n]))
             for recipe in opts.recipes for model in opts.models
             for mode in (m for m in opts.modes if m == "weak" or RECIPES[recipe].strong) for n in counts]
     done = measured_points(list(earlier))
-    pending = list(dict.fromkeys(key for _, key in plan if key not in done))
+    queue = list(dict.fromkeys(key for _, key in plan if key not in done))
+    devices, check = list(devices), SideBySideCheck()
 
     def rows_so_far() -> list[dict]:
         return [{**row, "mode": mode} for mode, key in plan if key in done for row in done[key]]
 
-    for round_ in rounds(pending, list(devices)):
-        done.update(run_round(round_, opts, env))
-        after_each(rows_so_far())
-    return rows_so_far()
+    if devices and queue:
+        check.point = min(queue, key=lambda key: key[2])
+        done.update(run_round([(check.point, ())], opts, env))
+        check.alone = done[check.point][0]["total"]
+        queue.remove(check.point)
+        after_each(rows_so_far(), check)
+    while queue:
+        recheck = bool(devices) and check.beside is None
+        round_ = rounds([check.point, *queue] if recheck else queue, devices)[0] if devices else [(queue[0], ())]
+        results = run_round(round_, opts, env)
+        if recheck:
+            check.beside = results.pop(check.point)[0]["total"]
+            if not check.passed:
+                print(f"side by side: {check.point} reached {check.ratio} of its figure alone (at least "
+                      f"{SIDE_BY_SIDE_AGREEMENT} needed): this round's runs are dropped; one run at a time "
+                      "from here", flush=True)
+                devices = []
+                after_each(rows_so_far(), check)
+                continue
+        done.update(results)
+        queue = [key for key in queue if key not in done]
+        after_each(rows_so_far(), check)
+    return rows_so_far(), check
 
 
 def row_key(row: dict) -> tuple:
@@ -464,7 +515,8 @@ def parse_options(argv: list[str] | None = None):
     parser.add_argument("--cpu", action="store_true", help="ranks as CPU processes (no GPU is used or needed)")
     parser.add_argument("--side-by-side", action="store_true",
                         help="run the points of one GPU count at once on disjoint GPUs (less machine time; the "
-                        "runs share the host's CPU, PCIe and memory, each row's `beside` says with how many)")
+                        "runs share the host's CPU, PCIe and memory, each row's `beside` says with how many); "
+                        "checked against one point run alone, and dropped for one run at a time if it slows them")
     size = parser.add_argument_group("per-GPU sizes of weak scaling (strong: the largest count's total)")
     size.add_argument("--probe-batch", type=int, default=256)
     size.add_argument("--probe-steps", type=int, default=200)
@@ -535,23 +587,26 @@ def main() -> None:
     out = opts.out or default_path("scaling", "scaling", datetime.datetime.now(datetime.UTC).isoformat(), found_card)
     device = gpus[0]["name"] if gpus else "cpu"
 
-    def save(new: list[dict], show: bool = False) -> None:
+    def save(new: list[dict], check: SideBySideCheck, show: bool = False) -> None:
         rows = sorted(merged(earlier, new), key=table_order)  # earlier rows among the new ones
         add_scaling(rows)
         verdicts = targets(rows)
         if show:
             print_table(rows, verdicts)
+            if check.point is not None:
+                print(f"side by side: {check.record()}")
         write_result("scaling", "scaling", vars(opts), {"gpus_available": len(gpus), "device_name": device,
-                                                        "rows": rows, "targets": verdicts},
+                                                        "rows": rows, "targets": verdicts,
+                                                        "side_by_side_check": check.record()},
                      out=out, card=found_card)
 
     try:
         devices = [gpu["index"] for gpu in gpus] if opts.side_by_side else []
-        rows = sweep(opts, counts, env, after_each=save, earlier=earlier, devices=devices)
+        rows, check = sweep(opts, counts, env, after_each=save, earlier=earlier, devices=devices)
     except ValueError as error:  # the counts left after skipping do not split the strong work evenly
         print(error, file=sys.stderr)
         sys.exit(2)
-    save(rows, show=True)
+    save(rows, check, show=True)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def test_an_appended_sweep_runs_only_the_points_not_measured_without_error(monke
                 for phase in scaling.RECIPES[recipe].phases]
 
     monkeypatch.setattr(scaling, "measure", measure)
-    rows = scaling.sweep(opts, [1, 2], {}, earlier=earlier)
+    rows, _ = scaling.sweep(opts, [1, 2], {}, earlier=earlier)
     # sft: its 1-GPU weak point was measured; its 2-GPU one failed (run again); the strong 1-GPU one is new.
     # rft: both phases of its 2-GPU run were measured (weak and strong share it); its 1-GPU points are new.
     assert sorted(ran) == [("rft", 1, 1), ("rft", 1, 2), ("sft", 1, 2), ("sft", 2, 1)]
@@ -177,35 +177,55 @@ def test_an_appended_sweep_runs_only_the_points_not_measured_without_error(monke
         (phase, mode) for phase in ("generation", "sft") for mode in ("weak", "strong")}
 
 
-def test_a_side_by_side_sweep_runs_each_counts_points_at_once_on_disjoint_gpus(monkeypatch):
+def side_by_side_sweep(monkeypatch, slowed_beside: float = 1.0):
+    """A side-by-side sweep of 3 recipes over 1, 2 and 4 GPUs with made-up runs, each run's figure
+    `slowed_beside` when it ran on named GPUs beside others: (rows, check, runs, rows after each round)."""
     scaling = load_bench("scaling.py")
     opts = scaling.parse_options(["--gpu-counts", "1,2,4", "--recipes", "sft,rft,grpo-mtl", "--side-by-side"])
-    ran = []
+    ran, seen = [], []
 
     def measure(recipe, model, gpus, share, opts, env, devices=()):
         ran.append((recipe, gpus, share, devices))
+        total = slowed_beside if devices and gpus == 1 else 1.0
         return [{"recipe": recipe, "model": model, "phase": phase, "gpus": gpus, "share": share, "figure": "f",
-                 "total": 1.0, "per_gpu": 1.0, "run_mem_mb_per_gpu": [], "memory_spread": None}
+                 "total": total, "per_gpu": total, "run_mem_mb_per_gpu": [], "memory_spread": None}
                 for phase in scaling.RECIPES[recipe].phases]
 
     monkeypatch.setattr(scaling, "measure", measure)
-    rounds_seen = []
-    rows = scaling.sweep(opts, [1, 2, 4], {}, devices=[4, 5, 6, 7],
-                         after_each=lambda rows: rounds_seen.append(len(ran)))
-    # 3 recipes x (weak 1, 2, 4; strong 1, 2; strong 4 is weak 4's run): six 1-GPU points in two rounds of
-    # four and two, six 2-GPU points in three rounds of two, three 4-GPU points alone.
-    assert rounds_seen == [4, 6, 8, 10, 12, 13, 14, 15]
-    assert sorted(devices for _, gpus, _, devices in ran if gpus == 1) == [(4,), (4,), (5,), (5,), (6,), (7,)]
+    rows, check = scaling.sweep(opts, [1, 2, 4], {}, devices=[4, 5, 6, 7],
+                                after_each=lambda rows, check: seen.append(len(ran)))
+    return scaling, opts, rows, check, ran, seen
+
+
+def test_a_side_by_side_sweep_runs_each_counts_points_at_once_on_disjoint_gpus(monkeypatch):
+    scaling, opts, rows, check, ran, seen = side_by_side_sweep(monkeypatch)
+    # 3 recipes x (weak 1, 2, 4; strong 1, 2; strong 4 is weak 4's run): the check's point (sft weak, 1 GPU)
+    # alone first, then the other five 1-GPU points in a round of four (the check's point again among them)
+    # and one of two, six 2-GPU points in three rounds of two, three 4-GPU points alone.
+    assert seen == [1, 5, 7, 9, 11, 13, 14, 15, 16]
+    assert ran[0] == ("sft", 1, 1, ())
+    assert check.point == ("sft", "random-qwen2.5-0.5b", 1, 1) and check.ratio == 1.0 and check.passed
+    assert check.record()["passed"] is True
+    assert sorted(devices for _, gpus, _, devices in ran[1:] if gpus == 1) == [(4,), (4,), (5,), (5,), (6,), (7,)]
     assert {devices for _, gpus, _, devices in ran if gpus == 2} == {(4, 5), (6, 7)}
     assert {devices for _, gpus, _, devices in ran if gpus == 4} == {(4, 5, 6, 7)}
     beside = {(r["recipe"], r["mode"], r["gpus"]): r["beside"] for r in rows if r.get("phase") != "sft"}
-    assert beside[("sft", "weak", 1)] == 3 and beside[("sft", "weak", 4)] == 0 and beside[("sft", "strong", 2)] == 1
-    # Without devices every point runs alone on the first GPUs.
+    assert beside[("sft", "weak", 1)] == 0  # its row is the run alone
+    assert beside[("sft", "strong", 1)] == 3 and beside[("sft", "weak", 4)] == 0 and beside[("sft", "strong", 2)] == 1
+    # Without devices every point runs alone on the first GPUs, and nothing is checked.
     ran.clear()
-    scaling.sweep(opts, [1, 2, 4], {})
-    assert len(ran) == 15 and {devices for *_, devices in ran} == {()}
+    rows, check = scaling.sweep(opts, [1, 2, 4], {})
+    assert len(ran) == 15 and {devices for *_, devices in ran} == {()} and check.record() is None
     with pytest.raises(SystemExit):
         scaling.parse_options(["--cpu", "--side-by-side"])
+
+
+def test_a_side_by_side_sweep_that_slows_its_runs_drops_the_round_and_goes_on_one_run_at_a_time(monkeypatch):
+    scaling, opts, rows, check, ran, seen = side_by_side_sweep(monkeypatch, slowed_beside=0.6)
+    assert check.ratio == pytest.approx(0.6) and not check.passed and check.record()["passed"] is False
+    # The check's point alone, the first round of four (dropped), then all 14 other points alone.
+    assert len(ran) == 1 + 4 + 14 and all(devices == () for *_, devices in ran[5:])
+    assert all(row["beside"] == 0 and row["total"] == 1.0 for row in rows)
 
 
 def scaling_row(recipe: str, mode: str, gpus: int, total: float | None, phase: str | None = None,
