@@ -41,10 +41,12 @@ def _captured(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
     """A CUDA graph of `step`, recorded without running it. Two things outside the step must not
     touch CUDA while it records, or the capture fails ("operation failed due to a previous error
     during capture"; seen in sft's evaluation on 4 GPUs, 12 runs at once): Python's garbage collector,
-    which may free another engine's graphs or events mid-capture (so it is off during; not run before:
-    a full collection in a trainer's process costs more than the capture), and other threads, such as
-    NCCL's watchdog polling the events of earlier collectives (so the capture checks this thread only,
-    as torch.compile's CUDA graphs do)."""
+    which may free another engine's graphs or events mid-capture (so it runs first, which also gives
+    dead engines' graph memory back, and is off during), and other threads, such as NCCL's watchdog
+    polling the events of earlier collectives (so the capture checks this thread only, as
+    torch.compile's CUDA graphs do). An engine captures a few graphs in a run, so the collection's
+    cost is paid a few times."""
+    gc.collect()
     collecting = gc.isenabled()
     gc.disable()
     try:
