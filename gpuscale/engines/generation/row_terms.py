@@ -30,7 +30,9 @@ import torch
 # the batched products, on tensor cores, where the batched form is G matrix-vector products that
 # cuBLAS sends to a slow batched kernel (MAGMA's sgemmEx, fp32 arithmetic: the largest entry of the
 # population's kernel profile on an H200, bench/RESULTS.md). Above it (a prefill), the batched form.
+# On a CPU the G-fold arithmetic is not hidden: the batched form there.
 DENSE_MAX_ROWS_PER_GROUP = 64
+DENSE_DEVICE_TYPES = ("cuda",)
 
 
 class RowTerm:
@@ -69,7 +71,7 @@ class RowTerm:
     def _down_products(self, rows: torch.Tensor) -> torch.Tensor:
         """x_g @ down[g] for every group g: [G, rows a group, r], from x as [rows, in]."""
         groups, per_group = self.groups, rows.shape[0] // self.groups
-        if self.down.shape[2] == 1 and per_group <= DENSE_MAX_ROWS_PER_GROUP:
+        if rows.device.type in DENSE_DEVICE_TYPES and self.down.shape[2] == 1 and per_group <= DENSE_MAX_ROWS_PER_GROUP:
             every = rows @ self.down[:, :, 0].transpose(0, 1)  # [rows, G]: each row against every member
             # Row j of group g keeps column g: the diagonal of the [G, rows a group, G] view.
             return every.view(groups, per_group, groups).diagonal(dim1=0, dim2=2).transpose(0, 1).unsqueeze(-1)
