@@ -33,15 +33,15 @@ def test_both_ways_of_the_down_products_equal_the_explicit_formula(monkeypatch, 
     torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_the_one_gemm_way_is_taken_at_rank_1_for_few_rows_a_group_on_a_gpu_only(monkeypatch):
+def test_the_one_gemm_way_is_taken_where_switched_on_at_rank_1_for_few_rows_a_group_only(monkeypatch):
     calls = []
     real_bmm = torch.bmm
     monkeypatch.setattr(torch, "bmm", lambda *args: calls.append("bmm") or real_bmm(*args))
     down, up = torch.randn(4, 16, 1), torch.randn(4, 8, 1)
     decode_step = torch.zeros(8, 1, 8), torch.randn(8, 1, 16)  # 2 rows a group
     RowTerm(down, up).add_into(*decode_step)
-    assert calls == ["bmm"]  # on a CPU, always the batched form
-    monkeypatch.setattr(row_terms, "DENSE_DEVICE_TYPES", ("cpu",))  # as a GPU's tensors would take it
+    assert calls == ["bmm"]  # off by default (and never meant for a CPU)
+    monkeypatch.setattr(row_terms, "DENSE_DEVICE_TYPES", ("cpu",))  # as a GPU's tensors would take it once on
     RowTerm(down, up).add_into(*decode_step)
     assert calls == ["bmm"]
     many = row_terms.DENSE_MAX_ROWS_PER_GROUP + 1

@@ -30,9 +30,10 @@ import torch
 # the batched products, on tensor cores, where the batched form is G matrix-vector products that
 # cuBLAS sends to a slow batched kernel (MAGMA's sgemmEx, fp32 arithmetic: the largest entry of the
 # population's kernel profile on an H200, bench/RESULTS.md). Above it (a prefill), the batched form.
-# On a CPU the G-fold arithmetic is not hidden: the batched form there.
+# The device types it is used on: none until `python bench/row_terms.py` (its `one_gemm` way) shows it
+# faster on a GPU, then ("cuda",); never a CPU, where the G-fold arithmetic is not hidden.
 DENSE_MAX_ROWS_PER_GROUP = 64
-DENSE_DEVICE_TYPES = ("cuda",)
+DENSE_DEVICE_TYPES: tuple[str, ...] = ()
 
 
 class RowTerm:
@@ -70,12 +71,10 @@ class RowTerm:
 
     def _down_products(self, rows: torch.Tensor) -> torch.Tensor:
         """x_g @ down[g] for every group g: [G, rows a group, r], from x as [rows, in]."""
-        groups, per_group = self.groups, rows.shape[0] // self.groups
+        per_group = rows.shape[0] // self.groups
         if rows.device.type in DENSE_DEVICE_TYPES and self.down.shape[2] == 1 and per_group <= DENSE_MAX_ROWS_PER_GROUP:
-            every = rows @ self.down[:, :, 0].transpose(0, 1)  # [rows, G]: each row against every member
-            # Row j of group g keeps column g: the diagonal of the [G, rows a group, G] view.
-            return every.view(groups, per_group, groups).diagonal(dim1=0, dim2=2).transpose(0, 1).unsqueeze(-1)
-        return torch.bmm(rows.reshape(groups, per_group, rows.shape[-1]), self.down)
+            return one_gemm_down_products(rows, self.down)
+        return torch.bmm(rows.reshape(self.groups, per_group, rows.shape[-1]), self.down)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.down, self.up, self.scale
@@ -87,6 +86,15 @@ class RowTerm:
         if (self.down.shape[1], self.up.shape[1]) != (in_features, out_features):
             raise ValueError(f"term of shapes down {tuple(self.down.shape)}, up {tuple(self.up.shape)} "
                              f"does not fit a linear layer {in_features} -> {out_features}")
+
+
+def one_gemm_down_products(rows: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """x_g @ down[g] at rank 1 as one GEMM ([rows, in] @ [in, G]) of which each row keeps its own
+    group's column: [G, rows a group, 1] (see DENSE_MAX_ROWS_PER_GROUP)."""
+    groups = down.shape[0]
+    every = rows @ down[:, :, 0].transpose(0, 1)  # [rows, G]: each row against every member
+    # Row j of group g keeps column g: the diagonal of the [G, rows a group, G] view.
+    return every.view(groups, -1, groups).diagonal(dim1=0, dim2=2).transpose(0, 1).unsqueeze(-1)
 
 
 class RowScale:
