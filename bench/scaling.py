@@ -307,20 +307,15 @@ def point_key(row: dict) -> tuple:
 SCALED = ("mode", "efficiency", "step_overhead")  # what a row gains in the sweep and add_scaling
 
 
-def rounds(points: list[tuple], devices: list[int]) -> list[list[tuple[tuple, tuple[int, ...]]]]:
-    """Points (recipe, model, count, share) grouped into rounds that run at once, each point with its
-    GPU indices: with `devices`, the points of one count side by side on disjoint slices of them;
-    without, one point a round on the first GPUs (its indices left empty)."""
+def next_round(points: list[tuple], devices: list[int]) -> list[tuple[tuple, tuple[int, ...]]]:
+    """The points (recipe, model, count, share) to run at once next, each with its GPU indices: with
+    `devices`, as many points of the smallest count as fit side by side on disjoint slices of them;
+    without, the first point alone on the first GPUs (its indices left empty)."""
     if not devices:
-        return [[(point, ())] for point in points]
-    out = []
-    for count in sorted({point[2] for point in points}):
-        same = [point for point in points if point[2] == count]
-        slots = len(devices) // count
-        for start in range(0, len(same), slots):
-            out.append([(point, tuple(devices[slot * count:(slot + 1) * count]))
-                        for slot, point in enumerate(same[start:start + slots])])
-    return out
+        return [(points[0], ())]
+    count = min(point[2] for point in points)
+    same = [point for point in points if point[2] == count][:len(devices) // count]
+    return [(point, tuple(devices[slot * count:(slot + 1) * count])) for slot, point in enumerate(same)]
 
 
 def run_round(round_: list[tuple[tuple, tuple[int, ...]]], opts, env: dict) -> dict[tuple, list[dict]]:
@@ -367,7 +362,7 @@ def sweep(opts, counts: list[int], env: dict,
           earlier: list[dict] = (), devices: list[int] = ()) -> tuple[list[dict], SideBySideCheck]:
     """Every recipe x model x mode x count; a point whose command another already ran (the strong
     run at the largest count is the weak one), or that `earlier` rows measured (--append), takes that
-    run's rows. `devices` (GPU indices) runs each count's points side by side (`rounds`), checked by
+    run's rows. `devices` (GPU indices) runs each count's points side by side (`next_round`), checked by
     `SideBySideCheck`. `after_each` gets the rows so far and the check after every round (the result
     file is rewritten, so a sweep cut by a time limit keeps its runs)."""
     shares = {"weak": dict.fromkeys(counts, 1), "strong": strong_shares(counts) if "strong" in opts.modes else {}}
@@ -389,7 +384,7 @@ def sweep(opts, counts: list[int], env: dict,
         after_each(rows_so_far(), check)
     while queue:
         recheck = bool(devices) and check.beside is None
-        round_ = rounds([check.point, *queue] if recheck else queue, devices)[0] if devices else [(queue[0], ())]
+        round_ = next_round([check.point, *queue] if recheck else queue, devices)
         results = run_round(round_, opts, env)
         if recheck:
             check.beside = results.pop(check.point)[0]["total"]
