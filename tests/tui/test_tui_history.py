@@ -229,3 +229,36 @@ def test_compare_at_80_columns_cuts_long_values_and_shows_one_sided_figures(home
             assert "/data/a-very-long" in dataset and "…" in dataset and "tiny-math" in dataset
 
     run_async(scenario())
+
+
+def test_compare_refits_its_tables_when_the_terminal_narrows_from_side_by_side_to_stacked(home):
+    """At 120 columns the two tables sit side by side and cut the long figure names; at 80 they are
+    stacked, each as wide as the screen, and the names are whole again (the tables resized, the
+    screen's breakpoint changed the layout)."""
+    from gpuscale.app.screens.compare import CompareScreen
+    from tui_helpers import screen_text
+
+    long_name = "a_much_longer_figure_name_than_fits"
+    store = Store(home)
+    ids = []
+    for accuracy in (0.41, 0.52):
+        run_id = store.create_run("sft", {"dataset": "tiny-math", "seed": 0}, [], "h")
+        store.update_run(run_id, status="succeeded", summary={"accuracy_greedy_after": accuracy, long_name: 1.0})
+        ids.append(run_id)
+    store.close()
+
+    async def scenario():
+        app = frozen_app(home)
+        async with app.run_test(size=(120, 24)) as pilot:
+            await settle(pilot)
+            app.open_compare(*ids)
+            await settle(pilot)
+            assert isinstance(app.screen, CompareScreen)
+            await wait_for(pilot, lambda: "0.52" in screen_text(app), 10, "the figures",
+                           explain=lambda: screen_text(app))
+            assert long_name not in screen_text(app)  # cut beside the settings
+            await pilot.resize_terminal(80, 40)
+            await wait_for(pilot, lambda: long_name in screen_text(app), 10,
+                           "the whole names at 80 columns", explain=lambda: screen_text(app))
+
+    run_async(scenario())

@@ -7,11 +7,11 @@ from textual import work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import Footer, Header, Static
 
 from gpuscale.app.views.runs import compare_runs, delta_text, figure_text
-from gpuscale.app.views.text import MISSING, fit_columns, setting_text
-from gpuscale.app.widgets.plain import PlainTable
+from gpuscale.app.views.text import MISSING, setting_text
+from gpuscale.app.widgets.plain import FittedTable
 
 
 class CompareScreen(Screen):
@@ -28,10 +28,10 @@ class CompareScreen(Screen):
         with Horizontal(id="compare-body"):
             with Vertical(classes="compare-half"):
                 yield Static("settings that differ", classes="compare-heading")
-                yield PlainTable(id="compare-settings", cursor_type="row")
+                yield FittedTable(id="compare-settings", cursor_type="row")
             with Vertical(classes="compare-half"):
                 yield Static("summary figures", classes="compare-heading")
-                yield PlainTable(id="compare-figures", cursor_type="row")
+                yield FittedTable(id="compare-figures", cursor_type="row")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -59,17 +59,12 @@ class CompareScreen(Screen):
             (f"run {b['id']}", "bold"), f" ({b['recipe']}, {b['status']})"))
         self.result = result
         self._fill()
-        self.call_after_refresh(self._fill)  # again once the tables have their width
-
-    def on_resize(self) -> None:
-        if self.result is not None:
-            self._fill()
 
     def _fill(self) -> None:
         result, (a, b) = self.result, self.ids
         settings = [(name, setting_text(va), setting_text(vb)) for name, (va, vb) in result["settings"].items()]
-        self._fill_table("#compare-settings", ("setting", f"run {a}", f"run {b}"),
-                         settings or [("(none)", "identical", "identical")])
+        self.query_one("#compare-settings", FittedTable).show(("setting", f"run {a}", f"run {b}"),
+                                                               settings or [("(none)", "identical", "identical")])
         # Values as the catalogue writes them (MFU as a percentage), without units: the table is narrow.
         figures = [(name, figure_text(name, f["a"], unit=False), figure_text(name, f["b"], unit=False),
                     delta_text(f["delta"], f["a"])) for name, f in result["figures"].items()]
@@ -78,15 +73,6 @@ class CompareScreen(Screen):
         # A figure only one run has (per-domain accuracy over other domains): — on the other side.
         figures += [(name, figure_text(name, f["a"], unit=False), figure_text(name, f["b"], unit=False), MISSING)
                     for name, f in result["only"].items()]
-        self._fill_table("#compare-figures", ("figure", f"run {a}", f"run {b}", "delta"),
-                         figures or [("(none)", "-", "-", "no figure in either")])
+        self.query_one("#compare-figures", FittedTable).show(("figure", f"run {a}", f"run {b}", "delta"),
+                                                              figures or [("(none)", "-", "-", "no figure in either")])
 
-    def _fill_table(self, selector: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-        """The rows, each value cut with … to the table's width (before its first layout, whole)."""
-        table = self.query_one(selector, DataTable)
-        width = table.scrollable_content_region.width
-        fitted = fit_columns([header, *rows], width) if width > 0 else [header, *rows]
-        table.clear(columns=True)  # new columns: a DataTable's columns never narrow by themselves
-        table.add_columns(*fitted[0])
-        for row in fitted[1:]:
-            table.add_row(*row)
