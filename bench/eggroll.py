@@ -60,7 +60,7 @@ def share_of_plain_inference(args) -> dict:
     from gpuscale.data.models import build_random_model, load_model
     from gpuscale.data.prompts import prompt_ids
     from gpuscale.data.tasks import load_examples
-    from gpuscale.engines.generation import GenerationEngine, RowScale, RowTerm, Sampling, row_terms
+    from gpuscale.engines.generation import GenerationEngine, RowScale, RowTerm, Sampling
     from gpuscale.recipes.eggroll.trainer import perturbed_linears, perturbed_norms
     from gpuscale.recipes.shared.common import stand_in_tokenizer
 
@@ -107,26 +107,8 @@ def share_of_plain_inference(args) -> dict:
     if args.profile:
         print_profile(engine, rows, args, greedy, "population")
     result.update({"population_seconds": perturbed, "population_tokens_per_s": tokens / perturbed,
-                   "share": plain / perturbed, "row_terms_dense_on": list(row_terms.DENSE_DEVICE_TYPES)})
-    if args.one_gemm and "cuda" not in row_terms.DENSE_DEVICE_TYPES:
-        result["one_gemm"] = one_gemm_share(model, terms, rows, args, greedy, plain, timed)
+                   "share": plain / perturbed})
     return result
-
-
-def one_gemm_share(model, terms, rows, args, greedy, plain: float, timed) -> dict:
-    """The population again with the members' down products as one GEMM on the GPU (row_terms'
-    `one_gemm_down_products`, where the engine does not yet take it): the same rows and terms."""
-    from gpuscale.engines.generation import GenerationEngine, row_terms
-
-    row_terms.DENSE_DEVICE_TYPES = ("cuda",)
-    engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
-    for module, term in terms:
-        engine.add_row_term(module, term)
-    seconds = timed(engine)
-    if args.profile:
-        print_profile(engine, rows, args, greedy, "population, one-GEMM down products")
-    tokens = len(rows) * args.max_new_tokens
-    return {"population_seconds": seconds, "population_tokens_per_s": tokens / seconds, "share": plain / seconds}
 
 
 def print_profile(engine, rows, args, sampling, label: str) -> None:
@@ -173,9 +155,6 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's step in the share "
                         "measurement (the recipe's runs compile only with --set compile=true)")
-    parser.add_argument("--one-gemm", action="store_true", help="in the share, also time the population with "
-                        "the members' down products as one GEMM (bench/row_terms.py's one_gemm way), "
-                        "where the engine does not take it yet")
     parser.add_argument("--out", default=None, help="default: bench/results/eggroll/<what>-<date>-<card>.json")
     args = parser.parse_args()
     rows = args.population * args.prompts
@@ -209,9 +188,6 @@ def print_tables(results: dict, args) -> None:
     print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, "
           f"population {share['population_tokens_per_s']:.0f} tokens/s: share {share['share']:.3f} "
           f"({share['rows']} rows x {args.max_new_tokens} tokens)")
-    if "one_gemm" in share:
-        print(f"population with one-GEMM down products {share['one_gemm']['population_tokens_per_s']:.0f} "
-              f"tokens/s: share {share['one_gemm']['share']:.3f}")
 
 
 if __name__ == "__main__":

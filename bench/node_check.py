@@ -32,8 +32,11 @@ from record import write_result  # noqa: E402
 
 from gpuscale.app.views.node_check import node_check_lines  # noqa: E402
 from gpuscale.data.node_check import per_rank_name  # noqa: E402
+from gpuscale.recipes.probe import MEASURE_SIZES  # noqa: E402
 
-COPY_BYTES, MATMUL_N, ALLREDUCE_BYTES, REPEATS = 2**30, 8192, 256 * 2**20, 50
+SIZES = MEASURE_SIZES["cuda"]  # the probe's own sizes and repeats on a GPU
+COPY_BYTES, MATMUL_N, ALLREDUCE_BYTES, REPEATS = (SIZES.copy_mib * 2**20, SIZES.matmul_n, SIZES.allreduce_mib * 2**20,
+                                                  SIZES.repeats)
 AGREEMENT = 0.05  # the target: each figure within 5% of plain torch's
 LOADER = ("import sys, torch\na = torch.randn(8192, 8192, device='cuda:' + sys.argv[1], dtype=torch.bfloat16)\n"
           "while True:\n    a = (a @ a).clamp_(-1, 1)\n")
@@ -151,6 +154,13 @@ def agreement(summary: dict, plain: list[dict], plain_allreduce_figures: dict) -
     return rows
 
 
+def probe_time_line(run_id: int) -> str | None:
+    """Rank 0's `probe time: ...` line: where the probe's wall time went, part by part."""
+    logs = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "logs", str(run_id), "--rank", "0"],
+                          capture_output=True, text=True)
+    return next((line.strip() for line in logs.stdout.splitlines() if "probe time:" in line), None)
+
+
 def timed_run(arguments: list[str]) -> tuple[dict, float]:
     started = time.perf_counter()
     run = gpuscale_run(arguments)
@@ -198,7 +208,8 @@ def main() -> None:
     probe = ["--recipe", "probe", "--gpus", str(gpus), "--model", opts.model, "--precision", "bf16"]
     run, wall = timed_run([*probe, "--batch-size", opts.batch_size])
     table = node_check_lines(run["summary"])
-    print("\n".join(table), f"\nprobe run {run['id']}: {wall:.1f} s wall", sep="\n", flush=True)
+    laps = probe_time_line(run["id"])
+    print("\n".join(table), f"\nprobe run {run['id']}: {wall:.1f} s wall; rank 0's {laps}", sep="\n", flush=True)
     plain = [plain_gpu_figures(index) for index in range(gpus)]
     plain_reduce = plain_allreduce(gpus)
     rows = agreement(run["summary"], plain, plain_reduce)
@@ -214,7 +225,7 @@ def main() -> None:
     loaded_table = node_check_lines(loaded["summary"])
     print("\n".join(loaded_table), f"GPU {opts.loaded_gpu} loaded: flagged alone: {right}", sep="\n", flush=True)
     write_result("probe", "node_check", vars(opts), {
-        "gpus": gpus, "probe_run": run["summary"], "probe_wall_s": wall, "table": table,
+        "gpus": gpus, "probe_run": run["summary"], "probe_wall_s": wall, "probe_laps_rank_0": laps, "table": table,
         "plain_torch": plain, "plain_allreduce": plain_reduce, "agreement": rows,
         "probe_code_in_this_process": probe_code,
         "all_within_5_percent": all(row["within_5_percent"] for row in rows),

@@ -4,19 +4,14 @@
     python bench/row_terms.py --device cpu --groups 4 --rows 8 --repeats 1 --calls 2 --out /tmp/r.json  # smoke
 
 The engine adds, for every row of member g, y += scale * (x @ down[g]) @ up[g]^T to each perturbed
-projection's output (engines/generation/row_terms.py, `RowTerm.add_into`). At rank 1 the first
-product is a matrix-vector product per member, which cuBLAS sends, batched, to a GEMV-like kernel
-(MAGMA's `sgemmEx`, fp32 arithmetic: the largest entry of the population's kernel table on an H200,
-bench/RESULTS.md). The engine can make it one GEMM against every member where a group has few rows
-(`DENSE_MAX_ROWS_PER_GROUP`, a guess), switched on once this bench, at --tokens 1 and at a prompt's
-length, shows it faster on a GPU. Ways timed, each on the same output and inputs:
+projection's output (engines/generation/row_terms.py, `RowTerm.add_into`). Ways timed, each on the
+same output and inputs:
 
-    engine         RowTerm.add_into as the engine runs it now (row_terms.DENSE_DEVICE_TYPES says where
-                   it takes one_gemm; until this bench shows one_gemm faster on a GPU, nowhere: bmm)
-    bmm            the batched products (bmm, then baddbmm_ into the output)
-    one_gemm       at rank 1: one GEMM of every row against every member's down vector, each row
-                   keeping its group's column, then baddbmm_ into the output
-    bmm_rank8      the same with down and up padded with zero columns to rank 8 (exact; tensor cores)
+    engine         RowTerm.add_into as the engine runs it now (at rank 1: bmm_outer)
+    bmm            the batched products (bmm, then baddbmm_ into the output); at rank 1 the second
+                   is an outer product, a batched matmul of inner size 1
+    bmm_outer      bmm, then at rank 1 the outer product added elementwise (addcmul_)
+    bmm_rank8      bmm with down and up padded with zero columns to rank 8 (exact; tensor cores)
     broadcast      (x * down[g]).sum(-1) per rank, then the outer product added (no matmul)
     *_compiled     each under torch.compile
 
@@ -36,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when lo
 from attention_decode import seconds_per_call  # noqa: E402  (the same timing loop)
 from record import one_card, write_result  # noqa: E402
 
-from gpuscale.engines.generation.row_terms import RowTerm, one_gemm_down_products  # noqa: E402
+from gpuscale.engines.generation.row_terms import RowTerm  # noqa: E402
 
 BASELINE = """No baseline of other code: it compares ways of adding the engine's per-member low-rank terms
-(the engine's batched matmuls, the same padded to rank 8, a broadcast multiply-sum; eager and compiled)
+(the engine's way, batched matmuls, an elementwise outer product, matmuls padded to rank 8, a broadcast
+multiply-sum; eager and compiled)
 with one another at the population's shapes."""
 
 # (in, out, how many a layer) of Qwen2.5-0.5B's projections: q, k and v, o, gate and up, down.
@@ -90,15 +86,16 @@ def engine_way(output, x, down, up, scale):
     RowTerm(down, up, scale).add_into(output, x)
 
 
-def one_gemm(output, x, down, up, scale):
+def bmm_outer(output, x, down, up, scale):
     if down.shape[-1] != 1:
-        raise ValueError("one GEMM against every member's vector is a rank-1 way")
-    low_rank = one_gemm_down_products(x.reshape(-1, x.shape[-1]), down) * scale
-    output.view(down.shape[0], -1, output.shape[-1]).baddbmm_(low_rank, up.transpose(1, 2))
+        raise ValueError("an outer product is a rank-1 way")
+    groups = down.shape[0]
+    low_rank = torch.bmm(x.reshape(groups, -1, x.shape[-1]), down) * scale
+    output.view(groups, -1, output.shape[-1]).addcmul_(low_rank, up.transpose(1, 2))
 
 
 def ways(compiled: bool = True):
-    eager = {"engine": engine_way, "bmm": bmm, "one_gemm": one_gemm, "bmm_rank8": padded(8), "broadcast": broadcast}
+    eager = {"engine": engine_way, "bmm": bmm, "bmm_outer": bmm_outer, "bmm_rank8": padded(8), "broadcast": broadcast}
     if not compiled:
         return eager
     return {**eager, **{f"{name}_compiled": torch.compile(fn, dynamic=False) for name, fn in eager.items()}}

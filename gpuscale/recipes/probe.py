@@ -1,16 +1,18 @@
 """probe: does every GPU work, how fast, at what memory? The node check.
 
-Each rank loads the model, prefills `batch_size` random prompts of `prompt_tokens` tokens, then runs
-`steps` greedy decode steps with the KV cache, timing each one. It reports tokens/s, step time and
-peak memory per rank; rank 0 gathers them into the run's summary. It exercises the whole spine:
-launcher, ranks, metrics, telemetry and store.
+Each rank first measures its card alone (the node check's first part, below), then loads the
+model, prefills `batch_size` random prompts of `prompt_tokens` tokens, then runs `steps` greedy
+decode steps with the KV cache, timing each one. It reports tokens/s, step time and peak memory per
+rank; rank 0 gathers them into the run's summary. It exercises the whole spine: launcher, ranks,
+metrics, telemetry and store.
 
-Then the node check, on every rank: device memory bandwidth (a device-to-device copy), dense matmul
-TFLOP/s in the run's dtype, decode tokens/s through the generation engine at batch 1 (latency) and at
-`batch_size` (throughput: what `--batch-size auto` tunes), and the all-reduce bus bandwidth across
-the ranks (nccl on GPUs, gloo on CPU ranks). Rank 0 flags a GPU more than 15% below its peers
-(data/node_check.py); app/views/node_check.py writes the table. The sizes scale with the device
-(MEASURE_SIZES): large enough on a GPU to reach its bandwidth, small on CPU ranks.
+The node check, on every rank: device memory bandwidth (a device-to-device copy) and dense matmul
+TFLOP/s in the run's dtype, before the model is loaded; after the decode loop, decode tokens/s
+through the generation engine at batch 1 (latency) and at `batch_size` (throughput: what
+`--batch-size auto` tunes), and the all-reduce bus bandwidth across the ranks (nccl on GPUs, gloo on
+CPU ranks). Rank 0 flags a GPU more than 15% below its peers (data/node_check.py);
+app/views/node_check.py writes the table. The sizes scale with the device (MEASURE_SIZES): large
+enough on a GPU to reach its bandwidth, small on CPU ranks.
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.shared.device_trials import out_of_memory_names
 
     laps = Laps()
+    laps.lap("start-up")
+    # The card's own figures first, in a fresh process: measured after the decode loop's batch had
+    # come and gone, the same copy read 10% under plain torch's on every GPU of a 4 x H200 node
+    # (bench/RESULTS.md).
+    hardware = hardware_figures(ctx, laps)
     model = load_probe_model(settings, ctx)
     laps.lap("model load")
     vocab = model.config.vocab_size
@@ -125,7 +132,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     laps.lap("decode loop")
-    mine.update(node_check(model, settings, ctx, laps))
+    mine.update(hardware, **node_check(model, settings, ctx, laps))
     print(laps.line(), flush=True)
     everyone = ctx.gather(mine)
     if ctx.is_main:
@@ -154,9 +161,10 @@ class MeasureSizes:
 
 
 # On a GPU large enough to reach the card's bandwidth and peak (as nccl-tests and bandwidthTest use
-# hundreds of MiB), each figure in well under a second; on CPU ranks small, so the tests stay fast.
+# hundreds of MiB), and repeated long enough (a few tenths of a second) for the clocks to settle: 50
+# matmuls of 8192 spread 8% between the GPUs of one node. On CPU ranks small, so the tests stay fast.
 MEASURE_SIZES = {
-    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=50),
+    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=200),
     "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=3),
 }
 
@@ -316,19 +324,28 @@ def gpu_name(ctx) -> str:
     return f"GPU {visible[index] if index < len(visible) else index}"
 
 
-def node_check(model, settings: Settings, ctx, laps: Laps) -> dict:
-    """This rank's node-check figures (data/node_check.py's NODE_FIGURES) and its all-reduce time,
-    each part's wall time lapped into `laps`."""
+def hardware_figures(ctx, laps: Laps) -> dict:
+    """This rank's card alone: memory bandwidth and matmul throughput, each lapped into `laps`."""
     sizes = measure_sizes(ctx.device)
-    parts = {
-        "copy_gb_per_s": lambda: copy_gb_per_s(ctx, sizes),
-        "matmul_tflops": lambda: matmul_tflops(ctx, sizes),
+    return measured({"copy_gb_per_s": lambda: copy_gb_per_s(ctx, sizes),
+                     "matmul_tflops": lambda: matmul_tflops(ctx, sizes)}, laps)
+
+
+def node_check(model, settings: Settings, ctx, laps: Laps) -> dict:
+    """The rest of this rank's node-check figures (data/node_check.py's NODE_FIGURES): decode through
+    the engine, and its all-reduce time and links, each part's wall time lapped into `laps`."""
+    sizes = measure_sizes(ctx.device)
+    figures = measured({
         "latency_tokens_per_s": lambda: engine_tokens_per_s(model, ctx, 1, settings),
         "throughput_tokens_per_s": lambda: engine_tokens_per_s(model, ctx, settings.batch_size, settings),
         "allreduce_seconds": lambda: allreduce_seconds(ctx, sizes),
         "links": lambda: link_gb_per_s(ctx, sizes),
-    }
-    figures = {"gpu": gpu_name(ctx), "allreduce_mib": sizes.allreduce_mib}
+    }, laps)
+    return {"gpu": gpu_name(ctx), "allreduce_mib": sizes.allreduce_mib, **figures}
+
+
+def measured(parts: dict, laps: Laps) -> dict:
+    figures = {}
     for name, measure in parts.items():
         figures[name] = measure()
         laps.lap(name)
@@ -337,7 +354,7 @@ def node_check(model, settings: Settings, ctx, laps: Laps) -> dict:
 
 class Laps:
     """Wall seconds of each part of the probe on this rank, for its log: where a node check's time
-    goes. The first lap counts from the process's start (imports, process group) to the model loaded."""
+    goes. The first lap counts from the process's start (imports, process group)."""
 
     def __init__(self):
         import psutil

@@ -539,5 +539,5 @@ def test_row_terms_bench_times_the_engines_way_beside_the_batched_one_on_cpu(tmp
     shapes = json.loads(out.read_text())["figures"]["shapes"]
     assert len(shapes) == 5
     for shape in shapes:
-        assert set(shape["us"]) == {"engine", "bmm", "one_gemm", "bmm_rank8", "broadcast"} and not shape["errors"]
+        assert set(shape["us"]) == {"engine", "bmm", "bmm_outer", "bmm_rank8", "broadcast"} and not shape["errors"]
         assert all(error < 1e-4 for error in shape["max_error"].values())

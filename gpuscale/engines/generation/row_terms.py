@@ -24,17 +24,6 @@ from collections.abc import Sequence
 
 import torch
 
-# At rank 1 with at most this many row-tokens a group (a decode step of a large population), the
-# members' down products x_g @ down[g] are one GEMM of every row against every member's vector,
-# [rows, in] @ [in, G], of which each row keeps its own group's column: G times the arithmetic of
-# the batched products, on tensor cores, where the batched form is G matrix-vector products that
-# cuBLAS sends to a slow batched kernel (MAGMA's sgemmEx, fp32 arithmetic: the largest entry of the
-# population's kernel profile on an H200, bench/RESULTS.md). Above it (a prefill), the batched form.
-# The device types it is used on: none until `python bench/row_terms.py` (its `one_gemm` way) shows it
-# faster on a GPU, then ("cuda",); never a CPU, where the G-fold arithmetic is not hidden.
-DENSE_MAX_ROWS_PER_GROUP = 64
-DENSE_DEVICE_TYPES: tuple[str, ...] = ()
-
 
 class RowTerm:
     """down [G, in_features, r], up [G, out_features, r], scale a float or a 0-dim tensor.
@@ -62,19 +51,20 @@ class RowTerm:
     def add_into(self, output: torch.Tensor, x: torch.Tensor) -> None:
         """output += scale * (x_g @ down[g]) @ up[g]^T for every group g, in place. Batch rows of a
         group are contiguous, so the group's rows (and all their tokens) are one block of x and of
-        the output. The second product is accumulated straight into the output (baddbmm) instead of a
-        term tensor added to it, which halves the memory traffic on the [B, ..., out] side, the large
-        one. `output` may be a slice of a fused projection's output. (A broadcast multiply-add at
-        rank 1 instead of the batched matmuls was slower on an H200: bench/RESULTS.md.)"""
-        low_rank = self._down_products(x.reshape(-1, x.shape[-1])) * self.scale
-        output.view(self.groups, -1, output.shape[-1]).baddbmm_(low_rank, self.up.transpose(1, 2))
-
-    def _down_products(self, rows: torch.Tensor) -> torch.Tensor:
-        """x_g @ down[g] for every group g: [G, rows a group, r], from x as [rows, in]."""
-        per_group = rows.shape[0] // self.groups
-        if rows.device.type in DENSE_DEVICE_TYPES and self.down.shape[2] == 1 and per_group <= DENSE_MAX_ROWS_PER_GROUP:
-            return one_gemm_down_products(rows, self.down)
-        return torch.bmm(rows.reshape(self.groups, per_group, rows.shape[-1]), self.down)
+        the output. The second product is accumulated straight into the output instead of a term
+        tensor added to it, which halves the memory traffic on the [B, ..., out] side, the large one.
+        `output` may be a slice of a fused projection's output."""
+        groups = self.groups
+        low_rank = torch.bmm(x.reshape(groups, -1, x.shape[-1]), self.down) * self.scale  # [G, rows a group, r]
+        grouped_output = output.view(groups, -1, output.shape[-1])
+        if self.down.shape[2] == 1:
+            # At rank 1 the second product is an outer product: as a batched matmul (inner size 1)
+            # cuBLAS runs it on a slow fp32 kernel (MAGMA's sgemmEx, the largest entry of the
+            # population's kernel profile on an H200); an elementwise multiply-add reads and writes
+            # the output once (bench/row_terms.py: `bmm_outer` against `bmm`).
+            grouped_output.addcmul_(low_rank, self.up.transpose(1, 2))
+        else:
+            grouped_output.baddbmm_(low_rank, self.up.transpose(1, 2))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.down, self.up, self.scale
@@ -86,15 +76,6 @@ class RowTerm:
         if (self.down.shape[1], self.up.shape[1]) != (in_features, out_features):
             raise ValueError(f"term of shapes down {tuple(self.down.shape)}, up {tuple(self.up.shape)} "
                              f"does not fit a linear layer {in_features} -> {out_features}")
-
-
-def one_gemm_down_products(rows: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """x_g @ down[g] at rank 1 as one GEMM ([rows, in] @ [in, G]) of which each row keeps its own
-    group's column: [G, rows a group, 1] (see DENSE_MAX_ROWS_PER_GROUP)."""
-    groups = down.shape[0]
-    every = rows @ down[:, :, 0].transpose(0, 1)  # [rows, G]: each row against every member
-    # Row j of group g keeps column g: the diagonal of the [G, rows a group, G] view.
-    return every.view(groups, -1, groups).diagonal(dim1=0, dim2=2).transpose(0, 1).unsqueeze(-1)
 
 
 class RowScale:
