@@ -1,5 +1,6 @@
 """The GPU acceptance run: every recipe through `gpuscale run` with its defaults, on the GPUs found,
-several seeds at once, and the GPU-marked tests alongside; one table and one result file.
+several seeds at once, and the GPU-marked tests alongside (those that time the GPU: after); one table
+and one result file.
 
 For each recipe (grpo-mtl twice: mtl none and pcgrad) and each seed, one run with nothing set but the
 seed. Beside them, two controls, each run through the power-sampling recipe:
@@ -578,17 +579,24 @@ def signed(value: float | None) -> str:
     return f"{value:+.1f}" if value is not None else "—"
 
 
-def gpu_tests() -> dict:
-    """The GPU-marked tests: exit code, last line, and each failure's `FAILED test - reason` line (an
-    acceptance that only said "1 failed" left the next session guessing which)."""
+# The GPU-marked tests in two sets: most run beside the runs (they are small); those marked `alone`
+# compare timings with plain torch and run after the runs, on idle GPUs (beside eight runs the node
+# check's copy and matmul read against plain torch measured at another moment of the load).
+BESIDE_RUNS, AFTER_RUNS = "gpu and not alone", "gpu and alone"
+
+
+def gpu_tests(selection: str) -> dict:
+    """The GPU-marked tests of `selection` (a pytest -m expression): exit code, last line, and each
+    failure's `FAILED test - reason` line (an acceptance that only said "1 failed" left the next
+    session guessing which)."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-m", "gpu", "tests/gpu", "-p",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-m", selection, "tests/gpu", "-p",
                            "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT)
     lines = (done.stdout + done.stderr).strip().splitlines()
     tail = lines[-1:] or [""]
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    print(f"\nGPU-marked tests: exit {done.returncode}: {tail[0]}", *failures, sep="\n  ", flush=True)
-    return {"exit_code": done.returncode, "last_line": tail[0], "failures": failures,
+    print(f"\nGPU-marked tests ({selection}): exit {done.returncode}: {tail[0]}", *failures, sep="\n  ", flush=True)
+    return {"selection": selection, "exit_code": done.returncode, "last_line": tail[0], "failures": failures,
             "seconds": time.perf_counter() - started}
 
 
@@ -655,11 +663,11 @@ def main() -> None:
         return row
 
     # The GPU-marked tests run alongside the runs, on a worker of their own (so `--jobs` counts runs
-    # only): they are small, and the wall time of the whole check is the longest run's either way.
+    # only), those marked `alone` after them (BESIDE_RUNS, AFTER_RUNS).
     with ThreadPoolExecutor(max_workers=at_once) as pool, ThreadPoolExecutor(max_workers=1) as beside:
-        tests = None if args.skip_tests else beside.submit(gpu_tests)
+        tests = None if args.skip_tests else beside.submit(gpu_tests, BESIDE_RUNS)
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
-        tests = tests and tests.result()
+        tests = tests and [tests.result(), gpu_tests(AFTER_RUNS)]
     stats, verdicts, control = report(rows)
     total = time.perf_counter() - started
     print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")

@@ -12,7 +12,9 @@ import pytest
 from conftest import run_json
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+# `alone`: a timing comparison; the acceptance check runs it after its runs, on idle GPUs.
+pytestmark = [pytest.mark.gpu, pytest.mark.alone, pytest.mark.e2e,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 PROBE = ["run", "--recipe", "probe", "--model", "random-qwen2.5-0.5b", "--batch-size", "64"]
 
