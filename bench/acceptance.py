@@ -13,9 +13,9 @@ seed. Beside them, two controls, each run through the power-sampling recipe:
 Runs of different seeds share the GPUs (`--jobs` at a time: by default all where a run has one GPU,
 one seed's where it has several: default_jobs says why). Two run settings that
 say how runs share the machine, not how a recipe learns, are set for every run: `gpus` (with
-`--gpus 1` on a machine of several GPUs, each run is pinned to one of them in turn) and
-`gpu_memory_share` (runs sized `auto` that start together each take their share of the card
-instead of half of it: at the same moment they all see the same free memory).
+`--gpus 1` on a machine of several GPUs, each run is pinned when it starts to the GPU with the fewest
+runs on it: GpuSlots) and `gpu_memory_share` (runs sized `auto` that start together each take their
+share of the card instead of half of it: at the same moment they all see the same free memory).
 
 The table: status, wall time, peak memory per GPU, the energy its GPUs used (kJ, from NVML's energy
 counter: the summary's energy_j; marked † where other runs shared the GPU meanwhile, their work
@@ -41,6 +41,7 @@ Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs N] [--skip-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -615,7 +616,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all with one GPU a run, "
                         "one seed's with several; they share the GPUs, "
-                        "runs sized `auto` each taking their share of a card's free memory)")
+                        "runs sized `auto` each taking their share of a card's free memory; with --gpus 1 and "
+                        "at most as many jobs as GPUs, each run has a card to itself: its energy is its own)")
     parser.add_argument("--partial", default=None, help="append each run's row to this JSON-lines file as it ends")
     parser.add_argument("--only", nargs="*", default=None, help="labels of the jobs to run (default all; "
                         f"'{CONTROL}' brings its validation runs)")
@@ -643,8 +645,9 @@ def main() -> None:
     home = Path(args.home or ROOT / ".acceptance" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     jobs = job_list([int(seed) for seed in args.seeds.split(",")], args.only, assignments(args.set))
     at_once = min(args.jobs or default_jobs(jobs, gpus, found), len(jobs))
-    jobs = [(label, recipe, {**machine_settings(index, gpus, found, jobs[:at_once]), **settings}, seed)
-            for index, (label, recipe, settings, seed) in enumerate(jobs)]
+    jobs = [(label, recipe, {**machine_settings(gpus, found, jobs[:at_once]), **settings}, seed)
+            for label, recipe, settings, seed in jobs]
+    slots = GpuSlots(found)
     shared_threads(at_once * ranks_per_run(gpus))
     choice = TemperatureChoice(sum(label.startswith(VALIDATION_PREFIX) for label, *_ in jobs))
     started = time.perf_counter()
@@ -653,7 +656,9 @@ def main() -> None:
         label, recipe, settings, seed = job
         row = None
         try:
-            row = run_job(label, recipe, settings, seed, home, choice)
+            with slots.lease(needed="gpus" not in settings) as gpu:
+                pinned = settings if gpu is None else {**settings, "gpus": f"{gpu},"}
+                row = run_job(label, recipe, pinned, seed, home, choice)
         finally:  # the control's runs wait for every validation run, failed ones too
             if label.startswith(VALIDATION_PREFIX):
                 choice.add(row or skipped_row(label, seed, "no result"))
@@ -774,17 +779,42 @@ def report_partial(args) -> None:
                  out=args.out)
 
 
-def machine_settings(index: int, gpus: str, found: int, first_wave: list) -> dict:
-    """How run `index` shares the machine: its GPUs (one GPU per run on a machine of several: pinned to
-    GPU index % found, so the runs spread over the cards) and, for runs sized `auto`, the share of the
-    card's free memory that leaves room for every auto-sized run that starts at the same moment."""
+def machine_settings(gpus: str, found: int, first_wave: list) -> dict:
+    """How a run shares the machine: its GPUs (where each run has one GPU on a machine of several, none
+    here: GpuSlots gives it one when it starts) and, for runs sized `auto`, the share of the card's free
+    memory that leaves room for every auto-sized run that starts at the same moment."""
     pinned = found > 1 and gpus == "1"
-    settings = {"gpus": f"{index % found}," if pinned else gpus}
+    settings = {} if pinned else {"gpus": gpus}
     cards = found if pinned else 1
     auto_per_card = math.ceil(sum(job[0] in AUTO_SIZED for job in first_wave) / cards)
     if auto_per_card > 1:
         settings["gpu_memory_share"] = round(AUTO_MEMORY_SHARE / auto_per_card, 3)
     return settings
+
+
+class GpuSlots:
+    """The GPU a one-GPU run takes when it starts, on a machine of several: the one with the fewest runs
+    on it now. The runs stay spread as they end and start, and with `--jobs` at most the number of GPUs
+    each run has a card to itself, so its energy (NVML counts the whole card) is its own alone."""
+
+    def __init__(self, gpus: int):
+        self.runs_on = [0] * gpus
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lease(self, needed: bool = True):
+        """The GPU index for the run's lifetime; None where the run's GPUs are set otherwise."""
+        if not needed or len(self.runs_on) < 2:
+            yield None
+            return
+        with self.lock:
+            gpu = min(range(len(self.runs_on)), key=self.runs_on.__getitem__)
+            self.runs_on[gpu] += 1
+        try:
+            yield gpu
+        finally:
+            with self.lock:
+                self.runs_on[gpu] -= 1
 
 
 if __name__ == "__main__":

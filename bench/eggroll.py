@@ -50,6 +50,11 @@ def run(method: str, gpus: int, args, steps: int, batch_size: int, population: i
     summary = json.loads(done.stdout)["summary"]
     print(f"  -> {summary['members_per_s']:.2f} members/s, {summary['tokens_per_s']:.0f} tokens/s, "
           f"median step {summary['step_seconds_median']:.3f} s", flush=True)
+    phases = {key.removesuffix("_seconds_median"): value for key, value in summary.items()
+              if key.endswith("_seconds_median") and key != "step_seconds_median" and value is not None}
+    if phases:  # where a step goes: what splits over the ranks (generate, score) and what does not
+        print("     a step's phases (median s): " + ", ".join(f"{name} {value:.3f}" for name, value in phases.items()),
+              flush=True)
     return summary
 
 

@@ -229,3 +229,41 @@ def test_the_runs_at_once_share_the_cores_by_their_ranks(acceptance, monkeypatch
         assert os.environ["OMP_NUM_THREADS"] == threads
     acceptance.shared_threads(1)  # a value already set (the caller's) stays
     assert os.environ["OMP_NUM_THREADS"] == "64"
+
+
+def test_one_gpu_runs_take_the_least_used_gpu_when_they_start_and_free_it_when_they_end(acceptance):
+    from contextlib import ExitStack
+
+    slots = acceptance.GpuSlots(4)
+    with ExitStack() as running:
+        first_four = [running.enter_context(slots.lease()) for _ in range(4)]
+        assert sorted(first_four) == [0, 1, 2, 3]  # as many runs as GPUs: a card each (their energy their own)
+        fifth = running.enter_context(slots.lease())
+        assert slots.runs_on[fifth] == 2 and sum(slots.runs_on) == 5
+    assert slots.runs_on == [0, 0, 0, 0]
+    with slots.lease() as gpu, slots.lease(needed=False) as chosen_elsewhere:
+        assert gpu == 0 and chosen_elsewhere is None  # a run whose GPUs are set takes no slot
+    assert acceptance.GpuSlots(1).lease().__enter__() is None  # one GPU: nothing to choose
+    # Runs that end free their card for the next: four threads, each leasing in turn, never share one.
+    seen, errors = [], []
+
+    def run_twice():
+        for _ in range(2):
+            with slots.lease() as gpu:
+                if slots.runs_on[gpu] != 1:
+                    errors.append(slots.runs_on[:])
+                seen.append(gpu)
+
+    threads = [threading.Thread(target=run_twice) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(seen) == 8
+
+
+def test_machine_settings_leave_a_one_gpu_runs_gpu_to_its_lease_on_a_machine_of_several(acceptance):
+    wave = [("sft", "sft", {}, 0)] * 4
+    assert "gpus" not in acceptance.machine_settings("1", 4, wave)
+    assert acceptance.machine_settings("1", 1, wave)["gpus"] == "1"
+    assert acceptance.machine_settings("4", 4, wave)["gpus"] == "4"
