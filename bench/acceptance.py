@@ -668,11 +668,15 @@ def main() -> None:
         return row
 
     # The GPU-marked tests run alongside the runs, on a worker of their own (so `--jobs` counts runs
-    # only), those marked `alone` after them (BESIDE_RUNS, AFTER_RUNS).
+    # only), those marked `alone` after them (BESIDE_RUNS, AFTER_RUNS); all of them after, where each
+    # run has a card to itself: a test's work on a run's GPU would count in the run's energy unseen
+    # (the tests' runs are in a history of their own).
+    card_each = gpus == "1" and 1 < found and at_once <= found
     with ThreadPoolExecutor(max_workers=at_once) as pool, ThreadPoolExecutor(max_workers=1) as beside:
-        tests = None if args.skip_tests else beside.submit(gpu_tests, BESIDE_RUNS)
+        tests = None if args.skip_tests or card_each else beside.submit(gpu_tests, BESIDE_RUNS)
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
-        tests = tests and [tests.result(), gpu_tests(AFTER_RUNS)]
+        if not args.skip_tests:
+            tests = [gpu_tests("gpu")] if card_each else [tests.result(), gpu_tests(AFTER_RUNS)]
     stats, verdicts, control = report(rows)
     total = time.perf_counter() - started
     print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")
