@@ -11,7 +11,7 @@ seed. Beside them, two controls, each run through the power-sampling recipe:
   VALIDATION_PROBLEMS validation problems (SHARPENING_GRID, once, the first seed: the validation split
   is the same for every seed), then scored on the training recipes' own test problems once a seed.
 Runs of different seeds share the GPUs (`--jobs` at a time: by default all where a run has one GPU,
-one seed's where it has several: default_jobs says why). Two run settings that
+one seed's, at most 24 ranks, where it has several: default_jobs says why). Two run settings that
 say how runs share the machine, not how a recipe learns, are set for every run: `gpus` (with
 `--gpus 1` on a machine of several GPUs, each run is pinned when it starts to the GPU with the fewest
 runs on it: GpuSlots) and `gpu_memory_share` (runs sized `auto` that start together each take their
@@ -615,7 +615,7 @@ def main() -> None:
     parser.add_argument("--gpus", default=None, help="GPUs per run (default: every GPU found; CPU: 2 ranks)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all with one GPU a run, "
-                        "one seed's with several; they share the GPUs, "
+                        "one seed's, at most 24 ranks, with several; they share the GPUs, "
                         "runs sized `auto` each taking their share of a card's free memory; with --gpus 1 and "
                         "at most as many jobs as GPUs, each run has a card to itself: its energy is its own)")
     parser.add_argument("--partial", default=None, help="append each run's row to this JSON-lines file as it ends")
@@ -691,18 +691,24 @@ def ranks_per_run(gpus: str) -> int:
     return int(gpus) if gpus.isdigit() else len([part for part in gpus.split(",") if part.strip()])
 
 
+# Ranks of multi-GPU runs at once: 6 runs of 4 GPUs on 4 x H200 ended grpo-mtl in 372-443 s, where 17
+# at once had not ended it in 420 s (bench/RESULTS.md, "4 GPUs a run, 3 seeds").
+MULTI_GPU_RANKS_AT_ONCE = 24
+
+
 def default_jobs(jobs: list[tuple], gpus: str, found: int) -> int:
     """Runs at once unless --jobs says: all of them where each run has one GPU (or CPU ranks); where each
-    run spans several GPUs, one seed's runs (with the validation runs, the first wave). All three seeds'
-    37 runs at once on 4 x H200, 4 GPUs a run, had not ended one run after 545 s (bench/RESULTS.md),
-    where a one-seed check had ended in 183 s on the same kind of machine (an earlier version, with
-    fewer runs): every run's NCCL collectives wait on peers time-sliced among dozens of processes on
-    each GPU (the likely cause; not profiled), and each auto-sized run got a third of the memory share."""
+    run spans several GPUs, one seed's runs (with the validation runs, the first wave) and at most
+    MULTI_GPU_RANKS_AT_ONCE ranks in all. All 37 runs at once on 4 x H200, 4 GPUs a run, had not ended
+    one run after 545 s, and one seed's 17 had not ended grpo-mtl in 420 s: every run's NCCL
+    collectives wait on peers time-sliced among many processes on each GPU (the likely cause; not
+    profiled)."""
     if gpus == "1" or not found:
         return len(jobs)
     validation = sum(label.startswith(VALIDATION_PREFIX) for label, *_ in jobs)
     seeds = len({seed for label, *_, seed in jobs if not label.startswith(VALIDATION_PREFIX)}) or 1
-    return validation + (len(jobs) - validation) // seeds
+    one_seed = validation + (len(jobs) - validation) // seeds
+    return max(1, min(one_seed, MULTI_GPU_RANKS_AT_ONCE // ranks_per_run(gpus)))
 
 
 def assignments(items: list[str]) -> dict[str, dict]:

@@ -209,14 +209,15 @@ def test_every_job_of_the_acceptance_is_valid_settings_of_its_recipe(acceptance)
             assert resolved.method == "sample" and resolved.temperature == 1 / resolved.alpha == 0.25
 
 
-def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_with_several(acceptance):
+def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_and_a_rank_budget_with_several(acceptance):
     jobs = acceptance.job_list([0, 1, 2], None, {})
-    validation = sum(label.startswith(acceptance.VALIDATION_PREFIX) for label, *_ in jobs)
     assert acceptance.default_jobs(jobs, "1", found=4) == len(jobs)
     assert acceptance.default_jobs(jobs, "2", found=0) == len(jobs)  # CPU ranks
-    assert acceptance.default_jobs(jobs, "4", found=4) == validation + len(acceptance.JOBS)
-    one_seed = acceptance.job_list([5], None, {})
-    assert acceptance.default_jobs(one_seed, "4", found=4) == len(one_seed)
+    assert acceptance.default_jobs(jobs, "4", found=4) == 6  # 24 ranks: what ended on 4 x H200
+    assert acceptance.default_jobs(jobs, "0,1", found=4) == 12
+    assert acceptance.default_jobs(jobs, "8", found=8) == 3
+    two_labels = acceptance.job_list([0, 1, 2], ["sft", "eggroll"], {})
+    assert acceptance.default_jobs(two_labels, "2", found=2) == 2  # one seed's wave, under the budget
 
 
 def test_the_runs_at_once_share_the_cores_by_their_ranks(acceptance, monkeypatch):
