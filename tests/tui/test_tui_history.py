@@ -195,31 +195,47 @@ def test_a_device_row_updated_before_it_mounted_shows_the_newer_view():
     run_async(scenario())
 
 
+def ended_sft_runs(home, runs: list[tuple[str, dict]]) -> list[int]:
+    """Succeeded sft runs in the history, one per (dataset, summary); their ids."""
+    from tui_helpers import FROZEN_NOW
+
+    store = Store(home)
+    ids = []
+    for dataset, summary in runs:
+        run_id = store.create_run("sft", {"dataset": dataset, "seed": 0}, [], "h")
+        store.update_run(run_id, status="succeeded", started_at=FROZEN_NOW - 100, ended_at=FROZEN_NOW, summary=summary)
+        ids.append(run_id)
+    store.close()
+    return ids
+
+
+async def open_compare(app, pilot, ids: list[int], shown: str) -> None:
+    """The compare screen of runs `ids`, once `shown` is on it."""
+    from gpuscale.app.screens.compare import CompareScreen
+    from tui_helpers import screen_text
+
+    await settle(pilot)
+    app.open_compare(*ids)
+    await settle(pilot)
+    assert isinstance(app.screen, CompareScreen)
+    await wait_for(pilot, lambda: shown in screen_text(app), 10, "the figures", explain=lambda: screen_text(app))
+
+
 def test_compare_at_80_columns_cuts_long_values_and_shows_one_sided_figures(home):
     """Two runs over different domains: each one's per-domain accuracy is shown, `—` on the side
     without it; a dataset path longer than its column ends in `…` rather than off the screen."""
-    from gpuscale.app.screens.compare import CompareScreen
-    from tui_helpers import FROZEN_NOW, screen_text
+    from tui_helpers import screen_text
 
     long_path = "/data/" + "a-very-long-folder-name/" * 4 + "questions.jsonl"
-    store = Store(home)
-    ids = []
-    for domain, dataset, accuracy in (("algebra", long_path, 0.41), ("geometry", "tiny-math", 0.52)):
-        run_id = store.create_run("sft", {"dataset": dataset, "seed": 0}, [], "h")
-        store.update_run(run_id, status="succeeded", started_at=FROZEN_NOW - 100, ended_at=FROZEN_NOW,
-                         summary={"accuracy_greedy_after": accuracy, f"accuracy_greedy_{domain}_after": accuracy})
-        ids.append(run_id)
-    store.close()
+    runs = (("algebra", long_path, 0.41), ("geometry", "tiny-math", 0.52))
+    ids = ended_sft_runs(home, [(dataset, {"accuracy_greedy_after": accuracy,
+                                           f"accuracy_greedy_{domain}_after": accuracy})
+                                for domain, dataset, accuracy in runs])
 
     async def scenario():
         app = frozen_app(home)
         async with app.run_test(size=(80, 24)) as pilot:
-            await settle(pilot)
-            app.open_compare(*ids)
-            await settle(pilot)
-            assert isinstance(app.screen, CompareScreen)
-            await wait_for(pilot, lambda: "accuracy_greedy_geometry_after" in screen_text(app), 10, "the figures",
-                           explain=lambda: screen_text(app))
+            await open_compare(app, pilot, ids, "accuracy_greedy_geometry_after")
             lines = screen_text(app).splitlines()
             assert all(len(line.rstrip()) <= 80 for line in lines)
             algebra = next(line for line in lines if "accuracy_greedy_algebra_after" in line).split()
@@ -235,27 +251,16 @@ def test_compare_refits_its_tables_when_the_terminal_narrows_from_side_by_side_t
     """At 120 columns the two tables sit side by side and cut the long figure names; at 80 they are
     stacked, each as wide as the screen, and the names are whole again (the tables resized, the
     screen's breakpoint changed the layout)."""
-    from gpuscale.app.screens.compare import CompareScreen
     from tui_helpers import screen_text
 
     long_name = "a_much_longer_figure_name_than_fits"
-    store = Store(home)
-    ids = []
-    for accuracy in (0.41, 0.52):
-        run_id = store.create_run("sft", {"dataset": "tiny-math", "seed": 0}, [], "h")
-        store.update_run(run_id, status="succeeded", summary={"accuracy_greedy_after": accuracy, long_name: 1.0})
-        ids.append(run_id)
-    store.close()
+    ids = ended_sft_runs(home, [("tiny-math", {"accuracy_greedy_after": accuracy, long_name: 1.0})
+                                for accuracy in (0.41, 0.52)])
 
     async def scenario():
         app = frozen_app(home)
         async with app.run_test(size=(120, 24)) as pilot:
-            await settle(pilot)
-            app.open_compare(*ids)
-            await settle(pilot)
-            assert isinstance(app.screen, CompareScreen)
-            await wait_for(pilot, lambda: "0.52" in screen_text(app), 10, "the figures",
-                           explain=lambda: screen_text(app))
+            await open_compare(app, pilot, ids, "0.52")
             assert long_name not in screen_text(app)  # cut beside the settings
             await pilot.resize_terminal(80, 40)
             await wait_for(pilot, lambda: long_name in screen_text(app), 10,

@@ -217,7 +217,8 @@ def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_and_a_rank_budget_wi
     assert acceptance.default_jobs(jobs, "0,1", found=4) == 12
     assert acceptance.default_jobs(jobs, "8", found=8) == 3
     two_labels = acceptance.job_list([0, 1, 2], ["sft", "eggroll"], {})
-    assert acceptance.default_jobs(two_labels, "2", found=2) == 2  # one seed's wave, under the budget
+    # Two labels: the runs of one seed (2) are fewer than MULTI_GPU_RANKS_AT_ONCE allows (12).
+    assert acceptance.default_jobs(two_labels, "2", found=2) == 2
 
 
 def test_the_runs_at_once_share_the_cores_by_their_ranks(acceptance, monkeypatch):

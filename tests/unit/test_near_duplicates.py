@@ -25,8 +25,8 @@ from gpuscale.data.tiny_math import (
 from gpuscale.recipes.sft import Settings as SftSettings
 from gpuscale.recipes.shared.training import training_and_eval_examples
 
-# How many questions of each seed's training split the tests read: enough that every question template
-# of gpuscale/data/tiny_math.py occurs many times (structure_key in gpuscale/data/near_duplicates.py).
+# How many questions of the training split (for each seed) the tests read: enough that every question
+# template of gpuscale/data/tiny_math.py occurs many times (structure_key, gpuscale/data/near_duplicates.py).
 TRAINING_LOOKED_AT = 20_000
 
 
