@@ -89,6 +89,27 @@ def row_of(result: dict) -> dict:
             **{name: summary.get(name) for name in ACCURACIES}, "domains": domain_figures(summary), "accuracy": None}
 
 
+def stored_rows(home: Path, candidates: list[tuple[str, dict]], seeds: list[int]) -> list[dict]:
+    """The rows of a selection's runs as its GPUSCALE_HOME holds them, found by the label each run was
+    given (select-CANDIDATE-seedN); a run that did not end keeps its status (`running`, `lost`)."""
+    from gpuscale.runs.store import Store
+
+    store = Store.for_reading(home)
+    try:
+        runs = {run.get("label"): run for run in store.list_runs()}
+    finally:
+        store.close()
+    rows = []
+    for seed in seeds:
+        for label, _settings in candidates:
+            run = runs.get(f"select-{label.replace(' ', '-')}-seed{seed}")
+            if run is None:
+                continue
+            wall = (run.get("ended_at") or run.get("started_at") or 0) - (run.get("started_at") or 0)
+            rows.append(row_of({"label": label, "seed": seed, "wall_s": wall, "run": run}))
+    return rows
+
+
 def candidate_table(candidates: list[tuple[str, dict]], rows: list[dict], seeds: list[int]) -> list[dict]:
     """Per candidate: its settings, the seeds that succeeded, and mean ± sd over them (seed_statistics
     of bench/acceptance.py, on the succeeded runs only)."""
@@ -182,6 +203,9 @@ def main() -> None:
                         help="a setting of every run (a candidate's own settings may not repeat it)")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
     parser.add_argument("--out", default=None, help="the result file (default: bench/results/<recipe>/selection-...)")
+    parser.add_argument("--from-home", default=None, metavar="HOME",
+                        help="run nothing: the table and choice of the runs a selection's GPUSCALE_HOME holds (a "
+                        "selection cut by a time limit: a run that did not end counts as not succeeded)")
     args = parser.parse_args()
 
     from gpuscale.recipes.shared.registry import get_recipe
@@ -242,11 +266,15 @@ def main() -> None:
         print(f"{label} seed {seed}: {row['status']} ({row['wall_s']:.0f} s)", flush=True)
         return {**row, "gpus": gpus}
 
-    shared_threads(jobs)
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        rows = sorted(pool.map(run_one, runs), key=lambda row: ([c for c, _ in candidates].index(row["label"]),
-                                                                 row["seed"]))
+    if args.from_home:
+        home = Path(args.from_home).resolve()
+        rows = stored_rows(home, candidates, seeds)
+    else:
+        shared_threads(jobs)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            rows = list(pool.map(run_one, runs))
+    rows.sort(key=lambda row: ([c for c, _ in candidates].index(row["label"]), row["seed"]))
     table = candidate_table(candidates, rows, seeds)
     chosen = choose(table)
     print_table(table, rows, chosen)

@@ -87,7 +87,8 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
     with tempfile.TemporaryDirectory() as scratch:
         ctx = RankContext(0, 0, 1, torch_device, resolve_dtype(settings.precision, torch_device), Path(scratch))
         with recipe.trial_session(settings, ctx) as trial:
-            for size in sweep_sizes(args.max_batch, recipe.tune_batch_sizes(settings, run_ranks(settings))):
+            sized = recipe.for_device(settings, torch_device.type == "cuda", run_ranks(settings))
+            for size in sweep_sizes(args.max_batch, recipe.tune_batch_sizes(sized, run_ranks(settings))):
                 # Trials until --sweep-items of work (in the figure's unit: problems, tokens, members...)
                 # and at least --min-sweep-batches of them; a trial's work is its throughput x its time.
                 each = [measured(trial, size, torch_device)]
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = resolve_settings(recipe.settings_cls, overrides=overrides, environ={})
     device = pick_device(telemetry.visible_gpu_indices()[:1])
     figure = recipe.tuning.figure
-    args.max_batch = args.max_batch or min(2048, default_max_batch(recipe, settings))
+    args.max_batch = args.max_batch or min(2048, default_max_batch(recipe, settings, on_gpu=device.index is not None))
 
     outcome = tune_recipe(recipe, settings, device, memory_cap=args.memory_cap, max_batch=args.max_batch,
                           progress=lambda t: print(f"tune: {t}", file=sys.stderr, flush=True))

@@ -432,6 +432,19 @@ def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_p
         assert stored["status"] == "succeeded" and stored["summary"]["eval_split"] == "validation"
         assert stored["settings"]["eval_split"] == "validation" and stored["settings"]["save_model"] is False
         assert stored["settings"]["lr"] == float(row["label"].removeprefix("lr="))
+    # The same table from the history alone (a selection cut by a time limit is reported this way); a
+    # candidate with no run there is listed with no seed.
+    rebuilt = tmp_path / "rebuilt.json"
+    again = bench("select_settings.py", "--recipe", "eggroll", "--candidates", "lr=0.3;lr=0.1;lr=0.05", "--seeds", "0",
+                  "--gpus", "1", "--from-home", str(home), "--out", str(rebuilt))
+    assert f"chosen: {figures['chosen']}" in again.stdout
+    table = json.loads(rebuilt.read_text())["figures"]["candidates"]
+
+    def learning(entry: dict) -> dict:  # the wall time is the history's (start to end), not the launcher's
+        return {**entry, "statistics": {k: v for k, v in entry["statistics"].items() if k != "wall_s"}}
+
+    assert [learning(entry) for entry in table[:2]] == [learning(entry) for entry in figures["candidates"]]
+    assert table[2]["seeds_ok"] == []
 
 
 def acceptance_row(label: str, seed: int, greedy: tuple, sampled: tuple, domains: dict | None = None,

@@ -60,7 +60,7 @@ def tune_once(recipe, settings, device, store: Store, args: argparse.Namespace):
     from gpuscale.recipes.shared.device_trials import default_max_batch, tune_recipe
 
     figure = recipe.tuning.figure
-    max_batch = args.max_batch or default_max_batch(recipe, settings)  # the run's work per rank, where known
+    max_batch = args.max_batch or default_max_batch(recipe, settings, on_gpu=device.index is not None)
     print(f"tuning {recipe.name} ({recipe.tuning.knob}) on {device.name}, precision {settings.precision}, "
           f"memory cap {args.memory_cap:.0%}, batches up to {max_batch}", file=sys.stderr)
     count = {"trials": 0}

@@ -114,6 +114,12 @@ class Recipe(ABC):
 
             questions_too_long(settings.dataset, question_limit(settings))
 
+    def for_device(self, settings: RunSettings, on_gpu: bool, ranks: int) -> RunSettings:
+        """The settings with those left to the device resolved (eggroll's population and batch are
+        sized one way on a GPU, another on CPU, for `ranks` ranks); called where the device is known: by
+        the rank before its work and by the tuner before its trials. The default leaves them as they are."""
+        return settings
+
     def trial_session(self, settings: RunSettings, ctx: RankContext) -> AbstractContextManager[TrialFn]:
         """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of
         the real work at that batch on `ctx.device`, warm-up excluded, with `throughput` in

@@ -46,11 +46,11 @@ class TuneOutcome:
     compile: bool = False
 
 
-def default_max_batch(recipe: Recipe, settings: RunSettings, ranks: int | None = None) -> int:
+def default_max_batch(recipe: Recipe, settings: RunSettings, ranks: int | None = None, on_gpu: bool = True) -> int:
     """The largest batch `gpuscale tune` tries when not told: the run's work per rank where the
     recipe knows it (a larger batch would be padding), at most DEFAULT_MAX_BATCH."""
     ranks = run_ranks(settings) if ranks is None else ranks
-    work = recipe.tune_max_batch(settings, ranks)
+    work = recipe.tune_max_batch(recipe.for_device(settings, on_gpu, ranks), ranks)
     return max(1, min(work, DEFAULT_MAX_BATCH)) if work else DEFAULT_MAX_BATCH
 
 
@@ -75,16 +75,19 @@ def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory
     if start is None:
         start = 1 if torch_device.type == "cpu" else recipe.tuning.start
     ranks = run_ranks(settings)
+    # The trials run what a run would (a setting left to the device resolved for this one); the stored
+    # result keeps the settings as given, which is what a run's `auto` looks up.
+    sized = recipe.for_device(settings, torch_device.type == "cuda", ranks)
     if max_batch is None:
-        max_batch = default_max_batch(recipe, settings, ranks)
+        max_batch = default_max_batch(recipe, sized, ranks, torch_device.type == "cuda")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpuscale-tune-") as scratch:
         ctx = RankContext(0, 0, 1, torch_device, dtype, Path(scratch))
         torch.manual_seed(settings.seed)
-        with recipe.trial_session(settings, ctx) as trial:
+        with recipe.trial_session(sized, ctx) as trial:
             result = search_batch_size(
                 lambda size: measured(trial, size, torch_device), memory_limit_bytes=memory_cap * total,
-                start=start, max_batch=max_batch, allowed=recipe.tune_batch_sizes(settings, ranks), progress=progress)
+                start=start, max_batch=max_batch, allowed=recipe.tune_batch_sizes(sized, ranks), progress=progress)
     key = tuning_key(recipe, settings, device.name, precision)
     return TuneOutcome(key, result, total, memory_cap, time.perf_counter() - started, settings.compile)
 
