@@ -631,9 +631,17 @@ def main() -> None:
                         help="run nothing: the table, targets and result file of the rows --partial files "
                              "hold (a check cut short by a time limit still reports what ended; a check "
                              "run in parts, --only each, is reported as one)")
+    parser.add_argument("--rows-from-home", default=None, metavar="HOME",
+                        help="run nothing: the rows of the runs a check's GPUSCALE_HOME holds that ended (the "
+                             "newest of each job and seed; --only's jobs), made as the check makes them, its "
+                             "saved-model check included, appended to --partial: a check cut by a time limit "
+                             "after its runs ended")
     args = parser.parse_args()
     if args.from_partial:
         report_partial(args)
+        return
+    if args.rows_from_home:
+        rows_from_home(args)
         return
 
     import torch
@@ -777,6 +785,30 @@ def report(rows: list[dict]) -> tuple[dict, dict, dict]:
     print_table(rows, stats)
     print_targets(verdicts, control)
     return stats, verdicts, control
+
+
+def rows_from_home(args) -> None:
+    from gpuscale.runs.store import Store
+
+    store = Store.for_reading(Path(args.rows_from_home))
+    try:
+        newest = {}
+        for run in store.list_runs():  # newest first
+            newest.setdefault(run.get("label"), run)
+    finally:
+        store.close()
+    rows = []
+    for label, recipe, _settings, seed in job_list([int(seed) for seed in args.seeds.split(",")], args.only, {}):
+        run = newest.get(f"acceptance-{label.replace(' ', '-')}-seed{seed}")
+        if run is None or run["status"] in ("pending", "running"):
+            continue
+        wall = (run.get("ended_at") or 0) - (run.get("started_at") or 0)
+        rows.append(row_of({"label": label, "recipe": recipe, "seed": seed, "settings": run.get("settings") or {},
+                            "wall_s": wall, "run": run}))
+    if args.partial:
+        with open(args.partial, "a") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+    report(sorted(rows, key=lambda row: (row["label"], row["seed"])))
 
 
 def report_partial(args) -> None:

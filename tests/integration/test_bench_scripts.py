@@ -560,3 +560,22 @@ def test_row_terms_bench_times_the_engines_way_beside_the_batched_one_on_cpu(tmp
     for shape in figures["with_projection"]:
         assert set(shape["us"]) == {"projection_then_terms", "stacked"}
         assert all(error < 1e-3 for error in shape["max_error"].values())
+
+
+def test_acceptance_rows_from_a_cut_checks_history_are_the_rows_the_check_writes(home, tmp_path):
+    """A check cut by a time limit after its runs ended: `--rows-from-home` makes their rows from the
+    history (the newest run of each job and seed), and a run that has not ended gives none."""
+    label = "acceptance-power-sampling-greedy-seed0"
+    done = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", "power-sampling", "--json",
+                           "--label", label, "--gpus", "1", "--set", "method=greedy", "--set", "max_examples=4",
+                           "--set", "max_new_tokens=8", "--set", "seed=0"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(done.stdout)
+    partial = tmp_path / "rows.jsonl"
+    bench("acceptance.py", "--rows-from-home", str(home), "--seeds", "0,1", "--only", "power-sampling greedy",
+          "sft", "--partial", str(partial))
+    rows = [json.loads(line) for line in partial.read_text().splitlines()]
+    assert [(row["label"], row["seed"], row["run_id"], row["status"]) for row in rows] == [
+        ("power-sampling greedy", 0, run["id"], "succeeded")]
+    assert rows[0]["accuracy"] == run["summary"]["accuracy"] and rows[0]["nan_free"] is True
