@@ -257,8 +257,7 @@ def read_energy_mj(indices: list[int]) -> tuple[dict[int, int] | None, str | Non
 def energy_figures(joules_by_gpu: dict[int, float], summary: dict, logged_tokens: float = 0.0) -> dict:
     """`energy_j` (every GPU of the run on this node), `energy_j_by_gpu`; per 1,000 tokens where the
     run counted any (the ranks' logged tokens, else the summary's count); per correct held-out answer
-    where the summary has a final greedy accuracy and its number of held-out examples (and one was
-    right)."""
+    where the run got one right (`correct_answers`)."""
     total = sum(joules_by_gpu.values())
     figures = {"energy_j": round(total, 3),
                "energy_j_by_gpu": {f"gpu{index}": round(j, 3) for index, j in sorted(joules_by_gpu.items())}}
@@ -266,11 +265,20 @@ def energy_figures(joules_by_gpu: dict[int, float], summary: dict, logged_tokens
     tokens = next((count for count in counts if _positive(count)), None)
     if tokens:
         figures["energy_j_per_1k_tokens"] = round(1000.0 * total / tokens, 4)
-    accuracy, examples = summary.get("accuracy_greedy_after"), summary.get("eval_examples")
-    correct = round(accuracy * examples) if _positive(accuracy) and _positive(examples) else 0
+    correct = correct_answers(summary)
     if correct:
         figures["energy_j_per_correct_answer"] = round(total / correct, 4)
     return figures
+
+
+def correct_answers(summary: dict) -> int:
+    """The held-out answers a run got right: a training recipe's final greedy accuracy over its
+    `eval_examples`; a sampling run's (power sampling's) accuracy over every answer it counted,
+    `problems` x `chains`; 0 where the summary has neither."""
+    accuracy, answers = summary.get("accuracy_greedy_after"), summary.get("eval_examples")
+    if accuracy is None:
+        accuracy, answers = summary.get("accuracy"), (summary.get("problems") or 0) * (summary.get("chains") or 1)
+    return round(accuracy * answers) if _positive(accuracy) and _positive(answers) else 0
 
 
 # The figures that divide the GPUs' energy by this run's own work: wrong where other runs' work counts too.

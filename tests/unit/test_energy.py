@@ -14,7 +14,7 @@ import pytest
 
 from gpuscale.app import cli
 from gpuscale.app.screens.history import history_row
-from gpuscale.runs import telemetry
+from gpuscale.runs import devices, telemetry
 from gpuscale.runs.store import Store
 from gpuscale.runs.supervisor import Supervisor
 
@@ -42,6 +42,7 @@ def fake_nvml(step_mj: dict[int, int] | None = None, energy_error: str | None = 
         return counters[handle]
 
     nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetCount = lambda: 2
     nvml.nvmlDeviceGetHandleByIndex = lambda index: index
     nvml.nvmlDeviceGetName = lambda handle: b"NVIDIA H100 80GB HBM3"
     nvml.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(used=40_000 * MB, total=80_000 * MB)
@@ -58,6 +59,9 @@ def fake_nvml(step_mj: dict[int, int] | None = None, energy_error: str | None = 
 def two_fake_gpus(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
     monkeypatch.setattr(telemetry, "nvml_available", lambda: True)
+    # devices' own check is cached for the process: patched here, so that neither the order of the tests
+    # nor this fake decides what later tests see
+    monkeypatch.setattr(devices, "nvml_available", lambda: True)
 
 
 # The launcher of the supervised run: one rank that logs 2,000 tokens in two steps and a summary with a
@@ -110,6 +114,14 @@ def test_the_figures_come_from_the_summary_where_the_ranks_logged_no_tokens():
     assert figures == {"energy_j": 900.0, "energy_j_by_gpu": {"gpu0": 900.0}, "energy_j_per_1k_tokens": 3000.0}
     # No correct answer, no held-out set: no energy per correct answer rather than a division by zero.
     assert "energy_j_per_correct_answer" not in telemetry.energy_figures({0: 1.0}, {"accuracy_greedy_after": 0.5})
+
+
+def test_a_sampling_run_counts_every_answer_it_scored_as_its_accuracy_does():
+    """Power sampling's accuracy is the share right over problems x chains (pass@1): 0.25 of 8 x 4."""
+    figures = telemetry.energy_figures({0: 800.0}, {"accuracy": 0.25, "problems": 8, "chains": 4})
+    assert figures["energy_j_per_correct_answer"] == 800.0 / 8
+    one_chain = telemetry.energy_figures({0: 800.0}, {"accuracy": 0.5, "problems": 8})
+    assert one_chain["energy_j_per_correct_answer"] == 200.0
 
 
 def test_a_counter_that_went_back_during_the_run_gives_no_figure(monkeypatch):
