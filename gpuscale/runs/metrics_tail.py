@@ -104,6 +104,10 @@ class Throughput:
         self.cumulative: dict[str, float] = {name: 0.0 for name in self.COUNTS}
         self.first_t: float | None = None
         self.last_t: float | None = None
+        # When the ranks' first step was seen, and that step: the pace of the run's steps is measured
+        # from there, not from its start (loading the model and the evaluation before training are
+        # minutes of a short run on a shared card, and would multiply its ETA many times early on).
+        self.paced_from: tuple[float, int] | None = None
         self._changed: dict[str, float] = {}  # figure -> time of its newest row since run_wide_rows
 
     def add(self, rows: list[dict]) -> None:
@@ -173,10 +177,13 @@ class Throughput:
             tokens, samples = self.rates("tokens", now), self.rates("samples", now)
         done = min(self.step.values()) if self.step else 0
         total = max(self.totals.values()) if self.totals else None
+        if self.paced_from is None and done:
+            self.paced_from = (self.last_t or now, done)
         return {
             "t": now,
             "step": done,
             "total": total,
+            **({"paced_from_t": self.paced_from[0], "paced_from_step": self.paced_from[1]} if self.paced_from else {}),
             "tokens_per_s": sum(tokens.values()),
             "samples_per_s": sum(samples.values()),
             "tokens_per_s_by_rank": {str(r): v for r, v in sorted(tokens.items())},

@@ -116,3 +116,17 @@ def test_point_faults_fire_at_their_point_only(tmp_path, monkeypatch):
     fail_if_injected("final_eval", 1)
     with pytest.raises(RuntimeError, match="injected fault on rank 0 at final_eval"):
         fail_if_injected("final_eval", 0)
+
+
+def test_the_pace_of_the_steps_is_measured_from_the_first_step_seen():
+    """The supervisor reads the ranks' rows as they come: the first read that shows a step is where
+    the ETA's pace starts (the loading and evaluation before it left out), and it stays there."""
+    tp = Throughput()
+    assert "paced_from_t" not in tp.progress(now=50.0)  # nothing logged yet: no pace
+    tp.add([{"rank": r, "t": 100.0, "step": 1, "name": "tokens", "value": 1.0} for r in (0, 1)])
+    first = tp.progress(now=100.5)
+    assert (first["paced_from_t"], first["paced_from_step"]) == (100.0, 1)
+    tp.add([{"rank": 0, "t": 110.0, "step": 11, "name": "tokens", "value": 1.0},
+            {"rank": 1, "t": 111.0, "step": 9, "name": "tokens", "value": 1.0}])
+    later = tp.progress(now=111.0)
+    assert later["step"] == 9 and (later["paced_from_t"], later["paced_from_step"]) == (100.0, 1)

@@ -80,6 +80,10 @@ def test_status_and_throughput_lines():
     run = {"status": "running", "started_at": NOW - 90, "ended_at": None,
            "progress": {"t": NOW, "step": 30, "total": 120}}
     assert status_line(run, NOW) == "running · 1:30 elapsed · step 30/120 (25%) · ETA 4:30"
+    # Once steps have been timed, their pace: 60 s of loading and evaluation before step 1 left out
+    # (20 steps in 20 s, 90 to go), not 30 steps in 90 s.
+    paced = {**run, "progress": {**run["progress"], "paced_from_t": NOW - 20, "paced_from_step": 10}}
+    assert status_line(paced, NOW) == "running · 1:30 elapsed · step 30/120 (25%) · ETA 1:30"
     progress = {"tokens_per_s": 4210.0, "samples_per_s": 12.0, "tokens_per_s_by_rank": {"1": 2100.0, "0": 2110.0}}
     live = {**run, "progress": progress}
     assert throughput_text(live) == "tokens/s 4,210 · samples/s 12.0 (last 10 s)"

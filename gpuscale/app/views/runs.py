@@ -48,10 +48,15 @@ def elapsed_s(run: dict, now: float) -> float | None:
 
 
 def eta_s(progress: dict, started_at: float | None) -> float | None:
-    """Time left at the pace so far, from the step count at the progress record's time."""
+    """Time left at the pace of the steps so far: from the first step the supervisor saw
+    (`paced_from_t`, `paced_from_step`: the start's loading and evaluation left out) once a later one
+    came, else from the run's start."""
     step, total, at = progress.get("step") or 0, progress.get("total"), progress.get("t")
     if not total or not step or not started_at or not at or step >= total:
         return None
+    first_t, first_step = progress.get("paced_from_t"), progress.get("paced_from_step")
+    if first_t is not None and first_step is not None and step > first_step and at > first_t:
+        return (at - first_t) * (total - step) / (step - first_step)
     return (at - started_at) * (total - step) / step
 
 
