@@ -32,8 +32,8 @@ from gpuscale.runs.settings import RunSettings
 
 # The population a run gets unless told: chosen on the validation split, 3 seeds, on one H100
 # (bench/RESULTS.md, "Settings chosen on the validation split"): 512 beat 64 in greedy and T=1 accuracy;
-# 2,048 did not end its 300 steps in the time a default must keep. On CPU a step costs about
-# population x 0.08 s with the embedded model, so CPU runs keep 64.
+# 2,048 did not end its 300 steps in the time a default must keep. On CPU a step's time grows with
+# the members (at 512 a 300-step run takes hours: bench/RESULTS.md, eggroll), so CPU runs keep 64.
 GPU_POPULATION = 512
 CPU_POPULATION = 64
 MAX_ROWS_PER_CALL = 8192  # the unset batch: 512 members x 16 prompts in one call, the selection's batch
