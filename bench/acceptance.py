@@ -129,7 +129,7 @@ def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefi
     """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time. Its label in
     the history is PREFIX-LABEL-seedN."""
     argv = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", recipe, "--json",
-            "--label", f"{prefix}-{label.replace(' ', '-')}-seed{seed}"]
+            "--label", run_label(prefix, label, seed)]
     for key, value in {**settings, "seed": seed}.items():
         argv += ["--set", f"{key}={value}"]
     started = time.perf_counter()
@@ -141,6 +141,31 @@ def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefi
     except json.JSONDecodeError:
         run = {"status": f"no result (exit {done.returncode})", "error": done.stderr.strip()[-300:]}
     return {"label": label, "recipe": recipe, "seed": seed, "settings": settings, "wall_s": wall, "run": run}
+
+
+def run_label(prefix: str, label: str, seed: int) -> str:
+    return f"{prefix}-{label.replace(' ', '-')}-seed{seed}"
+
+
+def stored_runs(home: Path) -> dict[str, dict]:
+    """The runs of a check's GPUSCALE_HOME by their label, the newest of each (a job run again after a
+    cut call), for a check or selection reported from its history."""
+    from gpuscale.runs.store import Store
+
+    store = Store.for_reading(home)
+    try:
+        newest: dict[str, dict] = {}
+        for run in store.list_runs():  # newest first
+            newest.setdefault(run.get("label"), run)
+        return newest
+    finally:
+        store.close()
+
+
+def stored_wall_s(run: dict) -> float:
+    """A stored run's wall time, start to end (0 for one that has not both)."""
+    started, ended = run.get("started_at"), run.get("ended_at")
+    return ended - started if started and ended else 0.0
 
 
 def finite(value) -> bool:
@@ -788,23 +813,14 @@ def report(rows: list[dict]) -> tuple[dict, dict, dict]:
 
 
 def rows_from_home(args) -> None:
-    from gpuscale.runs.store import Store
-
-    store = Store.for_reading(Path(args.rows_from_home))
-    try:
-        newest = {}
-        for run in store.list_runs():  # newest first
-            newest.setdefault(run.get("label"), run)
-    finally:
-        store.close()
+    newest = stored_runs(Path(args.rows_from_home))
     rows = []
     for label, recipe, _settings, seed in job_list([int(seed) for seed in args.seeds.split(",")], args.only, {}):
-        run = newest.get(f"acceptance-{label.replace(' ', '-')}-seed{seed}")
+        run = newest.get(run_label("acceptance", label, seed))
         if run is None or run["status"] in ("pending", "running"):
             continue
-        wall = (run.get("ended_at") or 0) - (run.get("started_at") or 0)
         rows.append(row_of({"label": label, "recipe": recipe, "seed": seed, "settings": run.get("settings") or {},
-                            "wall_s": wall, "run": run}))
+                            "wall_s": stored_wall_s(run), "run": run}))
     if args.partial:
         with open(args.partial, "a") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in rows)

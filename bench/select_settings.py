@@ -41,7 +41,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acceptance import ACCURACIES, domain_figures, launch, seed_statistics, shared_threads  # noqa: E402
+from acceptance import (  # noqa: E402
+    ACCURACIES,
+    domain_figures,
+    launch,
+    run_label,
+    seed_statistics,
+    shared_threads,
+    stored_runs,
+    stored_wall_s,
+)
 from record import ROOT, write_result  # noqa: E402
 
 RULE = ("among candidates whose every seed succeeded and whose mean greedy validation accuracy after training is "
@@ -91,23 +100,11 @@ def row_of(result: dict) -> dict:
 
 def stored_rows(home: Path, candidates: list[tuple[str, dict]], seeds: list[int]) -> list[dict]:
     """The rows of a selection's runs as its GPUSCALE_HOME holds them, found by the label each run was
-    given (select-CANDIDATE-seedN); a run that did not end keeps its status (`running`, `lost`)."""
-    from gpuscale.runs.store import Store
-
-    store = Store.for_reading(home)
-    try:
-        runs = {run.get("label"): run for run in store.list_runs()}
-    finally:
-        store.close()
-    rows = []
-    for seed in seeds:
-        for label, _settings in candidates:
-            run = runs.get(f"select-{label.replace(' ', '-')}-seed{seed}")
-            if run is None:
-                continue
-            wall = (run.get("ended_at") or run.get("started_at") or 0) - (run.get("started_at") or 0)
-            rows.append(row_of({"label": label, "seed": seed, "wall_s": wall, "run": run}))
-    return rows
+    given (the newest of each); a run that did not end keeps its status (`running`, `lost`)."""
+    newest = stored_runs(home)
+    return [row_of({"label": label, "seed": seed, "wall_s": stored_wall_s(run), "run": run})
+            for seed in seeds for label, _settings in candidates
+            if (run := newest.get(run_label("select", label, seed))) is not None]
 
 
 def candidate_table(candidates: list[tuple[str, dict]], rows: list[dict], seeds: list[int]) -> list[dict]:

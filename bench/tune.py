@@ -86,8 +86,8 @@ def run_sweep(recipe, settings, device, args) -> tuple[list[dict], float]:
 
     with tempfile.TemporaryDirectory() as scratch:
         ctx = RankContext(0, 0, 1, torch_device, resolve_dtype(settings.precision, torch_device), Path(scratch))
-        with recipe.trial_session(settings, ctx) as trial:
-            sized = recipe.for_device(settings, torch_device.type == "cuda", run_ranks(settings))
+        sized = recipe.for_device(settings, torch_device.type == "cuda", run_ranks(settings))
+        with recipe.trial_session(sized, ctx) as trial:
             for size in sweep_sizes(args.max_batch, recipe.tune_batch_sizes(sized, run_ranks(settings))):
                 # Trials until --sweep-items of work (in the figure's unit: problems, tokens, members...)
                 # and at least --min-sweep-batches of them; a trial's work is its throughput x its time.

@@ -175,7 +175,7 @@ class Eggroll(Recipe):
     def trial_session(self, settings: Settings, ctx):
         from gpuscale.recipes.eggroll.trial import trial_session
 
-        return trial_session(self.for_device(settings, ctx.device.type == "cuda", ranks=1), ctx)
+        return trial_session(settings, ctx)  # the tuner resolved what was left to the device (for_device)
 
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
         rows = settings.prompts_per_step * settings.generations_per_prompt
