@@ -118,6 +118,8 @@ def load_model(name_or_path, dtype=None, device="cpu"):
     name = str(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     if name in RANDOM_CONFIGS:
+        if _is_gpu(device):  # made where it runs: every rank's GPU draws the same weights from the same seed
+            return build_random_model(name, device=device, dtype=torch_dtype).eval(), None
         model = build_random_model(name)
         model = model.to(torch_dtype) if torch_dtype is not None else model
         return model.to(device).eval(), None
@@ -131,6 +133,12 @@ def load_model(name_or_path, dtype=None, device="cpu"):
         f"unknown model {name!r}: not a known name ({', '.join(KNOWN_MODELS)}), "
         f"not a local directory, not a hub id like org/name"
     )
+
+
+def _is_gpu(device) -> bool:
+    import torch
+
+    return torch.device(device).type == "cuda"
 
 
 def _load_pretrained(source: str, torch_dtype, device, local: bool):

@@ -32,3 +32,13 @@ def test_real_out_of_memory_gives_the_batch_size_hint(home):
     run = run_json("show", "1")
     assert run["status"] == "failed" and "OutOfMemoryError" in run["error"]
     assert "lower batch_size (now 100000" in run["hint"]
+
+
+def test_a_random_model_is_made_on_the_gpu_in_its_dtype_and_every_make_draws_the_same_weights():
+    from gpuscale.data.models import load_model
+
+    first, _ = load_model("random-tiny", dtype="bf16", device="cuda")
+    second, _ = load_model("random-tiny", dtype="bf16", device="cuda")
+    params = list(first.parameters())
+    assert {p.device.type for p in params} == {"cuda"} and {p.dtype for p in params} == {torch.bfloat16}
+    assert all(torch.equal(a, b) for a, b in zip(params, second.parameters(), strict=True))
