@@ -90,7 +90,7 @@ def test_status_and_throughput_lines():
     assert per_rank_text(live) == "tokens/s per rank (last 10 s): 2,110 2,100"
     assert per_rank_text({**run, "progress": {"tokens_per_s_by_rank": {"0": 5.0}}}) == ""
     latest = {"step_time_ms": 12.5, "loss": 1.25, "reward": 0.5}
-    assert figures_text({**run, "progress": {"latest": latest}}) == "reward 0.5 · loss 1.25 · step_time_ms 12.5 ms"
+    assert figures_text({**run, "progress": {"latest": latest}}) == "reward 0.5 · loss 1.25 · step time 12.5 ms"
 
 
 def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
@@ -99,8 +99,16 @@ def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
               "clip_ratio_low_mean": 0.0, "completions_clipped_ratio": 0.25, "completions_mean_length": 41.0,
               "frac_reward_zero_std": 0.5, "kl": 0.0, "entropy": 0.87, "grad_norm": 1.5, "learning_rate": 1e-4}
     run = {"status": "running", "progress": {"latest": latest}}
-    assert figures_text(run) == "reward 0.31 · loss 0.02 · entropy 0.87 · grad_norm 1.5"
+    assert figures_text(run) == "reward 0.31 · loss 0.02 · entropy 0.87 · gradient norm 1.5"
     assert figures_text({**run, "progress": {"latest": {"loss": 0.0, "accuracy": 0.0}}}) == "accuracy 0 · loss 0"
+
+
+def test_the_headline_names_each_figure_by_the_catalogues_label_not_the_trainers_log_name():
+    """A GPU run's monitor read `sampling_sampling_logp_difference_mean 0.0024 nats` (TRL's flattened
+    name) where the catalogue says `policy mismatch (mean)`."""
+    latest = {"reward": 0.5, "sampling_sampling_logp_difference_mean": 0.0024, "mfu": 0.282}
+    assert figures_text({"status": "running", "progress": {"latest": latest}}) == \
+        "reward 0.5 · MFU 28.2% · policy mismatch (mean) 0.0024 nats"
 
 
 def test_shell_equivalent_and_preview(tmp_path):
@@ -158,7 +166,7 @@ def test_a_finished_runs_headline_is_its_summary():
     once a run has ended, the headline shows the summary's figure."""
     run = finished_run(summary={"accuracy": 0.4583, "problems": 24},
                        progress={"t": NOW, "step": 4, "total": 4, "latest": {"accuracy": 0.5833, "forward_passes": 9}})
-    assert figures_text(run) == "accuracy 0.4583 · forward_passes 9"
+    assert figures_text(run) == "accuracy 0.4583 · forward passes 9"
     assert "accuracy 0.5833" in figures_text({**run, "status": "running"})  # live: the progress record's
 
 

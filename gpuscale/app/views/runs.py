@@ -158,12 +158,14 @@ def headline_figures(run: dict) -> dict:
 
 
 def figures_text(run: dict, limit: int = 4) -> str:
-    """The recipe's figures for the headline, the usual ones first: `reward 0.5 · loss 1.23`. Of the
-    others, not the trainer's diagnostics (QUIET_FIGURES) nor any at 0: they stay in the charts."""
+    """The recipe's figures for the headline, the usual ones first, each under the catalogue's label
+    (`reward 0.5 · loss 1.23 · MFU 28.2% · policy mismatch (mean) 0.0024 nats`, not TRL's flattened
+    names). Of the others, not the trainer's diagnostics (QUIET_FIGURES) nor any at 0: they stay in
+    the charts."""
     latest = headline_figures(run)
     others = sorted(n for n in latest if n not in PREFERRED_FIGURES and not _quiet(n, latest[n]))
     names = [n for n in PREFERRED_FIGURES if n in latest] + others
-    return " · ".join(f"{name} {figure_text(name, latest[name])}" for name in names[:limit])
+    return " · ".join(labelled_text(name, latest[name]) for name in names[:limit])
 
 
 def figure_text(name: str, value, unit: bool = True) -> str:
