@@ -379,15 +379,18 @@ class Trainer:
         """Every member's mean per-token log-prob of each prompt's training answer (and EOS), by
         teacher forcing: one forward of the body over all rows (the members' row terms act in it),
         the head in slices of rows so that [rows, tokens, vocab] logits never exist at once."""
-        model, device = self.loaded.model, self.ctx.device
-        rows = [prompt["ids"] + prompt["gold_ids"] for _ in members for prompt in prompts]
-        answers = [len(prompt["gold_ids"]) for _ in members for prompt in prompts]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.loaded.pad, dtype=torch.long)
-        for i, row in enumerate(rows):  # right padding: a causal model's earlier positions never see it
+        model, device, copies = self.loaded.model, self.ctx.device, len(members)
+        # Every member scores the same rows: one member's block is built on the host and tiled on the
+        # device, so the host's work does not grow with the members.
+        block = [prompt["ids"] + prompt["gold_ids"] for prompt in prompts]
+        width = max(map(len, block))
+        ids = torch.full((len(block), width), self.loaded.pad, dtype=torch.long)
+        for i, row in enumerate(block):  # right padding: a causal model's earlier positions never see it
             ids[i, : len(row)] = torch.tensor(row)
-        lengths, answer_lengths = torch.tensor([len(row) for row in rows]), torch.tensor(answers)
-        ids = ids.to(device)
+        answers = [len(prompt["gold_ids"]) for prompt in prompts] * copies
+        lengths = torch.tensor([len(row) for row in block]).repeat(copies)
+        answer_lengths = torch.tensor(answers)
+        ids = ids.to(device).repeat(copies, 1)
         mask = (torch.arange(width)[None] < lengths[:, None]).to(device, torch.long)
         # Position t predicts token t + 1: the answer's tokens are predicted from len - answer - 1 on.
         position, first = torch.arange(width - 1)[None], (lengths - answer_lengths - 1)[:, None]
@@ -395,7 +398,7 @@ class Trainer:
         hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
         head, totals = model.get_output_embeddings(), []
         rows_per_slice = max(1, (1 << 26) // (width * head.out_features))
-        for start in range(0, len(rows), rows_per_slice):
+        for start in range(0, len(ids), rows_per_slice):
             part = slice(start, start + rows_per_slice)
             logits = head(hidden[part, :-1]).float()
             token_logprobs = logits.gather(-1, ids[part, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
