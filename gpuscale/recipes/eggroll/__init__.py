@@ -31,11 +31,10 @@ from gpuscale.recipes.shared.training import eval_split_field
 from gpuscale.runs.settings import RunSettings
 
 # The population and steps a run gets unless told: chosen on the validation split, 3 seeds (bench/RESULTS.md,
-# "Settings chosen on the validation split"): 512 members beat 64, then 2,048 members for 200 steps had
-# a higher T=1 accuracy than 2,048 for 150 and 512 for 300, greedy higher in every domain and seed (300
-# steps at 2,048 do not end in the time a default must keep). On CPU a step's time
-# grows with the members (at 512 a 300-step run takes hours: bench/RESULTS.md, eggroll), so CPU runs keep
-# 64 members and 300 steps.
+# "Settings chosen on the validation split"): 512 members beat 64, then 2,048 members for 200 steps had a
+# higher T=1 accuracy than 2,048 for 150 and 512 for 300, greedy higher in every domain and seed (2,048
+# for 300 steps took too long for a default; what 200 cost is in bench/RESULTS.md). On CPU a step's time
+# grows with the members (at 512 a 300-step run takes hours), so CPU runs keep 64 members and 300 steps.
 GPU_POPULATION, GPU_STEPS = 2048, 200
 CPU_POPULATION, CPU_STEPS = 64, 300
 MAX_ROWS_PER_CALL = 8192  # the unset batch at most: the selection's (2,048 members x 16 prompts in four calls)
