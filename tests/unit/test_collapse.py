@@ -126,7 +126,7 @@ def test_mfu_is_shown_as_a_percentage():
 
     assert figure_text("mfu", 0.2824) == "28.2%" and figure_text("loss", 0.2824) == "0.2824"
     run = {"status": "running", "progress": {"latest": {"loss": 1.5, "mfu": 0.31, "grad_norm": 2.0}}}
-    assert figures_text(run) == "loss 1.5 · mfu 31.0% · grad_norm 2"
+    assert figures_text(run) == "loss 1.5 · MFU 31.0% · gradient norm 2"
 
 
 def test_a_policy_mismatch_beyond_its_bound_step_after_step_warns():

@@ -47,10 +47,11 @@ def test_micro_batches_of_a_step_add_up_and_keep_the_largest_difference():
 
 
 def test_the_monitor_s_headline_leads_with_the_mismatch_among_trl_s_sampling_figures():
+    """Under the catalogue's label: a GPU run's monitor once read TRL's flattened name,
+    `sampling_sampling_logp_difference_mean`."""
     from gpuscale.app.views.runs import figures_text
 
     latest = {"reward": 0.3, "loss": 0.01, "mfu": 0.2, "entropy": 0.5, "clip_ratio_low_mean": 0.0,
               "sampling_sampling_logp_difference_max": 0.4, "sampling_sampling_logp_difference_mean": 0.0123}
     run = {"status": "running", "progress": {"latest": latest}}
-    assert figures_text(run) == ("reward 0.3 · loss 0.01 · mfu 20.0% · "
-                                 "sampling_sampling_logp_difference_mean 0.0123 nats")
+    assert figures_text(run) == "reward 0.3 · loss 0.01 · MFU 20.0% · policy mismatch (mean) 0.0123 nats"

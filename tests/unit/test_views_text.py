@@ -103,13 +103,6 @@ def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
     assert figures_text({**run, "progress": {"latest": {"loss": 0.0, "accuracy": 0.0}}}) == "accuracy 0 · loss 0"
 
 
-def test_the_headline_names_each_figure_by_the_catalogues_label_not_the_trainers_log_name():
-    """A GPU run's monitor read `sampling_sampling_logp_difference_mean 0.0024 nats` (TRL's flattened
-    name) where the catalogue says `policy mismatch (mean)`."""
-    latest = {"reward": 0.5, "sampling_sampling_logp_difference_mean": 0.0024, "mfu": 0.282}
-    assert figures_text({"status": "running", "progress": {"latest": latest}}) == \
-        "reward 0.5 · MFU 28.2% · policy mismatch (mean) 0.0024 nats"
-
 
 def test_shell_equivalent_and_preview(tmp_path):
     from gpuscale.recipes.shared.registry import get_recipe
