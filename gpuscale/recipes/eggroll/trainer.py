@@ -380,21 +380,20 @@ class Trainer:
         teacher forcing: one forward of the body over all rows (the members' row terms act in it),
         the head in slices of rows so that [rows, tokens, vocab] logits never exist at once."""
         model, device, copies = self.loaded.model, self.ctx.device, len(members)
-        # Every member scores the same rows: one member's block is built on the host and tiled on the
-        # device, so the host's work does not grow with the members.
+        # Every member scores the same rows: one member's block (ids, mask, scored positions) is built on
+        # the host and tiled on the device, so the host's work does not grow with the members.
         block = [prompt["ids"] + prompt["gold_ids"] for prompt in prompts]
         width = max(map(len, block))
-        ids = torch.full((len(block), width), self.loaded.pad, dtype=torch.long)
+        block_ids = torch.full((len(block), width), self.loaded.pad, dtype=torch.long)
         for i, row in enumerate(block):  # right padding: a causal model's earlier positions never see it
-            ids[i, : len(row)] = torch.tensor(row)
-        answers = [len(prompt["gold_ids"]) for prompt in prompts] * copies
-        lengths = torch.tensor([len(row) for row in block]).repeat(copies)
-        answer_lengths = torch.tensor(answers)
-        ids = ids.to(device).repeat(copies, 1)
-        mask = (torch.arange(width)[None] < lengths[:, None]).to(device, torch.long)
+            block_ids[i, : len(row)] = torch.tensor(row)
+        lengths = torch.tensor([len(row) for row in block])
+        answer_lengths = torch.tensor([len(prompt["gold_ids"]) for prompt in prompts])
+        block_mask = (torch.arange(width)[None] < lengths[:, None]).long()
         # Position t predicts token t + 1: the answer's tokens are predicted from len - answer - 1 on.
         position, first = torch.arange(width - 1)[None], (lengths - answer_lengths - 1)[:, None]
-        scored = ((position >= first) & (position < (lengths - 1)[:, None])).to(device)
+        block_scored = (position >= first) & (position < (lengths - 1)[:, None])
+        ids, mask, scored = (part.to(device).repeat(copies, 1) for part in (block_ids, block_mask, block_scored))
         hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
         head, totals = model.get_output_embeddings(), []
         rows_per_slice = max(1, (1 << 26) // (width * head.out_features))
@@ -403,7 +402,7 @@ class Trainer:
             logits = head(hidden[part, :-1]).float()
             token_logprobs = logits.gather(-1, ids[part, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
             totals.append((token_logprobs * scored[part]).sum(1))
-        return (torch.cat(totals).cpu() / answer_lengths).tolist(), answers
+        return (torch.cat(totals).cpu() / answer_lengths.repeat(copies)).tolist(), answer_lengths.tolist() * copies
 
     def _generator_for_call(self) -> torch.Generator:
         """With common random numbers, every call of a step (every member, on every rank) starts from
