@@ -35,7 +35,8 @@ Written with bench/record.py to bench/results/acceptance/.
 
 Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs N] [--skip-tests]
        [--only LABEL ...] [--set LABEL:key=value ...]   (--set: for quick CPU checks, not acceptance)
-       python bench/acceptance.py --gpus N --from-partial FILE [FILE ...]   (the table of finished rows)
+       python bench/acceptance.py --gpus N --from-partial FILE [FILE ...]   (the table of finished rows;
+         a later file's row of the same label and seed replaces an earlier one)
 """
 
 from __future__ import annotations
@@ -655,7 +656,8 @@ def main() -> None:
     parser.add_argument("--from-partial", nargs="+", default=None, metavar="FILE",
                         help="run nothing: the table, targets and result file of the rows --partial files "
                              "hold (a check cut short by a time limit still reports what ended; a check "
-                             "run in parts, --only each, is reported as one)")
+                             "run in parts, --only each, is reported as one; a later file's row of the same "
+                             "label and seed replaces an earlier one)")
     parser.add_argument("--rows-from-home", default=None, metavar="HOME",
                         help="run nothing: the rows of the runs a check's GPUSCALE_HOME holds that ended (the "
                              "newest of each job and seed; --only's jobs), made as the check makes them, its "
@@ -828,8 +830,11 @@ def rows_from_home(args) -> None:
 
 
 def report_partial(args) -> None:
+    """One table from the rows of several files; where two files hold the same run (label and seed),
+    the later file's row replaces the earlier (a recipe measured again after its default changed)."""
     lines = [line for path in args.from_partial for line in Path(path).read_text().splitlines() if line.strip()]
-    rows = sorted((json.loads(line) for line in lines), key=lambda row: (row["label"], row["seed"]))
+    latest = {(row["label"], row["seed"]): row for row in map(json.loads, lines)}
+    rows = sorted(latest.values(), key=lambda row: (row["label"], row["seed"]))
     stats, verdicts, control = report(rows)
     write_result("acceptance", f"acceptance-{args.gpus}gpu-partial",
                  {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial},

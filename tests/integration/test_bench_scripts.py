@@ -461,9 +461,10 @@ def acceptance_row(label: str, seed: int, greedy: tuple, sampled: tuple, domains
 
 
 def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp_path):
-    """Two --partial files (a check run in two calls) make one table; a greedy target is met only if every
-    domain's mean gain clears it, no seed fell below the base in any domain and the figures of every
-    seed were finite; the sharpening control and power sampling's rivals come from their rows too."""
+    """Two --partial files (a check run in two calls) make one table, a later file's row replacing an
+    earlier one of the same run; a greedy target is met only if every domain's mean gain clears it,
+    no seed fell below the base in any domain and the figures of every seed were finite; the
+    sharpening control and power sampling's rivals come from their rows too."""
     comparison_greedy_gains = [0.01, -0.02, -0.02]  # mean -1 point: greedy lower in one domain
     comparison_after = [0.6 + gain for gain in comparison_greedy_gains]
     pcgrad = [acceptance_row("grpo-mtl pcgrad", seed, (0.50, 0.55), (0.30, 0.40), {
@@ -488,8 +489,10 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
                             temperature=t) for t, accuracy in ((0.5, 0.5), (1.0, 0.4))]
     rest += [acceptance_row("sharpening control", seed, (None, None), (None, None), accuracy=0.33, temperature=0.5)
              for seed in range(3)]
+    # Seed 0 of rft measured first at an older default: the later file's row replaces it.
+    older = [acceptance_row("rft", 0, (0.50, 0.51), (0.30, 0.31))]
     first, second, out = tmp_path / "pcgrad.jsonl", tmp_path / "rest.jsonl", tmp_path / "acceptance.json"
-    first.write_text("".join(json.dumps(row) + "\n" for row in pcgrad))
+    first.write_text("".join(json.dumps(row) + "\n" for row in older + pcgrad))
     second.write_text("".join(json.dumps(row) + "\n" for row in rest))
     done = bench("acceptance.py", "--gpus", "2", "--from-partial", str(first), str(second), "--out", str(out))
     figures = json.loads(out.read_text())["figures"]
