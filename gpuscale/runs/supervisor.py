@@ -105,9 +105,8 @@ class Supervisor:
         ranks_here = live[0] if live else 0
         gpus_here = len(visible_gpu_indices()) if self.plan["gpu_indices"] else 0
         threads, why = omp_threads(os.environ, self.plan["nproc"], ranks_here=ranks_here, gpus_here=gpus_here)
+        print(f"OMP_NUM_THREADS={threads} per rank ({why})", flush=True)
         env = rank_environment(os.environ, self.run_dir, self.plan, threads)
-        print(f"OMP_NUM_THREADS={threads} per rank ({why}); TORCHINDUCTOR_COMPILE_THREADS="
-              f"{env['TORCHINDUCTOR_COMPILE_THREADS']}", flush=True)
         # The launcher writes to its own copy of the descriptor: ours is closed once it has started.
         with open(RunDir(self.run_dir).launcher_log, "ab") as log:
             return subprocess.Popen(
@@ -389,11 +388,6 @@ def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = N
         env["GPUSCALE_DEVICE"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
     env["OMP_NUM_THREADS"] = threads or omp_threads(environ, plan["nproc"])[0]
-    # torch.compile's Inductor otherwise starts a pool of min(32, cores) worker processes in every rank,
-    # each importing torch: 37 runs at once on a 16-core host spent their first ~80 s on the host with
-    # the GPU idle (bench/RESULTS.md, the acceptance's wall time). The rank's core share bounds them
-    # too; 1 compiles in the rank itself, with no pool.
-    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", env["OMP_NUM_THREADS"])
     return env
 
 
