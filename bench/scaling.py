@@ -37,11 +37,12 @@ recipe's own unit (its catalogue figure), all GPUs together:
 Training recipes also give the time per optimizer step (`step_seconds`: the median, the first step left
 out; eggroll and grpo-mtl from their summaries, rft and sft from the step times rank 0 logged to the
 Store). The share of time in communication (`comm_share`) is given where the run times its own
-collective apart: eggroll with fitness=correctness, whose step laps load, generate and score before its
-`gather` phase (the fitness all-gather, waiting for the slowest rank included): gather over the median
-step. With eggroll's default fitness (gold_logprob) that phase also holds the scoring, and no other
-recipe times its collectives (DDP's gradient all-reduce overlaps the backward; probe's and
-power-sampling's ranks do not talk while they decode): comm_share is then "not measured". What weak
+collective apart: eggroll, whose step laps its scoring (load and score; with fitness=correctness also
+generate) before its `gather` phase (the fitness all-gather, waiting for the slowest rank included):
+gather over the median step. A run whose summary has no `score_seconds_median` (made before the
+teacher-forced fitness lapped its scoring) held the scoring in `gather` too. No other recipe times its
+collectives (DDP's gradient all-reduce overlaps the backward; probe's and power-sampling's ranks do not
+talk while they decode): comm_share is then "not measured". What weak
 scaling shows instead, for every recipe with a step time:
 
     step_overhead(N) = (step(N) - step(1)) / step(N)
@@ -186,9 +187,9 @@ def power_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
 
 
 def eggroll_figures(summary: dict, store: Store, run_id: int) -> list[dict]:
-    """Its step's `gather` phase is the fitness all-gather (and the waiting for the slowest rank) only
-    where the scoring laps its own phases before it (fitness=correctness: load, generate, score); with
-    gold_logprob (the default) it also holds the whole scoring: no communication share then."""
+    """Its step's `gather` phase is the fitness all-gather (and the waiting for the slowest rank) where
+    the scoring laps its own phases before it (`score_seconds_median` in the summary); in a run made
+    before gold_logprob's scoring was lapped it also holds the scoring: no communication share then."""
     step, gather = summary["step_seconds_median"], summary.get("gather_seconds_median")
     timed_apart = "score_seconds_median" in summary
     return [{"figure": "members_per_s", "total": summary["members_per_s"], "step_seconds": step,

@@ -143,7 +143,10 @@ class Eggroll(Recipe):
     settings_cls = Settings
     promised_figures = ("members_per_s", "eval_split", "tokens_per_s", "fitness_mean_first", "fitness_mean_last",
                         "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
-                        "accuracy_sampled_after", "weights_identical_across_ranks", "model_dir")
+                        "accuracy_sampled_after", "weights_identical_across_ranks", "model_dir",
+                        # a step's scoring and its fitness all-gather timed apart, whatever the fitness
+                        # (bench/scaling.py's communication share)
+                        "score_seconds_median", "gather_seconds_median")
     smoke_settings = {"population": 4, "prompts_per_step": 2, "max_new_tokens": 8, "steps": 2,
                       "eval_examples": 4, "eval_every": 0, "batch_size": 8,
                       "max_examples": 16}  # the whole training split takes a rank ~6 s to generate on CPU

@@ -157,6 +157,8 @@ class PhaseClock:
         self.last = time.perf_counter()
 
     def lap(self, phase: str) -> None:
+        if not self.steps:  # members scored outside a step (the exactness tests call `_evaluate`)
+            self.start()
         self.synchronize()
         now = time.perf_counter()
         self.steps[-1][phase] = self.steps[-1].get(phase, 0.0) + now - self.last
@@ -215,7 +217,7 @@ class Trainer:
         self.norm_noise: list[torch.Tensor] = []  # the step's, per norm
         self.updater = evolution.Updater([module.weight for _, module in self.linears + self.norms], settings.optimizer,
                                   settings.lr)
-        self.clock = PhaseClock(ctx.synchronize)  # where a step's time goes: noise, generate, score, gather, update
+        self.clock = PhaseClock(ctx.synchronize)  # a step's time: noise, load, generate, score, gather, update
         # What the members answered (runs/samples.py), rank 0's first call of each step: only where answers are decoded.
         self.samples = SampleLog(ctx.run_dir) if ctx.is_main and settings.fitness == "correctness" else None
         self.last_answers: tuple | None = None  # _answer's (texts, rewards, cut at max_new_tokens) of its latest call
@@ -380,6 +382,7 @@ class Trainer:
         teacher forcing: one forward of the body over all rows (the members' row terms act in it),
         the head in slices of rows so that [rows, tokens, vocab] logits never exist at once."""
         model, device, copies = self.loaded.model, self.ctx.device, len(members)
+        self.clock.lap("load")  # the members' noise put in the row terms (or, naive, in the weights)
         # Every member scores the same rows: one member's block (ids, mask, scored positions) is built on
         # the host and tiled on the device, so the host's work does not grow with the members.
         block = [prompt["ids"] + prompt["gold_ids"] for prompt in prompts]
@@ -402,7 +405,9 @@ class Trainer:
             logits = head(hidden[part, :-1]).float()
             token_logprobs = logits.gather(-1, ids[part, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
             totals.append((token_logprobs * scored[part]).sum(1))
-        return (torch.cat(totals).cpu() / answer_lengths.repeat(copies)).tolist(), answer_lengths.tolist() * copies
+        scores = (torch.cat(totals).cpu() / answer_lengths.repeat(copies)).tolist()
+        self.clock.lap("score")  # so that the step's `gather` phase is the all-gather alone (bench/scaling.py)
+        return scores, answer_lengths.tolist() * copies
 
     def _generator_for_call(self) -> torch.Generator:
         """With common random numbers, every call of a step (every member, on every rank) starts from
