@@ -184,6 +184,7 @@ def test_gold_logprob_fitness_is_each_members_teacher_forced_score(tiny, method)
     trainer = make_trainer(model, tokenizer, static_shapes=False, fitness="gold_logprob", method=method)
     prompts = trainer._prompts(step=1)
     trainer.draw_noise(step=1)
+    trainer.clock.start()  # as a step does: the scoring laps its phases
     scores = []
     for start in range(0, POPULATION, trainer.members_per_call):
         scores += trainer._evaluate(list(range(start, start + trainer.members_per_call)), prompts)[0]

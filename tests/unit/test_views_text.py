@@ -103,7 +103,6 @@ def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
     assert figures_text({**run, "progress": {"latest": {"loss": 0.0, "accuracy": 0.0}}}) == "accuracy 0 · loss 0"
 
 
-
 def test_shell_equivalent_and_preview(tmp_path):
     from gpuscale.recipes.shared.registry import get_recipe
     from gpuscale.runs.launch import DevicePlan
