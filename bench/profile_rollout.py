@@ -96,6 +96,16 @@ if os.environ.get("GPUSCALE_PROFILE_OUT"):
 '''
 
 
+def run_with_sitecustomize(code: str, run: list[str], env_extra: dict[str, str]) -> int:
+    """`gpuscale run RUN` with `code` as the ranks' sitecustomize (a folder put first on PYTHONPATH) and
+    `env_extra` in their environment; the run's exit code."""
+    with tempfile.TemporaryDirectory(prefix="gpuscale-profile-") as folder:
+        Path(folder, "sitecustomize.py").write_text(code)
+        path = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, **env_extra}
+        return subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "run", *run], env=env).returncode
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,14 +115,10 @@ def main() -> None:
                         "bench/train_speed.py's GRPO shape, 6 steps)")
     args = parser.parse_args()
     run = [part for part in args.run if part != "--"] or DEFAULT_RUN
-    with tempfile.TemporaryDirectory(prefix="gpuscale-profile-") as folder:
-        Path(folder, "sitecustomize.py").write_text(SITECUSTOMIZE)
-        path = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path, "GPUSCALE_PROFILE_OUT": str(args.out.resolve()),
-               "GPUSCALE_PROFILE_CALL": str(args.call)}
-        done = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", "run", *run], env=env)
+    code = run_with_sitecustomize(SITECUSTOMIZE, run, {"GPUSCALE_PROFILE_OUT": str(args.out.resolve()),
+                                                       "GPUSCALE_PROFILE_CALL": str(args.call)})
     if not args.out.exists():
-        raise SystemExit(f"no profile written (run exit {done.returncode}; fewer than {args.call} rollout calls?)")
+        raise SystemExit(f"no profile written (run exit {code}; fewer than {args.call} rollout calls?)")
     print(args.out.read_text()[:3000])
 
 
