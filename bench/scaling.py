@@ -129,11 +129,16 @@ def eggroll_args(o, gpus: int, share: int) -> list[str]:
 
 
 def rft_args(o, gpus: int, share: int) -> list[str]:
-    # A random model answers noise: include_gold gives the SFT phase a set to train on (its speed counts).
+    # A random model answers noise: include_gold gives the SFT phase a set to train on (its speed counts),
+    # about one row a question. Its micro-batch is a GPU's weak share of them, so that every rank's
+    # micro-batches are whole and its own: a micro-batch larger than the rows left for a rank makes the
+    # data loader fill that rank with rows repeated from the start (accelerate's even_batches), which
+    # gave a 1-GPU run half the rows a step of a 2- or 4-GPU one.
     return ["--batch-size", str(o.rft_questions_per_call),
             *sets(max_examples=o.rft_questions_per_gpu * gpus * share, samples_per_question=o.rft_samples,
                   max_new_tokens=o.max_new_tokens, include_gold=True, max_steps=o.train_steps,
-                  train_batch_size=o.sft_batch, gradient_accumulation=share, max_length=256, eval_examples=0,
+                  train_batch_size=o.rft_questions_per_gpu, gradient_accumulation=share, max_length=256,
+                  eval_examples=0,
                   save_model=False)]
 
 
@@ -532,8 +537,9 @@ def parse_options(argv: list[str] | None = None):
     size.add_argument("--grpo-generations", type=int, default=8)
     size.add_argument("--grpo-completion-length", type=int, default=64)
     size.add_argument("--grpo-batch", type=int, default=32, help="completions per GPU per micro-batch")
-    size.add_argument("--sft-batch", type=int, default=128, help="sequences per GPU per micro-batch (sft, rft's "
-                      "SFT): enough to fill a step on the card (at 16 a 0.5B step is bound by the CPU, not the GPU)")
+    size.add_argument("--sft-batch", type=int, default=128, help="sequences per GPU per micro-batch (sft; rft's "
+                      "SFT takes --rft-questions-per-gpu): enough to fill a step on the card (at 16 a 0.5B "
+                      "step is bound by the CPU, not the GPU)")
     size.add_argument("--train-steps", type=int, default=5,
                       help="steps of every training recipe (eggroll, rft's SFT, grpo-mtl, sft); the first is left out")
     parser.add_argument("--out", default=None, help="default: bench/results/scaling/scaling-<date>-<card>.json; "
