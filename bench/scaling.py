@@ -130,16 +130,16 @@ def eggroll_args(o, gpus: int, share: int) -> list[str]:
 
 def rft_args(o, gpus: int, share: int) -> list[str]:
     # A random model answers noise: include_gold gives the SFT phase a set to train on (its speed counts),
-    # about one row a question. Its micro-batch is a GPU's weak share of them, so that every rank's
-    # micro-batches are whole and its own: a micro-batch larger than the rows left for a rank makes the
-    # data loader fill that rank with rows repeated from the start (accelerate's even_batches), which
-    # gave a 1-GPU run half the rows a step of a 2- or 4-GPU one.
+    # about one row a question. A GPU's weak share of them is cut into train_steps micro-batches: the
+    # SFT is one epoch of whole micro-batches at every count. A micro-batch larger than the rows left
+    # for a rank makes the data loader fill it with rows repeated from the start (accelerate's
+    # even_batches: 2- and 4-GPU ranks trained on twice a 1-GPU run's rows a step); one epoch of several
+    # steps keeps the data loader's restart (its collectives, where there are ranks) out of the timed steps.
     return ["--batch-size", str(o.rft_questions_per_call),
             *sets(max_examples=o.rft_questions_per_gpu * gpus * share, samples_per_question=o.rft_samples,
                   max_new_tokens=o.max_new_tokens, include_gold=True, max_steps=o.train_steps,
-                  train_batch_size=o.rft_questions_per_gpu, gradient_accumulation=share, max_length=256,
-                  eval_examples=0,
-                  save_model=False)]
+                  train_batch_size=max(1, o.rft_questions_per_gpu // o.train_steps), gradient_accumulation=share,
+                  max_length=256, eval_examples=0, save_model=False)]
 
 
 def grpo_args(o, gpus: int, share: int) -> list[str]:
@@ -529,17 +529,17 @@ def parse_options(argv: list[str] | None = None):
     size.add_argument("--eggroll-fitness", choices=("correctness", "gold_logprob"), default=None,
                       help="default: the recipe's (gold_logprob: teacher forcing, nothing sampled); correctness "
                       "samples answers and times the fitness all-gather apart (its comm share)")
-    size.add_argument("--rft-questions-per-gpu", type=int, default=64, help="8 engine calls a GPU at the default "
-                      "per call: the steady rate leaves the first out")
-    size.add_argument("--rft-questions-per-call", type=int, default=8)
+    size.add_argument("--rft-questions-per-gpu", type=int, default=320, help="10 engine calls a GPU at the "
+                      "default per call (the steady rate leaves the first out); its SFT: train-steps micro-batches")
+    size.add_argument("--rft-questions-per-call", type=int, default=32)
     size.add_argument("--rft-samples", type=int, default=8, help="samples per question")
     size.add_argument("--grpo-prompts-per-gpu", type=int, default=8)
     size.add_argument("--grpo-generations", type=int, default=8)
     size.add_argument("--grpo-completion-length", type=int, default=64)
     size.add_argument("--grpo-batch", type=int, default=32, help="completions per GPU per micro-batch")
     size.add_argument("--sft-batch", type=int, default=128, help="sequences per GPU per micro-batch (sft; rft's "
-                      "SFT takes --rft-questions-per-gpu): enough to fill a step on the card (at 16 a 0.5B "
-                      "step is bound by the CPU, not the GPU)")
+                      "SFT: --rft-questions-per-gpu over --train-steps): enough to fill a step on the card (at 16 a "
+                      "0.5B step is bound by the CPU, not the GPU)")
     size.add_argument("--train-steps", type=int, default=5,
                       help="steps of every training recipe (eggroll, rft's SFT, grpo-mtl, sft); the first is left out")
     parser.add_argument("--out", default=None, help="default: bench/results/scaling/scaling-<date>-<card>.json; "

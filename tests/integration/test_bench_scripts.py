@@ -125,6 +125,26 @@ def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(
     assert "none: no random-qwen2.5-0.5b row above 1 GPU" in done.stdout
 
 
+@pytest.mark.e2e
+def test_scaling_bench_gives_every_rank_of_rfts_sft_its_own_rows_at_every_count(home, tmp_path):
+    out = tmp_path / "scaling.json"
+    questions, steps = 12, 3
+    bench("scaling.py", "--cpu", "--gpu-counts", "1,2", "--recipes", "rft", "--modes", "weak", "--models",
+          "tiny-math", "--rft-questions-per-gpu", str(questions), "--rft-questions-per-call", "6", "--rft-samples",
+          "2", "--max-new-tokens", "8", "--train-steps", str(steps), "--out", str(out))
+    rows = {row["gpus"]: row for row in json.loads(out.read_text())["figures"]["rows"] if row["phase"] == "sft"}
+    store = Store(home, read_only=True)
+    tokens_a_rank_a_step = {}
+    for gpus, row in rows.items():
+        summary = store.get_run(row["run"])["summary"]
+        assert f"--set train_batch_size={questions // steps} " in row["command"]
+        # One epoch holds every step's micro-batches on every rank: none is filled with repeated rows
+        # (a micro-batch larger than a rank's rows made 2-rank steps twice a 1-rank step's rows).
+        assert summary["train_examples"] >= questions // steps * gpus * steps
+        tokens_a_rank_a_step[gpus] = summary["train_tokens"] / summary["steps"] / gpus
+    assert tokens_a_rank_a_step[2] == pytest.approx(tokens_a_rank_a_step[1], rel=0.3)
+
+
 def load_bench(script: str):
     spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), ROOT / "bench" / script)
     module = importlib.util.module_from_spec(spec)
