@@ -5,8 +5,10 @@ point at random-qwen2.5-0.5b on 4 GPUs). A `sitecustomize` module put on the ran
 callback to every transformers Trainer: optimizer step --step (after the first steps' warm-up) runs
 under torch.profiler, from `on_step_begin` to `on_step_end` (so grpo-mtl's generation, the micro-batches'
 forward and backward, DDP's all-reduce, clipping and the optimizer are all inside). Each rank writes
-`<out>.rank<R>.txt`: the step's wall time, then the profiler's operators by CPU time and by GPU time.
-Comparing the 1-GPU and the 4-GPU files of the same per-GPU work shows what the larger count adds.
+`<out>.rank<R>.txt`: the step's wall time, then the profiler's operators by CPU time and by GPU time;
+with --trace also `<out>.rank<R>.trace.json.gz`, the step's timeline (chrome://tracing, Perfetto), which
+shows on which rank a collective waited and for what. Comparing the 1-GPU and the 4-GPU files of the
+same per-GPU work shows what the larger count adds.
 
     python bench/profile_step.py --out grpo-4gpu            # writes grpo-4gpu.rank0.txt ... rank3.txt
     python bench/profile_step.py --out sft-1gpu -- --recipe sft --gpus 1 --model tiny-math ...
@@ -36,6 +38,7 @@ import os, time
 def _patch():
     import transformers
     target, out = int(os.environ["GPUSCALE_PROFILE_STEP"]), os.environ["GPUSCALE_PROFILE_OUT"]
+    trace = os.environ.get("GPUSCALE_PROFILE_TRACE") == "1"
     rank = os.environ.get("RANK", "0")
 
     class ProfileOneStep(transformers.TrainerCallback):
@@ -62,6 +65,13 @@ def _patch():
             wall = time.perf_counter() - self.started
             self.profiler.__exit__(None, None, None)
             averages = self.profiler.key_averages()
+            if trace:
+                import gzip, shutil
+                timeline = f"{out}.rank{rank}.trace.json"
+                self.profiler.export_chrome_trace(timeline)
+                with open(timeline, "rb") as raw, gzip.open(timeline + ".gz", "wb") as packed:
+                    shutil.copyfileobj(raw, packed)
+                os.remove(timeline)
             self.profiler = None
             with open(f"{out}.rank{rank}.txt", "w") as handle:
                 handle.write(f"rank {rank}, optimizer step {target}: wall {wall:.4f} s (under the profiler)\\n\\n")
@@ -88,12 +98,14 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="the profiles' stem: <out>.rank<R>.txt per rank")
     parser.add_argument("--step", type=int, default=3, help="which optimizer step to profile (1 = the first)")
+    parser.add_argument("--trace", action="store_true", help="also each rank's timeline of the step, gzipped")
     parser.add_argument("run", nargs=argparse.REMAINDER, help="-- then `gpuscale run` arguments (default: "
                         "bench/scaling.py's grpo-mtl point on 4 GPUs, 5 steps)")
     args = parser.parse_args()
     run = [part for part in args.run if part != "--"] or DEFAULT_RUN
     code = run_with_sitecustomize(SITECUSTOMIZE, run, {"GPUSCALE_PROFILE_OUT": str(args.out.resolve()),
-                                                       "GPUSCALE_PROFILE_STEP": str(args.step)})
+                                                       "GPUSCALE_PROFILE_STEP": str(args.step),
+                                                       "GPUSCALE_PROFILE_TRACE": "1" if args.trace else "0"})
     written = sorted(args.out.parent.glob(f"{args.out.name}.rank*.txt"))
     if not written:
         raise SystemExit(f"no profile written (run exit {code}; fewer than {args.step} optimizer steps?)")

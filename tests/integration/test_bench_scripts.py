@@ -5,6 +5,7 @@ and ratios are computed from them."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import statistics
@@ -143,6 +144,22 @@ def test_scaling_bench_gives_every_rank_of_rfts_sft_its_own_rows_at_every_count(
         assert summary["train_examples"] >= questions // steps * gpus * steps
         tokens_a_rank_a_step[gpus] = summary["train_tokens"] / summary["steps"] / gpus
     assert tokens_a_rank_a_step[2] == pytest.approx(tokens_a_rank_a_step[1], rel=0.3)
+
+
+@pytest.mark.e2e
+def test_profile_step_profiles_the_same_optimizer_step_on_every_rank(home, tmp_path):
+    out = tmp_path / "sft-2ranks"
+    bench("profile_step.py", "--out", str(out), "--step", "2", "--trace", "--", "--recipe", "sft", "--gpus", "2",
+          "--model", "tiny-math", "--batch-size", "4", "--set", "max_steps=3", "--set", "eval_examples=0",
+          "--set", "save_model=false", "--set", "max_examples=24")
+    for rank in (0, 1):
+        text = Path(f"{out}.rank{rank}.txt").read_text()
+        assert text.startswith(f"rank {rank}, optimizer step 2: wall ")
+        # The step's forward and backward, and the gradients' all-reduce between the two ranks (gloo).
+        assert "aten::mm" in text and "MmBackward0" in text and "gloo:all_reduce" in text
+        with gzip.open(f"{out}.rank{rank}.trace.json.gz") as timeline:
+            assert json.load(timeline)["traceEvents"]
+    assert not list(tmp_path.glob("*.trace.json"))  # only the gzipped timelines stay
 
 
 def load_bench(script: str):
