@@ -14,8 +14,8 @@ Runs of different seeds share the GPUs (`--jobs` at a time: by default all where
 one seed's, at most 24 ranks, where it has several: default_jobs says why). Two run settings that
 say how runs share the machine, not how a recipe learns, are set for every run: `gpus` (with
 `--gpus 1` on a machine of several GPUs, each run is pinned when it starts to the GPU with the fewest
-runs on it: GpuSlots) and `gpu_memory_share` (runs sized `auto` that start together each take their
-share of the card instead of half of it: at the same moment they all see the same free memory).
+runs on it: GpuSlots) and `gpu_memory_share` (runs sized `auto` on the same card each take their
+share of it instead of half of it).
 
 The table: status, wall time, peak memory per GPU, the energy its GPUs used (kJ, from NVML's energy
 counter: the summary's energy_j; marked † where other runs shared the GPU meanwhile, their work
@@ -99,7 +99,7 @@ JOBS = (
                                  "temperature": CHOSEN}),
 )
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
-# Jobs whose batch is sized `auto` from the memory free when they start (gpu_memory_share applies).
+# Jobs whose batch is sized `auto` from the card's memory (gpu_memory_share applies).
 AUTO_SIZED = {"grpo-mtl", "grpo-mtl pcgrad", "rft", POWER, GREEDY, LOW_TEMPERATURE, TEMPERATURE_1}
 # Learning targets on greedy accuracy, points of mean gain over the seeds on the held-out problems:
 # label -> (overall floor, floor in every domain or None). Met only if, besides, no seed is below the
@@ -642,7 +642,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--jobs", type=int, default=None, help="runs at once (default all with one GPU a run, "
                         "one seed's, at most 24 ranks, with several; they share the GPUs, "
-                        "runs sized `auto` each taking their share of a card's free memory; with --gpus 1 and "
+                        "runs sized `auto` each taking their share of a card's memory; with --gpus 1 and "
                         "at most as many jobs as GPUs, each run has a card to itself: its energy is its own)")
     parser.add_argument("--partial", default=None, help="append each run's row to this JSON-lines file as it ends")
     parser.add_argument("--only", nargs="*", default=None, help="labels of the jobs to run (default all; "

@@ -97,20 +97,34 @@ def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
     return RankContext(rank, local_rank, world_size, device, resolve_dtype(settings.precision, device), run_dir)
 
 
+def memory_for_auto_sizes(ctx: RankContext, share: float) -> tuple[int, str]:
+    """The bytes this GPU rank sizes an `auto` batch or micro-batch from (runs.settings.memory_to_size_from:
+    the card's memory less what this process holds, unless other processes leave less than `share` of
+    it free), and where they come from, in words for the rank's log."""
+    from gpuscale.runs.settings import memory_to_size_from
+
+    free, total = torch.cuda.mem_get_info(ctx.device)
+    memory, set_by_others = memory_to_size_from(free, total, torch.cuda.memory_reserved(ctx.device), share)
+    if set_by_others:
+        return memory, (f"the {memory / 2**30:.1f} GiB free now (other processes hold more than {1 - share:.0%} of "
+                        "what this run's model leaves: another run's load can change this size)")
+    return memory, f"the {memory / 2**30:.1f} GiB of {total / 2**30:.1f} GiB this run's model leaves"
+
+
 def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: str, share: float) -> int:
     """A recipe's `auto` batch on this rank: 8 items on a CPU rank; on a GPU as many as fill `share`
-    (the run's gpu_memory_share) of the memory free once the model is loaded
-    (runs.settings.auto_batch_size: at most 512, at most the rank's `items`). The rank's log says what
-    was chosen and why."""
+    (the run's gpu_memory_share) of the card's memory left once the model is loaded
+    (`memory_for_auto_sizes`; runs.settings.auto_batch_size: at most 512, at most the rank's `items`).
+    The rank's log says what was chosen and why."""
     from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
 
     if ctx.device.type != "cuda":
         size, why = CPU_BATCH_SIZE, "the CPU default"
     else:
-        free, total = torch.cuda.mem_get_info(ctx.device)
-        size = auto_batch_size(free, bytes_per_item, items=items, share=share)
-        why = (f"{share:.0%} of the {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB at about "
-               f"{bytes_per_item / 2**20:.1f} MiB per {unit}, at most 512 and at most this rank's {items}")
+        memory, source = memory_for_auto_sizes(ctx, share)
+        size = auto_batch_size(memory, bytes_per_item, items=items, share=share)
+        why = (f"{share:.0%} of {source}, at about {bytes_per_item / 2**20:.1f} MiB per {unit}, at most 512 and at "
+               f"most this rank's {items}")
     print(f"batch_size auto: {size} {unit}s per batch ({why}); --batch-size N sets it", flush=True)
     return size
 

@@ -4,7 +4,7 @@ A training rank holds, besides the weights already loaded: the gradients and Ada
 every trainable parameter (fp32: 4 + 8 bytes each), for a full fine-tune of a model loaded in half
 precision the fp32 master copy's extra 2 bytes a parameter, and the activations the backward needs,
 which grow with the tokens of the micro-batch. `split_rows` takes the rows of an optimizer step and
-splits them into the largest micro-batch that fits a share of the memory free after loading, and the
+splits them into the largest micro-batch that fits a share of the memory left after loading, and the
 gradient accumulation that keeps the step's rows as they were: the effective batch is a learning
 setting and stays the user's; memory decides only how it is cut.
 
@@ -93,19 +93,20 @@ def largest_divisor(rows: int, at_most: int) -> int:
     return max((d for d in range(1, min(rows, at_most) + 1) if rows % d == 0), default=1)
 
 
-def split_rows(rows_per_step: int, tokens_per_row: int, shape: TrainingShape, free_bytes: int,
-               share: float) -> RowSplit:
+def split_rows(rows_per_step: int, tokens_per_row: int, shape: TrainingShape, memory_bytes: int,
+               share: float, source: str | None = None) -> RowSplit:
     """The largest divisor of `rows_per_step` whose micro-batch of `tokens_per_row`-token rows fits
-    `share` x MARGIN of `free_bytes` (the memory free once the model is loaded) after the fixed
+    `share` x MARGIN of `memory_bytes` (the card's memory left once the model is loaded:
+    engines/distributed.py's memory_for_auto_sizes; `source` says so in the reason) after the fixed
     training state; at least 1 (the step may then not fit, and the run's out-of-memory error says so)."""
-    budget = free_bytes * share * MARGIN - fixed_training_bytes(shape)
+    budget = memory_bytes * share * MARGIN - fixed_training_bytes(shape)
     per_row = max(1, tokens_per_row) * activation_bytes_per_token(shape)
     fits = int(budget // per_row) if budget > 0 else 0
     micro = largest_divisor(rows_per_step, fits)
     gib = 2**30
     reason = (f"{rows_per_step} rows a step at {tokens_per_row} tokens a row; {share:.0%} of "
-              f"{free_bytes / gib:.1f} GiB free less {fixed_training_bytes(shape) / gib:.1f} GiB of gradients and "
-              f"optimizer state leaves room for {fits} rows at {per_row / 2**20:.0f} MiB each")
+              f"{source or f'{memory_bytes / gib:.1f} GiB'} less {fixed_training_bytes(shape) / gib:.1f} GiB of "
+              f"gradients and optimizer state leaves room for {fits} rows at {per_row / 2**20:.0f} MiB each")
     if fits < 1:
         reason += "; not even one row fits: lower max_length, use LoRA or activation_checkpointing"
     return RowSplit(micro, rows_per_step // micro, reason)

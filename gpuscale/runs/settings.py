@@ -32,7 +32,7 @@ class SettingsError(ValueError):
 DEFAULT_CHECKPOINT_EVERY = 50
 
 
-AUTO_MEMORY_SHARE = 0.5  # of the memory free on the card once the model is loaded
+AUTO_MEMORY_SHARE = 0.5  # of the card's memory left once the model is loaded
 
 
 class RunSettings(BaseModel):
@@ -61,8 +61,9 @@ class RunSettings(BaseModel):
     )
     gpu_memory_share: float = Field(
         AUTO_MEMORY_SHARE, gt=0, le=0.95,
-        description="share of the GPU memory free after loading the model that a batch sized `auto` may fill; "
-                    "lower it when several runs share one card (each sizes itself from what it sees free)")
+        description="share of the GPU's memory left after loading the model that a batch sized `auto` may fill "
+                    "(the card's memory less this run's, not what other processes leave free, so that a seed "
+                    "reproduces); lower it when several runs share one card")
     compile: bool = Field(False, description="torch.compile the model where the recipe supports it")
     seed: int = Field(0, description="random seed (each rank derives its own)")
     max_examples: int | None = Field(None, ge=1, description="use at most this many examples")
@@ -258,6 +259,18 @@ def auto_means_sized_on_card(value: Any) -> Any:
     """A `batch_size` field's before-validator: the words "auto", "none" and "" mean None, the batch
     the rank sizes for its card (card_sized_batch in engines/distributed.py)."""
     return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
+
+
+def memory_to_size_from(free_bytes: int, total_bytes: int, own_bytes: int, share: float) -> tuple[int, bool]:
+    """The memory a batch sized `auto` is sized from, and whether other processes set it: the card's
+    memory less what this process holds (its model: the memory free after loading had the card been
+    its own), so that a seed gives the same batch on an idle card and on one other runs share, as long
+    as `share` of it is free now; else, where others leave less free, the memory free now (the run
+    then depends on what they hold, and its log says so)."""
+    alone = max(0, total_bytes - own_bytes)
+    if share * alone <= free_bytes:
+        return alone, False
+    return free_bytes, True
 
 
 def auto_batch_size(free_bytes: int, bytes_per_item: int, items: int | None = None,

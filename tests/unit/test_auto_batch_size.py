@@ -13,7 +13,7 @@ from gpuscale.data.models import random_model_config
 from gpuscale.engines.distributed import RankContext
 from gpuscale.recipes.power_sampling import Settings
 from gpuscale.recipes.power_sampling.sampler import bytes_per_problem, with_batch_size
-from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size, resolve_settings
+from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size, memory_to_size_from, resolve_settings
 
 GiB = 2**30
 H200_FREE = 140 * GiB  # what an H200 has free once a 0.5B model is loaded
@@ -78,3 +78,20 @@ def test_runs_sharing_a_card_size_their_batch_from_their_share():
     eighth = resolve_settings(Settings, overrides={"gpu_memory_share": "0.125"}).gpu_memory_share
     quarter = auto_batch_size(H200_FREE, per_problem, share=eighth)
     assert quarter * 4 * per_problem <= H200_FREE * 0.5 and quarter == whole // 4
+
+
+def test_a_seed_gets_the_same_batch_whatever_other_runs_hold_on_the_card_while_its_share_is_free():
+    """rft's generation batch once followed the memory free when the run started, which other runs on
+    the card set: a seed split its questions otherwise from one call to the next and drew other samples.
+    The memory sized from is the card's less what this run holds, unless others leave less than its
+    share of that free."""
+    total, own, share = 80 * GiB, 2 * GiB, 0.5
+    idle = memory_to_size_from(total - own - GiB // 2, total, own, share)  # only a CUDA context besides
+    shared = memory_to_size_from(50 * GiB, total, own, share)  # other runs hold 27.5 GiB
+    assert idle == shared == (total - own, False)
+    per_question = 40 * 2**20
+    assert auto_batch_size(idle[0], per_question, share=share) == auto_batch_size(shared[0], per_question, share=share)
+    # Others leave less than half of what the model leaves: sized from what is free, and said so.
+    assert memory_to_size_from(30 * GiB, total, own, share) == (30 * GiB, True)
+    assert memory_to_size_from(30 * GiB, total, own, 0.25) == (total - own, False)  # a smaller share still fits
+

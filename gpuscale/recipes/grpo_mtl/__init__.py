@@ -57,7 +57,7 @@ class Settings(TrainingSettings):
         None, ge=1, le=65_536, description="completions per rank per micro-batch (verl's "
         "ppo_micro_batch_size_per_gpu), accumulated up to the step's prompts_per_step x num_generations; "
         "empty = auto: 8 on CPU, on a GPU the most of the rank's completions per step (a divisor of them) "
-        "that fill gpu_memory_share of its free memory: each micro-batch costs a fixed overhead, three "
+        "that fill gpu_memory_share of the memory its model leaves: each micro-batch costs a fixed overhead, three "
         "with mtl=pcgrad, so few large ones are fastest")
     num_generations: int = Field(8, ge=2, le=1024, description="completions per prompt, one GRPO group "
                                  "(verl's rollout.n)")

@@ -42,8 +42,8 @@ class Settings(RunSettings):
 
     batch_size: int | None = Field(
         None, ge=1,
-        description="problems per rank per batch; empty = auto: 8 on CPU, on a GPU as many as fill half its "
-                    "free memory (at most 512)",
+        description="problems per rank per batch; empty = auto: 8 on CPU, on a GPU as many as fill half the "
+                    "memory its model leaves (at most 512)",
     )
     compile: bool = Field(False, description="torch.compile the decode step (CUDA only): faster steps, but each "
                           "process compiles for tens of seconds first; worth it for long runs")

@@ -48,7 +48,8 @@ class Settings(SupervisedSettings):
 
     batch_size: int | None = Field(
         None, ge=1, description="training questions per generation call per rank (each answered "
-        "samples_per_question times); empty = auto: 8 on CPU, on a GPU as many as fill half its free memory")
+        "samples_per_question times); empty = auto: 8 on CPU, on a GPU as many as fill half the memory its "
+        "model leaves")
     # The defaults are a run that learns on the embedded default in minutes on one GPU; that script's
     # 30 samples over the whole training split are one --set away.
     max_examples: int | None = Field(4000, ge=1, description="training questions to generate answers for "

@@ -56,9 +56,9 @@ def generation_batches(settings, ctx, train: list[dict], model) -> list[list[tup
 
 def with_batch_size(settings, model, questions: int, ctx):
     """The settings with batch_size resolved where the user gave none: 8 questions on CPU ranks; on a
-    GPU as many as fill gpu_memory_share (half by default) of the memory free once the model is loaded, each question's
-    samples_per_question rows counted (at most 512 questions, at most this rank's). The rank's log
-    says what was chosen and why."""
+    GPU as many as fill gpu_memory_share (half by default) of the card's memory left once the model is
+    loaded, each question's samples_per_question rows counted (at most 512 questions, at most this
+    rank's). The rank's log says what was chosen and why."""
     if settings.batch_size is not None:
         return settings
     from gpuscale.engines.distributed import card_sized_batch

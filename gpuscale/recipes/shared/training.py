@@ -349,17 +349,18 @@ def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int
 
 def fitted_micro_batch(settings: TrainingSettings, ctx, model, rows: int, tokens: int) -> tuple[int, str]:
     """The largest divisor of `rows` whose micro-batch of `tokens`-token rows fits the rank's share of
-    its card (engines/training_memory.py's arithmetic, on the memory free now), and why."""
+    its card (engines/training_memory.py's arithmetic, on the memory `memory_for_auto_sizes` gives), and why."""
     import torch
 
+    from gpuscale.engines.distributed import memory_for_auto_sizes
     from gpuscale.engines.training_memory import TrainingShape, split_rows
 
-    free, _total = torch.cuda.mem_get_info(ctx.device)
+    memory, source = memory_for_auto_sizes(ctx, settings.gpu_memory_share)
     parameters = sum(p.numel() for p in model.parameters())
     trainable = parameters if settings.lora_rank == 0 else lora_parameters_estimate(model, settings)
     shape = TrainingShape.of(model.config, parameters, trainable, model.dtype != torch.float32,
                              getattr(settings, "activation_checkpointing", False))
-    split = split_rows(rows, tokens, shape, free, settings.gpu_memory_share)
+    split = split_rows(rows, tokens, shape, memory, settings.gpu_memory_share, source)
     return split.micro_batch, split.reason
 
 
