@@ -138,9 +138,9 @@ def _cached(path: Path, compute: Callable[[], object]):
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         partial.write_text(json.dumps(found))
         os.replace(partial, path)
-        kind = path.name.rsplit("-", 1)[0]
+        kind = path.name.rsplit("-", 1)[0]  # tiny-math-<kind>, less the code's digest
         for older in path.parent.glob(f"{kind}-*.json"):
-            if older != path and len(older.name) == len(path.name):
+            if older != path:
                 older.unlink(missing_ok=True)
     except OSError:
         pass

@@ -149,7 +149,7 @@ class Eggroll(Recipe):
                         "score_seconds_median", "gather_seconds_median")
     smoke_settings = {"population": 4, "prompts_per_step": 2, "max_new_tokens": 8, "steps": 2,
                       "eval_examples": 4, "eval_every": 0, "batch_size": 8,
-                      "max_examples": 16}  # the whole training split takes a rank ~6 s to generate on CPU
+                      "max_examples": 16}  # the whole training split: ~6 s a rank on CPU, cache cold
 
     def check(self, settings: Settings) -> None:
         super().check(settings)
