@@ -269,7 +269,8 @@ def measure(recipe: str, model: str, gpus: int, share: int, opts, env: dict,
     bench = RECIPES[recipe]
     # GPU indices as `--gpus` takes them ("3," is GPU 3 alone; a bare "3" would be a count of three)
     where = ",".join(map(str, devices)) + ("," if len(devices) == 1 else "") if devices else str(gpus)
-    arguments = ["--recipe", recipe, "--gpus", where, "--model", model, *bench.arguments(opts, gpus, share)]
+    arguments = ["--recipe", recipe, "--gpus", where, "--model", model, *bench.arguments(opts, gpus, share),
+                 *(part for setting in opts.settings for part in ("--set", setting))]
     command = "gpuscale run " + " ".join(arguments)
     base = {"recipe": recipe, "model": model, "gpus": gpus, "share": share}
     started = time.perf_counter()
@@ -542,6 +543,10 @@ def parse_options(argv: list[str] | None = None):
                       "0.5B step is bound by the CPU, not the GPU)")
     size.add_argument("--train-steps", type=int, default=5,
                       help="steps of every training recipe (eggroll, rft's SFT, grpo-mtl, sft); the first is left out")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every run, after the bench's own (repeatable; every recipe swept must "
+                        "know it): the same sweep with one thing changed, e.g. pad_to_multiple_of=0; give it "
+                        "another --out, since --append keeps a point whatever its settings")
     parser.add_argument("--out", default=None, help="default: bench/results/scaling/scaling-<date>-<card>.json; "
                         "rewritten after every run, so a sweep cut by a time limit keeps what it measured")
     parser.add_argument("--append", action="store_true", help="keep the rows already in --out (a sweep split "

@@ -76,7 +76,7 @@ TINY_SCALING = ["--probe-batch", "4", "--probe-steps", "6", "--sft-batch", "2", 
 def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(home, tmp_path):
     out = tmp_path / "scaling.json"
     done = bench("scaling.py", "--cpu", "--gpu-counts", "1,2", "--recipes", "probe,sft", "--models", "tiny-math",
-                 *TINY_SCALING, "--out", str(out))
+                 *TINY_SCALING, "--set", "seed=3", "--out", str(out))
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["card"] == "cpu" and record["date"]
     assert record["command"].startswith("python bench/scaling.py --cpu ")
@@ -90,6 +90,7 @@ def test_scaling_bench_weak_scales_a_serving_and_a_training_recipe_on_cpu_ranks(
     for (recipe, _mode, gpus), row in rows.items():
         summary = store.get_run(row["run"])["summary"]
         assert summary["world_size"] == gpus and row["model"] == "tiny-math" and row["wall_s"] > 0
+        assert store.get_run(row["run"])["settings"]["seed"] == 3 and row["command"].endswith(" --set seed=3")
         assert row["command"].startswith(f"gpuscale run --recipe {recipe} --gpus {gpus} --model tiny-math")
         assert row["total"] > 0 and row["per_gpu"] == pytest.approx(row["total"] / gpus)
         assert row["comm_share"] is None  # neither times its collectives: "not measured"

@@ -109,12 +109,16 @@ def test_packed_attention_is_the_padded_model_row_by_row():
     assert model.config._attn_implementation == "sdpa"  # the model's own again, for generation
 
 
-def first_losses(tmp_path, name, device="cpu", **options):
+def first_losses(tmp_path, name, device="cpu", lengths: list | None = None, **options):
     """The logged losses of 3 optimizer steps of sft on the same 24 ragged rows from the same weights
-    (on CUDA: bf16 autocast over fp32 weights, as a GPU rank trains)."""
+    (on CUDA: bf16 autocast over fp32 weights, as a GPU rank trains); `lengths` collects the token
+    length of every forward's input."""
     torch.manual_seed(0)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     model, tokenizer = load_model("tiny-math", dtype=dtype, device=device)
+    if lengths is not None:
+        model.register_forward_pre_hook(lambda _, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]),
+                                        with_kwargs=True)
     rows = [{"question": f"Ann has {n} apples and {2 * n} pears. How many fruits?" + " Think." * (n % 5),
              "completion": f"{n} + {2 * n} = {3 * n}.\n#### {3 * n}"} for n in range(24)]
     run_dir = tmp_path / name
@@ -137,6 +141,16 @@ def test_padding_free_gives_the_padded_losses(tmp_path, one_torch_thread):
     assert on == pytest.approx(off, rel=1e-4)
     assert trained.figures["liger_kernels"] == "off (CPU)"
     assert trained.figures["batch_size"] == 8 and trained.figures["batch_size_reason"] == "given"
+
+
+def test_padding_to_a_multiple_of_16_gives_the_same_losses(tmp_path, one_torch_thread):
+    padded_lengths, ragged_lengths = [], []
+    padded, _ = first_losses(tmp_path, "padded", lengths=padded_lengths)  # the default: 16
+    ragged, _ = first_losses(tmp_path, "ragged", lengths=ragged_lengths, pad_to_multiple_of=0)
+    assert padded == pytest.approx(ragged, rel=1e-4)  # the padding tokens carry no loss
+    assert len(padded_lengths) == len(ragged_lengths) == 3
+    assert all(length % 16 == 0 for length in padded_lengths)
+    assert any(length % 16 for length in ragged_lengths)  # else the test would show nothing
 
 
 def test_packing_trains_on_the_same_tokens(tmp_path, one_torch_thread):

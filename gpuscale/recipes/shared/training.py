@@ -111,6 +111,9 @@ class SupervisedSettings(TrainingSettings):
                                "row by row (flash varlen on CUDA): no compute on padding tokens")
     packing: bool = Field(False, description="pack rows into sequences of max_length tokens (TRL's bfd packing): a "
                           "micro-batch counts packed sequences, so an optimizer step takes more rows")
+    pad_to_multiple_of: int = Field(16, ge=0, le=1024, description="a micro-batch's sequence padded to a multiple of "
+                                    "this many tokens (0 = not padded): one compiled variant of liger's kernels "
+                                    "for every length")
 
     @field_validator("max_steps", mode="before")
     @classmethod
@@ -317,11 +320,20 @@ def train_sft_dataset(dataset, settings: SupervisedSettings, ctx, reporter, mode
 
 
 def sft_speed_config(settings: SupervisedSettings) -> dict[str, Any]:
-    """SFTConfig's fields for padding-free batches and packing. Rows come cut to max_length
-    (`tokenized_dataset`); TRL's padding-free collator takes no max_length unless it packs."""
+    """SFTConfig's fields for padding-free batches, packing and padding. Rows come cut to max_length
+    (`tokenized_dataset`); TRL's padding-free collator takes no max_length unless it packs.
+
+    Why pad: Triton compiles a kernel once for each divisibility of its integer arguments (by 16, or
+    equal to 1), and liger's RoPE and RMSNorm take the micro-batch's token count as one. A
+    padding-free length that varies step to step compiles a new variant whenever it first meets the
+    other divisibility: 150-170 ms each on one H200, three kernels at once, mid-run, on one rank while
+    every other rank waits at the gradient all-reduce (bench/RESULTS.md). Padded to a multiple of 16,
+    every length is the same variant. The padding tokens carry no loss (TRL's labels are -100 there);
+    TRL's token count includes them (fewer than pad_to_multiple_of a micro-batch)."""
     packing = settings.packing
     return {"padding_free": settings.padding_free or packing, "packing": packing, "packing_strategy": "bfd",
-            "max_length": settings.max_length if packing else None}
+            "max_length": settings.max_length if packing else None,
+            "pad_to_multiple_of": settings.pad_to_multiple_of or None}
 
 
 def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int]) -> tuple[SupervisedSettings, str]:
