@@ -87,8 +87,7 @@ def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
     use_cuda = torch.cuda.is_available() and os.environ.get("GPUSCALE_DEVICE", "cuda") == "cuda"
     if use_cuda:
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        avoid_cudnn_attention()
+        use_cuda_device(device)
     else:
         device = torch.device("cpu")
     if world_size > 1:
@@ -127,6 +126,15 @@ def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: st
                f"most this rank's {items}")
     print(f"batch_size auto: {size} {unit}s per batch ({why}); --batch-size N sets it", flush=True)
     return size
+
+
+def use_cuda_device(device: torch.device) -> None:
+    """What a gpuscale process sets before it computes on a GPU: the device, and attention off cuDNN
+    (`avoid_cudnn_attention`). The ranks and the tuner's trials (recipes/shared/device_trials.py) both
+    start here, so that a trial times the kernels its run will use: trials left on cuDNN attention once
+    timed sft's batch 2 three times slower than batch 1 on an H200, and the tuner chose batch 1 (bench/RESULTS.md)."""
+    torch.cuda.set_device(device)
+    avoid_cudnn_attention()
 
 
 def avoid_cudnn_attention() -> None:

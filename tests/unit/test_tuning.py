@@ -193,3 +193,39 @@ def test_an_out_of_memory_error_in_a_run_names_the_batch_and_the_step(capsys):
     assert "batch_size 512" in capsys.readouterr().out  # the rank's log says it too
     with out_of_memory_names(512, 3, 10):
         pass  # nothing raised, nothing said
+
+
+def test_a_gpu_process_sets_its_device_and_keeps_attention_off_cudnn(monkeypatch):
+    import torch
+
+    from gpuscale.engines import distributed
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        distributed.use_cuda_device(torch.device("cuda", 3))
+        assert chosen == [torch.device("cuda", 3)] and not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_the_tuner_sets_up_its_gpu_as_a_rank_does(monkeypatch):
+    """Trials time the kernels the run will use: tuning on a GPU starts with the ranks' own set-up
+    (stopped right there: this machine may have no GPU)."""
+    from gpuscale.engines import distributed
+    from gpuscale.recipes.shared.device_trials import tune_recipe
+    from gpuscale.recipes.shared.registry import get_recipe
+    from gpuscale.recipes.shared.tuning_key import Device
+
+    class SetUp(Exception):
+        pass
+
+    def use_cuda_device(device):
+        raise SetUp(str(device))
+
+    monkeypatch.setattr(distributed, "use_cuda_device", use_cuda_device)
+    recipe = get_recipe("sft")
+    with pytest.raises(SetUp, match="cuda:2"):
+        tune_recipe(recipe, recipe.settings_cls(), Device(2, "NVIDIA H200", (9, 0)))

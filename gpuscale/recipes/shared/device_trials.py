@@ -62,13 +62,13 @@ def tune_recipe(recipe: Recipe, settings: RunSettings, device: Device, *, memory
     import torch
 
     from gpuscale.data.precision import device_precision, torch_dtype
-    from gpuscale.engines.distributed import RankContext
+    from gpuscale.engines.distributed import RankContext, use_cuda_device
 
     if recipe.tuning is None:
         raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
     torch_device = torch.device(device.torch_name)
     if torch_device.type == "cuda":
-        torch.cuda.set_device(torch_device)
+        use_cuda_device(torch_device)  # as a rank does: the trials time the run's kernels
     precision = device_precision(settings.precision, torch_device)  # the ranks' rule, on the trial's device
     dtype = torch_dtype(precision)
     total = device_memory_bytes(torch_device)
