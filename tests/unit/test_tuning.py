@@ -229,3 +229,37 @@ def test_the_tuner_sets_up_its_gpu_as_a_rank_does(monkeypatch):
     recipe = get_recipe("sft")
     with pytest.raises(SetUp, match="cuda:2"):
         tune_recipe(recipe, recipe.settings_cls(), Device(2, "NVIDIA H200", (9, 0)))
+
+
+def test_a_training_trial_times_a_step_it_has_run_once_on_the_rows_every_trial_takes(
+        monkeypatch, tmp_path, one_torch_thread):
+    """A kernel's first call at a shape can cost more than the step (a compile, a plan): the timed
+    step repeats the untimed one exactly, and every batch size cuts the same rows."""
+    import torch
+
+    from gpuscale.engines.distributed import RankContext
+    from gpuscale.recipes.shared import training_trial
+    from gpuscale.recipes.shared.registry import get_recipe
+
+    micro_batches = []
+    real_micro_step = training_trial.micro_step
+
+    def recorded(model, frozen, sequences, *args):
+        micro_batches.append([tuple(row) for row in sequences])
+        return real_micro_step(model, frozen, sequences, *args)
+
+    monkeypatch.setattr(training_trial, "micro_step", recorded)
+    recipe = get_recipe("sft")
+    settings = recipe.settings_cls(batch_size=2, gradient_accumulation=2, max_length=48, max_examples=16,
+                                   eval_examples=2)  # a step: 4 rows a rank
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    with recipe.trial_session(settings, ctx) as trial:
+        ones = trial(1)
+        by_one, micro_batches[:] = list(micro_batches), []
+        trial(4)
+        by_four = list(micro_batches)
+    assert ones.throughput > 0 and ones.step_seconds > 0
+    assert len(by_one) == 8 and by_one[:4] == by_one[4:]  # warm-up, then the same step timed
+    assert len(by_four) == 2 and by_four[0] == by_four[1]
+    assert [row for batch in by_one[:4] for row in batch] == by_four[0]  # the same 4 rows, cut differently
+    assert len(set(by_four[0])) == 4

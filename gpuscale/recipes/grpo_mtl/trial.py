@@ -8,8 +8,6 @@ from __future__ import annotations
 from gpuscale.recipes.grpo_mtl import Settings
 from gpuscale.recipes.shared.training_trial import TrainingRows, training_trial_session
 
-ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of distinct prompts at most
-
 
 def trial_session(settings: Settings, ctx):
     from gpuscale.recipes.grpo_mtl import rank_share
@@ -21,7 +19,7 @@ def trial_session(settings: Settings, ctx):
         from gpuscale.data.prompts import prompt_ids
         from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples
 
-        wanted = ROWS_PER_STEP_LOADED * share
+        wanted = share  # a step's rows: every trial trains on them (fewer where prompts are too long: repeated)
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})
         train, _held_out = training_and_eval_examples(limited)
         sequences, masks = [], []

@@ -6,14 +6,12 @@ from __future__ import annotations
 from gpuscale.recipes.sft import Settings
 from gpuscale.recipes.shared.training_trial import TrainingRows, training_trial_session
 
-ROWS_PER_STEP_LOADED = 4  # trials cycle through this many steps' worth of distinct rows at most
-
 
 def trial_session(settings: Settings, ctx):
     def rows_for(tokenizer) -> TrainingRows:
         from gpuscale.recipes.shared.training import sft_rows, tokenized_dataset, training_and_eval_examples
 
-        wanted = ROWS_PER_STEP_LOADED * settings.rank_batch
+        wanted = settings.rank_batch  # a step's rows: every trial trains on them
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})
         train, _held_out = training_and_eval_examples(limited)
         encoded = tokenized_dataset(sft_rows(train), tokenizer)

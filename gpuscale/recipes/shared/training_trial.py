@@ -1,7 +1,8 @@
 """The tuning trial of the training recipes, sft and grpo-mtl (`gpuscale tune`): one optimizer step of the
 real model on the run's real rows, at a per-device micro-batch, gradient accumulation making up the
 rest of the rank's share of the global batch; throughput in tokens per second (every token of the
-step's sequences, as the run's tokens_per_s counts them).
+step's sequences, as the run's tokens_per_s counts them). Every trial takes the same rows, the step's,
+and runs the step twice: once untimed, then timed.
 
 A step is what TRL's trainer does for the run: the model as the run trains it (fp32 master weights
 under bf16/fp16 autocast for a full fine-tune, peft's LoRA adapters otherwise, activation
@@ -50,11 +51,12 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
     data = rows_for(loaded.tokenizer)
     if not data.sequences:
         raise ValueError("no training rows to run a trial on")
-    order = itertools.cycle(range(len(data.sequences)))
+    # Every trial trains on the same rows, the step's (repeated if the data has fewer): batch sizes are
+    # compared on one piece of work, cut into micro-batches differently.
+    step_rows = list(itertools.islice(itertools.cycle(range(len(data.sequences))), rank_batch))
     parameters = [p for p in model.parameters() if p.requires_grad]
 
-    def micro_batch(size: int, scale: float) -> int:
-        picked = [next(order) for _ in range(size)]
+    def micro_batch(picked: list[int], scale: float) -> int:
         return micro_step(model, frozen, [data.sequences[i] for i in picked], [data.loss_masks[i] for i in picked],
                           loaded.pad, ctx, scale)
 
@@ -65,17 +67,17 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
         optimizer = torch.optim.AdamW(parameters, lr=0.0, fused=ctx.device.type == "cuda")
 
         def step() -> int:
-            tokens = sum(micro_batch(batch_size, 1 / accumulation) for _ in range(accumulation))
+            tokens = sum(micro_batch(step_rows[start: start + batch_size], 1 / accumulation)
+                         for start in range(0, rank_batch, batch_size))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return tokens
 
         try:
-            # Untimed: one micro-batch and an optimizer step, which allocate the gradients and AdamW's state.
-            micro_batch(batch_size, 1 / accumulation)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            rate, seconds = timed_steps(step, TIMED_STEPS, ctx.synchronize, warm_up=0)
+            # The warm-up step allocates the gradients and AdamW's state, and meets every micro-batch's
+            # shape once (a kernel's first call at a shape can cost more than the step: a compile, a plan);
+            # the timed step is the same step again.
+            rate, seconds = timed_steps(step, TIMED_STEPS, ctx.synchronize, warm_up=1)
         finally:
             optimizer.zero_grad(set_to_none=True)  # the gradients go back now, AdamW's state with the optimizer
         return Trial(batch_size, throughput=rate, step_seconds=seconds)
