@@ -193,3 +193,27 @@ def test_the_training_bench_names_its_baseline_and_how_it_is_put_at_its_best():
     assert shown.returncode == 0, shown.stderr
     assert "stock TRL SFTTrainer" in shown.stdout and "best batch, found by a sweep" in shown.stdout
     assert "--grpo-stock-micro" in shown.stdout
+
+
+def test_a_tuning_trial_s_padding_free_micro_batch_gives_the_padded_gradients(tmp_path, one_torch_thread):
+    """sft's tuning trial trains as its run does, padding-free (rows in one sequence, padded to 16):
+    the same gradients as the padded micro-batch, and the tokens counted as TRL counts them."""
+    from gpuscale.recipes.shared.training_trial import micro_step
+
+    model, _ = load_model("tiny-math")
+    torch.manual_seed(0)
+    rows = [torch.randint(3, 100, (n,)).tolist() for n in (7, 12, 3)]
+    masks = [[0] * 2 + [1] * (len(row) - 2) for row in rows]  # a two-token prompt, then the completion
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+
+    def gradients(**packing):
+        model.zero_grad(set_to_none=True)
+        tokens = micro_step(model, None, rows, masks, 0, ctx, 1.0, **packing)
+        return tokens, [p.grad.clone() for p in model.parameters()]
+
+    padded_tokens, padded = gradients()
+    with use_packed_attention(model):
+        packed_tokens, packed = gradients(packed_to=16)
+    assert padded_tokens == 22 and packed_tokens == 32  # 22 tokens, the sequence padded to 32
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(padded, packed))
+    assert any(g.abs().sum() > 0 for g in packed)

@@ -6,7 +6,9 @@ and runs the step twice: once untimed, then timed.
 
 A step is what TRL's trainer does for the run: the model as the run trains it (fp32 master weights
 under bf16/fp16 autocast for a full fine-tune, peft's LoRA adapters otherwise, activation
-checkpointing where asked), `accumulation` micro-batches each padded to its longest row, a forward,
+checkpointing where asked, liger-kernel's layers where the run has them), `accumulation` micro-batches
+each padded to its longest row, or, where the run trains padding-free (sft's default), each one
+sequence of its rows padded to a multiple of `pad_to_multiple_of` with attention row by row, a forward,
 the loss on the completion tokens, a backward, then AdamW's step (fused on CUDA, TRL's default). The
 GRPO loss is a per-token log-probability of the completion like SFT's, so one loss stands for both;
 a GRPO reference model (beta > 0) is forwarded too. Not in the trial: GRPO's generation (its batch is
@@ -44,10 +46,14 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
     import torch
 
     from gpuscale.engines.batch_search import Trial
+    from gpuscale.engines.packed_attention import use_packed_attention
     from gpuscale.recipes.shared.device_trials import timed_steps
 
     loaded, model = trainable_model(settings, ctx)
     frozen = reference_model(settings, ctx) if reference else None
+    # As TRL's collator builds an sft micro-batch: one sequence, padded to a multiple (0: not padded).
+    padding_free = getattr(settings, "padding_free", False) or getattr(settings, "packing", False)
+    packed_to = (getattr(settings, "pad_to_multiple_of", 0) or 1) if padding_free else None
     data = rows_for(loaded.tokenizer)
     if not data.sequences:
         raise ValueError("no training rows to run a trial on")
@@ -58,7 +64,7 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
 
     def micro_batch(picked: list[int], scale: float) -> int:
         return micro_step(model, frozen, [data.sequences[i] for i in picked], [data.loss_masks[i] for i in picked],
-                          loaded.pad, ctx, scale)
+                          loaded.pad, ctx, scale, packed_to)
 
     def trial(batch_size: int) -> Trial:
         if rank_batch % batch_size:
@@ -82,7 +88,8 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
             optimizer.zero_grad(set_to_none=True)  # the gradients go back now, AdamW's state with the optimizer
         return Trial(batch_size, throughput=rate, step_seconds=seconds)
 
-    yield trial
+    with use_packed_attention(loaded.model, packed_to is not None):
+        yield trial
 
 
 def trainable_model(settings, ctx):
@@ -90,10 +97,11 @@ def trainable_model(settings, ctx):
     import torch
 
     from gpuscale.recipes.shared.common import load_generation_model
-    from gpuscale.recipes.shared.training import lora_config
+    from gpuscale.recipes.shared.training import apply_liger_kernels, lora_config
 
     loaded = load_generation_model(settings.model, ctx)
     model = loaded.model
+    apply_liger_kernels(model, ctx, getattr(settings, "liger_kernels", False))
     if settings.lora_rank == 0 and ctx.dtype != torch.float32:
         model = model.float()  # fp32 master weights; the forward runs under autocast, as TRL's does
     if getattr(settings, "activation_checkpointing", False):
@@ -118,8 +126,35 @@ def reference_model(settings, ctx):
     return frozen.eval()
 
 
-def micro_step(model, frozen, sequences, loss_masks, pad: int, ctx, scale: float) -> int:
-    """Forward and backward of one micro-batch (right-padded to its longest row); the tokens in it."""
+def micro_step(model, frozen, sequences, loss_masks, pad: int, ctx, scale: float, packed_to: int | None = None) -> int:
+    """Forward and backward of one micro-batch; the tokens in it as the run counts them. `packed_to`
+    None: the rows right-padded to the longest (the tokens: the rows'); a number: the rows concatenated
+    into one sequence padded to a multiple of it (the tokens: the sequence's, padding included, as
+    TRL counts a padding-free micro-batch)."""
+    import torch
+
+    inputs, on_loss = (packed(sequences, loss_masks, pad, packed_to) if packed_to
+                       else padded(sequences, loss_masks, pad))
+    inputs = {name: value.to(ctx.device) if isinstance(value, torch.Tensor) else value
+              for name, value in inputs.items()}
+    ids, on_loss = inputs["input_ids"], on_loss.to(ctx.device)
+    half = ctx.dtype != torch.float32
+    with torch.autocast(device_type=ctx.device.type, dtype=ctx.dtype, enabled=half):
+        logits = model(**inputs).logits
+        if frozen is not None:
+            with torch.no_grad():
+                frozen(**inputs)
+    # Log-probability of each next token, on the completion's tokens only (a packed row's first token is
+    # its prompt's: never a target across a boundary).
+    log_probs = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    targets = on_loss[:, 1:].float()
+    loss = -(log_probs * targets).sum() / targets.sum().clamp(min=1)
+    (loss * scale).backward()
+    return int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else ids.shape[1]
+
+
+def padded(sequences, loss_masks, pad: int):
+    """(model inputs, loss mask) of rows right-padded to the longest."""
     import torch
 
     width = max(len(row) for row in sequences)
@@ -130,16 +165,22 @@ def micro_step(model, frozen, sequences, loss_masks, pad: int, ctx, scale: float
         ids[i, : len(row)] = torch.tensor(row)
         attention[i, : len(row)] = 1
         on_loss[i, : len(mask)] = torch.tensor(mask)
-    ids, attention, on_loss = ids.to(ctx.device), attention.to(ctx.device), on_loss.to(ctx.device)
-    half = ctx.dtype != torch.float32
-    with torch.autocast(device_type=ctx.device.type, dtype=ctx.dtype, enabled=half):
-        logits = model(input_ids=ids, attention_mask=attention).logits
-        if frozen is not None:
-            with torch.no_grad():
-                frozen(input_ids=ids, attention_mask=attention)
-    # Log-probability of each next token, on the completion's tokens only.
-    log_probs = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    targets = on_loss[:, 1:].float()
-    loss = -(log_probs * targets).sum() / targets.sum().clamp(min=1)
-    (loss * scale).backward()
-    return int(attention.sum())
+    return {"input_ids": ids, "attention_mask": attention}, on_loss
+
+
+def packed(sequences, loss_masks, pad: int, multiple: int):
+    """(model inputs, loss mask) of rows concatenated into one sequence, positions restarting at every
+    row, padded to a multiple of `multiple` with positions 0 (one-token rows of no loss), the row
+    boundaries given as TRL's padding-free collator gives them."""
+    import torch
+
+    from gpuscale.engines.packed_attention import row_boundaries
+
+    length = sum(len(row) for row in sequences)
+    padding = -length % multiple
+    ids = torch.tensor([token for row in sequences for token in row] + [pad] * padding)[None]
+    positions = torch.tensor([i for row in sequences for i in range(len(row))] + [0] * padding)[None]
+    on_loss = torch.tensor([bit for mask in loss_masks for bit in mask] + [0] * padding)[None]
+    boundaries, longest = row_boundaries(positions)
+    return {"input_ids": ids, "position_ids": positions, "cu_seq_lens_q": boundaries, "cu_seq_lens_k": boundaries,
+            "max_length_q": longest, "max_length_k": longest}, on_loss
