@@ -131,8 +131,8 @@ def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: st
 def use_cuda_device(device: torch.device) -> None:
     """What a gpuscale process sets before it computes on a GPU: the device, and attention off cuDNN
     (`avoid_cudnn_attention`). The ranks and the tuner's trials (recipes/shared/device_trials.py) both
-    start here, so that a trial times the kernels its run will use: trials left on cuDNN attention once
-    timed sft's batch 2 three times slower than batch 1 on an H200, and the tuner chose batch 1 (bench/RESULTS.md)."""
+    start here, so that a trial times the kernels its run will use (trials that left attention on cuDNN
+    read sft's batch 2 three times slower than batch 1 on an H200 and chose batch 1: bench/RESULTS.md)."""
     torch.cuda.set_device(device)
     avoid_cudnn_attention()
 
