@@ -263,3 +263,29 @@ def test_a_training_trial_times_a_step_it_has_run_once_on_the_rows_every_trial_t
     assert len(by_four) == 2 and by_four[0] == by_four[1]
     assert [row for batch in by_one[:4] for row in batch] == by_four[0]  # the same 4 rows, cut differently
     assert len(set(by_four[0])) == 4
+
+
+def test_a_training_result_is_found_only_by_runs_that_train_as_its_trials_did(tmp_path):
+    """sft's key holds how its trial trained (padding-free, padded to 16, liger's layers): a run that
+    trains otherwise tunes again, and so does one whose result a trial of another make stored (its key
+    without these settings, as results were stored before the trials trained as runs do)."""
+    import json
+
+    from gpuscale.app.batch_choice import stored_tuning
+    from gpuscale.recipes.shared.registry import get_recipe
+    from gpuscale.recipes.shared.tuning_key import Device, tuning_key
+
+    sft = get_recipe("sft")
+    device = Device(0, "NVIDIA H200", (9, 0))
+    default, padded = sft.settings_cls(), sft.settings_cls(padding_free=False)
+    key = tuning_key(sft, default, device.name, "bf16").as_dict()
+    assert key != tuning_key(sft, padded, device.name, "bf16").as_dict()
+    store = Store(tmp_path)
+    earlier = {name: value for name, value in json.loads(key["shape"]).items()
+               if name not in ("padding_free", "pad_to_multiple_of", "liger_kernels")}
+    store.save_tuning({**key, "shape": json.dumps(earlier, sort_keys=True)}, batch_size=1, throughput=90.8,
+                      figure="tokens_per_s", trials=[])
+    assert stored_tuning(store, sft, default, device) is None
+    store.save_tuning(key, batch_size=8, throughput=9000.0, figure="tokens_per_s", trials=[])
+    assert stored_tuning(store, sft, default, device)["batch_size"] == 8
+    assert stored_tuning(store, sft, padded, device) is None

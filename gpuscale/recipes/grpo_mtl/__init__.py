@@ -174,7 +174,7 @@ class GrpoMtl(Recipe):
     tuning = Tuning(figure="tokens_per_s",
                     knob="completions per device per micro-batch (accumulation keeps the step's completions)",
                     shape_settings=("dataset", "max_prompt_length", "max_completion_length", "lora_rank",
-                                    "lora_targets", "beta", "completions_per_step"),
+                                    "lora_targets", "beta", "completions_per_step", "liger_kernels"),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def trial_session(self, settings: Settings, ctx):

@@ -85,8 +85,9 @@ class SFT(Recipe):
     # sequences per optimizer step (batch_size x gradient_accumulation per rank) stay as asked.
     tuning = Tuning(figure="tokens_per_s",
                     knob="sequences per device per micro-batch (gradient accumulation keeps the step's batch)",
+                    # What the trial's step is made of: its rows and the kernels and layout that train them.
                     shape_settings=("dataset", "max_length", "lora_rank", "lora_targets", "activation_checkpointing",
-                                    "rank_batch"),
+                                    "rank_batch", "padding_free", "pad_to_multiple_of", "liger_kernels"),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def trial_session(self, settings: Settings, ctx):
