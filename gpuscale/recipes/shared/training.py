@@ -326,7 +326,7 @@ def sft_speed_config(settings: SupervisedSettings) -> dict[str, Any]:
     Why pad: Triton compiles a kernel once for each divisibility of its integer arguments (by 16, or
     equal to 1), and liger's RoPE and RMSNorm take the micro-batch's token count as one. A
     padding-free length that varies step to step compiles a new variant whenever it first meets the
-    other divisibility: 150-170 ms each on one H200, three kernels at once, mid-run, on one rank while
+    other divisibility: 148-168 ms each on one H200, three kernels at once, mid-run, on one rank while
     every other rank waits at the gradient all-reduce (bench/RESULTS.md). Padded to a multiple of 16,
     every length is the same variant. The padding tokens carry no loss (TRL's labels are -100 there);
     TRL's token count includes them (fewer than pad_to_multiple_of a micro-batch)."""
