@@ -289,3 +289,63 @@ def test_a_training_result_is_found_only_by_runs_that_train_as_its_trials_did(tm
     store.save_tuning(key, batch_size=8, throughput=9000.0, figure="tokens_per_s", trials=[])
     assert stored_tuning(store, sft, default, device)["batch_size"] == 8
     assert stored_tuning(store, sft, padded, device) is None
+
+
+def test_a_pcgrad_trial_takes_each_domains_gradient_as_an_explicit_computation(monkeypatch, tmp_path,
+                                                                               one_torch_thread):
+    """With a gradient per domain (grpo-mtl's PCGrad), every micro-batch of the trial takes one loss and one
+    gradient per domain, summed over the step into the domain's buffer before PCGrad's update: each buffer
+    equals the gradient of that domain's rows computed row by row, unpadded, from the same weights (a
+    micro-batch without rows of a domain adds nothing to its buffer)."""
+    import torch
+
+    from gpuscale.engines.distributed import RankContext
+    from gpuscale.recipes.grpo_mtl.pcgrad import DomainGradients
+    from gpuscale.recipes.shared.registry import get_recipe
+    from gpuscale.recipes.shared.training_trial import TrainingRows, trainable_model, training_trial_session
+
+    settings = get_recipe("grpo-mtl").settings_cls(mtl="pcgrad")
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    sequences = [list(range(5, 5 + length)) for length in (9, 6, 11, 8)]
+    masks = [[0] * 4 + [1] * (len(row) - 4) for row in sequences]
+    rows = TrainingRows(sequences, masks, domains=[0, 0, 1, 0])  # micro-batches of 2: domain 1 only in the second
+    written = []
+    real_write = DomainGradients.write
+
+    def recorded(self, parameters, generator=None):
+        written.append([flat.clone() for flat in self.flats])
+        return real_write(self, parameters, generator)
+
+    monkeypatch.setattr(DomainGradients, "write", recorded)
+    with training_trial_session(settings, ctx, 4, lambda tokenizer: rows, domain_update=DomainGradients) as trial:
+        assert trial(2).throughput > 0
+    assert len(written) == 2 and all(len(step) == 2 for step in written)  # warm-up and timed step, 2 domains each
+    _loaded, model = trainable_model(settings, ctx)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    for domain in (0, 1):
+        expected = [torch.zeros_like(p) for p in parameters]
+        for micro_batch in ([0, 1], [2, 3]):
+            loss_tokens = sum(sum(masks[i][1:]) for i in micro_batch)
+            loss = torch.zeros(())
+            for i in (i for i in micro_batch if rows.domains[i] == domain):
+                ids = torch.tensor(sequences[i])
+                log_probs = model(input_ids=ids[None]).logits[0, :-1].log_softmax(-1)
+                on_loss = torch.tensor(masks[i][1:], dtype=torch.float32)
+                loss = loss - (log_probs.gather(-1, ids[1:, None]).squeeze(-1) * on_loss).sum()
+            if loss.requires_grad:
+                for total, grad in zip(expected, torch.autograd.grad(loss / loss_tokens / 2, parameters)):
+                    total += grad
+        flat = torch.cat([grad.reshape(-1) for grad in expected])
+        assert flat.abs().sum() > 0
+        for step in written:
+            torch.testing.assert_close(step[domain], flat, rtol=1e-4, atol=1e-6)
+
+
+def test_a_pcgrad_run_does_not_take_a_batch_tuned_without_it():
+    from gpuscale.recipes.shared.registry import get_recipe
+    from gpuscale.recipes.shared.tuning_key import tuning_key
+
+    grpo = get_recipe("grpo-mtl")
+    plain, pcgrad = grpo.settings_cls(), grpo.settings_cls(mtl="pcgrad")
+    assert tuning_key(grpo, plain, "NVIDIA H200", "bf16").as_dict() != tuning_key(grpo, pcgrad, "NVIDIA H200",
+                                                                                   "bf16").as_dict()

@@ -170,11 +170,12 @@ class GrpoMtl(Recipe):
         check_training_examples(settings)
 
     # Tuning (`gpuscale tune`): the per-device micro-batch of the loss's forward and backward; the
-    # accumulation follows from it (accumulation_steps), so the step's completions stay as asked.
+    # accumulation follows from it (accumulation_steps), so the step's completions stay as asked. mtl is
+    # in the key: PCGrad's trial takes a pass and a gradient buffer per domain, as its run does.
     tuning = Tuning(figure="tokens_per_s",
                     knob="completions per device per micro-batch (accumulation keeps the step's completions)",
                     shape_settings=("dataset", "max_prompt_length", "max_completion_length", "lora_rank",
-                                    "lora_targets", "beta", "completions_per_step", "liger_kernels"),
+                                    "lora_targets", "beta", "completions_per_step", "liger_kernels", "mtl"),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def trial_session(self, settings: Settings, ctx):

@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from gpuscale.data.seeds import derived_seed
 from gpuscale.engines.policy_mismatch import SamplerMismatchLogging
-from gpuscale.recipes.grpo_mtl.pcgrad import gradient_cosines, pcgrad
+from gpuscale.recipes.grpo_mtl.pcgrad import DomainGradients, gradient_cosines
 
 # How a domain's loss on its own rows relates to TRL's loss on the whole micro-batch, per loss type:
 # "tokens_global": normalised by the step's global token count (the same for any subset of rows);
@@ -51,7 +51,7 @@ class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
         self.mtl_seed = mtl_seed
         self.pcgrad_generator = torch.Generator().manual_seed(mtl_seed)
         self.generation_seconds = 0.0
-        self._domain_grads: list[torch.Tensor] | None = None  # per domain, one flat gradient
+        self._domain_grads = DomainGradients(len(self.domains))  # the step's, per domain
         self._micro_steps = 0
 
     # ---- generation: timing and domain ids -----------------------------------------------------
@@ -126,7 +126,7 @@ class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
             with self.compute_loss_context_manager():
                 loss = self.domain_loss(module, inputs, domain, padded_rows[domain])
             grads = torch.autograd.grad(loss, parameters, allow_unused=True)
-            self._accumulate(domain, grads, parameters)
+            self._domain_grads.add(domain, grads, parameters)
             total += loss.detach()
         self._micro_steps += 1
         if self._micro_steps % self.current_gradient_accumulation_steps == 0:
@@ -139,27 +139,12 @@ class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
             self._current_train_step_time = 0.0
         return total
 
-    def _accumulate(self, domain: int, grads, parameters) -> None:
-        """Add one micro-batch's gradient of `domain` into that domain's flat buffer: one contiguous
-        tensor per domain (the parameters' gradients laid end to end), so that PCGrad's dot products,
-        projections and the all-reduce are one kernel each rather than one per parameter tensor."""
-        if self._domain_grads is None:
-            size = sum(p.numel() for p in parameters)
-            self._domain_grads = [torch.zeros(size, dtype=parameters[0].dtype, device=parameters[0].device)
-                                  for _ in self.domains]
-        offset = 0
-        for parameter, grad in zip(parameters, grads):
-            if grad is not None:
-                self._domain_grads[domain][offset: offset + parameter.numel()].add_(grad.reshape(-1))
-            offset += parameter.numel()
-
     def _write_pcgrad(self, parameters) -> None:
         """All-reduce the step's per-domain gradients, record how they conflict, project, and write
         the sum into each parameter's .grad (the trainer clips and steps next)."""
-        grads = [[flat] for flat in self._domain_grads]  # pcgrad's functions take a gradient as a list
-        self._domain_grads = None
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            all_reduce_mean([flat for (flat,) in grads])
+            all_reduce_mean(self._domain_grads.flats)
+        grads = [[flat] for flat in self._domain_grads.flats]  # pcgrad's functions take a gradient as a list
         cosines = gradient_cosines(grads)
         metrics = self._metrics["train"]
         if cosines:
@@ -167,11 +152,7 @@ class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
         for (i, j), cosine in cosines.items():
             metrics[f"pcgrad/cosine_{self.domains[i]}_{self.domains[j]}"].append(cosine)
         self.pcgrad_generator.manual_seed(derived_seed(self.mtl_seed, "pcgrad", self.state.global_step))
-        (update,) = pcgrad(grads, self.pcgrad_generator)
-        offset = 0
-        for parameter in parameters:
-            parameter.grad = update[offset: offset + parameter.numel()].view_as(parameter).to(parameter.dtype)
-            offset += parameter.numel()
+        self._domain_grads.write(parameters, self.pcgrad_generator)
 
 
 def select_rows(inputs: dict, rows: torch.Tensor) -> dict:

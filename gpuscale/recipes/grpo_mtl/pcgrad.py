@@ -60,3 +60,37 @@ def gradient_cosines(grads_by_domain: list[list[torch.Tensor]]) -> dict[tuple[in
             value = dot(grads_by_domain[i], grads_by_domain[j]) / denominator if denominator > 0 else 0.0
             cosines[(i, j)] = float(value)
     return cosines
+
+
+
+class DomainGradients:
+    """A step's gradient of each domain, summed over its micro-batches into one flat buffer per
+    domain (the parameters' gradients laid end to end: the dot products, projections and an
+    all-reduce are then one kernel each rather than one per parameter), and the PCGrad update made
+    from them. The trainer's (multitask.py) and the tuning trial's (recipes/shared/training_trial.py)."""
+
+    def __init__(self, domains: int):
+        self.domains = domains
+        self.flats: list[torch.Tensor] | None = None  # allocated at the step's first gradient
+
+    def add(self, domain: int, grads, parameters) -> None:
+        """Add one gradient of `domain`, given per parameter (None where it does not reach)."""
+        if self.flats is None:
+            size = sum(p.numel() for p in parameters)
+            self.flats = [torch.zeros(size, dtype=parameters[0].dtype, device=parameters[0].device)
+                          for _ in range(self.domains)]
+        offset = 0
+        for parameter, grad in zip(parameters, grads, strict=True):
+            if grad is not None:
+                self.flats[domain][offset: offset + parameter.numel()].add_(grad.reshape(-1))
+            offset += parameter.numel()
+
+    def write(self, parameters, generator: torch.Generator | None = None) -> None:
+        """The PCGrad update of the step's gradients into each parameter's .grad (in its dtype); the
+        buffers go back."""
+        (update,) = pcgrad([[flat] for flat in self.flats], generator)
+        self.flats = None
+        offset = 0
+        for parameter in parameters:
+            parameter.grad = update[offset: offset + parameter.numel()].view_as(parameter).to(parameter.dtype)
+            offset += parameter.numel()

@@ -11,8 +11,11 @@ each padded to its longest row, or, where the run trains padding-free (sft's def
 sequence of its rows padded to a multiple of `pad_to_multiple_of` with attention row by row, a forward,
 the loss on the completion tokens, a backward, then AdamW's step (fused on CUDA, TRL's default). The
 GRPO loss is a per-token log-probability of the completion like SFT's, so one loss stands for both;
-a GRPO reference model (beta > 0) is forwarded too. Not in the trial: GRPO's generation (its batch is
-the rollout engine's, not this micro-batch) and PCGrad's per-domain gradients.
+a GRPO reference model (beta > 0) is forwarded too. Where the run takes one gradient per domain
+(grpo-mtl's PCGrad), so does the trial: each micro-batch a loss per domain on that domain's rows and
+its gradient added into the domain's buffer, the recipe's update written into the gradients before
+AdamW's step (`DomainUpdate`): the run's passes, buffers and memory. Not in the trial: GRPO's
+generation (its batch is the rollout engine's, not this micro-batch).
 
 AdamW runs at learning rate 0: the update's arithmetic, its state and its memory are all there, and
 the model stays as loaded, so every trial measures the same model. Nothing here imports torch at the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import itertools
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 TIMED_STEPS = 1  # a step is already `rank_batch` rows of forward and backward
 
@@ -35,14 +39,27 @@ class TrainingRows:
 
     sequences: list[list[int]]
     loss_masks: list[list[int]]
+    domains: list[int] | None = None  # each row's domain (0, 1...) where the run takes a gradient per domain
+
+
+class DomainUpdate(Protocol):
+    """How a run that takes one gradient per domain makes its update (grpo-mtl's PCGrad): `add` a
+    micro-batch's gradient of one domain (one entry per trainable parameter, None where it does not
+    reach), then once a step `write` the update into the parameters' .grad."""
+
+    def add(self, domain: int, grads, parameters) -> None: ...
+
+    def write(self, parameters) -> None: ...
 
 
 @contextmanager
-def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: bool = False):
+def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: bool = False,
+                           domain_update=None):
     """A trial session for a training recipe: `rows_for(tokenizer) -> TrainingRows` (the run's data,
     tokenized as the run does), `rank_batch` the rows of one optimizer step on this rank; `trial(b)`
     runs `rank_batch // b` micro-batches of b rows and one optimizer step (b divides rank_batch:
-    the recipe's tune_batch_sizes says which b may be tried)."""
+    the recipe's tune_batch_sizes says which b may be tried). `domain_update(domains)`, where given,
+    makes a step's DomainUpdate: the trial then takes a gradient per domain of the rows' `domains`."""
     import torch
 
     from gpuscale.engines.batch_search import Trial
@@ -61,8 +78,12 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
     # compared on one piece of work, cut into micro-batches differently.
     step_rows = list(itertools.islice(itertools.cycle(range(len(data.sequences))), rank_batch))
     parameters = [p for p in model.parameters() if p.requires_grad]
+    domain_count = max(data.domains) + 1 if data.domains else 0
 
-    def micro_batch(picked: list[int], scale: float) -> int:
+    def micro_batch(picked: list[int], scale: float, update: DomainUpdate | None) -> int:
+        if update is not None:
+            return domain_micro_steps(model, frozen, data, picked, loaded.pad, ctx, scale, update, parameters,
+                                      packed_to)
         return micro_step(model, frozen, [data.sequences[i] for i in picked], [data.loss_masks[i] for i in picked],
                           loaded.pad, ctx, scale, packed_to)
 
@@ -73,8 +94,11 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
         optimizer = torch.optim.AdamW(parameters, lr=0.0, fused=ctx.device.type == "cuda")
 
         def step() -> int:
-            tokens = sum(micro_batch(step_rows[start: start + batch_size], 1 / accumulation)
+            update = domain_update(domain_count) if domain_update else None
+            tokens = sum(micro_batch(step_rows[start: start + batch_size], 1 / accumulation, update)
                          for start in range(0, rank_batch, batch_size))
+            if update is not None:
+                update.write(parameters)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return tokens
@@ -131,6 +155,36 @@ def micro_step(model, frozen, sequences, loss_masks, pad: int, ctx, scale: float
     None: the rows right-padded to the longest (the tokens: the rows'); a number: the rows concatenated
     into one sequence padded to a multiple of it (the tokens: the sequence's, padding included, as
     TRL counts a padding-free micro-batch)."""
+    loss, tokens = micro_loss(model, frozen, sequences, loss_masks, pad, ctx, packed_to)
+    (loss * scale).backward()
+    return tokens
+
+
+def domain_micro_steps(model, frozen, data: TrainingRows, picked: list[int], pad: int, ctx, scale: float,
+                       update: DomainUpdate, parameters, packed_to: int | None = None) -> int:
+    """One micro-batch as a run with a gradient per domain takes it: for every domain of the data, in
+    order, the loss on the micro-batch's rows of that domain (normalised by the whole micro-batch's
+    loss tokens, so that the domains' losses add up to its loss; a domain without rows here: one of
+    the micro-batch's rows with no loss, as the run pads it) and its gradient, added into the
+    domain's buffer. The tokens: the micro-batch's, as `micro_step` counts them."""
+    import torch
+
+    whole = sum(sum(data.loss_masks[i][1:]) for i in picked)  # the tokens a target: every row's first is not
+    tokens = 0
+    for domain in range(max(data.domains) + 1):
+        rows = [i for i in picked if data.domains[i] == domain]
+        masks = [data.loss_masks[i] for i in rows] or [[0] * len(data.sequences[picked[0]])]
+        loss, counted = micro_loss(model, frozen, [data.sequences[i] for i in rows or picked[:1]], masks, pad, ctx,
+                                   packed_to, loss_tokens=whole)
+        update.add(domain, torch.autograd.grad(loss * scale, parameters, allow_unused=True), parameters)
+        tokens += counted if rows else 0
+    return tokens
+
+
+def micro_loss(model, frozen, sequences, loss_masks, pad: int, ctx, packed_to: int | None = None,
+               loss_tokens: int | None = None):
+    """(the loss of one micro-batch: the completion tokens' mean negative log-probability, over
+    `loss_tokens` where given, else over the micro-batch's; its tokens as `micro_step` counts them)."""
     import torch
 
     inputs, on_loss = (packed(sequences, loss_masks, pad, packed_to) if packed_to
@@ -148,9 +202,9 @@ def micro_step(model, frozen, sequences, loss_masks, pad: int, ctx, scale: float
     # its prompt's: never a target across a boundary).
     log_probs = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     targets = on_loss[:, 1:].float()
-    loss = -(log_probs * targets).sum() / targets.sum().clamp(min=1)
-    (loss * scale).backward()
-    return int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else ids.shape[1]
+    denominator = targets.sum().clamp(min=1) if loss_tokens is None else max(loss_tokens, 1)
+    loss = -(log_probs * targets).sum() / denominator
+    return loss, int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else ids.shape[1]
 
 
 def padded(sequences, loss_masks, pad: int):
