@@ -17,8 +17,9 @@ evaluation (`save_model`, on by default). The training shell (fp32 master weight
 merging, casting) is recipes/shared/training.py's, shared with sft and rft.
 
 Files: this one (settings and the recipe, no torch), data.py (training rows and held-out examples),
-rollout.py (the engine behind `rollout_func`), pcgrad.py (the projection, per-domain losses and
-gradients), trainer.py (a rank's work and the GRPOTrainer subclass), trial.py (its tuning trial, on
+trainer.py (a rank's work; the engine behind `rollout_func` is engines/rollout.py), multitask.py (the
+GRPOTrainer subclass: per-domain losses and gradients), pcgrad.py (the projection, and a step's
+per-domain gradient buffers), samples.py (the samples a run keeps), trial.py (its tuning trial, on
 recipes/shared/training_trial.py).
 """
 

@@ -1,4 +1,5 @@
-"""PCGrad (Yu et al. 2020, "Gradient Surgery for Multi-Task Learning"), as pure functions on gradients.
+"""PCGrad (Yu et al. 2020, "Gradient Surgery for Multi-Task Learning"), as pure functions on gradients,
+and `DomainGradients`, the buffers a step sums each domain's gradient into before the update.
 
 For each task i: g_i' = g_i; for every other task j, in a random order drawn from the caller's
 generator, if g_i' . g_j < 0 then g_i' -= (g_i' . g_j / |g_j|^2) g_j, always against the ORIGINAL g_j.
@@ -60,7 +61,6 @@ def gradient_cosines(grads_by_domain: list[list[torch.Tensor]]) -> dict[tuple[in
             value = dot(grads_by_domain[i], grads_by_domain[j]) / denominator if denominator > 0 else 0.0
             cosines[(i, j)] = float(value)
     return cosines
-
 
 
 class DomainGradients:
