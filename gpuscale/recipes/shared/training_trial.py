@@ -41,6 +41,10 @@ class TrainingRows:
     loss_masks: list[list[int]]
     domains: list[int] | None = None  # each row's domain (0, 1...) where the run takes a gradient per domain
 
+    @property
+    def domain_count(self) -> int:
+        return max(self.domains) + 1 if self.domains else 0
+
 
 class DomainUpdate(Protocol):
     """How a run that takes one gradient per domain makes its update (grpo-mtl's PCGrad): `add` a
@@ -78,7 +82,6 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
     # compared on one piece of work, cut into micro-batches differently.
     step_rows = list(itertools.islice(itertools.cycle(range(len(data.sequences))), rank_batch))
     parameters = [p for p in model.parameters() if p.requires_grad]
-    domain_count = max(data.domains) + 1 if data.domains else 0
 
     def micro_batch(picked: list[int], scale: float, update: DomainUpdate | None) -> int:
         if update is not None:
@@ -94,7 +97,7 @@ def training_trial_session(settings, ctx, rank_batch: int, rows_for, reference: 
         optimizer = torch.optim.AdamW(parameters, lr=0.0, fused=ctx.device.type == "cuda")
 
         def step() -> int:
-            update = domain_update(domain_count) if domain_update else None
+            update = domain_update(data.domain_count) if domain_update else None
             tokens = sum(micro_batch(step_rows[start: start + batch_size], 1 / accumulation, update)
                          for start in range(0, rank_batch, batch_size))
             if update is not None:
@@ -166,15 +169,20 @@ def domain_micro_steps(model, frozen, data: TrainingRows, picked: list[int], pad
     order, the loss on the micro-batch's rows of that domain (normalised by the whole micro-batch's
     loss tokens, so that the domains' losses add up to its loss; a domain without rows here: one of
     the micro-batch's rows with no loss, as the run pads it) and its gradient, added into the
-    domain's buffer. The tokens: the micro-batch's, as `micro_step` counts them."""
+    domain's buffer; a GRPO reference forwarded once over the micro-batch, not once a domain. The
+    tokens: the micro-batch's, as `micro_step` counts them."""
     import torch
 
+    if frozen is not None:  # the reference's forward: once a row, as TRL scores it with the rollouts
+        with torch.no_grad():
+            micro_loss(frozen, None, [data.sequences[i] for i in picked], [data.loss_masks[i] for i in picked], pad,
+                       ctx, packed_to)
     whole = sum(sum(data.loss_masks[i][1:]) for i in picked)  # the tokens a target: every row's first is not
     tokens = 0
-    for domain in range(max(data.domains) + 1):
+    for domain in range(data.domain_count):
         rows = [i for i in picked if data.domains[i] == domain]
         masks = [data.loss_masks[i] for i in rows] or [[0] * len(data.sequences[picked[0]])]
-        loss, counted = micro_loss(model, frozen, [data.sequences[i] for i in rows or picked[:1]], masks, pad, ctx,
+        loss, counted = micro_loss(model, None, [data.sequences[i] for i in rows or picked[:1]], masks, pad, ctx,
                                    packed_to, loss_tokens=whole)
         update.add(domain, torch.autograd.grad(loss * scale, parameters, allow_unused=True), parameters)
         tokens += counted if rows else 0
