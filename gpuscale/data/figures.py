@@ -139,6 +139,7 @@ FIGURES: dict[str, Figure] = _figures(
     _count("throughput_batch_size", "decode batch (throughput)"),
     Figure("allreduce_mib", "all-reduce size a rank", unit="MiB"),
     _count("gradient_accumulation", "gradient accumulation"),
+    _count("rows_per_step", "rows a step (all ranks)"),
     _count("population", "population"),
     _count("chains", "chains"),
     _count("problems", "problems"),

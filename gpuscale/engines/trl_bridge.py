@@ -287,9 +287,9 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
     values: dict[str, Any] = {}
     for setting, field in SETTING_TO_CONFIG.items():
         if (field in fields or RENAMED_FIELDS.get(field) in fields) and setting in type(settings).model_fields:
-            values[field] = getattr(settings, setting)
-    if values.get("max_steps") is None and "max_steps" in values:
-        values["max_steps"] = -1  # the trainer's "train for num_train_epochs"
+            # A setting left empty keeps the config's default (max_steps -1: train for num_train_epochs).
+            if getattr(settings, setting) is not None:
+                values[field] = getattr(settings, setting)
     on_cpu = ctx.device.type != "cuda"
     values.update(
         output_dir=str(RunDir(ctx.run_dir).trainer),

@@ -33,9 +33,9 @@ def keep(name: str, text: str) -> None:
 
 
 def test_mfu_in_the_progress_line_and_the_summary(home):
-    # 64 rows a step (8 x gradient_accumulation 8), the micro-batch left auto: a filled card.
+    # 64 rows a step, the micro-batch left auto: a filled card.
     done = gpuscale(*SFT_05B, "--set", "max_examples=4096", "--set", "max_steps=40",
-                    "--set", "gradient_accumulation=8", timeout=600)
+                    "--set", "rows_per_step=64", timeout=600)
     keep("sft_progress.txt", done.stderr + done.stdout)
     assert done.returncode == 0, done.stderr[-2000:]
     assert " mfu " in done.stderr and "%" in done.stderr.split(" mfu ")[-1][:8]  # `mfu 31.2%` on the line
@@ -69,7 +69,7 @@ def test_a_tiny_batch_is_warned_in_the_monitor(home):
                 keep("monitor_tiny_batch.svg", app.export_screenshot())
                 assert "mfu " in view.figures
                 (warning,) = [w for w in view.warnings if w.startswith("MFU")]
-                assert "under 10%" in warning and "gradient_accumulation" in warning
+                assert "under 10%" in warning and "rows_per_step" in warning
 
         asyncio.run(scenario())
     finally:

@@ -295,3 +295,17 @@ def test_eggroll_accepts_no_evaluation(home):
     assert summary.get("accuracy_greedy_before") is None and summary.get("accuracy_sampled_after") is None
     assert "accuracy_greedy_after" in summary  # the figure is there, empty: nothing was scored
     assert summary["steps"] == 1
+
+
+@pytest.mark.parametrize("recipe, setting, expected", [
+    ("sft", "rows_per_step=3", "rows_per_step: 3: does not split evenly over the run's 2 ranks (each takes an "
+     "equal share of a step); give a multiple of 2"),
+    ("sft", "batch_size=3", "batch_size: 3: does not divide the 4 rows each of the 2 ranks takes a step "
+     "(rows_per_step 8); give a divisor of 4"),
+    ("rft", "train_batch_size=3", "train_batch_size: 3: does not divide the 16 rows each of the 2 ranks takes a "
+     "step (rows_per_step 32); give a divisor of 16"),
+])
+def test_a_step_the_ranks_cannot_share_is_refused_before_launch(home, recipe, setting, expected):
+    line = one_error_line(gpuscale("run", "--recipe", recipe, "--gpus", "2", "--set", setting))
+    assert expected in line, line
+    assert run_json("runs") == [] and not any((home / "runs").iterdir())

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import run_json, run_together
+from conftest import run_json, run_together, runs_at_once
 from gpuscale.data.models import load_model
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
@@ -70,6 +70,40 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     changed = [name for name, weight in trained.state_dict().items()
                if not torch.equal(weight, original.state_dict()[name])]
     assert changed
+
+
+# An optimizer step's rows are counted over all ranks: 1 rank takes the 4 rows of a step, 2 ranks 2 each.
+FOUR_ROWS_A_STEP = ["--recipe", "sft", "--set", "rows_per_step=4", "--set", "max_examples=16", "--set", "max_steps=3",
+                    "--set", "max_length=64", "--set", "eval_examples=0", "--set", "learning_rate=1e-3",
+                    "--set", "lr_scheduler=constant", "--set", "checkpoint_every=0"]
+
+
+def test_one_and_two_ranks_train_the_same_steps_to_the_same_weights(home):
+    """rows_per_step is the step over all ranks: 2 ranks take the same rows a step as 1 (each half of
+    them) and end at the same weights, up to fp32's summation order. Counted a rank (TRL's
+    gradient_accumulation), the 2-rank run takes twice the rows a step and ends elsewhere."""
+    one, two, per_rank = runs_at_once([*FOUR_ROWS_A_STEP, "--gpus", "1"], [*FOUR_ROWS_A_STEP, "--gpus", "2"],
+                                      [*FOUR_ROWS_A_STEP, "--gpus", "2", "--set", "gradient_accumulation=1",
+                                       "--batch-size", "4"])
+    weights = {}
+    for name, run in (("one", one), ("two", two), ("per_rank", per_rank)):
+        assert run["status"] == "succeeded", run["error"]
+        assert run["summary"]["steps"] == 3
+        weights[name] = load_model(run["summary"]["model_dir"])[0].state_dict()
+    assert (one["summary"]["rows_per_step"], two["summary"]["rows_per_step"]) == (4, 4)
+    assert two["summary"]["gradient_accumulation"] * two["summary"]["batch_size"] == 2  # a rank's half
+    assert per_rank["summary"]["rows_per_step"] == 8
+    original = load_model("tiny-math")[0].state_dict()
+
+    def largest_difference(a: dict, b: dict) -> float:
+        return max((a[name] - b[name]).abs().max().item() for name in a)
+
+    moved = largest_difference(weights["one"], original)
+    assert moved > 1e-3
+    # Measured: 2 ranks 3.4e-6 from 1 rank, a thousandth of the 3.0e-3 the weights moved (fp32's summation
+    # order, under Adam's division by each gradient's own size); counted a rank, 6.0e-3.
+    assert largest_difference(weights["two"], weights["one"]) < 1e-2 * moved
+    assert largest_difference(weights["per_rank"], weights["one"]) > 0.5 * moved
 
 
 VALIDATION_SFT = ["--recipe", "sft", "--gpus", "1", "--batch-size", "2", "--set", "max_examples=6",

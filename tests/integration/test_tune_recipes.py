@@ -26,8 +26,8 @@ TINY = {
                 "--set", "max_examples=16"],  # not the whole 200,000-problem split (~6 s a trial to generate)
     "rft": ["--set", "max_examples=4", "--set", "samples_per_question=2", "--set", "max_new_tokens=6",
             "--set", "eval_examples=2"],
-    # batch_size stays the default 8 (as under --batch-size auto): 8 x 2 = 16 sequences per step.
-    "sft": ["--set", "gradient_accumulation=2", "--set", "max_length=48", "--set", "max_examples=16",
+    # 16 sequences per step (over all ranks: one here).
+    "sft": ["--set", "rows_per_step=16", "--set", "max_length=48", "--set", "max_examples=16",
             "--set", "eval_examples=2", "--max-batch", "4"],
     # 4 prompts x 2 completions = 8 completions per step.
     "grpo-mtl": ["--set", "prompts_per_step=4", "--set", "num_generations=2", "--set", "max_completion_length=6",
@@ -87,8 +87,9 @@ def test_auto_takes_the_tuned_micro_batch_and_keeps_the_global_batch(name, home,
     assert notes["batch_size_source"].startswith("stored (tuned ")
     assert settings.batch_size == stored["batch_size"] <= 4
     if name == "sft":
-        assert settings.batch_size * settings.gradient_accumulation == asked.rank_batch == 16
-        assert settings.gradient_accumulation == 16 // stored["batch_size"] >= 4
+        # The step keeps its 16 rows; the rank makes them up with 16 / batch_size micro-batches.
+        assert settings.rank_rows(1) == asked.rank_rows(1) == 16 and settings.gradient_accumulation is None
+        assert 16 % settings.batch_size == 0
     else:
         accumulation = accumulation_steps(settings, 1)  # what the run's trainer is given
         assert settings.batch_size * accumulation == asked.completions_per_step == 8
@@ -101,7 +102,11 @@ def test_a_tuned_batch_that_does_not_divide_the_step_is_brought_down_to_one_that
                                 environ={})
     assert sft.tune_batch_sizes(settings) == [1, 2, 3, 4, 6, 12]
     tuned = sft.with_batch_size(settings, 8)  # tuned for another share: 8 does not divide 12
-    assert (tuned.batch_size, tuned.gradient_accumulation) == (6, 2)
+    assert (tuned.batch_size, tuned.gradient_accumulation) == (6, 2)  # TRL's count keeps the step's 12 rows
+    settings = resolve_settings(sft.settings_cls, overrides={"rows_per_step": 24, "gpus": 2}, environ={})
+    assert sft.tune_batch_sizes(settings, 2) == [1, 2, 3, 4, 6, 12]  # 12 rows a rank
+    tuned = sft.with_batch_size(settings, 8)
+    assert (tuned.batch_size, tuned.gradient_accumulation, tuned.rows_per_step) == (6, None, 24)
     settings = resolve_settings(grpo.settings_cls, overrides={"prompts_per_step": 3, "num_generations": 4,
                                                               "gpus": 1}, environ={})
     assert grpo.tune_batch_sizes(settings, 1) == [1, 2, 3, 4, 6, 12]

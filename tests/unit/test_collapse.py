@@ -112,7 +112,7 @@ def test_a_training_run_whose_mfu_stays_low_is_told_what_to_try(tmp_path):
     starved = grpo_run(store, [{"loss": 1.0, "mfu": 0.04 + 0.001 * step} for step in range(6)])
     (warning,) = run_collapse_warnings(store, starved)
     assert warning.startswith("MFU 4% (under 10%) over the last 5 steps")
-    assert "gradient_accumulation" in warning and "packing=true" in warning
+    assert "rows_per_step" in warning and "packing=true" in warning
     one_good_step = grpo_run(store, [{"mfu": 0.04}] * 4 + [{"mfu": 0.3}])
     assert run_collapse_warnings(store, one_good_step) == []  # "stays under": every one of the last 5
     too_early = grpo_run(store, [{"mfu": 0.04}] * 4)

@@ -53,4 +53,8 @@ def test_the_training_span_is_the_most_steps_the_kept_set_can_take():
     # 2 ranks: 250 rows each, 32 micro-batches of 8, 16 steps an epoch, 3 epochs.
     assert most_training_steps(settings, 500, 2) == 48
     assert most_training_steps(settings.model_copy(update={"max_steps": 5}), 500, 2) == 5
+    # The same step over all ranks: 32 rows, 16 a rank, two micro-batches of 8.
+    over_ranks = settings.model_copy(update={"gradient_accumulation": None, "rows_per_step": 32})
+    assert most_training_steps(over_ranks, 500, 2) == 48
+    assert most_training_steps(over_ranks, 500, 1) == 45  # 500 rows on 1 rank: 63 micro-batches, 15 steps
     assert most_kept_rows(settings.model_copy(update={"keep_per_question": 0, "include_gold": False}), 10) == 160

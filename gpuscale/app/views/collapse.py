@@ -46,8 +46,8 @@ WATCHED = (REWARD, CLIPPED, MEAN_LENGTH, ENTROPY)
 LOWER_LR = "lower learning_rate, check precision"
 # Model FLOPs utilisation, and what to do when it stays low (a training step too small for the card).
 MFU = "mfu"
-MORE_WORK_A_STEP = ("give each step more rows (gradient_accumulation, the micro-batch left auto), packing=true "
-                    "for short rows, or `gpuscale tune`")
+MORE_WORK_A_STEP = ("give each step more rows (rows_per_step; grpo-mtl: prompts_per_step), the micro-batch left "
+                    "auto, packing=true for short rows, or `gpuscale tune`")
 # The policy mismatch (engines/policy_mismatch.py): the mean over the sampled tokens of |log p_trainer -
 # log p_sampler|, in nats. The same weights at the same precision give ~0 (under 1e-5 in fp32 on CPU);
 # a bf16 forward against an fp32 one should stay near 0.01 (bf16 keeps 8 bits of mantissa: logits of

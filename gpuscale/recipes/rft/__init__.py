@@ -34,7 +34,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training import MOST_ACCUMULATION, SupervisedSettings
+from gpuscale.recipes.shared.training import SupervisedSettings
 from gpuscale.runs.settings import auto_means_sized_on_card
 
 
@@ -56,11 +56,14 @@ class Settings(SupervisedSettings):
                                      "(empty = the whole split)")
     samples_per_question: int = Field(16, ge=1, le=4096, description="answers sampled per training question "
                                       "(the users' earlier RFT script's oversample)")
-    # 32 rows a step at 4e-4: chosen on the validation split (bench/results/rft/selection-rows-per-step-
-    # 2026-11-28-h200.json): of 8 rows at 1e-4 (the default until then) and 32 at 2e-4 or 4e-4, the highest
-    # temperature-1 accuracy after training, 3 seeds, greedy higher in every domain; and a quarter of the
-    # optimizer steps.
-    gradient_accumulation: int = Field(4, ge=1, le=MOST_ACCUMULATION, description="micro-batches per optimizer step")
+    # 32 rows a step at 4e-4: chosen on the validation split on one GPU (bench/results/rft/selection-rows-per-
+    # step-2026-11-28-h200.json, as gradient_accumulation=4): of 8 rows at 1e-4 (the default until then) and 32
+    # at 2e-4 or 4e-4, the highest temperature-1 accuracy after training, 3 seeds, greedy higher in every
+    # domain; and a quarter of the optimizer steps.
+    rows_per_step: int = Field(32, ge=1, le=1 << 20, description="training sequences per optimizer step over all "
+                               "ranks (the effective batch: a run learns the same on any number of GPUs); each "
+                               "rank takes rows_per_step / ranks of them a step, in micro-batches of "
+                               "train_batch_size")
     learning_rate: float = Field(4e-4, gt=0.0, le=1.0, description="peak learning rate of the fine-tune "
                                  "(4e-4 at 32 rows a step suits the embedded model; real 0.5B+ models want "
                                  "about 1e-5)")
@@ -78,9 +81,9 @@ class Settings(SupervisedSettings):
         "num_return_sequences (the users' earlier RFT script's structure, the bench's baseline)")
     data_from: str | None = Field(None, description="a run id (or path to its generated.jsonl) whose kept set "
                                   "to train on instead of generating")
-    train_batch_size: int | None = Field(None, ge=1, description="training sequences per rank per micro-batch; "
-                                         "auto (empty): a step takes 8 x gradient_accumulation rows a rank, cut on "
-                                         "a GPU into the largest micro-batch that fits (8 on CPU)")
+    train_batch_size: int | None = Field(None, ge=1, description="training sequences per rank per micro-batch, a "
+                                         "divisor of the rank's rows_per_step / ranks; auto (empty): on a GPU the "
+                                         "largest that fits gpu_memory_share of the card (8 on CPU)")
     # 9: chosen on the validation split (bench/results/rft/selection-epochs-2026-11-27-cpu.json): of 3, 6
     # and 9, the highest temperature-1 accuracy after training, 3 seeds, greedy higher in every domain.
     epochs: float = Field(9.0, gt=0.0, le=1000.0, description="passes over the kept set")
@@ -127,6 +130,12 @@ def check_questions_per_rank(settings: Settings) -> None:
                               "questions")
 
 
+def training_settings(settings: Settings) -> Settings:
+    """The settings of the training phase: its micro-batch is train_batch_size (batch_size is the
+    generation's questions per call)."""
+    return settings.model_copy(update={"batch_size": settings.train_batch_size})
+
+
 class RFT(Recipe):
     name = "rft"
     summary = ("rejection-sampling fine-tuning: sample answers, keep the correct distinct ones, "
@@ -153,6 +162,10 @@ class RFT(Recipe):
         else:
             check_dataset(settings.dataset, "train", settings.max_examples)
             check_questions_per_rank(settings)
+        from gpuscale.recipes.shared.rank_batches import run_ranks
+
+        training_settings(settings).check_micro_batch(run_ranks(settings), settings.train_batch_size,
+                                                      "train_batch_size")
         if settings.eval_examples:
             check_dataset(settings.dataset, "test", settings.eval_examples)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 
-from gpuscale.recipes.rft import Settings
+from gpuscale.recipes.rft import Settings, training_settings
 from gpuscale.recipes.rft.data import (
     GENERATED_FILE,
     generated_set_path,
@@ -55,13 +55,16 @@ class PhasedReporter:
 
 def most_training_steps(settings: Settings, rows: int, world_size: int) -> int:
     """The optimizer steps a fine-tune on `rows` examples takes, as transformers' Trainer counts them
-    (each rank's share of the rows in micro-batches, `gradient_accumulation` of them a step, `epochs`
-    passes), or `max_steps`. A `train_batch_size` left auto takes 8 rows a micro-batch here: what a
-    step holds is 8 x gradient_accumulation rows a rank whatever micro-batch the card takes."""
+    (each rank's share of the rows in micro-batches, as many of them a step as make up the rank's
+    share of rows_per_step, `epochs` passes), or `max_steps`. A `train_batch_size` left auto counts as
+    one micro-batch a step here: the card's split is not known yet, and changes the count by at most
+    a rounding."""
     if settings.max_steps:
         return settings.max_steps
-    micro_batches = math.ceil(math.ceil(rows / world_size) / (settings.train_batch_size or 8))
-    return max(1, math.ceil(settings.epochs * max(micro_batches // settings.gradient_accumulation, 1)))
+    step_rows = training_settings(settings).check_micro_batch(world_size, settings.train_batch_size, "train_batch_size")
+    micro = settings.train_batch_size or step_rows
+    micro_batches = math.ceil(math.ceil(rows / world_size) / micro)
+    return max(1, math.ceil(settings.epochs * max(micro_batches // (step_rows // micro), 1)))
 
 
 def most_kept_rows(settings: Settings, questions: int) -> int:
@@ -103,8 +106,7 @@ def run_rft(settings: Settings, ctx, reporter) -> None:
         reporter.summary(summary, partial=True)
 
     phases.start(TRAIN)  # the trainer announces its steps when it starts: scaled into the phase's span
-    training_settings = settings.model_copy(update={"batch_size": settings.train_batch_size})
-    trained = train_sft(rows, training_settings, ctx, phases, model=loaded.model, tokenizer=loaded.tokenizer)
+    trained = train_sft(rows, training_settings(settings), ctx, phases, model=loaded.model, tokenizer=loaded.tokenizer)
     trained.figures = rft_training_figures(trained.figures)
 
     def final_evaluation() -> dict:

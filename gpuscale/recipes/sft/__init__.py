@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training import MOST_ACCUMULATION, SupervisedSettings
+from gpuscale.recipes.shared.training import MOST_ACCUMULATION, SupervisedSettings, with_micro_batch
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
@@ -33,10 +33,9 @@ class Settings(SupervisedSettings):
     KEY_ALIASES = {**SupervisedSettings.KEY_ALIASES, "micro_batch_size": "batch_size"}
 
     batch_size: int | None = Field(None, ge=1, description="training sequences (prompt + completion) per rank per "
-                                   "micro-batch (TRL's per_device_train_batch_size); an optimizer step takes "
-                                   "gradient_accumulation of them on every rank. auto (empty): a step takes 8 x "
-                                   "gradient_accumulation rows a rank, cut on a GPU into the largest micro-batch "
-                                   "that fits gpu_memory_share of the card (8 on CPU)")
+                                   "micro-batch (TRL's per_device_train_batch_size), a divisor of the rank's "
+                                   "rows_per_step / ranks; gradient accumulation makes up the step. auto (empty): "
+                                   "on a GPU the largest that fits gpu_memory_share of the card (8 on CPU)")
     _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
     # The defaults are a run that learns on the embedded default in minutes on one GPU (tiny-math:
     # greedy 56.8 -> 65.2, temperature 1 38.2 -> 54.2 on 2 CPU ranks); larger data is one --set away.
@@ -73,21 +72,23 @@ class SFT(Recipe):
         super().check(settings)
         from gpuscale.data.tasks import check_dataset
         from gpuscale.recipes.shared.data_checks import training_count
+        from gpuscale.recipes.shared.rank_batches import run_ranks
         from gpuscale.recipes.shared.training import training_and_eval_examples
 
         check_dataset(settings.dataset, "train", settings.max_examples)
+        settings.check_micro_batch(run_ranks(settings), settings.batch_size)
         count, _source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
         if count == 0:
             raise SettingsError(f"eval_examples: {settings.eval_examples}: holds out every example of "
                                 f"{settings.dataset}, none is left to train on; lower it")
 
-    # Tuning (`gpuscale tune`): the per-device micro-batch; gradient accumulation is rescaled so that the
-    # sequences per optimizer step (batch_size x gradient_accumulation per rank) stay as asked.
+    # Tuning (`gpuscale tune`): the per-device micro-batch of the rank's share of a step (rank_rows);
+    # gradient accumulation makes up the step, so the rows an optimizer step takes stay as asked.
     tuning = Tuning(figure="tokens_per_s",
                     knob="sequences per device per micro-batch (gradient accumulation keeps the step's batch)",
                     # What the trial's step is made of: its rows and the kernels and layout that train them.
                     shape_settings=("dataset", "max_length", "lora_rank", "lora_targets", "activation_checkpointing",
-                                    "rank_batch", "padding_free", "pad_to_multiple_of", "liger_kernels"),
+                                    "step_asked", "padding_free", "pad_to_multiple_of", "liger_kernels"),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def trial_session(self, settings: Settings, ctx):
@@ -98,16 +99,13 @@ class SFT(Recipe):
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
         from gpuscale.recipes.shared.rank_batches import micro_batches
 
-        return micro_batches(settings.rank_batch, MOST_ACCUMULATION)
+        return micro_batches(settings.rank_rows(ranks), MOST_ACCUMULATION)
 
     def tune_max_batch(self, settings: Settings, ranks: int = 1) -> int | None:
-        return settings.rank_batch
+        return settings.rank_rows(ranks)
 
     def with_batch_size(self, settings: Settings, batch_size: int) -> Settings:
-        from gpuscale.recipes.shared.rank_batches import micro_batch_within
-
-        micro = micro_batch_within(settings.rank_batch, batch_size, MOST_ACCUMULATION)
-        return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": settings.rank_batch // micro})
+        return with_micro_batch(settings, batch_size)
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.sft.trainer import run_sft

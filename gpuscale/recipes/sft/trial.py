@@ -8,14 +8,18 @@ from gpuscale.recipes.shared.training_trial import TrainingRows, training_trial_
 
 
 def trial_session(settings: Settings, ctx):
+    from gpuscale.recipes.shared.rank_batches import run_ranks
+
+    rank_rows = settings.rank_rows(run_ranks(settings))  # this rank's share of a step
+
     def rows_for(tokenizer) -> TrainingRows:
         from gpuscale.recipes.shared.training import sft_rows, tokenized_dataset, training_and_eval_examples
 
-        wanted = settings.rank_batch  # a step's rows: every trial trains on them
+        wanted = rank_rows  # a step's rows: every trial trains on them
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})
         train, _held_out = training_and_eval_examples(limited)
         encoded = tokenized_dataset(sft_rows(train), tokenizer)
         return TrainingRows([ids[: settings.max_length] for ids in encoded["input_ids"]],
                             [mask[: settings.max_length] for mask in encoded["completion_mask"]])
 
-    return training_trial_session(settings, ctx, settings.rank_batch, rows_for)
+    return training_trial_session(settings, ctx, rank_rows, rows_for)

@@ -30,11 +30,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from gpuscale.data.figures import accuracy_name
-from gpuscale.runs.settings import RunSettings
+from gpuscale.runs.settings import RunSettings, SettingsError
 
 MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
-# batch_size auto: an optimizer step takes this many rows per rank per unit of gradient_accumulation
-# (as batch_size 8 did), cut on a GPU into the largest micro-batch that fits (engines/training_memory.py).
+# batch_size auto with gradient_accumulation given (TRL's count): a unit of accumulation is this many
+# rows a rank (as batch_size 8 was), and on CPU a micro-batch takes at most this many rows.
 AUTO_STEP_ROWS = 8
 
 
@@ -98,7 +98,17 @@ class SupervisedSettings(TrainingSettings):
 
     epochs: float = Field(1.0, gt=0.0, le=1000.0, description="passes over the training examples")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
-    gradient_accumulation: int = Field(1, ge=1, le=MOST_ACCUMULATION, description="micro-batches per optimizer step")
+    # Over all ranks, as grpo-mtl's prompts_per_step and eggroll's population: the number of GPUs
+    # changes how fast a run trains, not what it learns (a per-rank count gave a 4-GPU run 4x the rows
+    # a step, a quarter of the steps, and less learned at the same learning rate: bench/RESULTS.md).
+    rows_per_step: int = Field(8, ge=1, le=1 << 20, description="training sequences per optimizer step over "
+                               "all ranks (the effective batch, a learning setting: a run learns the same on "
+                               "any number of GPUs, only faster); each rank takes rows_per_step / ranks of them "
+                               "a step, in micro-batches of batch_size")
+    gradient_accumulation: int | None = Field(
+        None, ge=1, le=MOST_ACCUMULATION, description="TRL's count instead of rows_per_step: micro-batches of "
+        "batch_size per optimizer step on each rank, so a step takes batch_size x gradient_accumulation x ranks "
+        "rows (batch_size auto counting as 8); empty = it follows from rows_per_step")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
     max_length: int = Field(512, ge=8, le=131_072,
                             description="longest prompt + completion, in tokens (longer are cut)")
@@ -120,12 +130,46 @@ class SupervisedSettings(TrainingSettings):
     def _no_limit_words(cls, value: Any) -> Any:
         return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
 
+    def rank_rows(self, ranks: int) -> int:
+        """Sequences per optimizer step on each of `ranks` ranks: rows_per_step / ranks, or with
+        gradient_accumulation given, batch_size (auto: AUTO_STEP_ROWS) x gradient_accumulation. What
+        tuning and the card-sized split keep. SettingsError (naming the field) where the ranks do not
+        share the step evenly: DDP pairs every rank's micro-batches."""
+        if self.gradient_accumulation is not None:
+            return (self.batch_size or AUTO_STEP_ROWS) * self.gradient_accumulation
+        if self.rows_per_step % ranks:
+            raise SettingsError(f"rows_per_step: {self.rows_per_step}: does not split evenly over the run's {ranks} "
+                                f"ranks (each takes an equal share of a step); give a multiple of {ranks}")
+        return self.rows_per_step // ranks
+
     @property
-    def rank_batch(self) -> int:
-        """Sequences per optimizer step on a rank (batch_size x gradient_accumulation, batch_size auto
-        counting as AUTO_STEP_ROWS): what tuning and the card-sized split keep, and part of a tuning
-        result's key."""
-        return (self.batch_size or AUTO_STEP_ROWS) * self.gradient_accumulation
+    def step_asked(self) -> dict[str, int]:
+        """How the step's rows were asked for, part of a tuning result's key: rows_per_step over all
+        ranks, or TRL's per-rank count."""
+        if self.gradient_accumulation is not None:
+            return {"rows_a_rank": self.rank_rows(1)}
+        return {"rows_per_step": self.rows_per_step}
+
+    def check_micro_batch(self, ranks: int, micro_batch: int | None, field: str = "batch_size") -> int:
+        """The rank's rows of a step (`rank_rows`), checked to split into micro-batches of
+        `micro_batch` rows (None: sized later, any split); SettingsError naming `field` otherwise."""
+        rows = self.rank_rows(ranks)
+        if micro_batch is not None and rows % micro_batch:
+            raise SettingsError(f"{field}: {micro_batch}: does not divide the {rows} rows each of the {ranks} ranks "
+                                f"takes a step (rows_per_step {rows * ranks}); give a divisor of {rows}")
+        return rows
+
+
+def with_micro_batch(settings: SupervisedSettings, wanted: int) -> SupervisedSettings:
+    """The settings with a tuned micro-batch: the largest allowed up to `wanted` for the rank's rows of
+    a step on the ranks this run starts (a batch tuned for another share need not divide this one);
+    gradient_accumulation, where given (TRL's count), rescaled so that the step keeps its rows."""
+    from gpuscale.recipes.shared.rank_batches import micro_batch_within, run_ranks
+
+    rows = settings.rank_rows(run_ranks(settings))
+    micro = micro_batch_within(rows, wanted, MOST_ACCUMULATION)
+    accumulation = None if settings.gradient_accumulation is None else rows // micro
+    return settings.model_copy(update={"batch_size": micro, "gradient_accumulation": accumulation})
 
 
 # ---- data ----------------------------------------------------------------------------------------
@@ -312,6 +356,7 @@ def train_sft_dataset(dataset, settings: SupervisedSettings, ctx, reporter, mode
 
     trained = train_model(build, settings, ctx, model, packed_attention=settings.padding_free or settings.packing)
     trained.figures.update(batch_size=settings.batch_size, gradient_accumulation=settings.gradient_accumulation,
+                           rows_per_step=settings.rank_rows(ctx.world_size) * ctx.world_size,
                            batch_size_reason=split, liger_kernels=kernels)
     return trained
 
@@ -337,16 +382,16 @@ def sft_speed_config(settings: SupervisedSettings) -> dict[str, Any]:
 
 
 def card_sized_split(settings: SupervisedSettings, ctx, model, lengths: list[int]) -> tuple[SupervisedSettings, str]:
-    """With batch_size auto: the rank's rows of a step (`rank_batch`) cut into the largest micro-batch
-    that fits its share of the card, gradient accumulation making up the step (on CPU: AUTO_STEP_ROWS
-    a micro-batch), the same on every rank (`agreed_micro_batch`). Returns the settings with
-    batch_size and gradient_accumulation set, and the reason in one line, also printed to the rank's
-    log."""
+    """The rank's rows of a step (`rank_rows`) in micro-batches: batch_size's if given, else the
+    largest that fits its share of the card (on CPU: at most AUTO_STEP_ROWS), the same on every rank
+    (`agreed_micro_batch`); gradient accumulation makes up the step. Returns the settings with
+    batch_size and gradient_accumulation set (TRL's two counts), and the reason in one line, also
+    printed to the rank's log."""
+    rows = settings.check_micro_batch(ctx.world_size, settings.batch_size)
     if settings.batch_size is not None:
-        return settings, "given"
+        return settings.model_copy(update={"gradient_accumulation": rows // settings.batch_size}), "given"
     from gpuscale.engines.training_memory import tokens_per_row
 
-    rows = settings.rank_batch
     tokens = tokens_per_row(lengths, padded=not (settings.padding_free or settings.packing),
                             packed_length=settings.max_length if settings.packing else None)
     if ctx.device.type != "cuda":
