@@ -290,6 +290,10 @@ def row_of(result: dict) -> dict:
     return {
         "label": result["label"], "seed": result["seed"], "run_id": run.get("id"), "status": run.get("status"),
         "error": run.get("error"), "wall_s": round(result["wall_s"], 1),
+        # What a training run's steps were made of, to compare GPU counts: its optimizer steps and the
+        # rows (sft, rft) each took over all ranks.
+        "world_size": summary.get("world_size"), "steps": summary.get("steps"),
+        "rows_per_step": summary.get("rows_per_step"),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
         # NVML's energy counter over the run (runs/telemetry.py's EnergyMeter); None, and why, without one.
         "energy_j": summary.get("energy_j"), "energy_j_per_correct_answer": summary.get("energy_j_per_correct_answer"),
@@ -310,7 +314,7 @@ def row_of(result: dict) -> dict:
 def skipped_row(label: str, seed: int, reason: str) -> dict:
     """The row of a job that did not run (the sharpening control without a chosen temperature)."""
     return {"label": label, "seed": seed, "run_id": None, "status": "skipped", "error": reason, "wall_s": 0.0,
-            "peak_mem_mb": None, **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
+            "world_size": None, "steps": None, "rows_per_step": None, "peak_mem_mb": None, **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
             "temperature": None, "pass_at_k": None, "nan_free": False, "saved_model": None}
 
 
