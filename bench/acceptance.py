@@ -314,7 +314,8 @@ def row_of(result: dict) -> dict:
 def skipped_row(label: str, seed: int, reason: str) -> dict:
     """The row of a job that did not run (the sharpening control without a chosen temperature)."""
     return {"label": label, "seed": seed, "run_id": None, "status": "skipped", "error": reason, "wall_s": 0.0,
-            "world_size": None, "steps": None, "rows_per_step": None, "peak_mem_mb": None, **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
+            "world_size": None, "steps": None, "rows_per_step": None, "peak_mem_mb": None,
+            **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
             "temperature": None, "pass_at_k": None, "nan_free": False, "saved_model": None}
 
 
