@@ -151,9 +151,11 @@ class RFT(Recipe):
 
     def check(self, settings: Settings) -> None:
         """The model loads, the training split (unless the set comes from data_from) and the test
-        split parse, and data_from names a run or file that holds a generated set."""
+        split parse, data_from names a run or file that holds a generated set, and the ranks share a
+        training step evenly."""
         super().check(settings)
         from gpuscale.data.tasks import check_dataset
+        from gpuscale.recipes.shared.rank_batches import run_ranks
 
         if settings.data_from:
             from gpuscale.recipes.rft.data import generated_set_path
@@ -162,8 +164,6 @@ class RFT(Recipe):
         else:
             check_dataset(settings.dataset, "train", settings.max_examples)
             check_questions_per_rank(settings)
-        from gpuscale.recipes.shared.rank_batches import run_ranks
-
         training_settings(settings).check_micro_batch(run_ranks(settings), settings.train_batch_size,
                                                       "train_batch_size")
         if settings.eval_examples:
