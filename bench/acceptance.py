@@ -119,7 +119,7 @@ MODEL_CHECK_LOCK = threading.Lock()
 def shared_threads(ranks_at_once: int) -> None:
     """Give every rank started from here its share of the host's cores as OpenMP threads (unless the
     caller set OMP_NUM_THREADS): the cores over the ranks of all the runs at once. The supervisor
-    divides by the live runs' ranks too (runs/supervisor.py's omp_threads), but runs that start
+    divides by the live runs' ranks too (control/supervisor.py's omp_threads), but runs that start
     together may not yet see one another there; with 20 runs on 16 cores each rank's OpenMP barriers
     would wait on descheduled threads. Like gpu_memory_share, it says how runs share the machine,
     not how a recipe learns."""
@@ -151,7 +151,7 @@ def run_label(prefix: str, label: str, seed: int) -> str:
 def stored_runs(home: Path) -> dict[str, dict]:
     """The runs of a check's GPUSCALE_HOME by their label, the newest of each (a job run again after a
     cut call), for a check or selection reported from its history."""
-    from gpuscale.runs.store import Store
+    from gpuscale.control.store import Store
 
     store = Store.for_reading(home)
     try:
@@ -295,10 +295,10 @@ def row_of(result: dict) -> dict:
         "world_size": summary.get("world_size"), "steps": summary.get("steps"),
         "rows_per_step": summary.get("rows_per_step"),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
-        # NVML's energy counter over the run (runs/telemetry.py's EnergyMeter); None, and why, without one.
+        # NVML's energy counter over the run (control/telemetry.py's EnergyMeter); None, and why, without one.
         "energy_j": summary.get("energy_j"), "energy_j_per_correct_answer": summary.get("energy_j_per_correct_answer"),
         "energy_unavailable": summary.get("energy_unavailable"),
-        # Other runs on its GPU meanwhile (runs/telemetry.py's shared_gpu_figures): their work counts too.
+        # Other runs on its GPU meanwhile (control/telemetry.py's shared_gpu_figures): their work counts too.
         "energy_shared": summary.get("energy_shared"),
         **{name: summary.get(name) for name in ACCURACIES},
         "domains": domain_figures(summary),

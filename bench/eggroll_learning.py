@@ -36,7 +36,7 @@ def launch(settings: list[str]) -> subprocess.Popen:
 
 def curve(run_id: int) -> list[dict]:
     """(step, greedy, sampled) every eval_every steps, from the run's metric records."""
-    from gpuscale.runs.store import Store
+    from gpuscale.control.store import Store
 
     rows = Store.for_reading().metrics(run_id)
     by_step: dict[int, dict] = {}

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
 from record import write_result  # noqa: E402

@@ -5,7 +5,7 @@
 
 What it does, through the real CLI and nothing else:
 1. `gpuscale run --recipe grpo-mtl --detach --json --set checkpoint_every=N ...`: the run's supervisor
-   (`python -m gpuscale.runs.supervisor`, in a session of its own) starts the launcher and the ranks;
+   (`python -m gpuscale.control.supervisor`, in a session of its own) starts the launcher and the ranks;
    nothing follows the run, so no front end cleans up behind it.
 2. Waits until the first complete checkpoint (RUN_DIR/checkpoints/checkpoint-<step>/ with TRL's
    trainer_state.json) is there, then sends SIGKILL to the supervisor, whose pid the store holds
@@ -50,9 +50,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also w
 from record import ROOT, write_result  # noqa: E402
 
 sys.path.insert(0, str(ROOT))  # gpuscale from this checkout when run as a script
+from gpuscale.control.store import Store  # noqa: E402
 from gpuscale.runs.checkpoints import checkpoint_step, list_checkpoints  # noqa: E402
 from gpuscale.runs.process import process_alive, run_processes  # noqa: E402
-from gpuscale.runs.store import Store  # noqa: E402
 
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 
@@ -99,14 +99,14 @@ def wait_for_checkpoint(run_id: int, run_dir: str, timeout: float) -> Path:
 
 
 def is_supervisor_of(pid: int, run_id: int) -> bool:
-    """Whether `pid` is `python -m gpuscale.runs.supervisor RUN_ID ...`."""
+    """Whether `pid` is `python -m gpuscale.control.supervisor RUN_ID ...`."""
     import psutil
 
     try:
         command = psutil.Process(pid).cmdline()
     except psutil.Error:
         return False
-    return "gpuscale.runs.supervisor" in command and str(run_id) in command
+    return "gpuscale.control.supervisor" in command and str(run_id) in command
 
 
 def logged_steps(run_dir: str) -> list[int]:

@@ -24,7 +24,7 @@ BASELINE = """No baseline: a capture of what the monitor shows, not a comparison
 
 def live_run_with_samples(home: Path, recipe: str) -> dict | None:
     """A live run of `recipe` whose samples file holds at least one record, or None."""
-    from gpuscale.runs.store import Store
+    from gpuscale.control.store import Store
 
     store = Store.for_reading(home)
     try:
@@ -66,7 +66,7 @@ async def capture(home: Path, run_id: int, out: Path, size: tuple[int, int]) -> 
 
 
 def wait_until_ended(home: Path, run_id: int, timeout: float) -> str:
-    from gpuscale.runs.store import Store
+    from gpuscale.control.store import Store
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

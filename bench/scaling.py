@@ -83,9 +83,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuscale.control import telemetry
+from gpuscale.control.store import Store
 from gpuscale.data.node_check import per_rank_name
-from gpuscale.runs import telemetry
-from gpuscale.runs.store import Store
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
 from benchruns import RunFailed, gpuscale_run  # noqa: E402

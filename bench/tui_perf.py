@@ -132,7 +132,7 @@ def child_monitor(size: tuple[int, int], seconds: float) -> None:
 
 def child_feed(home: Path, gpus: int = 8, steps_per_s: int = 20) -> None:
     """Write what an 8-GPU run's supervisor writes each second, for a run owned by this process."""
-    from gpuscale.runs.store import Store
+    from gpuscale.control.store import Store
 
     store = Store(home)
     run_id = store.create_run("probe", {"gpus": gpus, "batch_size": 64, "steps": 10**6}, [], "bench")
@@ -241,10 +241,10 @@ def measure_first_frame(size: str, repeats: int, env: dict) -> dict:
 def with_cpu_run(home: Path, env: dict, size: str, seconds: float) -> dict:
     """A real probe run on 1 CPU rank, monitored by the app, then stopped."""
     os.environ["GPUSCALE_HOME"] = str(home)
+    from gpuscale.control import launch
+    from gpuscale.control.store import Store
     from gpuscale.recipes.shared.registry import get_recipe
-    from gpuscale.runs import launch
     from gpuscale.runs.settings import resolve_settings
-    from gpuscale.runs.store import Store
 
     store = Store(home)
     recipe = get_recipe("probe")

@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gpuscale.app.batch_choice import pick_device
+    from gpuscale.control import telemetry
     from gpuscale.recipes.shared.device_trials import default_max_batch, tune_recipe
     from gpuscale.recipes.shared.registry import get_recipe
-    from gpuscale.runs import telemetry
     from gpuscale.runs.settings import parse_assignments, resolve_settings
 
     recipe = get_recipe(args.recipe)

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gpuscale.control.store import Store
 from gpuscale.runs.process import run_processes
-from gpuscale.runs.store import Store
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 NO_FILE_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
 

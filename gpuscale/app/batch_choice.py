@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.app.views.text import format_number
+from gpuscale.control import telemetry
+from gpuscale.control.launch import plan_devices
+from gpuscale.control.store import Store
 from gpuscale.recipes.shared.contract import Recipe
 from gpuscale.recipes.shared.tuning_key import CPU_DEVICE_NAME, Device, tuning_key
-from gpuscale.runs import telemetry
-from gpuscale.runs.launch import plan_devices
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
-from gpuscale.runs.store import Store
 
 
 def pick_device(gpu_indices: tuple[int, ...] | list[int], listing: list[dict] | None = None) -> Device:

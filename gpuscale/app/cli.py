@@ -14,7 +14,7 @@ import warnings
 
 from gpuscale.app.commands import demo, history, launching, listings, tuning
 from gpuscale.app.commands.common import EXIT_BAD_INPUT, USER_ERRORS, Parser, VersionAction
-from gpuscale.runs.store import gpuscale_home, store_error
+from gpuscale.control.store import gpuscale_home, store_error
 
 # The commands in the order `gpuscale --help` lists them; each group's module adds its own parsers.
 COMMANDS = ("run", "tune", "runs", "show", "stop", "delete", "resume", "logs", "samples", "compare", "export",

@@ -21,9 +21,9 @@ from textual.binding import Binding
 from gpuscale.app.screens.launch import LaunchScreen
 from gpuscale.app.views.export import export_text
 from gpuscale.app.widgets.plain import literal
+from gpuscale.control import launch, telemetry
+from gpuscale.control.store import Store, StoreError, gpuscale_home
 from gpuscale.recipes.shared.registry import all_recipes
-from gpuscale.runs import launch, telemetry
-from gpuscale.runs.store import Store, StoreError, gpuscale_home
 
 # The first frame is the launch screen; the other screens (and textual-plotext, which draws the
 # monitor's charts) are imported when first shown: about 50 ms less before the first frame.

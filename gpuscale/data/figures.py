@@ -121,14 +121,14 @@ FIGURES: dict[str, Figure] = _figures(
     # Memory.
     Figure("peak_mem_mb", "peak memory", unit="MiB", direction=LOWER, family=True),
     Figure("mem_mb", "memory", unit="MiB", direction=LOWER),
-    # Energy: NVML's energy counter of the run's GPUs, read at its start and end (runs/telemetry.py's
+    # Energy: NVML's energy counter of the run's GPUs, read at its start and end (control/telemetry.py's
     # EnergyMeter); absent on CPU and on a GPU without the counter, `energy_unavailable` saying why.
     Figure("energy_j", "energy", unit="J", direction=LOWER),
     Figure("energy_j_by_gpu", "energy per GPU", unit="J", direction=LOWER),
     Figure("energy_j_per_1k_tokens", "energy per 1,000 tokens", unit="J", direction=LOWER),
     Figure("energy_j_per_correct_answer", "energy per correct held-out answer", unit="J", direction=LOWER),
     _text("energy_unavailable", "energy not measured"),
-    # Other runs that used the run's GPUs while it lived (runs/telemetry.py's shared_gpu_figures):
+    # Other runs that used the run's GPUs while it lived (control/telemetry.py's shared_gpu_figures):
     # energy_j counts their work too, and the figures per token and per answer are left out.
     _text("energy_shared_with", "runs sharing the GPU"),
     _text("energy_shared", "energy counts other runs' work"),

@@ -97,10 +97,10 @@ def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
 
 
 def memory_for_auto_sizes(ctx: RankContext, share: float) -> tuple[int, str]:
-    """The bytes this GPU rank sizes an `auto` batch or micro-batch from (runs.settings.memory_to_size_from:
+    """The bytes this GPU rank sizes an `auto` batch or micro-batch from (engines.training_memory.memory_to_size_from:
     the card's memory less what this process holds, unless other processes leave less than `share` of
     it free), and where they come from, in words for the rank's log."""
-    from gpuscale.runs.settings import memory_to_size_from
+    from gpuscale.engines.training_memory import memory_to_size_from
 
     free, total = torch.cuda.mem_get_info(ctx.device)
     memory, set_by_others = memory_to_size_from(free, total, torch.cuda.memory_reserved(ctx.device), share)
@@ -113,9 +113,9 @@ def memory_for_auto_sizes(ctx: RankContext, share: float) -> tuple[int, str]:
 def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: str, share: float) -> int:
     """A recipe's `auto` batch on this rank: 8 items on a CPU rank; on a GPU as many as fill `share`
     (the run's gpu_memory_share) of the card's memory left once the model is loaded
-    (`memory_for_auto_sizes`; runs.settings.auto_batch_size: at most 512, at most the rank's `items`).
+    (`memory_for_auto_sizes`; engines.training_memory.auto_batch_size: at most 512, at most the rank's `items`).
     The rank's log says what was chosen and why."""
-    from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size
+    from gpuscale.engines.training_memory import CPU_BATCH_SIZE, auto_batch_size
 
     if ctx.device.type != "cuda":
         size, why = CPU_BATCH_SIZE, "the CPU default"

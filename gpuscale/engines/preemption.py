@@ -2,7 +2,7 @@
 
 `gpuscale sbatch --requeue` has SLURM send SIGUSR1 to the batch script ahead of the time limit; the
 script passes it to every node's `gpuscale run`, which passes it to its supervisor, which passes it
-to the ranks (runs/supervisor.py; the launcher between them ignores it). Here, in each rank:
+to the ranks (control/supervisor.py; the launcher between them ignores it). Here, in each rank:
 
 - While a loop that can checkpoint runs (`cooperating()`: TRL's trainer through `PreemptionCallback`,
   eggroll's steps), the signal only sets a flag. At the end of the next optimizer step the ranks agree

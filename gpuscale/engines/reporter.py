@@ -4,7 +4,7 @@ last call), loss, reward, accuracy, and any other scalar. `Reporter.summary({...
 final figures (rank 0's is the run's summary); a summary may be written in parts as the figures come
 (`partial=True`), each later part merged over the earlier ones, so that a rank that dies keeps the
 figures it had measured. A plain file keeps ranks free of database locks and
-works the same on every node. The supervisor reads the files back with `gpuscale.runs.metrics_tail`.
+works the same on every node. The supervisor reads the files back with `gpuscale.control.metrics_tail`.
 """
 
 from __future__ import annotations

@@ -110,3 +110,33 @@ def split_rows(rows_per_step: int, tokens_per_row: int, shape: TrainingShape, me
     if fits < 1:
         reason += "; not even one row fits: lower max_length, use LoRA or activation_checkpointing"
     return RowSplit(micro, rows_per_step // micro, reason)
+
+
+# ---- a batch left `auto`, sized for the card (a fixed default of 8 used 1% of an H200's memory) ------
+
+CPU_BATCH_SIZE = 8  # the default on CPU ranks, where memory is not what limits a batch
+AUTO_BATCH_CAP = 512  # more rows per batch bring little on one GPU (bench/RESULTS.md) and coarser progress
+
+
+def memory_to_size_from(free_bytes: int, total_bytes: int, own_bytes: int, share: float) -> tuple[int, bool]:
+    """The memory a batch sized `auto` is sized from, and whether other processes set it: the card's
+    memory less what this process holds (its model: the memory free after loading had the card been
+    its own), so that a seed gives the same batch on an idle card and on one other runs share, as long
+    as `share` of it is free now; else, where others leave less free, the memory free now (the run
+    then depends on what they hold, and its log says so)."""
+    alone = max(0, total_bytes - own_bytes)
+    if share * alone <= free_bytes:
+        return alone, False
+    return free_bytes, True
+
+
+def auto_batch_size(free_bytes: int, bytes_per_item: int, share: float, items: int | None = None,
+                    cap: int = AUTO_BATCH_CAP) -> int:
+    """Items per batch on a GPU when the user gave no batch_size: as many as fill `share` (the run's
+    `gpu_memory_share`) of the memory free after loading the model (the rest is headroom for the
+    allocator, activations and CUDA graphs), at most `cap`, at most the `items` this rank has (a
+    larger batch would be padding), at least 1. A pure function of the numbers, so that the rule is
+    tested without a GPU."""
+    fits = int(free_bytes * share // max(1, bytes_per_item))
+    size = min(fits, cap, items) if items else min(fits, cap)
+    return max(1, size)

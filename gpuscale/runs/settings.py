@@ -42,7 +42,7 @@ class RunSettings(BaseModel):
     ENV_ALIASES: ClassVar[dict[str, str]] = {}
     KEY_ALIASES: ClassVar[dict[str, str]] = {}
     # Fields whose value may be a run id of the history (rft's data_from): the front end turns the id
-    # into that run's folder before launch (runs/launch.py:run_ids_as_folders), so that a rank reads
+    # into that run's folder before launch (control/launch.py:run_ids_as_folders), so that a rank reads
     # a path only and never opens the history (on a multi-node job the home need not exist there).
     RUN_ID_FIELDS: ClassVar[tuple[str, ...]] = ()
 
@@ -249,36 +249,7 @@ def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str 
     return None
 
 
-# ---- batch size sized for the card (a fixed default of 8 used 1% of an H200's memory) --------------
-
-CPU_BATCH_SIZE = 8  # the default on CPU ranks, where memory is not what limits a batch
-AUTO_BATCH_CAP = 512  # more rows per batch bring little on one GPU (bench/RESULTS.md) and coarser progress
-
-
 def auto_means_sized_on_card(value: Any) -> Any:
     """A `batch_size` field's before-validator: the words "auto", "none" and "" mean None, the batch
     the rank sizes for its card (card_sized_batch in engines/distributed.py)."""
     return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
-
-
-def memory_to_size_from(free_bytes: int, total_bytes: int, own_bytes: int, share: float) -> tuple[int, bool]:
-    """The memory a batch sized `auto` is sized from, and whether other processes set it: the card's
-    memory less what this process holds (its model: the memory free after loading had the card been
-    its own), so that a seed gives the same batch on an idle card and on one other runs share, as long
-    as `share` of it is free now; else, where others leave less free, the memory free now (the run
-    then depends on what they hold, and its log says so)."""
-    alone = max(0, total_bytes - own_bytes)
-    if share * alone <= free_bytes:
-        return alone, False
-    return free_bytes, True
-
-
-def auto_batch_size(free_bytes: int, bytes_per_item: int, items: int | None = None,
-                    share: float = AUTO_MEMORY_SHARE, cap: int = AUTO_BATCH_CAP) -> int:
-    """Items per batch on a GPU when the user gave no batch_size: as many as fill `share` of the
-    memory free after loading the model (the rest is headroom for the allocator, activations and
-    CUDA graphs), at most `cap`, at most the `items` this rank has (a larger batch would be padding),
-    at least 1. A pure function of the numbers, so that the rule is tested without a GPU."""
-    fits = int(free_bytes * share // max(1, bytes_per_item))
-    size = min(fits, cap, items) if items else min(fits, cap)
-    return max(1, size)

@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import gpuscale, run_json
-from gpuscale.runs import telemetry
-from gpuscale.runs.store import Store
+from gpuscale.control import telemetry
+from gpuscale.control.store import Store
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

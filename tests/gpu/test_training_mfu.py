@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuscale, wait_until
-from gpuscale.runs import launch
-from gpuscale.runs.store import Store
+from gpuscale.control import launch
+from gpuscale.control.store import Store
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e,

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import gpuscale, wait_for_metrics
 from gpuscale.app.views.text import short_gpu_name
-from gpuscale.runs import launch, telemetry
-from gpuscale.runs.store import Store
+from gpuscale.control import launch, telemetry
+from gpuscale.control.store import Store
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]  # real runs on the GPU
 

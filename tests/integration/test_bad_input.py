@@ -12,7 +12,7 @@ import pytest
 
 from conftest import gpuscale, run_json
 from file_modes import as_file_modes_apply, set_modes, write_history
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 
 @pytest.mark.parametrize("args, message", [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "settings",
@@ -521,7 +521,7 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
                            energy_j_per_correct_answer=987.6, saved_model=plain) for seed in range(2)]
     rest.append(acceptance_row("rft", 2, (0.50, 0.58), (0.30, 0.39), energy_unavailable="no NVML GPU (CPU run)"))
     rest += [acceptance_row("eggroll", seed, (0.50, 0.60), (0.30, 0.50), nan_free=seed != 1) for seed in range(2)]
-    # A run that shared its GPU with others (runs/telemetry.py's shared_gpu_figures): no J per correct answer.
+    # A run that shared its GPU with others (control/telemetry.py's shared_gpu_figures): no J per correct answer.
     rest.append(acceptance_row("eggroll", 2, (0.50, 0.60), (0.30, 0.50), energy_j=20_300.0,
                                energy_shared="GPU 0 shared with runs 12, 13: NVML counts the whole GPU"))
     rest += [acceptance_row(label, seed, (None, None), (None, None), accuracy=accuracy) for seed in range(3)

@@ -9,7 +9,7 @@ from importlib.metadata import version
 import pytest
 
 from conftest import gpuscale, run_json
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 FAST = ["--recipe", "probe", "--set", "steps=100000", "--set", "prompt_tokens=8", "--batch-size", "2", "--gpus", "1"]
 

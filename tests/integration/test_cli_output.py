@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from conftest import gpuscale
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 
 def test_a_reader_that_closes_early_ends_the_output_quietly(home):

@@ -5,8 +5,8 @@ from collections import Counter
 import pytest
 
 from conftest import run_json, runs_at_once
+from gpuscale.control.store import Store
 from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
-from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import gpuscale, leftover_processes, run_json
+from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
 from gpuscale.data.tiny_math import TINY_MATH_DOMAINS
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
-from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 

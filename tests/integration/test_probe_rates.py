@@ -10,7 +10,7 @@ import pytest
 
 from conftest import gpuscale
 from gpuscale.app.views.text import format_rate
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from conftest import gpuscale, run_json
+from gpuscale.control.launch import questions_left_out
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs.launch import questions_left_out
 from gpuscale.runs.settings import resolve_settings
 
 LONG_LINE = 3  # early, so that a run of the first few rows would take it

@@ -13,8 +13,8 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import gpuscale, run_json, run_together
+from gpuscale.control.store import Store
 from gpuscale.runs.checkpoints import list_checkpoints
-from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 

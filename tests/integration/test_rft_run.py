@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from conftest import gpuscale, leftover_processes, run_json, wait_until
+from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
 from gpuscale.data.rewards import correctness
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
-from gpuscale.runs.store import Store
 
 TINY_RFT = ["--recipe", "rft", "--set", "max_examples=16", "--set", "samples_per_question=4",
             "--set", "batch_size=4", "--set", "keep_per_question=2", "--set", "max_new_tokens=48",

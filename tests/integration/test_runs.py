@@ -14,7 +14,7 @@ import pytest
 
 from conftest import gpuscale, leftover_processes, run_json, run_together, spawn_gpuscale, wait_for_metrics, wait_until
 from gpuscale.app.views.text import format_number
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
@@ -32,7 +32,7 @@ def test_two_ranks_succeed_with_metrics_and_samples(home):
     assert {m["rank"] for m in store.metrics(run["id"], "tokens")} == {0, 1}
     kinds = {s["kind"] for s in store.samples(run["id"])}
     assert "host" in kinds or "gpu" in kinds
-    if "gpu" in kinds:  # NVML's energy counter over the run (runs/telemetry.py's EnergyMeter)
+    if "gpu" in kinds:  # NVML's energy counter over the run (control/telemetry.py's EnergyMeter)
         assert run["summary"]["energy_j"] > 0 and len(run["summary"]["energy_j_by_gpu"]) == 2
     else:
         assert run["summary"]["energy_unavailable"] == "no NVML GPU (CPU run)" and "energy_j" not in run["summary"]

@@ -12,11 +12,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import run_json, run_together, runs_at_once
+from gpuscale.control.metrics_tail import Throughput
+from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs.metrics_tail import Throughput
-from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 

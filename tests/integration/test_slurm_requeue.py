@@ -15,9 +15,9 @@ import pytest
 from test_resume import saved_model_checksum
 
 from conftest import gpuscale, leftover_processes, spawn_gpuscale, wait_until
+from gpuscale.control.store import Store
 from gpuscale.runs.checkpoints import list_checkpoints
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import Store
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 

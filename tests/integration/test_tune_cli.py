@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuscale, run_together
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_POWER = ["--set", "max_new_tokens=8", "--set", "blocks=2", "--set", "mcmc_steps=1"]

@@ -14,11 +14,11 @@ import pytest
 
 from gpuscale.app import cli
 from gpuscale.app.batch_choice import settings_with_batch
+from gpuscale.control.store import Store
 from gpuscale.recipes.grpo_mtl import accumulation_steps
 from gpuscale.recipes.shared.device_trials import default_max_batch
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
-from gpuscale.runs.store import Store
 
 # Tiny settings per recipe; eggroll and rft leave --max-batch to its default (the run's work per rank).
 TINY = {

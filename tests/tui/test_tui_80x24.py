@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpuscale.app.screens.dialogs import ExportDialog
 from gpuscale.app.views.commands import shell_equivalent
 from gpuscale.app.views.runs import figures_text, throughput_text
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import (  # noqa: F401 (fixtures)
     FROZEN_NOW,
     frozen_app,

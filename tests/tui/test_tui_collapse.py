@@ -7,7 +7,7 @@ import os
 import psutil
 
 from gpuscale.app.widgets.run_monitor import RunMonitor
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import FROZEN_NOW, frozen_app, run_async, settle, shown_whole, wait_for
 
 

@@ -51,7 +51,7 @@ def test_history_keeps_started_at_80_columns(home):
     """Runs whose figures are long (a power-sampling summary), two with a label: the Label column, the
     start times (short at 80 columns) and a readable Figures column all stay on screen; the
     duration gives way (the details give it)."""
-    from gpuscale.runs.store import Store
+    from gpuscale.control.store import Store
 
     store = Store(home)
     for i, label in enumerate(("baseline", None, "a label longer than its column")):

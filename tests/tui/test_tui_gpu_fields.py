@@ -1,4 +1,4 @@
-"""The GPU fields the monitor's device rows draw, as gpuscale/runs/sample_fields.py declares them: the
+"""The GPU fields the monitor's device rows draw, as gpuscale/control/sample_fields.py declares them: the
 SM clock where the terminal is wide enough, and in every row's tooltip."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.screens.run_detail import RunDetailScreen
 from gpuscale.app.views.feed import DeviceView
 from gpuscale.app.widgets.run_monitor import BAR_STEPS, DeviceRow, RunMonitor
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import frozen_app, frozen_home, frozen_template, history_screen, run_async, settle, wait_for  # noqa: F401
 
 

@@ -4,7 +4,7 @@ next page when the cursor nears the last row; `gpuscale runs --limit` reads only
 from __future__ import annotations
 
 from gpuscale.app.screens.history import HistoryScreen
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import FROZEN_NOW, history_screen, run_async, wait_for
 
 RUNS = 10_000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import FROZEN_NOW, history_screen, run_async, wait_for
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.screens.run_detail import RunDetailScreen
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import FROZEN_NOW, PROBE_SETTINGS, frozen_app, run_async, screen_text, settle, wait_for
 
 H100 = "NVIDIA H100 80GB HBM3"

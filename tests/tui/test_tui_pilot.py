@@ -9,8 +9,8 @@ from gpuscale.app.screens.compare import CompareScreen
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.app.widgets.run_monitor import DeviceRow, RunMonitor
-from gpuscale.runs import telemetry
-from gpuscale.runs.store import Store
+from gpuscale.control import telemetry
+from gpuscale.control.store import Store
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpuscale.app.screens.history import HistoryScreen
 from gpuscale.app.screens.run_detail import RunDetailScreen
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import FROZEN_NOW, PROBE_SETTINGS, frozen_app, run_async, screen_text, settle, wait_for
 
 BRACKETED = ["q[/tmp]x.jsonl", "[bold]x[/]", "[cpu, cpu]", "ünï 🚀 [v1].jsonl"]

@@ -4,7 +4,7 @@ the supervisor's average over the whole run; a live run's rates are labelled as 
 from __future__ import annotations
 
 from gpuscale.app.widgets.run_monitor import RunMonitor
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import FROZEN_NOW, frozen_app, run_async, settle, wait_for
 
 

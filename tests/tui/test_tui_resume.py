@@ -9,9 +9,9 @@ import pytest
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.screens.run_detail import RunDetailScreen
+from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import Store
 from tui_helpers import app_recording_notifications, run_async, settle, wait_for
 
 SIZE = (120, 40)

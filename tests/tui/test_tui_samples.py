@@ -5,8 +5,8 @@ completion as the model wrote it (`[/x]`, `[bold]`: never markup) wrapped to the
 from __future__ import annotations
 
 from gpuscale.app.screens.samples import SamplesScreen
+from gpuscale.control.store import Store
 from gpuscale.runs.samples import SampleLog, sample_record
-from gpuscale.runs.store import Store
 from tui_helpers import FROZEN_NOW, PROBE_SETTINGS, frozen_app, run_async, screen_text, settle, shown_whole, wait_for
 
 MARKUP_LIKE = "so the answer is [/x] [bold]42 and"

@@ -10,7 +10,7 @@ import textwrap
 
 from file_modes import as_file_modes_apply, set_modes, write_history
 from gpuscale.app.screens.history import HistoryScreen
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import app_recording_notifications, run_async, settle, wait_for
 
 SIZE = (120, 40)

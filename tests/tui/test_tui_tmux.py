@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from gpuscale.runs import launch
-from gpuscale.runs.store import Store
+from gpuscale.control import launch
+from gpuscale.control.store import Store
 
 pytestmark = [pytest.mark.e2e,  # the test launches a real run
               pytest.mark.skipif(shutil.which("tmux") is None,

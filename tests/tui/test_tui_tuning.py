@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpuscale.app.tui import GpuscaleApp
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)

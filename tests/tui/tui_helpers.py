@@ -19,8 +19,8 @@ import pytest
 from textual.worker import WorkerCancelled
 
 from gpuscale.app.tui import GpuscaleApp
-from gpuscale.runs import launch
-from gpuscale.runs.store import Store
+from gpuscale.control import launch
+from gpuscale.control.store import Store
 
 # 2027-01-15 08:00:00 UTC: the frozen "now" of every snapshot.
 FROZEN_NOW = 1_800_000_000.0

@@ -11,9 +11,10 @@ import torch
 
 from gpuscale.data.models import random_model_config
 from gpuscale.engines.distributed import RankContext
+from gpuscale.engines.training_memory import CPU_BATCH_SIZE, auto_batch_size, memory_to_size_from
 from gpuscale.recipes.power_sampling import Settings
 from gpuscale.recipes.power_sampling.sampler import bytes_per_problem, with_batch_size
-from gpuscale.runs.settings import CPU_BATCH_SIZE, auto_batch_size, memory_to_size_from, resolve_settings
+from gpuscale.runs.settings import AUTO_MEMORY_SHARE, resolve_settings
 
 GiB = 2**30
 H200_FREE = 140 * GiB  # what an H200 has free once a 0.5B model is loaded
@@ -33,7 +34,7 @@ def test_qwen_shape_on_an_h200_fills_a_real_share_of_the_card():
     """A run reported as too small for its card: Qwen2.5-0.5B shape, bf16, 256 new tokens; batch 8
     used 1.2% of the card."""
     per_problem = qwen_problem_bytes(256)
-    size = auto_batch_size(H200_FREE, per_problem, items=10_000)
+    size = auto_batch_size(H200_FREE, per_problem, AUTO_MEMORY_SHARE, items=10_000)
     assert size == 512  # the cap: half the card would hold more
     assert 8 * per_problem / H200_FREE < 0.01  # what the old default used of it, by the same count
     assert size * per_problem / H200_FREE > 0.05
@@ -42,15 +43,15 @@ def test_qwen_shape_on_an_h200_fills_a_real_share_of_the_card():
 @pytest.mark.parametrize("max_new_tokens, chains", [(3072, 1), (3072, 4), (8192, 1)])
 def test_long_answers_and_chains_fill_half_the_free_memory(max_new_tokens, chains):
     per_problem = qwen_problem_bytes(max_new_tokens, chains)
-    size = auto_batch_size(H200_FREE, per_problem)
+    size = auto_batch_size(H200_FREE, per_problem, AUTO_MEMORY_SHARE)
     assert size < 512
     assert 0.45 < size * per_problem / H200_FREE <= 0.5  # half, to the nearest problem
-    assert auto_batch_size(H200_FREE // 4, per_problem) < size  # a smaller card, a smaller batch
+    assert auto_batch_size(H200_FREE // 4, per_problem, AUTO_MEMORY_SHARE) < size  # a smaller card, a smaller batch
 
 
 def test_never_more_than_the_ranks_problems_nor_less_than_one():
-    assert auto_batch_size(H200_FREE, 10**6, items=37) == 37  # a larger batch would only be padding
-    assert auto_batch_size(1 * GiB, 100 * GiB, items=37) == 1
+    assert auto_batch_size(H200_FREE, 10**6, AUTO_MEMORY_SHARE, items=37) == 37  # a larger batch would only be padding
+    assert auto_batch_size(1 * GiB, 100 * GiB, AUTO_MEMORY_SHARE, items=37) == 1
 
 
 def test_bytes_per_problem_counts_both_kv_slots_and_the_chains():

@@ -15,7 +15,7 @@ import pytest
 from rich.cells import cell_len
 
 from gpuscale.app.commands import launching
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 

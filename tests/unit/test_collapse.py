@@ -8,8 +8,8 @@ import json
 import time
 
 from gpuscale.app.views.collapse import ENTROPY_FLOOR, collapse_warnings, run_collapse_warnings
-from gpuscale.runs.metrics_tail import RUN_WIDE_RANK, MetricsTailer, Throughput
-from gpuscale.runs.store import Store
+from gpuscale.control.metrics_tail import RUN_WIDE_RANK, MetricsTailer, Throughput
+from gpuscale.control.store import Store
 
 GRPO_SETTINGS = {"max_completion_length": 256, "learning_rate": 1e-5}
 

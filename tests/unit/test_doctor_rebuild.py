@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from gpuscale.runs import launch
-from gpuscale.runs.doctor import examine
+from gpuscale.control import launch
+from gpuscale.control.doctor import examine
+from gpuscale.control.store import Store
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import Store
 
 
 def write_run(home, run_id: int, steps: int, total: int, summary: dict | None = None, partial: bool = False,
@@ -73,7 +73,7 @@ def rebuilt(tmp_path_factory):
     # A run still going: a process whose command line is its supervisor's.
     write_run(home, 9, 3, 30, {"accuracy_before": 0.75}, partial=True)
     supervisor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
-                                   "-m", "gpuscale.runs.supervisor", "9", "--home", str(home)])
+                                   "-m", "gpuscale.control.supervisor", "9", "--home", str(home)])
     truncate_history(home, 10)
     findings = examine(home, repair=True)
     store = Store(home)

@@ -1,5 +1,5 @@
 """The energy a run's GPUs used, from NVML's cumulative energy counter read when the run starts and
-when it ends (runs/telemetry.py's EnergyMeter), through a real supervisor on a fake pynvml whose
+when it ends (control/telemetry.py's EnergyMeter), through a real supervisor on a fake pynvml whose
 counter advances: joules per run, per GPU, per 1,000 tokens and per correct held-out answer, in the
 summary that `gpuscale show`, `runs` and `export` print; absent, with why, without a counter."""
 
@@ -14,9 +14,10 @@ import pytest
 
 from gpuscale.app import cli
 from gpuscale.app.screens.history import history_row
-from gpuscale.runs import devices, telemetry
-from gpuscale.runs.store import Store
-from gpuscale.runs.supervisor import Supervisor
+from gpuscale.control import telemetry
+from gpuscale.control.store import Store
+from gpuscale.control.supervisor import Supervisor
+from gpuscale.runs import devices
 
 MB = 1024 * 1024
 START_MJ = {0: 7_000_000_000, 1: 9_000_000_000}  # the driver loaded long ago: large counters

@@ -14,12 +14,12 @@ import pytest
 import gpuscale.recipes
 from gpuscale.app import cli
 from gpuscale.app.views.runs import figure_text, figures_text, key_figures, labelled_text
+from gpuscale.control.store import Store
 from gpuscale.data.figures import FIGURES, HIGHER, LOWER, NEITHER, accuracy_name, better, figure, label
 from gpuscale.recipes.shared.common import summary_opening
 from gpuscale.recipes.shared.contract import Recipe
 from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs.settings import RunSettings
-from gpuscale.runs.store import Store
 
 
 def test_a_figure_of_each_direction():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from gpuscale.control.supervisor import first_error
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.supervisor import first_error
 
 TORCHRUN_TABLE = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

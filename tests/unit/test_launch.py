@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuscale.control import launch
 from gpuscale.recipes.probe import Settings
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs import launch
 from gpuscale.runs.settings import SettingsError
 
 
@@ -101,8 +101,8 @@ def test_sbatch_script_is_valid_bash(tmp_path):
 
 @pytest.mark.parametrize("gpu_indices, nproc", [([], 2), ([0, 3], 2), ([5], 1)])
 def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu_indices, nproc):
-    from gpuscale.runs import supervisor
-    from gpuscale.runs.supervisor import rank_environment
+    from gpuscale.control import supervisor
+    from gpuscale.control.supervisor import rank_environment
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(supervisor, "busy_cores", lambda cores: 0.3)  # an idle machine
@@ -124,7 +124,7 @@ def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu
 ])
 def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores, busy, nproc, threads):
     """Ranks on a busy machine ran 40-250x slower with cores / ranks threads."""
-    from gpuscale.runs import supervisor
+    from gpuscale.control import supervisor
 
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     monkeypatch.setattr(supervisor, "busy_cores", lambda cores: busy)
@@ -142,7 +142,7 @@ def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores,
     (1, 8, "8"),     # a lone 1-GPU run on an 8-GPU host: its GPU's share
 ])
 def test_runs_started_together_share_the_host_by_their_ranks_and_gpus(ranks_here, gpus_here, threads):
-    from gpuscale.runs.supervisor import omp_threads
+    from gpuscale.control.supervisor import omp_threads
 
     value, why = omp_threads({}, 1, cores=64, busy=0.0, ranks_here=ranks_here, gpus_here=gpus_here)
     assert value == threads and f"of {ranks_here} on this host" in why
@@ -152,8 +152,8 @@ def test_runs_started_together_share_the_host_by_their_ranks_and_gpus(ranks_here
 def test_the_history_counts_the_ranks_of_the_live_runs_on_a_host(tmp_path):
     import json
 
+    from gpuscale.control.store import Store
     from gpuscale.runs.run_dir import RunDir
-    from gpuscale.runs.store import Store
 
     store = Store(tmp_path)
     ids = [store.create_run("probe", {}, [], host) for host in ("node1", "node1", "node1", "node2")]
@@ -171,7 +171,7 @@ def test_the_history_counts_the_ranks_of_the_live_runs_on_a_host(tmp_path):
 
 def test_busy_cores_sees_work_that_just_started():
     """A loop started now shows in the CPU use at once, before the load average catches up."""
-    from gpuscale.runs.supervisor import busy_cores
+    from gpuscale.control.supervisor import busy_cores
 
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

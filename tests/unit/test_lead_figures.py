@@ -7,7 +7,7 @@ import time
 
 from gpuscale.app import cli
 from gpuscale.app.views.runs import key_figures
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 GRPO = {"tokens_per_s": 2_783.0, "samples_per_s": 3.5, "accuracy_greedy_before": 0.125,
         "accuracy_greedy_after": 0.5, "accuracy_sampled_before": 0.1, "accuracy_sampled_after": 0.375,

@@ -1,7 +1,7 @@
 import json
 
+from gpuscale.control.metrics_tail import RUN_WIDE_RANK, MetricsTailer, Throughput
 from gpuscale.engines.reporter import Reporter
-from gpuscale.runs.metrics_tail import RUN_WIDE_RANK, MetricsTailer, Throughput
 
 
 def test_reporter_and_tailer_roundtrip(tmp_path):
@@ -79,7 +79,7 @@ def test_a_finished_runs_rates_are_its_averages_not_an_empty_window():
 
 
 def test_a_partial_summary_is_merged_under_the_whole_one_and_stays_marked_until_it_comes(tmp_path):
-    from gpuscale.runs.supervisor import ended_summary
+    from gpuscale.control.supervisor import ended_summary
 
     reporter = Reporter(tmp_path, rank=0)
     tailer = MetricsTailer(tmp_path / "metrics", run_id=1)

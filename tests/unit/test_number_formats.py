@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from conftest import gpuscale
 from gpuscale.app.batch_choice import trial_line, trial_rows, tuning_summary
 from gpuscale.app.views.text import format_number
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 
 def test_missing_values_lists_and_dicts_read_plainly():

@@ -8,12 +8,12 @@ import sqlite3
 import pytest
 import sqlite_utils
 
+from gpuscale.control import launch
+from gpuscale.control.store import MIGRATIONS, SCHEMA_VERSION, Store
 from gpuscale.engines.trl_checkpoints import checkpoint_args, resume_checkpoint
-from gpuscale.runs import launch
 from gpuscale.runs.checkpoints import latest_checkpoint, prune_checkpoints, writing_checkpoint
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings
-from gpuscale.runs.store import MIGRATIONS, SCHEMA_VERSION, Store
 
 
 def test_a_version_3_history_gains_parent_id_and_keeps_its_runs(tmp_path):

@@ -1,4 +1,4 @@
-"""The GPU sample fields, declared once (gpuscale/runs/sample_fields.py): a field added there reaches the
+"""The GPU sample fields, declared once (gpuscale/control/sample_fields.py): a field added there reaches the
 sampler, the store's columns and the monitor's device rows by its name; a history made before it opens
 with nothing lost; a bad declaration says which field and why."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpuscale.app.views import feed as feeds
-from gpuscale.runs import sample_fields, telemetry
-from gpuscale.runs.sample_fields import SampleField
-from gpuscale.runs.store import SCHEMA_VERSION, Store
+from gpuscale.control import sample_fields, telemetry
+from gpuscale.control.sample_fields import SampleField
+from gpuscale.control.store import SCHEMA_VERSION, Store
 
 NOW = 1_000_000.0
 OLD_SCHEMA = Path(__file__).parent / "data" / "runs_db_v4.sql"

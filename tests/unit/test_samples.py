@@ -71,7 +71,7 @@ def test_the_views_filter_newest_first_and_write_each_sample_wrapped():
 
 def test_gpuscale_samples_prints_the_newest_step_literally_and_refuses_what_the_run_lacks(home, capsys):
     from gpuscale.app.cli import main
-    from gpuscale.runs.store import Store
+    from gpuscale.control.store import Store
 
     store = Store(home)
     run_id = store.create_run("rft", {"model": "tiny-math"}, [], "node")

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gpuscale.runs.doctor import examine
-from gpuscale.runs.store import (
+from gpuscale.control.doctor import examine
+from gpuscale.control.store import (
     SCHEMA_VERSION,
     HomeNotWritable,
     Store,

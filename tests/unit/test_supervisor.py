@@ -7,8 +7,8 @@ import json
 import sys
 import warnings
 
-from gpuscale.runs.store import Store
-from gpuscale.runs.supervisor import Supervisor
+from gpuscale.control.store import Store
+from gpuscale.control.supervisor import Supervisor
 
 
 def test_launch_leaves_no_file_open_in_the_supervisor(tmp_path):

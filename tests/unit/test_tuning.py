@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
+from gpuscale.control.store import SCHEMA_VERSION, Store
 from gpuscale.engines.batch_search import OUT_OF_MEMORY, Trial, search_batch_size
-from gpuscale.runs.store import SCHEMA_VERSION, Store
 
 GB = 10**9
 
@@ -161,7 +161,7 @@ def test_store_round_trip_and_replace(tmp_path):
 
 def test_an_old_history_is_upgraded_with_its_runs_kept(tmp_path):
     """A runs.db of schema version 1 (before tuning existed) gains the table; its runs stay."""
-    import gpuscale.runs.store as store_module
+    import gpuscale.control.store as store_module
 
     old = Store.__new__(Store)  # build a version-1 file with version 1's migrations only
     conn = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)

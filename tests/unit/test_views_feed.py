@@ -8,7 +8,7 @@ import pytest
 from gpuscale.app.views import feed as feeds
 from gpuscale.app.views.feed import RunFeed
 from gpuscale.app.views.logs import LogTail, read_lines
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 NOW = 1_000_000.0
 

@@ -36,7 +36,7 @@ from gpuscale.app.views.text import (
     short_gpu_name,
     spark_text,
 )
-from gpuscale.runs.store import Store
+from gpuscale.control.store import Store
 
 NOW = 1_000_000.0
 
@@ -104,8 +104,8 @@ def test_the_headline_leaves_out_trainer_diagnostics_and_zeros():
 
 
 def test_shell_equivalent_and_preview(tmp_path):
+    from gpuscale.control.launch import DevicePlan
     from gpuscale.recipes.shared.registry import get_recipe
-    from gpuscale.runs.launch import DevicePlan
     from gpuscale.runs.settings import resolve_settings
 
     recipe = get_recipe("probe")

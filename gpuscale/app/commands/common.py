@@ -7,12 +7,12 @@ import argparse
 from pathlib import Path
 
 from gpuscale.app.views.export import NothingToExport
+from gpuscale.control import launch
+from gpuscale.control.store import Store, StoreError, UnknownRun, gpuscale_home
 from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs import launch
 from gpuscale.runs.settings import SettingsError, parse_assignments, resolve_settings
-from gpuscale.runs.store import Store, StoreError, UnknownRun, gpuscale_home
 
 EXIT_BAD_INPUT = 2
 ID_HELP = "the run's id or label (see `gpuscale runs`)"

@@ -19,10 +19,10 @@ from gpuscale.app.commands.common import BadInput
 from gpuscale.app.commands.history import cmd_compare
 from gpuscale.app.commands.launching import follow_run
 from gpuscale.app.views.text import format_number
+from gpuscale.control import launch
+from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs import launch
 from gpuscale.runs.settings import resolve_settings
-from gpuscale.runs.store import Store
 
 DEMO_PROBLEMS = 200
 # Long enough for tiny-math's worked answers, short enough for a laptop CPU.

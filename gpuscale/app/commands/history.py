@@ -35,11 +35,11 @@ from gpuscale.app.views.runs import (
     summary_lines,
 )
 from gpuscale.app.views.text import format_time, setting_text
+from gpuscale.control import launch
+from gpuscale.control.store import STATUSES, gpuscale_home
 from gpuscale.recipes.shared.registry import all_recipes
-from gpuscale.runs import launch
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.samples import read_samples
-from gpuscale.runs.store import STATUSES, gpuscale_home
 
 COMPARE_NEEDS = "compare needs two run ids, e.g. gpuscale compare 12 15; `gpuscale runs` lists them"
 
@@ -213,7 +213,7 @@ def checked_output(given: str) -> Path:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from gpuscale.runs.doctor import examine
+    from gpuscale.control.doctor import examine
 
     findings = examine(gpuscale_home(), repair=args.repair, recipe_of=recipe_of_settings)
     for finding in findings:

@@ -24,11 +24,11 @@ from gpuscale.app.commands.common import (
 )
 from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.runs import progress_line, summary_lines
+from gpuscale.control import launch
+from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs import launch
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
-from gpuscale.runs.store import Store
 
 
 def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:

@@ -8,8 +8,8 @@ import os
 
 from gpuscale.app.commands.common import JSON_HELP, BadInput, Parser, print_table
 from gpuscale.app.views.text import format_number, memory_text, setting_text
+from gpuscale.control import telemetry
 from gpuscale.recipes.shared.registry import all_recipes
-from gpuscale.runs import telemetry
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from gpuscale.app.commands.common import BadInput, add_setting_options, print_table, settings_from_args
 from gpuscale.app.views.text import format_number
+from gpuscale.control import launch
+from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs import launch
-from gpuscale.runs.store import Store
 
 PRECISIONS_TO_SEARCH = ("bf16", "fp16", "fp32")
 

@@ -27,7 +27,7 @@ from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
 from gpuscale.app.widgets.plain import PlainStatic, literal
 from gpuscale.app.widgets.settings_form import SettingsForm
-from gpuscale.runs import launch
+from gpuscale.control import launch
 from gpuscale.runs.settings import SettingsError, resolve_settings
 
 HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"

@@ -16,7 +16,7 @@ from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.app.widgets.samples_view import SamplesView
-from gpuscale.runs import launch
+from gpuscale.control import launch
 
 
 def run_heading(run: dict, now: float, children: list[dict] = ()) -> Text:

@@ -13,5 +13,5 @@
 - `export`: a run as a JSON or CSV file (`gpuscale export` and the TUI's export dialog).
 
 Everything takes `now` as an argument, so that tests and snapshots can freeze the clock. Reading the
-store goes through `gpuscale.runs.store.Store`'s methods.
+store goes through `gpuscale.control.store.Store`'s methods.
 """

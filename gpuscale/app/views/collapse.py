@@ -18,9 +18,9 @@ the pure rule on plain (step, value) lists; `run_collapse_warnings` reads them t
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_number
+from gpuscale.control.store import Store
 from gpuscale.data.cards import LOW_MFU
 from gpuscale.data.figures import label
-from gpuscale.runs.store import Store
 
 # A collapse is judged over this many logged steps, all of them: one bad step (a hard batch, a
 # reward of 0 early in training) is no collapse, five in a row rarely recover on their own.

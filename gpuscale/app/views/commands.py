@@ -7,7 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
-from gpuscale.runs.launch import display_command, launcher_argv
+from gpuscale.control.launch import display_command, launcher_argv
 from gpuscale.runs.run_dir import RunDir
 
 

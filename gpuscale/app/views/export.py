@@ -14,7 +14,7 @@ import csv
 import io
 import json
 
-from gpuscale.runs.store import METRIC_COLUMNS, Store
+from gpuscale.control.store import METRIC_COLUMNS, Store
 
 FORMATS = ("json", "csv")
 PARTS = ("metrics", "summary", "results")

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from gpuscale.app.views.runs import PREFERRED_FIGURES
 from gpuscale.app.views.text import format_mib, memory_text, short_gpu_name
-from gpuscale.runs import sample_fields
-from gpuscale.runs.metrics_tail import RUN_WIDE_RANK
-from gpuscale.runs.store import Store
+from gpuscale.control import sample_fields
+from gpuscale.control.metrics_tail import RUN_WIDE_RANK
+from gpuscale.control.store import Store
 
 # Chart windows the user cycles through (seconds); a live feed keeps the longest.
 WINDOWS_S = (60, 300, 900, 3600)

@@ -4,9 +4,9 @@ runs compared. The CLI prints these, the TUI lays them out; both read them here.
 from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
+from gpuscale.control.metrics_tail import RATE_WINDOW_S
+from gpuscale.control.store import LIVE_STATUSES
 from gpuscale.data.figures import better, figure
-from gpuscale.runs.metrics_tail import RATE_WINDOW_S
-from gpuscale.runs.store import LIVE_STATUSES
 
 # What a training run is for comes first in a table of runs: held-out accuracy before -> after
 # training, then (RL) the training reward at the start -> at the end. Each is a (label, pairs) entry:
@@ -233,7 +233,7 @@ def key_figures(summary: dict, limit: int = 2) -> list[str]:
 
 def key_figures_text(run: dict, limit: int = 2) -> str:
     """A table of runs' figures column: `key_figures` of the run's summary, then the energy its GPUs
-    used where it was measured (`energy 41,230 J`; runs/telemetry.py's EnergyMeter), `(GPU shared)`
+    used where it was measured (`energy 41,230 J`; control/telemetry.py's EnergyMeter), `(GPU shared)`
     where other runs used them meanwhile (their work counts too)."""
     summary = run.get("summary") or {}
     shown = key_figures(summary, limit)

@@ -24,8 +24,8 @@ from gpuscale.app.views.text import format_duration
 from gpuscale.app.views.waste import WASTE_WINDOW_S, waste_warnings
 from gpuscale.app.widgets.charts import GaugeSparkline, TimeChart
 from gpuscale.app.widgets.plain import PlainLabel, PlainStatic
+from gpuscale.control.store import LIVE_STATUSES
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import LIVE_STATUSES
 
 
 def set_text(widget: Static, text, fixed_size: bool = False) -> None:
@@ -69,7 +69,7 @@ class MonitorView:
 
 class DeviceRow(Horizontal):
     """`GPU 0 H100 80GB  [bar]  45.1/79.6 GiB 57%   98%  312 W  61°C 1980 MHz  ▁▂▅▇█`: the fields that
-    `runs/sample_fields.py` declares shown, the `wide` ones (the SM clock) only in a terminal of 100
+    `control/sample_fields.py` declares shown, the `wide` ones (the SM clock) only in a terminal of 100
     columns or more (the CSS hides `.device-wide` below), every one of them in the detail's tooltip."""
 
     def __init__(self, view: DeviceView, **kwargs):

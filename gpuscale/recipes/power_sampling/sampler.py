@@ -53,7 +53,7 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
 def with_batch_size(settings: Settings, model, problems: int, ctx) -> Settings:
     """The settings with batch_size resolved where the user gave none: 8 problems on CPU ranks; on a
     GPU as many as fill gpu_memory_share (half by default) of the card's memory left once the model
-    is loaded (runs.settings.auto_batch_size, at most 512 and at most this rank's problems). The rank's
+    is loaded (engines.training_memory.auto_batch_size, at most 512 and at most this rank's problems). The rank's
     log says what was chosen and why."""
     if settings.batch_size is not None:
         return settings

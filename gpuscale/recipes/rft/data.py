@@ -15,7 +15,7 @@ GENERATION_FILE = "generation.json"  # the generation's figures (yield...), for 
 def generated_set_path(data_from: str) -> Path:
     """The generated.jsonl that `data_from` names: a run folder or the file itself (a run id the user
     gave is that run's folder by now: the front end resolves it before launch,
-    runs/launch.py:run_ids_as_folders); for a run stopped while generating, the partial kept set its
+    control/launch.py:run_ids_as_folders); for a run stopped while generating, the partial kept set its
     ranks saved (results.jsonl). SettingsError with one line if there is none."""
     text = str(data_from).strip()
     path = Path(text).expanduser()

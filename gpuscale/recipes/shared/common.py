@@ -76,7 +76,7 @@ class RankResults:
     """A rank's per-example results, appended to RUN_DIR/results/rank<R>.jsonl as each batch is
     done: a run that is stopped or dies keeps what it finished. Rank 0 merges every rank's rows into
     RUN_DIR/results.jsonl at the end (`merge_results`); where it never gets there, whoever records the
-    run's end merges the files (`gpuscale.runs.store.merge_rank_results`)."""
+    run's end merges the files (`gpuscale.control.store.merge_rank_results`)."""
 
     def __init__(self, run_dir: Path, rank: int):
         self.path = RunDir(run_dir).rank_results(rank)

@@ -145,7 +145,7 @@ class Recipe(ABC):
     def resume_overrides(self, run: dict) -> dict[str, Any]:
         """Settings a resume of the ended `run` (the history's row) continues it from besides a
         checkpoint, e.g. rft's kept answers; {} when it has none (a run with neither a checkpoint
-        nor these is refused: `runs/launch.py:resume_settings`)."""
+        nor these is refused: `control/launch.py:resume_settings`)."""
         return {}
 
     @abstractmethod

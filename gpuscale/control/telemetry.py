@@ -2,7 +2,7 @@
 and the energy a run's GPUs used, from NVML's energy counter (`EnergyMeter`).
 
 A sampler is built once per run and called once per tick; each call returns plain dicts shaped like
-rows of the store's `samples` table: its identity and the fields `runs/sample_fields.py` declares, by
+rows of the store's `samples` table: its identity and the fields `control/sample_fields.py` declares, by
 name (`NVML_READS` says how NVML gives each one-query field). NVML is queried directly (never by
 running nvidia-smi): a tick of a few queries per GPU costs tens of microseconds. The run's own GPU
 memory is the memory NVML attributes to the processes of the run's PID tree.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpuscale.runs import sample_fields
+from gpuscale.control import sample_fields
 from gpuscale.runs.devices import nvml_available, visible_gpu_indices
 
 MB = 1024 * 1024

@@ -1,4 +1,4 @@
-"""One supervisor per run: `python -m gpuscale.runs.supervisor RUN_ID --home HOME`.
+"""One supervisor per run: `python -m gpuscale.control.supervisor RUN_ID --home HOME`.
 
 Started by a front end in a session of its own, it outlives the terminal. It spawns the launcher
 (torchrun or accelerate) in its own process group, and once per tick samples telemetry, tails the
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import psutil
 
-from gpuscale.runs import telemetry
+from gpuscale.control import telemetry
+from gpuscale.control.metrics_tail import MetricsTailer, Throughput
+from gpuscale.control.store import Store, StoreError, UnknownRun, merge_rank_results
 from gpuscale.runs.devices import visible_gpu_indices
-from gpuscale.runs.metrics_tail import MetricsTailer, Throughput
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import Store, StoreError, UnknownRun, merge_rank_results
 
 STOP_GRACE_S = 7.0
 # While a preemption is asked, SIGUSR1 goes to the ranks again this often: a rank still starting
@@ -316,7 +316,7 @@ class Supervisor:
             "supervisor_cpu_percent": round(cpu_percent, 3),
         }
         if skipped := self.run["settings"].get("questions_too_long"):
-            figures["questions_too_long"] = skipped  # left out before launch (too_long=skip; runs/launch.py)
+            figures["questions_too_long"] = skipped  # left out before launch (too_long=skip; control/launch.py)
         peaks = []
         self.write_history(lambda: peaks.extend(self.store.device_peaks(self.run_id, kinds=("gpu", "rank"))))
         if peaks:

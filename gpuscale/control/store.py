@@ -3,7 +3,7 @@
 Every front end and every supervisor opens its own connection; WAL lets several runs write at once
 while the TUI reads. The schema carries a version; `MIGRATIONS[i]` takes a database from version i to
 i + 1, so an old runs.db is upgraded in place and nothing stored is lost. The `samples` table's measured
-columns follow `runs/sample_fields.py`'s declaration instead: one it lacks is added at every writable
+columns follow `control/sample_fields.py`'s declaration instead: one it lacks is added at every writable
 open (old rows read NULL there), so a new telemetry field needs no migration.
 
 A home that cannot be written (a shared, read-only copy of someone's runs) is still read:
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuscale.runs import sample_fields
+from gpuscale.control import sample_fields
 from gpuscale.runs.run_dir import RunDir, write_atomically
 
 if TYPE_CHECKING:  # imported for real by _sqlite_utils(), off the TUI's first frame
@@ -115,7 +115,7 @@ MIGRATIONS = [_v1, _v2, _v3, _v4]
 
 
 def _add_declared_sample_columns(db: sqlite_utils.Database) -> None:
-    """The columns of fields declared since the history was made (`runs/sample_fields.py`); the
+    """The columns of fields declared since the history was made (`control/sample_fields.py`); the
     rows already stored keep their values and read NULL in the new column."""
     present = db["samples"].columns_dict
     for field in sample_fields.SAMPLE_FIELDS:

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import psutil
 
-from gpuscale.runs import launch
-from gpuscale.runs.launch import recorded_end
-from gpuscale.runs.metrics_tail import MetricsTailer, Throughput
+from gpuscale.control import launch
+from gpuscale.control.launch import recorded_end
+from gpuscale.control.metrics_tail import MetricsTailer, Throughput
+from gpuscale.control.store import LIVE_STATUSES, SCHEMA_VERSION, Store, StoreError, connect_read_only
+from gpuscale.control.supervisor import ended_summary, first_error
 from gpuscale.runs.process import process_alive
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.store import LIVE_STATUSES, SCHEMA_VERSION, Store, StoreError, connect_read_only
-from gpuscale.runs.supervisor import ended_summary, first_error
 
 
 @dataclass(frozen=True)
@@ -254,13 +254,18 @@ def _file_times(folder: RunDir) -> list[float]:
     return times
 
 
+# The supervisor's module as its command line names it: today's, and the one a supervisor started
+# before the control plane moved from gpuscale/runs/ to gpuscale/control/ still runs under.
+SUPERVISOR_MODULES = (launch.SUPERVISOR_MODULE, "gpuscale.runs.supervisor")
+
+
 def _live_supervisor(run_id: int, home: Path) -> psutil.Process | None:
     """The supervisor still running this run, if any (its command line names the run and the home,
     the home however it was spelled)."""
-    wanted = ["-m", "gpuscale.runs.supervisor", str(run_id), "--home"]
     for process in psutil.process_iter(["cmdline", "cwd"]):
         cmdline = process.info["cmdline"] or []
-        if cmdline[-5:-1] == wanted and _same_folder(process.info["cwd"], cmdline[-1], home):
+        if (cmdline[-5:-1] in (["-m", module, str(run_id), "--home"] for module in SUPERVISOR_MODULES)
+                and _same_folder(process.info["cwd"], cmdline[-1], home)):
             return process
     return None
 

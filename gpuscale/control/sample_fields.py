@@ -4,9 +4,9 @@ A sample is one device at one tick: a GPU (through NVML), or on a machine withou
 rank (through psutil). Its identity (run, time, kind, index, name) is the store's own; everything measured
 is a `SampleField` below, and the rest follows from this list by name:
 
-- `runs/store.py`: the `samples` table's columns (created from it, and added where an older history lacks
+- `control/store.py`: the `samples` table's columns (created from it, and added where an older history lacks
   one, with its rows kept), the supervisor's inserts, and the monitor's bucketed SELECT;
-- `runs/telemetry.py`: the sampler fills each field by its name (`NVML_READS` for the one-query fields);
+- `control/telemetry.py`: the sampler fills each field by its name (`NVML_READS` for the one-query fields);
 - `app/views/feed.py`: every field of the latest sample reaches `DeviceView.values` by name, and its text
   in the device row follows `shown` and `text`.
 """

@@ -18,13 +18,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from gpuscale.control.store import LIVE_STATUSES, Store, UnknownRun, merge_rank_results
+from gpuscale.control.supervisor import summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
 from gpuscale.runs.devices import DevicePlan, plan_devices
 from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
-from gpuscale.runs.store import LIVE_STATUSES, Store, UnknownRun, merge_rank_results
-from gpuscale.runs.supervisor import summary_from_files
+
+# What a run's supervisor runs: `python -m SUPERVISOR_MODULE RUN_ID --home HOME` (doctor finds it by it).
+SUPERVISOR_MODULE = "gpuscale.control.supervisor"
 
 # ---- launcher argv --------------------------------------------------------------------------------
 
@@ -127,7 +130,7 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
                        parent_id=parent_id, created_at=store.get_run(run_id)["created_at"])
     with open(folder.supervisor_log, "ab") as log:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "gpuscale.runs.supervisor", str(run_id), "--home", str(store.home)],
+            [sys.executable, "-m", SUPERVISOR_MODULE, str(run_id), "--home", str(store.home)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True, preexec_fn=ignore_preemption_signal,
         )
