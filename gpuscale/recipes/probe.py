@@ -48,7 +48,8 @@ class Probe(Recipe):
     promised_figures = ("world_size", "tokens_per_s", "step_time_ms_median", "peak_mem_mb_per_rank")
     smoke_settings = {"steps": 2, "prompt_tokens": 4, "warmup_steps": 0, "batch_size": 2}
     tuning = Tuning(figure="tokens_per_s", knob="sequences decoded together per rank",
-                    shape_settings=("prompt_tokens",), start=8)
+                    shape_settings=("prompt_tokens",), start=8,
+                    not_shaping=("steps",))  # how many decode steps a trial times, not their size
 
     def run(self, settings: Settings, ctx, reporter) -> None:
         run_probe(settings, ctx, reporter)

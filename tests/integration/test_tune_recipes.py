@@ -16,8 +16,10 @@ from gpuscale.app import cli
 from gpuscale.app.batch_choice import settings_with_batch
 from gpuscale.control.store import Store
 from gpuscale.recipes.grpo_mtl import accumulation_steps
-from gpuscale.recipes.shared.device_trials import default_max_batch
-from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.recipes.shared.contract import RUN_SETTINGS_NOT_SHAPING
+from gpuscale.recipes.shared.device_trials import default_max_batch, tune_recipe
+from gpuscale.recipes.shared.registry import BUILTIN, get_recipe
+from gpuscale.recipes.shared.tuning_key import Device, tuning_key
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
 
 # Tiny settings per recipe; eggroll and rft leave --max-batch to its default (the run's work per rank).
@@ -33,14 +35,28 @@ TINY = {
     "grpo-mtl": ["--set", "prompts_per_step=4", "--set", "num_generations=2", "--set", "max_completion_length=6",
                  "--set", "max_examples=8", "--set", "eval_examples=2", "--max-batch", "4"],
 }
+# power-sampling and probe at their smallest, for a trial that only has to read its settings.
+SMALLEST = {**TINY, "power-sampling": ["--set", "max_new_tokens=8", "--set", "blocks=2", "--set", "mcmc_steps=1"],
+            "probe": ["--set", "steps=2", "--set", "prompt_tokens=4"]}
 DEFAULT_MAX_BATCH = {"eggroll": 2 * 4, "rft": 4}  # prompts x members; max_examples on one rank
 
 
-def tiny_settings(name: str):
-    """The recipe's settings as `gpuscale tune` with TINY[name] resolves them."""
-    assignments = [arg.split("=", 1) for arg in TINY[name] if "=" in arg]
+def tiny_settings(name: str, settings_cls=None):
+    """The recipe's settings as `gpuscale tune` with SMALLEST[name] resolves them."""
+    assignments = [arg.split("=", 1) for arg in SMALLEST[name] if "=" in arg]
     overrides = parse_assignments([f"{key}={value}" for key, value in assignments])
-    return resolve_settings(get_recipe(name).settings_cls, overrides=overrides, environ={})
+    return resolve_settings(settings_cls or get_recipe(name).settings_cls, overrides=overrides, environ={})
+
+
+def recording_reads(settings_cls, reads: set[str]):
+    """`settings_cls` with every read of one of its fields noted in `reads` (model_copy keeps the class)."""
+    class Recording(settings_cls):
+        def __getattribute__(self, name):
+            if name in settings_cls.model_fields:
+                reads.add(name)
+            return super().__getattribute__(name)
+
+    return Recording
 
 
 def tune(name: str, capsys) -> tuple[int, str, str]:
@@ -71,6 +87,26 @@ def test_tune_runs_the_recipes_real_trials_on_cpu_and_stores_a_choice(name, home
     assert f"batches up to {largest}" in err
     assert max(trial["batch_size"] for trial in trials) <= largest
     assert json.loads(stored["shape"]) == {key: getattr(settings, key) for key in recipe.tuning.shape_settings}
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+@pytest.mark.e2e
+def test_every_setting_a_trial_reads_is_in_its_key_or_declared_not_to_shape_the_work(name, one_torch_thread):
+    """A setting the trial reads changes what it measures unless declared otherwise: one missing from the
+    key (`Tuning.shape_settings`, or a property there such as sft's `step_asked`) would let
+    `--batch-size auto` reuse a tuning of other work. Declared: `Tuning.not_shaping` and
+    `RUN_SETTINGS_NOT_SHAPING`."""
+    recipe, reads = get_recipe(name), set()
+    settings = tiny_settings(name, recording_reads(recipe.settings_cls, reads))
+    reads.clear()
+    tuning_key(recipe, settings, "cpu", "fp32")
+    in_key = set(reads)
+    reads.clear()
+    tune_recipe(recipe, settings, Device(None, "cpu", None), max_batch=2)
+    assert reads, "the trial read no setting: the recording saw nothing"
+    declared = in_key | set(recipe.tuning.not_shaping) | set(RUN_SETTINGS_NOT_SHAPING)
+    assert sorted(reads - declared) == []
+    assert sorted(set(recipe.tuning.not_shaping) - reads) == []  # a stale entry hides nothing
 
 
 @pytest.mark.parametrize("name", ["sft", "grpo-mtl"])

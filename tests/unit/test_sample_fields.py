@@ -19,7 +19,9 @@ from gpuscale.control.store import SCHEMA_VERSION, Store
 
 NOW = 1_000_000.0
 OLD_SCHEMA = Path(__file__).parent / "data" / "runs_db_v4.sql"
-FAN = SampleField("fan_pct", float, "fan", "%", shown="detail", text="fan {:3.0f}%")
+# A field added in-test, as a newcomer would add one (not fan_pct, ARCHITECTURE.md's example: adding that
+# for real must leave these tests passing).
+ENCODER = SampleField("encoder_pct", float, "encoder", "%", shown="detail", text="enc {:3.0f}%")
 MB = 1024 * 1024
 
 
@@ -27,8 +29,9 @@ class NVMLError(Exception):
     pass
 
 
-def fake_nvml(fan_speed: float = 55.0) -> types.ModuleType:
-    """What GpuSampler asks of pynvml, for one H100 that reports no power (as some boards do)."""
+def fake_nvml(encoder: float = 55.0) -> types.ModuleType:
+    """What GpuSampler asks of pynvml, for one H100 that reports neither power (as some boards do) nor a fan
+    (a passively cooled card)."""
     nvml = types.ModuleType("pynvml")
     nvml.NVML_TEMPERATURE_GPU, nvml.NVML_CLOCK_SM = 0, 1
 
@@ -44,15 +47,17 @@ def fake_nvml(fan_speed: float = 55.0) -> types.ModuleType:
     nvml.nvmlDeviceGetPowerUsage = no_power
     nvml.nvmlDeviceGetTemperature = lambda handle, sensor: 61
     nvml.nvmlDeviceGetClockInfo = lambda handle, clock: 1980 if clock == nvml.NVML_CLOCK_SM else 0
-    nvml.nvmlDeviceGetFanSpeed = lambda handle: fan_speed
+    nvml.nvmlDeviceGetFanSpeed = no_power
+    nvml.nvmlDeviceGetEncoderUtilization = lambda handle: [encoder, 167_000]  # percent, sampling period in us
     return nvml
 
 
 @pytest.fixture
-def with_fan(monkeypatch):
-    """`fan_pct` declared, and read from NVML: the two lines a newcomer writes for a new field."""
-    monkeypatch.setattr(sample_fields, "SAMPLE_FIELDS", (*sample_fields.SAMPLE_FIELDS, FAN))
-    monkeypatch.setitem(telemetry.NVML_READS, "fan_pct", lambda nvml, handle: nvml.nvmlDeviceGetFanSpeed(handle))
+def with_encoder(monkeypatch):
+    """`encoder_pct` declared, and read from NVML: the two lines a newcomer writes for a new field."""
+    monkeypatch.setattr(sample_fields, "SAMPLE_FIELDS", (*sample_fields.SAMPLE_FIELDS, ENCODER))
+    monkeypatch.setitem(telemetry.NVML_READS, "encoder_pct",
+                        lambda nvml, handle: nvml.nvmlDeviceGetEncoderUtilization(handle)[0])
 
 
 def device_view(store: Store, run_id: int) -> feeds.DeviceView:
@@ -62,25 +67,25 @@ def device_view(store: Store, run_id: int) -> feeds.DeviceView:
     return view
 
 
-def test_a_declared_field_flows_from_the_sampler_to_the_store_and_the_device_row(with_fan, monkeypatch, tmp_path):
+def test_a_declared_field_flows_from_the_sampler_to_the_store_and_the_device_row(with_encoder, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
     (row,) = telemetry.GpuSampler(run_id=1, indices=[0], root_pid=os.getpid()).sample(now=NOW - 0.5)
-    assert row["fan_pct"] == 55.0 and row["sm_clock_mhz"] == 1980 and row["power_w"] is None
+    assert row["encoder_pct"] == 55.0 and row["sm_clock_mhz"] == 1980 and row["power_w"] is None
     assert row["run_mem_mb"] == 30_000.0
 
     store = Store(tmp_path)
-    assert "fan_pct" in store.db["samples"].columns_dict  # created from the declaration
+    assert "encoder_pct" in store.db["samples"].columns_dict  # created from the declaration
     run_id = store.create_run("probe", {}, [], "host")
     store.add_rows([], [{**row, "run_id": run_id}])
-    assert store.samples(run_id)[0]["fan_pct"] == 55.0
+    assert store.samples(run_id)[0]["encoder_pct"] == 55.0
     (bucket,) = store.sample_buckets(run_id, 1.0, store.last_rowids()[0], since=0.0)
-    assert bucket["fan_pct"] == 55.0 and bucket["sm_clock_mhz"] == 1980.0  # by name, not by place
+    assert bucket["encoder_pct"] == 55.0 and bucket["sm_clock_mhz"] == 1980.0  # by name, not by place
 
     view = device_view(store, run_id)
-    assert view.values["fan_pct"] == 55.0
-    assert view.detail_text == " 93%  61°C fan  55%"  # no power on this board: left out, not "None W"
+    assert view.values["encoder_pct"] == 55.0
+    assert view.detail_text == " 93%  61°C enc  55%"  # no power on this board: left out, not "None W"
     assert view.wide_text == "1980 MHz"
-    assert view.fields_text == "utilization 93 % · temperature 61 °C · SM clock 1980 MHz · fan 55 %"
+    assert view.fields_text == "utilization 93 % · temperature 61 °C · SM clock 1980 MHz · encoder 55 %"
 
 
 def test_every_declared_field_is_measured_by_the_gpu_sampler():
@@ -102,26 +107,26 @@ def old_history(home: Path) -> int:
     return 7
 
 
-def test_a_history_made_before_the_declaration_opens_with_nothing_lost(with_fan, tmp_path):
+def test_a_history_made_before_the_declaration_opens_with_nothing_lost(with_encoder, tmp_path):
     run_id = old_history(tmp_path / "home")
     # Read-only first (a shared copy of someone's runs): no column can be added, the new field reads None.
     reader = Store(tmp_path / "home", read_only=True)
     (bucket,) = reader.sample_buckets(run_id, 1.0, reader.last_rowids()[0], since=0.0)
-    assert bucket["fan_pct"] is None and bucket["sm_clock_mhz"] == 1755.0
+    assert bucket["encoder_pct"] is None and bucket["sm_clock_mhz"] == 1755.0
     reader.close()
 
     store = Store(tmp_path / "home")
-    assert "fan_pct" in store.db["samples"].columns_dict
+    assert "encoder_pct" in store.db["samples"].columns_dict
     assert store.db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
     (old,) = store.samples(run_id)
-    assert old["fan_pct"] is None and (old["util"], old["power_w"], old["sm_clock_mhz"]) == (93.0, 300.0, 1755.0)
+    assert old["encoder_pct"] is None and (old["util"], old["power_w"], old["sm_clock_mhz"]) == (93.0, 300.0, 1755.0)
     assert store.get_run(run_id)["status"] == "succeeded"
     view = device_view(store, run_id)
     assert view.detail_text == " 93%  300 W  61°C" and view.wide_text == "1755 MHz"
 
     store.add_rows([], [{"run_id": run_id, "t": NOW - 1.5, "kind": "gpu", "idx": 0, "name": "NVIDIA H100 80GB HBM3",
-                         "mem_total_mb": 80_000.0, "fan_pct": 40.0}])
-    assert [s["fan_pct"] for s in store.samples(run_id)] == [None, 40.0]
+                         "mem_total_mb": 80_000.0, "encoder_pct": 40.0}])
+    assert [s["encoder_pct"] for s in store.samples(run_id)] == [None, 40.0]
     store.close()
     assert Store(tmp_path / "home").samples(run_id)[0]["sm_clock_mhz"] == 1755.0  # a second open adds nothing
 

@@ -164,7 +164,11 @@ class Eggroll(Recipe):
     # (prompts_per_step x generations_per_prompt each); a call holds at most the rank's members.
     tuning = Tuning(figure="members_per_s", knob="rows (member x prompt x generation) per engine call per rank",
                     shape_settings=("dataset", "method", "population", "prompts_per_step", "generations_per_prompt",
-                                    "max_new_tokens", "temperature", "rank"),
+                                    "max_new_tokens", "temperature", "rank", "fitness"),
+                    # Learning settings, and terms a member adds in place (antithetic pairs, norms): the
+                    # same rows and decoding. `fitness` is in the key: correctness decodes, gold_logprob not.
+                    not_shaping=("sigma", "norm_sigma", "lr", "lr_scheduler", "optimizer", "fitness_shaping",
+                                 "antithetic", "perturb_norms", "steps"),
                     start=256)  # the default: smaller calls mean many calls per step, trials of minutes
 
     def for_device(self, settings: Settings, on_gpu: bool, ranks: int) -> Settings:

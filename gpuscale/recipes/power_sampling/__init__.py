@@ -76,7 +76,9 @@ class PowerSampling(Recipe):
                         "warm_up_seconds")
     smoke_settings = {"max_examples": 2, "max_new_tokens": 8, "blocks": 2, "mcmc_steps": 1, "batch_size": 2}
     tuning = Tuning(figure="problems_per_s", knob="problems per rank per batch", cpu_batch_size=8,
-                    shape_settings=("dataset", "split", "method", "max_new_tokens", "blocks", "mcmc_steps", "chains"))
+                    shape_settings=("dataset", "split", "method", "max_new_tokens", "blocks", "mcmc_steps", "chains"),
+                    # The target's exponent and the answer rule: the same proposals and forwards.
+                    not_shaping=("alpha", "answer_mode"))
 
     def trial_session(self, settings: Settings, ctx):
         from gpuscale.recipes.power_sampling.trial import trial_session

@@ -49,14 +49,26 @@ class Tuning:
     (answer length, chains...), part of a stored result's key with recipe, model, GPU and precision; `knob`: what
     the tuned batch is, in words; `start`: the first batch tried on a GPU (small batches of a slow recipe cost
     minutes and are never the best); `cpu_batch_size`: what `--batch-size auto` means on CPU with nothing stored
-    (None: the settings' default)."""
+    (None: the settings' default); `not_shaping`: the other settings its trial reads, which change neither its
+    memory nor its work (a learning rate), beside those of every recipe (`RUN_SETTINGS_NOT_SHAPING`). A setting
+    the trial reads that is in neither list fails tests/integration/test_tune_recipes.py: left out of the key,
+    `--batch-size auto` would reuse a tuning made for other work."""
 
     figure: str
     shape_settings: tuple[str, ...] = ()
+    not_shaping: tuple[str, ...] = ()
     knob: str = "batch_size per rank"
     start: int = 8
     cpu_batch_size: int | None = None
 
+
+# RunSettings' fields a trial may read that are in no recipe's key: the model and precision are the key's
+# own; `batch_size` is what is tuned; `gpus` and `nnodes` count the ranks, whose share of a step is in the
+# shape where it matters (sft's `step_asked`); `compile` is added to the key when on (`tuning_key`); the
+# seed, the questions drawn (`max_examples`, `too_long`) and the held-out ones change which rows, not
+# their size.
+RUN_SETTINGS_NOT_SHAPING = ("model", "precision", "batch_size", "gpus", "nnodes", "compile", "seed", "max_examples",
+                            "too_long", "eval_examples", "eval_split")
 
 TrialFn = Callable[[int], "Trial"]
 

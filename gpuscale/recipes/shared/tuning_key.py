@@ -31,6 +31,8 @@ def tuning_key(recipe: Recipe, settings: RunSettings, device_name: str, precisio
     if recipe.tuning is None:
         raise SettingsError(f"recipe: {recipe.name!r}: cannot be tuned (it declares no trial)")
     shape = {name: getattr(settings, name) for name in recipe.tuning.shape_settings}
+    if settings.compile:  # compiled kernels take other memory and time; uncompiled keys stay as stored before
+        shape["compile"] = True
     return TuningKey(recipe.name, settings.model, device_name, precision, json.dumps(shape, sort_keys=True))
 
 
