@@ -258,7 +258,7 @@ def probe_training(args) -> dict:
     from gpuscale.recipes.grpo_mtl import Settings
     from gpuscale.recipes.grpo_mtl.data import grpo_rows, training_and_eval_examples
     from gpuscale.recipes.grpo_mtl.trainer import build_trainer
-    from gpuscale.recipes.shared.common import load_generation_model
+    from gpuscale.recipes.shared.models import load_generation_model
 
     if args.variant == "no-cudnn":
         torch.backends.cuda.enable_cudnn_sdp(False)

@@ -67,7 +67,7 @@ def share_of_plain_inference(args) -> dict:
     from gpuscale.data.tasks import load_examples
     from gpuscale.engines.generation import GenerationEngine, RowScale, RowTerm, Sampling
     from gpuscale.recipes.eggroll.trainer import perturbed_linears, perturbed_norms
-    from gpuscale.recipes.shared.common import stand_in_tokenizer
+    from gpuscale.recipes.shared.models import stand_in_tokenizer
 
     device = torch.device("cuda")
     if args.model.startswith("random-"):

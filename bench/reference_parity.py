@@ -31,7 +31,7 @@ from gpuscale.data.models import load_model
 from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats, power_sample_reference
-from gpuscale.recipes.shared.common import stand_in_tokenizer
+from gpuscale.recipes.shared.models import stand_in_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
 from record import one_card, write_result  # noqa: E402

@@ -3,7 +3,7 @@
 Every candidate (a set of settings) runs once per seed through `gpuscale run --set eval_split=validation`: the
 run scores eval_examples validation problems, never trained on (tiny-math's validation split: the same for
 every seed, none a pretraining problem of the embedded model; other data: the first problems of the training
-data, held out of training) (recipes/shared/training.py's split; the summary's `eval_split` says so, and a run
+data, held out of training) (recipes/shared/training_data.py's split; the summary's `eval_split` says so, and a run
 whose summary does not is counted as failed). Runs share the machine (`--jobs` at a time); with `--one-gpu-
 each` each run gets one GPU (`--gpus K,`), round-robin over the GPUs. Runs save no model unless `--set
 save_model=true`: the chosen settings are then run again with eval_split=test, once, for the figures to

@@ -365,7 +365,7 @@ def main(argv=None) -> dict:
 
     from gpuscale.data.cards import model_flops_shape, training_flops_per_token
     from gpuscale.data.models import random_model_config
-    from gpuscale.recipes.shared.common import stand_in_tokenizer
+    from gpuscale.recipes.shared.models import stand_in_tokenizer
 
     only = set(filter(None, args.only.split(","))) or {"stock", "gpuscale", "variants", "sweep", "packed", "grpo"}
     card = torch.cuda.get_device_name(0)

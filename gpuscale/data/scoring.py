@@ -43,7 +43,7 @@ def score_completion(index: int, chain: int, example: Mapping, tokens: list[int]
     }
 
 
-# The one answer-extraction rule of every recipe's held-out accuracy (recipes/shared/training.py's
+# The one answer-extraction rule of every recipe's held-out accuracy (recipes/shared/evaluation.py's
 # `held_out_evaluation`): strict, the `#### N` line the training data teaches (lm-eval's strict-match).
 # A lenient rule (the last number in the text) also credits an answer the model never stated as its
 # answer, a number it rambled past, which would let one recipe's figure gain on another's by its

@@ -137,7 +137,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     print(laps.line(), flush=True)
     everyone = ctx.gather(mine)
     if ctx.is_main:
-        from gpuscale.recipes.shared.common import summary_opening
+        from gpuscale.recipes.shared.summary import summary_opening
 
         reporter.summary(
             {

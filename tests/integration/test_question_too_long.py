@@ -98,7 +98,7 @@ def test_the_training_recipes_data_leaves_it_out_before_launch_and_in_the_ranks(
     if recipe == "grpo-mtl":
         from gpuscale.recipes.grpo_mtl.data import training_and_eval_examples
     else:
-        from gpuscale.recipes.shared.training import training_and_eval_examples
+        from gpuscale.recipes.shared.training_data import training_and_eval_examples
     train, held_out = training_and_eval_examples(skip)
     assert len(held_out) == 4 and len(train) == settings["max_examples"]
     assert LONG_QUESTION not in {row["question"] for row in train + held_out}

@@ -22,7 +22,7 @@ from gpuscale.data.models import load_model
 from gpuscale.engines.generation import GenerationEngine, Sampling
 from gpuscale.recipes.eggroll import Settings, evolution
 from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
-from gpuscale.recipes.shared.common import GenerationModel
+from gpuscale.recipes.shared.models import GenerationModel
 from gpuscale.runs.settings import resolve_settings
 
 POPULATION, RANK, SIGMA = 4, 2, 0.05

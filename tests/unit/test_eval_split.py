@@ -24,7 +24,7 @@ from gpuscale.recipes.sft import SFT
 from gpuscale.recipes.sft import Settings as SftSettings
 from gpuscale.recipes.shared.data_checks import training_count
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.recipes.shared.training import training_and_eval_examples
+from gpuscale.recipes.shared.training_data import training_and_eval_examples
 from gpuscale.runs.settings import SettingsError, resolve_settings
 
 

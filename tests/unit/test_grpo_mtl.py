@@ -42,7 +42,7 @@ def test_an_auto_micro_batch_is_the_largest_divisor_of_the_rank_s_completions_th
     assert auto.batch_size is None and accumulation_steps(auto, world_size=8) == 1  # sized on the rank
     assert with_card_sized_batch(auto, ctx, model).batch_size == 8  # a CPU rank: CPU_BATCH_SIZE, divides 128
     asked = []
-    monkeypatch.setattr("gpuscale.recipes.shared.training.fitted_micro_batch",
+    monkeypatch.setattr("gpuscale.recipes.shared.card_sized_micro_batch.fitted_micro_batch",
                         lambda settings, ctx, model, rows, tokens: asked.append((rows, tokens)) or (100, "fits 100"))
     on_a_card = RankContext(0, 0, 1, torch.device("cuda"), torch.bfloat16, tmp_path)  # nothing is allocated
     assert with_card_sized_batch(auto, on_a_card, model).batch_size == 64  # 100 fit: 64 divides the 128 completions

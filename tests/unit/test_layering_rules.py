@@ -359,7 +359,7 @@ def test_no_recipe_imports_another_nor_does_what_they_share(loaded_by):
 
 
 def test_a_planted_recipe_crossing_fails():
-    planted = {"gpuscale.recipes.sft.planted": {"gpuscale.recipes.rft.filtering", "gpuscale.recipes.shared.common"},
+    planted = {"gpuscale.recipes.sft.planted": {"gpuscale.recipes.rft.filtering", "gpuscale.recipes.shared.models"},
                "gpuscale.recipes.shared.planted": {"gpuscale.recipes.eggroll"}}
     assert recipe_crossings(planted) == [
         "gpuscale.recipes.sft.planted imports gpuscale.recipes.rft.filtering",

@@ -23,7 +23,7 @@ from gpuscale.data.tiny_math import (
     tiny_math_examples,
 )
 from gpuscale.recipes.sft import Settings as SftSettings
-from gpuscale.recipes.shared.training import training_and_eval_examples
+from gpuscale.recipes.shared.training_data import training_and_eval_examples
 
 # How many questions of the training split (for each seed) the tests read: enough that every question
 # template of gpuscale/data/tiny_math.py occurs many times (structure_key, gpuscale/data/near_duplicates.py).
@@ -158,7 +158,7 @@ def test_every_recipe_s_held_out_figure_is_strict(monkeypatch, tmp_path):
     from gpuscale.data.models import load_model
     from gpuscale.engines import generation
     from gpuscale.engines.distributed import RankContext
-    from gpuscale.recipes.shared.training import held_out_evaluation
+    from gpuscale.recipes.shared.evaluation import held_out_evaluation
 
     assert HELD_OUT_ANSWER_MODE == "strict"
     model, tokenizer = load_model("tiny-math", dtype=torch.float32, device=torch.device("cpu"))

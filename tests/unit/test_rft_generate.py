@@ -13,7 +13,7 @@ from gpuscale.data.rewards import correctness
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.rft import Settings
 from gpuscale.recipes.rft.generate import generate_kept_set, make_sampler
-from gpuscale.recipes.shared.common import load_generation_model
+from gpuscale.recipes.shared.models import load_generation_model
 
 CTX = SimpleNamespace(rank=0, is_main=False, world_size=1, device=torch.device("cpu"), dtype=torch.float32,
                       run_dir=None)

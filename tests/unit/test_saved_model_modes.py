@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuscale.recipes.shared.common import save_model
+from gpuscale.recipes.shared.models import save_model
 
 
 @pytest.fixture(params=[0o022, 0o027])

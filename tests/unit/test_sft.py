@@ -13,7 +13,8 @@ from gpuscale.data.prompts import prompt_ids
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.sft import SFT, Settings
-from gpuscale.recipes.shared.training import tokenized_dataset, train_sft, training_and_eval_examples
+from gpuscale.recipes.shared.training import train_sft
+from gpuscale.recipes.shared.training_data import tokenized_dataset, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError
 
 

@@ -23,7 +23,8 @@ from gpuscale.engines.training_memory import (
     split_rows,
 )
 from gpuscale.recipes.sft import Settings
-from gpuscale.recipes.shared.training import tokenized_dataset, train_sft_dataset
+from gpuscale.recipes.shared.training import train_sft_dataset
+from gpuscale.recipes.shared.training_data import tokenized_dataset
 
 GIB = 2**30
 QWEN_05B = random_model_config("random-qwen2.5-0.5b")

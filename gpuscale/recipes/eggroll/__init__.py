@@ -13,7 +13,7 @@ generate every prompt, restore; same engine, same noise, same update, so only th
 
 Held-out accuracy (greedy and temperature 1) before, every `eval_every` steps and after, on
 `eval_examples` problems: the test split's, or with `eval_split=validation` the first problems of the
-training data, taken out of training (recipes/shared/training.py's split, as every training recipe's; for
+training data, taken out of training (recipes/shared/training_data.py's split, as every training recipe's; for
 choosing settings; the summary's `eval_split` says which).
 
 Files: this one (settings and the recipe, no torch), evolution.py (perturbations, shaping, update),
@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training import eval_split_field
+from gpuscale.recipes.shared.training_settings import eval_split_field
 from gpuscale.runs.settings import RunSettings
 
 # The population and steps a run gets unless told: chosen on the validation split, 3 seeds (bench/RESULTS.md,
@@ -125,10 +125,10 @@ class Settings(RunSettings):
 def check_training_examples(settings: Settings) -> None:
     """Each step samples prompts_per_step distinct prompts from the training examples (without
     replacement); with fewer the first step raises, after the model is loaded. The trainer loads
-    them as every training recipe does (recipes/shared/training.py's `training_and_eval_examples`: the
+    them as every training recipe does (recipes/shared/training_data.py's `training_and_eval_examples`: the
     held-out problems left out)."""
     from gpuscale.recipes.shared.data_checks import require_training_examples, training_count
-    from gpuscale.recipes.shared.training import training_and_eval_examples
+    from gpuscale.recipes.shared.training_data import training_and_eval_examples
 
     count, source = training_count(settings, lambda s: training_and_eval_examples(s)[0])
     require_training_examples(count, source, settings.prompts_per_step, "prompts_per_step",

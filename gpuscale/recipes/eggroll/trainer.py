@@ -36,8 +36,9 @@ from gpuscale.runs.samples import SampleLog, sample_record
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
     from gpuscale.engines.generation import GenerationEngine
-    from gpuscale.recipes.shared.common import load_generation_model, save_model, summary_opening
-    from gpuscale.recipes.shared.training import training_and_eval_examples
+    from gpuscale.recipes.shared.models import load_generation_model, save_model
+    from gpuscale.recipes.shared.summary import summary_opening
+    from gpuscale.recipes.shared.training_data import training_and_eval_examples
 
     if settings.population % ctx.world_size:
         raise ValueError(f"population: {settings.population}: must divide evenly over {ctx.world_size} ranks")
@@ -426,7 +427,7 @@ class Trainer:
 class Evaluator:
     """Held-out accuracy, greedy and at temperature 1 (the training engine's row terms act only in
     its own calls, so these see the unperturbed model), named as every training recipe names it
-    (recipes/shared/training.py)."""
+    (recipes/shared/evaluation.py)."""
 
     def __init__(self, settings: Settings, ctx, loaded, held_out: list[dict]):
         self.settings, self.ctx, self.loaded, self.held_out = settings, ctx, loaded, held_out
@@ -434,7 +435,7 @@ class Evaluator:
     def figures(self, label: str, log_only: bool = False) -> dict:
         """`accuracy_<greedy|sampled>[_<domain>]_<label>` (label before or after); with `log_only`,
         the two overall accuracies as the figures a step logs, `accuracy_greedy` and `accuracy_sampled`."""
-        from gpuscale.recipes.shared.training import held_out_evaluation
+        from gpuscale.recipes.shared.evaluation import held_out_evaluation
 
         s = self.settings
         figures = held_out_evaluation(self.loaded.model, self.loaded.tokenizer, self.held_out, self.ctx, label,

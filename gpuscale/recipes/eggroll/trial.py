@@ -20,9 +20,9 @@ def trial_session(settings: Settings, ctx):
     from gpuscale.engines.batch_search import Trial
     from gpuscale.engines.generation import GenerationEngine
     from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
-    from gpuscale.recipes.shared.common import load_generation_model
     from gpuscale.recipes.shared.device_trials import timed_steps
-    from gpuscale.recipes.shared.training import training_and_eval_examples
+    from gpuscale.recipes.shared.models import load_generation_model
+    from gpuscale.recipes.shared.training_data import training_and_eval_examples
 
     train, _held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)

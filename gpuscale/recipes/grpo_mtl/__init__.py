@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training import TrainingSettings
+from gpuscale.recipes.shared.training_settings import TrainingSettings
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 

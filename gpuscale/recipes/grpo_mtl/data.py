@@ -5,10 +5,10 @@ from __future__ import annotations
 
 def training_and_eval_examples(settings) -> tuple[list[dict], list[dict]]:
     """(training examples, held-out evaluation examples), as every training recipe holds them out
-    (recipes/shared/training.py's `training_and_eval_examples`: the test split, or with eval_split=validation
+    (recipes/shared/training_data.py's `training_and_eval_examples`: the test split, or with eval_split=validation
     the first eval_examples problems of the training data). Without `max_examples`, only as many training examples
     are loaded as the run can use: max_steps x prompts_per_step (tiny-math generates its problems)."""
-    from gpuscale.recipes.shared.training import training_and_eval_examples as split_examples
+    from gpuscale.recipes.shared.training_data import training_and_eval_examples as split_examples
 
     limit = settings.max_examples or settings.max_steps * settings.prompts_per_step
     return split_examples(settings.model_copy(update={"max_examples": limit}))

@@ -16,8 +16,9 @@ from gpuscale.runs.settings import SettingsError
 
 
 def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.shared.common import load_generation_model, summary_opening
-    from gpuscale.recipes.shared.training import save_then_evaluate
+    from gpuscale.recipes.shared.evaluation import save_then_evaluate
+    from gpuscale.recipes.shared.models import load_generation_model
+    from gpuscale.recipes.shared.summary import summary_opening
 
     train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
@@ -42,7 +43,8 @@ def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
     8 on CPU), the same on every rank (`agreed_micro_batch`)."""
     if settings.batch_size is None:
         from gpuscale.recipes.grpo_mtl import rank_share
-        from gpuscale.recipes.shared.training import AUTO_STEP_ROWS, agreed_micro_batch, fitted_micro_batch
+        from gpuscale.recipes.shared.card_sized_micro_batch import agreed_micro_batch, fitted_micro_batch
+        from gpuscale.recipes.shared.training_settings import AUTO_STEP_ROWS
 
         share = rank_share(settings, ctx.world_size)
         columns = settings.max_prompt_length + settings.max_completion_length
@@ -77,7 +79,7 @@ def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:
 def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx, when: str) -> dict[str, float | None]:
     """Held-out accuracy, overall and per domain, greedy and sampled at temperature 1, strict answers:
     `accuracy_greedy[_<domain>]_<when>`, `accuracy_sampled[_<domain>]_<when>`."""
-    from gpuscale.recipes.shared.training import held_out_evaluation
+    from gpuscale.recipes.shared.evaluation import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, examples, ctx, when, max_new_tokens=settings.max_completion_length,
                                seed=settings.seed)

@@ -15,8 +15,10 @@ if TYPE_CHECKING:  # torch is imported only inside a rank
 def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.data.question_length import question_limit
     from gpuscale.data.tasks import evaluation_examples
-    from gpuscale.recipes.shared.common import RankResults, batched, load_generation_model, merge_results
     from gpuscale.recipes.shared.device_trials import out_of_memory_names
+    from gpuscale.recipes.shared.generation_batches import batched
+    from gpuscale.recipes.shared.models import load_generation_model
+    from gpuscale.recipes.shared.results import RankResults, merge_results
 
     examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed,
                                    question_limit=question_limit(settings))
@@ -150,8 +152,8 @@ class BatchSampler:
         return rows
 
     def padded(self, prompts: list[list[int]]) -> list[list[int]]:
-        """A short last batch keeps the full batch shape under CUDA graphs (common.padded_to)."""
-        from gpuscale.recipes.shared.common import padded_to
+        """A short last batch keeps the full batch shape under CUDA graphs (generation_batches.padded_to)."""
+        from gpuscale.recipes.shared.generation_batches import padded_to
 
         if self.engine is None or not self.engine.cuda_graphs:
             return prompts

@@ -15,8 +15,8 @@ def trial_session(settings: Settings, ctx):
     from gpuscale.data.question_length import question_limit
     from gpuscale.data.tasks import evaluation_examples
     from gpuscale.recipes.power_sampling.sampler import BatchSampler
-    from gpuscale.recipes.shared.common import load_generation_model
     from gpuscale.recipes.shared.device_trials import timed_steps
+    from gpuscale.recipes.shared.models import load_generation_model
 
     count = settings.max_examples if settings.split == "validation" else None  # validation is counted out
     examples = evaluation_examples(settings.dataset, settings.split, count, seed=settings.seed,

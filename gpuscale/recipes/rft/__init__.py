@@ -34,7 +34,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training import SupervisedSettings
+from gpuscale.recipes.shared.training_settings import SupervisedSettings
 from gpuscale.runs.settings import auto_means_sized_on_card
 
 
@@ -116,7 +116,7 @@ def check_questions_per_rank(settings: Settings) -> None:
     the validation rows)."""
     from gpuscale.recipes.shared.data_checks import require_training_examples, training_count
     from gpuscale.recipes.shared.rank_batches import run_ranks
-    from gpuscale.recipes.shared.training import training_and_eval_examples
+    from gpuscale.recipes.shared.training_data import training_and_eval_examples
 
     ranks = run_ranks(settings)
     count, source = training_count(settings, lambda s: training_and_eval_examples(s)[0])

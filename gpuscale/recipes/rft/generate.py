@@ -48,7 +48,7 @@ def questions_per_call(settings) -> int:
 def generation_batches(settings, ctx, train: list[dict], model) -> list[list[tuple[int, dict]]]:
     """This rank's questions (with their index in the training set), cut into calls of
     `batch_size` questions (`auto`: sized for the card, `with_batch_size`)."""
-    from gpuscale.recipes.shared.common import batched
+    from gpuscale.recipes.shared.generation_batches import batched
 
     mine = ctx.shard(list(enumerate(train)))
     return batched(mine, questions_per_call(with_batch_size(settings, model, len(mine), ctx)))
@@ -80,7 +80,7 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
     `log(batch_number, **figures)` is called after each call (counts of that call, running figures)."""
     from gpuscale.data.prompts import prompt_ids
     from gpuscale.data.scoring import decode_completions
-    from gpuscale.recipes.shared.common import RankResults
+    from gpuscale.recipes.shared.results import RankResults
 
     sampler = make_sampler(settings, ctx, loaded, max((len(batch) for batch in batches), default=1))
     k = settings.samples_per_question
@@ -171,7 +171,7 @@ class EngineSampler:
         self.questions, self.k, self.max_new_tokens = questions, settings.samples_per_question, settings.max_new_tokens
 
     def __call__(self, prompts: list[list[int]]) -> list[list[int]]:
-        from gpuscale.recipes.shared.common import padded_to
+        from gpuscale.recipes.shared.generation_batches import padded_to
 
         generation = self.engine.generate(padded_to(prompts, self.questions), self.max_new_tokens, self.sampling,
                                           self.generator, samples_per_prompt=self.k)

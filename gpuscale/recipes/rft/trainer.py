@@ -76,8 +76,11 @@ def most_kept_rows(settings: Settings, questions: int) -> int:
 
 def run_rft(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.rft.generate import generation_batches
-    from gpuscale.recipes.shared.common import load_generation_model, summary_opening
-    from gpuscale.recipes.shared.training import save_then_evaluate, train_sft, training_and_eval_examples
+    from gpuscale.recipes.shared.evaluation import save_then_evaluate
+    from gpuscale.recipes.shared.models import load_generation_model
+    from gpuscale.recipes.shared.summary import summary_opening
+    from gpuscale.recipes.shared.training import train_sft
+    from gpuscale.recipes.shared.training_data import training_and_eval_examples
 
     train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
@@ -181,7 +184,7 @@ def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedRepor
 def evaluate(model, tokenizer, test: list[dict], settings: Settings, ctx, when: str) -> dict:
     """Greedy and temperature-1 accuracy, overall and per domain, strict answers:
     `accuracy_greedy[_<domain>]_<when>` and `accuracy_sampled[_<domain>]_<when>`."""
-    from gpuscale.recipes.shared.training import held_out_evaluation
+    from gpuscale.recipes.shared.evaluation import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, test, ctx, when, max_new_tokens=settings.max_new_tokens,
                                seed=settings.seed, batch_size=settings.eval_batch_size)

@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training import MOST_ACCUMULATION, SupervisedSettings, with_micro_batch
+from gpuscale.recipes.shared.training_settings import MOST_ACCUMULATION, SupervisedSettings, with_micro_batch
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
@@ -73,7 +73,7 @@ class SFT(Recipe):
         from gpuscale.data.tasks import check_dataset
         from gpuscale.recipes.shared.data_checks import training_count
         from gpuscale.recipes.shared.rank_batches import run_ranks
-        from gpuscale.recipes.shared.training import training_and_eval_examples
+        from gpuscale.recipes.shared.training_data import training_and_eval_examples
 
         check_dataset(settings.dataset, "train", settings.max_examples)
         settings.check_micro_batch(run_ranks(settings), settings.batch_size)

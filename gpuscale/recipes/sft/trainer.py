@@ -7,14 +7,11 @@ from gpuscale.recipes.sft import Settings
 
 
 def run_sft(settings: Settings, ctx, reporter) -> None:
-    from gpuscale.recipes.shared.common import load_generation_model, summary_opening
-    from gpuscale.recipes.shared.training import (
-        held_out_evaluation,
-        save_then_evaluate,
-        sft_rows,
-        train_sft,
-        training_and_eval_examples,
-    )
+    from gpuscale.recipes.shared.evaluation import held_out_evaluation, save_then_evaluate
+    from gpuscale.recipes.shared.models import load_generation_model
+    from gpuscale.recipes.shared.summary import summary_opening
+    from gpuscale.recipes.shared.training import train_sft
+    from gpuscale.recipes.shared.training_data import sft_rows, training_and_eval_examples
 
     train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)

@@ -13,7 +13,7 @@ def trial_session(settings: Settings, ctx):
     rank_rows = settings.rank_rows(run_ranks(settings))  # this rank's share of a step
 
     def rows_for(tokenizer) -> TrainingRows:
-        from gpuscale.recipes.shared.training import sft_rows, tokenized_dataset, training_and_eval_examples
+        from gpuscale.recipes.shared.training_data import sft_rows, tokenized_dataset, training_and_eval_examples
 
         wanted = rank_rows  # a step's rows: every trial trains on them
         limited = settings.model_copy(update={"max_examples": min(settings.max_examples or wanted, wanted)})

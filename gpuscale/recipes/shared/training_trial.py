@@ -123,7 +123,7 @@ def trainable_model(settings, ctx):
     """(the loaded model with its tokenizer, the module to train) as the run trains it."""
     import torch
 
-    from gpuscale.recipes.shared.common import load_generation_model
+    from gpuscale.recipes.shared.models import load_generation_model
     from gpuscale.recipes.shared.training import apply_liger_kernels, lora_config
 
     loaded = load_generation_model(settings.model, ctx)
@@ -146,7 +146,7 @@ def trainable_model(settings, ctx):
 
 def reference_model(settings, ctx):
     """GRPO's frozen reference (beta > 0): the initial model in the rank's dtype, forwarded without grad."""
-    from gpuscale.recipes.shared.common import load_generation_model
+    from gpuscale.recipes.shared.models import load_generation_model
 
     frozen = load_generation_model(settings.model, ctx).model
     frozen.requires_grad_(False)

@@ -1,0 +1,94 @@
+"""The held-out evaluation of every recipe, and the end of a training run.
+
+- `held_out_accuracy`: accuracy on held-out problems at one temperature, sharded over the ranks and
+  gathered, answers extracted by the one strict rule (data/scoring.py's HELD_OUT_ANSWER_MODE).
+- `held_out_evaluation`: greedy and temperature 1, per domain and on tiny-math's structurally new
+  subset, figures named `accuracy_<greedy|sampled>[_<domain>|_new]_<before|after>` by data/figures.py's
+  `accuracy_name`.
+- `save_then_evaluate`: the trained model is saved before the final evaluation, so that a failure
+  there never loses it.
+
+No torch at import: eggroll, not a TRL recipe, uses the evaluation too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gpuscale.data.figures import accuracy_name
+from gpuscale.recipes.shared.generation_batches import batched
+
+if TYPE_CHECKING:
+    from gpuscale.recipes.shared.training import TrainedModel
+
+
+def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens: int,
+                      temperature: float = 0.0, seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
+    """Accuracy on held-out `examples`, each answered once at `temperature` (0 = greedy), answers
+    extracted by the one held-out rule (data/scoring.py's HELD_OUT_ANSWER_MODE, strict): sharded
+    over the ranks and gathered on every rank as {"accuracy": ..., "accuracy_<domain>": ...}, with
+    "accuracy_new" for examples marked `structurally_new` (data/scoring.py's `held_out_figures`). The
+    engine leaves the model's train/eval mode as it was."""
+    import torch
+
+    from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
+    from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, held_out_figures, score_completion
+    from gpuscale.data.seeds import derived_seed
+    from gpuscale.engines.generation import GenerationEngine, Sampling
+
+    eos = eos_token_ids(model, tokenizer)
+    # No torch.compile: a few hundred answers do not repay tens of seconds of compiling.
+    engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(tokenizer, eos), compile=False)
+    generator = torch.Generator(device=ctx.device).manual_seed(derived_seed(seed, "evaluation", ctx.rank))
+    rows = []
+    for batch in batched(ctx.shard(list(enumerate(examples))), batch_size):
+        prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]
+        generation = engine.generate(prompts, max_new_tokens, Sampling(temperature=temperature), generator)
+        for (index, example), tokens in zip(batch, generation.sequences()):
+            rows.append(score_completion(index, 0, example, tokens, tokenizer, eos, HELD_OUT_ANSWER_MODE))
+    return held_out_figures(row for rank_rows in ctx.gather(rows) for row in rank_rows)
+
+
+def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, *, max_new_tokens: int,
+                        seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
+    """Held-out accuracy, greedy and at temperature 1, overall and per domain, every recipe's answers
+    extracted by one strict `#### N` rule (data/scoring.py's HELD_OUT_ANSWER_MODE says why):
+    {"accuracy_greedy_<when>": ..., "accuracy_greedy_<domain>_<when>": ..., "accuracy_sampled_<when>": ...};
+    the overall ones are None without examples. On tiny-math also the structurally new subset
+    (data/near_duplicates.py): `accuracy_<greedy|sampled>_new_<when>` and its size `eval_examples_new`;
+    other data has `eval_examples_new` None and `structurally_new_unavailable` saying why. `when` is
+    "before" or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires."""
+    from gpuscale.data.scoring import new_subset_size
+    from gpuscale.engines.reporter import fail_if_injected
+
+    if when == "after":
+        fail_if_injected("final_eval", ctx.rank)
+    figures: dict[str, float | None] = dict(new_subset_size(examples))
+    for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+        if not examples:
+            figures[accuracy_name(label, "", when)] = None
+            continue
+        found = held_out_accuracy(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, seed=seed, batch_size=batch_size)
+        figures.update({accuracy_name(label, name.removeprefix("accuracy").lstrip("_"), when): value
+                        for name, value in found.items()})
+    return figures
+
+
+def save_then_evaluate(trained: TrainedModel, tokenizer, ctx, settings, reporter, summary: dict,
+                       evaluate: Callable[[], dict]) -> dict:
+    """The end of a training run: save the trained model to RUN_DIR/model (where `save_model`), report
+    the summary so far as a partial one, then run the final evaluation `evaluate()` and report the
+    whole summary. A failure in the evaluation leaves the saved model and the figures measured
+    before it. Returns the whole summary (rank 0's matters)."""
+    from gpuscale.recipes.shared.models import save_model
+
+    model_dir = save_model(trained.model, tokenizer, ctx) if settings.save_model else None
+    summary = {**summary, **trained.figures, "model_dir": str(model_dir) if model_dir else None}
+    if ctx.is_main:
+        reporter.summary(summary, partial=True)
+    summary.update(evaluate())
+    if ctx.is_main:
+        reporter.summary(summary)
+    return summary
