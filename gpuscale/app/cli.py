@@ -17,8 +17,8 @@ from gpuscale.app.commands.common import EXIT_BAD_INPUT, USER_ERRORS, Parser, Ve
 from gpuscale.control.store import gpuscale_home, store_error
 
 # The commands in the order `gpuscale --help` lists them; each group's module adds its own parsers.
-COMMANDS = ("run", "tune", "runs", "show", "stop", "delete", "resume", "logs", "samples", "compare", "export",
-            "recipes", "gpus", "models", "data", "doctor", "sbatch", "demo")
+COMMANDS = ("run", "tune", "runs", "show", "stop", "delete", "resume", "logs", "generations", "compare",
+            "export", "recipes", "gpus", "models", "data", "doctor", "sbatch", "demo")
 
 
 def build_parser() -> Parser:

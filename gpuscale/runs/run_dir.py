@@ -14,7 +14,8 @@ writes under RUN_DIR goes through `RunDir`.
         errors/rank<R>.json     the error a rank died of
         results/rank<R>.jsonl   each rank's per-example results, as they are done
         results.jsonl           every rank's results merged, in example order
-        samples.jsonl           a bounded sample of what the model generated, by step (runs/samples.py)
+        generations.jsonl       a bounded selection of what the model generated, by step
+                                (runs/generations.py; samples.jsonl in a run made before the rename)
         model/                  a trained model and its tokenizer
         trainer/                TRL's output folder
         checkpoints/            checkpoint-<step>/ folders to resume from (runs/checkpoints.py)
@@ -32,6 +33,8 @@ from pathlib import Path
 
 # The folders a run starts with; the others are made by whoever writes into them.
 START_FOLDERS = ("logs", "metrics", "errors")
+# What a run's generations file was called before it was named for them (a run folder keeps its files).
+GENERATIONS_BEFORE_RENAME = "samples.jsonl"
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,16 @@ class RunDir:
         return self.root / "results.jsonl"
 
     @property
-    def samples(self) -> Path:
-        """What the model generated, a few per step (runs/samples.py); not the telemetry samples,
-        which the history holds."""
-        return self.root / "samples.jsonl"
+    def generations(self) -> Path:
+        """What the model generated, a few per step (runs/generations.py): where a rank writes it."""
+        return self.root / "generations.jsonl"
+
+    @property
+    def generations_to_read(self) -> Path:
+        """The generations file a reader opens: `generations`, or, in a run folder that has only the
+        older name (`GENERATIONS_BEFORE_RENAME`: a run made before the rename), that one."""
+        old = self.root / GENERATIONS_BEFORE_RENAME
+        return old if not self.generations.exists() and old.exists() else self.generations
 
     # ---- folders ----
 

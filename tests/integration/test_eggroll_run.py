@@ -6,7 +6,7 @@ import pytest
 
 from conftest import run_json, runs_at_once
 from gpuscale.control.store import Store
-from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
+from gpuscale.runs.generations import GENERATIONS_PER_STEP, read_generations
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
@@ -34,10 +34,10 @@ def test_two_ranks_record_fitness_and_keep_identical_weights(home):
     assert sum(row["value"] for row in samples) == 8 * 3  # members evaluated, over ranks and steps
     names = {row["name"] for row in Store(home).metrics(run["id"])}
     assert {"reward_arithmetic", "reward_comparison", "reward_counting"} & names  # the step's prompts' domains
-    # What rank 0's members answered (runs/samples.py): its first call of each step (its 4 members x 4
+    # What rank 0's members answered (runs/generations.py): its first call of each step (its 4 members x 4
     # prompts), a few of the earlier steps, all of the last; each answer with its member's fitness.
-    records = read_samples(run["run_dir"])
-    assert Counter(record["step"] for record in records) == {1: SAMPLES_PER_STEP, 2: SAMPLES_PER_STEP, 3: 16}
+    records = read_generations(run["run_dir"])
+    assert Counter(record["step"] for record in records) == {1: GENERATIONS_PER_STEP, 2: GENERATIONS_PER_STEP, 3: 16}
     last = [record for record in records if record["step"] == 3]
     for member in range(4):
         answers = last[member * 4 : member * 4 + 4]

@@ -16,7 +16,7 @@ from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
 from gpuscale.data.tiny_math import TINY_MATH_DOMAINS
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
+from gpuscale.runs.generations import GENERATIONS_PER_STEP, read_generations
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
@@ -58,7 +58,7 @@ def test_two_cpu_ranks_train_with_pcgrad_and_report_per_domain_figures(home):
     assert {m["rank"] for m in store.metrics(run["id"], "tokens")} == {0, 1}
     assert store.metrics(run["id"], "time_generation")
     check_policy_mismatch(store, run)
-    check_samples(run)
+    check_generations(run)
 
     # The trained model is in the run folder, loadable by name, and PCGrad's update changed it.
     trained, tokenizer = load_model(summary["model_dir"])
@@ -67,12 +67,12 @@ def test_two_cpu_ranks_train_with_pcgrad_and_report_per_domain_figures(home):
     assert any(not torch.equal(weight, original.state_dict()[name]) for name, weight in trained.state_dict().items())
 
 
-def check_samples(run: dict) -> None:
-    """What the run generated (runs/samples.py), through TRL's completion log: a few of step 1, all of
+def check_generations(run: dict) -> None:
+    """What the run generated (runs/generations.py), through TRL's completion log: a few of step 1, all of
     step 2 (4 prompts x 4 completions, both ranks' gathered), each with its domain, rewards, advantage
-    and truncation; and `gpuscale samples` shows them, filtered."""
-    records = read_samples(run["run_dir"])
-    assert Counter(record["step"] for record in records) == {1: SAMPLES_PER_STEP, 2: 16}
+    and truncation; and `gpuscale generations` shows them, filtered."""
+    records = read_generations(run["run_dir"])
+    assert Counter(record["step"] for record in records) == {1: GENERATIONS_PER_STEP, 2: 16}
     for record in records:
         assert record["domain"] in TINY_MATH_DOMAINS and record["prompt"].strip()
         assert isinstance(record["completion"], str)
@@ -80,13 +80,13 @@ def check_samples(run: dict) -> None:
         assert record["correct"] is (record["rewards"]["correctness"] == 1.0)
         assert isinstance(record["advantage"], float) and isinstance(record["truncated"], bool)
     assert any(record["truncated"] for record in records)  # 16 tokens: the untrained model runs on
-    shown = gpuscale("samples", str(run["id"]))
-    assert shown.returncode == 0 and f"run {run['id']}: 16 samples of step 2 (steps kept: 1-2" in shown.stdout
+    shown = gpuscale("generations", str(run["id"]))
+    assert shown.returncode == 0 and f"run {run['id']}: 16 generations of step 2 (steps kept: 1-2" in shown.stdout
     domain = records[0]["domain"]
-    picked = run_json("samples", str(run["id"]), "--step", "1", "--domain", domain)
+    picked = run_json("generations", str(run["id"]), "--step", "1", "--domain", domain)
     assert picked and {(r["step"], r["domain"]) for r in picked} == {(1, domain)}
-    wrong = gpuscale("samples", str(run["id"]), "--step", "9")
-    assert wrong.returncode == 2 and f"step: 9: run {run['id']} kept samples of steps 1-2" in wrong.stderr
+    wrong = gpuscale("generations", str(run["id"]), "--step", "9")
+    assert wrong.returncode == 2 and f"step: 9: run {run['id']} kept generations of steps 1-2" in wrong.stderr
 
 
 def check_policy_mismatch(store: Store, run: dict) -> None:

@@ -8,7 +8,7 @@ import pytest
 from conftest import gpuscale, run_json, run_together
 from gpuscale.data.models import model_path
 from gpuscale.data.tasks import load_examples
-from gpuscale.runs.samples import read_samples
+from gpuscale.runs.generations import read_generations
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
@@ -34,13 +34,13 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
         assert row["correct"] == (row["extracted"] is not None and float(row["extracted"]) == float(row["gold"]))
     assert summary["accuracy"] == sum(r["correct"] for r in results) / 6
     assert_an_auditor_can_rescore(results[3])
-    # What rank 0 answered (runs/samples.py): its one batch of problems 0, 2, 4, each as its result row.
-    samples = read_samples(run["run_dir"])
-    assert [(sample["step"], sample["prompt"]) for sample in samples] == [(1, row["question"]) for row in results[::2]]
-    for sample, row in zip(samples, results[::2]):
-        assert (sample["completion"], sample["correct"], sample["domain"]) == (row["completion"], row["correct"],
-                                                                               row["domain"])
-        assert sample["truncated"] in (False, row["tokens"] == run["settings"]["max_new_tokens"])
+    # What rank 0 answered (runs/generations.py): its one batch of problems 0, 2, 4, each as its result row.
+    generations = read_generations(run["run_dir"])
+    assert [(g["step"], g["prompt"]) for g in generations] == [(1, row["question"]) for row in results[::2]]
+    for generation, row in zip(generations, results[::2]):
+        assert (generation["completion"], generation["correct"], generation["domain"]) == (
+            row["completion"], row["correct"], row["domain"])
+        assert generation["truncated"] in (False, row["tokens"] == run["settings"]["max_new_tokens"])
     # The live figures combine both ranks (weighted by samples): they end where the summary does.
     assert run["progress"]["latest"]["accuracy"] == pytest.approx(summary["accuracy"])
     assert run["progress"]["tokens_per_s"] > 0  # a finished run's average, not an empty last window

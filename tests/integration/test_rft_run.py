@@ -18,7 +18,7 @@ from gpuscale.data.models import load_model
 from gpuscale.data.rewards import correctness
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs.samples import SAMPLES_PER_STEP, read_samples
+from gpuscale.runs.generations import GENERATIONS_PER_STEP, read_generations
 
 TINY_RFT = ["--recipe", "rft", "--set", "max_examples=16", "--set", "samples_per_question=4",
             "--set", "batch_size=4", "--set", "keep_per_question=2", "--set", "max_new_tokens=48",
@@ -55,9 +55,9 @@ def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
         mine = [row["completion"] for row in samples if row["question"] == question]
         assert len(mine) <= 2 and len(set(mine)) == len(mine)
 
-    # What rank 0 generated (runs/samples.py): a few of its first call, all of its last (4 questions x 4).
-    records = read_samples(run_dir)
-    assert Counter(record["step"] for record in records) == {1: SAMPLES_PER_STEP, 2: 16}
+    # What rank 0 generated (runs/generations.py): a few of its first call, all of its last (4 questions x 4).
+    records = read_generations(run_dir)
+    assert Counter(record["step"] for record in records) == {1: GENERATIONS_PER_STEP, 2: 16}
     for record in records:
         assert record["phase"] == "generate" and record["rewards"] == {"correctness": float(record["correct"])}
         assert record["correct"] is bool(correctness(record["completion"], gold[record["prompt"]], mode="strict"))

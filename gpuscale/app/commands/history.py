@@ -1,5 +1,5 @@
-"""`gpuscale runs`, `show`, `stop`, `delete`, `logs`, `samples`, `compare`, `export` and `doctor`: reading (and
-tidying) the run history."""
+"""`gpuscale runs`, `show`, `stop`, `delete`, `logs`, `generations` (or `samples`), `compare`, `export` and
+`doctor`: reading (and tidying) the run history."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpuscale.app.commands.common import (
     print_table,
     public_run,
 )
-from gpuscale.app.views import samples as samples_view
+from gpuscale.app.views import generations as generations_view
 from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.export import FORMATS as EXPORT_FORMATS
 from gpuscale.app.views.export import PARTS as EXPORT_PARTS
@@ -38,8 +38,8 @@ from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.control import launch
 from gpuscale.control.store import STATUSES, gpuscale_home
 from gpuscale.recipes.shared.registry import all_recipes
+from gpuscale.runs.generations import read_generations
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.samples import read_samples
 
 COMPARE_NEEDS = "compare needs two run ids, e.g. gpuscale compare 12 15; `gpuscale runs` lists them"
 
@@ -106,30 +106,32 @@ def cmd_logs(args: argparse.Namespace) -> int:
         launch.reconcile(store)
 
 
-def cmd_samples(args: argparse.Namespace) -> int:
-    """What the run generated, as kept in its samples file: the newest step's (or --step N's), newest
-    first, with --domain only that domain's."""
+def cmd_generations(args: argparse.Namespace) -> int:
+    """What the run generated, as kept in its generations file (`gpuscale generations`, or its older name
+    `gpuscale samples`): the newest step's (or --step N's), newest first, with --domain only that domain's."""
     run = open_store().find_run(args.id)
-    records = read_samples(run["run_dir"])
-    steps, domains = samples_view.steps_of(records), samples_view.domains_of(records)
+    records = read_generations(run["run_dir"])
+    steps, domains = generations_view.steps_of(records), generations_view.domains_of(records)
     if records and args.step is not None and args.step not in steps:
-        raise BadInput(f"step: {args.step}: run {run['id']} kept samples of steps {samples_view.steps_text(steps)}")
+        raise BadInput(f"step: {args.step}: run {run['id']} kept generations of steps "
+                       f"{generations_view.steps_text(steps)}")
     if records and args.domain is not None and args.domain not in domains:
-        raise BadInput(f"domain: {args.domain!r}: run {run['id']}'s samples are of {', '.join(domains) or 'no domain'}")
+        raise BadInput(f"domain: {args.domain!r}: run {run['id']}'s generations are of "
+                       f"{', '.join(domains) or 'no domain'}")
     step = args.step if args.step is not None else (steps[-1] if steps else None)
-    shown = samples_view.filtered(records, step=step, domain=args.domain)
+    shown = generations_view.filtered(records, step=step, domain=args.domain)
     if args.json:
         print(json.dumps(shown, indent=2))
         return 0
     if not records:
-        print(f"run {run['id']} ({run['recipe']}) kept no samples: only a recipe that generates keeps them, "
+        print(f"run {run['id']} ({run['recipe']}) kept no generations: only a recipe that generates keeps them, "
               "from its first step on")
         return 0
-    print(f"run {run['id']}: {len(shown)} samples of step {step} (steps kept: {samples_view.steps_text(steps)};"
-          " --step N for another), newest first")
+    print(f"run {run['id']}: {len(shown)} generations of step {step} (steps kept: "
+          f"{generations_view.steps_text(steps)}; --step N for another), newest first")
     for record in shown:
         print()
-        print(samples_view.sample_text(record))
+        print(generations_view.generation_text(record))
     return 0
 
 
@@ -268,13 +270,15 @@ def add_logs_parser(sub) -> None:
     p.set_defaults(func=cmd_logs)
 
 
-def add_samples_parser(sub) -> None:
-    p = sub.add_parser("samples", help="what a run generated: prompts, completions, rewards, a few per step")
+def add_generations_parser(sub) -> None:
+    # `samples`: the command's name before it was named for what it shows (not the telemetry samples).
+    p = sub.add_parser("generations", aliases=["samples"],
+                       help="what a run generated: prompts, completions, rewards, a few per step")
     p.add_argument("id", help=ID_HELP)
-    p.add_argument("--step", type=int, help="this step's samples (default: the newest step's)")
-    p.add_argument("--domain", help="only this domain's samples")
+    p.add_argument("--step", type=int, help="this step's generations (default: the newest step's)")
+    p.add_argument("--domain", help="only this domain's generations")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-    p.set_defaults(func=cmd_samples)
+    p.set_defaults(func=cmd_generations)
 
 
 def add_compare_parser(sub) -> None:
@@ -287,7 +291,7 @@ def add_compare_parser(sub) -> None:
 
 
 def add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="a run's record, metrics and samples")
+    p = sub.add_parser("export", help="a run's record, metrics, telemetry samples and results")
     p.add_argument("id", help=ID_HELP)
     p.add_argument("--format", choices=EXPORT_FORMATS, default="json", help="json (default) or csv")
     p.add_argument("--what", choices=EXPORT_PARTS, help="json: only this part (default: all of them); csv: "
@@ -304,5 +308,5 @@ def add_doctor_parser(sub) -> None:
 
 
 PARSERS = {"runs": add_runs_parser, "show": add_show_parser, "stop": add_stop_parser, "delete": add_delete_parser,
-           "logs": add_logs_parser, "samples": add_samples_parser, "compare": add_compare_parser,
+           "logs": add_logs_parser, "generations": add_generations_parser, "compare": add_compare_parser,
            "export": add_export_parser, "doctor": add_doctor_parser}

@@ -54,7 +54,8 @@ class ExportDialog(ModalScreen[tuple[str, Path] | None]):
 
     def compose(self):
         with Vertical(classes="dialog"):
-            yield Static(f"Export run {self.run_id}: its record, metrics and samples", classes="dialog-question")
+            yield Static(f"Export run {self.run_id}: its record, metrics, telemetry samples and results",
+                         classes="dialog-question")
             with Horizontal(classes="dialog-row"):
                 yield Label("format ", classes="field-label")
                 yield Select([("json", "json"), ("csv (metrics)", "csv")], value="json", allow_blank=False,

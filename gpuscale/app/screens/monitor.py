@@ -41,7 +41,7 @@ class MonitorScreen(Screen):
         Binding("p", "previous_tab", "Previous run", show=False),
         Binding("x", "close", "Close tab", show=False),
         Binding("c", "charts", "Charts", show=False),
-        Binding("a", "samples", "Samples", show=False),
+        Binding("a", "generations", "Generations", show=False),
     ]
 
     def __init__(self):
@@ -163,11 +163,11 @@ class MonitorScreen(Screen):
         if monitor := self.active_monitor():
             self.app.open_details(monitor.run_id)
 
-    def action_samples(self) -> None:
+    def action_generations(self) -> None:
         if monitor := self.active_monitor():
-            from gpuscale.app.screens.samples import SamplesScreen
+            from gpuscale.app.screens.generations import GenerationsScreen
 
-            self.app.push_screen(SamplesScreen(monitor.run_id, live=monitor.live))
+            self.app.push_screen(GenerationsScreen(monitor.run_id, live=monitor.live))
 
     async def action_close(self) -> None:
         monitor = self.active_monitor()

@@ -1,5 +1,5 @@
 """One run: its status, error and hint, command, settings and summary; its stored charts and logs; what
-it generated (its samples)."""
+it generated (its generations)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, Ta
 from gpuscale.app.views.node_check import node_check_lines, table_names
 from gpuscale.app.views.runs import figure_text, lineage_lines, run_title, status_line
 from gpuscale.app.views.text import format_time, setting_text
+from gpuscale.app.widgets.generations_view import GenerationsView
 from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
-from gpuscale.app.widgets.samples_view import SamplesView
 from gpuscale.control import launch
 
 
@@ -41,7 +41,7 @@ class RunDetailScreen(Screen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("1", "tab('summary')", "Summary"),
         Binding("2", "tab('charts')", "Charts"),
-        Binding("3", "tab('samples')", "Samples", show=False),  # the footer must fit 80 columns
+        Binding("3", "tab('generations')", "Generations", show=False),  # the footer must fit 80 columns
         Binding("e", "export", "Export"),
     ]
 
@@ -61,8 +61,8 @@ class RunDetailScreen(Screen):
                     yield PlainTable(id="detail-settings", cursor_type="row", show_cursor=False)
             with TabPane("Charts", id="charts"):
                 yield RunMonitor(self.run_id, stored=True)
-            with TabPane("Samples", id="samples"):
-                yield SamplesView(self.run_id, id="detail-samples")
+            with TabPane("Generations", id="generations"):
+                yield GenerationsView(self.run_id, id="detail-generations")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -73,8 +73,8 @@ class RunDetailScreen(Screen):
 
     def action_tab(self, tab: str) -> None:
         self.query_one("#detail-tabs", TabbedContent).active = tab
-        if tab == "samples":
-            self.query_one(SamplesView).focus()  # its keys: d (domain), c (correct or not)
+        if tab == "generations":
+            self.query_one(GenerationsView).focus()  # its keys: d (domain), c (correct or not)
 
     def action_export(self) -> None:
         self.app.export_run(self.run_id)

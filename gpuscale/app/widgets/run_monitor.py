@@ -154,8 +154,8 @@ class RunMonitor(VerticalScroll):
         yield Log(max_lines=400, classes="monitor-log")
         if not self.stored:
             yield PlainStatic("w: chart window · f: next figure · r: next log · n/p: next/previous run · "
-                         "x: close a finished run's tab · d: details · a: samples · s: stop · c: charts or devices "
-                         "(short terminals)", classes="monitor-hint")
+                              "x: close a finished run's tab · d: details · a: generations · s: stop · "
+                              "c: charts or devices (short terminals)", classes="monitor-hint")
 
     def on_mount(self) -> None:
         self._status = self.query_one(".monitor-status", Static)

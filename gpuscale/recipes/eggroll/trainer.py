@@ -30,8 +30,8 @@ import torch.distributed as dist
 from gpuscale.data.seeds import derived_seed
 from gpuscale.engines import preemption
 from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
+from gpuscale.runs.generations import GenerationLog, generation_record
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.samples import SampleLog, sample_record
 
 
 def run_eggroll(settings: Settings, ctx, reporter) -> None:
@@ -217,8 +217,9 @@ class Trainer:
         self.updater = evolution.Updater([module.weight for _, module in self.linears + self.norms], settings.optimizer,
                                   settings.lr)
         self.clock = PhaseClock(ctx.synchronize)  # a step's time: noise, load, generate, score, gather, update
-        # What the members answered (runs/samples.py), rank 0's first call of each step: only where answers are decoded.
-        self.samples = SampleLog(ctx.run_dir) if ctx.is_main and settings.fitness == "correctness" else None
+        # What the members answered (runs/generations.py), rank 0's first call of each step: only where
+        # answers are decoded.
+        self.generation_log = GenerationLog(ctx.run_dir) if ctx.is_main and settings.fitness == "correctness" else None
         self.last_answers: tuple | None = None  # _answer's (texts, rewards, cut at max_new_tokens) of its latest call
 
     def _add_row_terms(self):
@@ -265,8 +266,8 @@ class Trainer:
             result.add(rewards, tokens)
             noted = noted or (mine[start : start + self.members_per_call], self.last_answers)
         result.fitness = self._gather(torch.tensor(result.member_fitness, device=self.ctx.device))
-        if self.samples is not None and noted[1] is not None:
-            self.samples.add(step, self._answer_samples(step, prompts, *noted, result.fitness))
+        if self.generation_log is not None and noted[1] is not None:
+            self.generation_log.add(step, self._answer_generations(step, prompts, *noted, result.fitness))
         clock.lap("gather")  # the rewards ended on the host: this is the gather, waiting for the others included
         shaped = evolution.shape_fitness(result.fitness, s.fitness_shaping, s.antithetic)
         coefficients = evolution.draw_coefficients(shaped, s.antithetic)
@@ -362,17 +363,17 @@ class Trainer:
         self.last_answers = (texts, rewards, cut)
         return rewards, lengths
 
-    def _answer_samples(self, step: int, prompts, members: list[int], answers: tuple, fitness) -> list[dict]:
-        """One call's answers as sample records: each with its member's fitness (gathered), row order as
+    def _answer_generations(self, step: int, prompts, members: list[int], answers: tuple, fitness) -> list[dict]:
+        """One call's answers as generation records: each with its member's fitness (gathered), row order as
         `_answer`'s (member, prompt, generation)."""
         texts, rewards, cut = answers
         generations, records = self.settings.generations_per_prompt, []
         for row in range(len(members) * self.rows_per_member):
             member, prompt = members[row // self.rows_per_member], prompts[(row % self.rows_per_member) // generations]
-            records.append(sample_record(step, prompt["question"], texts[row], domain=prompt["domain"],
-                                         correct=rewards[row] >= 1.0, rewards={"correctness": rewards[row]},
-                                         fitness=float(fitness[member]),
-                                         truncated=cut[row]))
+            records.append(generation_record(step, prompt["question"], texts[row], domain=prompt["domain"],
+                                             correct=rewards[row] >= 1.0, rewards={"correctness": rewards[row]},
+                                             fitness=float(fitness[member]),
+                                             truncated=cut[row]))
         return records
 
     @torch.no_grad()

@@ -19,7 +19,7 @@ merging, casting) is recipes/shared/training.py's, shared with sft and rft.
 Files: this one (settings and the recipe, no torch), data.py (training rows and held-out examples),
 trainer.py (a rank's work; the engine behind `rollout_func` is engines/rollout.py), multitask.py (the
 GRPOTrainer subclass: per-domain losses and gradients), pcgrad.py (the projection, and a step's
-per-domain gradient buffers), samples.py (the samples a run keeps), trial.py (its tuning trial, on
+per-domain gradient buffers), generations.py (the generations a run keeps), trial.py (its tuning trial, on
 recipes/shared/training_trial.py).
 """
 

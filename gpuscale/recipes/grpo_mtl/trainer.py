@@ -119,8 +119,8 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     from gpuscale.engines.reporter import injected_fault
     from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
+    from gpuscale.recipes.grpo_mtl.generations import GenerationKeeper, GenerationNotes
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
-    from gpuscale.recipes.grpo_mtl.samples import SampleKeeper, SampleNotes
     from gpuscale.recipes.shared.training import apply_liger_kernels, card_name, lora_config
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
@@ -157,8 +157,8 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     nan_from = injected_fault("nan_reward", ctx.rank)
     if nan_from is not None:
         reward_funcs = [NanFrom(function, nan_from) for function in reward_funcs]
-    # The samples' domain and truncation (a completion at the cap that did not end with EOS).
-    reward_funcs[0] = SampleNotes(reward_funcs[0], settings.max_completion_length, eos_token_ids(model, tokenizer))
+    # The generations' domain and truncation (a completion at the cap that did not end with EOS).
+    reward_funcs[0] = GenerationNotes(reward_funcs[0], settings.max_completion_length, eos_token_ids(model, tokenizer))
     trainer = MultiTaskGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -172,7 +172,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         mtl=settings.mtl,
         mtl_seed=settings.seed,
     )
-    trainer.add_callback(SampleKeeper(trainer, ctx.run_dir))  # RUN_DIR/samples.jsonl, rank 0
+    trainer.add_callback(GenerationKeeper(trainer, ctx.run_dir))  # RUN_DIR/generations.jsonl, rank 0
     return trainer, callback
 
 

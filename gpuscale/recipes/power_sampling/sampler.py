@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuscale.recipes.power_sampling import Settings
-from gpuscale.runs.samples import SampleLog, sample_record
+from gpuscale.runs.generations import GenerationLog, generation_record
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
     from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats
@@ -30,14 +30,15 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     warm_up_seconds = sampler.warm_up(batches[0]) if batches else 0.0
     reporter.total(len(batches))
     results, started = RankResults(ctx.run_dir, ctx.rank), time.perf_counter()
-    samples = SampleLog(ctx.run_dir) if ctx.is_main else None  # rank 0's own answers, a batch a step
+    generation_log = GenerationLog(ctx.run_dir) if ctx.is_main else None  # rank 0's own answers, a batch a step
     for number, batch in enumerate(batches, start=1):
         before = sampler.stats_snapshot()
         with out_of_memory_names(settings.batch_size, number, len(batches)):
             rows = sampler.run(batch)
         results.add(rows)
-        if samples is not None:
-            samples.add(number, [answer_sample(number, row, settings.max_new_tokens, loaded.eos) for row in rows])
+        if generation_log is not None:
+            generation_log.add(number, [answer_generation(number, row, settings.max_new_tokens, loaded.eos)
+                                        for row in rows])
         done = sampler.stats_snapshot()
         reporter.log(
             step=number, samples=len(batch), tokens=done["decoded_tokens"] - before["decoded_tokens"],
@@ -191,11 +192,11 @@ class BatchSampler:
                 for row, tokens in enumerate(generation.sequences())]
 
 
-def answer_sample(step: int, row: dict, max_new_tokens: int, eos: list[int]) -> dict:
-    """A results row as a sample record (runs/samples.py): cut where it ran to max_new_tokens unended."""
+def answer_generation(step: int, row: dict, max_new_tokens: int, eos: list[int]) -> dict:
+    """A results row as a generation record (runs/generations.py): cut where it ran to max_new_tokens unended."""
     cut = row["tokens"] >= max_new_tokens and row["token_ids"][-1] not in eos
-    return sample_record(step, row["question"], row["completion"], domain=row["domain"], correct=bool(row["correct"]),
-                         truncated=cut)
+    return generation_record(step, row["question"], row["completion"], domain=row["domain"],
+                             correct=bool(row["correct"]), truncated=cut)
 
 
 def answer(tokens: list[int], logprobs: list[float], accepted: int, proposed: int) -> dict:

@@ -18,7 +18,7 @@ import torch
 
 from gpuscale.data.seeds import derived_seed
 from gpuscale.recipes.rft.filtering import kept_answers, yield_by_domain
-from gpuscale.runs.samples import SampleLog, sample_record
+from gpuscale.runs.generations import GenerationLog, generation_record
 
 
 @dataclass
@@ -88,7 +88,7 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
     # Each call's kept rows go to the rank's results file at once: a run stopped (or lost) while
     # generating keeps its partial kept set in RUN_DIR/results.jsonl, which `data_from` can train on.
     saved = RankResults(ctx.run_dir, ctx.rank)
-    samples = SampleLog(ctx.run_dir) if ctx.is_main else None  # rank 0's own generations
+    generation_log = GenerationLog(ctx.run_dir) if ctx.is_main else None  # rank 0's own generations
     for number, batch in enumerate(batches, start=1):
         started = time.perf_counter()
         tokens = sampler([prompt_ids(loaded.tokenizer, example["question"]) for _, example in batch])
@@ -104,8 +104,8 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
         for position, (index, example) in enumerate(batch):
             _keep(result, index, example, texts[position * k : (position + 1) * k], settings)
         saved.add(result.kept[kept_before:])
-        if samples is not None:
-            samples.add(number, call_samples(number, batch, tokens, texts, settings, loaded.eos))
+        if generation_log is not None:
+            generation_log.add(number, call_generations(number, batch, tokens, texts, settings, loaded.eos))
         log(number, tokens=call_tokens, samples=len(tokens), sample_accuracy=result.correct / result.samples,
             **yield_by_domain(result.questions))
     del sampler
@@ -126,8 +126,8 @@ def _keep(result: GenerationResult, index: int, example: dict, answers: list[str
                      "domain": domain, "source": source} for completion, source in kept]
 
 
-def call_samples(number: int, batch, tokens: list[list[int]], texts: list[str], settings, eos) -> list[dict]:
-    """A generation call's answers as sample records (runs/samples.py), step = the call's number: each
+def call_generations(number: int, batch, tokens: list[list[int]], texts: list[str], settings, eos) -> list[dict]:
+    """A generation call's answers as generation records (runs/generations.py), step = the call's number: each
     question's k answers, their correctness, and whether one ran to max_new_tokens without ending."""
     from gpuscale.data.rewards import correctness
 
@@ -136,9 +136,9 @@ def call_samples(number: int, batch, tokens: list[list[int]], texts: list[str], 
         for row in range(position * k, (position + 1) * k):
             score = correctness(texts[row], example["answer"], mode="strict")
             cut = len(tokens[row]) >= settings.max_new_tokens and tokens[row][-1] not in eos
-            records.append(sample_record(number, example["question"], texts[row], phase="generate",
-                                         domain=example.get("domain") or "all", correct=score == 1.0,
-                                         rewards={"correctness": score}, truncated=cut))
+            records.append(generation_record(number, example["question"], texts[row], phase="generate",
+                                             domain=example.get("domain") or "all", correct=score == 1.0,
+                                             rewards={"correctness": score}, truncated=cut))
     return records
 
 

@@ -1,11 +1,11 @@
-"""grpo-mtl's samples (runs/samples.py) through TRL's own hooks, the training loop untouched:
+"""grpo-mtl's generations file (runs/generations.py) through TRL's own hooks, the training loop untouched:
 
-- `SampleNotes` wraps the first reward function and, through the `log_extra` keyword TRL gives every
+- `GenerationNotes` wraps the first reward function and, through the `log_extra` keyword TRL gives every
   reward function, adds two columns to TRL's completion log: each row's domain and whether its
   completion was cut (max_completion_length tokens, the last no EOS: TRL's own `is_truncated` rule);
-- `SampleKeeper`, a TrainerCallback, reads that log (`GRPOTrainer._logs`: prompts, completions, each
+- `GenerationKeeper`, a TrainerCallback, reads that log (`GRPOTrainer._logs`: prompts, completions, each
   reward function's value and the advantages, TRL gathers them from every rank onto each rank,
-  `log_completions` or not) at the end of each optimizer step, and rank 0 hands it to a `SampleLog`.
+  `log_completions` or not) at the end of each optimizer step, and rank 0 hands it to a `GenerationLog`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import math
 from transformers import TrainerCallback
 
 from gpuscale.data.rewards import completion_text
-from gpuscale.runs.samples import SampleLog, sample_record
+from gpuscale.runs.generations import GenerationLog, generation_record
 
 
-class SampleNotes:
-    """A reward function as it was, that also notes each row's domain and truncation for the samples."""
+class GenerationNotes:
+    """A reward function as it was, that also notes each row's domain and truncation for the generations file."""
 
     def __init__(self, function, max_completion_length: int, eos: list[int]):
         self.function, self.max_completion_length, self.eos = function, max_completion_length, set(eos)
@@ -36,13 +36,13 @@ class SampleNotes:
         return len(row) >= self.max_completion_length and (not row or row[-1] not in self.eos)
 
 
-class SampleKeeper(TrainerCallback):
+class GenerationKeeper(TrainerCallback):
     """At each optimizer step's end, rank 0 writes the step's generations (the whole generation batch,
-    every rank's) to the run's samples file."""
+    every rank's) to the run's generations file."""
 
     def __init__(self, trainer, run_dir):
         self.trainer = trainer
-        self.log = SampleLog(run_dir)
+        self.log = GenerationLog(run_dir)
         self._last_seen = None  # a generation batch that spans several steps is written once
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -57,7 +57,7 @@ class SampleKeeper(TrainerCallback):
 
 
 def step_records(step: int, logs) -> list[dict]:
-    """TRL's completion log as sample records: the rewards by name (`correctness_<domain>` shown as
+    """TRL's completion log as generation records: the rewards by name (`correctness_<domain>` shown as
     `correctness`; a function that does not score the row's domain gives NaN and is left out)."""
     rewards, extra = logs["rewards"], logs["extra"]
     records = []
@@ -66,7 +66,7 @@ def step_records(step: int, logs) -> list[dict]:
         values = {_reward_name(name, domain): column[i] for name, column in rewards.items()
                   if i < len(column) and not math.isnan(column[i])}
         correctness = values.get("correctness")
-        records.append(sample_record(
+        records.append(generation_record(
             step, completion_text(prompt), completion_text(completion),
             domain=domain, rewards=values, correct=None if correctness is None else correctness >= 1.0,
             advantage=_column(logs, "advantages", i), truncated=_column(extra, "truncated", i)))

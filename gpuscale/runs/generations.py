@@ -1,18 +1,19 @@
-"""What the model generated, a bounded sample of it: RUN_DIR/samples.jsonl (`RunDir.samples`).
+"""What the model generated, a bounded selection of it: RUN_DIR/generations.jsonl (`RunDir.generations`;
+a run made before the rename has it as samples.jsonl, which `read_generations` still reads).
 
 A recipe that generates (grpo-mtl, rft, eggroll, power-sampling) hands each step's (or phase's)
-generations to a `SampleLog` on rank 0: every one of the latest step (up to `LAST_STEP_LIMIT`),
-`SAMPLES_PER_STEP` of each earlier step (spread over domains and correct/incorrect), the earlier steps
-themselves capped at `STEPS_KEPT` (the oldest dropped first), each prompt and completion cut at
-`TEXT_LIMIT` characters. So the file never holds more than STEPS_KEPT x SAMPLES_PER_STEP +
+generations to a `GenerationLog` on rank 0: every one of the latest step (up to `LAST_STEP_LIMIT`),
+`GENERATIONS_PER_STEP` of each earlier step (spread over domains and correct/incorrect), the earlier
+steps themselves capped at `STEPS_KEPT` (the oldest dropped first), each prompt and completion cut at
+`TEXT_LIMIT` characters. So the file never holds more than STEPS_KEPT x GENERATIONS_PER_STEP +
 LAST_STEP_LIMIT records of at most 2 x TEXT_LIMIT characters of text each (a few MB), however long the
 run. It is rewritten whole at each step (`write_atomically`: a reader never sees half a line).
 
-One record per line (`sample_record`): step, phase (a recipe's phase name, or None), domain, prompt,
+One record per line (`generation_record`): step, phase (a recipe's phase name, or None), domain, prompt,
 completion, correct (True/False, None where nothing scores it), rewards ({reward name: value}),
 advantage (grpo-mtl), fitness (eggroll), truncated (the completion hit the length cap), t (time).
 
-Plain Python: the ranks write it and the front ends read it (`read_samples`). Only rank 0 writes,
+Plain Python: the ranks write it and the front ends read it (`read_generations`). Only rank 0 writes,
 its own generations, or every rank's where the recipe has them gathered (grpo-mtl: TRL gathers
 every rank's completions on each rank).
 """
@@ -27,17 +28,17 @@ from typing import Any
 
 from gpuscale.runs.run_dir import RunDir, write_atomically
 
-SAMPLES_PER_STEP = 4  # kept of every step but the latest
-LAST_STEP_LIMIT = 256  # the latest step's samples, all of them up to this many
-STEPS_KEPT = 250  # earlier steps kept (SAMPLES_PER_STEP each); the oldest go first
+GENERATIONS_PER_STEP = 4  # kept of every step but the latest
+LAST_STEP_LIMIT = 256  # the latest step's generations, all of them up to this many
+STEPS_KEPT = 250  # earlier steps kept (GENERATIONS_PER_STEP each); the oldest go first
 TEXT_LIMIT = 4000  # characters of a prompt or a completion kept
 CUT_MARK = " […cut]"
 
 
-def sample_record(step: int, prompt: str, completion: str, *, domain: str | None = None,
-                  correct: bool | None = None, rewards: dict[str, float] | None = None,
-                  advantage: float | None = None, fitness: float | None = None, truncated: bool | None = None,
-                  phase: str | None = None) -> dict[str, Any]:
+def generation_record(step: int, prompt: str, completion: str, *, domain: str | None = None,
+                      correct: bool | None = None, rewards: dict[str, float] | None = None,
+                      advantage: float | None = None, fitness: float | None = None,
+                      truncated: bool | None = None, phase: str | None = None) -> dict[str, Any]:
     """One generation, as the file holds it: every field present (None where the recipe has none)."""
     return {"step": int(step), "phase": phase, "domain": domain, "prompt": _cut(prompt),
             "completion": _cut(completion), "correct": correct,
@@ -45,11 +46,11 @@ def sample_record(step: int, prompt: str, completion: str, *, domain: str | None
             "advantage": _number(advantage), "fitness": _number(fitness), "truncated": truncated, "t": time.time()}
 
 
-class SampleLog:
+class GenerationLog:
     """The writing side, one per run, on the rank that writes (rank 0): `add(step, records)`."""
 
     def __init__(self, run_dir: str | Path):
-        self.path = RunDir(run_dir).samples
+        self.path = RunDir(run_dir).generations
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.earlier: dict[int, list[dict]] = {}  # step -> the few kept of it
         self.latest_step: int | None = None
@@ -60,7 +61,7 @@ class SampleLog:
         if not records:
             return
         if self.latest_step is not None and step != self.latest_step:
-            self.earlier[self.latest_step] = a_few(self.latest, SAMPLES_PER_STEP)
+            self.earlier[self.latest_step] = a_few(self.latest, GENERATIONS_PER_STEP)
             self.latest = []
             while len(self.earlier) > STEPS_KEPT:
                 del self.earlier[min(self.earlier)]
@@ -84,12 +85,12 @@ def a_few(records: list[dict], count: int) -> list[dict]:
     return sorted(chosen, key=records.index)
 
 
-def read_samples(run_dir: str | Path) -> list[dict]:
-    """Every record of the run's samples file, in the order written (oldest step first); [] if it has
-    none. A line that is not a JSON object is skipped (the file is written whole, so only a damaged
-    file has one)."""
+def read_generations(run_dir: str | Path) -> list[dict]:
+    """Every record of the run's generations file (`RunDir.generations_to_read`: an older run's
+    samples.jsonl too), in the order written (oldest step first); [] if it has none. A line that is not
+    a JSON object is skipped (the file is written whole, so only a damaged file has one)."""
     try:
-        lines = RunDir(run_dir).samples.read_text().splitlines()
+        lines = RunDir(run_dir).generations_to_read.read_text().splitlines()
     except OSError:
         return []
     records = []

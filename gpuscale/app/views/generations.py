@@ -1,5 +1,5 @@
-"""The generations' samples (runs/samples.py) as the CLI (`gpuscale samples`) and the TUI's samples
-view show them: filtered by step, domain and correct/incorrect, newest first, each with a heading
+"""What a run generated (runs/generations.py) as the CLI (`gpuscale generations`) and the TUI's
+generations view show them: filtered by step, domain and correct/incorrect, newest first, each with a heading
 line (step, domain, correct, rewards, advantage, fitness, length cap) and its prompt and completion
 as written. No textual here: the TUI shows these strings through literal widgets."""
 
@@ -62,8 +62,8 @@ def heading(record: dict) -> str:
     return " · ".join(parts)
 
 
-def sample_text(record: dict, width: int | None = None) -> str:
-    """One sample: its heading, then its prompt and completion, each line wrapped to `width` (the
+def generation_text(record: dict, width: int | None = None) -> str:
+    """One generation: its heading, then its prompt and completion, each line wrapped to `width` (the
     terminal's) and indented."""
     width = width or shutil.get_terminal_size((100, 24)).columns
     lines = [heading(record)]

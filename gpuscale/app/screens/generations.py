@@ -1,4 +1,4 @@
-"""The monitor's samples screen: what the run of the shown tab generated, newest first (`a`)."""
+"""The monitor's generations screen: what the run of the shown tab generated, newest first (`a`)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from gpuscale.app.widgets.samples_view import SamplesView
+from gpuscale.app.widgets.generations_view import GenerationsView
 
 
-class SamplesScreen(Screen):
-    """The monitor's view of a run's samples (the live run's file, read again as it grows)."""
+class GenerationsScreen(Screen):
+    """The monitor's view of a run's generations (the live run's file, read again as it grows)."""
 
     BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
 
@@ -20,9 +20,9 @@ class SamplesScreen(Screen):
 
     def compose(self):
         yield Header(show_clock=False)
-        yield SamplesView(self.run_id, live=self.live, id="samples-view")
+        yield GenerationsView(self.run_id, live=self.live, id="generations-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self.sub_title = f"Run {self.run_id}: samples"
-        self.query_one(SamplesView).focus()
+        self.sub_title = f"Run {self.run_id}: generations"
+        self.query_one(GenerationsView).focus()

@@ -1,5 +1,5 @@
-"""What a run generated (runs/samples.py), newest first: in the monitor's samples screen (`a` on a
-run's tab, app/screens/samples.py) and the run page's Samples tab. `d` steps through the domains, `c`
+"""What a run generated (runs/generations.py), newest first: in the monitor's generations screen (`a`
+on a run's tab, app/screens/generations.py) and the run page's Generations tab. `d` steps through the domains, `c`
 through all / correct / incorrect; a live run's file is read again every few seconds. Every prompt
 and completion is shown as written (a model writes `[/x]` as readily as anything: never read as
 markup) and wraps."""
@@ -11,16 +11,16 @@ from textual import work
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 
-from gpuscale.app.views import samples as view
+from gpuscale.app.views import generations as view
 from gpuscale.app.widgets.plain import PlainStatic
-from gpuscale.runs.samples import read_samples
+from gpuscale.runs.generations import read_generations
 
 READ_EVERY_S = 3.0
-SHOWN = 60  # samples drawn at once: the latest step's can be hundreds, each several lines
+SHOWN = 60  # generations drawn at once: the latest step's can be hundreds, each several lines
 CORRECT_ORDER = list(view.CORRECT_CHOICES)  # all, correct, incorrect
 
 
-class SamplesView(VerticalScroll):
+class GenerationsView(VerticalScroll):
     BINDINGS = [
         Binding("d", "next_domain", "Domain"),
         Binding("c", "next_correct", "Correct?"),
@@ -35,20 +35,20 @@ class SamplesView(VerticalScroll):
         self._shown_key: tuple | None = None
 
     def compose(self):
-        yield PlainStatic("reading the samples…", classes="samples-filter")
-        yield Vertical(classes="samples-list")
+        yield PlainStatic("reading the generations…", classes="generations-filter")
+        yield Vertical(classes="generations-list")
 
     def on_mount(self) -> None:
         self.read()
         if self.live:
             self.set_interval(READ_EVERY_S, self.read)
 
-    @work(thread=True, exclusive=True, group="samples", exit_on_error=False)
+    @work(thread=True, exclusive=True, group="generations", exit_on_error=False)
     def read(self) -> None:
         try:
-            records = read_samples(self.app.store().get_run(self.run_id)["run_dir"])
+            records = read_generations(self.app.store().get_run(self.run_id)["run_dir"])
         except Exception as exc:
-            self.app.from_thread(self._say, f"cannot read run {self.run_id}'s samples: {exc}")
+            self.app.from_thread(self._say, f"cannot read run {self.run_id}'s generations: {exc}")
             return
         self.app.from_thread(self._got, records)
 
@@ -57,7 +57,7 @@ class SamplesView(VerticalScroll):
         self.redraw()
 
     def _say(self, message: str) -> None:
-        self.query_one(".samples-filter", PlainStatic).update(Text(message))
+        self.query_one(".generations-filter", PlainStatic).update(Text(message))
 
     def action_next_domain(self) -> None:
         choices = [None, *view.domains_of(self.records)]
@@ -75,21 +75,21 @@ class SamplesView(VerticalScroll):
             return  # nothing new: keep the reader's scroll position
         self._shown_key = key
         self._say(self.filter_line(len(shown)))
-        listing = self.query_one(".samples-list", Vertical)
+        listing = self.query_one(".generations-list", Vertical)
         listing.remove_children()
-        listing.mount_all(PlainStatic(sample_text(record), classes="sample") for record in shown[:SHOWN])
+        listing.mount_all(PlainStatic(generation_text(record), classes="generation") for record in shown[:SHOWN])
 
     def filter_line(self, matching: int) -> str:
         if not self.records:
-            return f"run {self.run_id}: no samples yet (a recipe that generates keeps them from its first step)"
+            return f"run {self.run_id}: no generations yet (a recipe that generates keeps them from its first step)"
         steps = view.steps_text(view.steps_of(self.records))
         shown = f"{min(matching, SHOWN)} of {matching}" if matching > SHOWN else str(matching)
-        return (f"run {self.run_id}: {shown} samples, newest first (steps kept: {steps}) · domain: "
+        return (f"run {self.run_id}: {shown} generations, newest first (steps kept: {steps}) · domain: "
                 f"{self.domain or 'all'} (d) · {self.correct} (c)")
 
 
-def sample_text(record: dict) -> Text:
-    """One sample: its heading in bold, then its prompt and completion, literal."""
+def generation_text(record: dict) -> Text:
+    """One generation: its heading in bold, then its prompt and completion, literal."""
     text = Text(view.heading(record) + "\n", style="bold")
     text.append("prompt: ", style="dim")
     text.append((record.get("prompt") or "") + "\n")
