@@ -102,9 +102,8 @@ FIGURES: dict[str, Figure] = _figures(
     # The probe's node check, one figure per rank (`copy_gb_per_s_rank_0`): data/node_check.py.
     Figure("copy_gb_per_s", "memory bandwidth", unit="GB/s", direction=HIGHER, family=True),
     Figure("matmul_tflops", "matmul", unit="TFLOP/s", direction=HIGHER, family=True),
-    Figure("latency_tokens_per_s", "decode tokens/s at batch 1", unit="tokens/s", direction=HIGHER, family=True),
-    Figure("throughput_tokens_per_s", "decode tokens/s at full batch", unit="tokens/s", direction=HIGHER,
-           family=True),
+    Figure("latency_tokens_per_s", "decode at batch 1", unit="tokens/s", direction=HIGHER, family=True),
+    Figure("throughput_tokens_per_s", "decode at full batch", unit="tokens/s", direction=HIGHER, family=True),
     Figure("allreduce_busbw_gb_per_s", "all-reduce bus bandwidth", unit="GB/s", direction=HIGHER),
     Figure("link_gb_per_s", "link bandwidth each way", unit="GB/s", direction=HIGHER, family=True),
     Figure("allreduce_algbw_gb_per_s", "all-reduce algorithm bandwidth", unit="GB/s", direction=HIGHER),

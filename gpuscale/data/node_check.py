@@ -9,25 +9,16 @@ on made-up figures.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+
+from gpuscale.data.figures import FIGURES
 
 SLOW_SHARE = 0.15  # a GPU more than this share below the median of its peers is flagged
 
-
-@dataclass(frozen=True)
-class NodeFigure:
-    name: str  # the summary's figure, one per rank: `<name>_rank_<r>`
-    label: str
-    unit: str
-
-
-# The per-GPU figures of the node check, each higher-is-better, in the table's column order.
-NODE_FIGURES = (
-    NodeFigure("copy_gb_per_s", "memory bandwidth", "GB/s"),
-    NodeFigure("matmul_tflops", "matmul", "TFLOP/s"),
-    NodeFigure("latency_tokens_per_s", "decode at batch 1", "tokens/s"),
-    NodeFigure("throughput_tokens_per_s", "decode at full batch", "tokens/s"),
-)
+# The per-GPU figures of the node check, each higher-is-better, in the table's column order: the
+# catalogue's entries (data/figures.py: name, label, unit), each a summary figure per rank,
+# `<name>_rank_<r>`.
+NODE_FIGURES = tuple(FIGURES[name] for name in (
+    "copy_gb_per_s", "matmul_tflops", "latency_tokens_per_s", "throughput_tokens_per_s"))
 
 
 def per_rank_name(figure: str, rank: int) -> str:

@@ -9,6 +9,10 @@ from gpuscale.app.views.text import MISSING, format_number
 from gpuscale.data.cards import memory_bandwidth, peak_flops, unknown_card_note
 from gpuscale.data.node_check import NODE_FIGURES, link_name, per_rank_name
 
+# The table's column of each NODE_FIGURES figure, in its order, headed by this and the catalogue's unit
+# (`memory GB/s`); `{batch}` is the summary's throughput_batch_size.
+COLUMN_HEADINGS = {"copy_gb_per_s": "memory", "matmul_tflops": "matmul", "latency_tokens_per_s": "decode b=1",
+                   "throughput_tokens_per_s": "decode b={batch}"}
 # The summary's figures the table shows (besides the per-rank ones), left out of the plain list.
 TABLE_FIGURES = ("node_check_gpus", "node_check_flags", "allreduce_busbw_gb_per_s", "allreduce_algbw_gb_per_s",
                  "allreduce_mib", "throughput_batch_size")
@@ -62,23 +66,17 @@ def node_check_lines(summary: dict) -> list[str]:
         return []
     gpus, devices = summary["node_check_gpus"], summary.get("devices") or []
     batch = summary.get("throughput_batch_size")
-    header = ["GPU", "device", "memory GB/s", "matmul TFLOP/s", "decode b=1 tokens/s",
-              f"decode b={batch if batch else '?'} tokens/s"]
-    rows = [header]
+    headings = [COLUMN_HEADINGS[f.name].format(batch=batch if batch else "?") + " " + f.unit for f in NODE_FIGURES]
+    rows = [["GPU", "device", *headings]]
     unknown = []
     for rank, gpu in enumerate(gpus):
         device = devices[rank] if rank < len(devices) else None
         if device and device not in unknown and (memory_bandwidth(device) is None or peak_flops(device) is None):
             unknown.append(device)
-        value = {f.name: summary.get(per_rank_name(f.name, rank)) for f in NODE_FIGURES}
-        bandwidth = memory_bandwidth(device)
-        flops = peak_flops(device)
-        rows.append([
-            str(gpu), str(device or MISSING),
-            _measured_and_spec(value["copy_gb_per_s"], bandwidth / 1e9 if bandwidth else None),
-            _measured_and_spec(value["matmul_tflops"], flops / 1e12 if flops else None),
-            format_number(value["latency_tokens_per_s"]), format_number(value["throughput_tokens_per_s"]),
-        ])
+        bandwidth, flops = memory_bandwidth(device), peak_flops(device)
+        spec = {"copy_gb_per_s": bandwidth and bandwidth / 1e9, "matmul_tflops": flops and flops / 1e12}
+        rows.append([str(gpu), str(device or MISSING), *(
+            _measured_and_spec(summary.get(per_rank_name(f.name, rank)), spec.get(f.name)) for f in NODE_FIGURES)])
     lines = ["node check:", *("  " + line for line in _aligned(rows))]
     lines.append("  " + allreduce_line(summary))
     if links := links_line(summary):
