@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gpuscale.data.precision import PRECISIONS, device_precision, torch_dtype
+from gpuscale.data.precision import PRECISIONS, TORCH_NAMES, device_precision, torch_dtype
 
 # Shapes copied from the public configs, so speed and memory match the real models.
 RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
@@ -72,8 +72,8 @@ MODEL_DESCRIPTIONS = {
 }
 # "org/name" as the hub spells repository ids; anything else that is not a directory is a typo.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-# The dtype names the loader takes besides the precision setting's own (auto, bf16, fp16, fp32).
-_LONG_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+# The dtype names the loader takes besides the precision setting's own: torch's (bfloat16 for bf16...).
+_LONG_DTYPE_NAMES = {long: short for short, long in TORCH_NAMES.items()}
 
 
 class ModelError(ValueError):

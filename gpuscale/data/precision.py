@@ -14,11 +14,17 @@ inside the two functions that take or give torch objects.
 
 from __future__ import annotations
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+from typing import Literal
+
+# Resolved name -> torch's dtype attribute: the one table from a precision to a torch dtype, and the
+# one declaration of the precision names; every other list of them derives from it.
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+RESOLVED_PRECISIONS = tuple(TORCH_NAMES)  # what a precision means on a device: bf16, fp16, fp32
+PRECISIONS = ("auto", *RESOLVED_PRECISIONS)  # what the `precision` setting takes
+# The `precision` setting's type (runs/settings.py): pydantic refuses any other name, listing these.
+Precision = Literal[*PRECISIONS]
 # The rule in words: the `precision` setting's help (runs/settings.py) says exactly this.
 AUTO_RULE = "auto = bf16 on compute capability >= 8.0, fp16 below, fp32 on CPU"
-# Resolved name -> torch's dtype attribute: the one table from a precision to a torch dtype.
-TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def resolved_precision(precision: str, compute_capability: tuple[int, int] | list[int] | None) -> str:

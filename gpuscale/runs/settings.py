@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 # The one precision rule lives on the lowest floor, where the model loader can call it too; the
 # control plane and the front ends take it from here (it imports no torch).
-from gpuscale.data.precision import AUTO_RULE
+from gpuscale.data.precision import AUTO_RULE, Precision
 from gpuscale.data.precision import resolved_precision as resolved_precision
 
 
@@ -56,7 +56,7 @@ class RunSettings(BaseModel):
         "all", description="'all', a count, or GPU indices like 0,3 (on a CPU machine: the number of ranks)"
     )
     batch_size: int = Field(8, ge=1, description="sequences per rank per step")
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+    precision: Precision = Field(
         "auto", description=AUTO_RULE  # what data.precision.resolved_precision does
     )
     gpu_memory_share: float = Field(

@@ -11,6 +11,7 @@ from gpuscale.control import launch
 from gpuscale.control.store import Store, StoreError, UnknownRun, gpuscale_home
 from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
+from gpuscale.data.precision import PRECISIONS
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.settings import SettingsError, parse_assignments, resolve_settings
 
@@ -61,7 +62,7 @@ def add_setting_options(parser: argparse.ArgumentParser, recipe_required: bool =
     """The options that make a recipe's settings (shared by `run` and `tune`)."""
     parser.add_argument("--recipe", required=recipe_required, help="recipe name (see `gpuscale recipes`)")
     parser.add_argument("--gpus", help=gpus_help)
-    parser.add_argument("--precision", help="auto | bf16 | fp16 | fp32")
+    parser.add_argument("--precision", help=" | ".join(PRECISIONS))
     parser.add_argument("--model", help="model name, hub id or local path")
     parser.add_argument("--dataset",
                         help="tiny-math[:DOMAIN,...], tiny-math-conflict, gsm8k, or JSONL files (a.jsonl,b.jsonl)")

@@ -13,9 +13,8 @@ from gpuscale.app.commands.common import BadInput, add_setting_options, print_ta
 from gpuscale.app.views.text import format_number
 from gpuscale.control import launch
 from gpuscale.control.store import Store
+from gpuscale.data.precision import RESOLVED_PRECISIONS
 from gpuscale.recipes.shared.registry import get_recipe
-
-PRECISIONS_TO_SEARCH = ("bf16", "fp16", "fp32")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -34,7 +33,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     store = Store()
     precisions = [settings.precision]
     if args.precision_search:
-        precisions = [p for p in PRECISIONS_TO_SEARCH
+        precisions = [p for p in RESOLVED_PRECISIONS
                       if p != "fp16" or device.index is not None]  # fp16 on CPU: slow, never the best
     outcomes = [tune_once(recipe, settings.model_copy(update={"precision": p}), device, store, args)
                 for p in precisions]
@@ -117,7 +116,9 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--memory-cap", type=float, default=0.9,
                    help="a batch whose peak memory passes this share of the card (of RAM on CPU) does not fit "
                         "(default 0.9)")
-    p.add_argument("--precision-search", action="store_true", help="tune at bf16, fp16 and fp32 and compare")
+    *others, last = RESOLVED_PRECISIONS
+    p.add_argument("--precision-search", action="store_true",
+                   help=f"tune at {', '.join(others)} and {last} and compare")
     p.add_argument("--compile-search", action="store_true", help="measure the chosen batch with compile flipped")
     p.add_argument("--json", action="store_true", help="print the trials as JSON (the table goes to stderr)")
     p.add_argument("--settings-json", help=argparse.SUPPRESS)
