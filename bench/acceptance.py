@@ -59,6 +59,7 @@ from record import ROOT, write_result  # noqa: E402
 
 from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NEW_SUBSET  # noqa: E402  (no torch)
 from gpuscale.runs.settings import AUTO_MEMORY_SHARE  # noqa: E402  (the control plane: no torch)
+from gpuscale.runs.statuses import LIVE_STATUSES  # noqa: E402
 
 # Power sampling and its rivals: the same problems and answer length budget (the recipe's default),
 # 16 samples a problem for pass@k up to 16 (greedy decoding has one answer: its pass@k is its accuracy).
@@ -824,7 +825,7 @@ def rows_from_home(args) -> None:
     rows = []
     for label, recipe, _settings, seed in job_list([int(seed) for seed in args.seeds.split(",")], args.only, {}):
         run = newest.get(run_label("acceptance", label, seed))
-        if run is None or run["status"] in ("pending", "running"):
+        if run is None or run["status"] in LIVE_STATUSES:
             continue
         rows.append(row_of({"label": label, "recipe": recipe, "seed": seed, "settings": run.get("settings") or {},
                             "wall_s": stored_wall_s(run), "run": run}))

@@ -71,13 +71,14 @@ async def capture(home: Path, run_id: int, out: Path, size: tuple[int, int]) -> 
 
 def wait_until_ended(home: Path, run_id: int, timeout: float) -> str:
     from gpuscale.control.store import Store
+    from gpuscale.runs.statuses import LIVE_STATUSES
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         store = Store.for_reading(home)
         status = store.get_run(run_id)["status"]
         store.close()
-        if status not in ("pending", "running"):
+        if status not in LIVE_STATUSES:
             return status
         time.sleep(5.0)
     return "still running"

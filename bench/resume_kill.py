@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))  # gpuscale from this checkout when run as a scrip
 from gpuscale.control.store import Store  # noqa: E402
 from gpuscale.runs.checkpoints import checkpoint_step, list_checkpoints  # noqa: E402
 from gpuscale.runs.process import process_alive, run_processes  # noqa: E402
+from gpuscale.runs.statuses import LIVE_STATUSES  # noqa: E402
 
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 
@@ -91,7 +92,7 @@ def wait_for_checkpoint(run_id: int, run_dir: str, timeout: float) -> Path:
             return found[0]
         if time.monotonic() >= next_status:
             run = stored(run_id)
-            if run["status"] not in ("queued", "running"):
+            if run["status"] not in LIVE_STATUSES:
                 raise SystemExit(f"run {run_id} {run['status']} before its first checkpoint: {run['error']}")
             next_status = time.monotonic() + 2.0
         time.sleep(0.1)

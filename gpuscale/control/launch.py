@@ -18,13 +18,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuscale.control.store import LIVE_STATUSES, Store, UnknownRun, merge_rank_results
+from gpuscale.control.store import Store, UnknownRun, merge_rank_results
 from gpuscale.control.supervisor import summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
 from gpuscale.runs.devices import DevicePlan, plan_devices
 from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 # What a run's supervisor runs: `python -m SUPERVISOR_MODULE RUN_ID --home HOME` (doctor finds it by it).
 SUPERVISOR_MODULE = "gpuscale.control.supervisor"

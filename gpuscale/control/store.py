@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuscale.control import sample_fields
 from gpuscale.runs.run_dir import RunDir, write_atomically
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 if TYPE_CHECKING:  # imported for real by _sqlite_utils(), off the TUI's first frame
     import sqlite_utils
@@ -47,12 +48,6 @@ def _sqlite_utils():
         for name in hidden:
             sys.modules.pop(name, None)
     return sqlite_utils
-
-
-STATUSES = ("queued", "running", "succeeded", "failed", "stopped", "lost", "preempted")
-# Per-item results a recipe may merge into its run folder (one JSON object a line), from the files
-# its ranks append to as they go, RUN_DIR/results/rank<R>.jsonl.
-LIVE_STATUSES = ("queued", "running")
 
 
 def gpuscale_home() -> Path:

@@ -16,6 +16,7 @@ import pytest
 from conftest import gpuscale, run_json, wait_until
 from gpuscale.data.models import model_path
 from gpuscale.data.tasks import load_examples
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
@@ -72,7 +73,7 @@ def test_a_file_gone_after_the_launch_is_the_ranks_own_error_line(home, tmp_path
     data = write_problems(tmp_path / "problems.jsonl")
     started = run_json("run", *TINY_POWER, "--dataset", str(data), "--detach")
     data.unlink()  # the ranks take seconds to import torch before they read their settings
-    run = wait_until(lambda: (r := run_json("show", str(started["id"])))["status"] not in ("queued", "running") and r,
+    run = wait_until(lambda: (r := run_json("show", str(started["id"])))["status"] not in LIVE_STATUSES and r,
                      120, message="the run to end")
     assert run["status"] == "failed"
     assert run["error"].startswith("rank ")

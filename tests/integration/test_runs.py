@@ -15,6 +15,7 @@ import pytest
 from conftest import gpuscale, leftover_processes, run_json, run_together, spawn_gpuscale, wait_for_metrics, wait_until
 from gpuscale.app.views.text import format_number
 from gpuscale.control.store import Store
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
@@ -128,7 +129,7 @@ def test_run_survives_its_front_end_being_killed(home):
     wait_for_metrics(home, run_id)
     front.send_signal(signal.SIGKILL)
     front.wait()
-    run = wait_until(lambda: (r := store.get_run(run_id))["status"] not in ("queued", "running") and r, 120)
+    run = wait_until(lambda: (r := store.get_run(run_id))["status"] not in LIVE_STATUSES and r, 120)
     assert run["status"] == "succeeded"
 
 

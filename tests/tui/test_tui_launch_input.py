@@ -12,6 +12,7 @@ from gpuscale.app.tui import GpuscaleApp
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.runs.statuses import LIVE_STATUSES
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)
@@ -100,7 +101,7 @@ def test_a_relative_dataset_runs_from_the_form(home, store, tmp_path, monkeypatc
                             dataset="data/rel.jsonl")
             await pilot.press("ctrl+r")
             run_id = (await wait_for(pilot, store.list_runs, 30, "the run row", explain=lambda: f"{shown}"))[0]["id"]
-            ended = await wait_for(pilot, lambda: store.get_run(run_id)["status"] not in ("queued", "running"), 120,
+            ended = await wait_for(pilot, lambda: store.get_run(run_id)["status"] not in LIVE_STATUSES, 120,
                                    "the run to end")
             assert ended
             run = store.get_run(run_id)

@@ -12,6 +12,7 @@ from gpuscale.app.screens.run_detail import RunDetailScreen
 from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.statuses import LIVE_STATUSES
 from tui_helpers import app_recording_notifications, run_async, settle, wait_for
 
 SIZE = (120, 40)
@@ -59,7 +60,7 @@ def test_r_refuses_a_run_without_checkpoint_and_resumes_one_with_a_checkpoint(ho
             child = store.list_runs(limit=1)[0]
             assert child["parent_id"] == saved and child["id"] not in (bare, saved)
             assert child["settings"]["resume_from"] == str(RunDir(store.get_run(saved)["run_dir"]).checkpoint(2))
-            await wait_for(pilot, lambda: Store(home).get_run(child["id"])["status"] not in ("queued", "running"),
+            await wait_for(pilot, lambda: Store(home).get_run(child["id"])["status"] not in LIVE_STATUSES,
                            120, "the resumed run's end")
 
             # Resumed once already: R asks first (the CLI's --force); n starts nothing.
@@ -87,7 +88,7 @@ def test_r_refuses_a_run_without_checkpoint_and_resumes_one_with_a_checkpoint(ho
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), 10, "the question again")
             await pilot.press("y")
             await wait_for(pilot, lambda: len(Store(home).children(saved)) == 2, 20, "a second child")
-            await wait_for(pilot, lambda: Store(home).children(saved)[1]["status"] not in ("queued", "running"),
+            await wait_for(pilot, lambda: Store(home).children(saved)[1]["status"] not in LIVE_STATUSES,
                            120, "the second child's end")
 
     run_async(scenario())

@@ -11,6 +11,7 @@ import pytest
 
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.control.store import Store
+from gpuscale.runs.statuses import LIVE_STATUSES
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)
@@ -70,7 +71,7 @@ def test_auto_launches_at_the_stored_batch_and_the_form_shows_it(home, store):
 
             await pilot.press("ctrl+r")
             run_id = (await wait_for(pilot, store.list_runs, 30, "the run row"))[0]["id"]
-            await wait_for(pilot, lambda: store.get_run(run_id)["status"] not in ("queued", "running"), 120,
+            await wait_for(pilot, lambda: store.get_run(run_id)["status"] not in LIVE_STATUSES, 120,
                            "the run to end")
 
     run_async(scenario())

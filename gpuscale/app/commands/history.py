@@ -36,10 +36,11 @@ from gpuscale.app.views.runs import (
 )
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.control import launch
-from gpuscale.control.store import STATUSES, gpuscale_home
+from gpuscale.control.store import gpuscale_home
 from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs.generations import read_generations
 from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.statuses import LIVE_STATUSES, STATUSES
 
 COMPARE_NEEDS = "compare needs two run ids, e.g. gpuscale compare 12 15; `gpuscale runs` lists them"
 
@@ -100,7 +101,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             if args.rank is not None and path != folder.log(args.rank):
                 continue
             offsets[path] = print_new_lines(path, offsets.get(path, 0), prefix=f"[{path.stem}] ")
-        if not args.follow or store.get_run(run["id"])["status"] not in ("queued", "running"):
+        if not args.follow or store.get_run(run["id"])["status"] not in LIVE_STATUSES:
             return 0
         time.sleep(0.5)
         launch.reconcile(store)
@@ -147,13 +148,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
     store = open_store(write=True)
     run = launch.stop_run(store, store.find_run(args.id)["id"])
     print(f"run {run['id']}: {run['status']}")
-    return 0 if run["status"] not in ("queued", "running") else 1
+    return 0 if run["status"] not in LIVE_STATUSES else 1
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     store = open_store(write=True)
     run = store.find_run(args.id)
-    if run["status"] in ("queued", "running"):
+    if run["status"] in LIVE_STATUSES:
         raise BadInput(f"run id: {run['id']}: the run is {run['status']}; stop it first")
     store.delete_run(run["id"])
     print(f"run {run['id']}: deleted (its folder {run['run_dir']} is kept)")

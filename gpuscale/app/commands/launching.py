@@ -29,6 +29,7 @@ from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 
 def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = True) -> None:
@@ -162,7 +163,7 @@ def follow_run(store: Store, run_id: int, as_json: bool = False, preempted_ok: b
             launch.stop_run(store, run_id)
         launch.reconcile(store)
         run = store.get_run(run_id)
-        if run["status"] not in ("queued", "running"):
+        if run["status"] not in LIVE_STATUSES:
             break
         pass_on_preemption(run)
         now = time.monotonic()

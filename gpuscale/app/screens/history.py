@@ -22,7 +22,7 @@ from gpuscale.app.views.runs import RUN_COLUMNS, run_row
 from gpuscale.app.views.text import cut_text
 from gpuscale.app.widgets.plain import PlainTable, literal
 from gpuscale.control import launch
-from gpuscale.control.store import LIVE_STATUSES, STATUSES
+from gpuscale.runs.statuses import LIVE_STATUSES, STATUSES
 
 REFRESH_S = 3.0
 PAGE = 200  # runs read at a time; more fill several screens

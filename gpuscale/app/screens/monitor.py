@@ -19,7 +19,7 @@ from gpuscale.app.views.runs import run_title
 from gpuscale.app.widgets.plain import literal
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.control import launch
-from gpuscale.control.store import LIVE_STATUSES
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 LIVE_RUNS_EVERY_S = 2.0
 

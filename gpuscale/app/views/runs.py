@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
 from gpuscale.control.metrics_tail import RATE_WINDOW_S
-from gpuscale.control.store import LIVE_STATUSES
 from gpuscale.data.figures import better, figure
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 # What a training run is for comes first in a table of runs: held-out accuracy before -> after
 # training, then (RL) the training reward at the start -> at the end. Each is a (label, pairs) entry:

@@ -24,8 +24,8 @@ from gpuscale.app.views.text import format_duration
 from gpuscale.app.views.waste import WASTE_WINDOW_S, waste_warnings
 from gpuscale.app.widgets.charts import GaugeSparkline, TimeChart
 from gpuscale.app.widgets.plain import PlainLabel, PlainStatic
-from gpuscale.control.store import LIVE_STATUSES
 from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 
 def set_text(widget: Static, text, fixed_size: bool = False) -> None:
