@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -33,6 +33,18 @@ DEFAULT_CHECKPOINT_EVERY = 50
 
 
 AUTO_MEMORY_SHARE = 0.5  # of the card's memory left once the model is loaded
+
+
+def words_meaning(*words: str, meaning: Any = None) -> Callable[[Any], Any]:
+    """A field's before-validator, the one rule for the words a setting takes for "none" (or "auto",
+    "off"): a string that is one of `words` (lower case; any case and spaces around it are accepted)
+    means `meaning`, None unless given; any other value goes on to the field's own validation as it
+    is. In a settings class: `_words = field_validator("field", mode="before")(words_meaning("", "none"))`."""
+
+    def validator(value: Any) -> Any:
+        return meaning if isinstance(value, str) and value.strip().lower() in words else value
+
+    return validator
 
 
 class RunSettings(BaseModel):
@@ -121,20 +133,10 @@ class RunSettings(BaseModel):
 
         return check_dataset_name(value)
 
-    @field_validator("max_examples", mode="before")
-    @classmethod
-    def _none_words(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
-
-    @field_validator("checkpoint_every", mode="before")
-    @classmethod
-    def _off_is_zero(cls, value: Any) -> Any:
-        return 0 if isinstance(value, str) and value.strip().lower() in ("off", "none", "no", "false") else value
-
-    @field_validator("resume_from", mode="before")
-    @classmethod
-    def _no_checkpoint_words(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
+    _none_words = field_validator("max_examples", mode="before")(words_meaning("", "none", "all"))
+    _off_is_zero = field_validator("checkpoint_every", mode="before")(words_meaning("off", "none", "no", "false",
+                                                                                    meaning=0))
+    _no_checkpoint_words = field_validator("resume_from", mode="before")(words_meaning("", "none"))
 
     @field_validator("resume_from")
     @classmethod
@@ -249,7 +251,6 @@ def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str 
     return None
 
 
-def auto_means_sized_on_card(value: Any) -> Any:
-    """A `batch_size` field's before-validator: the words "auto", "none" and "" mean None, the batch
-    the rank sizes for its card (card_sized_batch in engines/distributed.py)."""
-    return None if isinstance(value, str) and value.strip().lower() in ("", "auto", "none") else value
+# A `batch_size` field's before-validator: the words "auto", "none" and "" mean None, the batch the rank
+# sizes for its card (card_sized_batch in engines/distributed.py).
+auto_means_sized_on_card = words_meaning("", "auto", "none")

@@ -11,11 +11,11 @@ No torch at import: the front ends read the settings classes.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.runs.settings import RunSettings, SettingsError
+from gpuscale.runs.settings import RunSettings, SettingsError, words_meaning
 
 MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
 # batch_size auto with gradient_accumulation given (TRL's count): a unit of accumulation is this many
@@ -107,10 +107,7 @@ class SupervisedSettings(TrainingSettings):
                                     "this many tokens (0 = not padded): one compiled variant of liger's kernels "
                                     "for every length")
 
-    @field_validator("max_steps", mode="before")
-    @classmethod
-    def _no_limit_words(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.strip().lower() in ("", "none", "all") else value
+    _no_limit_words = field_validator("max_steps", mode="before")(words_meaning("", "none", "all"))
 
     def rank_rows(self, ranks: int) -> int:
         """Sequences per optimizer step on each of `ranks` ranks: rows_per_step / ranks, or with
