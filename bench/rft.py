@@ -11,13 +11,14 @@ on 1 and on N GPUs, from real `gpuscale run --recipe rft` runs.
    (without each rank's first call, which captures graphs / compiles).
 2. Training: the gpuscale run's kept set is reused (`data_from`) for a fixed number of SFT steps on
    1 GPU and on --gpus GPUs, same per-device batch; tokens/s is the summary's (the trainer's own
-   count over its training time) and MFU = 6 x parameters x tokens/s / (GPUs x peak), attention's
-   share of the FLOPs left out (short sequences).
+   count over its training time) and MFU = 6 x parameters x tokens/s / (GPUs x peak), the card's
+   dense bf16 peak from gpuscale/data/cards.py, attention's share of the FLOPs left out (short
+   sequences).
 
 A random model (`random-qwen2.5-0.5b`, the shape of Qwen2.5-0.5B) answers noise, so no sample is
 correct: the runs set include_gold=true so that there is a set to train on; its speed is what counts.
 On CPU (the script's own test) pass `--model tiny-math --gpus 2` and small sizes; the ranks are
-then CPU processes and MFU means nothing.
+then CPU processes and there is no MFU (none either on a card cards.py does not know).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
-from record import write_result  # noqa: E402
+from record import card, write_result  # noqa: E402
+
+from gpuscale.data.cards import mfu as card_mfu  # noqa: E402  (no torch)
 
 
 def gpuscale_run(args, gpus: int, *settings: str) -> dict:
@@ -65,13 +68,14 @@ def generation(args, generator: str, batch_size: int) -> dict:
         "sample_accuracy", "kept_examples")}}
 
 
-def training(args, gpus: int, data_from: int, parameters: int) -> dict:
+def training(args, gpus: int, data_from: int, parameters: int, card_name: str | None) -> dict:
     run = gpuscale_run(args, gpus, f"data_from={data_from}", f"max_steps={args.train_steps}",
                        f"train_batch_size={args.train_batch_size}", f"learning_rate={args.learning_rate}",
                        f"lora_rank={args.lora_rank}")
     s = run["summary"]
-    mfu = 6 * parameters * s["tokens_per_s"] / (gpus * args.peak_tflops * 1e12) if s["tokens_per_s"] else None
-    print(f"  -> {gpus} GPU(s): {s['tokens_per_s']:.0f} tokens/s, MFU {100 * (mfu or 0):.2f}%, "
+    mfu = card_mfu(s["tokens_per_s"] and s["tokens_per_s"] / gpus, 6 * parameters, card_name)
+    mfu_text = f"MFU {100 * mfu:.2f}%" if mfu is not None else "no MFU (no card peak)"
+    print(f"  -> {gpus} GPU(s): {s['tokens_per_s']:.0f} tokens/s, {mfu_text}, "
           f"{s['steps']} steps in {s['train_seconds']:.1f} s", flush=True)
     return {"run": run["id"], "gpus": gpus, "tokens_per_s": s["tokens_per_s"], "mfu": mfu,
             "train_seconds": s["train_seconds"], "steps": s["steps"], "train_tokens": s["train_tokens"]}
@@ -119,7 +123,6 @@ def main() -> None:
     parser.add_argument("--train-batch-size", type=int, default=8, help="per device")
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--lora-rank", type=int, default=0)
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100/H200)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
     parser.add_argument("--out", default=None, help="default: bench/results/rft/<what>-<date>-<card>.json")
@@ -139,8 +142,10 @@ def main() -> None:
     if not args.skip_training:
         parameters = model_parameters(args.model)
         results["parameters"] = parameters
+        found = card()  # the visible CUDA devices the runs use
+        card_name = found["names"][0] if isinstance(found, dict) else None
         for gpus in sorted({1, args.gpus}):
-            results["training"].append(training(args, gpus, engine["run"], parameters))
+            results["training"].append(training(args, gpus, engine["run"], parameters, card_name))
         one, most = results["training"][0], results["training"][-1]
         results["training_scaling"] = most["tokens_per_s"] / one["tokens_per_s"] if one["tokens_per_s"] else None
         print(f"training: {args.gpus} GPUs {results['training_scaling']:.2f}x one", flush=True)
