@@ -63,6 +63,10 @@ def _text(name: str, label: str) -> Figure:
 FIGURES: dict[str, Figure] = _figures(
     # What a run is for: held-out accuracy (every accuracy_* name), reward, loss.
     Figure("accuracy", "accuracy", direction=HIGHER, family=True),
+    # Older runs' names of the greedy and sampled held-out accuracy (app/views/runs.py's LEAD_FIGURES reads
+    # them where a summary lacks accuracy_<greedy|sampled>_<before|after>).
+    Figure("greedy_accuracy", "greedy accuracy", direction=HIGHER, family=True),
+    Figure("sampled_accuracy", "sampled accuracy", direction=HIGHER, family=True),
     Figure("accuracy_greedy_gain_points", "greedy accuracy gain", unit="points", direction=HIGHER),
     Figure("accuracy_sampled_gain_points", "sampled accuracy gain", unit="points", direction=HIGHER),
     Figure("sample_accuracy", "generated answers correct", direction=HIGHER),
@@ -77,6 +81,9 @@ FIGURES: dict[str, Figure] = _figures(
     Figure("loss", "loss", direction=LOWER, family=True),
     Figure("train_loss", "training loss", direction=LOWER),
     Figure("entropy", "entropy", family=True),  # in nats, which a headline need not repeat
+    # TRL's completion lengths (completions/clipped_ratio, /mean_length): app/views/collapse.py watches them.
+    Figure("completions_clipped_ratio", "completions at the length cap", direction=LOWER, format="percent"),
+    Figure("completions_mean_length", "completion length (mean)", unit="tokens"),
     Figure("kl", "KL", family=True),
     # How far the trainer's log-probs of the sampled tokens are from the sampler's (engines/policy_mismatch.py;
     # TRL's names for vLLM's): 0 where both are the same weights at the same precision.

@@ -6,8 +6,11 @@ from __future__ import annotations
 import time
 
 from gpuscale.app import cli
+from gpuscale.app.views import collapse, node_check, runs
 from gpuscale.app.views.runs import key_figures
 from gpuscale.control.store import Store
+from gpuscale.data.figures import figure
+from gpuscale.data.node_check import NODE_FIGURES
 
 GRPO = {"tokens_per_s": 2_783.0, "samples_per_s": 3.5, "accuracy_greedy_before": 0.125,
         "accuracy_greedy_after": 0.5, "accuracy_sampled_before": 0.1, "accuracy_sampled_after": 0.375,
@@ -45,3 +48,22 @@ def test_runs_and_show_lead_with_them(home, capsys):
     shown = capsys.readouterr().out.splitlines()
     assert shown[1] == ("figures: accuracy 0.125 -> 0.5 · sampled accuracy 0.1 -> 0.375 · reward 0.05 -> 0.61 · "
                         "tokens/s 2,783")
+
+
+# Every figure a view names to lead with, to watch or to lay out, by where it is named.
+NAMED_BY_VIEWS = {
+    "runs.LEAD_FIGURES": [name for _, pairs in runs.LEAD_FIGURES for pair in pairs for name in pair],
+    "runs.KEY_FIGURES": list(runs.KEY_FIGURES),
+    "runs.PREFERRED_FIGURES": list(runs.PREFERRED_FIGURES),
+    "collapse's watched figures": [*collapse.WATCHED, collapse.MFU, collapse.MISMATCH],
+    "node_check's table": [*node_check.TABLE_FIGURES, *(f.name for f in NODE_FIGURES)],
+}
+
+
+def test_every_figure_a_view_names_is_catalogued():
+    """A lead figure's label, unit and format are the catalogue's (data/figures.py), families included:
+    a name a view leads with must not fall back to the plain `name number`."""
+    missing = [f"{where}: {name}" for where, names in NAMED_BY_VIEWS.items() for name in names if figure(name) is None]
+    assert missing == []
+    assert figure("sampled_accuracy_before").label == "sampled accuracy (before)"  # an older run's name
+    assert figure("completions_clipped_ratio").format == "percent"  # a share, as collapse.py writes it
