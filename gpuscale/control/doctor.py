@@ -24,8 +24,9 @@ import psutil
 from gpuscale.control import launch
 from gpuscale.control.launch import recorded_end
 from gpuscale.control.metrics_tail import MetricsTailer, Throughput
+from gpuscale.control.run_errors import first_error
 from gpuscale.control.store import SCHEMA_VERSION, Store, StoreError, connect_read_only
-from gpuscale.control.supervisor import ended_summary, first_error
+from gpuscale.control.supervisor import ended_summary
 from gpuscale.runs.process import process_alive
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gpuscale.control.supervisor import first_error
+from gpuscale.control.run_errors import first_error
 from gpuscale.runs.run_dir import RunDir
 
 TORCHRUN_TABLE = """\
