@@ -19,7 +19,8 @@ adapters, hooks, wrapped layers) and follows it.
 
 Where to read: `engine.py` (the calls and the decode loop), then `kv.py` (the KV layout),
 `fused.py` (the fused decode forward), `state.py` + `sampling.py` (one step's sampling and
-bookkeeping), `row_terms.py`, `model_state.py`, `compiled.py`. Measured figures: bench/RESULTS.md.
+bookkeeping), `graphs.py` (capturing and replaying the decode step's CUDA graphs), `row_terms.py`,
+`model_state.py`, `compiled.py`. Measured figures: bench/RESULTS.md.
 
 Design
 ------
@@ -88,12 +89,12 @@ step's "sampled" log-prob is 0 (a point mass).
 
 from .engine import (
     COLUMN_GRANULE,
-    CUDA_GRAPH_WARMUP_STEPS,
     CUDA_STOP_CHECK_EVERY,
     DEFAULT_COMPILE_MODE,
     GenerationEngine,
 )
 from .fused import FUSED_WEIGHTS_MAX_BYTES
+from .graphs import CUDA_GRAPH_WARMUP_STEPS
 from .kv import attention_mask_4d, bytes_per_row
 from .results import Generation, StaleGenerationError
 from .row_terms import RowScale, RowTerm, RowTermHandle

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import gc
 import inspect
 from collections.abc import Callable, Sequence
 
@@ -17,6 +16,7 @@ from .fused import (
     _register_grouped_attention,
     make_fused_decode,
 )
+from .graphs import _StepGraphs
 from .kv import _Cursor, _SlotCache, attention_mask_4d
 from .model_state import evaluation_mode, structure_signature
 from .results import Generation, StaleGenerationError, _pad_columns
@@ -29,34 +29,9 @@ from .state import _DecodeState, _sample_and_record
 COLUMN_GRANULE = 64
 # On CUDA, checking "all rows finished" costs a device sync; do it every few steps only.
 CUDA_STOP_CHECK_EVERY = 8
-# Eager steps before a CUDA graph is captured (lazy cuBLAS/allocator initialisation, and the
-# torch.compile compilation of the step, happen there).
-CUDA_GRAPH_WARMUP_STEPS = 2
 # torch.compile mode of the decode step. "max-autotune-no-cudagraphs" also benchmarks Triton matmul
 # templates against cuBLAS (minutes more of compilation); never a mode with CUDA graphs of its own.
 DEFAULT_COMPILE_MODE = "default"
-
-
-def _captured(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of `step`, recorded without running it. Two things outside the step must not
-    touch CUDA while it records, or the capture fails ("operation failed due to a previous error
-    during capture"; seen in sft's evaluation on 4 GPUs, 12 runs at once): Python's garbage collector,
-    which may free another engine's graphs or events mid-capture (so it runs first, which also gives
-    dead engines' graph memory back, and is off during), and other threads, such as NCCL's watchdog
-    polling the events of earlier collectives (so the capture checks this thread only, as
-    torch.compile's CUDA graphs do). An engine captures a few graphs in a run, so the collection's
-    cost is paid a few times."""
-    gc.collect()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            step()
-        return graph
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _engine_call(method):
@@ -152,8 +127,7 @@ class GenerationEngine:
         self._slots: list[_SlotCache] = []
         self._slot_versions = [0, 0]
         self._state: _DecodeState | None = None
-        self._graphs: dict[tuple[int, Sampling], torch.cuda.CUDAGraph] = {}
-        self._warmups: dict[tuple[int, Sampling], int] = {}
+        self._graphs = _StepGraphs(self.device)  # per (slot, sampling settings), on CUDA
         self._row_terms = RowTerms()
         # Set by _follow_model: the model's structure at the last call, and whether fusion still holds.
         self._structure: tuple | None = None
@@ -345,7 +319,6 @@ class GenerationEngine:
         if self._fused is not None:
             self._fused.use_row_terms(self._row_terms)
         self._graphs.clear()
-        self._warmups.clear()
         # The two halves of a decode step, compiled or not (the head matmul between them stays eager:
         # one cuBLAS call either way, and its fp32 output dtype is best left to ATen).
         self._forward_step: Callable = self._decode_forward
@@ -378,7 +351,6 @@ class GenerationEngine:
         )
         # Graphs hold the addresses of the old buffers.
         self._graphs.clear()
-        self._warmups.clear()
 
     def _claim(self, slot: int) -> int:
         self._slot_versions[slot] += 1
@@ -507,25 +479,7 @@ class GenerationEngine:
             return self._decode_step(slot, sampling, compiled=False)
         if not self.cuda_graphs:
             return self._decode_step(slot, sampling)
-        with torch.cuda.device(self.device):  # streams and capture on the model's GPU
-            self._graph_step(slot, sampling)
-
-    def _graph_step(self, slot: int, sampling: Sampling):
-        key = (slot, sampling)
-        graph = self._graphs.get(key)
-        if graph is None and self._warmups.get(key, 0) < CUDA_GRAPH_WARMUP_STEPS:
-            # Real steps, run eagerly on a side stream as PyTorch recommends before capture.
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self._decode_step(slot, sampling)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            self._warmups[key] = self._warmups.get(key, 0) + 1
-            return
-        if graph is None:
-            graph = _captured(lambda: self._decode_step(slot, sampling))
-            self._graphs[key] = graph
-        graph.replay()
+        self._graphs.step((slot, sampling), lambda: self._decode_step(slot, sampling))
 
     def _decode_step(self, slot: int, sampling: Sampling, compiled: bool = True):
         """One token for every row, with in-place updates only (this is what a CUDA graph captures)."""
