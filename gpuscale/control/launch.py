@@ -18,12 +18,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuscale.control.store import Store, UnknownRun, merge_rank_results
+from gpuscale.control.store import Store, UnknownRun
 from gpuscale.control.supervisor import summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
 from gpuscale.runs.devices import DevicePlan, plan_devices
 from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
-from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.run_dir import RunDir, merge_results
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
 from gpuscale.runs.statuses import LIVE_STATUSES
 
@@ -362,7 +362,7 @@ def reconcile(store: Store) -> list[int]:
         summary = run["summary"] or {}
         if run["run_dir"]:
             kill_run_processes(run["run_dir"])  # first: no rank may still be writing
-            merge_rank_results(run["run_dir"])
+            merge_results(run["run_dir"])
             summary = {**summary, **summary_from_files(run["run_dir"], run["id"])}
             RunDir(run["run_dir"]).record_end("lost", error=message, summary=summary)
         if store.finish_run(run["id"], "lost", error=message, summary=summary):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuscale.control import sample_fields
-from gpuscale.runs.run_dir import RunDir, write_atomically
+from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES
 
 if TYPE_CHECKING:  # imported for real by _sqlite_utils(), off the TUI's first frame
@@ -596,31 +596,6 @@ class Store:
             return "run_id = ? AND t > ? AND rowid <= ?", [run_id, since, upto_rowid]
         # Rowid range first (the unary + keeps SQLite off the run_id index): a poll costs the new rows only.
         return "rowid > ? AND rowid <= ? AND +run_id = ?", [after_rowid, upto_rowid, run_id]
-
-
-def merge_rank_results(run_dir: str | Path) -> Path | None:
-    """RUN_DIR/results.jsonl from the ranks' RUN_DIR/results/rank<R>.jsonl, for a run that ended
-    without its rank 0 merging them (stopped, failed, lost): what was finished is kept. Rows go in
-    example order ("index", then "chain") where every row has an index; a torn last line (a rank
-    killed mid-write) is skipped. Nothing is done where results.jsonl exists or no rank wrote a row;
-    returns the merged file, or None."""
-    folder = RunDir(run_dir)
-    merged = folder.results
-    if merged.exists():
-        return None
-    rows = []
-    for path in folder.rank_results_files():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    if not rows:
-        return None
-    if all(isinstance(row, dict) and isinstance(row.get("index"), int) for row in rows):
-        rows.sort(key=lambda row: (row["index"], row.get("chain") or 0))
-    write_atomically(merged, "".join(json.dumps(row) + "\n" for row in rows))
-    return merged
 
 
 def _planned_gpus(run_dir: str | None) -> list[int]:

@@ -30,10 +30,10 @@ import psutil
 from gpuscale.control import telemetry
 from gpuscale.control.metrics_tail import MetricsTailer, Throughput
 from gpuscale.control.run_errors import first_error, hint_for
-from gpuscale.control.store import Store, StoreError, UnknownRun, merge_rank_results
+from gpuscale.control.store import Store, StoreError, UnknownRun
 from gpuscale.runs.devices import visible_gpu_indices
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, run_processes, signal_group
-from gpuscale.runs.run_dir import RunDir
+from gpuscale.runs.run_dir import RunDir, merge_results
 
 STOP_GRACE_S = 7.0
 # While a preemption is asked, SIGUSR1 goes to the ranks again this often: a rank still starting
@@ -291,7 +291,7 @@ class Supervisor:
             error, hint = first_error(self.run_dir, exit_code)
             hint = hint_for(error, self.run["settings"]) if hint is None else hint
         # A run that ended before rank 0 merged its results keeps the rows its ranks finished.
-        merge_rank_results(self.run_dir)
+        merge_results(self.run_dir)
         progress = self.throughput.progress(time.time(), finished=True)
         if nonfinite := self.tailer.nonfinite():
             progress["nonfinite"] = nonfinite
@@ -444,7 +444,7 @@ def main() -> None:
     except BaseException as exc:
         traceback.print_exc()
         kill_run_processes(str(supervisor.run_dir), timeout=2.0)
-        merge_rank_results(supervisor.run_dir)
+        merge_results(supervisor.run_dir)
         end = {"error": f"supervisor: {type(exc).__name__}: {exc}",
                "summary": summary_from_files(supervisor.run_dir, args.run_id)}
         RunDir(supervisor.run_dir).record_end("failed", **end)

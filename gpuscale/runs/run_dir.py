@@ -182,3 +182,40 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def example_order(row: dict) -> tuple[int, int]:
+    """The order of results.jsonl's rows: by example ("index"), then by sample of it ("chain": power
+    sampling's several answers to one problem; 0 where a row has none)."""
+    return row["index"], row.get("chain") or 0
+
+
+def merge_results(run_dir: str | Path, rows: list[dict] | None = None) -> Path | None:
+    """RUN_DIR/results.jsonl: every rank's per-example rows, in example order (`example_order`) where
+    every row has an index, else as they come; written whole or not at all. Two writers:
+
+    - rank 0 at the end of its run, with every rank's `rows` gathered: the file is written (over any);
+    - whoever records the end of a run whose rank 0 never got there (stopped, failed, lost), without
+      rows: they are read from the ranks' RUN_DIR/results/rank<R>.jsonl, so that what was finished is
+      kept, a torn last line (a rank killed mid-write) skipped. Nothing is done where results.jsonl
+      exists (rank 0's merge wins) or no rank wrote a row.
+
+    Returns the merged file, or None where nothing was written."""
+    folder = RunDir(run_dir)
+    merged = folder.results
+    if rows is None:
+        if merged.exists():
+            return None
+        rows = []
+        for path in folder.rank_results_files():
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        if not rows:
+            return None
+    if all(isinstance(row, dict) and isinstance(row.get("index"), int) for row in rows):
+        rows = sorted(rows, key=example_order)
+    write_atomically(merged, "".join(json.dumps(row) + "\n" for row in rows))
+    return merged

@@ -1,4 +1,3 @@
-import json
 import multiprocessing
 import sqlite3
 import subprocess
@@ -14,7 +13,6 @@ from gpuscale.control.store import (
     Store,
     StoreError,
     UnknownRun,
-    merge_rank_results,
 )
 
 
@@ -182,22 +180,6 @@ def test_new_runs_are_numbered_above_kept_folders(tmp_path):
     (tmp_path / "runs" / "40").mkdir()
     assert store.create_run("probe", {}, [], "h") == 41
     assert first == 1
-
-
-def test_rank_results_are_merged_in_example_order_skipping_a_torn_line(tmp_path):
-    results = tmp_path / "results"
-    results.mkdir()
-    (results / "rank0.jsonl").write_text('{"index": 2, "chain": 0}\n{"index": 0, "chain": 1}\n'
-                                         '{"index": 0, "chain": 0}\n')
-    (results / "rank1.jsonl").write_text('{"index": 1, "chain": 0}\n{"index": 3, "cha')  # killed mid-write
-    merged = merge_rank_results(tmp_path)
-    assert merged == tmp_path / "results.jsonl"
-    rows = [json.loads(line) for line in merged.read_text().splitlines()]
-    assert [(r["index"], r["chain"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (2, 0)]
-    # Rank 0's own merge wins: an existing results.jsonl is never replaced.
-    merged.write_text('{"index": 9}\n')
-    assert merge_rank_results(tmp_path) is None and merged.read_text() == '{"index": 9}\n'
-    assert merge_rank_results(tmp_path / "nothing") is None
 
 
 # ---- gpuscale doctor ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from gpuscale.recipes.power_sampling import Settings
 from gpuscale.runs.generations import GenerationLog, generation_record
+from gpuscale.runs.run_dir import merge_results
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
     from gpuscale.recipes.power_sampling.mcmc import PowerSamplingStats
@@ -18,7 +19,7 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.shared.device_trials import out_of_memory_names
     from gpuscale.recipes.shared.generation_batches import batched
     from gpuscale.recipes.shared.models import load_generation_model
-    from gpuscale.recipes.shared.results import RankResults, merge_results
+    from gpuscale.recipes.shared.results import RankResults
 
     examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed,
                                    question_limit=question_limit(settings))
