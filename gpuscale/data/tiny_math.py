@@ -29,6 +29,9 @@ import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from gpuscale.data.near_duplicates import structure_key
+from gpuscale.data.tiny_math_words import LIST_WORDS, NAMES, THINGS
+
 TINY_MATH_DOMAINS = ("arithmetic", "comparison", "counting")
 # How often each domain is drawn. Arithmetic is the GSM8K-like one, so it gets the most weight.
 TINY_MATH_WEIGHTS = (0.5, 0.25, 0.25)
@@ -45,12 +48,6 @@ PRETRAINING_SEED, PRETRAINING_COUNT = 0, 800 * 64
 # A training split asked for beyond this many problems is the whole split read from the user's cache
 # (`_training_split`); fewer are generated, which takes about 0.1 s for 4,000.
 CACHED_TRAINING_FROM = 20_000
-
-NAMES = ("Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena",
-         "Mo", "Nia", "Omar", "Pia", "Raj", "Sara", "Tom", "Uma")
-THINGS = ("apples", "books", "coins", "marbles", "pencils", "stickers", "shells", "cards", "stamps",
-          "buttons")
-LIST_WORDS = ("apple", "pear", "plum", "fig", "lime", "kiwi", "grape", "lemon")
 
 
 def question_bucket(question: str) -> int:
@@ -117,9 +114,10 @@ def held_out_cache_path() -> Path:
 
 def _cache_path(kind: str) -> Path:
     """A cache file under XDG_CACHE_HOME (else ~/.cache)/gpuscale, named by `kind` and a digest of the
-    code that makes its content (this module and the near-duplicate rule), so that a changed
+    code that makes its content (this module, its words and the near-duplicate rule), so that a changed
     generator or rule never reads an old file."""
-    code = b"".join(Path(__file__).with_name(name).read_bytes() for name in ("tiny_math.py", "near_duplicates.py"))
+    code = b"".join(Path(__file__).with_name(name).read_bytes()
+                    for name in ("tiny_math.py", "tiny_math_words.py", "near_duplicates.py"))
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuscale"
     return cache / f"tiny-math-{kind}-{hashlib.sha256(code).hexdigest()[:16]}.json"
 
@@ -148,8 +146,6 @@ def _cached(path: Path, compute: Callable[[], object]):
 
 
 def _computed_held_out() -> dict:
-    from gpuscale.data.near_duplicates import is_structurally_new, structure_key  # it reads this module's words
-
     found = {}
     for split in ("test", "validation"):
         keep = is_test_question if split == "test" else _validation_question
@@ -177,6 +173,18 @@ def pretraining_examples(count: int = PRETRAINING_COUNT, seed: int = PRETRAINING
     return list(itertools.islice(_pretraining_stream(seed), count))
 
 
+@functools.cache
+def pretraining_keys() -> frozenset[str]:
+    """The structure keys of the embedded model's pretraining problems (`pretraining_examples`),
+    computed once per process."""
+    return frozenset(structure_key(example["question"]) for example in pretraining_examples())
+
+
+def is_structurally_new(question: str) -> bool:
+    """Whether no pretraining problem equals `question` up to names and nouns."""
+    return structure_key(question) not in pretraining_keys()
+
+
 def _pretraining_stream(seed: int) -> Iterator[dict]:
     return _distinct_problems(random.Random(f"tiny-math/train/{seed}"), lambda question: not is_test_question(question))
 
@@ -184,8 +192,6 @@ def _pretraining_stream(seed: int) -> Iterator[dict]:
 def _training_stream(seed: int) -> Iterator[dict]:
     """The training split of `seed`: its training-bucket questions less every near-duplicate of a
     structurally new held-out problem."""
-    from gpuscale.data.near_duplicates import structure_key
-
     new_keys = held_out_new_keys()
     return _distinct_problems(random.Random(f"tiny-math/train/{seed}"), lambda question: (
         split_of(question) == "train" and structure_key(question) not in new_keys))

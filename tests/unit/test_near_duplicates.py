@@ -10,14 +10,16 @@ import json
 import pytest
 
 from gpuscale.data.models import model_path
-from gpuscale.data.near_duplicates import is_structurally_new, pretraining_keys, structure_key
+from gpuscale.data.near_duplicates import structure_key
 from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NO_NEW_SUBSET, held_out_figures, new_subset_size
 from gpuscale.data.tasks import held_out_split, load_examples
 from gpuscale.data.tiny_math import (
     PRETRAINING_COUNT,
     PRETRAINING_SEED,
     TINY_MATH_SIZES,
+    is_structurally_new,
     pretraining_examples,
+    pretraining_keys,
     pretraining_questions,
     split_of,
     tiny_math_examples,
