@@ -65,7 +65,7 @@ def build_random_model(name: str, seed: int = 0, device=None, dtype=None):
 TINY_MATH = "tiny-math"
 KNOWN_MODELS: tuple[str, ...] = (TINY_MATH, *RANDOM_CONFIGS)
 MODEL_DESCRIPTIONS = {
-    TINY_MATH: "embedded Llama trained on the tiny-math tasks (python -m gpuscale.data.train_tiny)",
+    TINY_MATH: "embedded Llama trained on the tiny-math tasks (tools/train_tiny.py)",
     "random-tiny": "random weights, tiny Llama shape, no tokenizer",
     "random-qwen2.5-0.5b": "random weights at Qwen2.5-0.5B's shape, no tokenizer",
     "random-qwen2.5-1.5b": "random weights at Qwen2.5-1.5B's shape, no tokenizer",

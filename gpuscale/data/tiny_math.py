@@ -10,7 +10,7 @@ split's, whatever the seed.
   trains on and how, never what it is scored on). The test split is the one seed 0 drew before the
   seed stopped choosing it, so figures measured on seed 0's test problems still compare.
 - validation also leaves out every pretraining problem of the embedded model (`pretraining_examples`:
-  train_tiny.py's first 51,200 training problems of seed 0), so settings chosen on it were never
+  tools/train_tiny.py's first 51,200 training problems of seed 0), so settings chosen on it were never
   chosen on problems the base model was trained on.
 - Both are marked `structurally_new` (data/near_duplicates.py): no pretraining problem equals them up
   to the names and nouns. The training split (drawn from the run's seed) leaves out every problem
@@ -42,7 +42,7 @@ TEST_BUCKET, VALIDATION_BUCKET = 0, 1
 # The seed the test and validation problems are drawn with, whatever the run's seed (0: the test
 # problems every earlier seed-0 figure was measured on).
 HELD_OUT_SEED = 0
-# The embedded model's pretraining problems (models/tiny-math/training.json: train_tiny.py's --seed 0,
+# The embedded model's pretraining problems (models/tiny-math/training.json: tools/train_tiny.py's --seed 0,
 # --steps 800 of --batch-size 64): the first PRETRAINING_COUNT problems of `_pretraining_stream`.
 PRETRAINING_SEED, PRETRAINING_COUNT = 0, 800 * 64
 # A training split asked for beyond this many problems is the whole split read from the user's cache
@@ -167,7 +167,7 @@ def pretraining_questions() -> frozenset[str]:
 
 
 def pretraining_examples(count: int = PRETRAINING_COUNT, seed: int = PRETRAINING_SEED) -> list[dict]:
-    """The problems train_tiny.py pretrains a model on: the first `count` of the stream it has always
+    """The problems tools/train_tiny.py pretrains a model on: the first `count` of the stream it has always
     drawn (every question outside the test bucket, validation's included); with the defaults, the
     embedded model's. Validation leaves these out; the training split may hold them."""
     return list(itertools.islice(_pretraining_stream(seed), count))

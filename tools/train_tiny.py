@@ -1,11 +1,14 @@
 """Train (and evaluate) the embedded `tiny-math` model from a seed.
 
-    python -m gpuscale.data.train_tiny --out DIR --seed 0 [--device cpu|cuda] [--steps N]
-    python -m gpuscale.data.train_tiny --eval-only DIR
+    python tools/train_tiny.py --out DIR --seed 0 [--device cpu|cuda] [--steps N]
+    python tools/train_tiny.py --eval-only DIR
+
+A tool of the repository, outside the package (no run uses it): run from a checkout where gpuscale is
+importable (`pip install -e .`). It was `python -m gpuscale.data.train_tiny` before.
 
 The committed model under gpuscale/data/models/tiny-math/ is what this script produced:
 
-    python -m gpuscale.data.train_tiny --out gpuscale/data/models/tiny-math --seed 0 --device cpu --steps 800
+    python tools/train_tiny.py --out gpuscale/data/models/tiny-math --seed 0 --device cpu --steps 800
 
 - 2026-11-26, CPU, 2 cores (AMD EPYC, shared with other jobs: load average about 3), no GPU;
   torch 2.13.0+cpu, transformers 5.24.0, tokenizers 0.23.3; one torch thread (the default).
