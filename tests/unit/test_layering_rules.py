@@ -240,6 +240,15 @@ def test_what_a_floor_loads_stays_on_the_floors_below(floor, loaded_by):
             for m in sorted(imported) if m.split(".")[0] in NEVER_LOADED.get(floor, ())] == []
 
 
+def test_every_line_of_the_picture_is_an_import_made():
+    """The picture is the import graph, not a wish: each floor imports each floor it is drawn on."""
+    imports = statements_of("gpuscale")
+    made = {(floor_of(module), floor_of(other)) for module, imported in imports.items() for other in imported
+            if floor_of(other) not in (None, floor_of(module))}
+    drawn = {(floor.name, below) for floor in FLOORS for below in floor.on}
+    assert sorted(drawn - made) == []
+
+
 def test_every_exception_is_a_crossing_still_made():
     """A listed exception is a real import the floors would refuse: one no longer made, or one the
     floors allow anyway, is taken off the list."""
