@@ -15,7 +15,7 @@ import time
 import pytest
 
 from gpuscale.control import launch
-from gpuscale.control.doctor import examine
+from gpuscale.control.doctor import _live_supervisor, examine
 from gpuscale.control.store import Store
 from gpuscale.runs.run_dir import RunDir
 
@@ -137,3 +137,20 @@ def test_a_live_run_stays_running_and_its_recorded_end_is_taken_once_it_is_gone(
     assert launch.reconcile(store) == []  # not marked lost: its end was recorded
     ended = store.get_run(9)
     assert ended["status"] == "stopped" and ended["summary"] == {"partial": True, "steps_done": 3}
+
+
+@pytest.mark.parametrize("module", ["gpuscale.control.supervisor", "gpuscale.runs.supervisor"])
+def test_a_supervisor_is_found_under_its_module_of_today_and_of_before_the_move(module, tmp_path):
+    """A run started before the control plane moved to gpuscale/control/ still runs under
+    `-m gpuscale.runs.supervisor`: the doctor must see it alive, not rebuild it as lost."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                "-m", module, "42", "--home", str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 10
+        while _live_supervisor(42, tmp_path) is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until its command line is readable
+        assert _live_supervisor(42, tmp_path).pid == process.pid
+        assert _live_supervisor(43, tmp_path) is None  # another run's id
+    finally:
+        process.kill()
+        process.wait()
