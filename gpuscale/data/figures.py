@@ -41,7 +41,13 @@ class Figure:
 
 
 def _figures(*figures: Figure) -> dict[str, Figure]:
-    return {figure.name: figure for figure in figures}
+    """The catalogue by name; a name given twice is refused at import (a dict would keep the later)."""
+    catalogue: dict[str, Figure] = {}
+    for entry in figures:
+        if entry.name in catalogue:
+            raise ValueError(f"figure {entry.name!r}: catalogued twice ({catalogue[entry.name]} and {entry})")
+        catalogue[entry.name] = entry
+    return catalogue
 
 
 def _rate(name: str, label: str, **kw) -> Figure:

@@ -15,7 +15,18 @@ import gpuscale.recipes
 from gpuscale.app import cli
 from gpuscale.app.views.runs import figure_text, figures_text, key_figures, labelled_text
 from gpuscale.control.store import Store
-from gpuscale.data.figures import FIGURES, HIGHER, LOWER, NEITHER, accuracy_name, better, figure, label
+from gpuscale.data.figures import (
+    FIGURES,
+    HIGHER,
+    LOWER,
+    NEITHER,
+    Figure,
+    _figures,
+    accuracy_name,
+    better,
+    figure,
+    label,
+)
 from gpuscale.recipes.shared.contract import Recipe
 from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.recipes.shared.summary import summary_opening
@@ -53,6 +64,12 @@ def test_every_entry_is_well_formed():
         assert entry.name == name and entry.label and entry.direction in (HIGHER, LOWER, NEITHER)
         assert entry.format in ("number", "percent", "text"), name
         assert figure(name) is entry
+
+
+def test_a_figure_catalogued_twice_is_refused_at_import():
+    """A second entry of a name (a newcomer adding one that is there) would silently replace the first."""
+    with pytest.raises(ValueError, match="figure 'grad_norm': catalogued twice"):
+        _figures(*FIGURES.values(), Figure("grad_norm", "gradient norm", direction=LOWER))
 
 
 def test_values_are_written_with_their_format_and_unit():

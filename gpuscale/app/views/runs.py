@@ -187,7 +187,7 @@ def figure_text(name: str, value, unit: bool = True) -> str:
 def labelled_text(name: str, value) -> str:
     """A figure with the catalogue's label, for a line of a run's key figures: `MFU 28.2%`,
     `step time (median) 0.52 s`; a label that is its unit says it once (`tokens/s 5,219`). A figure
-    the catalogue does not know keeps its name (`grad_norm 2`)."""
+    the catalogue does not know keeps its name (`update_ratio 2`)."""
     known, text = figure(name), figure_text(name, value)
     if known is None:
         return f"{name} {text}"
