@@ -3,12 +3,15 @@
 Three ways to find the final answer in a model's text, as the GSM8K evaluations do it
 (lm-eval-harness `gsm8k` task; `\\boxed{}` prompts of the MATH-style papers):
 
-- strict:   the number after `#### ` (GSM8K's own format; the first such line, as lm-eval does,
-            so text the model rambles on with after its answer does not count);
+- strict:   the number on the last `####` line, with nothing after it on that line (GSM8K's own
+            format: commas, a sign, a leading `$` and a full stop allowed). `#### 9 - 1 = 15.` and
+            `#### 5 apples` are no answer; `#### 12` then `#### 13` is 13;
 - boxed:    the content of the last `\\boxed{...}` (or `\\fbox{...}`);
 - flexible: the last number-like match of `(-?[$0-9.,]{2,})|(-?[0-9]+)` in the text.
 
-`auto` tries them in that order. Extracted values are cleaned (commas, `$` and a trailing `.` removed)
+`auto` takes the strict answer where the text has a `####` (the model chose GSM8K's format, so a
+malformed final line is no answer, not a cue to look for a number elsewhere), else boxed, else
+flexible. Extracted values are cleaned (commas, `$` and a trailing `.` removed)
 and compared as numbers with a tolerance, so "1,234.0" equals "1234".
 """
 
@@ -19,9 +22,10 @@ import re
 
 EXTRACT_MODES = ("auto", "strict", "boxed", "flexible")
 
-# lm-eval's strict pattern is `#### (\-?[0-9\.\,]+)`; this one also allows a `$` and requires a digit
-# at the end, which drops the sentence's trailing "." for free.
-_STRICT = re.compile(r"####\s*(-?\$?-?[0-9.,]*[0-9])")
+# What may follow the last `####` on its line: one number (lm-eval's strict pattern is
+# `#### (\-?[0-9\.\,]+)` and it drops a trailing "."; a `$` is allowed as GSM8K answers name dollars).
+_STRICT_MARKER = "####"
+_STRICT_LINE = re.compile(r"[ \t]*(-?\$?-?[0-9][0-9,]*(?:\.[0-9]+)?)\.?[ \t\r]*")
 # lm-eval's flexible pattern, verbatim.
 _FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
@@ -64,7 +68,11 @@ def _plain_float(text: str) -> float | None:
 
 
 def extract_strict(text: str) -> str | None:
-    match = _STRICT.search(text)
+    marker = text.rfind(_STRICT_MARKER)
+    if marker < 0:
+        return None
+    final_line = text[marker + len(_STRICT_MARKER):].split("\n", 1)[0]
+    match = _STRICT_LINE.fullmatch(final_line)
     return clean_number_text(match.group(1)) if match else None
 
 
@@ -110,15 +118,13 @@ _EXTRACTORS = {"strict": extract_strict, "boxed": extract_boxed, "flexible": ext
 def extract_answer(text: str, mode: str = "auto") -> str | None:
     """The final answer in `text` as a cleaned string, or None if there is none.
 
-    mode: "strict" (`#### N`), "boxed" (last `\\boxed{}`), "flexible" (last number), or "auto"
-    (strict, else boxed, else flexible).
+    mode: "strict" (the last `#### N` line), "boxed" (last `\\boxed{}`), "flexible" (last number), or
+    "auto" (strict where the text has a `####`, else boxed, else flexible).
     """
     if mode == "auto":
-        for extractor in (extract_strict, extract_boxed, extract_flexible):
-            answer = extractor(text)
-            if answer is not None:
-                return answer
-        return None
+        if _STRICT_MARKER in text:
+            return extract_strict(text)
+        return extract_boxed(text) or extract_flexible(text)
     if mode not in _EXTRACTORS:
         raise ValueError(f"unknown extraction mode {mode!r}; known: {', '.join(EXTRACT_MODES)}")
     return _EXTRACTORS[mode](text)

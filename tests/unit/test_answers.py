@@ -8,13 +8,23 @@ from gpuscale.data.answers import extract_answer, is_correct, to_number
 @pytest.mark.parametrize(
     "text, mode, expected",
     [
-        # strict: GSM8K's own "#### N"
+        # strict: GSM8K's own "#### N", the last such line, nothing after the number on it
         ("She has 3 + 4 = 7 apples.\n#### 7", "strict", "7"),
         ("#### 1,234", "strict", "1234"),
         ("#### -5", "strict", "-5"),
         ("#### $18.50.", "strict", "18.50"),
+        ("#### -$3", "strict", "-3"),
         ("####42", "strict", "42"),
-        ("#### 72\n\nQuestion: next one?\n#### 5", "strict", "72"),  # the first, as lm-eval takes it
+        ("#### 42  \r\nThat is all.", "strict", "42"),  # lines after the answer's are not its line
+        ("#### 72\n\nQuestion: next one?\n#### 5", "strict", "5"),
+        ("#### 12\n#### 13", "strict", "13"),
+        ("#### 9 - 1 = 15.", "strict", None),
+        ("#### 5 apples and 7 pears", "strict", None),
+        ("#### 12\n#### 13 or so", "strict", None),  # the final line decides, not an earlier good one
+        ("#### 3.", "strict", "3"),
+        ("#### 3.5.1", "strict", None),
+        ("#### 7 #### 8", "strict", "8"),
+        ("#### ", "strict", None),
         ("The answer is 7.", "strict", None),
         ("#### seven", "strict", None),
         # flexible: the last number-like match, decorations removed
@@ -30,8 +40,9 @@ from gpuscale.data.answers import extract_answer, is_correct, to_number
         ("\\boxed{x = 5}", "boxed", "5"),
         ("\\boxed{\\$1,000}", "boxed", "1000"),
         ("\\boxed{12", "boxed", None),  # cut off before the box closed
-        # auto: strict, else boxed, else flexible
-        ("#### 10 and later \\boxed{11} and 12", "auto", "10"),
+        # auto: strict where there is a `####`, else boxed, else flexible
+        ("#### 10\nand later \\boxed{11} and 12", "auto", "10"),
+        ("#### 10 and later \\boxed{11} and 12", "auto", None),  # a malformed final line is no answer
         ("\\boxed{11} and then 12", "auto", "11"),
         ("it is 12.", "auto", "12"),
         ("", "auto", None),
@@ -65,7 +76,9 @@ def test_to_number(text, value):
         ("The total is $72.", "72", True),
         ("\\boxed{\\frac{1}{2}}", "0.5", True),
         ("Steps...\n#### 18", "Janet sells 16 - 3 - 4 = 9 eggs.\n#### 18", True),  # gold as a whole GSM8K answer
-        ("#### 72\n#### 5", "5", False),  # strict takes the first answer
+        ("#### 72\n#### 5", "5", True),  # the last answer line is the answer
+        ("#### 9 - 1 = 15.", "9", False),
+        ("#### 5 apples and 7 pears", "5", False),
         ("no answer", "5", False),
     ],
 )

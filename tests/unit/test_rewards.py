@@ -21,7 +21,9 @@ GOLD = "3 + 4 = 7.\n#### 7"
     ("#### 7.0", 1.0),            # compared as numbers
     ("#### 8", 0.0),
     ("The answer is 7.", 0.0),    # strict: no `#### N`, no credit
-    ("#### 7\n#### 9", 1.0),      # the first `#### N` counts, as lm-eval reads it
+    ("#### 7\n#### 9", 0.0),      # the last `#### N` line is the answer
+    ("#### 7 apples", 0.0),       # words after the number: no answer
+    ("#### 9 - 2 = 7", 0.0),
     ("", 0.0),
 ])
 def test_correctness_is_strict_by_default(completion, expected):
@@ -40,7 +42,7 @@ def test_correctness_other_modes_and_gold_forms():
     ("3 + 4 = 7.\n#### 7\n", 1.0),
     ("#### -12", 1.0),
     ("#### 1,500", 1.0),
-    ("#### 7 apples", 0.5),        # words on the answer line
+    ("#### 7 apples", 0.0),        # words on the answer line: no answer at all
     ("#### 7\nI hope this helps", 0.5),  # text after the answer
     ("#### 7\n#### 7", 0.5),       # two answers
     ("3 + 4 = 7", 0.0),
@@ -60,7 +62,7 @@ def test_completion_text_reads_strings_and_chat_messages():
 
 # TRL passes every column as a list, plus keywords these functions ignore.
 TRL_EXTRAS = {"trainer_state": None, "log_extra": print, "log_metric": print}
-COMPLETIONS = ["#### 7", "#### 7 apples", "#### 2", "no answer"]
+COMPLETIONS = ["#### 7", "#### 7\nI hope this helps", "#### 2", "no answer"]
 COLUMNS = {"answer": ["#### 7", "#### 7", "#### 3", "#### 1"], "domain": ["math", "logic", "math", "logic"]}
 
 
