@@ -16,6 +16,44 @@ from gpuscale.control.store import Store
 from gpuscale.runs.process import run_processes
 
 
+def machine_slowness() -> float:
+    """How much slower than a quiet machine this one is likely to run the tests: the load average of
+    the last minute per core, from 1 (quiet, or only this suite) up to 4.
+
+    Taken once, when a test process starts and before its tests add load: what it sees is other
+    work. On a 2-core machine shared with other jobs the end-to-end tests' runs take several times
+    their quiet time (a resume test: 123 s alone, over 300 s at a load of 10), so the per-test limit
+    and the waits below scale with it; on a quiet machine they are what they say.
+    GPUSCALE_TEST_SLOWNESS sets it where the load average does not tell (a throttled container)."""
+    if os.environ.get("GPUSCALE_TEST_SLOWNESS"):
+        return float(os.environ["GPUSCALE_TEST_SLOWNESS"])
+    return min(max(os.getloadavg()[0] / (os.cpu_count() or 1), 1.0), 4.0)
+
+
+SLOWNESS = machine_slowness()
+
+
+def slow(seconds: float) -> float:
+    """`seconds` on a quiet machine, allowed for this one."""
+    return seconds * SLOWNESS
+
+
+def pytest_report_header(config):
+    return f"machine slowness {SLOWNESS:.1f} (load per core at start); per-test timeouts and waits scale with it"
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest-timeout's limit (pyproject's `timeout`, or a test's own mark) times the slowness."""
+    if SLOWNESS == 1.0:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        limit = float(mark.args[0]) if mark and mark.args else default
+        if limit:
+            item.add_marker(pytest.mark.timeout(slow(limit)))
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     return private_home(tmp_path / "gpuscale-home", monkeypatch)
@@ -58,7 +96,7 @@ def one_torch_thread():
 def gpuscale(*args: str, env: dict | None = None, timeout: float = 240, entry: str = "gpuscale.app.cli"):
     """Run the real CLI; returns the CompletedProcess (text)."""
     return subprocess.run(
-        [sys.executable, "-m", entry, *args], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", entry, *args], capture_output=True, text=True, timeout=slow(timeout),
         env={**os.environ, **(env or {})},
     )
 
@@ -66,7 +104,7 @@ def gpuscale(*args: str, env: dict | None = None, timeout: float = 240, entry: s
 def python_offline(code: str, hf_home: Path) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter with the hub unreachable and an empty Hugging Face cache."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(hf_home))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=slow(120))
 
 
 def spawn_gpuscale(*args: str, env: dict | None = None) -> subprocess.Popen:
@@ -89,7 +127,7 @@ def run_together(*arguments: list[str], env: dict | None = None,
     `envs`: one run's own variables each, over `env`."""
     envs = envs or [{} for _ in arguments]
     fronts = [spawn_gpuscale("run", *args, "--json", env={**(env or {}), **own}) for args, own in zip(arguments, envs)]
-    ended = [(front, *front.communicate(timeout=240)) for front in fronts]
+    ended = [(front, *front.communicate(timeout=slow(240))) for front in fronts]
     return [subprocess.CompletedProcess(front.args, front.returncode, out, err) for front, out, err in ended]
 
 
@@ -102,6 +140,8 @@ def runs_at_once(*arguments: list[str], env: dict | None = None) -> list[dict]:
 
 
 def wait_until(condition, timeout: float = 60, interval: float = 0.2, message: str = "condition"):
+    """`condition()` once it is true; `timeout` is a quiet machine's seconds (`slow`)."""
+    timeout = slow(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
