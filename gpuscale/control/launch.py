@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -379,26 +380,53 @@ def recorded_end(ended: dict) -> dict:
 # ---- SLURM ---------------------------------------------------------------------------------------
 
 
+# What SLURM takes in each #SBATCH value gpuscale writes, as (pattern, what it takes in words). A value
+# must match whole before anything is printed: no whitespace, control character or shell character can
+# reach the script, where a newline would start a line of its own that the job's shell runs.
+SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
+SLURM_NAME_WORDS = "letters, digits and _ . -, a letter or digit first"
+SBATCH_VALUES = {
+    "time": (r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:unlimited|infinite)",
+             "SLURM's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED"),
+    "partition": (rf"{SLURM_NAME}(,{SLURM_NAME})*",
+                  f"a partition name ({SLURM_NAME_WORDS}), or several joined by commas"),
+    "account": (SLURM_NAME, f"an account name ({SLURM_NAME_WORDS})"),
+    "qos": (SLURM_NAME, f"a QOS name ({SLURM_NAME_WORDS})"),
+    "job-name": (SLURM_NAME, f"a job name ({SLURM_NAME_WORDS})"),
+}
+DEFAULT_TIME_LIMIT = "04:00:00"
+
+
+def checked_sbatch_value(option: str, value: str) -> str:
+    """`value` for `#SBATCH --OPTION=`, or SettingsError naming the option, the value and what SLURM takes."""
+    pattern, takes = SBATCH_VALUES[option]
+    if not re.fullmatch(pattern, value, re.ASCII):  # ASCII: \d is 0-9 alone, as SLURM reads it
+        raise SettingsError(f"{option}: {value!r}: expected {takes}")
+    return value
+
+
 def sbatch_script(recipe_name: str, nodes: int, gpus_per_node: int, run_args: list[str],
-                  time_limit: str = "04:00:00", partition: str | None = None, port: int = 29500,
+                  slurm_options: dict[str, str | None] | None = None, port: int = 29500,
                   requeue_margin_s: int | None = None) -> str:
     """A batch script: one `gpuscale run` per node through srun, rendezvous on the first node.
-    `requeue_margin_s`: a job that checkpoints and requeues itself that many seconds before its
-    time limit (`requeue_lines`)."""
+    `slurm_options`: #SBATCH values by option name (time, partition, account, qos; None: not given),
+    each checked against SLURM's syntax (`checked_sbatch_value`); `run_args` go into the command
+    quoted, whatever they hold. `requeue_margin_s`: a job that checkpoints and requeues itself that
+    many seconds before its time limit (`requeue_lines`)."""
+    options = {"job-name": f"gpuscale-{recipe_name}", "time": DEFAULT_TIME_LIMIT, **(slurm_options or {})}
+    given = {option: checked_sbatch_value(option, value) for option, value in options.items() if value is not None}
     head = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=gpuscale-{recipe_name}",
-        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --job-name={given.pop('job-name')}",
+        f"#SBATCH --nodes={int(nodes)}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={gpus_per_node}",
-        f"#SBATCH --time={time_limit}",
+        f"#SBATCH --gpus-per-node={int(gpus_per_node)}",
+        *(f"#SBATCH --{option}={value}" for option, value in given.items()),
         "#SBATCH --output=gpuscale-%j.out",
     ]
-    if partition:
-        head.append(f"#SBATCH --partition={partition}")
     if requeue_margin_s is not None:
         # USR1 to the batch shell (B:) alone: srun passes it to each node's `gpuscale run` (below).
-        head += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{requeue_margin_s}"]
+        head += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{int(requeue_margin_s)}"]
         run_args = [*run_args, "--slurm-requeue"]
     run = shlex.join(
         ["gpuscale", "run", "--recipe", recipe_name, "--gpus", str(gpus_per_node), "--nnodes", str(nodes), *run_args]
@@ -410,7 +438,7 @@ def sbatch_script(recipe_name: str, nodes: int, gpus_per_node: int, run_args: li
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "srun --kill-on-bad-exit=1 bash -c 'exec \"$@\" --node-rank \"$SLURM_NODEID\"' node \\",
         f'  {run} \\',
-        f'  --rdzv-endpoint "$head_node:{port}" --set rdzv_id="$SLURM_JOB_ID"',
+        f'  --rdzv-endpoint "$head_node:{int(port)}" --set rdzv_id="$SLURM_JOB_ID"',
     ]
     if requeue_margin_s is not None:
         body = requeue_lines(body)

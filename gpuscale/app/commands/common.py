@@ -4,6 +4,7 @@ the options that make a recipe's settings, opening the history, and printing a t
 from __future__ import annotations
 
 import argparse
+import unicodedata
 from pathlib import Path
 
 from gpuscale.app.views.export import NothingToExport
@@ -88,12 +89,15 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 
 
 def checked_label(label: str | None) -> str | None:
-    """A label names one run where an id could: not empty, and not a number (that is an id)."""
+    """A label names one run where an id could: not empty, not a number (that is an id), and on one
+    line (a control character such as a newline or an escape would break the tables that show it)."""
     if label is None:
         return None
     label = label.strip()
     if not label or label.isdigit():
         raise BadInput(f"label: {label!r}: give a name with a letter in it (a number would read as a run id)")
+    if any(unicodedata.category(char) == "Cc" for char in label):
+        raise BadInput(f"label: {label!r}: a control character (newline, tab, escape...) is not allowed in a label")
     return label
 
 

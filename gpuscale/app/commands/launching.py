@@ -257,6 +257,8 @@ def resumed_from(run: dict, parent: dict) -> str:
 def cmd_sbatch(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise BadInput(f"nodes/gpus-per-node: {args.nodes}/{args.gpus_per_node}: both must be at least 1")
+    if not 1 <= args.port <= MAX_PORT:
+        raise BadInput(f"port: {args.port}: a TCP port is 1 to {MAX_PORT}")
     recipe = get_recipe(args.recipe)
     overrides = parse_assignments(args.assignments)
     # Validate now, with the values the nodes will use, so a bad setting fails here and not in the queue.
@@ -264,15 +266,20 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         **overrides, "nnodes": args.nodes, "gpus": args.gpus_per_node, "rdzv_endpoint": f"head:{args.port}"})
     if args.requeue and not 1 <= args.signal_margin <= MAX_SIGNAL_MARGIN_S:
         raise BadInput(f"signal-margin: {args.signal_margin}: SLURM takes 1 to {MAX_SIGNAL_MARGIN_S} seconds")
+    # Free text (a setting's value, the preset's path, the label) goes into the command quoted
+    # (launch.sbatch_script); the #SBATCH values are checked against SLURM's syntax there.
     run_args = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
     if args.preset:
         run_args += ["--preset", str(args.preset.resolve())]
-    print(launch.sbatch_script(recipe.name, args.nodes, args.gpus_per_node, run_args,
-                               time_limit=args.time, partition=args.partition, port=args.port,
-                               requeue_margin_s=args.signal_margin if args.requeue else None), end="")
+    if args.label is not None:
+        run_args += ["--label", checked_label(args.label)]
+    slurm_options = {"time": args.time, "partition": args.partition, "account": args.account, "qos": args.qos}
+    print(launch.sbatch_script(recipe.name, args.nodes, args.gpus_per_node, run_args, slurm_options,
+                               port=args.port, requeue_margin_s=args.signal_margin if args.requeue else None), end="")
     return 0
 
 
+MAX_PORT = 65535
 MAX_SIGNAL_MARGIN_S = 65535  # sbatch's --signal takes at most this many seconds
 # SLURM's signal ahead of the time limit: time to finish the optimizer step under way (the ranks stop
 # only at a step's end), write its checkpoint (model, optimizer state and RNG: tens of GB for a
@@ -306,8 +313,13 @@ def add_sbatch_parser(sub) -> None:
     p.add_argument("--recipe", required=True, help="recipe name (see `gpuscale recipes`)")
     p.add_argument("--nodes", type=int, required=True, help="how many nodes")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
-    p.add_argument("--time", default="04:00:00", help="the job's time limit (default 04:00:00)")
-    p.add_argument("--partition", help="the SLURM partition")
+    p.add_argument("--time", default=launch.DEFAULT_TIME_LIMIT,
+                   help="the job's time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED "
+                        f"(default {launch.DEFAULT_TIME_LIMIT})")
+    p.add_argument("--partition", help="the SLURM partition (several joined by commas)")
+    p.add_argument("--account", help="the SLURM account the job is charged to")
+    p.add_argument("--qos", help="the SLURM quality of service")
+    p.add_argument("--label", help="a name for each node's run, as `gpuscale run --label` gives")
     p.add_argument("--port", type=int, default=29500, help="the rendezvous port on the head node (default 29500)")
     p.add_argument("--preset", type=Path, help="TOML file of settings (below --set)")
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
