@@ -395,13 +395,17 @@ class Store:
         return self.get_run(ids[0])
 
     def list_runs(self, recipe: str | None = None, status: str | None = None,
-                  limit: int | None = None) -> list[dict]:
-        """Newest first; `limit`: only the newest that many (a page of a long history)."""
+                  limit: int | None = None, label: str | None = None) -> list[dict]:
+        """Newest first; `limit`: only the newest that many (a page of a long history); `label`: the
+        runs whose label it matches, as the shell matches names (SQLite's GLOB: `*`, `?` and `[...]`,
+        case counts), so a plain label names exactly its runs and `sweep-*` a family of them."""
         where, args = [], []
         if recipe:
             where.append("recipe = ?"), args.append(recipe)
         if status:
             where.append("status = ?"), args.append(status)
+        if label is not None:
+            where.append("label GLOB ?"), args.append(label)
         rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc", limit=limit)
         return [_decode_run(r) for r in rows]
 

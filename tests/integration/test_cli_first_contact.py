@@ -98,6 +98,26 @@ def test_runs_are_found_by_label(home):
     assert missing.returncode == 2 and "'nope': no such run" in missing.stderr
 
 
+def test_runs_lists_only_the_runs_a_label_matches(home):
+    """`gpuscale runs --label`: a plain label lists exactly its runs (case counts), a pattern a family."""
+    a, b = labelled_runs(home)
+    unlabelled = Store(home).create_run("probe", {}, [], "h")
+
+    def listed(*args: str) -> list[int]:
+        result = gpuscale("runs", "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return [run["id"] for run in json.loads(result.stdout)]
+
+    assert listed() == [unlabelled, b, a]
+    assert listed("--label", "baseline") == [a]
+    assert listed("--label", "bigger batch") == [b]
+    assert listed("--label", "bigger") == listed("--label", "Baseline") == []
+    assert listed("--label", "b*") == [b, a] and listed("--label", "*batch") == [b]
+    assert listed("--label", "b*", "--status", "succeeded", "--recipe", "probe", "--limit", "1") == [b]
+    table = gpuscale("runs", "--label", "baseline").stdout.splitlines()
+    assert len(table) == 2 and table[1].split()[:2] == [str(a), "baseline"]
+
+
 def test_an_ambiguous_label_names_the_runs(home):
     a, b = labelled_runs(home)
     Store(home).update_run(b, label="baseline")

@@ -48,7 +48,7 @@ COMPARE_NEEDS = "compare needs two run ids, e.g. gpuscale compare 12 15; `gpusca
 def cmd_runs(args: argparse.Namespace) -> int:
     if args.status and args.status not in STATUSES:
         raise BadInput(f"status: {args.status!r}: expected one of {', '.join(STATUSES)}")
-    runs = open_store().list_runs(recipe=args.recipe, status=args.status, limit=max(args.limit, 0))
+    runs = open_store().list_runs(recipe=args.recipe, status=args.status, limit=max(args.limit, 0), label=args.label)
     if args.json:
         print(json.dumps([public_run(r) for r in runs], indent=2))
         return 0
@@ -237,6 +237,7 @@ def add_runs_parser(sub) -> None:
     p = sub.add_parser("runs", help="the run history")
     p.add_argument("--recipe", help="only the runs of this recipe")
     p.add_argument("--status", help=f"only the runs in this status ({', '.join(STATUSES)})")
+    p.add_argument("--label", help="only the runs with this label; * and ? match as in the shell (--label 'sweep-*')")
     p.add_argument("--limit", type=int, default=50, help="at most this many runs, newest first (default 50)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(func=cmd_runs)
