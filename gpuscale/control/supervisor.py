@@ -376,9 +376,11 @@ def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
 
 
 def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = None) -> dict[str, str]:
-    """The launcher's (and so every rank's) environment: the run marker, the devices, the threads."""
+    """The launcher's (and so every rank's) environment: the run marker, the devices, the threads,
+    and where transformers' TensorBoard integration writes (otherwise under the checkpoints)."""
     env = dict(environ)
     env[RUN_DIR_ENV] = str(run_dir)
+    env.setdefault("TENSORBOARD_LOGGING_DIR", str(RunDir(run_dir).tensorboard))
     env["PYTHONUNBUFFERED"] = "1"
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers then match NVML's
     env.setdefault("NCCL_NVLS_ENABLE", "0")

@@ -34,6 +34,7 @@ import dataclasses
 import math
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
@@ -271,13 +272,21 @@ SETTING_TO_CONFIG = {
 RENAMED_FIELDS = {"activation_checkpointing": "gradient_checkpointing"}
 
 
+def report_to(settings) -> list[str]:
+    """The training recipes' `report_to` (checked in recipes/shared/report_backends.py) as a config
+    takes it: ["none"], ["all"] or the integrations; ["none"] for settings without it (eggroll's)."""
+    return getattr(settings, "report_to", "none").split(",")
+
+
 def trainer_args(settings, ctx, config_cls, **recipe_specific):
     """A `config_cls` (SFTConfig, GRPOConfig, TrainingArguments...) for this rank.
 
     From the settings: per-device batch, gradient accumulation, seed, learning rate, epochs or
     max_steps, scheduler, warm-up... (SETTING_TO_CONFIG). From the rank: bf16/fp16 autocast when
-    the rank's dtype is half precision; on CPU `use_cpu`, and gloo between several ranks. Fixed:
-    output inside the run folder (RUN_DIR/trainer), no reporting to external services, checkpoints
+    the rank's dtype is half precision; on CPU `use_cpu`, and gloo between several ranks; the
+    integrations of `report_to` (`report_to`), named after the run. Fixed: output inside the run
+    folder (RUN_DIR/trainer; TensorBoard's event files go to RUN_DIR/tensorboard, the
+    TENSORBOARD_LOGGING_DIR control/supervisor.py gives the ranks), checkpoints
     only every `checkpoint_every` steps, a log at every step, no progress bars (ranks write to log
     files), no dataloader worker processes. `recipe_specific` overrides any of these.
     """
@@ -293,7 +302,8 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
     on_cpu = ctx.device.type != "cuda"
     values.update(
         output_dir=str(RunDir(ctx.run_dir).trainer),
-        report_to="none",
+        report_to=report_to(settings),
+        run_name=f"gpuscale-{Path(ctx.run_dir).name}",  # the run's id: its name in W&B, Trackio, MLflow...
         logging_strategy="steps",
         logging_steps=1,
         disable_tqdm=True,

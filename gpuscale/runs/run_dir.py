@@ -104,6 +104,13 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's event files, for a training run with `report_to` tensorboard (the ranks'
+        TENSORBOARD_LOGGING_DIR, unless the user set it): `tensorboard --logdir HOME/runs` shows every
+        run by its id."""
+        return self.root / "tensorboard"
+
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"checkpoint-{step}"
 

@@ -108,13 +108,15 @@ def test_one_and_two_ranks_train_the_same_steps_to_the_same_weights(home):
 
 VALIDATION_SFT = ["--recipe", "sft", "--gpus", "1", "--batch-size", "2", "--set", "max_examples=6",
                   "--set", "max_steps=1", "--set", "max_length=64", "--set", "eval_examples=2",
-                  "--set", "max_new_tokens=8", "--set", "save_model=false", "--set", "eval_split=validation"]
+                  "--set", "max_new_tokens=8", "--set", "save_model=false", "--set", "eval_split=validation",
+                  "--set", "report_to=tensorboard"]
 
 
 @pytest.fixture(scope="module")
 def one_rank_runs(module_home) -> dict[str, subprocess.CompletedProcess]:
     """The two 1-rank runs of the tests below, started together (each keeps one core busy): TINY_SFT
-    with a fault injected where the final evaluation starts, and a run scored on validation problems."""
+    with a fault injected where the final evaluation starts, and a run scored on validation problems
+    that reports to TensorBoard."""
     final_eval_fault, validation = run_together([*TINY_SFT, "--gpus", "1"], VALIDATION_SFT,
                                                 envs=[{"GPUSCALE_INJECT_FAULT": "0:final_eval:0"}, {}])
     return {"final_eval_fault": final_eval_fault, "validation": validation}
@@ -148,3 +150,13 @@ def test_a_run_scored_on_validation_problems_says_so_in_its_summary(one_rank_run
     assert summary["eval_examples"] == 2 and summary["train_examples"] == 6
     assert summary["accuracy_greedy_after"] is not None and summary["accuracy_sampled_after"] is not None
     assert run["settings"]["eval_split"] == "validation"
+
+
+def test_report_to_tensorboard_writes_the_trainer_s_figures_into_the_run_folder(one_rank_runs):
+    """report_to=tensorboard: transformers' integration (tensorboardX, of the test extra) writes its
+    event file into RUN_DIR/tensorboard, with the loss and learning rate of every step."""
+    run = json.loads(one_rank_runs["validation"].stdout)
+    assert run["settings"]["report_to"] == "tensorboard"
+    [events] = (Path(run["run_dir"]) / "tensorboard").glob("events.out.tfevents.*")
+    written = events.read_bytes()
+    assert b"train/loss" in written and b"train/learning_rate" in written  # the tags, stored as plain text

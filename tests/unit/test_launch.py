@@ -110,6 +110,7 @@ def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu
     env = rank_environment({"PATH": "/bin"}, Path("/runs/7"), plan)
     assert env["OMP_NUM_THREADS"] == str(16 // nproc)
     assert env["GPUSCALE_RUN_DIR"] == "/runs/7" and env["PATH"] == "/bin"
+    assert env["TENSORBOARD_LOGGING_DIR"] == "/runs/7/tensorboard"  # report_to=tensorboard writes in the run folder
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpu_indices))
     assert (env.get("GPUSCALE_DEVICE") == "cpu") == (not gpu_indices)
     assert rank_environment({"OMP_NUM_THREADS": "3"}, Path("/runs/7"), plan)["OMP_NUM_THREADS"] == "3"

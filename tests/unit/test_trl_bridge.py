@@ -132,6 +132,20 @@ def test_settings_become_a_trainer_config(tmp_path):
     assert config.learning_rate == 1e-3  # a recipe's own value wins
 
 
+def test_report_to_reaches_the_config_and_names_the_run(tmp_path):
+    """`report_to` (default none) becomes the config's list of integrations; the run's folder name,
+    its id, names the run there (W&B, Trackio, MLflow)."""
+    from trl import GRPOConfig, SFTConfig
+
+    from gpuscale.recipes.grpo_mtl import Settings as GrpoSettings
+
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path / "17")
+    assert trainer_args(Settings(), ctx, SFTConfig).report_to == []
+    config = trainer_args(Settings(report_to="tensorboard"), ctx, SFTConfig)
+    assert config.report_to == ["tensorboard"] and config.run_name == "gpuscale-17"
+    assert trainer_args(GrpoSettings(report_to="tensorboard"), ctx, GRPOConfig).report_to == ["tensorboard"]
+
+
 def test_a_real_trainer_reports_every_step(tmp_path):
     """transformers' Trainer on the embedded model: one record per optimizer step, the announced
     total, and token deltas that add up to the trainer's own count."""

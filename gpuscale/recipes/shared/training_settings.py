@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from gpuscale.recipes.shared.report_backends import checked_report_to
 from gpuscale.runs.settings import RunSettings, SettingsError, words_meaning
 
 MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
@@ -64,6 +65,9 @@ class TrainingSettings(RunSettings):
     eval_split: Literal["test", "validation"] = eval_split_field()
     save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model, "
                              "before the final evaluation")
+    report_to: str = Field("none", description="where the trainer also sends its logs: none, all (every integration "
+                           "installed), or integrations joined by commas: tensorboard (event files in "
+                           "RUN_DIR/tensorboard), wandb, trackio, mlflow... (each must be installed)")
     liger_kernels: bool = Field(True, description="liger-kernel's fused RMSNorm, SwiGLU and RoPE on CUDA (pip install "
                                 "liger-kernel; without it the run says so and goes on without)")
 
@@ -71,6 +75,11 @@ class TrainingSettings(RunSettings):
     @classmethod
     def _check_targets(cls, value: str) -> str:
         return checked_lora_targets(value)
+
+    @field_validator("report_to")
+    @classmethod
+    def _check_report_to(cls, value: str) -> str:
+        return checked_report_to(value)
 
 
 class SupervisedSettings(TrainingSettings):
