@@ -12,13 +12,13 @@ import sqlite3
 import sys
 import warnings
 
-from gpuscale.app.commands import demo, history, launching, listings, tuning
+from gpuscale.app.commands import completion, demo, history, launching, listings, tuning
 from gpuscale.app.commands.common import EXIT_BAD_INPUT, USER_ERRORS, Parser, VersionAction
 from gpuscale.control.store import gpuscale_home, store_error
 
 # The commands in the order `gpuscale --help` lists them; each group's module adds its own parsers.
 COMMANDS = ("run", "tune", "runs", "show", "stop", "delete", "resume", "logs", "generations", "compare",
-            "export", "recipes", "gpus", "models", "data", "doctor", "sbatch", "demo")
+            "export", "recipes", "gpus", "models", "data", "doctor", "sbatch", "demo", "completion")
 
 
 def build_parser() -> Parser:
@@ -26,7 +26,8 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action=VersionAction)
     # Not required: a bare `gpuscale` gets the usage and the commands (main), not a one-line error.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    adders = {**launching.PARSERS, **tuning.PARSERS, **history.PARSERS, **listings.PARSERS, **demo.PARSERS}
+    adders = {**launching.PARSERS, **tuning.PARSERS, **history.PARSERS, **listings.PARSERS, **demo.PARSERS,
+              **completion.PARSERS}
     for name in COMMANDS:
         adders[name](sub)
     return parser
