@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuscale.control import sample_fields
+from gpuscale.data.paths import absolute_path
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES
 
@@ -54,9 +55,9 @@ def gpuscale_home() -> Path:
     """The history's folder, absolute: a run's folder under it is named in its settings and command,
     which its supervisor and ranks read from elsewhere (ranks start in the run folder)."""
     if os.environ.get("GPUSCALE_HOME"):
-        return Path(os.environ["GPUSCALE_HOME"]).expanduser().absolute()
+        return absolute_path(os.environ["GPUSCALE_HOME"])
     xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return (Path(xdg) / "gpuscale").absolute()
+    return absolute_path(Path(xdg) / "gpuscale")
 
 
 def _v1(db: sqlite_utils.Database) -> None:

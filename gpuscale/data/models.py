@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gpuscale.data.paths import absolute_path
 from gpuscale.data.precision import PRECISIONS, TORCH_NAMES, device_precision, torch_dtype
 
 # Shapes copied from the public configs, so speed and memory match the real models.
@@ -397,7 +398,7 @@ def check_model_name(name: str) -> str:
         return name
     path = Path(name).expanduser()
     if path.is_dir():
-        return str(path.absolute())
+        return str(absolute_path(path))
     if is_symlink_loop(path):  # before the hub id: `models/loop` is shaped like one
         raise ModelError(f"{path} is a symbolic link loop (it leads back to itself), not a model directory")
     if looks_like_hub_id(name):

@@ -58,6 +58,7 @@ from gpuscale.data.answers import extract_strict
 from gpuscale.data.data_error import DataError
 from gpuscale.data.gsm8k_hub import GSM8K_DOMAIN, GSM8K_TRAIN_SIZE, datasets_module, hub_rows
 from gpuscale.data.jsonl_files import read_jsonl, require_file
+from gpuscale.data.paths import absolute_path
 from gpuscale.data.tiny_math import TINY_MATH_DOMAINS, TINY_MATH_SIZES, tiny_math_examples
 from gpuscale.data.tiny_math_conflict import CONFLICT_DOMAINS, conflict_examples
 
@@ -150,7 +151,7 @@ def check_dataset_name(name: str) -> str:
     spec = parse_dataset(name)
     for path in spec.paths:
         require_file(path)
-    return ",".join(str(path.absolute()) for path in spec.paths) if spec.paths else name
+    return ",".join(str(absolute_path(path)) for path in spec.paths) if spec.paths else name
 
 
 

@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpuscale.data.paths import absolute_path
+
 # The one precision rule lives on the lowest floor, where the model loader can call it too; the
 # control plane and the front ends take it from here (it imports no torch).
 from gpuscale.data.precision import AUTO_RULE, Precision
@@ -145,7 +147,7 @@ class RunSettings(BaseModel):
             return None
         if not Path(value).expanduser().is_dir():
             raise ValueError("no such checkpoint folder (`gpuscale resume ID` finds a run's last checkpoint)")
-        return str(Path(value).expanduser().absolute())  # the ranks start in the run folder
+        return str(absolute_path(value))  # the ranks start in the run folder
 
     @field_validator("rdzv_endpoint")
     @classmethod

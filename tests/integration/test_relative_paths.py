@@ -50,8 +50,8 @@ def test_relative_dataset_model_and_home_reach_the_ranks(home, tmp_path):
     assert run["status"] == "succeeded" and run["error"] is None
     assert run["summary"]["problems"] == 2
     settings = json.loads((work / "relhome" / "runs" / str(run["id"]) / "settings.json").read_text())
-    assert settings["dataset"] == str(work / "data" / "one.jsonl")
-    assert settings["model"] == str(work / ".." / "m")
+    assert settings["dataset"] == str(work.resolve() / "data" / "one.jsonl")
+    assert settings["model"] == str(tmp_path.resolve() / "m")  # normalised: not WORK/../m
     assert run["run_dir"] == str(work / "relhome" / "runs" / str(run["id"]))
 
 

@@ -33,6 +33,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from gpuscale.data.paths import absolute_path
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.recipes.shared.training_settings import SupervisedSettings
 from gpuscale.runs.settings import auto_means_sized_on_card
@@ -105,7 +106,7 @@ class Settings(SupervisedSettings):
         """A path (not a run id) made absolute: the ranks start in the run folder, not in the user's."""
         if value is None or value.strip().isdigit():
             return value
-        return str(Path(value).expanduser().absolute())
+        return str(absolute_path(value))
 
 
 def check_questions_per_rank(settings: Settings) -> None:
@@ -194,8 +195,6 @@ class RFT(Recipe):
         """A run that generated its own set resumes on the answers it kept (`data_from` its folder:
         the whole set, or the part its ranks finished before a stop in generation), from its training
         checkpoint where it has one; the rest of its questions are not generated again."""
-        from pathlib import Path
-
         from gpuscale.recipes.rft.data import kept_set_in
 
         if (run.get("settings") or {}).get("data_from") or not run.get("run_dir"):
