@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from gpuscale.data.paths import absolute_path
 
@@ -35,6 +35,10 @@ DEFAULT_CHECKPOINT_EVERY = 50
 
 
 AUTO_MEMORY_SHARE = 0.5  # of the card's memory left once the model is loaded
+
+# The largest seed: the TRL recipes' trainer seeds numpy with it (transformers' set_seed), and numpy's
+# legacy seeding takes 0 to 2**32 - 1; a larger one would fail in every rank after launch.
+MAX_SEED = 2**32 - 1
 
 
 def words_meaning(*words: str, meaning: Any = None) -> Callable[[Any], Any]:
@@ -79,7 +83,8 @@ class RunSettings(BaseModel):
                     "(the card's memory less this run's, not what other processes leave free, so that a seed "
                     "reproduces); lower it when several runs share one card")
     compile: bool = Field(False, description="torch.compile the model where the recipe supports it")
-    seed: int = Field(0, description="random seed (each rank derives its own)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed, 0 to 4294967295 (each rank derives its own; "
+                      "transformers' set_seed gives it to numpy, which takes no larger one)")
     max_examples: int | None = Field(None, ge=1, description="use at most this many examples")
     nnodes: int = Field(1, ge=1, description="number of nodes (hosts) in the job")
     node_rank: int = Field(0, ge=0, description="this node's rank in a multi-node job")
@@ -96,6 +101,18 @@ class RunSettings(BaseModel):
                                   "checkpoints (older ones are deleted as new ones are written)")
     resume_from: str | None = Field(None, description="a checkpoint folder to continue from (set by "
                                     "`gpuscale resume`; rarely given by hand)")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """true/false where a number is expected (a preset's `batch_size = true`) is refused: pydantic
+        would read it as 1 or 0."""
+        annotation = cls.model_fields[info.field_name].annotation
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(item, bool) for item in items) and _admits(annotation, (int, float)) \
+                and not _admits(annotation, (bool,)):
+            raise ValueError("true/false where a number is expected")
+        return value
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -166,16 +183,34 @@ class RunSettings(BaseModel):
         return name
 
 
-def read_preset(path: str | Path) -> dict[str, Any]:
+def _admits(annotation: Any, types: tuple[type, ...]) -> bool:
+    """Whether a field's annotation takes a value of one of `types`, anywhere in it (`int | None`,
+    `list[int]`, `Literal["all"] | int`); a Literal's values are not types and count for none."""
+    return annotation in types or any(_admits(part, types) for part in get_args(annotation))
+
+
+def read_preset(path: str | Path, recipe: str | None = None, recipes: Collection[str] = ()) -> dict[str, Any]:
+    """A preset's settings for `recipe`: its top-level keys, which every recipe reads, with the keys of
+    its `[recipe]` table on top (`[grpo-mtl]`), so that one file serves several recipes. Another
+    recipe's table (one of `recipes`) is that recipe's and is skipped; a table that names no recipe
+    is refused: a typo would otherwise drop its settings without a word."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise SettingsError(f"preset: {path}: cannot be read ({exc.strerror})") from None
     try:
-        return tomllib.loads(text)
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"preset: {path}: not valid TOML ({exc})") from None
+    tables = {key: value for key, value in document.items() if isinstance(value, dict)}
+    for name in tables:
+        if name != recipe and name not in recipes:
+            known = ", ".join(sorted({*recipes, *([recipe] if recipe else [])})) or "none"
+            raise SettingsError(f"preset: {path}: [{name}]: a table holds one recipe's settings and no recipe is "
+                                f"called {name!r} (recipes: {known}); settings for every recipe go above the tables")
+    shared = {key: value for key, value in document.items() if key not in tables}
+    return {**shared, **tables.get(recipe, {})}
 
 
 def environment_layer(settings_cls: type[RunSettings], environ: Mapping[str, str]) -> dict[str, str]:
@@ -203,7 +238,7 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
 
 def resolve_settings(
     settings_cls: type[RunSettings],
-    preset: str | Path | None = None,
+    preset: str | Path | Mapping[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> RunSettings:
@@ -217,21 +252,28 @@ def resolve_settings(
 
 def merge_layers(
     settings_cls: type[RunSettings],
-    preset: str | Path | None = None,
+    preset: str | Path | Mapping[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The layers merged, by field name, not yet validated (a front end may resolve a word such as
-    `batch_size=auto` first)."""
+    `batch_size=auto` first). `preset`: a TOML file's path, or its settings as `read_preset` gave
+    them for the recipe (the front ends, which know the recipes, read its table that way)."""
     merged: dict[str, Any] = {}
     layers = [
-        ("preset", read_preset(preset) if preset else {}),
+        ("preset", read_preset(preset) if isinstance(preset, (str, Path)) else dict(preset or {})),
         ("environment", environment_layer(settings_cls, os.environ if environ is None else environ)),
         ("command line", dict(overrides or {})),
     ]
-    for _origin, layer in layers:
+    for origin, layer in layers:
         for key, value in layer.items():
-            merged[settings_cls.field_for_key(key)] = value
+            try:
+                merged[settings_cls.field_for_key(key)] = value
+            except SettingsError as error:
+                if origin != "preset":
+                    raise
+                raise SettingsError(f"preset: {error} (a setting of one recipe goes in its [RECIPE] table, "
+                                    "e.g. [sft])") from None
     return merged
 
 

@@ -52,6 +52,22 @@ def test_malformed_preset(home, tmp_path):
     assert not home.exists()
 
 
+@pytest.mark.parametrize("preset_text, message", [
+    ("batch_size = true\n", "batch_size: True: true/false where a number is expected"),
+    ("seed = 12345678901234567890123\n",
+     "seed: 12345678901234567890123: Input should be less than or equal to 4294967295"),
+    ("[probe]\nsteps = 0\n", "steps: 0: Input should be greater than or equal to 1"),  # the recipe's table is read
+    ("[porbe]\nsteps = 3\n", "[porbe]: a table holds one recipe's settings and no recipe is called 'porbe'"),
+])
+def test_a_bad_preset_is_refused_before_launch(home, tmp_path, preset_text, message):
+    preset = tmp_path / "p.toml"
+    preset.write_text(f"gpus = 1\n{preset_text}[sft]\nepochs = true\n")  # sft's table is not probe's
+    result = gpuscale("run", "--recipe", "probe", "--preset", str(preset))
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not home.exists()
+
+
 @pytest.mark.parametrize("command", [["show", "77"], ["logs", "77"], ["stop", "77"], ["export", "x1"],
                                      ["compare", "1", "2"]])
 def test_unknown_run_id(home, command):

@@ -66,3 +66,83 @@ def test_every_recipe_says_what_its_batch_size_counts():
     for name in BUILTIN:
         description = get_recipe(name).settings_cls.model_fields["batch_size"].description or ""
         assert description != generic and "per rank" in description, (name, description)
+
+
+def every_number_setting():
+    """(recipe, field) for every setting of every built-in recipe that takes a number and no true/false."""
+    from gpuscale.recipes.shared.registry import BUILTIN, get_recipe
+    from gpuscale.runs.settings import _admits
+
+    for name in BUILTIN:
+        settings_cls = get_recipe(name).settings_cls
+        for field, info in settings_cls.model_fields.items():
+            if _admits(info.annotation, (int, float)) and not _admits(info.annotation, (bool,)):
+                yield settings_cls, field
+
+
+@pytest.mark.parametrize("value", [True, False, [True, 1]])
+def test_true_or_false_is_refused_where_a_number_is_expected(value):
+    """A preset's `batch_size = true` was taken as 1: a TOML bool is not a number for any setting."""
+    checked = list(every_number_setting())
+    assert {"batch_size", "seed", "gpus", "epochs", "gpu_memory_share"} <= {field for _, field in checked}
+    for settings_cls, field in checked:
+        with pytest.raises(SettingsError) as info:
+            resolve_settings(settings_cls, overrides={field: value}, environ={})
+        assert str(info.value) == f"{field}: {value!r}: true/false where a number is expected"
+
+
+def test_true_or_false_settings_still_take_them():
+    assert resolve_settings(Settings, overrides={"compile": True}, environ={}).compile is True
+    assert resolve_settings(Settings, overrides={"compile": "false"}, environ={}).compile is False
+    assert resolve_settings(Settings, overrides={"batch_size": 3.0}, environ={}).batch_size == 3
+
+
+@pytest.mark.parametrize("seed, reason", [
+    ("12345678901234567890123", "Input should be less than or equal to 4294967295"),
+    (2**32, "Input should be less than or equal to 4294967295"),
+    (-1, "Input should be greater than or equal to 0"),
+])
+def test_a_seed_numpy_would_refuse_is_refused_before_launch(seed, reason):
+    """transformers' set_seed seeds numpy with the run's seed, which takes 0 to 2**32 - 1."""
+    import numpy
+
+    with pytest.raises(ValueError):
+        numpy.random.seed(int(seed))
+    with pytest.raises(SettingsError) as info:
+        resolve_settings(Settings, overrides={"seed": seed}, environ={})
+    assert str(info.value) == f"seed: {seed!r}: {reason}"
+    assert resolve_settings(Settings, overrides={"seed": str(2**32 - 1)}, environ={}).seed == 2**32 - 1
+
+
+def test_a_preset_serves_several_recipes_through_their_tables(tmp_path):
+    from gpuscale.recipes.sft import Settings as SftSettings
+    from gpuscale.runs.settings import read_preset
+
+    preset = tmp_path / "p.toml"
+    preset.write_text('gpus = 2\nseed = 5\n[probe]\nsteps = 7\nseed = 6\n[sft]\nepochs = 1.5\n')
+    recipes = ("probe", "sft", "rft")
+    probe = resolve_settings(Settings, preset=read_preset(preset, "probe", recipes), environ={})
+    assert (probe.gpus, probe.steps, probe.seed) == (2, 7, 6)  # the recipe's table over the top level
+    sft = resolve_settings(SftSettings, preset=read_preset(preset, "sft", recipes), environ={})
+    assert (sft.gpus, sft.epochs, sft.seed) == (2, 1.5, 5)  # probe's table is probe's alone
+    assert read_preset(preset, "rft", recipes) == {"gpus": 2, "seed": 5}
+
+
+def test_a_preset_table_that_names_no_recipe_is_refused(tmp_path):
+    from gpuscale.runs.settings import read_preset
+
+    preset = tmp_path / "p.toml"
+    preset.write_text('[sfft]\nepochs = 2\n')
+    with pytest.raises(SettingsError) as info:
+        read_preset(preset, "sft", ("probe", "sft"))
+    assert str(info.value).startswith(f"preset: {preset}: [sfft]: a table holds one recipe's settings and no "
+                                      "recipe is called 'sfft' (recipes: probe, sft)")
+
+
+def test_a_recipe_s_own_setting_at_the_top_of_a_preset_says_where_it_goes(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text('epochs = 2\n')
+    with pytest.raises(SettingsError) as info:
+        resolve_settings(Settings, preset=preset, environ={})
+    assert str(info.value).startswith("preset: epochs: unknown setting")
+    assert str(info.value).endswith("(a setting of one recipe goes in its [RECIPE] table, e.g. [sft])")

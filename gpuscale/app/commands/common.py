@@ -13,8 +13,8 @@ from gpuscale.control.store import Store, StoreError, UnknownRun, gpuscale_home
 from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
 from gpuscale.data.precision import PRECISIONS
-from gpuscale.recipes.shared.registry import get_recipe
-from gpuscale.runs.settings import SettingsError, parse_assignments, resolve_settings
+from gpuscale.recipes.shared.registry import all_recipes, get_recipe
+from gpuscale.runs.settings import SettingsError, parse_assignments, read_preset, resolve_settings
 
 EXIT_BAD_INPUT = 2
 ID_HELP = "the run's id or label (see `gpuscale runs`)"
@@ -67,9 +67,18 @@ def add_setting_options(parser: argparse.ArgumentParser, recipe_required: bool =
     parser.add_argument("--model", help="model name, hub id or local path")
     parser.add_argument("--dataset",
                         help="tiny-math[:DOMAIN,...], tiny-math-conflict, gsm8k, or JSONL files (a.jsonl,b.jsonl)")
-    parser.add_argument("--preset", type=Path, help="TOML file of settings (below env and --set)")
+    parser.add_argument("--preset", type=Path, help=PRESET_HELP + " (below env and --set)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="any setting of the recipe; repeatable")
+
+
+PRESET_HELP = "TOML file of settings: its top-level keys for every recipe, a [RECIPE] table's for that recipe"
+
+
+def preset_of(args: argparse.Namespace, recipe) -> dict:
+    """`--preset`'s settings for `recipe`: the file's top-level keys and its [recipe] table's (another
+    recipe's table skipped); {} without one."""
+    return read_preset(args.preset, recipe.name, all_recipes()) if args.preset else {}
 
 
 FLAG_FIELDS = ("gpus", "batch_size", "precision", "model", "dataset", "nnodes", "node_rank", "rdzv_endpoint")
@@ -78,7 +87,8 @@ FLAG_FIELDS = ("gpus", "batch_size", "precision", "model", "dataset", "nnodes", 
 def settings_from_args(args: argparse.Namespace):
     """The recipe and its validated settings from the command line (and preset, and environment)."""
     recipe = get_recipe(args.recipe)
-    settings = resolve_settings(recipe.settings_cls, preset=args.preset, overrides=overrides_from_args(args))
+    settings = resolve_settings(recipe.settings_cls, preset=preset_of(args, recipe),
+                                overrides=overrides_from_args(args))
     return recipe, settings
 
 

@@ -15,11 +15,13 @@ from rich.text import Text
 
 from gpuscale.app.commands.common import (
     ID_HELP,
+    PRESET_HELP,
     BadInput,
     add_setting_options,
     checked_label,
     open_store,
     overrides_from_args,
+    preset_of,
     public_run,
 )
 from gpuscale.app.views.collapse import run_collapse_warnings
@@ -60,7 +62,7 @@ def run_settings_from_args(args: argparse.Namespace):
     from gpuscale.app.batch_choice import settings_with_batch
 
     recipe = get_recipe(args.recipe)
-    merged = merge_layers(recipe.settings_cls, preset=args.preset, overrides=overrides_from_args(args))
+    merged = merge_layers(recipe.settings_cls, preset=preset_of(args, recipe), overrides=overrides_from_args(args))
     settings, notes = settings_with_batch(recipe, merged)
     return recipe, settings, notes
 
@@ -262,7 +264,7 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     recipe = get_recipe(args.recipe)
     overrides = parse_assignments(args.assignments)
     # Validate now, with the values the nodes will use, so a bad setting fails here and not in the queue.
-    resolve_settings(recipe.settings_cls, preset=args.preset, overrides={
+    resolve_settings(recipe.settings_cls, preset=preset_of(args, recipe), overrides={
         **overrides, "nnodes": args.nodes, "gpus": args.gpus_per_node, "rdzv_endpoint": f"head:{args.port}"})
     if args.requeue and not 1 <= args.signal_margin <= MAX_SIGNAL_MARGIN_S:
         raise BadInput(f"signal-margin: {args.signal_margin}: SLURM takes 1 to {MAX_SIGNAL_MARGIN_S} seconds")
@@ -321,7 +323,7 @@ def add_sbatch_parser(sub) -> None:
     p.add_argument("--qos", help="the SLURM quality of service")
     p.add_argument("--label", help="a name for each node's run, as `gpuscale run --label` gives")
     p.add_argument("--port", type=int, default=29500, help="the rendezvous port on the head node (default 29500)")
-    p.add_argument("--preset", type=Path, help="TOML file of settings (below --set)")
+    p.add_argument("--preset", type=Path, help=PRESET_HELP + " (below --set)")
     p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                    help="any setting of the recipe; repeatable")
     p.add_argument("--requeue", action="store_true",
