@@ -350,6 +350,40 @@ def _check_config(path: Path) -> None:
     config = _read_json(path)
     if not isinstance(config, dict) or not config.get("model_type"):
         raise ModelError(f"model: {path}: no model_type, so transformers cannot tell which model it is")
+    _refuse_custom_code(config, path)
+
+
+def _refuse_custom_code(config: dict, path: Path) -> None:
+    """A model whose classes are its own folder's code (config.json's `auto_map`, for a model_type
+    transformers has no class of its own for) loads only with transformers' `trust_remote_code`, which
+    gpuscale never passes: it runs no code that came with a model. Refused here, before launch, rather
+    than in every rank with transformers' prompt cut to one line. A model of a type transformers knows
+    loads with transformers' own class, whatever its auto_map says, and passes."""
+    auto_map = config.get("auto_map")
+    model_type = str(config["model_type"])
+    if not auto_map or transformers_knows(model_type):
+        return
+    classes = ", ".join(f"{name} -> {target}" for name, target in auto_map.items()) if isinstance(auto_map, dict) \
+        else str(auto_map)
+    raise ModelError(f"model: {path}: model_type {model_type!r} is not one transformers knows, and its auto_map "
+                     f"({classes}) names code of the model's own, which transformers runs only with "
+                     "trust_remote_code; gpuscale runs no code that comes with a model: use a model of a type "
+                     "transformers supports (gpuscale models lists the built-in ones)")
+
+
+def transformers_knows(model_type: str) -> bool:
+    """Whether transformers has a configuration class of its own for `model_type`. Its models' folders
+    are looked for first (no import: transformers takes seconds to import, and its table pulls in torch);
+    only a type with no folder of its name is looked up in the table itself."""
+    from importlib.util import find_spec
+
+    spec = find_spec("transformers")
+    folders = spec.submodule_search_locations if spec else None
+    if folders and any((Path(folder) / "models" / model_type.replace("-", "_")).is_dir() for folder in folders):
+        return True
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return model_type in CONFIG_MAPPING_NAMES
 
 
 def _check_safetensors(path: Path) -> None:

@@ -226,6 +226,39 @@ def test_broken_model_directory_is_refused_before_launch(home, tmp_path, damage)
     assert run_json("runs") == [] and not any((home / "runs").iterdir())  # nothing recorded or started
 
 
+def with_custom_code(directory, model_type: str) -> None:
+    """The model's config as a model with code of its own has it: auto_map naming classes of its folder's files."""
+    config = json.loads((directory / "config.json").read_text())
+    config.update(model_type=model_type, auto_map={"AutoConfig": "configuration_mine.MineConfig",
+                                                   "AutoModelForCausalLM": "modeling_mine.MineForCausalLM"})
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "modeling_mine.py").write_text(f"open({str(directory / 'RAN')!r}, 'w')\n")
+
+
+def test_a_model_with_code_of_its_own_is_refused_before_launch_naming_trust_remote_code(home, tmp_path):
+    """transformers would run such a model's own code only with trust_remote_code, which gpuscale never
+    passes: the rank failed after launch with transformers' prompt cut; now one line before anything starts."""
+    directory = copy_of_tiny_math(tmp_path)
+    with_custom_code(directory, "mine")
+    line = one_error_line(gpuscale("run", "--recipe", "power-sampling", "--gpus", "1", "--model", str(directory)))
+    assert line.startswith(f"gpuscale: error: model: {directory / 'config.json'}: model_type 'mine' is not one "
+                           "transformers knows, and its auto_map (AutoConfig -> configuration_mine.MineConfig, "
+                           "AutoModelForCausalLM -> modeling_mine.MineForCausalLM) names code of the model's own, "
+                           "which transformers runs only with trust_remote_code; gpuscale runs no code")
+    assert run_json("runs") == [] and not (directory / "RAN").exists()
+
+
+def test_a_model_of_a_known_type_with_an_auto_map_loads_with_transformers_own_class(tmp_path):
+    """A Llama checkpoint that still carries an auto_map: transformers' own class, none of the folder's code."""
+    from gpuscale.data.models import check_model, load_model
+
+    directory = copy_of_tiny_math(tmp_path)
+    with_custom_code(directory, "llama")
+    check_model(str(directory))
+    model, _tokenizer = load_model(str(directory))
+    assert type(model).__name__ == "LlamaForCausalLM" and not (directory / "RAN").exists()
+
+
 @pytest.mark.parametrize("hub", ["offline", "unreachable"])
 def test_hub_model_not_cached_fails_at_once_in_one_line(home, tmp_path, hub):
     """The hub id is not in the (empty) cache: with HF_HUB_OFFLINE nothing is asked; with the hub at an
