@@ -23,7 +23,7 @@ from gpuscale.control.store import Store, UnknownRun
 from gpuscale.control.supervisor import summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
 from gpuscale.runs.devices import DevicePlan, plan_devices
-from gpuscale.runs.process import kill_run_processes, process_alive, wait_for
+from gpuscale.runs.process import kill_run_processes, private_files, process_alive, wait_for
 from gpuscale.runs.run_dir import RunDir, merge_results
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -120,22 +120,24 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     # The history keeps the settings as the user gave them (data_from=3); the ranks read run folders.
     run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname(),
                               parent_id=parent_id)
-    folder = RunDir(store.get_run(run_id)["run_dir"]).make()
-    settings_path = folder.settings
-    settings_path.write_text(for_ranks.model_dump_json(indent=2))
-    folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
-    argv = launcher_argv(recipe, for_ranks, plan, settings_path)
-    store.update_run(run_id, command=argv, label=label)
-    # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
-    # history from the run folders, and the recipe's name is nowhere else in them.
-    folder.update_info(recipe=recipe.name, command=argv, host=socket.gethostname(), label=label, notes=notes or {},
-                       parent_id=parent_id, created_at=store.get_run(run_id)["created_at"])
-    with open(folder.supervisor_log, "ab") as log:
-        supervisor = subprocess.Popen(
-            [sys.executable, "-m", SUPERVISOR_MODULE, str(run_id), "--home", str(store.home)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, preexec_fn=ignore_preemption_signal,
-        )
+    # A private run's folder and files are its user's alone, and so is what its processes write.
+    with private_files(settings.private):
+        folder = RunDir(store.get_run(run_id)["run_dir"]).make()
+        settings_path = folder.settings
+        settings_path.write_text(for_ranks.model_dump_json(indent=2))
+        folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
+        argv = launcher_argv(recipe, for_ranks, plan, settings_path)
+        store.update_run(run_id, command=argv, label=label)
+        # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
+        # history from the run folders, and the recipe's name is nowhere else in them.
+        folder.update_info(recipe=recipe.name, command=argv, host=socket.gethostname(), label=label, notes=notes or {},
+                           parent_id=parent_id, created_at=store.get_run(run_id)["created_at"])
+        with open(folder.supervisor_log, "ab") as log:
+            supervisor = subprocess.Popen(
+                [sys.executable, "-m", SUPERVISOR_MODULE, str(run_id), "--home", str(store.home)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True, preexec_fn=ignore_preemption_signal,
+            )
     store.update_run(run_id, supervisor_pid=supervisor.pid)
     _children.append(supervisor)
     return run_id

@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from gpuscale.data.question_length import QuestionLimit
 
 
-def read_jsonl(path: Path, question_limit: QuestionLimit | None = None) -> list[dict]:
-    """Examples from a JSONL file of GSM8K rows, each with its `domain` (its own field, else the
-    file's stem). A bad line or an empty file raises DataError naming the file (and line);
-    `question_limit` refuses or leaves out a question longer than the model's context
+def read_jsonl(path: Path, question_limit: QuestionLimit | None = None, domain: str | None = None) -> list[dict]:
+    """Examples from a JSONL file of GSM8K rows, each with its `domain` (its own field, else `domain`,
+    the run's `domain` setting, else the file's stem). A bad line or an empty file raises DataError
+    naming the file (and line); `question_limit` refuses or leaves out a question longer than the model's context
     (data/question_length.py)."""
     path = Path(path)
     require_file(path)
@@ -29,7 +29,7 @@ def read_jsonl(path: Path, question_limit: QuestionLimit | None = None) -> list[
             line = _decoded(raw, path, line_number)
             if not line.strip():
                 continue
-            row = _parse_jsonl_line(line, path, line_number)
+            row = _parse_jsonl_line(line, path, line_number, domain)
             if question_limit is None or question_limit.admits(row["question"], f"{path}, line {line_number}"):
                 examples.append(row)
     if not examples:
@@ -61,7 +61,7 @@ def _decoded(raw: bytes, path: Path, line_number: int) -> str:
                         f"{error.start + 1} of the line); save the file as UTF-8") from None
 
 
-def _parse_jsonl_line(line: str, path: Path, line_number: int) -> dict:
+def _parse_jsonl_line(line: str, path: Path, line_number: int, domain: str | None = None) -> dict:
     where = f"{path}, line {line_number}"
     try:
         row = json.loads(line)
@@ -73,12 +73,12 @@ def _parse_jsonl_line(line: str, path: Path, line_number: int) -> dict:
         if field not in row:
             raise DataError(f"{where}: missing field {field!r} (each line needs 'question' and 'answer')")
     row["question"], row["answer"] = str(row["question"]), _as_gsm8k_answer(row["answer"], where)
-    row["domain"] = _domain_of(row, path, where)
+    row["domain"] = _domain_of(row, domain or path.stem, where)
     return row
 
 
-def _domain_of(row: dict, path: Path, where: str) -> str:
-    domain = row.get("domain", path.stem)
+def _domain_of(row: dict, default: str, where: str) -> str:
+    domain = row.get("domain", default)
     if not isinstance(domain, str) or not domain.strip():
         raise DataError(f"{where}: 'domain' must be a non-empty string, got {domain!r}")
     return domain.strip()

@@ -21,8 +21,8 @@ What `--dataset` accepts (`parse_dataset`):
 - `gsm8k`: `openai/gsm8k` (config `main`) through `datasets`, an optional dependency imported lazily
   (domain "gsm8k").
 - `a.jsonl` or `a.jsonl,b.jsonl`: local GSM8K-format files (one split by themselves). A row's domain is
-  its `domain` field, else its file's stem (`a`). A value holding ".jsonl" is always a list of files,
-  so it cannot be mistaken for a task's domain list.
+  its `domain` field, else the run's `domain` setting, else its file's stem (`a`). A value holding
+  ".jsonl" is always a list of files, so it cannot be mistaken for a task's domain list.
 
 Order, and what `max_examples` takes: always the first N of the data set's order. A generated task's
 order is its generator's (tiny-math draws its domains 50/25/25 from a seeded stream, so its first N hold
@@ -161,7 +161,7 @@ def check_dataset_name(name: str) -> str:
 
 def load_examples(
     name_or_path: str, split: str = "test", max_examples: int | None = None, seed: int = 0,
-    question_limit: QuestionLimit | None = None,
+    question_limit: QuestionLimit | None = None, domain: str | None = None,
 ) -> list[dict]:
     """The examples of a data set named as `--dataset` takes it (see the module's docstring).
 
@@ -170,14 +170,15 @@ def load_examples(
     problems of `tiny-math` (its test problems are the same for every seed); fixed data sets ignore
     it. JSONL files are one split by themselves, so `split` does not apply to them. `question_limit`:
     the rule for questions longer than the model's context (data/question_length.py), applied to files
-    and the hub's rows before the first N are taken.
+    and the hub's rows before the first N are taken. `domain`: the domain of a file's row that names
+    none (None: the file's stem), the run's `domain` setting.
     """
     _check_split_and_limit(split, max_examples)
     spec = _parse_named(name_or_path)
     if spec.task in GENERATED_TASKS:
         return GENERATED_TASKS[spec.task](split, max_examples, seed, spec.domains)
     if spec.paths:
-        examples = interleave_domains([row for path in spec.paths for row in read_jsonl(path, question_limit)])
+        examples = interleave_domains([row for path in spec.paths for row in read_jsonl(path, question_limit, domain)])
     else:
         examples = [e for e in hub_rows(split, question_limit) if spec.domains is None or e["domain"] in spec.domains]
     return examples if max_examples is None else examples[:max_examples]
@@ -185,7 +186,8 @@ def load_examples(
 
 def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: int = 0,
                    max_examples: int | None = None, seed: int = 0,
-                   question_limit: QuestionLimit | None = None) -> tuple[list[dict], list[dict]]:
+                   question_limit: QuestionLimit | None = None,
+                   domain: str | None = None) -> tuple[list[dict], list[dict]]:
     """(training examples, evaluation examples) of a run: the rule of the module's docstring.
 
     eval_split="test": the test split's first `eval_examples` problems (a JSONL file: its first rows);
@@ -193,7 +195,7 @@ def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: i
     otherwise the first `eval_examples` problems of the training data (a JSONL file: the rows after
     its test rows). The training examples are the first `max_examples` (None: all) of
     the training data left once every scored question, and a file's test rows, are taken out, so
-    `max_examples` counts what is trained on whatever is held out. `question_limit`: as
+    `max_examples` counts what is trained on whatever is held out. `question_limit` and `domain`: as
     `load_examples`'s."""
     if eval_split not in EVAL_SPLITS:
         raise DataError(f"unknown eval_split {eval_split!r}; known: {', '.join(EVAL_SPLITS)}")
@@ -205,14 +207,14 @@ def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: i
         return load_examples(name_or_path, "train", max_examples, seed=seed), scored
     # The test rows: never trained on. A named task's test split is apart from its training split, so
     # a validation run need not load it; a file's test rows are its first rows, held out either way.
-    test = load_examples(name_or_path, "test", eval_examples, seed=seed, question_limit=question_limit) \
+    test = load_examples(name_or_path, "test", eval_examples, seed=seed, question_limit=question_limit, domain=domain) \
         if eval_examples and (one_split or not validation) else []
     test_questions = {example["question"] for example in test}
     # Load enough rows that max_examples remain once the held-out ones are dropped; more where a
     # held-out question comes again (a tiny-math-conflict twin, a file's repeated row).
     limit = None if max_examples is None else max_examples + len(test_questions) + (eval_examples if validation else 0)
     while True:
-        loaded = load_examples(name_or_path, "train", limit, seed=seed, question_limit=question_limit)
+        loaded = load_examples(name_or_path, "train", limit, seed=seed, question_limit=question_limit, domain=domain)
         train = [example for example in loaded if example["question"] not in test_questions]
         scored = test
         if validation:
@@ -235,19 +237,19 @@ def training_split_size(name: str) -> int | None:
 
 
 def evaluation_examples(name_or_path: str, split: str, count: int | None, seed: int = 0,
-                        question_limit: QuestionLimit | None = None) -> list[dict]:
+                        question_limit: QuestionLimit | None = None, domain: str | None = None) -> list[dict]:
     """The problems a run that only scores (no training) takes: `load_examples`'s for "train" and
     "test"; for "validation", the `count` problems `held_out_split` would hold out for validation
     with eval_examples=count (a count is needed: validation is a part of the training data, or of a
     generated task's validation split).
-    `question_limit`: as `load_examples`'s."""
+    `question_limit` and `domain`: as `load_examples`'s."""
     if split != "validation":
-        return load_examples(name_or_path, split, count, seed=seed, question_limit=question_limit)
+        return load_examples(name_or_path, split, count, seed=seed, question_limit=question_limit, domain=domain)
     if count is None:
         raise DataError("the validation split needs a count (max_examples): it is the first problems of the "
                         "training data")
     return held_out_split(name_or_path, "validation", count, max_examples=0, seed=seed,
-                          question_limit=question_limit)[1]
+                          question_limit=question_limit, domain=domain)[1]
 
 
 def _parse_named(name: str) -> DatasetSpec:

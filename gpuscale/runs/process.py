@@ -10,11 +10,34 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psutil
 
 RUN_DIR_ENV = "GPUSCALE_RUN_DIR"
+# A private run's umask: its folders 0700 and its files 0600, whatever the user's umask says.
+PRIVATE_UMASK = 0o077
 _PR_SET_PDEATHSIG = 1
+
+
+@contextmanager
+def private_files(private: bool) -> Iterator[None]:
+    """With `private`, what this process creates inside the block is its user's alone (umask 077:
+    folders 0700, files 0600), and so is everything a process started inside it creates, for as long as
+    that process lives (a child inherits the umask at its start): the supervisor, the launcher and the
+    ranks of a run. The umask is the whole process's, so the block is kept short: the run folder's
+    first files and the supervisor's start. It only ever narrows the modes, so another thread's file made
+    meanwhile is at worst more private. Without `private` nothing changes: files follow the user's umask."""
+    if not private:
+        yield
+        return
+    before = os.umask(PRIVATE_UMASK)  # reading the umask means setting it
+    os.umask(before | PRIVATE_UMASK)  # a stricter umask of the user's stays as strict
+    try:
+        yield
+    finally:
+        os.umask(before)
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

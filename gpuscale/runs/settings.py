@@ -83,8 +83,7 @@ class RunSettings(BaseModel):
                     "(the card's memory less this run's, not what other processes leave free, so that a seed "
                     "reproduces); lower it when several runs share one card")
     compile: bool = Field(False, description="torch.compile the model where the recipe supports it")
-    seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed, 0 to 4294967295 (each rank derives its own; "
-                      "transformers' set_seed gives it to numpy, which takes no larger one)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed, 0 to 4294967295")
     max_examples: int | None = Field(None, ge=1, description="use at most this many examples")
     nnodes: int = Field(1, ge=1, description="number of nodes (hosts) in the job")
     node_rank: int = Field(0, ge=0, description="this node's rank in a multi-node job")
@@ -101,6 +100,12 @@ class RunSettings(BaseModel):
                                   "checkpoints (older ones are deleted as new ones are written)")
     resume_from: str | None = Field(None, description="a checkpoint folder to continue from (set by "
                                     "`gpuscale resume`; rarely given by hand)")
+    private: bool = Field(False, description="the run folder 0700 and its files 0600 whatever the umask, for a shared "
+                          "node (GPUSCALE_PRIVATE=1: every run)")
+    domain: str | None = Field(
+        None, description="JSONL files: the domain of a row with no 'domain' field of its own (none: its file's "
+                          "name, so gsm8k/test.jsonl's rows are domain 'test'); it names the per-domain figures "
+                          "(accuracy_greedy_<domain>_after...)")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -151,6 +156,22 @@ class RunSettings(BaseModel):
         from gpuscale.data.tasks import check_dataset_name
 
         return check_dataset_name(value)
+
+    _no_domain_words = field_validator("domain", mode="before")(words_meaning("", "none"))
+
+    @field_validator("domain")
+    @classmethod
+    def _check_domain(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"[\w.\-]+", value.strip()):
+            raise ValueError("a domain is one word (letters, digits, _ . -): it is part of figure names")
+        from gpuscale.data.tasks import parse_dataset
+
+        dataset = info.data.get("dataset")
+        if dataset is not None and not parse_dataset(dataset).paths:
+            raise ValueError(f"names the domain of JSONL files' rows; the rows of {dataset} carry their own")
+        return value.strip()
 
     _none_words = field_validator("max_examples", mode="before")(words_meaning("", "none", "all"))
     _off_is_zero = field_validator("checkpoint_every", mode="before")(words_meaning("off", "none", "no", "false",

@@ -64,7 +64,7 @@ def one_rank_runs(module_home, tmp_path_factory) -> dict:
     knobs, local = run_together(["--recipe", "power-sampling"],
                                 ["--recipe", "power-sampling", "--gpus", "1", "--model", str(model_dir),
                                  "--dataset", str(data), "--set", "max_new_tokens=64", "--set", "blocks=2",
-                                 "--set", "mcmc_steps=2", "--set", "chains=3"],
+                                 "--set", "mcmc_steps=2", "--set", "chains=3", "--set", "domain=gsm8k"],
                                 envs=[SEED_KNOBS, {}])
     return {"knobs": knobs, "local": local, "examples": examples}
 
@@ -87,6 +87,10 @@ def test_local_model_directory_and_gsm8k_format_jsonl(one_rank_runs):
     assert run["status"] == "succeeded", run["error"]
     results = json.loads(gpuscale("export", str(run["id"])).stdout)["results"]
     assert [r["gold"] for r in results] == [e["answer"].rsplit("#### ", 1)[1] for e in examples for _ in range(3)]
+    # The rows name no domain: `--set domain=gsm8k` names it, not the file's name (gsm8k-style).
+    assert {r["domain"] for r in results} == {"gsm8k"}
+    assert "accuracy_gsm8k" in run["summary"] and "accuracy_gsm8k-style" not in run["summary"]
+    assert "takes its file's name as its domain" not in result.stderr
 
 
 def test_several_chains_give_pass_at_k(one_rank_runs):

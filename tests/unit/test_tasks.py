@@ -144,6 +144,55 @@ def test_local_jsonl_keeps_a_domain_field(tmp_path):
     assert [e["domain"] for e in load_examples(str(path))] == ["eggs", "mixed"]  # else the file's stem
 
 
+def test_the_domain_setting_names_a_file_s_rows_that_name_none(tmp_path):
+    """gsm8k's test.jsonl gave accuracy_test: a row without a domain field takes the file's name unless
+    the run's `domain` names it; a row's own field still wins. Through the held-out split too."""
+    from gpuscale.data.tasks import evaluation_examples, held_out_split
+
+    path = _write_jsonl(tmp_path / "test.jsonl", [{**GSM8K_ROWS[0], "domain": "eggs"}, *GSM8K_ROWS[1:]])
+    assert [e["domain"] for e in load_examples(str(path))] == ["eggs", "test", "test"]
+    assert [e["domain"] for e in load_examples(str(path), domain="gsm8k")] == ["eggs", "gsm8k", "gsm8k"]
+    train, scored = held_out_split(str(path), "test", 1, domain="gsm8k")
+    assert [e["domain"] for e in scored] == ["eggs"] and {e["domain"] for e in train} == {"gsm8k"}
+    assert {e["domain"] for e in evaluation_examples(str(path), "validation", 1, domain="gsm8k")} == {"gsm8k"}
+
+
+def test_the_domain_setting_is_for_files_only_and_one_word(tmp_path):
+    from gpuscale.recipes.sft import Settings
+    from gpuscale.runs.settings import SettingsError, resolve_settings
+
+    path = _write_jsonl(tmp_path / "test.jsonl", GSM8K_ROWS)
+    named = resolve_settings(Settings, overrides={"dataset": str(path), "domain": " gsm8k "}, environ={})
+    assert named.domain == "gsm8k"
+    assert resolve_settings(Settings, overrides={"dataset": str(path), "domain": "none"}, environ={}).domain is None
+    for overrides, reason in (
+        ({"domain": "gsm8k"}, "domain: 'gsm8k': names the domain of JSONL files' rows; the rows of tiny-math "
+                              "carry their own"),
+        ({"dataset": str(path), "domain": "grade school"},
+         "domain: 'grade school': a domain is one word (letters, digits, _ . -): it is part of figure names"),
+    ):
+        with pytest.raises(SettingsError) as error:
+            resolve_settings(Settings, overrides=overrides, environ={})
+        assert str(error.value) == reason
+
+
+def test_the_launch_says_where_a_file_s_domain_comes_from(tmp_path, capsys):
+    from gpuscale.app.commands.launching import say_file_domains
+    from gpuscale.recipes.shared.registry import get_recipe
+    from gpuscale.runs.settings import resolve_settings
+
+    sft = get_recipe("sft")
+    path = _write_jsonl(tmp_path / "test.jsonl", GSM8K_ROWS)
+    say_file_domains(sft, resolve_settings(sft.settings_cls, overrides={"dataset": str(path)}, environ={}))
+    assert capsys.readouterr().err == (
+        "dataset: a row with no 'domain' field takes its file's name as its domain (test.jsonl: 'test'), which "
+        "names its figures (accuracy_greedy_test_after...); --set domain=NAME names it\n")
+    say_file_domains(sft, resolve_settings(sft.settings_cls, overrides={"dataset": str(path), "domain": "gsm8k"},
+                                           environ={}))
+    say_file_domains(sft, resolve_settings(sft.settings_cls, environ={}))  # tiny-math: its own domains
+    assert capsys.readouterr().err == ""
+
+
 def _data_error(*args, **kwargs) -> str:
     with pytest.raises(DataError) as error:
         load_examples(*args, **kwargs)

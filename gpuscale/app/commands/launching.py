@@ -28,7 +28,9 @@ from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.runs import progress_line, summary_lines
 from gpuscale.control import launch
 from gpuscale.control.store import Store
+from gpuscale.data.tasks import parse_dataset
 from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.runs.process import private_files
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import merge_layers, parse_assignments, resolve_settings
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -74,7 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGUSR1, lambda *_: PREEMPTION.update(asked=True))
     recipe, settings, notes = run_settings_from_args(args)
     plan = launch.plan_devices(settings.gpus)
-    store = Store()
+    with private_files(settings.private):  # a history this run creates is private too
+        store = Store()
     if job is not None:
         notes = {**notes, "slurm_job_id": job["id"], "slurm_restart_count": job["restarts"]}
         if job["restarts"]:
@@ -83,6 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return continued
     run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label)
     say_questions_left_out(store.get_run(run_id))
+    say_file_domains(recipe, settings)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
@@ -133,6 +137,19 @@ def continue_slurm_job(store: Store, recipe, settings, args: argparse.Namespace,
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
     return follow_run(store, run_id, as_json=args.json, preempted_ok=True)
+
+
+def say_file_domains(recipe, settings) -> None:
+    """JSONL files: a row that names no domain takes its file's name, and the per-domain figures are
+    named for it (gsm8k's test.jsonl gives accuracy_greedy_test_after): said at launch, with how to
+    name it, unless the `domain` setting names it already."""
+    if settings.domain is not None or not recipe.reads_questions:
+        return
+    paths = parse_dataset(settings.dataset).paths
+    if paths:
+        named = ", ".join(f"{path.name}: {path.stem!r}" for path in paths)
+        print(f"dataset: a row with no 'domain' field takes its file's name as its domain ({named}), which names "
+              f"its figures (accuracy_greedy_{paths[0].stem}_after...); --set domain=NAME names it", file=sys.stderr)
 
 
 def say_questions_left_out(run: dict) -> None:

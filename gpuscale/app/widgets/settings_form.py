@@ -20,8 +20,8 @@ from gpuscale.runs.settings import RunSettings, check_field
 
 # What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
 FIRST_FIELDS = ("gpus", "batch_size", "precision")
-LAST_FIELDS = ("model", "dataset", "too_long", "compile", "seed", "max_examples", "gpu_memory_share",
-               "checkpoint_every", "keep_checkpoints",
+LAST_FIELDS = ("model", "dataset", "domain", "too_long", "compile", "seed", "max_examples", "gpu_memory_share",
+               "checkpoint_every", "keep_checkpoints", "private",
                "telemetry_interval", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
 # Set by `gpuscale resume` (and the history's R), never typed in the form.
 HIDDEN_FIELDS = ("resume_from",)

@@ -22,7 +22,7 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.shared.results import RankResults
 
     examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed,
-                                   question_limit=question_limit(settings))
+                                   question_limit=question_limit(settings), domain=settings.domain)
     mine = ctx.shard(list(enumerate(examples)))
     loaded = load_generation_model(settings.model, ctx)
     settings = with_batch_size(settings, loaded.model, len(mine), ctx)

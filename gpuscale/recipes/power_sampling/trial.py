@@ -20,7 +20,7 @@ def trial_session(settings: Settings, ctx):
 
     count = settings.max_examples if settings.split == "validation" else None  # validation is counted out
     examples = evaluation_examples(settings.dataset, settings.split, count, seed=settings.seed,
-                                   question_limit=question_limit(settings))
+                                   question_limit=question_limit(settings), domain=settings.domain)
     loaded = load_generation_model(settings.model, ctx)
 
     def trial(batch_size: int):

@@ -66,9 +66,9 @@ class Tuning:
 # own; `batch_size` is what is tuned; `gpus` and `nnodes` count the ranks, whose share of a step is in the
 # shape where it matters (sft's `step_asked`); `compile` is added to the key when on (`tuning_key`); the
 # seed, the questions drawn (`max_examples`, `too_long`) and the held-out ones change which rows, not
-# their size.
+# their size; `domain` only names the rows of a file.
 RUN_SETTINGS_NOT_SHAPING = ("model", "precision", "batch_size", "gpus", "nnodes", "compile", "seed", "max_examples",
-                            "too_long", "eval_examples", "eval_split")
+                            "too_long", "eval_examples", "eval_split", "domain")
 
 TrialFn = Callable[[int], "Trial"]
 

@@ -18,7 +18,8 @@ def training_and_eval_examples(settings) -> tuple[list[dict], list[dict]]:
     from gpuscale.data.tasks import held_out_split
 
     return held_out_split(settings.dataset, getattr(settings, "eval_split", "test"), settings.eval_examples,
-                          settings.max_examples, seed=settings.seed, question_limit=question_limit(settings))
+                          settings.max_examples, seed=settings.seed, question_limit=question_limit(settings),
+                          domain=settings.domain)
 
 
 def sft_rows(examples: list[dict]) -> list[dict]:
