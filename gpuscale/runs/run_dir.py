@@ -16,6 +16,8 @@ writes under RUN_DIR goes through `RunDir`.
         results.jsonl           every rank's results merged, in example order
         generations.jsonl       a bounded selection of what the model generated, by step
                                 (runs/generations.py; samples.jsonl in a run made before the rename)
+        held_out.jsonl          a held-out evaluation's answers, each with its gold and extracted answer
+                                (the first evaluation's and the latest; runs/generations.py)
         model/                  a trained model and its tokenizer
         trainer/                TRL's output folder
         checkpoints/            checkpoint-<step>/ folders to resume from (runs/checkpoints.py)
@@ -66,6 +68,11 @@ class RunDir:
     def generations(self) -> Path:
         """What the model generated, a few per step (runs/generations.py): where a rank writes it."""
         return self.root / "generations.jsonl"
+
+    @property
+    def held_out_answers(self) -> Path:
+        """The held-out evaluations' answers (runs/generations.py: `add_held_out`)."""
+        return self.root / "held_out.jsonl"
 
     @property
     def generations_to_read(self) -> Path:

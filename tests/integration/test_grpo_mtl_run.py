@@ -80,13 +80,18 @@ def check_generations(run: dict) -> None:
         assert record["correct"] is (record["rewards"]["correctness"] == 1.0)
         assert isinstance(record["advantage"], float) and isinstance(record["truncated"], bool)
     assert any(record["truncated"] for record in records)  # 16 tokens: the untrained model runs on
+    # `gpuscale generations` shows the final held-out answers first (6 problems greedy and sampled, after the
+    # last step), the evaluation before training as step 0, and the training steps' generations between.
     shown = gpuscale("generations", str(run["id"]))
-    assert shown.returncode == 0 and f"run {run['id']}: 16 generations of step 2 (steps kept: 1-2" in shown.stdout
+    assert shown.returncode == 0 and f"run {run['id']}: 12 generations of step 3 (steps kept: 0-3" in shown.stdout
+    assert "step 3 · held-out sampled after · " in shown.stdout and " · gold " in shown.stdout
+    trained = gpuscale("generations", str(run["id"]), "--step", "2")
+    assert f"run {run['id']}: 16 generations of step 2 (steps kept: 0-3" in trained.stdout
     domain = records[0]["domain"]
     picked = run_json("generations", str(run["id"]), "--step", "1", "--domain", domain)
     assert picked and {(r["step"], r["domain"]) for r in picked} == {(1, domain)}
     wrong = gpuscale("generations", str(run["id"]), "--step", "9")
-    assert wrong.returncode == 2 and f"step: 9: run {run['id']} kept generations of steps 1-2" in wrong.stderr
+    assert wrong.returncode == 2 and f"step: 9: run {run['id']} kept generations of steps 0-3" in wrong.stderr
 
 
 def check_policy_mismatch(store: Store, run: dict) -> None:

@@ -25,6 +25,22 @@ TINY_SFT = ["--recipe", "sft", "--batch-size", "2", "--set", "max_examples=16", 
             "--set", "learning_rate=1e-4"]
 
 
+def check_held_out_answers(run: dict) -> None:
+    """Every held-out answer of both evaluations, gathered from both ranks, with the gold answer the data
+    gave and the one read from the completion: `gpuscale generations ID` shows the final ones first."""
+    from gpuscale.data.tasks import gold_answer
+
+    problems = load_examples("tiny-math", "test", 4)
+    shown = run_json("generations", str(run["id"]))
+    assert [(record["step"], record["phase"]) for record in shown] == [(1, "held-out sampled after")] * 4 + [
+        (1, "held-out greedy after")] * 4  # newest first
+    assert sorted(record["gold"] for record in shown) == sorted([gold_answer(example) for example in problems] * 2)
+    before = run_json("generations", str(run["id"]), "--step", "0")
+    assert {record["phase"] for record in before} == {"held-out greedy before", "held-out sampled before"}
+    greedy = [record["correct"] for record in shown if record["phase"] == "held-out greedy after"]
+    assert run["summary"]["accuracy_greedy_after"] == sum(greedy) / 4
+
+
 def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     run = run_json("run", *TINY_SFT, "--gpus", "2", "--set", "save_model=true")
     assert run["status"] == "succeeded", run["error"]
@@ -43,6 +59,7 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
         assert summary[f"accuracy_{kind}_new_after"] in (0.0, 1.0)
     marked = [example["structurally_new"] for example in load_examples("tiny-math", "test", 4)]
     assert summary["eval_examples_new"] == sum(marked) == 1
+    check_held_out_answers(run)
 
     store = Store(home)
     # The ranks' own rows (rank -1 holds the supervisor's run-wide combination of each figure).

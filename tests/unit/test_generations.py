@@ -134,3 +134,70 @@ def test_help_lists_generations_with_its_older_name():
     listing = build_parser().format_help()
     assert "generations (samples)" in listing and "what a run generated" in listing
     assert build_parser().parse_args(["samples", "7"]).func.__name__ == "cmd_generations"
+
+
+def held_out_records(step: int, when: str, count: int = 3) -> list[dict]:
+    return [generation_record(step, f"q{i}", f"a{i}", domain="add", correct=i == 0, phase=f"held-out {kind} {when}",
+                              gold=str(i), extracted=str(i) if i == 0 else None)
+            for kind in ("greedy", "sampled") for i in range(count)]
+
+
+def test_the_held_out_file_keeps_the_first_evaluation_and_the_latest_bounded(tmp_path):
+    generations.add_held_out(tmp_path, held_out_records(0, "before"))
+    generations.add_held_out(tmp_path, held_out_records(50, "step50", count=generations.LAST_STEP_LIMIT + 9))
+    generations.add_held_out(tmp_path, held_out_records(101, "after"))
+    kept = generations._read_records(RunDir(tmp_path).held_out_answers)
+    assert Counter(record["phase"] for record in kept) == {"held-out greedy before": 3, "held-out sampled before": 3,
+                                                           "held-out greedy after": 3, "held-out sampled after": 3}
+    generations.add_held_out(tmp_path, held_out_records(150, "step150", count=generations.LAST_STEP_LIMIT + 9))
+    kept = generations._read_records(RunDir(tmp_path).held_out_answers)
+    # The first evaluation kept, the latest each kind capped.
+    assert Counter(record["step"] for record in kept) == {0: 6, 150: 2 * generations.LAST_STEP_LIMIT}
+
+
+def test_held_out_answers_come_after_the_run_s_generations_and_show_gold_and_extracted(tmp_path):
+    assert generations.held_out_step(tmp_path, "before") == 0
+    assert generations.held_out_step(tmp_path, "after") == 1  # sft: no generations of its own
+    assert generations.held_out_step(tmp_path, "step40") == 40  # eggroll's eval_every
+    log = GenerationLog(tmp_path)
+    log.add(1, step_records(1, 2))
+    log.add(7, step_records(7, 2))
+    assert generations.held_out_step(tmp_path, "after") == 8
+    generations.add_held_out(tmp_path, held_out_records(0, "before", count=1))
+    generations.add_held_out(tmp_path, held_out_records(8, "after", count=2))
+    shown = generations.read_run_generations(tmp_path)
+    assert [record["step"] for record in shown] == [0, 0, 1, 1, 7, 7, 8, 8, 8, 8]
+    assert read_generations(tmp_path) == [record for record in shown if record["phase"] is None]
+    wrong, right = view.filtered(shown, step=8)[0], shown[-4]
+    assert view.heading(wrong) == "step 8 · held-out sampled after · add · incorrect · gold 1 · answered nothing"
+    assert view.heading(right) == "step 8 · held-out greedy after · add · correct · gold 0 · answered 0"
+
+
+def test_a_held_out_evaluation_writes_every_answer_with_its_gold_and_extracted_answer(tmp_path):
+    """The training recipes' held-out evaluation (recipes/shared/evaluation.py), on the embedded model:
+    every problem's answer at both temperatures, the gold answer the data gave and the one read from the
+    completion by the held-out rule, as `gpuscale generations` shows them."""
+    import torch
+
+    from gpuscale.data.answers import extract_strict
+    from gpuscale.data.models import load_model
+    from gpuscale.data.tasks import gold_answer, load_examples
+    from gpuscale.engines.distributed import RankContext
+    from gpuscale.recipes.shared.evaluation import held_out_evaluation
+
+    model, tokenizer = load_model("tiny-math", dtype=torch.float32, device=torch.device("cpu"))
+    examples = load_examples("tiny-math", "test", 3)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    figures = held_out_evaluation(model, tokenizer, examples, ctx, "before", max_new_tokens=48)
+    held_out_evaluation(model, tokenizer, examples, ctx, "after", max_new_tokens=48)
+    records = generations.read_run_generations(tmp_path)
+    assert [(record["step"], record["phase"]) for record in records] == [
+        (step, f"held-out {kind} {when}") for step, when in ((0, "before"), (1, "after"))
+        for kind in ("greedy", "sampled") for _ in examples]
+    for record, example in zip(records, examples * 4):
+        assert (record["prompt"], record["domain"], record["gold"]) == (
+            example["question"], example["domain"], gold_answer(example))
+        assert record["extracted"] == extract_strict(record["completion"])
+        assert record["correct"] is (record["extracted"] == record["gold"])
+    greedy_before = [record["correct"] for record in records[:3]]
+    assert figures["accuracy_greedy_before"] == sum(greedy_before) / 3

@@ -38,7 +38,7 @@ from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.control import launch
 from gpuscale.control.store import gpuscale_home
 from gpuscale.recipes.shared.registry import all_recipes
-from gpuscale.runs.generations import read_generations
+from gpuscale.runs.generations import read_run_generations
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES, STATUSES
 
@@ -111,7 +111,7 @@ def cmd_generations(args: argparse.Namespace) -> int:
     """What the run generated, as kept in its generations file (`gpuscale generations`, or its older name
     `gpuscale samples`): the newest step's (or --step N's), newest first, with --domain only that domain's."""
     run = open_store().find_run(args.id)
-    records = read_generations(run["run_dir"])
+    records = read_run_generations(run["run_dir"])
     steps, domains = generations_view.steps_of(records), generations_view.domains_of(records)
     if records and args.step is not None and args.step not in steps:
         raise BadInput(f"step: {args.step}: run {run['id']} kept generations of steps "
@@ -125,8 +125,8 @@ def cmd_generations(args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=2))
         return 0
     if not records:
-        print(f"run {run['id']} ({run['recipe']}) kept no generations: only a recipe that generates keeps them, "
-              "from its first step on")
+        print(f"run {run['id']} ({run['recipe']}) kept no generations: a recipe that generates keeps them from its "
+              "first step on, a training recipe its held-out answers from its first evaluation on")
         return 0
     print(f"run {run['id']}: {len(shown)} generations of step {step} (steps kept: "
           f"{generations_view.steps_text(steps)}; --step N for another), newest first")

@@ -45,7 +45,8 @@ def steps_text(steps: list[int]) -> str:
 
 
 def heading(record: dict) -> str:
-    """`step 2 · arithmetic · correct · correctness 1 · format 0.5 · advantage 0.7071 · hit the length cap`."""
+    """`step 2 · arithmetic · correct · correctness 1 · format 0.5 · advantage 0.7071 · hit the length cap`;
+    a held-out answer's `step 9 · held-out greedy after · arithmetic · incorrect · gold 12 · answered 9`."""
     parts = [f"step {record['step']}"]
     if record.get("phase"):
         parts.append(str(record["phase"]))
@@ -53,6 +54,9 @@ def heading(record: dict) -> str:
         parts.append(str(record["domain"]))
     if record.get("correct") is not None:
         parts.append("correct" if record["correct"] else "incorrect")
+    if record.get("gold") is not None:  # held-out answers: what the data's answer parsed to, and the model's
+        answered = record.get("extracted")
+        parts.append(f"gold {record['gold']} · answered {'nothing' if answered is None else answered}")
     parts += [f"{name} {format_number(value)}" for name, value in (record.get("rewards") or {}).items()]
     for name in ("advantage", "fitness"):
         if record.get(name) is not None:

@@ -13,7 +13,7 @@ from textual.containers import Vertical, VerticalScroll
 
 from gpuscale.app.views import generations as view
 from gpuscale.app.widgets.plain import PlainStatic
-from gpuscale.runs.generations import read_generations
+from gpuscale.runs.generations import read_run_generations
 
 READ_EVERY_S = 3.0
 SHOWN = 60  # generations drawn at once: the latest step's can be hundreds, each several lines
@@ -46,7 +46,7 @@ class GenerationsView(VerticalScroll):
     @work(thread=True, exclusive=True, group="generations", exit_on_error=False)
     def read(self) -> None:
         try:
-            records = read_generations(self.app.store().get_run(self.run_id)["run_dir"])
+            records = read_run_generations(self.app.store().get_run(self.run_id)["run_dir"])
         except Exception as exc:
             self.app.from_thread(self._say, f"cannot read run {self.run_id}'s generations: {exc}")
             return

@@ -4,7 +4,7 @@
   gathered, answers extracted by the one strict rule (data/scoring.py's HELD_OUT_ANSWER_MODE).
 - `held_out_evaluation`: greedy and temperature 1, per domain and on tiny-math's structurally new
   subset, figures named `accuracy_<greedy|sampled>[_<domain>|_new]_<before|after>` by data/figures.py's
-  `accuracy_name`.
+  `accuracy_name`; every answer, with its gold and extracted answer, in RUN_DIR/held_out.jsonl.
 - `save_then_evaluate`: the trained model is saved before the final evaluation, so that a failure
   there never loses it.
 
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpuscale.data.figures import accuracy_name
 from gpuscale.recipes.shared.generation_batches import batched
+from gpuscale.runs.generations import HELD_OUT_PHASE, add_held_out, generation_record, held_out_step
 
 if TYPE_CHECKING:
     from gpuscale.recipes.shared.training import TrainedModel
@@ -30,10 +31,21 @@ def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_to
     over the ranks and gathered on every rank as {"accuracy": ..., "accuracy_<domain>": ...}, with
     "accuracy_new" for examples marked `structurally_new` (data/scoring.py's `held_out_figures`). The
     engine leaves the model's train/eval mode as it was."""
+    from gpuscale.data.scoring import held_out_figures
+
+    return held_out_figures(held_out_rows(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, seed=seed, batch_size=batch_size))
+
+
+def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens: int, temperature: float = 0.0,
+                  seed: int = 0, batch_size: int = 64) -> list[dict]:
+    """`held_out_accuracy`'s scored rows (data/scoring.py's `score_completion`: the gold answer, the
+    completion, the answer extracted, correct), every rank's gathered on every rank, each with
+    `truncated` (it ran to max_new_tokens without ending)."""
     import torch
 
     from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
-    from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, held_out_figures, score_completion
+    from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, score_completion
     from gpuscale.data.seeds import derived_seed
     from gpuscale.engines.generation import GenerationEngine, Sampling
 
@@ -46,8 +58,9 @@ def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_to
         prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]
         generation = engine.generate(prompts, max_new_tokens, Sampling(temperature=temperature), generator)
         for (index, example), tokens in zip(batch, generation.sequences()):
-            rows.append(score_completion(index, 0, example, tokens, tokenizer, eos, HELD_OUT_ANSWER_MODE))
-    return held_out_figures(row for rank_rows in ctx.gather(rows) for row in rank_rows)
+            row = score_completion(index, 0, example, tokens, tokenizer, eos, HELD_OUT_ANSWER_MODE)
+            rows.append({**row, "truncated": len(tokens) >= max_new_tokens and (not tokens or tokens[-1] not in eos)})
+    return [row for rank_rows in ctx.gather(rows) for row in rank_rows]
 
 
 def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, *, max_new_tokens: int,
@@ -58,22 +71,36 @@ def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, 
     the overall ones are None without examples. On tiny-math also the structurally new subset
     (data/near_duplicates.py): `accuracy_<greedy|sampled>_new_<when>` and its size `eval_examples_new`;
     other data has `eval_examples_new` None and `structurally_new_unavailable` saying why. `when` is
-    "before" or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires."""
-    from gpuscale.data.scoring import new_subset_size
+    "before" or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires.
+    Rank 0 writes every answer with its gold and extracted answer to RUN_DIR/held_out.jsonl
+    (runs/generations.py's `add_held_out`), which `gpuscale generations ID` shows."""
+    from gpuscale.data.scoring import held_out_figures, new_subset_size
     from gpuscale.engines.reporter import fail_if_injected
 
     if when == "after":
         fail_if_injected("final_eval", ctx.rank)
     figures: dict[str, float | None] = dict(new_subset_size(examples))
+    answers = []
     for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         if not examples:
             figures[accuracy_name(label, "", when)] = None
             continue
-        found = held_out_accuracy(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, seed=seed, batch_size=batch_size)
+        rows = held_out_rows(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed, batch_size=batch_size)
         figures.update({accuracy_name(label, name.removeprefix("accuracy").lstrip("_"), when): value
-                        for name, value in found.items()})
+                        for name, value in held_out_figures(rows).items()})
+        answers += [(f"{HELD_OUT_PHASE} {label} {when}", row) for row in sorted(rows, key=lambda row: row["index"])]
+    if ctx.is_main and answers:
+        step = held_out_step(ctx.run_dir, when)
+        add_held_out(ctx.run_dir, [held_out_record(step, phase, row) for phase, row in answers])
     return figures
+
+
+def held_out_record(step: int, phase: str, row: dict) -> dict:
+    """A scored held-out row as the generations files hold it (runs/generations.py)."""
+    return generation_record(step, row["question"], row["completion"], domain=row["domain"],
+                             correct=bool(row["correct"]), truncated=row["truncated"], phase=phase,
+                             gold=row["gold"], extracted=row["extracted"])
 
 
 def save_then_evaluate(trained: TrainedModel, tokenizer, ctx, settings, reporter, summary: dict,
