@@ -5,8 +5,9 @@ Before that day the strict rule took the *first* `#### N` and ignored what follo
 is the last `####` line with nothing after its number (data/answers.py). This script re-reads what
 finished runs wrote, under both rules, with the same completions, so the difference is the rule's alone:
 
-- every held-out result row (RUN_DIR/results.jsonl: power sampling's, and the training recipes'
-  evaluations before and after): accuracy under the old rule and the new, per run and per `when`;
+- every held-out answer a run kept: power sampling's result rows (RUN_DIR/results.jsonl, all of them),
+  the training recipes' evaluations before and after training (RUN_DIR/held_out.jsonl, up to 256
+  answers a temperature: runs/generations.py): accuracy under the old rule and the new, per evaluation;
 - every generation record a run kept (RUN_DIR/generations.jsonl; rft's `generate` phase are the answers
   its filter chose from): how many have a `####` the two rules read differently.
 
@@ -40,19 +41,26 @@ def gold_value(gold: str) -> str | None:
     return extract_strict(gold) if "####" in gold else clean_number_text(gold)
 
 
+def held_out_rows(run_dir: Path) -> list[tuple[str, dict]]:
+    """(evaluation's name, row with `completion` and `gold`) of every held-out answer the run kept."""
+    run = RunDir(run_dir)
+    rows = []
+    for path, name_of in ((run.results, lambda row: "results"),
+                          (run.held_out_answers, lambda row: f"step{row['step']} {row['phase']}")):
+        if path.exists():
+            rows += [(name_of(row), row) for row in map(json.loads, path.read_text().splitlines())]
+    return rows
+
+
 def held_out_under_both(run_dir: Path) -> dict[str, dict]:
-    """{when: {"rows", "old", "new", "flips_to_wrong", "flips_to_right"}} over RUN_DIR/results.jsonl."""
-    path = RunDir(run_dir).results
-    if not path.exists():
-        return {}
+    """{evaluation: {"rows", "old", "new", "flips_to_wrong", "flips_to_right", ...}}."""
     figures: dict[str, dict] = defaultdict(lambda: {"rows": 0, "old": 0, "new": 0, "flips_to_wrong": 0,
                                                       "flips_to_right": 0, "examples": []})
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for name, row in held_out_rows(run_dir):
         gold = gold_value(str(row["gold"]))
         old = answers_match(old_extract_strict(row["completion"]), gold)
         new = answers_match(extract_strict(row["completion"]), gold)
-        figure = figures[str(row.get("when") or row.get("method") or "held-out")]
+        figure = figures[name]
         figure["rows"] += 1
         figure["old"] += old
         figure["new"] += new
