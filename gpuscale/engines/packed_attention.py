@@ -79,11 +79,22 @@ def packed_attention_forward(module, query, key, value, attention_mask, scaling=
         cumulative, longest = row_boundaries(kwargs["position_ids"])
     cumulative = cumulative.to(device=query.device, dtype=torch.int32)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, head_dim]
-    if query.is_cuda and _varlen_kernel() is not None:
-        out = _varlen(q, k, v, cumulative, int(longest), scaling)
+    kernel_dtype = _varlen_dtype(q, k, v)
+    if query.is_cuda and _varlen_kernel() is not None and kernel_dtype is not None:
+        out = _varlen(*(t.to(kernel_dtype) for t in (q, k, v)), cumulative, int(longest), scaling)
     else:
         out = _rows_by_sdpa(q, k, v, cumulative, scaling)
     return out.unsqueeze(0), None
+
+
+def _varlen_dtype(q, k, v) -> torch.dtype | None:
+    """The dtype the varlen kernel (fp16 and bf16 only) runs in, or None where it cannot. Under autocast
+    it is autocast's, as sdpa would be cast: with fp32 master weights the rotary embedding hands over
+    fp32 queries and keys (its cos and sin follow the fp32 embeddings) beside bf16 values."""
+    if torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    return dtypes.pop() if len(dtypes) == 1 and dtypes <= {torch.float16, torch.bfloat16} else None
 
 
 def _rows_by_sdpa(q, k, v, cumulative, scaling):

@@ -174,6 +174,29 @@ def test_on_the_gpu_every_switch_gives_the_same_losses(tmp_path):
     assert no_liger == pytest.approx(plain, rel=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_varlen_kernel_takes_autocast_s_mixed_dtypes():
+    """Under bf16 autocast over fp32 weights the rotary embedding hands attention fp32 queries and keys
+    beside bf16 values (a default sft run without liger-kernel failed on it: "FlashAttention only
+    support fp16 and bf16"); the kernel runs in autocast's dtype and equals sdpa row by row."""
+    from gpuscale.engines.packed_attention import _rows_by_sdpa, packed_attention_forward
+
+    torch.manual_seed(0)
+    tokens, heads, kv_heads, head_dim = 22, 4, 2, 64
+    query, key = (torch.randn(1, n, tokens, head_dim, device="cuda") for n in (heads, kv_heads))
+    value = torch.randn(1, kv_heads, tokens, head_dim, device="cuda", dtype=torch.bfloat16)
+    positions = torch.cat([torch.arange(n) for n in (7, 12, 3)])[None].cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, _ = packed_attention_forward(None, query, key, value, None, scaling=head_dim ** -0.5,
+                                          position_ids=positions)
+    q, k, v = (t[0].transpose(0, 1).to(torch.bfloat16) for t in (query, key, value))
+    cumulative = torch.tensor([0, 7, 19, 22], dtype=torch.int32, device="cuda")
+    expected = _rows_by_sdpa(q, k, v, cumulative, head_dim ** -0.5)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out[0].float(), expected.float(), atol=2e-2)
+
+
 def test_a_row_is_budgeted_at_its_packed_padded_or_padding_free_length():
     from gpuscale.engines.training_memory import tokens_per_row
 
