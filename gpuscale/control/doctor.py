@@ -1,18 +1,19 @@
 """`gpuscale doctor`: check the run history in GPUSCALE_HOME and repair what can be repaired.
 
-Checked: that the home can be read and written, runs.db's integrity (SQLite's integrity_check) and
-schema version, runs recorded as live whose supervisor is dead, run folders without a row and rows
-without a folder. Repaired: dead runs are marked lost (their results so far kept), as every front
-end does; with `repair`, a damaged runs.db is moved aside and a new history started, rebuilt from the run
-folders (`rebuild_from_folders`: settings, recipe, label, parent, status, summary and metrics as the
-folders show them; the status and summary a run's end recorded in its run.json, else the status the
-evidence gives: `status_from_folder`).
+Checked: that the home can be read and written and has room for a run (a full disk named as one),
+runs.db's integrity (SQLite's integrity_check) and schema version, runs recorded as live whose
+supervisor is dead, run folders without a row and rows without a folder. Repaired: dead runs are marked
+lost (their results so far kept), as every front end does; with `repair`, a damaged runs.db is moved
+aside and a new history started, rebuilt from the run folders (`rebuild_from_folders`: settings, recipe,
+label, parent, status, summary and metrics as the folders show them; the status and summary a run's end
+recorded in its run.json, else the status the evidence gives: `status_from_folder`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuscale.control import launch
+from gpuscale.control import disk_space, launch
 from gpuscale.control.launch import recorded_end
 from gpuscale.control.metrics_tail import MetricsTailer, Throughput
 from gpuscale.control.run_errors import first_error
@@ -44,11 +45,12 @@ def examine(home: Path, repair: bool = False,
     folders recorded their recipe (the front end knows the recipes; this floor does not)."""
     home = Path(home)
     if not home.exists():
-        return [Finding(True, f"{home}: no history yet (the first run creates it)")]
+        return [Finding(True, f"{home}: no history yet (the first run creates it)"), _check_space(home)]
     if not os.access(home, os.R_OK | os.X_OK):
         return [Finding(False, f"{home}: cannot be read; check its owner and mode")]
     findings = [] if os.access(home, os.W_OK) else [Finding(
         False, f"{home}: not writable: the history can be read, but runs cannot be started, stopped or deleted")]
+    findings.append(_check_space(home))
     had_history = (home / "runs.db").exists()
     findings += _check_database(home / "runs.db", repair)
     if not findings[-1].ok:
@@ -66,6 +68,16 @@ def examine(home: Path, repair: bool = False,
     finally:
         store.close()
     return findings
+
+
+def _check_space(home: Path) -> Finding:
+    """The room on the home's file system: a full disk named as one (SQLite's own word for it is an
+    I/O error or "database or disk is full", which reads like a damaged history)."""
+    if disk_space.short_of_room(home):
+        return Finding(False, f"disk full: {disk_space.disk_full_line(home)}")
+    usage = shutil.disk_usage(disk_space.existing_part(home))
+    return Finding(True, f"{home}: {disk_space.size_text(usage.free)} free of {disk_space.size_text(usage.total)} "
+                         f"on {disk_space.file_system(home)}")
 
 
 def _check_database(path: Path, repair: bool) -> list[Finding]:

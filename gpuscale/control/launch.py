@@ -6,10 +6,12 @@ row, then spawning its supervisor in a new session, so the run outlives the term
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +21,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuscale.control.store import Store, UnknownRun
+from gpuscale.control import disk_space
+from gpuscale.control.store import DiskFull, Store, UnknownRun
 from gpuscale.control.supervisor import summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
 from gpuscale.runs.devices import DevicePlan, plan_devices
@@ -108,11 +111,14 @@ def display_command(argv: list[str]) -> str:
 
 def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None,
               notes: dict | None = None, label: str | None = None, parent_id: int | None = None) -> int:
-    """Check the run's input (`recipe.check`: data that does not parse, an empty data set...), then
-    record the run and start its supervisor in a new session; returns the run id. Nothing is
-    recorded or started for input the recipe refuses. `notes` are recorded with the settings in the
-    history (e.g. `batch_size_source`, where `--batch-size auto` found its batch), not given to ranks;
-    `parent_id`: the run this one continues (`resume_run`)."""
+    """Check that GPUSCALE_HOME has room for a run (`refuse_without_room`) and the run's input
+    (`recipe.check`: data that does not parse, an empty data set...), then record the run and start
+    its supervisor in a new session; returns the run id. Nothing is recorded or started for input the
+    recipe refuses, and a run that cannot be started (a disk that fills meanwhile) leaves no row.
+    `notes` are recorded with the settings in the history (e.g. `batch_size_source`, where
+    `--batch-size auto` found its batch), not given to ranks; `parent_id`: the run this one continues
+    (`resume_run`)."""
+    refuse_without_room(store.home)
     plan = plan or plan_devices(settings.gpus)
     for_ranks = run_ids_as_folders(store, settings)
     recipe.check(for_ranks)
@@ -120,27 +126,62 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     # The history keeps the settings as the user gave them (data_from=3); the ranks read run folders.
     run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname(),
                               parent_id=parent_id)
-    # A private run's folder and files are its user's alone, and so is what its processes write.
-    with private_files(settings.private):
-        folder = RunDir(store.get_run(run_id)["run_dir"]).make()
-        settings_path = folder.settings
-        settings_path.write_text(for_ranks.model_dump_json(indent=2))
-        folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
-        argv = launcher_argv(recipe, for_ranks, plan, settings_path)
-        store.update_run(run_id, command=argv, label=label)
-        # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
-        # history from the run folders, and the recipe's name is nowhere else in them.
-        folder.update_info(recipe=recipe.name, command=argv, host=socket.gethostname(), label=label, notes=notes or {},
-                           parent_id=parent_id, created_at=store.get_run(run_id)["created_at"])
-        with open(folder.supervisor_log, "ab") as log:
-            supervisor = subprocess.Popen(
-                [sys.executable, "-m", SUPERVISOR_MODULE, str(run_id), "--home", str(store.home)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, preexec_fn=ignore_preemption_signal,
-            )
-    store.update_run(run_id, supervisor_pid=supervisor.pid)
+    try:
+        # A private run's folder and files are its user's alone, and so is what its processes write.
+        with private_files(settings.private):
+            supervisor = prepare_and_spawn(store, run_id, recipe, for_ranks, plan, notes, label, parent_id)
+    except BaseException as error:
+        forget_unstarted_run(store, run_id)
+        if disk_space.is_disk_full(error):
+            raise DiskFull(disk_space.disk_full_line(store.home)) from None
+        raise
     _children.append(supervisor)
     return run_id
+
+
+def refuse_without_room(home: Path) -> None:
+    """Refuse a run (DiskFull, one line naming the file system and the room left) where GPUSCALE_HOME's
+    file system holds less than a run needs to start (control/disk_space.py)."""
+    if disk_space.short_of_room(home):
+        raise DiskFull(disk_space.disk_full_line(home))
+
+
+def prepare_and_spawn(store: Store, run_id: int, recipe, for_ranks: RunSettings, plan: DevicePlan, notes: dict,
+                      label: str | None, parent_id: int | None) -> subprocess.Popen:
+    """The recorded run's folder and command, then its supervisor, started in a session of its own."""
+    folder = RunDir(store.get_run(run_id)["run_dir"]).make()
+    settings_path = folder.settings
+    settings_path.write_text(for_ranks.model_dump_json(indent=2))
+    folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
+    argv = launcher_argv(recipe, for_ranks, plan, settings_path)
+    store.update_run(run_id, command=argv, label=label)
+    # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
+    # history from the run folders, and the recipe's name is nowhere else in them.
+    folder.update_info(recipe=recipe.name, command=argv, host=socket.gethostname(), label=label, notes=notes or {},
+                       parent_id=parent_id, created_at=store.get_run(run_id)["created_at"])
+    with open(folder.supervisor_log, "ab") as log:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", SUPERVISOR_MODULE, str(run_id), "--home", str(store.home)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, preexec_fn=ignore_preemption_signal,
+        )
+    try:
+        store.update_run(run_id, supervisor_pid=supervisor.pid)
+    except BaseException:  # a supervisor the history does not know of would run unseen: it goes too
+        supervisor.kill()
+        supervisor.wait()
+        raise
+    return supervisor
+
+
+def forget_unstarted_run(store: Store, run_id: int) -> None:
+    """A run whose supervisor never started: its row and its folder go, as if it had been refused
+    (a row left would be reconciled `lost`, started `-`). Best effort: the history or the disk that
+    failed the start may fail this too, and the error that says why must reach the user."""
+    with contextlib.suppress(Exception):
+        store.delete_run(run_id)
+    with contextlib.suppress(Exception):
+        shutil.rmtree(store.home / "runs" / str(run_id), ignore_errors=True)
 
 
 def ignore_preemption_signal() -> None:
@@ -338,9 +379,9 @@ QUEUED_GRACE_S = 60.0
 
 
 def reconcile(store: Store) -> list[int]:
-    """Mark runs whose supervisor died as `lost` and kill whatever is left of them; the rows their
-    ranks finished are merged into results.jsonl and their summary gives the figures so far
-    (marked partial), as the supervisor would have done.
+    """Mark runs whose supervisor died as `lost` (`failed` on a full disk: `dead_supervisor_end`) and
+    kill whatever is left of them; the rows their ranks finished are merged into results.jsonl and
+    their summary gives the figures so far (marked partial), as the supervisor would have done.
 
     Every front end calls this before it shows runs; a read-only history is left as it is. Returns
     the ids it marked lost.
@@ -361,16 +402,28 @@ def reconcile(store: Store) -> list[int]:
             # meanwhile (`doctor --repair`), or it died between the two writes.
             store.finish_run(run["id"], **recorded_end(ended))
             continue
-        message = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
-        summary = run["summary"] or {}
+        end = dead_supervisor_end(store, run)
         if run["run_dir"]:
             kill_run_processes(run["run_dir"])  # first: no rank may still be writing
-            merge_results(run["run_dir"])
-            summary = {**summary, **summary_from_files(run["run_dir"], run["id"])}
-            RunDir(run["run_dir"]).record_end("lost", error=message, summary=summary)
-        if store.finish_run(run["id"], "lost", error=message, summary=summary):
+            disk_space.free_room(RunDir(run["run_dir"]).room_reserve)  # the supervisor's, to record the end in
+            with contextlib.suppress(OSError):  # a full disk: what was finished stays in the ranks' files
+                merge_results(run["run_dir"])
+            end["summary"] = {**end["summary"], **summary_from_files(run["run_dir"], run["id"])}
+            RunDir(run["run_dir"]).try_record_end(**end)  # on a full disk, the history alone holds the end
+        if store.finish_run(run["id"], **end):
             lost.append(run["id"])
     return lost
+
+
+def dead_supervisor_end(store: Store, run: dict) -> dict:
+    """How a run whose supervisor died ended: `lost`; `failed` where GPUSCALE_HOME's file system is
+    full (the supervisor died of it, or could not record the run's end), saying so in one line."""
+    died = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
+    end = {"status": "lost", "error": died, "summary": run["summary"] or {}}
+    if disk_space.short_of_room(run["run_dir"] or store.home):
+        end.update(status="failed", error=disk_space.disk_full_line(store.home),
+                   hint=f"the disk filled during the run: its {died}")
+    return end
 
 
 def recorded_end(ended: dict) -> dict:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuscale.control import sample_fields
+from gpuscale.control import disk_space, sample_fields
 from gpuscale.data.paths import absolute_path
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -149,6 +149,11 @@ class HomeNotWritable(StoreError):
     """GPUSCALE_HOME (or its runs.db) cannot be written; reading may still work (`Store.for_reading`)."""
 
 
+class DiskFull(HomeNotWritable):
+    """GPUSCALE_HOME's file system is full, or too full for a run to start (control/disk_space.py):
+    the line names the file system and the room left. The history can still be read."""
+
+
 def _reason(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror.lower()
@@ -167,11 +172,19 @@ def _is_not_writable(error: BaseException) -> bool:
     ) or "readonly" in text or "read-only" in text or "unable to open" in text
 
 
+def _full_disk_io_error(home: Path, error: BaseException) -> bool:
+    """SQLite's "disk I/O error" where it could not make its write-ahead log on a full disk."""
+    return isinstance(error, sqlite3.DatabaseError) and "disk i/o error" in str(error).lower() \
+        and disk_space.free_bytes(home) < disk_space.MIN_FREE_MB * 2**20
+
+
 def store_error(home: Path, error: BaseException, writing: bool = True) -> StoreError:
     """The one-line error for an OS or SQLite error met opening or using the history in `home`."""
     database = Path(home) / "runs.db"
     if isinstance(error, StoreError):
         return error
+    if disk_space.is_disk_full(error) or _full_disk_io_error(home, error):
+        return DiskFull(disk_space.disk_full_line(home))
     if _is_damaged(error):
         return StoreError(
             f"{database}: the run history is damaged ({_reason(error)}); move it aside "
@@ -253,8 +266,13 @@ class Store:
         runs lost), else read-only. A damaged or unreadable history still raises StoreError."""
         try:
             return cls(home)
-        except HomeNotWritable:
-            return cls(home, read_only=True)
+        except HomeNotWritable as not_writable:
+            try:
+                return cls(home, read_only=True)
+            except StoreError:
+                if isinstance(not_writable, DiskFull):  # e.g. a runs.db the full disk left unmade: the cause
+                    raise not_writable from None
+                raise
 
     def _connect_for_writing(self) -> sqlite3.Connection:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -294,7 +312,10 @@ class Store:
         try:
             yield
         except BaseException:
-            self.db.conn.execute("ROLLBACK")
+            # SQLite has rolled back already after some errors (SQLITE_FULL: a full disk); a ROLLBACK
+            # then would raise "no transaction is active" over the error that says what happened.
+            if self.db.conn.in_transaction:
+                self.db.conn.execute("ROLLBACK")
             raise
         self.db.conn.execute("COMMIT")
 

@@ -14,6 +14,7 @@ killed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -21,13 +22,14 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
 
 import psutil
 
-from gpuscale.control import telemetry
+from gpuscale.control import disk_space, telemetry
 from gpuscale.control.metrics_tail import MetricsTailer, Throughput
 from gpuscale.control.run_errors import first_error, hint_for
 from gpuscale.control.store import Store, StoreError, UnknownRun
@@ -105,7 +107,7 @@ class Supervisor:
         ranks_here = live[0] if live else 0
         gpus_here = len(visible_gpu_indices()) if self.plan["gpu_indices"] else 0
         threads, why = omp_threads(os.environ, self.plan["nproc"], ranks_here=ranks_here, gpus_here=gpus_here)
-        print(f"OMP_NUM_THREADS={threads} per rank ({why})", flush=True)
+        say(f"OMP_NUM_THREADS={threads} per rank ({why})")
         env = rank_environment(os.environ, self.run_dir, self.plan, threads)
         # The launcher writes to its own copy of the descriptor: ours is closed once it has started.
         with open(RunDir(self.run_dir).launcher_log, "ab") as log:
@@ -144,7 +146,7 @@ class Supervisor:
         (`finish`), where the repair and every front end find it."""
         try:
             if self.store.replaced():
-                print("runs.db was replaced (gpuscale doctor --repair): writing to the new one", flush=True)
+                say("runs.db was replaced (gpuscale doctor --repair): writing to the new one")
                 self.store.close()
                 self.store = Store(self.store.home)
                 self.restored_upto = None
@@ -152,7 +154,7 @@ class Supervisor:
             self.history_failing = False
         except (sqlite3.DatabaseError, StoreError) as error:
             if not self.history_failing:
-                print(f"the run history cannot be written ({error}); the run goes on", flush=True)
+                say(f"the run history cannot be written ({error}); the run goes on")
             self.history_failing = True
 
     def run_restored(self) -> bool:
@@ -183,7 +185,7 @@ class Supervisor:
         if self.preempt_sent_at is not None and now - self.preempt_sent_at < PREEMPT_RESEND_S:
             return
         if self.preempt_sent_at is None:
-            print("SIGUSR1: asking the ranks to write a checkpoint and end (preemption)", flush=True)
+            say("SIGUSR1: asking the ranks to write a checkpoint and end (preemption)")
         self.preempt_sent_at = now
         for proc in run_processes(str(self.run_dir)):
             try:
@@ -213,6 +215,9 @@ class Supervisor:
             supervisor_started=me.create_time(), started_at=self.started_at,
         )
         wall_start, cpu_start = time.monotonic(), sum(me.cpu_times()[:2])
+        if not disk_space.keep_room(RunDir(self.run_dir).room_reserve):
+            say(f"no room for {disk_space.size_text(disk_space.END_RESERVE_BYTES)} to record the run's end in "
+                "(control/disk_space.py)")
         self.energy = self._start_energy_meter()
         launcher = self.launch()
         self.store.update_run(self.run_id, launcher_pid=launcher.pid)
@@ -247,14 +252,14 @@ class Supervisor:
         try:
             return telemetry.make_sampler(self.run_id, self.plan["gpu_indices"], launcher_pid)
         except Exception as exc:  # telemetry must never take a run down
-            print(f"telemetry unavailable: {exc}", flush=True)
+            say(f"telemetry unavailable: {exc}")
             return None
 
     def _start_energy_meter(self) -> telemetry.EnergyMeter | None:
         try:
             return telemetry.EnergyMeter.start(self.plan["gpu_indices"])
         except Exception as exc:  # like telemetry, the energy figures must never take a run down
-            print(f"energy unavailable: {exc}", flush=True)
+            say(f"energy unavailable: {exc}")
             return None
 
     def _energy_figures(self, summary: dict, progress: dict) -> dict:
@@ -277,8 +282,9 @@ class Supervisor:
         return found[0] if found else None
 
     def finish(self, exit_code: int, cpu_percent: float, leftovers: int) -> None:
+        disk_space.free_room(RunDir(self.run_dir).room_reserve)  # the end is written in it on a full disk
         if leftovers:
-            print(f"killed {leftovers} leftover process(es) of the run", flush=True)
+            say(f"killed {leftovers} leftover process(es) of the run")
         if self.stop_requested_at is not None:
             status, error, hint = "stopped", None, None
         elif self.preempt_requested_at is not None and self.preempted() is not None:
@@ -288,10 +294,11 @@ class Supervisor:
             status, error, hint = "succeeded", None, None
         else:
             status = "failed"
-            error, hint = first_error(self.run_dir, exit_code)
-            hint = hint_for(error, self.run["settings"]) if hint is None else hint
-        # A run that ended before rank 0 merged its results keeps the rows its ranks finished.
-        merge_results(self.run_dir)
+            error, hint = failure(self.run_dir, self.store.home, exit_code, self.run["settings"])
+        # A run that ended before rank 0 merged its results keeps the rows its ranks finished (in
+        # their own files, where a full disk leaves no room for the merge).
+        with contextlib.suppress(OSError):
+            merge_results(self.run_dir)
         progress = self.throughput.progress(time.time(), finished=True)
         if nonfinite := self.tailer.nonfinite():
             progress["nonfinite"] = nonfinite
@@ -300,7 +307,8 @@ class Supervisor:
         summary.update(self._energy_figures(summary, progress))
         end = {"exit_code": exit_code, "summary": summary, "error": error, "hint": hint, "progress": progress}
         # The folder first: the one record of a stop, and of the end of a run whose history was lost.
-        RunDir(self.run_dir).record_end(status, started_at=self.started_at, **end)
+        if unwritten := RunDir(self.run_dir).try_record_end(status, started_at=self.started_at, **end):
+            say(f"the run's end could not be written to run.json ({unwritten}); the history holds it")
         self.write_history(lambda: self.store.finish_run(self.run_id, status, **end))
 
     def preempted(self) -> dict | None:
@@ -322,6 +330,25 @@ class Supervisor:
         if peaks:
             figures["peak_run_mem_mb"] = {f"{p['kind']}{p['idx']}": round(p["peak_run_mem_mb"] or 0, 1) for p in peaks}
         return figures
+
+
+def say(line: str) -> None:
+    """A line of the supervisor's log (its stdout: RUN_DIR/logs/supervisor.log). On a full disk the
+    line is lost, not the supervisor: it must still record how the run ended."""
+    try:
+        print(line, flush=True)
+    except OSError:
+        pass
+
+
+def failure(run_dir: Path, home: Path, exit_code: int, settings: dict) -> tuple[str, str | None]:
+    """What a failed run died of, and a hint: the first error of its ranks (control/run_errors.py);
+    where GPUSCALE_HOME's file system is full, that, in one line naming it, the rank's error kept as
+    the hint (a rank on a full disk often cannot even write its error, and dies "with no error")."""
+    error, hint = first_error(run_dir, exit_code)
+    if disk_space.mentions_disk_full(error) or disk_space.short_of_room(run_dir):
+        return disk_space.disk_full_line(home), f"the disk filled during the run; {error}"
+    return error, hint_for(error, settings) if hint is None else hint
 
 
 def launcher_preexec() -> None:
@@ -444,13 +471,20 @@ def main() -> None:
     try:
         supervisor.supervise()
     except BaseException as exc:
-        traceback.print_exc()
+        with contextlib.suppress(OSError):  # the log is on the run's disk, which may be full
+            traceback.print_exc()
         kill_run_processes(str(supervisor.run_dir), timeout=2.0)
-        merge_results(supervisor.run_dir)
+        disk_space.free_room(RunDir(supervisor.run_dir).room_reserve)
+        with contextlib.suppress(OSError):
+            merge_results(supervisor.run_dir)
         end = {"error": f"supervisor: {type(exc).__name__}: {exc}",
                "summary": summary_from_files(supervisor.run_dir, args.run_id)}
-        RunDir(supervisor.run_dir).record_end("failed", **end)
+        if disk_space.is_disk_full(exc):
+            end["error"] = disk_space.disk_full_line(store.home)
+        RunDir(supervisor.run_dir).try_record_end("failed", **end)
         supervisor.write_history(lambda: supervisor.store.finish_run(args.run_id, "failed", **end))
+        if disk_space.is_disk_full(exc):
+            sys.exit(1)  # recorded, in one line: the traceback would say no more
         raise
 
 

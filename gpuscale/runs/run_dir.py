@@ -21,6 +21,8 @@ writes under RUN_DIR goes through `RunDir`.
         model/                  a trained model and its tokenizer
         trainer/                TRL's output folder
         checkpoints/            checkpoint-<step>/ folders to resume from (runs/checkpoints.py)
+        .room-reserve           room the supervisor keeps while the run lives and frees to record its
+                                end on a disk the run filled (control/disk_space.py)
 
 Plain paths only (no torch): the front ends, the supervisor and the ranks all use it.
 """
@@ -127,6 +129,10 @@ class RunDir:
         none) it ended with (engines/preemption.py)."""
         return self.root / "preempted.json"
 
+    @property
+    def room_reserve(self) -> Path:
+        return self.root / ".room-reserve"
+
     # ---- per rank ----
 
     def log(self, rank: int) -> Path:
@@ -183,6 +189,15 @@ class RunDir:
         by whoever records the end in the history, before it does: the one evidence of a stop, and
         the end of a run whose history was damaged or replaced meanwhile."""
         self.update_info(ended={"status": status, "ended_at": time.time(), **fields})
+
+    def try_record_end(self, status: str, **fields) -> OSError | None:
+        """`record_end`, or where the folder cannot be written (a full disk) the error, for the caller
+        to say: the end is then in the history alone, which must still be written."""
+        try:
+            self.record_end(status, **fields)
+        except OSError as error:
+            return error
+        return None
 
     def make(self) -> RunDir:
         """Create the run folder and the folders a run starts with."""

@@ -196,7 +196,9 @@ def test_doctor_finds_a_healthy_history_healthy(tmp_path):
     store.finish_run(run_id, "succeeded")
     findings = examine(tmp_path)
     assert texts(findings, False) == []
-    assert texts(findings, True) == [f"{tmp_path / 'runs.db'}: integrity ok, schema version {SCHEMA_VERSION}"]
+    room, integrity = texts(findings, True)
+    assert room.startswith(f"{tmp_path}: ") and " free of " in room  # and on which file system
+    assert integrity == f"{tmp_path / 'runs.db'}: integrity ok, schema version {SCHEMA_VERSION}"
 
 
 def test_doctor_marks_dead_runs_lost_and_reports_folders_and_rows_apart(tmp_path):
@@ -222,12 +224,13 @@ def test_doctor_repair_moves_a_damaged_history_aside_and_keeps_the_run_folders(t
     (tmp_path / "runs" / str(run_id) / "logs").mkdir(parents=True)
     store.close()
     damage_header(tmp_path / "runs.db")
-    [problem] = examine(tmp_path)
-    assert not problem.ok and "damaged (file is not a database)" in problem.text and "--repair" in problem.text
+    [room, problem] = examine(tmp_path)
+    assert room.ok and not problem.ok
+    assert "damaged (file is not a database)" in problem.text and "--repair" in problem.text
     assert (tmp_path / "runs.db").exists()  # only --repair moves it
     findings = examine(tmp_path, repair=True)
     assert texts(findings, False) == []
-    assert "moved to runs.db.damaged-" in findings[0].text
+    assert "moved to runs.db.damaged-" in findings[1].text
     [aside] = tmp_path.glob("runs.db.damaged-*")
     assert aside.read_bytes().startswith(b"this is not the SQLite header")
     fresh = Store(tmp_path)

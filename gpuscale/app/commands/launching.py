@@ -27,7 +27,7 @@ from gpuscale.app.commands.common import (
 from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.runs import progress_line, summary_lines
 from gpuscale.control import launch
-from gpuscale.control.store import Store
+from gpuscale.control.store import Store, gpuscale_home
 from gpuscale.data.tasks import parse_dataset
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.process import private_files
@@ -71,6 +71,7 @@ def run_settings_from_args(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     label = checked_label(args.label)
+    launch.refuse_without_room(gpuscale_home())  # before a tuning, and before the history is opened
     job = slurm_job(os.environ) if args.slurm_requeue else None
     if job is not None:  # SLURM's signal may come before the run has started: kept for follow_run
         signal.signal(signal.SIGUSR1, lambda *_: PREEMPTION.update(asked=True))
