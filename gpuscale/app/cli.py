@@ -6,6 +6,7 @@ started or written. `run` exits 0 only when the run succeeded.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -15,6 +16,7 @@ import warnings
 from gpuscale.app.commands import completion, demo, history, launching, listings, tuning
 from gpuscale.app.commands.common import EXIT_BAD_INPUT, USER_ERRORS, Parser, VersionAction
 from gpuscale.control.store import gpuscale_home, store_error
+from gpuscale.data.question_length import PROGRESS
 
 # The commands in the order `gpuscale --help` lists them; each group's module adds its own parsers.
 COMMANDS = ("run", "tune", "runs", "show", "stop", "delete", "resume", "logs", "generations", "compare",
@@ -33,6 +35,22 @@ def build_parser() -> Parser:
     return parser
 
 
+class StderrLines(logging.Handler):
+    """A log record as a line on the stderr of the moment (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)
+
+
+def show_progress() -> None:
+    """The progress lines of a long check (data/question_length.py's PROGRESS) on stderr, where the
+    CLI's other messages go; once a process."""
+    if not any(isinstance(handler, StderrLines) for handler in PROGRESS.handlers):
+        PROGRESS.addHandler(StderrLines())
+    PROGRESS.setLevel(logging.INFO)
+    PROGRESS.propagate = False
+
+
 def quiet_broken_pipe() -> int:
     """The reader of our output went away (`gpuscale runs | head`): stop quietly, as Unix tools do,
     with the exit status of a process that SIGPIPE ended. Python's own flush of stdout at exit would
@@ -45,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     # Libraries (transformers, torch) announce API changes to come as FutureWarnings: meant for the
     # developers of gpuscale, noise on a user's terminal. Filtered here, in the front end only.
     warnings.filterwarnings("ignore", category=FutureWarning)
+    show_progress()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -33,8 +33,9 @@ def hub_rows(split: str, question_limit: QuestionLimit | None) -> list[dict]:
     rows = _load_gsm8k_from_hub(split)
     if question_limit is None:
         return rows
-    return [row for number, row in enumerate(rows, start=1)
-            if question_limit.admits(row["question"], f"{GSM8K_HUB_ID} {split}, row {number}")]
+    places = [f"{GSM8K_HUB_ID} {split}, row {number}" for number in range(1, len(rows) + 1)]
+    kept = question_limit.admitted([row["question"] for row in rows], places, what=f"{GSM8K_HUB_ID} {split}")
+    return [row for row, keep in zip(rows, kept) if keep]
 
 
 def _load_gsm8k_from_hub(split: str) -> list[dict]:

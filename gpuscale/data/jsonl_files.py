@@ -22,18 +22,20 @@ def read_jsonl(path: Path, question_limit: QuestionLimit | None = None, domain: 
     (data/question_length.py)."""
     path = Path(path)
     require_file(path)
-    examples = []
+    examples, places = [], []
     # Bytes, decoded line by line: a line that is not UTF-8 is refused with its number.
     with path.open("rb") as lines:
         for line_number, raw in enumerate(lines, start=1):
             line = _decoded(raw, path, line_number)
             if not line.strip():
                 continue
-            row = _parse_jsonl_line(line, path, line_number, domain)
-            if question_limit is None or question_limit.admits(row["question"], f"{path}, line {line_number}"):
-                examples.append(row)
+            examples.append(_parse_jsonl_line(line, path, line_number, domain))
+            places.append(f"{path}, line {line_number}")
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
+    if question_limit is not None:  # every question at once: measured in batches
+        kept = question_limit.admitted([row["question"] for row in examples], places, what=str(path))
+        examples = [row for row, keep in zip(examples, kept) if keep]
     return examples
 
 

@@ -15,6 +15,32 @@ def prompt_ids(tokenizer, question: str) -> list[int]:
     return tokenizer(question + "\n", add_special_tokens=True)["input_ids"]
 
 
+def prompt_texts(tokenizer, questions: list[str]) -> list[str]:
+    """The text `prompt_ids` encodes for each question, the chat template rendered for all of them in
+    one call; `prompt_lengths` counts their tokens."""
+    if not questions:
+        return []
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template([[{"role": "user", "content": question}] for question in questions],
+                                                  tokenize=False, add_generation_prompt=True))
+    return [question + "\n" for question in questions]
+
+
+def tokens_added(tokenizer) -> int:
+    """The tokens `prompt_ids` adds to its text's own: none with a chat template (the template writes
+    them), else the tokenizer's special tokens (a BOS, an EOS)."""
+    return 0 if getattr(tokenizer, "chat_template", None) else tokenizer.num_special_tokens_to_add()
+
+
+def prompt_lengths(tokenizer, texts: list[str]) -> list[int]:
+    """len(prompt_ids(...)) of each of `prompt_texts`' texts, the tokenizer called once on the list
+    (a fast tokenizer encodes a batch in parallel, in Rust)."""
+    if not texts:
+        return []
+    specials = not getattr(tokenizer, "chat_template", None)
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=specials)["input_ids"]]
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends an answer: the generation config's (one or several) and the tokenizer's."""
     ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

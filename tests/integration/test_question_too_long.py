@@ -18,6 +18,7 @@ from gpuscale.control.launch import questions_left_out
 from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.settings import resolve_settings
+from gsm8k_shaped import gsm8k_rows, write_jsonl
 
 LONG_LINE = 3  # early, so that a run of the first few rows would take it
 LONG_QUESTION = "What is " + "1 + " * 2_500_000 + "1?"  # 10,000,010 characters
@@ -46,6 +47,23 @@ def test_every_recipe_refuses_it_before_launch(home, bigline, recipe):
         "set too_long=skip to leave such questions out"]
     assert run_json("runs") == []  # nothing recorded, no rank started
     assert elapsed < 60, f"the check took {elapsed:.1f} s"  # a CLI start-up and a prefix measured: seconds
+
+
+def test_a_gsm8k_sized_file_says_how_far_its_check_got(home, tmp_path):
+    """7,000 GSM8K-shaped questions that fit and, last, one that does not: the check before launch
+    measures them in batches, writes progress lines on stderr while it works (at once here: the
+    threshold lowered, so that no test waits on a slow machine), and refuses the last line."""
+    rows = gsm8k_rows(7_000, most_sentences=2)  # prompts of at most 179 of tiny-math's 256 tokens
+    path = write_jsonl(tmp_path / "train.jsonl", [*rows, {"question": "x" * 1_000, "answer": "#### 1"}])
+    result = gpuscale("run", "--recipe", "sft", "--gpus", "1", "--dataset", str(path),
+                      env={"GPUSCALE_PROGRESS_AFTER_S": "0"})
+    assert result.returncode == 2, result.stderr
+    *progress, refusal = result.stderr.strip().splitlines()
+    assert refusal.startswith(f"gpuscale: error: dataset: {path}, line 7001: the question is too long for the model: "
+                              "1,000 characters, ")
+    assert progress and all(line.startswith(f"checking {path}: question lengths for tiny-math's context of 256 "
+                                            "tokens: ") for line in progress), progress
+    assert run_json("runs") == []
 
 
 def results_questions(run: dict) -> list[str]:

@@ -4,6 +4,7 @@ embedded model's real tokenizer and config."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 
@@ -13,8 +14,16 @@ from gpuscale.data.data_error import DataError
 from gpuscale.data.jsonl_files import read_jsonl
 from gpuscale.data.models import model_context, model_path
 from gpuscale.data.prompts import prompt_ids
-from gpuscale.data.question_length import QuestionLimit, questions_too_long
+from gpuscale.data.question_length import (
+    MEASURED,
+    MEASURED_AT_ONCE,
+    QuestionLimit,
+    counting_tokenizer,
+    progress_after_s,
+    questions_too_long,
+)
 from gpuscale.data.tasks import held_out_split
+from gsm8k_shaped import gsm8k_rows, write_jsonl
 
 CONTEXT = 256  # the embedded model's max_position_embeddings
 
@@ -87,3 +96,82 @@ def test_before_launch_a_file_is_refused_or_its_skipped_rows_counted(bigline):
         questions_too_long(str(bigline), QuestionLimit("tiny-math"))
     assert questions_too_long(str(bigline), QuestionLimit("tiny-math", "skip")) == [f"{bigline}, line 4"]
     assert questions_too_long("tiny-math", QuestionLimit("tiny-math")) == []  # generated: nothing to read
+
+
+# ---- a file of GSM8K's size: decided in batches, as row by row, saying how far it got --------------
+
+
+class CountingCalls:
+    """The tokenizer, counting the calls that encode text (on one text or a list)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, texts, **kwargs):
+        self.calls.append(len(texts) if isinstance(texts, list) else 1)
+        return self.tokenizer(texts, **kwargs)
+
+
+def row_by_row(questions: list[str], tokenizer) -> list[bool]:
+    """The rule as it was decided before batches, one prompt_ids call a question (GSM8K-sized
+    questions are shorter than the prefix first measured, so whole)."""
+    return [len(question.encode()) <= CONTEXT // 2 or len(prompt_ids(tokenizer, question)) < CONTEXT
+            for question in questions]
+
+
+@pytest.fixture
+def gsm8k_file(tmp_path):
+    rows = gsm8k_rows(7_000)
+    return write_jsonl(tmp_path / "train.jsonl", rows), [row["question"] for row in rows]
+
+
+def test_a_gsm8k_sized_file_is_decided_in_batches_as_row_by_row(gsm8k_file):
+    path, questions = gsm8k_file
+    MEASURED.clear()  # measured by another test of this process: it would not be measured again
+    tokenizer = CountingCalls(counting_tokenizer("tiny-math"))
+    fits = row_by_row(questions, tokenizer.tokenizer)
+    assert 0 < fits.count(False) < len(questions) // 2  # some too long: the comparison can fail
+    limit = QuestionLimit("tiny-math", "skip", tokenizer=tokenizer)
+    rows = read_jsonl(path, limit)
+    assert [row["question"] for row in rows] == [q for q, fit in zip(questions, fits) if fit]
+    assert limit.skipped == [f"{path}, line {number}" for number, fit in enumerate(fits, start=1) if not fit]
+    unsure = sum(len(question.encode()) > CONTEXT // 2 for question in questions)
+    assert len(tokenizer.calls) <= -(-unsure // MEASURED_AT_ONCE)  # the tokenizer called on lists
+    assert sum(tokenizer.calls) < unsure  # and not on the prompts whose bytes say they fit
+    # Refusing names the first too long, as row by row did; measured once a process, not again.
+    first = fits.index(False)
+    with pytest.raises(DataError) as refused:
+        read_jsonl(path, QuestionLimit("tiny-math", tokenizer=tokenizer))
+    with pytest.raises(DataError) as one_by_one:
+        QuestionLimit("tiny-math").admits(questions[first], f"{path}, line {first + 1}")
+    assert str(refused.value) == str(one_by_one.value)
+    assert len(tokenizer.calls) <= -(-unsure // MEASURED_AT_ONCE)
+
+
+def test_a_long_check_says_how_far_it_got(gsm8k_file, monkeypatch, caplog):
+    path, questions = gsm8k_file
+    MEASURED.clear()
+    monkeypatch.setenv("GPUSCALE_PROGRESS_AFTER_S", "0")  # a line at once, however fast this machine is
+    with caplog.at_level(logging.INFO, logger="gpuscale.progress"):
+        read_jsonl(path, QuestionLimit("tiny-math", "skip"))
+    lines = [record.getMessage() for record in caplog.records]
+    unsure = sum(len(question.encode()) > CONTEXT // 2 for question in questions)
+    what = f"{path}: question lengths for tiny-math's context of 256 tokens"
+    assert lines[0].startswith(f"checking {what}: {MEASURED_AT_ONCE} of {unsure:,} measured, ")
+    assert re.fullmatch(rf"checked {re.escape(what)}: {unsure:,} measured in \d+\.\d s", lines[-1])
+
+
+def test_a_check_done_in_one_go_says_nothing(bigline, monkeypatch, caplog):
+    monkeypatch.setenv("GPUSCALE_PROGRESS_AFTER_S", "0")
+    with caplog.at_level(logging.INFO, logger="gpuscale.progress"):
+        read_jsonl(bigline, QuestionLimit("tiny-math", "skip"))
+    assert caplog.records == []
+
+
+def test_a_bad_progress_threshold_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("GPUSCALE_PROGRESS_AFTER_S", "soon")
+    with pytest.raises(DataError, match=r"^GPUSCALE_PROGRESS_AFTER_S: 'soon': expected seconds, 0 or more$"):
+        progress_after_s()
