@@ -49,7 +49,7 @@ def min_free_bytes(environ=os.environ) -> int:
 def existing_part(path: Path) -> Path:
     """`path`, or its nearest folder that exists (a home not made yet lives where it will be made)."""
     path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
+    while not os.path.exists(path) and path != path.parent:  # False where it cannot be looked at, too
         path = path.parent
     return path
 
