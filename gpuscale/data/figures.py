@@ -38,6 +38,11 @@ class Figure:
     direction: Direction = NEITHER
     format: Format = "number"
     family: bool = False  # also stands for `<name>_<qualifier>` (per domain, first/last, before/after)
+    # What the figure counts, where its label alone leaves two figures of one kind apart (the whole
+    # run's rate and the steady one): shown beside its value in `gpuscale show`, the TUI's run page and
+    # an export. A recipe whose figure of a shared name counts something of its own says so in its
+    # `Recipe.figure_notes`, which the views read first. A family's members share its note.
+    note: str = ""
 
 
 def _figures(*figures: Figure) -> dict[str, Figure]:
@@ -65,6 +70,9 @@ def _count(name: str, label: str, **kw) -> Figure:
 def _text(name: str, label: str) -> Figure:
     return Figure(name, label, format="text")
 
+
+ENGINE_DECODE = ("one GPU's generate calls through gpuscale's engine, the prompt's prefill timed with them, "
+                 "new tokens counted")
 
 FIGURES: dict[str, Figure] = _figures(
     # What a run is for: held-out accuracy (every accuracy_* name), reward, loss.
@@ -105,18 +113,28 @@ FIGURES: dict[str, Figure] = _figures(
     Figure("pass_at_k", "pass@k", direction=HIGHER, family=True),
     # Speed.
     _rate("tokens_per_s", "tokens/s", family=True),
+    # A training run's steady rate beside its whole-run one (recipes/shared/training.py:training_figures).
+    Figure("tokens_per_s_steady", "tokens/s (steady)", unit="tokens/s", direction=HIGHER,
+           note="steady: the median optimizer step's rate, all ranks, the first step left out"),
     _rate("generated_tokens_per_s", "generated tokens/s"),
     _rate("prefill_tokens_per_s", "prefill tokens/s"),
     _rate("samples_per_s", "samples/s", family=True),
     _rate("train_samples_per_s", "training samples/s"),
     _rate("problems_per_s", "problems/s"),
     _rate("members_per_s", "members/s"),
-    Figure("mfu", "MFU", direction=HIGHER, format="percent"),
+    Figure("mfu", "MFU", direction=HIGHER, format="percent",
+           note="whole run: over the trainer's whole training time, warm-up included"),
+    Figure("mfu_steady", "MFU (steady)", direction=HIGHER, format="percent",
+           note="steady: at the median optimizer step's rate, the first step left out"),
     # The probe's node check, one figure per rank (`copy_gb_per_s_rank_0`): data/node_check.py.
     Figure("copy_gb_per_s", "memory bandwidth", unit="GB/s", direction=HIGHER, family=True),
     Figure("matmul_tflops", "matmul", unit="TFLOP/s", direction=HIGHER, family=True),
-    Figure("latency_tokens_per_s", "decode at batch 1", unit="tokens/s", direction=HIGHER, family=True),
-    Figure("throughput_tokens_per_s", "decode at full batch", unit="tokens/s", direction=HIGHER, family=True),
+    # Through the generation engine, a whole generate call timed (the prompt's prefill with it), one GPU:
+    # not the summary's tokens_per_s, the decode steps alone of every rank (recipes/probe.py's figure_notes).
+    Figure("latency_tokens_per_s", "decode at batch 1", unit="tokens/s", direction=HIGHER, family=True,
+           note=ENGINE_DECODE),
+    Figure("throughput_tokens_per_s", "decode at full batch", unit="tokens/s", direction=HIGHER, family=True,
+           note=ENGINE_DECODE),
     Figure("allreduce_busbw_gb_per_s", "all-reduce bus bandwidth", unit="GB/s", direction=HIGHER),
     Figure("link_gb_per_s", "link bandwidth each way", unit="GB/s", direction=HIGHER, family=True),
     Figure("allreduce_algbw_gb_per_s", "all-reduce algorithm bandwidth", unit="GB/s", direction=HIGHER),
@@ -188,6 +206,7 @@ FIGURES: dict[str, Figure] = _figures(
     _text("devices", "devices"),
     _text("node_check_gpus", "GPUs checked"),
     _text("node_check_flags", "slow GPUs"),
+    _text("node_check_unjudged", "gaps within the measurement's spread"),
     _text("domains", "domains"),
     _text("batch_size_reason", "micro-batch reason"),
     _text("liger_kernels", "Liger kernels"),

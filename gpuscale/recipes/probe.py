@@ -10,7 +10,9 @@ The node check, on every rank: device memory bandwidth (a device-to-device copy)
 TFLOP/s in the run's dtype, before the model is loaded; after the decode loop, decode tokens/s
 through the generation engine at batch 1 (latency) and at `batch_size` (throughput: what
 `--batch-size auto` tunes), and the all-reduce bus bandwidth across the ranks (nccl on GPUs, gloo on
-CPU ranks). Rank 0 flags a GPU more than 15% below its peers (data/node_check.py);
+CPU ranks). Each figure is timed over repeats (the engine's over `decode_calls` calls), whose spread
+says how far the measurement itself can be trusted. Rank 0 flags a GPU more than 15% below its peers
+where the gap is also wider than that spread, and names the gaps it cannot judge (data/node_check.py);
 app/views/node_check.py writes the table. The sizes scale with the device (MEASURE_SIZES): large
 enough on a GPU to reach its bandwidth, small on CPU ranks.
 """
@@ -27,6 +29,7 @@ from functools import partial
 
 from pydantic import Field
 
+from gpuscale.data.node_check import Repeats, repeats_rate
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.runs.settings import RunSettings
 
@@ -46,6 +49,10 @@ class Probe(Recipe):
     settings_cls = Settings
     reads_questions = False  # it decodes made-up prompts of prompt_tokens tokens
     promised_figures = ("world_size", "tokens_per_s", "step_time_ms_median", "peak_mem_mb_per_rank")
+    # Not the node check's decode figures (one GPU's generate calls through the engine, the prefill timed
+    # with them: data/figures.py's ENGINE_DECODE), which read lower at a long prompt.
+    figure_notes = {"tokens_per_s": "decode steps alone, all ranks together, through transformers' forward with "
+                                    "its KV cache; the prefill and warm-up steps untimed"}
     smoke_settings = {"steps": 2, "prompt_tokens": 4, "warmup_steps": 0, "batch_size": 2}
     tuning = Tuning(figure="tokens_per_s", knob="sequences decoded together per rank",
                     shape_settings=("prompt_tokens",), start=8,
@@ -159,14 +166,17 @@ class MeasureSizes:
     matmul_n: int  # square matrices of n x n multiplied
     allreduce_mib: int  # bytes all-reduced a rank a repeat
     repeats: int  # timed repeats of each, after one untimed
+    decode_calls: int  # timed generate calls of the decode figures, after one untimed
 
 
 # On a GPU large enough to reach the card's bandwidth and peak (as nccl-tests and bandwidthTest use
 # hundreds of MiB), and repeated long enough (a few tenths of a second) for the clocks to settle: 50
-# matmuls of 8192 spread 8% between the GPUs of one node. On CPU ranks small, so the tests stay fast.
+# matmuls of 8192 spread 8% between the GPUs of one node. On CPU ranks small, so the tests stay fast;
+# ten repeats of a fraction of a millisecond each, so that their spread shows a rank preempted by its
+# peer or the machine's other work (a decode call takes about a second there: two).
 MEASURE_SIZES = {
-    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=200),
-    "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=3),
+    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=200, decode_calls=3),
+    "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=10, decode_calls=2),
 }
 
 
@@ -174,49 +184,58 @@ def measure_sizes(device) -> MeasureSizes:
     return MEASURE_SIZES["cuda" if device.type == "cuda" else "cpu"]
 
 
-def timed(work, repeats: int, ctx) -> float:
-    """Seconds `repeats` calls of `work` took, after as many untimed ones (allocation, kernel choice,
-    and the GPU's clocks, which may still be low after the host-bound decode loop). On a GPU by CUDA
-    events around the queued calls, as bandwidthTest times a copy: the device's time, not the host's
-    launches and wake-ups."""
+def timed(work, repeats: int, ctx) -> list[float]:
+    """Seconds each of `repeats` calls of `work` took, after as many untimed ones (allocation, kernel
+    choice, and the GPU's clocks, which may still be low after the host-bound decode loop). On a GPU by
+    CUDA events between the queued calls, as bandwidthTest times a copy: the device's time, not the
+    host's launches and wake-ups."""
     import torch
 
     for _ in range(repeats):
         work()
     ctx.synchronize()
     if ctx.device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
+        events[0].record()
+        for event in events[1:]:
             work()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000
-    start_s = time.perf_counter()
+            event.record()
+        events[-1].synchronize()
+        return [start.elapsed_time(end) / 1000 for start, end in zip(events, events[1:])]
+    seconds = []
     for _ in range(repeats):
+        start_s = time.perf_counter()
         work()
-    return time.perf_counter() - start_s
+        seconds.append(time.perf_counter() - start_s)
+    return seconds
 
 
-def copy_gb_per_s(ctx, sizes: MeasureSizes) -> float:
+def copy_repeats(ctx, sizes: MeasureSizes) -> Repeats:
     """Device memory bandwidth: bytes read plus bytes written by a device-to-device copy, per second
-    (as CUDA's bandwidthTest counts a device-to-device copy), in GB/s."""
+    (as CUDA's bandwidthTest counts a device-to-device copy), in GB/s, with its repeats' spread."""
     import torch
 
     source = torch.empty(sizes.copy_mib * 2**20, dtype=torch.uint8, device=ctx.device)
     target = torch.empty_like(source)
-    seconds = timed(lambda: target.copy_(source), sizes.repeats, ctx)
-    return 2 * source.numel() * sizes.repeats / seconds / 1e9
+    return repeats_rate(2 * source.numel() / 1e9, timed(lambda: target.copy_(source), sizes.repeats, ctx))
 
 
-def matmul_tflops(ctx, sizes: MeasureSizes) -> float:
-    """Dense matmul throughput in the run's dtype (bf16 on a GPU that has it): 2n^3 FLOPs a product."""
+def copy_gb_per_s(ctx, sizes: MeasureSizes) -> float:
+    return copy_repeats(ctx, sizes).value
+
+
+def matmul_repeats(ctx, sizes: MeasureSizes) -> Repeats:
+    """Dense matmul throughput in the run's dtype (bf16 on a GPU that has it), TFLOP/s: 2n^3 FLOPs a
+    product; with its repeats' spread."""
     import torch
 
     n = sizes.matmul_n
     a, b = (torch.randn(n, n, device=ctx.device).to(ctx.dtype) for _ in range(2))
-    seconds = timed(lambda: torch.mm(a, b), sizes.repeats, ctx)
-    return 2 * n**3 * sizes.repeats / seconds / 1e12
+    return repeats_rate(2 * n**3 / 1e12, timed(lambda: torch.mm(a, b), sizes.repeats, ctx))
+
+
+def matmul_tflops(ctx, sizes: MeasureSizes) -> float:
+    return matmul_repeats(ctx, sizes).value
 
 
 def allreduce_seconds(ctx, sizes: MeasureSizes) -> float | None:
@@ -229,12 +248,13 @@ def allreduce_seconds(ctx, sizes: MeasureSizes) -> float | None:
 
     tensor = torch.ones(sizes.allreduce_mib * 2**20 // 4, dtype=torch.float32, device=ctx.device)
     dist.barrier()
-    return timed(lambda: dist.all_reduce(tensor), sizes.repeats, ctx) / sizes.repeats
+    return statistics.mean(timed(lambda: dist.all_reduce(tensor), sizes.repeats, ctx))
 
 
-def link_gb_per_s(ctx, sizes: MeasureSizes) -> dict[str, float]:
-    """Each link of this rank to another, `"<a>-<b>"` -> GB/s each way: the pair sends each other
-    `allreduce_mib` MiB at once (both directions together), bytes / time. Empty on one rank."""
+def link_gb_per_s(ctx, sizes: MeasureSizes) -> dict[str, Repeats]:
+    """Each link of this rank to another, `"<a>-<b>"` -> GB/s each way with its repeats' spread: the
+    pair sends each other `allreduce_mib` MiB at once (both directions together), bytes / time. Empty
+    on one rank."""
     if ctx.world_size < 2:
         return {}
     import torch
@@ -252,7 +272,7 @@ def link_gb_per_s(ctx, sizes: MeasureSizes) -> dict[str, float]:
             continue
         seconds = timed(partial(exchange, outgoing, incoming, partner), sizes.repeats, ctx)
         low, high = sorted((ctx.rank, partner))
-        links[f"{low}-{high}"] = outgoing.numel() * 4 * sizes.repeats / seconds / 1e9
+        links[f"{low}-{high}"] = repeats_rate(outgoing.numel() * 4 / 1e9, seconds)
     return links
 
 
@@ -265,32 +285,40 @@ def exchange(outgoing, incoming, partner: int) -> None:
         request.wait()
 
 
-def engine_tokens_per_s(model, ctx, batch_size: int, settings: Settings) -> float:
+def engine_tokens_per_s(model, ctx, batch_size: int, settings: Settings) -> Repeats:
     """Greedy decode tokens/s through the generation engine at `batch_size`: `steps` new tokens a row
     after random prompts of `prompt_tokens` tokens, no EOS (every row decodes all its steps), the
-    prefill included."""
+    prefill included; over the device's `decode_calls`, with their spread."""
     import torch
 
     from gpuscale.data.seeds import derived_seed
 
     generator = torch.Generator().manual_seed(derived_seed(settings.seed, "node-check", ctx.rank))
     prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens), generator=generator)
-    return engine_rate(model, ctx, prompts, settings.steps, timed_calls=1)[0]
+    seconds = generation_seconds(model, ctx, prompts, settings.steps, measure_sizes(ctx.device).decode_calls)
+    return repeats_rate(batch_size * settings.steps, seconds)
 
 
 def engine_rate(model, ctx, prompts, steps: int, timed_calls: int) -> tuple[float, float]:
     """(tokens/s, median seconds of a decode step) of greedy generation of `steps` tokens after each
-    of `prompts` through a fresh engine (CUDA graphs on a GPU, no torch.compile: the check must take
-    seconds; fresh, so that one batch size's graphs do not hold memory at the next), after one
-    untimed call (buffers, graph capture)."""
-    rate, seconds = timed_generation(model, ctx, prompts, steps, timed_calls)
+    of `prompts` (`generation_seconds`)."""
+    seconds = generation_seconds(model, ctx, prompts, steps, timed_calls)
+    return prompts.shape[0] * steps * len(seconds) / sum(seconds), statistics.median(seconds) / steps
+
+
+def generation_seconds(model, ctx, prompts, steps: int, timed_calls: int) -> list[float]:
+    """Seconds of each of `timed_calls` greedy generations of `steps` tokens after each of `prompts`
+    through a fresh engine (CUDA graphs on a GPU, no torch.compile: the check must take seconds;
+    fresh, so that one batch size's graphs do not hold memory at the next), after one untimed call
+    (buffers, graph capture)."""
+    seconds = timed_generation(model, ctx, prompts, steps, timed_calls)
     free_device_memory(ctx)  # the engine is gone with timed_generation's frame
-    return rate, seconds / steps
+    return seconds
 
 
-def timed_generation(model, ctx, prompts, steps: int, timed_calls: int) -> tuple[float, float]:
+def timed_generation(model, ctx, prompts, steps: int, timed_calls: int) -> list[float]:
     from gpuscale.engines.generation import GenerationEngine, Sampling
-    from gpuscale.recipes.shared.device_trials import timed_steps
+    from gpuscale.recipes.shared.device_trials import timed_calls as timed_calls_of
 
     engine = GenerationEngine(model, (), compile=False)
     greedy = Sampling(temperature=0.0)
@@ -299,7 +327,7 @@ def timed_generation(model, ctx, prompts, steps: int, timed_calls: int) -> tuple
         engine.generate(prompts, steps, greedy)
         return prompts.shape[0] * steps
 
-    return timed_steps(generate, timed_calls, ctx.synchronize, warm_up=1)
+    return timed_calls_of(generate, timed_calls, ctx.synchronize, warm_up=1)[1]
 
 
 def free_device_memory(ctx) -> None:
@@ -328,8 +356,8 @@ def gpu_name(ctx) -> str:
 def hardware_figures(ctx, laps: Laps) -> dict:
     """This rank's card alone: memory bandwidth and matmul throughput, each lapped into `laps`."""
     sizes = measure_sizes(ctx.device)
-    return measured({"copy_gb_per_s": lambda: copy_gb_per_s(ctx, sizes),
-                     "matmul_tflops": lambda: matmul_tflops(ctx, sizes)}, laps)
+    return measured({"copy_gb_per_s": lambda: copy_repeats(ctx, sizes),
+                     "matmul_tflops": lambda: matmul_repeats(ctx, sizes)}, laps, ctx)
 
 
 def node_check(model, settings: Settings, ctx, laps: Laps) -> dict:
@@ -341,13 +369,19 @@ def node_check(model, settings: Settings, ctx, laps: Laps) -> dict:
         "throughput_tokens_per_s": lambda: engine_tokens_per_s(model, ctx, settings.batch_size, settings),
         "allreduce_seconds": lambda: allreduce_seconds(ctx, sizes),
         "links": lambda: link_gb_per_s(ctx, sizes),
-    }, laps)
+    }, laps, ctx)
     return {"gpu": gpu_name(ctx), "allreduce_mib": sizes.allreduce_mib, **figures}
 
 
-def measured(parts: dict, laps: Laps) -> dict:
+def measured(parts: dict, laps: Laps, ctx) -> dict:
+    """Each part measured by every rank at once (a barrier first): CPU ranks share the machine's cores
+    and memory, and one rank's copy timed while its peer still loads would compare unlike things."""
+    import torch.distributed as dist
+
     figures = {}
     for name, measure in parts.items():
+        if ctx.world_size > 1:
+            dist.barrier()
         figures[name] = measure()
         laps.lap(name)
     return figures
@@ -375,12 +409,20 @@ def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
     """The summary's node-check figures from every rank's: one figure per rank and per NODE_FIGURES
     name (`copy_gb_per_s_rank_0`: so `gpuscale compare` sets each against another probe's), the
     all-reduce bandwidths (the ranks' mean time, as nccl-tests averages it) and the slow-GPU flags."""
-    from gpuscale.data.node_check import NODE_FIGURES, bus_bandwidth, link_name, per_rank_name, slow_gpus, slow_links
+    from gpuscale.data.node_check import (
+        NODE_FIGURES,
+        bus_bandwidth,
+        gpu_gaps,
+        link_gaps,
+        link_name,
+        per_rank_name,
+        unjudged,
+    )
 
     gpus = [r["gpu"] for r in everyone]
     summary: dict = {"node_check_gpus": gpus, "throughput_batch_size": settings.batch_size}
     for figure in NODE_FIGURES:
-        summary.update({per_rank_name(figure.name, r["rank"]): round(r[figure.name], 3) for r in everyone})
+        summary.update({per_rank_name(figure.name, r["rank"]): round(r[figure.name].value, 3) for r in everyone})
     times = [r["allreduce_seconds"] for r in everyone if r["allreduce_seconds"] is not None]
     if times:
         nbytes = everyone[0]["allreduce_mib"] * 2**20
@@ -389,11 +431,13 @@ def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
                        allreduce_busbw_gb_per_s=round(busbw / 1e9, 3))
     # A link as its lower rank measured it (both ends time the same exchange).
     links = {pair: gbps for r in everyone for pair, gbps in r["links"].items() if pair.startswith(f"{r['rank']}-")}
-    summary.update({link_name(pair): round(gbps, 3) for pair, gbps in sorted(links.items())})
-    summary["node_check_flags"] = [
-        *slow_gpus(gpus, {f.name: [r[f.name] for r in everyone] for f in NODE_FIGURES}),
-        *slow_links({pair: gbps for pair, gbps in links.items()}, gpus),
-    ]
+    summary.update({link_name(pair): round(gbps.value, 3) for pair, gbps in sorted(links.items())})
+    found = [*gpu_gaps(gpus, {f.name: [r[f.name].value for r in everyone] for f in NODE_FIGURES},
+                       spreads={f.name: [r[f.name].spread for r in everyone] for f in NODE_FIGURES}),
+             *link_gaps({pair: gbps.value for pair, gbps in links.items()}, gpus,
+                        spreads={pair: gbps.spread for pair, gbps in links.items()})]
+    summary["node_check_flags"] = [gap.line() for gap in found if gap.judged]
+    summary["node_check_unjudged"] = unjudged(found)
     return summary
 
 

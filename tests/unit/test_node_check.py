@@ -13,11 +13,14 @@ from gpuscale.data.figures import figure
 from gpuscale.data.node_check import (
     NODE_FIGURES,
     bus_bandwidth,
+    gpu_gaps,
     link_name,
     pair_rounds,
     per_rank_name,
+    repeat_spread,
     slow_gpus,
     slow_links,
+    unjudged,
 )
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -58,6 +61,42 @@ def test_within_15_percent_a_lone_gpu_or_a_missing_figure_is_not_flagged():
     # Two GPUs: the slow one is flagged, not the fast one (whose peer is the slow one).
     assert slow_gpus(GPUS[:2], {"copy_gb_per_s": [100.0, 50.0]}) == [
         "GPU 1: memory bandwidth 50 GB/s is 50% below its peers' median 100 GB/s"]
+
+
+def test_no_verdict_where_the_gap_is_within_the_measurements_own_spread():
+    """Two CPU ranks of a quiet machine read 47% apart with repeats that spread as much: no verdict,
+    and the gap is named as one the measurement cannot judge. The same gap from steady repeats (a
+    GPU's few percent) is a verdict. The spreads are `repeat_spread`'s of made-up repeat times."""
+    calm = [repeat_spread([0.0101, 0.0100, 0.0102])] * 2  # 2% between repeats
+    noisy = repeat_spread([0.010, 0.021, 0.012])  # one repeat preempted: 92%
+    assert calm[0] == pytest.approx(0.0002 / 0.0101) and noisy == pytest.approx(11 / 12)
+    values = {"copy_gb_per_s": [9.0, 4.77]}  # 47% below its peer
+    assert slow_gpus(["cpu 0", "cpu 1"], values, spreads={"copy_gb_per_s": calm}) == [
+        "cpu 1: memory bandwidth 4.77 GB/s is 47% below its peers' median 9 GB/s"]
+    for spreads in ([calm[0], noisy], [noisy, calm[0]]):  # its own repeats, or its peer's, too noisy
+        found = gpu_gaps(["cpu 0", "cpu 1"], values, spreads={"copy_gb_per_s": spreads})
+        assert slow_gpus(["cpu 0", "cpu 1"], values, spreads={"copy_gb_per_s": spreads}) == []
+        assert unjudged(found) == ["cpu 1: memory bandwidth 4.77 GB/s is 47% below its peers' median 9 GB/s, "
+                                   "within its measurement's spread (92% between repeats)"]
+    # A spread under the gap still leaves a verdict; a figure measured once (no spread) is judged as before.
+    assert slow_gpus(["cpu 0", "cpu 1"], values, spreads={"copy_gb_per_s": [0.3, 0.3]}) != []
+    assert repeat_spread([0.01]) is None
+    assert slow_gpus(["cpu 0", "cpu 1"], values, spreads={"copy_gb_per_s": [None, None]}) != []
+    # Links: the same rule.
+    links = {"0-1": 48.0, "0-2": 47.0, "0-3": 20.0, "1-2": 48.5, "1-3": 47.5, "2-3": 48.2}
+    assert slow_links(links, GPUS, spreads=dict.fromkeys(links, 0.03)) != []
+    assert slow_links(links, GPUS, spreads={**dict.fromkeys(links, 0.03), "0-3": 0.8}) == []
+
+
+def test_the_table_names_the_gaps_it_cannot_judge():
+    summary = {**probe_summary(["cpu", "cpu"], [9.0, 4.77]), "node_check_unjudged": ["cpu 1: memory bandwidth ..."]}
+    lines = node_check_lines(summary)
+    assert lines[-2:] == ["  slow: none (no GPU more than 15% below its peers beyond the spread of its own repeats)",
+                          "  not judged: cpu 1: memory bandwidth ..."]
+    assert "node_check_unjudged" in table_names(summary)
+    # What the decode columns count, beside the summary's tokens_per_s.
+    assert any(line.startswith("  decode: one GPU's generate calls through gpuscale's engine, the prompt's prefill "
+                               "timed with them") for line in lines)
 
 
 def test_the_card_table_gives_data_sheet_figures_the_most_specific_name_first():

@@ -270,6 +270,31 @@ def test_export_json_and_csv(store):
         export_text(store, run_id, "xml")
 
 
+def test_a_training_runs_whole_run_and_steady_rates_are_each_said_for_what_they_are(home, capsys):
+    """A 24-step sft run of a 0.5B model: 46k tokens/s and 13.9% MFU over its whole training time, 109k
+    and 38% at its steady steps. The run's line, `gpuscale show` and an export name each."""
+    summary = {"tokens_per_s": 46_210.0, "tokens_per_s_steady": 109_000.0, "mfu": 0.139, "mfu_steady": 0.38}
+    run = finished_run(recipe="sft", summary=summary)
+    assert throughput_text(run) == ("tokens/s 46,210 (warm-up included) · tokens/s 109,000 (steady) · "
+                                    "samples/s 3.2 (run average)")
+    store = Store(home)
+    run_id = store.create_run("sft", {}, [], "host")
+    store.finish_run(run_id, "succeeded", summary=summary)
+    assert cli.main(["show", str(run_id)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert ("  tokens_per_s: 46,210 tokens/s  (whole run: the trainer's tokens, all ranks, over its whole training "
+            "time, warm-up included)") in shown
+    assert ("  tokens_per_s_steady: 109,000 tokens/s  (steady: the median optimizer step's rate, all ranks, the "
+            "first step left out)") in shown
+    assert "  mfu: 13.9%  (whole run: over the trainer's whole training time, warm-up included)" in shown
+    assert "  mfu_steady: 38.0%  (steady: at the median optimizer step's rate, the first step left out)" in shown
+    exported = {row["name"]: row for row in csv.DictReader(io.StringIO(export_text(store, run_id, "csv", "summary")))}
+    assert exported["tokens_per_s_steady"]["note"].startswith("steady: the median optimizer step's rate")
+    assert exported["tokens_per_s"]["note"].startswith("whole run: ") and exported["mfu"]["value"] == "0.139"
+    record = json.loads(export_text(store, run_id, "json"))
+    assert record["figure_notes"]["mfu_steady"].startswith("steady: ") and set(record["figure_notes"]) == set(summary)
+
+
 def test_export_csv_of_the_summary_and_of_the_results(store):
     run_id = stored_run(store)
     store.update_run(run_id, summary={"accuracy": 0.5, "method": "power", "per_rank": [1.5, 2], "none": None})
@@ -278,8 +303,8 @@ def test_export_csv_of_the_summary_and_of_the_results(store):
     rows = [{"index": 0, "correct": True, "token_ids": [5, 6]}, {"index": 1, "correct": False, "acceptance_rate": 0.25}]
     (run_dir / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     summary = list(csv.reader(io.StringIO(export_text(store, run_id, "csv", what="summary"))))
-    assert summary == [["name", "value"], ["accuracy", "0.5"], ["method", "power"], ["per_rank", "[1.5, 2]"],
-                       ["none", ""]]
+    assert summary == [["name", "value", "note"], ["accuracy", "0.5", ""], ["method", "power", ""],
+                       ["per_rank", "[1.5, 2]", ""], ["none", "", ""]]
     results = list(csv.DictReader(io.StringIO(export_text(store, run_id, "csv", what="results"))))
     assert list(results[0]) == ["index", "correct", "token_ids", "acceptance_rate"]  # every key, first seen first
     assert json.loads(results[0]["token_ids"]) == [5, 6] and results[1]["acceptance_rate"] == "0.25"

@@ -82,7 +82,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for key, value in run["settings"].items():
         print(f"  {key}: {setting_text(value)}")
     print("summary:")
-    for line in summary_lines(run["summary"] or {}):
+    for line in summary_lines(run["summary"] or {}, run["recipe"]):
         print(line)
     return 0
 

@@ -239,7 +239,7 @@ def report_end(run: dict, as_json: bool, warnings: list[str] = ()) -> None:
         print(f"error: {run['error']}", file=sys.stderr)
     if run["hint"]:
         print(f"hint: {run['hint']}", file=sys.stderr)
-    for line in summary_lines(run["summary"] or {}):
+    for line in summary_lines(run["summary"] or {}, run["recipe"]):
         print(line)
 
 

@@ -10,8 +10,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
-from gpuscale.app.views.node_check import node_check_lines, table_names
-from gpuscale.app.views.runs import figure_text, lineage_lines, run_title, status_line
+from gpuscale.app.views.node_check import has_node_check, node_check_lines
+from gpuscale.app.views.runs import lineage_lines, run_title, status_line, summary_rows
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.app.widgets.generations_view import GenerationsView
 from gpuscale.app.widgets.plain import PlainTable
@@ -99,13 +99,11 @@ class RunDetailScreen(Screen):
         figures = self.query_one("#detail-figures", DataTable)
         figures.clear()
         summary = run["summary"] or {}
-        in_table = table_names(summary)  # the probe's node check: one table of its own, below
-        for name, value in summary.items():
-            if name not in in_table:
-                figures.add_row(name, figure_text(name, value))
+        for name, text in summary_rows(summary, run["recipe"]):  # the probe's node check: a table of its own, below
+            figures.add_row(name, text)
         node_check = self.query_one("#detail-node-check", Static)
         node_check.update(Text("\n".join(node_check_lines(summary))))
-        node_check.display = bool(in_table)
+        node_check.display = has_node_check(summary)
         if not run["summary"]:
             figures.add_row("-", "no summary (the run did not finish)")
         settings = self.query_one("#detail-settings", DataTable)

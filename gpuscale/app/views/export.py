@@ -1,10 +1,12 @@
 """A run exported as a file: the CLI's `gpuscale export` and the TUI's export dialog write the same text.
 
-JSON holds everything in one document: the run's record (with its settings and summary), its metrics,
-telemetry samples and per-item results. A CSV file is one table, so it holds one part (`what`):
+JSON holds everything in one document: the run's record (with its settings and summary), what its
+summary's figures count where a note says (`figure_notes`), its metrics, telemetry samples and
+per-item results. A CSV file is one table, so it holds one part (`what`):
 `metrics` (one row per logged value: run_id, rank, t, step, name, value; rank -1 is a figure
-combined over every rank), `summary` (name, value) or `results` (one row per item of results.jsonl,
-lists such as token ids written as JSON). A part the run has nothing in is refused
+combined over every rank), `summary` (name, value, and note: what the figure counts where a note
+says, as `gpuscale show` writes it: the whole run's tokens/s and the steady one) or `results` (one
+row per item of results.jsonl, lists such as token ids written as JSON). A part the run has nothing in is refused
 (`NothingToExport`), not written as an empty file.
 """
 
@@ -14,6 +16,7 @@ import csv
 import io
 import json
 
+from gpuscale.app.views.runs import figure_note, figure_notes
 from gpuscale.control.store import METRIC_COLUMNS, Store
 
 FORMATS = ("json", "csv")
@@ -41,8 +44,8 @@ def export_text(store: Store, run_id: int, fmt: str, what: str | None = None) ->
     run = store.get_run(run_id)
     if fmt == "json":
         if what is None:
-            record = {"run": run, "metrics": store.metrics(run["id"]), "samples": store.samples(run["id"]),
-                      "results": store.results(run["id"])}
+            record = {"run": run, "figure_notes": summary_notes(run), "metrics": store.metrics(run["id"]),
+                      "samples": store.samples(run["id"]), "results": store.results(run["id"])}
             return json.dumps(record, indent=2)
         return json.dumps(_part(store, run, what), indent=2)
     what = what or "metrics"
@@ -50,11 +53,18 @@ def export_text(store: Store, run_id: int, fmt: str, what: str | None = None) ->
     if what == "metrics":
         return _csv(part, METRIC_COLUMNS)
     if what == "summary":
-        rows = [{"name": name, "value": _cell(value)} for name, value in part.items()]
-        return _csv(rows, ("name", "value"))
+        notes = summary_notes(run)
+        rows = [{"name": name, "value": _cell(value), "note": notes.get(name, "")} for name, value in part.items()]
+        return _csv(rows, ("name", "value", "note"))
     rows = part
     columns = list(dict.fromkeys(key for row in rows for key in row))  # every key, in first-seen order
     return _csv([{key: _cell(value) for key, value in row.items()} for row in rows], columns)
+
+
+def summary_notes(run: dict) -> dict[str, str]:
+    """What each figure of the run's summary counts, where a note says (app/views/runs.py:figure_note)."""
+    notes = figure_notes(run["recipe"])
+    return {name: note for name in run["summary"] or {} if (note := figure_note(name, notes))}
 
 
 def _part(store: Store, run: dict, what: str):

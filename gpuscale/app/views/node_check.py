@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from gpuscale.app.views.text import MISSING, format_number
 from gpuscale.data.cards import memory_bandwidth, peak_flops, unknown_card_note
+from gpuscale.data.figures import ENGINE_DECODE
 from gpuscale.data.node_check import NODE_FIGURES, link_name, per_rank_name
 
 # The table's column of each NODE_FIGURES figure, in its order, headed by this and the catalogue's unit
 # (`memory GB/s`); `{batch}` is the summary's throughput_batch_size.
 COLUMN_HEADINGS = {"copy_gb_per_s": "memory", "matmul_tflops": "matmul", "latency_tokens_per_s": "decode b=1",
                    "throughput_tokens_per_s": "decode b={batch}"}
+# What the decode columns count, beside the summary's tokens_per_s (which reads higher at a long prompt).
+DECODE_NOTE = f"decode: {ENGINE_DECODE} (tokens_per_s above: every rank's decode steps alone)"
 # The summary's figures the table shows (besides the per-rank ones), left out of the plain list.
-TABLE_FIGURES = ("node_check_gpus", "node_check_flags", "allreduce_busbw_gb_per_s", "allreduce_algbw_gb_per_s",
-                 "allreduce_mib", "throughput_batch_size")
+TABLE_FIGURES = ("node_check_gpus", "node_check_flags", "node_check_unjudged", "allreduce_busbw_gb_per_s",
+                 "allreduce_algbw_gb_per_s", "allreduce_mib", "throughput_batch_size")
 
 
 def has_node_check(summary: dict) -> bool:
@@ -77,13 +80,15 @@ def node_check_lines(summary: dict) -> list[str]:
         spec = {"copy_gb_per_s": bandwidth and bandwidth / 1e9, "matmul_tflops": flops and flops / 1e12}
         rows.append([str(gpu), str(device or MISSING), *(
             _measured_and_spec(summary.get(per_rank_name(f.name, rank)), spec.get(f.name)) for f in NODE_FIGURES)])
-    lines = ["node check:", *("  " + line for line in _aligned(rows))]
+    lines = ["node check:", *("  " + line for line in _aligned(rows)), "  " + DECODE_NOTE]
     lines.append("  " + allreduce_line(summary))
     if links := links_line(summary):
         lines.append("  " + links)
     lines += ["  " + unknown_card_note(device) for device in unknown]
-    flags = summary.get("node_check_flags") or []
-    lines += ["  slow: " + flag for flag in flags] or ["  slow: none (no GPU more than 15% below its peers)"]
+    flags, noisy = summary.get("node_check_flags") or [], summary.get("node_check_unjudged") or []
+    beyond = " beyond the spread of its own repeats" if noisy else ""
+    lines += ["  slow: " + flag for flag in flags] or [f"  slow: none (no GPU more than 15% below its peers{beyond})"]
+    lines += ["  not judged: " + line for line in noisy]
     return lines
 
 

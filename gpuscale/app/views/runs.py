@@ -85,6 +85,10 @@ LIVE_RATE = f"last {RATE_WINDOW_S:.0f} s"
 # The label of a finished run's rate the summary does not give: the supervisor's count over the time
 # from the ranks' first metric row to their last, loading and warm-up steps included.
 RUN_AVERAGE = "run average"
+# The labels of a summary's two rates where it has both: over all of its timed work, warm-up included,
+# and its steady steps' (`tokens_per_s_steady`: recipes/shared/training.py:training_figures; rft's
+# `samples_per_s_steady`: its generation's calls, the first left out).
+WHOLE_RUN, STEADY = "warm-up included", "steady"
 
 
 def _rates(run: dict) -> list[tuple[str, float | None, str | None]]:
@@ -95,7 +99,11 @@ def _rates(run: dict) -> list[tuple[str, float | None, str | None]]:
     ended = run.get("status") not in LIVE_STATUSES
     rates = []
     for name, key in (("tokens/s", "tokens_per_s"), ("samples/s", "samples_per_s")):
-        if ended and _is_number(summary.get(key)):
+        steady = summary.get(f"{key}_steady")
+        if ended and _is_number(summary.get(key)) and _is_number(steady):
+            # A training run's two figures, each said for what it is (data/figures.py's notes).
+            rates += [(name, summary[key], WHOLE_RUN), (name, steady, STEADY)]
+        elif ended and _is_number(summary.get(key)):
             rates.append((name, summary[key], None))
         else:
             rates.append((name, progress.get(key), RUN_AVERAGE if ended else LIVE_RATE))
@@ -104,8 +112,9 @@ def _rates(run: dict) -> list[tuple[str, float | None, str | None]]:
 
 def throughput_text(run: dict) -> str:
     """`tokens/s 4,210 · samples/s 12.0 (last 10 s)` while the run lives; once it ended, the
-    summary's figures (`tokens/s 5,219`), a rate it lacks as `(run average)`, and a rate it lacks that
-    is zero left out. Empty before the ranks report any."""
+    summary's figures (`tokens/s 5,219`; a training run's whole-run and steady rates, each labelled:
+    `tokens/s 46,210 (warm-up included) · tokens/s 109,000 (steady)`), a rate it lacks as `(run average)`,
+    and a rate it lacks that is zero left out. Empty before the ranks report any."""
     rates = _rates(run)
     if not any(value for _, value, _ in rates) and not any(label is None for _, _, label in rates):
         return ""
@@ -330,11 +339,46 @@ def delta_text(delta: float, a: float, better: str | None = None) -> str:
     return text + {"b": " better", "a": " worse"}.get(better, "")
 
 
-def summary_lines(summary: dict) -> list[str]:
-    """A run's summary for the terminal (`gpuscale run`'s end, `gpuscale show`): each figure as the
-    catalogue writes it, then the node check's table for the figures that table holds."""
-    from gpuscale.app.views.node_check import node_check_lines, table_names
+def figure_notes(recipe: str | None) -> dict[str, str]:
+    """What each figure of a run of `recipe` counts where a note says it: the recipe's own
+    (`Recipe.figure_notes`) over the catalogue's (data/figures.py). Only the recipe's notes are listed;
+    `figure_note` falls back to the catalogue's."""
+    from gpuscale.recipes.shared.registry import get_recipe
+    from gpuscale.runs.settings import SettingsError
 
-    in_table = table_names(summary)
-    plain = [f"  {name}: {figure_text(name, value)}" for name, value in summary.items() if name not in in_table]
-    return plain + node_check_lines(summary)
+    if not recipe:
+        return {}
+    try:
+        return dict(get_recipe(recipe).figure_notes)
+    except SettingsError:  # a recipe no longer installed: the catalogue's notes still hold
+        return {}
+
+
+def figure_note(name: str, notes: dict[str, str]) -> str:
+    """The note of figure `name`: `notes`' (a recipe's, `figure_notes`), else the catalogue's; "" if none."""
+    known = figure(name)
+    return notes.get(name) or (known.note if known else "")
+
+
+def summary_rows(summary: dict, recipe: str | None = None) -> list[tuple[str, str]]:
+    """(name, value) of each summary figure the node check's table does not hold, the value as the
+    catalogue writes it, followed by what it counts where a note says (`46,210 tokens/s  (whole
+    run: ...)`): what `gpuscale show` and the TUI's run page list."""
+    from gpuscale.app.views.node_check import table_names
+
+    in_table, notes = table_names(summary), figure_notes(recipe)
+    rows = []
+    for name, value in summary.items():
+        if name in in_table:
+            continue
+        note = figure_note(name, notes)
+        rows.append((name, figure_text(name, value) + (f"  ({note})" if note else "")))
+    return rows
+
+
+def summary_lines(summary: dict, recipe: str | None = None) -> list[str]:
+    """A run's summary for the terminal (`gpuscale run`'s end, `gpuscale show`): `summary_rows`, then
+    the node check's table for the figures that table holds."""
+    from gpuscale.app.views.node_check import node_check_lines
+
+    return [f"  {name}: {text}" for name, text in summary_rows(summary, recipe)] + node_check_lines(summary)

@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training_settings import TrainingSettings
+from gpuscale.recipes.shared.training_settings import TRAINING_FIGURE_NOTES, TrainingSettings
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
@@ -157,6 +157,7 @@ class GrpoMtl(Recipe):
                "optionally with PCGrad; held-out accuracy per domain before/after")
     settings_cls = Settings
     launcher = "accelerate"
+    figure_notes = TRAINING_FIGURE_NOTES
     promised_figures = ("world_size", "steps", "generator", "eval_split", "mtl", "tokens_per_s", "generation_seconds",
                         "training_seconds", "step_seconds_median", "generation_seconds_per_step",
                         "accuracy_greedy_before", "accuracy_greedy_after",

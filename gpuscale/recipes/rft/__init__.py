@@ -35,7 +35,7 @@ from pydantic import Field, field_validator
 
 from gpuscale.data.paths import absolute_path
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training_settings import SupervisedSettings
+from gpuscale.recipes.shared.training_settings import TRAINING_FIGURE_NOTES, SupervisedSettings
 from gpuscale.runs.settings import auto_means_sized_on_card
 
 
@@ -143,6 +143,7 @@ class RFT(Recipe):
                "SFT on them, accuracy before/after")
     settings_cls = Settings
     launcher = "accelerate"
+    figure_notes = TRAINING_FIGURE_NOTES
     promised_figures = ("world_size", "kept_examples", "eval_split", "yield", "samples_per_s", "steps", "train_loss",
                         "tokens_per_s", "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
                         "accuracy_sampled_after", "model_dir")

@@ -25,7 +25,12 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
-from gpuscale.recipes.shared.training_settings import MOST_ACCUMULATION, SupervisedSettings, with_micro_batch
+from gpuscale.recipes.shared.training_settings import (
+    MOST_ACCUMULATION,
+    TRAINING_FIGURE_NOTES,
+    SupervisedSettings,
+    with_micro_batch,
+)
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
 
@@ -60,6 +65,7 @@ class SFT(Recipe):
                "with accuracy before/after")
     settings_cls = Settings
     launcher = "accelerate"
+    figure_notes = TRAINING_FIGURE_NOTES
     promised_figures = ("world_size", "steps", "eval_split", "train_loss", "tokens_per_s", "accuracy_greedy_before",
                         "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 8, "batch_size": 2, "max_steps": 2, "max_length": 64, "eval_examples": 2,

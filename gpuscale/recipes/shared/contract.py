@@ -84,6 +84,10 @@ class Recipe(ABC):
     # Whether its runs read the data set's questions: the rule for one too long for the model's
     # context (`too_long`, data/question_length.py) is checked before launch for those that do.
     reads_questions: ClassVar[bool] = True
+    # What a figure of a shared name counts in this recipe's summary, where the recipe counts it its
+    # own way (the probe's tokens_per_s: decode steps alone): shown beside its value in `gpuscale show`,
+    # the TUI's run page and an export, before the catalogue's own note (data/figures.py).
+    figure_notes: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

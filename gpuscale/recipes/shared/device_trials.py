@@ -167,16 +167,24 @@ def timed_steps(step: Callable[[], int], steps: int, synchronize: Callable[[], N
     `steps` times timed; returns (work per second, median seconds of a step)."""
     import statistics
 
+    work, seconds = timed_calls(step, steps, synchronize, warm_up)
+    return work / sum(seconds), statistics.median(seconds)
+
+
+def timed_calls(step: Callable[[], int], calls: int, synchronize: Callable[[], None],
+                warm_up: int = 1) -> tuple[int, list[float]]:
+    """`step` run `warm_up` times untimed, then `calls` times timed: (the work the timed calls did,
+    the seconds of each)."""
     for _ in range(warm_up):
         step()
         synchronize()
     seconds, work = [], 0
-    for _ in range(steps):
+    for _ in range(calls):
         started = time.perf_counter()
         work += step()
         synchronize()
         seconds.append(time.perf_counter() - started)
-    return work / sum(seconds), statistics.median(seconds)
+    return work, seconds
 
 
 @contextmanager

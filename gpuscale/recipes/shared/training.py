@@ -96,10 +96,13 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
 
 def training_figures(trainer, callback, seconds: float, ctx=None) -> dict[str, Any]:
     """The summary's training figures: steps, mean and first/last logged loss, and the global rates
-    over the trainer's training time; MFU a card where the callback knows the FLOPs of a token and
-    the card's peak (data/cards.py)."""
+    over the trainer's training time, warm-up included (`tokens_per_s`, `mfu`) and at its steady
+    steps (`tokens_per_s_steady`, `mfu_steady`: the median step, the first left out,
+    `ReporterCallback.steady_tokens_per_s`); MFU a card where the callback knows the FLOPs of a token
+    and the card's peak (data/cards.py)."""
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     tokens_per_s = callback.tokens_seen / seconds if seconds > 0 else None
+    steady = callback.steady_tokens_per_s()
     return {
         "steps": trainer.state.global_step,
         "train_loss": callback.final.get("train_loss", sum(losses) / len(losses) if losses else None),
@@ -110,6 +113,8 @@ def training_figures(trainer, callback, seconds: float, ctx=None) -> dict[str, A
         "samples_per_s": callback.final.get("train_samples_per_second"),
         "train_seconds": seconds,
         "mfu": callback.mfu_of(tokens_per_s),
+        "tokens_per_s_steady": steady,
+        "mfu_steady": callback.mfu_of(steady),
     }
 
 

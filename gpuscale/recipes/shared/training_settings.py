@@ -18,6 +18,11 @@ from pydantic import Field, field_validator
 from gpuscale.recipes.shared.report_backends import checked_report_to
 from gpuscale.runs.settings import RunSettings, SettingsError, words_meaning
 
+# What the training shell's whole-run rate counts (recipes/shared/training.py:training_figures), beside
+# the steady one the catalogue notes: sft's, rft's and grpo-mtl's `figure_notes`.
+TRAINING_FIGURE_NOTES = {
+    "tokens_per_s": "whole run: the trainer's tokens, all ranks, over its whole training time, warm-up included",
+}
 MOST_ACCUMULATION = 1024  # the largest gradient_accumulation allowed
 # batch_size auto with gradient_accumulation given (TRL's count): a unit of accumulation is this many
 # rows a rank (as batch_size 8 was), and on CPU a micro-batch takes at most this many rows.
