@@ -135,6 +135,7 @@ def use_cuda_device(device: torch.device) -> None:
     read sft's batch 2 three times slower than batch 1 on an H200 and chose batch 1: bench/RESULTS.md)."""
     torch.cuda.set_device(device)
     avoid_cudnn_attention()
+    quiet_unused_liger_backends()
 
 
 def avoid_cudnn_attention() -> None:
@@ -147,6 +148,35 @@ def avoid_cudnn_attention() -> None:
     value spreads to every gradient through clipping, and the run's weights turn NaN. The
     memory-efficient kernel takes its place (flash attention still serves batches without a mask)."""
     torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+# liger-kernel's dispatcher imports every backend it knows for an op on the op's first call, and logs a
+# warning through this logger for each that does not import: `Backend impl
+# 'liger_kernel.ops.backends._cutedsl.rms_norm' for op 'rms_norm' could not be imported:
+# ModuleNotFoundError: ...`, for CuTe DSL, Ascend NPU and cuTile, a dozen lines in every training run's
+# log. gpuscale uses its Triton kernels (recipes/shared/training.py:apply_liger_kernels), so only a
+# Triton backend that fails says something; the others' missing packages are expected.
+LIGER_DISPATCH_LOGGER = "liger_kernel.backends.registry"
+LIGER_USED_BACKEND = "._triton."
+NOT_INSTALLED = ("ImportError", "ModuleNotFoundError")
+
+
+class UnusedLigerBackends(logging.Filter):
+    """Drops liger's warning that a backend gpuscale does not use could not be imported; every other
+    record of its logger (a Triton backend that fails, any other warning) passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        unused_import = (str(record.msg).startswith("Backend impl ") and len(args) == 4
+                         and LIGER_USED_BACKEND not in str(args[0]) and args[2] in NOT_INSTALLED)
+        return not unused_import
+
+
+def quiet_unused_liger_backends() -> None:
+    """Keep liger's lines about backends that are not installed out of the rank's log (once a process)."""
+    logger = logging.getLogger(LIGER_DISPATCH_LOGGER)
+    if not any(isinstance(f, UnusedLigerBackends) for f in logger.filters):
+        logger.addFilter(UnusedLigerBackends())
 
 
 def _redirect_output(run_dir: Path, rank: int) -> None:
@@ -201,6 +231,7 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
     run_dir = settings_path.parent
     rank = int(os.environ.get("RANK", 0))
     _redirect_output(run_dir, rank)
+    quiet_unused_liger_backends()
     reporter = Reporter(run_dir, rank)
     status = 0
     preemption.install()  # SIGUSR1: write a checkpoint where the recipe can, and end (engines/preemption.py)

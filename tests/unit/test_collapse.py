@@ -14,10 +14,11 @@ from gpuscale.control.store import Store
 GRPO_SETTINGS = {"max_completion_length": 256, "learning_rate": 1e-5}
 
 
-def grpo_run(store: Store, steps: list[dict], settings: dict | None = None) -> dict:
-    """A running grpo-mtl run whose rank 0 logged `steps` (one dict of figures per step), the way
-    the supervisor stores them: the rank's own rows and the combined rows of RUN_WIDE_RANK."""
-    run_id = store.create_run("grpo-mtl", settings or GRPO_SETTINGS, [], "node001")
+def grpo_run(store: Store, steps: list[dict], settings: dict | None = None, recipe: str = "grpo-mtl") -> dict:
+    """A running grpo-mtl run (or one of `recipe`) whose rank 0 logged `steps` (one dict of figures
+    per step), the way the supervisor stores them: the rank's own rows and the combined rows of
+    RUN_WIDE_RANK."""
+    run_id = store.create_run(recipe, settings or GRPO_SETTINGS, [], "node001")
     t0 = time.time() - 100
     rows = []
     for step, figures in enumerate(steps, start=1):
@@ -71,6 +72,18 @@ def test_entropy_under_the_floor_is_a_collapse(home):
     steps = [healthy(s) for s in range(10)] + [{**healthy(10), "entropy": 0.02}] * 5
     assert run_collapse_warnings(store, grpo_run(store, steps)) == [
         f"collapse: entropy 0.02 under {ENTROPY_FLOOR} — the policy stopped exploring"]
+
+
+def test_a_supervised_runs_low_entropy_is_what_it_trains_for_not_a_collapse(home):
+    """A default sft run on CPU ends at entropy 0.04 (TRL's SFTTrainer logs it): fitting one answer a
+    question is meant to get there. Only a recipe that trains on its own samples (grpo-mtl) is warned;
+    rft's fine-tune on kept answers is supervised too, and a recipe no longer installed is not judged."""
+    store = Store(home)
+    sft_steps = [{"loss": 0.2, "entropy": 0.04, "mean_token_accuracy": 0.98}] * 8
+    for recipe in ("sft", "rft", "no-longer-installed"):
+        assert run_collapse_warnings(store, grpo_run(store, sft_steps, {}, recipe=recipe)) == [], recipe
+    assert run_collapse_warnings(store, grpo_run(store, sft_steps, {})) == [
+        f"collapse: entropy 0.04 under {ENTROPY_FLOOR} — the policy stopped exploring"]
 
 
 def test_a_loss_that_turned_nan_is_named_with_its_first_step(home, tmp_path):

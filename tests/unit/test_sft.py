@@ -4,16 +4,19 @@ questions) and that its training phase, `train_sft`, learns (LoRA on the embedde
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from gpuscale.data.models import load_model
 from gpuscale.data.prompts import prompt_ids
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.sft import SFT, Settings
-from gpuscale.recipes.shared.training import train_sft
+from gpuscale.recipes.shared.training import train_sft, train_sft_dataset
 from gpuscale.recipes.shared.training_data import tokenized_dataset, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError
 
@@ -77,3 +80,40 @@ def test_lora_training_lowers_the_loss_and_merges_into_a_plain_model(tmp_path):
                            original.model.layers[0].self_attn.q_proj.weight)
     logged = [json.loads(line) for line in (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "loss" in r] == list(range(1, 21))
+
+
+class SlowFirstStep(TrainerCallback):
+    """The first optimizer step made slower by `seconds`, as a warm-up is (the optimizer's state built,
+    the allocator's first blocks, kernels compiled on first use)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            time.sleep(self.seconds)
+
+
+def test_the_summary_gives_the_steady_rate_beside_the_whole_runs(tmp_path):
+    """A real short fine-tune whose first step is slow: the whole-run tokens/s counts it, the steady
+    one (the median step's rate, the first step left out) does not, and is the median of the rates
+    of the steps rank 0 logged to its metric file."""
+    model, tokenizer = load_model("tiny-math")
+    rows = [{"question": f"What is {n} plus 1?", "completion": f"#### {n + 1}"} for n in range(16)]
+    settings = Settings(batch_size=2, max_steps=6, learning_rate=1e-4, max_length=64)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    reporter = Reporter(tmp_path, 0)
+    trained = train_sft_dataset(tokenized_dataset(rows, tokenizer, settings.max_length), settings, ctx, reporter,
+                                model, tokenizer, callbacks=(SlowFirstStep(1.0),))
+    reporter.close()
+
+    figures = trained.figures
+    assert figures["steps"] == 6
+    assert figures["tokens_per_s_steady"] > figures["tokens_per_s"] > 0, figures
+    assert figures["mfu"] is None and figures["mfu_steady"] is None  # no card's peak on CPU
+    logged = [json.loads(line) for line in (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    steps = [row for row in logged if row.get("step_time_ms")]
+    assert [row["step"] for row in steps] == list(range(1, 7))
+    assert steps[0]["step_time_ms"] > 1000  # the slow first step, left out of the steady rate
+    rates = [row["tokens"] / (row["step_time_ms"] / 1000) for row in steps[1:]]
+    assert figures["tokens_per_s_steady"] == pytest.approx(statistics.median(rates), rel=1e-6)

@@ -3,7 +3,9 @@ while learning nothing. Pointed out while it happens, the way `waste` points out
 
 - reward at zero while the completions sit at the length cap: the policy emits long garbage that
   never scores (a learning rate too high, or a precision problem, usually);
-- entropy under a floor: the policy has stopped exploring, every completion of a group is the same;
+- entropy under a floor, in a recipe that trains on its own samples (`Recipe.explores`: grpo-mtl): the
+  policy has stopped exploring, every completion of a group is the same (a supervised run's entropy is
+  meant to fall: sft's reached 0.04 on CPU, and said nothing wrong);
 - a figure that is no longer finite (the loss is nan): training has diverged;
 - beside them, not a collapse but waste of the same kind: a training run's MFU under 10% step after
   step (`low_mfu_warnings`);
@@ -17,6 +19,7 @@ the pure rule on plain (step, value) lists; `run_collapse_warnings` reads them t
 
 from __future__ import annotations
 
+from gpuscale.app.views.runs import known_recipe
 from gpuscale.app.views.text import format_number
 from gpuscale.control.store import Store
 from gpuscale.data.cards import LOW_MFU
@@ -66,12 +69,14 @@ ALIGN_PRECISION = "the loss trains on another policy's completions; compare a ru
 
 
 def collapse_warnings(history: dict[str, list[tuple[int, float]]], settings: dict | None = None,
-                      nonfinite: dict[str, dict] | None = None, steps: int = COLLAPSE_STEPS) -> list[str]:
+                      nonfinite: dict[str, dict] | None = None, steps: int = COLLAPSE_STEPS,
+                      explores: bool = True) -> list[str]:
     """Collapse worth pointing out now, one line each.
 
     `history`: per metric name, its (step, value) of the last logged steps, oldest first (more than
     `steps` are cut to the last `steps`); `settings`: the run's (for `max_completion_length`);
-    `nonfinite`: per figure no longer finite, `{"step": first such step, "value": "nan"}`."""
+    `nonfinite`: per figure no longer finite, `{"step": first such step, "value": "nan"}`; `explores`:
+    whether the run trains on its own samples, where alone a low entropy is a collapse."""
     recent = {name: [value for _, value in rows[-steps:]] for name, rows in history.items()
               if len(rows) >= steps}
     warnings = [f"{name} is {info.get('value', 'nan')} since step {info.get('step', '?')} — {LOWER_LR}"
@@ -82,7 +87,7 @@ def collapse_warnings(history: dict[str, list[tuple[int, float]]], settings: dic
         where = f"the {cap}-token cap" if cap else "the length cap"
         warnings.append(f"collapse: reward {_mean(rewards):.2f} and {100 * _mean(at_cap):.0f}% of completions at "
                         f"{where} over the last {steps} steps — {LOWER_LR}")
-    entropy = recent.get(ENTROPY)
+    entropy = recent.get(ENTROPY) if explores else None
     if entropy and max(entropy) < ENTROPY_FLOOR:
         warnings.append(f"collapse: entropy {entropy[-1]:.2f} under {format_number(ENTROPY_FLOOR)} — "
                         "the policy stopped exploring")
@@ -131,5 +136,7 @@ def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) 
     `low_mfu_warnings` and `policy_mismatch_warnings`."""
     history = store.recent_steps(run["id"], (*WATCHED, MFU, MISMATCH), max(steps, MISMATCH_STEPS))
     nonfinite = (run.get("progress") or {}).get("nonfinite")
-    return (collapse_warnings(history, run.get("settings"), nonfinite, steps) + low_mfu_warnings(history, steps)
-            + policy_mismatch_warnings(history))
+    recipe = known_recipe(run.get("recipe"))
+    explores = recipe is not None and recipe.explores
+    return (collapse_warnings(history, run.get("settings"), nonfinite, steps, explores)
+            + low_mfu_warnings(history, steps) + policy_mismatch_warnings(history))

@@ -339,19 +339,24 @@ def delta_text(delta: float, a: float, better: str | None = None) -> str:
     return text + {"b": " better", "a": " worse"}.get(better, "")
 
 
-def figure_notes(recipe: str | None) -> dict[str, str]:
-    """What each figure of a run of `recipe` counts where a note says it: the recipe's own
-    (`Recipe.figure_notes`) over the catalogue's (data/figures.py). Only the recipe's notes are listed;
-    `figure_note` falls back to the catalogue's."""
+def known_recipe(name: str | None):
+    """The installed recipe a run's `recipe` names (recipes/shared/registry.py), None for one no
+    longer installed (a plugin's run in an old history)."""
     from gpuscale.recipes.shared.registry import get_recipe
     from gpuscale.runs.settings import SettingsError
 
-    if not recipe:
-        return {}
     try:
-        return dict(get_recipe(recipe).figure_notes)
-    except SettingsError:  # a recipe no longer installed: the catalogue's notes still hold
-        return {}
+        return get_recipe(name) if name else None
+    except SettingsError:
+        return None
+
+
+def figure_notes(recipe: str | None) -> dict[str, str]:
+    """What each figure of a run of `recipe` counts where a note says it: the recipe's own
+    (`Recipe.figure_notes`) over the catalogue's (data/figures.py). Only the recipe's notes are listed;
+    `figure_note` falls back to the catalogue's (which alone hold for a recipe no longer installed)."""
+    known = known_recipe(recipe)
+    return dict(known.figure_notes) if known else {}
 
 
 def figure_note(name: str, notes: dict[str, str]) -> str:

@@ -88,6 +88,10 @@ class Recipe(ABC):
     # own way (the probe's tokens_per_s: decode steps alone): shown beside its value in `gpuscale show`,
     # the TUI's run page and an export, before the catalogue's own note (data/figures.py).
     figure_notes: ClassVar[dict[str, str]] = {}
+    # Whether it trains on what its own policy samples (RL: grpo-mtl): there the trainer's entropy near 0
+    # means the policy stopped exploring, and the views warn (app/views/collapse.py). A supervised
+    # recipe's entropy (sft's, rft's fine-tune on kept answers) is meant to fall toward 0.
+    explores: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
