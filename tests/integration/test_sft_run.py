@@ -53,6 +53,8 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     assert not missing
     assert summary["world_size"] == 2 and summary["steps"] == 3
     assert summary["train_loss"] > 0 and summary["tokens_per_s"] > 0
+    # Beside the whole run's rate, its steady one: the median of steps 2 and 3 (no MFU on CPU: no card's peak).
+    assert summary["tokens_per_s_steady"] > 0 and summary["mfu"] is None and summary["mfu_steady"] is None
     for kind in ("greedy", "sampled"):
         assert 0 <= summary[f"accuracy_{kind}_before"] <= 1 and 0 <= summary[f"accuracy_{kind}_after"] <= 1
         # tiny-math's structurally new subset, gathered from both ranks: one of the 4 test problems.
