@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from gpuscale.control import run_queue
 from gpuscale.control.store import Store, UnknownRun
 from gpuscale.control.supervisor import summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
@@ -106,23 +107,27 @@ def display_command(argv: list[str]) -> str:
 
 
 def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None,
-              notes: dict | None = None, label: str | None = None, parent_id: int | None = None) -> int:
+              notes: dict | None = None, label: str | None = None, parent_id: int | None = None,
+              queue: bool = False) -> int:
     """Check the run's input (`recipe.check`: data that does not parse, an empty data set...), then
     record the run and start its supervisor in a new session; returns the run id. Nothing is
     recorded or started for input the recipe refuses. `notes` are recorded with the settings in the
     history (e.g. `batch_size_source`, where `--batch-size auto` found its batch), not given to ranks;
-    `parent_id`: the run this one continues (`resume_run`)."""
+    `parent_id`: the run this one continues (`resume_run`); `queue`: the run waits, `queued`, until
+    its devices are free and the runs queued before it on them have started (control/run_queue.py)."""
     plan = plan or plan_devices(settings.gpus)
+    if queue:
+        run_queue.check_queueable(run_queue.Demand.of_plan(plan_record(plan)), settings.nnodes)
     for_ranks = run_ids_as_folders(store, settings)
     recipe.check(for_ranks)
-    notes = {**(notes or {}), **questions_left_out(recipe, for_ranks)}
+    notes = {**(notes or {}), **questions_left_out(recipe, for_ranks), **({"queue": True} if queue else {})}
     # The history keeps the settings as the user gave them (data_from=3); the ranks read run folders.
     run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname(),
                               parent_id=parent_id)
     folder = RunDir(store.get_run(run_id)["run_dir"]).make()
     settings_path = folder.settings
     settings_path.write_text(for_ranks.model_dump_json(indent=2))
-    folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
+    folder.plan.write_text(json.dumps(plan_record(plan)))
     argv = launcher_argv(recipe, for_ranks, plan, settings_path)
     store.update_run(run_id, command=argv, label=label)
     # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
@@ -138,6 +143,11 @@ def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | No
     store.update_run(run_id, supervisor_pid=supervisor.pid)
     _children.append(supervisor)
     return run_id
+
+
+def plan_record(plan: DevicePlan) -> dict:
+    """The device plan as plan.json holds it (what the supervisor and the queue read)."""
+    return {"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}
 
 
 def ignore_preemption_signal() -> None:
@@ -268,7 +278,7 @@ _PARENTS_LABEL = object()  # resume_run's default: the child carries its parent'
 
 def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
                plan: DevicePlan | None = None, force: bool = False, label: str | None | object = _PARENTS_LABEL,
-               notes: dict | None = None) -> int:
+               notes: dict | None = None, queue: bool = False) -> int:
     """Continue a stopped, failed or lost run as a new run that names it as its parent, from its
     last checkpoint (`resume_settings`), with its label unless `label` is given; returns the new
     run's id. A run resumed before is refused (`AlreadyResumed`, naming the runs that continued it)
@@ -278,7 +288,7 @@ def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
     if children and not force:
         raise AlreadyResumed(run["id"], children)
     label = run.get("label") if label is _PARENTS_LABEL else label
-    return start_run(store, recipe, settings, plan, notes=notes, label=label, parent_id=run["id"])
+    return start_run(store, recipe, settings, plan, notes=notes, label=label, parent_id=run["id"], queue=queue)
 
 
 def earlier_attempt(store: Store, job_id: str, node_rank: int) -> dict | None:
@@ -359,6 +369,8 @@ def reconcile(store: Store) -> list[int]:
             store.finish_run(run["id"], **recorded_end(ended))
             continue
         message = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
+        if run_queue.waits_in_queue(run):
+            message = f"supervisor (pid {run['supervisor_pid']}) died while the run was queued; it never started"
         summary = run["summary"] or {}
         if run["run_dir"]:
             kill_run_processes(run["run_dir"])  # first: no rank may still be writing
