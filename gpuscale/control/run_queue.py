@@ -20,7 +20,6 @@ import os
 from dataclasses import dataclass
 
 from gpuscale.runs.run_dir import RunDir
-from gpuscale.runs.settings import SettingsError
 
 CPU_SLOTS_ENV = "GPUSCALE_QUEUE_CPU_SLOTS"
 # How often a queued run's supervisor looks whether its turn has come (a read; the write lock is taken
@@ -62,6 +61,8 @@ class Demand:
 
 def cpu_slots(environ=os.environ) -> int:
     """The CPU ranks that may run at once on this host: GPUSCALE_QUEUE_CPU_SLOTS, else its cores."""
+    from gpuscale.runs.settings import SettingsError  # not at the top: the store imports this module, pydantic-free
+
     text = environ.get(CPU_SLOTS_ENV, "").strip()
     if not text:
         return os.cpu_count() or 1
@@ -77,6 +78,8 @@ def waits_in_queue(run: dict) -> bool:
 
 def check_queueable(demand: Demand, nnodes: int, environ=os.environ) -> None:
     """Refuse, before anything is recorded, a queued run that could never start on this host."""
+    from gpuscale.runs.settings import SettingsError
+
     if nnodes > 1:
         raise SettingsError(f"queue: nnodes={nnodes}: a multi-node run cannot wait in one host's queue "
                             "(each node would start when its own devices free up); queue it with SLURM")

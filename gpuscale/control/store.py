@@ -299,7 +299,20 @@ class Store:
             raise
         self.db.conn.execute("COMMIT")
 
+    def _is_current(self) -> bool:
+        """Whether the history is at this gpuscale's schema, every declared sample column in place:
+        read without the write lock, which every front end and supervisor opening it would otherwise
+        take in turn (fifty runs started at once queued on it)."""
+        tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_version" not in tables:
+            return False
+        row = self.db.execute("SELECT version FROM schema_version").fetchone()
+        present = self.db["samples"].columns_dict if row and row[0] == SCHEMA_VERSION else {}
+        return bool(present) and all(field.name in present for field in sample_fields.SAMPLE_FIELDS)
+
     def _migrate(self) -> None:
+        if self._is_current():
+            return
         with self.transaction():  # a half-migrated file is never left behind
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = self.db.execute("SELECT version FROM schema_version").fetchone()
