@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import socket
 
+import pytest
+from test_tui_pilot import choose_recipe, fill_form, monitor_of
+
+from gpuscale.app.tui import GpuscaleApp
+from gpuscale.control import launch
 from gpuscale.control.store import Store
 from gpuscale.runs.run_dir import RunDir
-from tui_helpers import history_screen, run_async, wait_for
+from gpuscale.runs.statuses import LIVE_STATUSES
+from tui_helpers import history_screen, run_async, settle, wait_for
 
 
 def recorded_run(store: Store, queue: bool, status: str = "queued") -> int:
@@ -36,3 +43,36 @@ def test_the_history_shows_a_queued_runs_place(home):
                                                          second: "queued #2"}, 20, "the queue's places")
 
     run_async(scenario())
+
+
+@pytest.mark.e2e  # a real supervisor (it waits: no rank starts)
+def test_f6_launches_queued_and_the_monitor_shows_the_place(home, monkeypatch):
+    """F6 on the launch form is `gpuscale run --queue`: a run recorded as holding the one CPU slot keeps
+    the launched run waiting; the monitor says where it is in the queue, and stopping it ends it."""
+    monkeypatch.setenv("GPUSCALE_QUEUE_CPU_SLOTS", "1")
+    store = Store(home)
+    holder = store.create_run("probe", {}, [], socket.gethostname())  # its front end still starting it
+    RunDir(store.get_run(holder)["run_dir"]).make().plan.write_text(json.dumps({"nproc": 1, "gpu_indices": []}))
+
+    async def scenario():
+        app = GpuscaleApp(cursor_blink=False, poll_s=0.5)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await pilot.press("f2")  # the app opened on the monitor: a run is live
+            await wait_for(pilot, lambda: app.current_mode == "launch" and app.screen.recipe, 30, "the launch form")
+            await choose_recipe(pilot, "probe")
+            await fill_form(pilot, gpus=1, batch_size=2, steps=4, prompt_tokens=8)
+            await pilot.press("f6")
+            run_id = (await wait_for(pilot, lambda: [r for r in store.list_runs() if r["id"] != holder], 30,
+                                     "the run row"))[0]["id"]
+            await wait_for(pilot, lambda: app.current_mode == "monitor" and monitor_of(app, run_id), 30, "the monitor")
+            monitor = monitor_of(app, run_id)
+            await wait_for(pilot, lambda: "queued #1" in str(monitor.query_one(".monitor-status").render()), 30,
+                           "the queue's place in the monitor")
+            return run_id
+
+    run_id = run_async(scenario())
+    assert store.get_run(run_id)["settings"]["queue"] is True and store.get_run(run_id)["status"] == "queued"
+    assert launch.stop_run(store, run_id)["status"] == "stopped"
+    assert store.get_run(holder)["status"] in LIVE_STATUSES
+    store.finish_run(holder, "stopped")
