@@ -42,7 +42,7 @@ def rss_by_run(run_dirs: set[str]) -> dict[str, int]:
     """The resident memory of every process of each run (by its run folder), in one pass over the
     host's processes."""
     found = dict.fromkeys(run_dirs, 0)
-    for process in psutil.process_iter():
+    for process in psutil.process_iter() if found else ():
         try:
             run_dir = process.environ().get(RUN_DIR_ENV)
             if run_dir in found:
