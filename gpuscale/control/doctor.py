@@ -207,17 +207,18 @@ def run_from_folder(run_id: int, folder: RunDir, home: Path,
     supervisor = _live_supervisor(run_id, home)
     status, error = status_from_folder(folder, info, tailer.summaries.get(0), progress, supervisor is not None)
     summary = ended_summary(tailer.summaries.get(0, {}), progress, status == "succeeded")
-    if status != "running":
+    if status not in LIVE_STATUSES:
         summary["duration_s"] = round(ended_at - (ended.get("started_at") or created), 3)
     run = {
         "id": run_id, "recipe": recipe, "status": status, "settings": {**settings, **info.get("notes", {})},
-        "summary": summary, "error": error, "created_at": created, "started_at": ended.get("started_at") or created,
-        "ended_at": None if status == "running" else ended_at, "run_dir": str(folder.root),
+        "summary": summary, "error": error, "created_at": created,
+        "started_at": None if status == "queued" else ended.get("started_at") or created,
+        "ended_at": None if status in LIVE_STATUSES else ended_at, "run_dir": str(folder.root),
         "command": info.get("command", []), "host": info.get("host"), "label": info.get("label"),
         "parent_id": info.get("parent_id") or _parent_of_checkpoint(settings.get("resume_from"), home),
         "progress": progress,
     }
-    if ended and status != "running":  # what the supervisor (or the front end that found it lost) recorded
+    if ended and status not in LIVE_STATUSES:  # what the supervisor (or the front end that found it lost) recorded
         run.update(recorded_end(ended))
     if supervisor:
         run.update(supervisor_pid=supervisor.pid, supervisor_started=supervisor.create_time())
@@ -227,12 +228,13 @@ def run_from_folder(run_id: int, folder: RunDir, home: Path,
 def status_from_folder(folder: RunDir, info: dict, rank0_summary: dict | None, progress: dict,
                        supervised: bool) -> tuple[str, str | None]:
     """The status of a run as its folder shows it, and its error. In order: a live supervisor
-    (running); the end recorded in run.json (every end since gpuscale recorded it there: the only
-    evidence of a stop); a rank's error file (failed); rank 0's whole summary with every announced
-    step done (succeeded: a summary marked partial is a run that did not end); else lost, with
-    how far it got."""
-    if supervised:
-        return "running", None
+    (running, or queued where it waits its turn); the end recorded in run.json (every end since
+    gpuscale recorded it there: the only evidence of a stop); a rank's error file (failed); rank 0's
+    whole summary with every announced step done (succeeded: a summary marked partial is a run that
+    did not end); else lost, with how far it got."""
+    if supervised:  # a run queued with --queue whose supervisor still waits its turn has no launcher yet
+        waiting = info.get("notes", {}).get("queue") and not folder.launcher_log.exists()
+        return ("queued" if waiting else "running"), None
     if ended := info.get("ended"):
         return ended["status"], ended.get("error")
     if folder.error_files():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuscale.control import disk_space
+from gpuscale.control import disk_space, run_queue
 from gpuscale.control.store import DiskFull, Store, UnknownRun
 from gpuscale.control.supervisor import summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
@@ -110,19 +110,23 @@ def display_command(argv: list[str]) -> str:
 
 
 def start_run(store: Store, recipe, settings: RunSettings, plan: DevicePlan | None = None,
-              notes: dict | None = None, label: str | None = None, parent_id: int | None = None) -> int:
+              notes: dict | None = None, label: str | None = None, parent_id: int | None = None,
+              queue: bool = False) -> int:
     """Check that GPUSCALE_HOME has room for a run (`refuse_without_room`) and the run's input
     (`recipe.check`: data that does not parse, an empty data set...), then record the run and start
     its supervisor in a new session; returns the run id. Nothing is recorded or started for input the
     recipe refuses, and a run that cannot be started (a disk that fills meanwhile) leaves no row.
     `notes` are recorded with the settings in the history (e.g. `batch_size_source`, where
     `--batch-size auto` found its batch), not given to ranks; `parent_id`: the run this one continues
-    (`resume_run`)."""
+    (`resume_run`); `queue`: the run waits, `queued`, until its devices are free and the runs queued
+    before it on them have started (control/run_queue.py)."""
     refuse_without_room(store.home)
     plan = plan or plan_devices(settings.gpus)
+    if queue:
+        run_queue.check_queueable(run_queue.Demand.of_plan(plan_record(plan)), settings.nnodes)
     for_ranks = run_ids_as_folders(store, settings)
     recipe.check(for_ranks)
-    notes = {**(notes or {}), **questions_left_out(recipe, for_ranks)}
+    notes = {**(notes or {}), **questions_left_out(recipe, for_ranks), **({"queue": True} if queue else {})}
     # The history keeps the settings as the user gave them (data_from=3); the ranks read run folders.
     run_id = store.create_run(recipe.name, {**settings.model_dump(), **(notes or {})}, [], socket.gethostname(),
                               parent_id=parent_id)
@@ -152,7 +156,7 @@ def prepare_and_spawn(store: Store, run_id: int, recipe, for_ranks: RunSettings,
     folder = RunDir(store.get_run(run_id)["run_dir"]).make()
     settings_path = folder.settings
     settings_path.write_text(for_ranks.model_dump_json(indent=2))
-    folder.plan.write_text(json.dumps({"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}))
+    folder.plan.write_text(json.dumps(plan_record(plan)))
     argv = launcher_argv(recipe, for_ranks, plan, settings_path)
     store.update_run(run_id, command=argv, label=label)
     # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
@@ -182,6 +186,11 @@ def forget_unstarted_run(store: Store, run_id: int) -> None:
         store.delete_run(run_id)
     with contextlib.suppress(Exception):
         shutil.rmtree(store.home / "runs" / str(run_id), ignore_errors=True)
+
+
+def plan_record(plan: DevicePlan) -> dict:
+    """The device plan as plan.json holds it (what the supervisor and the queue read)."""
+    return {"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}
 
 
 def ignore_preemption_signal() -> None:
@@ -312,7 +321,7 @@ _PARENTS_LABEL = object()  # resume_run's default: the child carries its parent'
 
 def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
                plan: DevicePlan | None = None, force: bool = False, label: str | None | object = _PARENTS_LABEL,
-               notes: dict | None = None) -> int:
+               notes: dict | None = None, queue: bool = False) -> int:
     """Continue a stopped, failed or lost run as a new run that names it as its parent, from its
     last checkpoint (`resume_settings`), with its label unless `label` is given; returns the new
     run's id. A run resumed before is refused (`AlreadyResumed`, naming the runs that continued it)
@@ -322,7 +331,7 @@ def resume_run(store: Store, recipe, run: dict, overrides: dict | None = None,
     if children and not force:
         raise AlreadyResumed(run["id"], children)
     label = run.get("label") if label is _PARENTS_LABEL else label
-    return start_run(store, recipe, settings, plan, notes=notes, label=label, parent_id=run["id"])
+    return start_run(store, recipe, settings, plan, notes=notes, label=label, parent_id=run["id"], queue=queue)
 
 
 def earlier_attempt(store: Store, job_id: str, node_rank: int) -> dict | None:
@@ -419,6 +428,8 @@ def dead_supervisor_end(store: Store, run: dict) -> dict:
     """How a run whose supervisor died ended: `lost`; `failed` where GPUSCALE_HOME's file system is
     full (the supervisor died of it, or could not record the run's end), saying so in one line."""
     died = f"supervisor (pid {run['supervisor_pid']}) died; the run's processes were killed"
+    if run_queue.waits_in_queue(run):
+        died = f"supervisor (pid {run['supervisor_pid']}) died while the run was queued; it never started"
     end = {"status": "lost", "error": died, "summary": run["summary"] or {}}
     if disk_space.short_of_room(run["run_dir"] or store.home):
         end.update(status="failed", error=disk_space.disk_full_line(store.home),

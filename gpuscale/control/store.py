@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuscale.control import disk_space, sample_fields
+from gpuscale.control import disk_space, run_queue, sample_fields
 from gpuscale.data.paths import absolute_path
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -119,6 +119,8 @@ def _add_declared_sample_columns(db: sqlite_utils.Database) -> None:
             db["samples"].add_column(field.name, field.sql_type)
 
 
+# A run waiting its turn in the queue (`gpuscale run --queue`: control/run_queue.py), as SQL.
+WAITING_SQL = "(status = 'queued' AND coalesce(json_extract(settings, '$.queue'), 0))"
 TUNING_KEY = ("recipe", "model", "device", "precision", "shape")
 METRIC_COLUMNS = ("run_id", "rank", "t", "step", "name", "value")
 # A sample's identity; what it measures is `sample_fields.SAMPLE_FIELDS`.
@@ -319,7 +321,20 @@ class Store:
             raise
         self.db.conn.execute("COMMIT")
 
+    def _is_current(self) -> bool:
+        """Whether the history is at this gpuscale's schema, every declared sample column in place:
+        read without the write lock, which every front end and supervisor opening it would otherwise
+        take in turn (fifty runs started at once queued on it)."""
+        tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_version" not in tables:
+            return False
+        row = self.db.execute("SELECT version FROM schema_version").fetchone()
+        present = self.db["samples"].columns_dict if row and row[0] == SCHEMA_VERSION else {}
+        return bool(present) and all(field.name in present for field in sample_fields.SAMPLE_FIELDS)
+
     def _migrate(self) -> None:
+        if self._is_current():
+            return
         with self.transaction():  # a half-migrated file is never left behind
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = self.db.execute("SELECT version FROM schema_version").fetchone()
@@ -403,7 +418,48 @@ class Store:
             row = self.db["runs"].get(int(run_id))
         except (ValueError, _sqlite_utils().db.NotFoundError):
             raise UnknownRun(run_id) from None
-        return _decode_run(row)
+        return self._with_queue_positions([_decode_run(row)])[0]
+
+    def _with_queue_positions(self, runs: list[dict]) -> list[dict]:
+        """`runs`, each one waiting in the queue given its `queue_position` (1: the next on its host)."""
+        if any(run_queue.waits_in_queue(run) for run in runs):
+            waiting = self.db.execute(f"SELECT id, host FROM runs WHERE {WAITING_SQL} ORDER BY id").fetchall()
+            places = run_queue.positions([{"id": run_id, "host": host} for run_id, host in waiting])
+            for run in runs:
+                if run["id"] in places:
+                    run["queue_position"] = places[run["id"]]
+        return runs
+
+    def take_turn(self, run_id: int, may_start, **fields: Any) -> str | None:
+        """A queued run's supervisor asking whether it may start: `may_start(run, live)` is given the
+        run and the live runs of its host (itself included). Where it says yes, the run becomes
+        `running` (with `fields`) in the same write transaction as the check, so that two waiters
+        never both start on the same devices; the check is made once without the lock first, so that
+        waiters cost the running supervisors no lock. Returns the run's status after (`running`: its
+        turn came; `queued`: not yet; an end: it was ended meanwhile), None if the history does not
+        hold the run (runs.db replaced, the run not yet restored)."""
+
+        def check() -> str | None:
+            rows = [_decode_run(row) for row in self.db["runs"].rows_where(
+                "host IS (SELECT host FROM runs WHERE id = ?) AND status IN ('queued', 'running')", [run_id],
+                order_by="id")]
+            run = next((row for row in rows if row["id"] == run_id), None)
+            if run is None:
+                return self.get_run(run_id)["status"]  # ended, or UnknownRun
+            return "go" if run["status"] == "queued" and may_start(run, rows) else run["status"]
+
+        try:
+            if (status := check()) != "go":
+                return status
+            with self.transaction():
+                if (status := check()) == "go":
+                    sets = {"status": "running", **fields}
+                    self.db.conn.execute(f"UPDATE runs SET {', '.join(f'{key} = ?' for key in sets)} WHERE id = ?",
+                                         [*sets.values(), run_id])
+                    status = "running"
+            return status
+        except UnknownRun:
+            return None
 
     def find_run(self, ref: int | str) -> dict:
         """The run a user means by `ref`: its id (digits), else its label, which must name one run."""
@@ -429,7 +485,7 @@ class Store:
         if label is not None:
             where.append("label GLOB ?"), args.append(label)
         rows = self.db["runs"].rows_where(" AND ".join(where) or None, args, order_by="id desc", limit=limit)
-        return [_decode_run(r) for r in rows]
+        return self._with_queue_positions([_decode_run(r) for r in rows])
 
     def children(self, run_id: int) -> list[dict]:
         """The runs that continue `run_id` (`gpuscale resume`), oldest first."""
@@ -441,12 +497,13 @@ class Store:
 
     def live_runs(self) -> list[dict]:
         rows = self.db["runs"].rows_where("status IN ('queued', 'running')", order_by="id")
-        return [_decode_run(r) for r in rows]
+        return self._with_queue_positions([_decode_run(r) for r in rows])
 
     def live_ranks_on(self, host: str | None) -> int:
-        """The ranks of every live run on `host`, by their device plans (a plan that cannot be read
-        counts one rank)."""
-        rows = self.db.execute("SELECT run_dir FROM runs WHERE status IN ('queued', 'running') AND host IS ?", [host])
+        """The ranks of every live run on `host` but those still waiting in the queue, by their device
+        plans (a plan that cannot be read counts one rank)."""
+        rows = self.db.execute("SELECT run_dir FROM runs WHERE status IN ('queued', 'running') AND host IS ? "
+                               f"AND NOT {WAITING_SQL}", [host])
         return sum(_planned_ranks(run_dir) for (run_dir,) in rows)
 
     def runs_sharing_gpus(self, run_id: int, host: str | None, gpu_indices: list[int], start: float,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuscale.control import disk_space, telemetry
+from gpuscale.control import disk_space, run_queue, telemetry
 from gpuscale.control.metrics_tail import MetricsTailer, Throughput
 from gpuscale.control.run_errors import first_error, hint_for
 from gpuscale.control.store import Store, StoreError, UnknownRun
@@ -209,11 +209,16 @@ class Supervisor:
 
     def supervise(self) -> None:
         me = psutil.Process()
-        self.started_at = time.time()
-        self.store.update_run(
-            self.run_id, status="running", supervisor_pid=os.getpid(),
-            supervisor_started=me.create_time(), started_at=self.started_at,
-        )
+        mine = {"supervisor_pid": os.getpid(), "supervisor_started": me.create_time()}
+        if run_queue.waits_in_queue(self.run):
+            self.store.update_run(self.run_id, **mine)  # a waiter is a live supervisor: `reconcile` checks it
+            if not self.wait_for_turn():
+                self.end_in_queue()
+                self.close()
+                return
+        else:
+            self.started_at = time.time()
+            self.store.update_run(self.run_id, status="running", started_at=self.started_at, **mine)
         wall_start, cpu_start = time.monotonic(), sum(me.cpu_times()[:2])
         if not disk_space.keep_room(RunDir(self.run_dir).room_reserve):
             say(f"no room for {disk_space.size_text(disk_space.END_RESERVE_BYTES)} to record the run's end in "
@@ -236,6 +241,38 @@ class Supervisor:
         cpu_percent = 100.0 * (sum(me.cpu_times()[:2]) - cpu_start) / max(1e-9, time.monotonic() - wall_start)
         self.finish(launcher.returncode, cpu_percent, leftovers)
         self.close()
+
+    def wait_for_turn(self) -> bool:
+        """A run queued with `--queue`: wait until it may start (`run_queue.may_start`) and take its turn;
+        False where it was stopped (SIGTERM) or ended by another process meanwhile."""
+        slots = run_queue.cpu_slots()
+        demand = run_queue.Demand.of_plan(self.plan)
+        print(f"queued: waiting for {demand.describe(slots)}, behind the runs queued before it for them", flush=True)
+        while self.stop_requested_at is None:
+            status = self.take_turn(slots)
+            if status == "running":
+                self.started_at = self.store.get_run(self.run_id)["started_at"]
+                print(f"its turn came after {time.time() - self.run['created_at']:.1f} s queued", flush=True)
+                return True
+            if status not in (None, "queued"):
+                print(f"the run was recorded {status} while queued: nothing to start", flush=True)
+                return False
+            self._sleep_until(time.monotonic() + run_queue.POLL_S)
+        return False
+
+    def take_turn(self, slots: int) -> str | None:
+        """The run's status once it asked for its turn (`Store.take_turn`); None where the history
+        could not be read or does not hold the run now."""
+        status = []
+        self.write_history(lambda: status.append(self.store.take_turn(
+            self.run_id, lambda run, live: run_queue.may_start(run, live, slots), started_at=time.time())))
+        return status[0] if status else None
+
+    def end_in_queue(self) -> None:
+        """Stopped while it waited its turn: recorded `stopped`, nothing having started."""
+        end = {"error": None, "hint": "stopped while queued: it never started", "summary": {}}
+        RunDir(self.run_dir).record_end("stopped", **end)
+        self.write_history(lambda: self.store.finish_run(self.run_id, "stopped", **end))
 
     def close(self) -> None:
         """Close the wake-up socket pair (a supervisor made in a test process must not leak it)."""

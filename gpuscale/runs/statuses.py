@@ -4,7 +4,8 @@ every floor above `data/` may name them (the login node's store, the app, the be
 
 from __future__ import annotations
 
-# A run not yet ended: queued (recorded, its supervisor starting) or running.
+# A run not yet ended: queued (recorded, its supervisor starting, or with `--queue` waiting its turn:
+# control/run_queue.py) or running.
 LIVE_STATUSES = ("queued", "running")
 # Every status a run may have, the live ones first; the others are ends.
 STATUSES = (*LIVE_STATUSES, "succeeded", "failed", "stopped", "lost", "preempted")

@@ -75,6 +75,23 @@ def test_several_writers_at_once(tmp_path):
     assert len(store.metrics(run_id, "tokens")) == 800
 
 
+def test_opening_a_current_history_takes_no_write_lock(tmp_path):
+    """A front end or supervisor opening the history while another process writes does not wait for
+    the write lock (fifty runs started at once each opened it): only a migration takes it."""
+    Store(tmp_path).close()
+    writer = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # a supervisor's tick, held
+    try:
+        start = time.monotonic()
+        store = Store(tmp_path)
+        assert time.monotonic() - start < 5  # SQLite's busy wait would be its 30 s timeout
+        assert store.list_runs() == []
+        store.close()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
 def test_delete_run_removes_rows(tmp_path):
     store = Store(tmp_path)
     keep, gone = store.create_run("probe", {}, [], "h"), store.create_run("probe", {}, [], "h")

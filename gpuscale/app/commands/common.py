@@ -141,7 +141,9 @@ def print_table(rows: list[list[str]]) -> None:
 
 
 def public_run(run: dict) -> dict:
+    """The run as `--json` prints it; `queue_position` only for a run waiting in the queue (1: next)."""
     keys = ("id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error", "hint",
             "created_at", "exit_code", "run_dir", "host", "command", "progress", "supervisor_pid", "label",
             "parent_id")
-    return {key: run.get(key) for key in keys}
+    queued = {"queue_position": run["queue_position"]} if run.get("queue_position") else {}
+    return {**{key: run.get(key) for key in keys}, **queued}

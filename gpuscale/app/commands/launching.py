@@ -25,7 +25,7 @@ from gpuscale.app.commands.common import (
     public_run,
 )
 from gpuscale.app.views.collapse import run_collapse_warnings
-from gpuscale.app.views.runs import progress_line, summary_lines
+from gpuscale.app.views.runs import progress_line, status_text, summary_lines
 from gpuscale.control import launch
 from gpuscale.control.store import Store, gpuscale_home
 from gpuscale.data.tasks import parse_dataset
@@ -47,10 +47,18 @@ def add_run_options(parser: argparse.ArgumentParser, recipe_required: bool = Tru
     parser.add_argument("--node-rank", help="this node's rank in a multi-node job")
     parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node)")
     parser.add_argument("--label", help="a name for the run, shown by `gpuscale runs` and usable where its id is")
+    add_queue_option(parser)
     parser.add_argument("--slurm-requeue", action="store_true",
                         help="inside a job of `gpuscale sbatch --requeue`: a requeued job (SLURM_RESTART_COUNT > 0) "
                              "continues this node's run of the same SLURM_JOB_ID from its checkpoint, and a run "
                              "preempted by SLURM's signal exits 0 (the job requeues itself)")
+
+
+def add_queue_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue", action="store_true",
+                        help="wait, status queued, until the GPUs (on a machine without GPUs: the CPU ranks, out of "
+                             "its cores) the run asks for carry no other gpuscale run, first in first out; "
+                             "`gpuscale runs` shows its place")
 
 
 def add_follow_options(parser: argparse.ArgumentParser) -> None:
@@ -85,15 +93,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             continued = continue_slurm_job(store, recipe, settings, args, job, notes, label)
             if continued is not None:
                 return continued
-    run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label)
-    say_questions_left_out(store.get_run(run_id))
+    if not args.queue:
+        warn_if_oversubscribed(store, plan)
+    run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label, queue=args.queue)
+    run = store.get_run(run_id)
+    say_questions_left_out(run)
     say_file_domains(recipe, settings)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
-    print(f"run {run_id}: {recipe.name} on {plan.describe()}; Ctrl-C stops it, a closed terminal does not "
+    where = f", {status_text(run)}" if args.queue else ""
+    print(f"run {run_id}: {recipe.name} on {plan.describe()}{where}; Ctrl-C stops it, a closed terminal does not "
           f"(gpuscale logs {run_id} --follow)", file=sys.stderr)
     return follow_run(store, run_id, as_json=args.json, preempted_ok=job is not None)
+
+
+def warn_if_oversubscribed(store: Store, plan) -> None:
+    """One line on stderr where this run and the live ones would take more of the host's memory or
+    cores than it has (control/host_load.py); the run still starts."""
+    from gpuscale.control.host_load import oversubscription
+
+    if warning := oversubscription(store.live_runs(), plan.nproc):
+        print(warning, file=sys.stderr)
 
 
 def slurm_job(environ) -> dict:
@@ -253,7 +274,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         overrides["gpus"] = args.gpus
     label = {} if args.label is None else {"label": checked_label(args.label)}  # else the parent's
     # Refused before anything starts: nothing to resume from, or (without --force) resumed already.
-    run_id = launch.resume_run(store, recipe, parent, overrides, force=args.force, **label)
+    run_id = launch.resume_run(store, recipe, parent, overrides, force=args.force, queue=args.queue, **label)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
         return 0
@@ -324,6 +345,7 @@ def add_resume_parser(sub) -> None:
     p.add_argument("--force", action="store_true",
                    help="resume a run that was resumed before, again from the same checkpoint")
     p.add_argument("--label", help="a name for the new run (default: the run's own label)")
+    add_queue_option(p)
     add_follow_options(p)
     p.set_defaults(func=cmd_resume)
 

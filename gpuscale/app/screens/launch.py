@@ -76,6 +76,8 @@ class LaunchScreen(Screen):
         # ctrl+r and F5 reach the screen even while an input has the focus (typed letters would not).
         Binding("ctrl+r", "launch", "Launch run", priority=True),
         Binding("f5", "launch", "Launch run", show=False, priority=True),
+        # `gpuscale run --queue`: the run waits, queued, until its devices are free (README, "Many runs").
+        Binding("f6", "launch(True)", "Launch queued", show=False, priority=True),
     ]
 
     def __init__(self, **kwargs):
@@ -244,7 +246,7 @@ class LaunchScreen(Screen):
         line.update(text)
         line.display = bool(text)  # no empty row where there is nothing to say
 
-    def action_launch(self) -> None:
+    def action_launch(self, queue: bool = False) -> None:
         form = self.form()
         if form is None or self.launching:
             return
@@ -260,17 +262,18 @@ class LaunchScreen(Screen):
                 self.notify(f"not launched: {literal(self.not_ready)}", severity="error")
             return
         self.launching = True
-        self.notify(f"launching {literal(self.recipe.name)} on {literal(self.plan.describe())}…")
-        self._start(self.recipe, form.values(), self.plan)
+        queued = ", queued until its devices are free" if queue else ""
+        self.notify(f"launching {literal(self.recipe.name)} on {literal(self.plan.describe())}{queued}…")
+        self._start(self.recipe, form.values(), self.plan, queue)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
-    def _start(self, recipe, values: dict, plan) -> None:
+    def _start(self, recipe, values: dict, plan, queue: bool = False) -> None:
         """The batch resolved as the CLI resolves it (`auto`: stored, tuned first, or the CPU default),
-        then the run started, with where its batch came from in its notes."""
+        then the run started, with where its batch came from in its notes; `queue`: as `--queue`."""
         try:
             store = self.app.store()
             settings, notes = settings_with_batch(recipe, values, store, on_tune_line=self._tuning_output)
-            run_id = launch.start_run(store, recipe, settings, plan, notes=notes)
+            run_id = launch.start_run(store, recipe, settings, plan, notes=notes, queue=queue)
         except Exception as exc:  # e.g. tuning failed, or the run folder cannot be written
             self.app.from_thread(self._failed, exc)
             return

@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from gpuscale.app.screens.dialogs import ConfirmDialog
-from gpuscale.app.views.runs import run_title
+from gpuscale.app.views.runs import run_title, status_text
 from gpuscale.app.widgets.plain import literal
 from gpuscale.app.widgets.run_monitor import RunMonitor
 from gpuscale.control import launch
@@ -26,7 +26,7 @@ LIVE_RUNS_EVERY_S = 2.0
 
 def tab_title(run: dict) -> str:
     marker = "●" if run["status"] in LIVE_STATUSES else "○"
-    return f"{marker} {run_title(run)} {run['status']}"
+    return f"{marker} {run_title(run)} {status_text(run)}"
 
 
 class MonitorScreen(Screen):

@@ -60,12 +60,20 @@ def eta_s(progress: dict, started_at: float | None) -> float | None:
     return (at - started_at) * (total - step) / step
 
 
+def status_text(run: dict) -> str:
+    """The run's status; a run waiting in the queue (`--queue`) with its place: `queued #2` (#1 is
+    the next to start on its host)."""
+    if run["status"] == "queued" and run.get("queue_position"):
+        return f"queued #{run['queue_position']}"
+    return run["status"]
+
+
 def status_line(run: dict, now: float) -> str:
     """`running · 1:23 elapsed · step 40/100 (40%) · ETA 2:04`; `stopping` once a stop was asked for
     (no ETA then), and no elapsed time before the run started."""
     progress = run.get("progress") or {}
     stopping = run["status"] == "running" and progress.get("stopping")
-    parts = ["stopping" if stopping else run["status"]]
+    parts = ["stopping" if stopping else status_text(run)]
     if (elapsed := elapsed_s(run, now)) is not None:
         parts.append(f"{format_duration(elapsed)} elapsed")
     step, total = progress.get("step") or 0, progress.get("total")
@@ -278,7 +286,7 @@ def lineage_lines(run: dict, children: list[dict]) -> list[str]:
 
 def run_row(run: dict, now: float) -> tuple[str, ...]:
     """The run's cells under RUN_COLUMNS."""
-    return (run_id_text(run), run["recipe"], run["status"], format_duration(elapsed_s(run, now)),
+    return (run_id_text(run), run["recipe"], status_text(run), format_duration(elapsed_s(run, now)),
             key_figures_text(run), format_time(run["started_at"]))
 
 
