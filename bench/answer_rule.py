@@ -49,7 +49,7 @@ def held_out_rows(run_dir: Path) -> list[tuple[str, dict]]:
                           (run.held_out_answers, lambda row: f"step{row['step']} {row['phase']}")):
         if path.exists():
             rows += [(name_of(row), row) for row in map(json.loads, path.read_text().splitlines())]
-    return rows
+    return [(name, row) for name, row in rows if "gold" in row]  # rft's results.jsonl: its kept answers
 
 
 def held_out_under_both(run_dir: Path) -> dict[str, dict]:
@@ -73,9 +73,13 @@ def held_out_under_both(run_dir: Path) -> dict[str, dict]:
 
 
 def generations_read_differently(run_dir: Path) -> dict[str, int]:
-    """Per phase: records kept, and those with a `####` that the two rules read differently."""
+    """Per phase: records kept, and those with a `####` that the two rules read differently; rft's
+    kept answers (its results.jsonl, the rows it trains on) as the phase `kept for training`."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: {"records": 0, "read_differently": 0})
-    for record in read_generations(run_dir):
+    results = RunDir(run_dir).results
+    kept = [row for row in map(json.loads, results.read_text().splitlines()) if "gold" not in row] \
+        if results.exists() else []
+    for record in read_generations(run_dir) + [{**row, "phase": "kept for training"} for row in kept]:
         text = record.get("completion") or ""
         phase = counts[str(record.get("phase"))]
         phase["records"] += 1
