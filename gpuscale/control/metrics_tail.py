@@ -6,6 +6,10 @@ per-rank and total rates over a sliding window, and combines every other figure 
 rank logs its own running value (its accuracy so far, its acceptance rate), so the run's figure is
 each rank's latest value weighted by the samples that rank has done. The supervisor stores the
 combined values as metric rows of rank RUN_WIDE_RANK, which the front ends chart.
+
+Every line a rank writes is also its heartbeat (runs/heartbeat.py): `MetricsTailer.take_beats` hands
+the supervisor's hang watch (control/hang_watch.py) each rank's lines since the last call, as
+`Beat`s: when, at which step, in which phase.
 """
 
 from __future__ import annotations
@@ -13,12 +17,37 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpuscale.runs import heartbeat
 
 RATE_WINDOW_S = 10.0
 # The rank of the metric rows that hold a figure combined over every rank (see Throughput.combined).
 RUN_WIDE_RANK = -1
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A line a rank wrote: at `t`, at `step` and in `phase` (None where the line does not say: a
+    summary, the announced total)."""
+
+    rank: int
+    t: float
+    step: int | None
+    phase: str | None
+
+
+def beat_of(record: dict) -> Beat:
+    """What a metric line says of its rank's progress: a heartbeat its phase and step, a logged step
+    that the rank is stepping, a summary or the total only that the rank lives."""
+    rank, t = int(record.get("rank", -1)), float(record["t"])
+    if heartbeat.BEAT_KEY in record:
+        return Beat(rank, t, int(record.get("step", 0)), str(record[heartbeat.BEAT_KEY]))
+    if "summary" in record or "total" in record:
+        return Beat(rank, t, None, None)
+    return Beat(rank, t, int(record.get("step", 0)), heartbeat.STEP)
 
 
 class MetricsTailer:
@@ -33,6 +62,12 @@ class MetricsTailer:
         # figure is not finite. Such values are not stored (SQLite has no NaN, and one would poison
         # every mean and chart), but a loss that turned nan is the first thing a user must see.
         self._nonfinite: dict[tuple[str, int], tuple[int, str]] = {}
+        self._beats: list[Beat] = []
+
+    def take_beats(self) -> list[Beat]:
+        """The ranks' lines read since the last call, as heartbeats, in the order read."""
+        beats, self._beats = self._beats, []
+        return beats
 
     def read_new(self) -> list[dict]:
         rows: list[dict] = []
@@ -58,6 +93,8 @@ class MetricsTailer:
 
     def _to_rows(self, record: dict) -> list[dict]:
         rank = int(record.get("rank", -1))
+        if "t" in record:
+            self._beats.append(beat_of(record))
         if "summary" in record:
             # Each summary record is merged over the earlier ones: a partial one (figures so far,
             # the run going on) stays marked partial until a whole one comes.

@@ -8,13 +8,15 @@ and for a failed run the failing rank's first error line and a hint. A run that 
 wrote its summary and results (stopped, failed) keeps what it did: the ranks' results files merged
 into results.jsonl, and a summary of the figures so far marked partial. No process of the run outlives it:
 the launcher dies with it (PR_SET_PDEATHSIG) and, at the end, anything still carrying the run's mark is
-killed.
+killed. A run none of whose ranks advances for its `hang_timeout` is ended as hung
+(control/hang_watch.py): every rank's stacks asked for, then the stop above, the run `failed`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -29,11 +31,13 @@ from pathlib import Path
 
 import psutil
 
-from gpuscale.control import disk_space, run_queue, telemetry
+from gpuscale.control import disk_space, hang_watch, run_queue, telemetry
 from gpuscale.control.metrics_tail import MetricsTailer, Throughput
 from gpuscale.control.run_errors import first_error, hint_for
 from gpuscale.control.store import Store, StoreError, UnknownRun
+from gpuscale.runs.checkpoints import latest_checkpoint
 from gpuscale.runs.devices import visible_gpu_indices
+from gpuscale.runs.heartbeat import STACKS_SIGNAL
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir, merge_results
 
@@ -44,6 +48,9 @@ PREEMPT_RESEND_S = 5.0
 RANK_MODULE = "gpuscale.recipes"  # a rank is `python -m gpuscale.recipes ...` (recipes/__main__.py)
 # Metric rows kept while the history cannot be written (all are in the ranks' metric files too).
 MAX_UNSENT_ROWS = 100_000
+# How long the ranks of a hung run have to write their stacks (faulthandler writes at once; a rank that
+# has not by then is stopped, or blocked where no signal is taken).
+STACKS_WAIT_S = 3.0
 
 
 class Supervisor:
@@ -62,6 +69,12 @@ class Supervisor:
         self.throughput = Throughput()
         self.tailer = MetricsTailer(RunDir(self.run_dir).metrics_dir, run_id)
         self.started_at = time.time()
+        settings = self.run["settings"]
+        first_rank = int(settings.get("node_rank", 0)) * self.plan["nproc"]
+        self.hangs = hang_watch.HangWatch(settings.get("hang_timeout"), self.started_at,
+                                          range(first_rank, first_rank + self.plan["nproc"]))
+        self.hung_error: str | None = None  # the run was ended as hung: its error
+        self.gpu_samples: list[dict] = []  # the latest telemetry of the run's GPUs, for a hung run's error
         self.energy: telemetry.EnergyMeter | None = None  # read from when the launcher starts (supervise)
         self.history_failing = False
         # Metric rows not yet in the history (kept while it cannot be written), and after runs.db was
@@ -122,11 +135,15 @@ class Supervisor:
         self.throughput.add(rows)
         rows += self.throughput.run_wide_rows(self.run_id)  # the figures combined over the ranks
         samples = sampler.sample(now) if sampler else []
+        self.gpu_samples = [sample for sample in samples if sample["kind"] == "gpu"] or self.gpu_samples
+        self.hangs.saw(self.tailer.take_beats())
         progress = self.throughput.progress(now)
         if nonfinite := self.tailer.nonfinite():
             progress["nonfinite"] = nonfinite  # the front ends warn (app/views/collapse.py)
         if self.stop_requested_at is not None:
             progress["stopping"] = True  # the front ends then show no ETA while the ranks wind down
+        else:
+            progress.update(self.hangs.progress(now))  # a late rank: the front ends warn
 
         self.unsent = (self.unsent + rows)[-MAX_UNSENT_ROWS:]  # older ones are in the metric files
 
@@ -195,6 +212,50 @@ class Supervisor:
             except psutil.Error:
                 pass
 
+    def rank_processes(self) -> dict[int, psutil.Process]:
+        """The run's rank processes by rank (a helper a rank started carries no RANK of its own module)."""
+        ranks = {}
+        for proc in run_processes(str(self.run_dir)):
+            try:
+                if RANK_MODULE in proc.cmdline() and "RANK" in (env := proc.environ()):
+                    ranks[int(env["RANK"])] = proc
+            except (psutil.Error, ValueError):
+                pass
+        return ranks
+
+    def end_hung(self, stands: list[hang_watch.RankStand]) -> None:
+        """No rank advanced within its allowance: ask every rank for its stacks, say where each stood
+        (RunDir.hung, and the error's one line), and stop the run the usual way; it ends `failed`."""
+        folder = RunDir(self.run_dir)
+        processes = self.rank_processes()
+        states = {rank: process_state(processes.get(rank)) for rank in (stand.rank for stand in stands)}
+        asked = {rank: proc for rank, proc in processes.items() if states.get(rank) != "stopped"}
+        for proc in asked.values():
+            try:
+                proc.send_signal(STACKS_SIGNAL)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while time.monotonic() < deadline and not all(stacks_written(folder, rank) for rank in asked):
+            time.sleep(0.1)
+        time.sleep(0.2)  # the last thread's stack may still be being written
+        places = {stand.rank: hang_watch.where(hang_watch.main_thread_frames(read_stacks(folder, stand.rank)))
+                  for stand in stands}
+        self.hung_error = hang_watch.hung_error(stands, states, places, folder.errors_dir, self.idle_gpus())
+        record = {"error": self.hung_error, "timeout_s": self.hangs.timeout_s(),
+                  "step_time_p95_s": self.hangs.step_time_p95(),
+                  "ranks": [{**dataclasses.asdict(stand), "state": states.get(stand.rank),
+                             "where": places.get(stand.rank)} for stand in stands]}
+        with contextlib.suppress(OSError):  # a full disk: the error line still ends the run
+            folder.hung.write_text(json.dumps(record, indent=2))
+        say(self.hung_error)
+        self._request_stop()
+
+    def idle_gpus(self) -> list[int]:
+        """NVML's word on a hung run: its GPUs, if every one was at 0% utilization in the latest sample."""
+        idle = [sample["idx"] for sample in self.gpu_samples if sample.get("util") == 0]
+        return idle if len(idle) == len(self.gpu_samples) else []
+
     def enforce_stop(self, launcher: subprocess.Popen) -> None:
         """SIGTERM the launcher's group once; SIGKILL everything of the run after the grace time."""
         if self.stop_requested_at is None:
@@ -233,6 +294,8 @@ class Supervisor:
             self.pass_preemption_on()
             if time.monotonic() >= next_tick:
                 self.tick(sampler)
+                if self.stop_requested_at is None and (stands := self.hangs.hung(time.time())):
+                    self.end_hung(stands)
                 next_tick = time.monotonic() + self.interval
             # Signals and the launcher's exit wake the loop early; while stopping, check the grace time often.
             self._sleep_until(next_tick if self.stop_requested_at is None else time.monotonic() + 0.2)
@@ -322,7 +385,9 @@ class Supervisor:
         disk_space.free_room(RunDir(self.run_dir).room_reserve)  # the end is written in it on a full disk
         if leftovers:
             say(f"killed {leftovers} leftover process(es) of the run")
-        if self.stop_requested_at is not None:
+        if self.hung_error is not None:
+            status, error, hint = "failed", self.hung_error, hung_hint(self.run_id, self.run_dir)
+        elif self.stop_requested_at is not None:
             status, error, hint = "stopped", None, None
         elif self.preempt_requested_at is not None and self.preempted() is not None:
             # The ranks ended as asked (a peer's exit code may say it lost rank 0 meanwhile).
@@ -336,6 +401,7 @@ class Supervisor:
         # their own files, where a full disk leaves no room for the merge).
         with contextlib.suppress(OSError):
             merge_results(self.run_dir)
+        remove_unasked_stacks(self.run_dir)
         progress = self.throughput.progress(time.time(), finished=True)
         if nonfinite := self.tailer.nonfinite():
             progress["nonfinite"] = nonfinite
@@ -386,6 +452,45 @@ def failure(run_dir: Path, home: Path, exit_code: int, settings: dict) -> tuple[
     if disk_space.mentions_disk_full(error) or disk_space.short_of_room(run_dir):
         return disk_space.disk_full_line(home), f"the disk filled during the run; {error}"
     return error, hint_for(error, settings) if hint is None else hint
+
+
+def process_state(proc: psutil.Process | None) -> str:
+    """psutil's state of a rank's process (`stopped`, `sleeping`, `disk-sleep`...), `gone` for none."""
+    try:
+        return proc.status() if proc is not None else "gone"
+    except psutil.Error:
+        return "gone"
+
+
+def read_stacks(folder: RunDir, rank: int) -> str:
+    try:
+        return folder.stacks(rank).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def stacks_written(folder: RunDir, rank: int) -> bool:
+    return bool(read_stacks(folder, rank).strip())
+
+
+def remove_unasked_stacks(run_dir: Path) -> None:
+    """Each rank keeps its stacks file open from its start, empty unless the supervisor asked for its
+    stacks: the empty ones go, so that errors/ holds only what was written."""
+    for path in RunDir(run_dir).stacks_files():
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def hung_hint(run_id: int, run_dir: Path) -> str:
+    """What to do after a hung run: resume from its last checkpoint, the stacks saying where it stood."""
+    checkpoint = latest_checkpoint(run_dir)
+    go_on = (f"`gpuscale resume {run_id}` goes on from {checkpoint.name}" if checkpoint else
+             "it wrote no checkpoint: run it again (checkpoint_every sets how often one is written)")
+    return (f"{go_on}; errors/hung.json and the stacks say where each rank stood (`gpuscale logs {run_id}` "
+            "for what it printed)")
 
 
 def launcher_preexec() -> None:

@@ -9,6 +9,7 @@ for the supervisor before exiting non-zero.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from gpuscale.data.precision import device_precision, torch_dtype
 from gpuscale.data.seeds import derived_seed
 from gpuscale.engines import preemption
 from gpuscale.engines.reporter import NonFiniteFigure, Reporter
+from gpuscale.runs import heartbeat
 from gpuscale.runs.process import die_with_parent
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings, SettingsError, describe_validation_error
@@ -235,6 +237,7 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
     reporter = Reporter(run_dir, rank)
     status = 0
     preemption.install()  # SIGUSR1: write a checkpoint where the recipe can, and end (engines/preemption.py)
+    answer_stack_requests(run_dir, rank)
     try:
         settings = read_settings(settings_cls, settings_path)
         ctx = init_rank(settings, run_dir)
@@ -257,6 +260,16 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
         if dist.is_initialized():
             dist.destroy_process_group()
     _exit_without_finalization(status)
+
+
+def answer_stack_requests(run_dir: Path, rank: int) -> None:
+    """On STACKS_SIGNAL, write every thread's Python stack to RunDir.stacks(rank): the supervisor of a
+    run that stopped advancing asks for them before it ends the run (control/hang_watch.py).
+    faulthandler writes from the signal handler itself, so a rank blocked in a collective answers too."""
+    path = RunDir(run_dir).stacks(rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Kept open for the rank's life (faulthandler holds it); empty unless asked, and then removed.
+    faulthandler.register(heartbeat.STACKS_SIGNAL, file=open(path, "w"), all_threads=True)  # noqa: SIM115
 
 
 def _exit_without_finalization(status: int) -> None:

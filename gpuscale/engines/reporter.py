@@ -5,6 +5,10 @@ final figures (rank 0's is the run's summary); a summary may be written in parts
 (`partial=True`), each later part merged over the earlier ones, so that a rank that dies keeps the
 figures it had measured. A plain file keeps ranks free of database locks and
 works the same on every node. The supervisor reads the files back with `gpuscale.control.metrics_tail`.
+
+The same file carries the rank's heartbeat (runs/heartbeat.py): every line it writes says the rank
+advanced, and `beat(phase)` (anywhere in the rank: the module's `beat` finds the rank's Reporter) says
+what it is doing now, loading, a step, an evaluation or a save, without a line per call.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuscale.runs import heartbeat
 from gpuscale.runs.run_dir import RunDir
+
+# The rank's Reporter, for `beat` (one a process: the rank's; the latest made, in a test).
+_current: Reporter | None = None
 
 
 class Reporter:
     def __init__(self, run_dir: str | Path, rank: int):
+        global _current
         self.rank = rank
         path = RunDir(run_dir).metrics(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,16 +38,30 @@ class Reporter:
         fault = _parse_fault(os.environ.get("GPUSCALE_INJECT_FAULT"), rank)
         # Faults at a named point of a recipe (POINT_FAULTS) fire there, not at a logged step.
         self._fault = fault if fault and fault[0] not in POINT_FAULTS else None
+        self._step, self._phase, self._written_at = 0, "", 0.0
+        _current = self
+        self.beat(heartbeat.LOADING)
 
     def log(self, step: int, **scalars: float) -> None:
         record = {"t": time.time(), "rank": self.rank, "step": int(step)}
         record.update({k: float(v) for k, v in scalars.items() if v is not None})
-        self._file.write(json.dumps(record) + "\n")
+        self._step, self._phase = int(step), heartbeat.STEP  # a logged step: the rank is stepping
+        self._write(record)
         self._maybe_fail(step)
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        """The rank advanced, and is now in `phase` (runs/heartbeat.py), at `step` (None: the step it
+        last logged or beat). Written at once on a change of phase, else at most every BEAT_EVERY_S."""
+        now = time.time()
+        self._step = self._step if step is None else int(step)
+        if phase == self._phase and now - self._written_at < heartbeat.BEAT_EVERY_S:
+            return
+        self._phase = phase
+        self._write({"t": now, "rank": self.rank, "step": self._step, heartbeat.BEAT_KEY: phase})
 
     def total(self, steps: int) -> None:
         """How many steps this rank will log in all: the front ends show progress and ETA from it."""
-        self._file.write(json.dumps({"t": time.time(), "rank": self.rank, "step": 0, "total": steps}) + "\n")
+        self._write({"t": time.time(), "rank": self.rank, "step": 0, "total": steps})
 
     def summary(self, figures: dict[str, Any], partial: bool = False) -> None:
         """The rank's final figures. `partial=True`: the figures known so far (the run goes on); the
@@ -47,10 +70,17 @@ class Reporter:
         record = {"t": time.time(), "rank": self.rank, "summary": figures}
         if partial:
             record["partial"] = True
-        self._file.write(json.dumps(record) + "\n")
+        self._write(record)
 
     def close(self) -> None:
+        global _current
         self._file.close()
+        if _current is self:
+            _current = None
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._written_at = record["t"]
 
     def _maybe_fail(self, step: int) -> None:
         # Fault injection, for testing failure handling end to end: GPUSCALE_INJECT_FAULT=RANK:KIND:STEP
@@ -66,6 +96,13 @@ class Reporter:
             if kind == "kill":  # as the kernel's out-of-memory killer ends a rank: no error file, no traceback
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault on rank {self.rank} at step {step}")
+
+
+def beat(phase: str, step: int | None = None) -> None:
+    """`Reporter.beat` on this rank's Reporter, from code that is not handed it (the evaluation's
+    batches, a checkpoint's writing); nothing outside a rank."""
+    if _current is not None:
+        _current.beat(phase, step)
 
 
 # Fault kinds that fire at a named point of a recipe rather than at a logged step: the final held-out

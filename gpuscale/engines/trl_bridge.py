@@ -41,6 +41,7 @@ from transformers import TrainerCallback
 
 from gpuscale.engines.reporter import NonFiniteFigure, non_finite_message
 from gpuscale.engines.trl_checkpoints import checkpoint_args
+from gpuscale.runs import heartbeat
 from gpuscale.runs.run_dir import RunDir
 
 # Keys of a trainer's logs that are not per-step figures.
@@ -88,12 +89,20 @@ class ReporterCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.reporter.total(int(state.max_steps))
+        self.reporter.beat(heartbeat.STEP, int(state.global_step))  # the first step (compiling, warming up)
         self._last_step = int(state.global_step)
         self._last_time = time.perf_counter()
         if model is not None and self._hook is None:
             self._hook = model.register_forward_pre_hook(self._count_own, with_kwargs=True)
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.reporter.beat(heartbeat.STEP)  # back from a save or an evaluation (at most a line a second)
+
+    def on_save(self, args, state, control, **kwargs):
+        self.reporter.beat(heartbeat.STEP)  # the checkpoint is written
+
     def on_train_end(self, args, state, control, **kwargs):
+        self.reporter.beat(heartbeat.SAVE)  # what follows training: the final checkpoint, a merge, the model saved
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -135,6 +144,11 @@ class ReporterCallback(TrainerCallback):
                 record["mfu"] = self.mfu_of(rate)
         self._last_step = step
         self.reporter.log(step=step, **record)
+        # transformers logs a step before it evaluates or saves it: the phase that comes next.
+        if control.should_save:
+            self.reporter.beat(heartbeat.SAVE)
+        elif control.should_evaluate:
+            self.reporter.beat(heartbeat.EVALUATE)
 
     def steady_tokens_per_s(self) -> float | None:
         """The run's steady rate: the median of the logged intervals' global tokens/s (one interval an

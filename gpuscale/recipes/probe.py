@@ -31,6 +31,7 @@ from pydantic import Field
 
 from gpuscale.data.node_check import Repeats, repeats_rate
 from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.runs import heartbeat
 from gpuscale.runs.settings import RunSettings
 
 
@@ -140,6 +141,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     laps.lap("decode loop")
+    reporter.beat(heartbeat.EVALUATE)  # the node check: measurements, not steps, and collectives among them
     mine.update(hardware, **node_check(model, settings, ctx, laps))
     print(laps.line(), flush=True)
     everyone = ctx.gather(mine)

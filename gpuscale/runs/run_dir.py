@@ -12,6 +12,8 @@ writes under RUN_DIR goes through `RunDir`.
         logs/supervisor.log     the supervisor's
         metrics/rank<R>.jsonl   each rank's metric lines (engines.reporter.Reporter)
         errors/rank<R>.json     the error a rank died of
+        errors/stacks-rank<R>.txt  each rank's Python stacks, asked for by the supervisor of a hung run
+        errors/hung.json        where each rank stood when its run was ended as hung (control/hang_watch.py)
         results/rank<R>.jsonl   each rank's per-example results, as they are done
         results.jsonl           every rank's results merged, in example order
         generations.jsonl       a bounded selection of what the model generated, by step
@@ -144,6 +146,10 @@ class RunDir:
     def error(self, rank: int) -> Path:
         return self.errors_dir / f"rank{rank}.json"
 
+    def stacks(self, rank: int) -> Path:
+        """Where the rank's Python stacks go when the supervisor asks for them (runs/heartbeat.py)."""
+        return self.errors_dir / f"stacks-rank{rank}.txt"
+
     def rank_results(self, rank: int) -> Path:
         return self.results_dir / f"rank{rank}.jsonl"
 
@@ -155,6 +161,11 @@ class RunDir:
     def supervisor_log(self) -> Path:
         return self.logs / "supervisor.log"
 
+    @property
+    def hung(self) -> Path:
+        """Where each rank stood when the run was ended as hung (phase, step, silence, stack)."""
+        return self.errors_dir / "hung.json"
+
     # ---- every rank's files ----
 
     def rank_logs(self) -> list[Path]:
@@ -165,6 +176,9 @@ class RunDir:
 
     def error_files(self) -> list[Path]:
         return sorted(self.errors_dir.glob("rank*.json"))
+
+    def stacks_files(self) -> list[Path]:
+        return sorted(self.errors_dir.glob("stacks-rank*.txt"))
 
     def rank_results_files(self) -> list[Path]:
         return sorted(self.results_dir.glob("rank*.jsonl"))

@@ -8,15 +8,22 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import TrainerControl
 
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
 from gpuscale.engines.trl_bridge import ReporterCallback, metric_name, trainer_args
 from gpuscale.recipes.sft import Settings
+from gpuscale.runs.heartbeat import BEAT_KEY
+
+
+def lines(run_dir, rank):
+    return [json.loads(line) for line in (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
 def records(run_dir, rank):
-    return [json.loads(line) for line in (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
+    """The rank's metric records, its heartbeats left out (test_heartbeats_follow_a_real_trainer has them)."""
+    return [record for record in lines(run_dir, rank) if BEAT_KEY not in record]
 
 
 def fake_trainer(rank: int, batch: int = 2, accumulation: int = 3):
@@ -41,10 +48,10 @@ def test_trl_logs_become_records_with_token_deltas_shared_by_the_ranks(tmp_path,
     reporter = Reporter(tmp_path, rank)
     callback = ReporterCallback(reporter, world_size=2)
     args, state = fake_trainer(rank)
-    callback.on_train_begin(args, state, None)
+    callback.on_train_begin(args, state, TrainerControl())
     for step, logs in TRL_LOGS:
         state.global_step = step
-        callback.on_log(args, state, None, logs=dict(logs))
+        callback.on_log(args, state, TrainerControl(), logs=dict(logs))
     reporter.close()
 
     total, first, second = records(tmp_path, rank)  # the final log is not a step record
@@ -78,7 +85,7 @@ def test_a_rank_reports_the_tokens_of_its_own_training_passes(tmp_path):
     reporter = Reporter(tmp_path, 1)
     callback = ReporterCallback(reporter, world_size=4)
     args, state = fake_trainer(1)
-    callback.on_train_begin(args, state, None, model=model)
+    callback.on_train_begin(args, state, TrainerControl(), model=model)
     ids = torch.ones(2, 6, dtype=torch.long)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])  # 9 tokens, 3 of padding
     model(input_ids=ids, attention_mask=mask)
@@ -86,10 +93,10 @@ def test_a_rank_reports_the_tokens_of_its_own_training_passes(tmp_path):
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)  # a generation or reference pass
     state.global_step = 1
-    callback.on_log(args, state, None, logs={"loss": 1.0, "num_tokens": 100.0})
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0, "num_tokens": 100.0})
     model(input_ids=ids, attention_mask=mask)
     state.global_step = 2
-    callback.on_log(args, state, None, logs={"loss": 1.0, "num_tokens": 140.0})
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0, "num_tokens": 140.0})
     callback.on_train_end(args, state, None)
     model(input_ids=ids, attention_mask=mask)  # after training: the hook is gone
     reporter.close()
@@ -173,6 +180,38 @@ def test_a_real_trainer_reports_every_step(tmp_path):
     assert all(r["loss"] > 0 and r["samples"] == 2 for r in steps)
     assert sum(r["tokens"] for r in steps) == trainer.state.num_input_tokens_seen > 0
     assert "train_loss" in callback.final
+
+
+def test_heartbeats_follow_a_real_trainer_through_its_steps_and_checkpoints(tmp_path):
+    """transformers' Trainer with a checkpoint at step 2: the rank's lines say it loads, steps, saves
+    (written after the step's log, before the checkpoint), steps again, and saves after training; the
+    supervisor's tailer reads them as heartbeats (control/metrics_tail.py), one per line."""
+    from transformers import Trainer, TrainingArguments
+
+    from gpuscale.control.metrics_tail import MetricsTailer
+    from gpuscale.data.models import load_model
+
+    model, tokenizer = load_model("tiny-math")
+    rows = [tokenizer(f"Ann has {n} apples.", add_special_tokens=False)["input_ids"] for n in range(8)]
+    settings = Settings(batch_size=2, max_steps=3, learning_rate=1e-3, checkpoint_every=2)
+    ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
+    reporter = Reporter(tmp_path, 0)
+    args = trainer_args(settings, ctx, TrainingArguments, remove_unused_columns=False)
+    trainer = Trainer(model=model.train(), args=args, train_dataset=[{"input_ids": r, "labels": r} for r in rows],
+                      callbacks=[ReporterCallback(reporter)])
+    trainer.train()
+    reporter.close()
+
+    written = lines(tmp_path, 0)
+    phases = [(record.get(BEAT_KEY, "log"), record["step"]) for record in written if "total" not in record]
+    assert phases[:2] == [("loading", 0), ("step", 0)]
+    assert phases[phases.index(("log", 2)) + 1] == ("save", 2)  # announced before the checkpoint is written
+    assert ("step", 2) in phases[phases.index(("save", 2)):]  # on_save: back to stepping
+    assert phases[-1] == ("save", 3)  # after training: the final save and what follows it
+    beats = MetricsTailer(tmp_path / "metrics", 1)
+    beats.read_new()
+    assert [(b.phase, b.step) for b in beats.take_beats() if b.phase is not None] == [
+        (phase if phase != "log" else "step", step) for phase, step in phases]
 
 
 def test_a_config_with_the_older_checkpointing_name_gets_it(tmp_path):

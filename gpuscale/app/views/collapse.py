@@ -10,7 +10,9 @@ while learning nothing. Pointed out while it happens, the way `waste` points out
 - beside them, not a collapse but waste of the same kind: a training run's MFU under 10% step after
   step (`low_mfu_warnings`);
 - and a cause of one: the trainer's log-probs of the sampled tokens far from the sampler's step after
-  step (`policy_mismatch_warnings`): GRPO then trains on another policy's completions.
+  step (`policy_mismatch_warnings`): GRPO then trains on another policy's completions;
+- first of all, a run that may have stopped advancing: a rank late in its step (`late_warnings`, from
+  the supervisor's hang watch, control/hang_watch.py), before the run is ended as hung.
 
 Names are the ranks' metric names (TRL's `completions/clipped_ratio` becomes
 `completions_clipped_ratio`, see `gpuscale.engines.trl_bridge.metric_name`). `collapse_warnings` is
@@ -130,13 +132,32 @@ def policy_mismatch_warnings(history: dict[str, list[tuple[int, float]]], steps:
             f"sampler's (over {format_number(MISMATCH_BOUND)}) over the last {steps} steps — {ALIGN_PRECISION}"]
 
 
+def late_warnings(progress: dict) -> list[str]:
+    """The ranks the supervisor found late in a step (progress `late`: silent for 3x their p95 step time),
+    one line: `rank 1 late: no progress for 45 s at step 138 (3x its p95 step time, 1.2 s); the run ends
+    as hung after 120 s without progress (hang_timeout)`."""
+    late = progress.get("late")
+    if not late:
+        return []
+    ranks = [entry["rank"] for entry in late]
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    silent, step = max(entry["silent_s"] for entry in late), min(entry["step"] for entry in late)
+    pace = max(entry["p95_s"] for entry in late)
+    timeout = progress.get("hang_timeout_s")
+    end = (f"the run ends as hung after {timeout:.0f} s without progress (hang_timeout)" if timeout
+           else "hang_timeout is off: nothing ends it")
+    return [f"{who} late: no progress for {silent:.0f} s at step {step} (over 3x the p95 step time, "
+            f"{format_number(pace)} s); {end}"]
+
+
 def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) -> list[str]:
-    """`collapse_warnings` for a run of the store: its last `steps` logged steps of the watched
-    figures, and the figures its supervisor saw turn non-finite (in the run's progress); then
-    `low_mfu_warnings` and `policy_mismatch_warnings`."""
+    """`late_warnings` of a run of the store, then `collapse_warnings`: its last `steps` logged steps of
+    the watched figures, and the figures its supervisor saw turn non-finite (in the run's progress);
+    then `low_mfu_warnings` and `policy_mismatch_warnings`."""
     history = store.recent_steps(run["id"], (*WATCHED, MFU, MISMATCH), max(steps, MISMATCH_STEPS))
-    nonfinite = (run.get("progress") or {}).get("nonfinite")
+    progress = run.get("progress") or {}
     recipe = known_recipe(run.get("recipe"))
     explores = recipe is not None and recipe.explores
-    return (collapse_warnings(history, run.get("settings"), nonfinite, steps, explores)
+    return (late_warnings(progress) + collapse_warnings(history, run.get("settings"), progress.get("nonfinite"), steps,
+                                                        explores)
             + low_mfu_warnings(history, steps) + policy_mismatch_warnings(history))

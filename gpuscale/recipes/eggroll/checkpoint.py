@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from gpuscale.data.seeds import derived_seed
+from gpuscale.engines.reporter import beat
 from gpuscale.runs.checkpoints import prune_checkpoints, writing_checkpoint
+from gpuscale.runs.heartbeat import SAVE
 
 STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
@@ -35,6 +37,7 @@ def save(trainer, step: int, history: dict) -> Path | None:
     """Every rank calls it (the ranks' generator states are gathered); rank 0 writes. `history`:
     the JSON-able figures so far (fitness means, tokens, the `before` accuracies)."""
     ctx, settings = trainer.ctx, trainer.settings
+    beat(SAVE)
     generators = ctx.gather(trainer.generator.get_state().cpu())
     if not ctx.is_main:
         return None

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from gpuscale.data.seeds import derived_seed
 from gpuscale.engines import preemption
 from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
+from gpuscale.runs import heartbeat
 from gpuscale.runs.generations import GenerationLog, generation_record
 from gpuscale.runs.run_dir import RunDir
 
@@ -65,6 +66,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     step_seconds, fitness_means, tokens_total = [], list(history.get("fitness_means", [])), 0
     with preemption.cooperating():
         for step in range(done + 1, settings.steps + 1):
+            reporter.beat(heartbeat.STEP)  # back from a checkpoint or an evaluation
             started = time.perf_counter()
             result = trainer.step(step)
             step_seconds.append(time.perf_counter() - started)

@@ -44,8 +44,15 @@ class PhasedReporter:
         return self
 
     def log(self, step: int, **figures) -> None:
-        within = min(round(int(step) * self.scale), self.spans[self.phase])
-        self.reporter.log(step=self.offset + within, phase=self.phase, **figures)
+        self.reporter.log(step=self.run_step(step), phase=self.phase, **figures)
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        """The rank's heartbeat (engines/reporter.py), a step of the phase counted as `log` counts it."""
+        self.reporter.beat(phase, None if step is None else self.run_step(step))
+
+    def run_step(self, step: int) -> int:
+        """The run's step of the phase's `step`: after the earlier phases' spans, scaled into its own."""
+        return self.offset + min(round(int(step) * self.scale), self.spans[self.phase])
 
     def total(self, steps: int) -> None:
         """The phase's own step count: its steps are scaled to its span (the run's total stays)."""

@@ -48,6 +48,8 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
     from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, score_completion
     from gpuscale.data.seeds import derived_seed
     from gpuscale.engines.generation import GenerationEngine, Sampling
+    from gpuscale.engines.reporter import beat
+    from gpuscale.runs.heartbeat import EVALUATE
 
     eos = eos_token_ids(model, tokenizer)
     # No torch.compile: a few hundred answers do not repay tens of seconds of compiling.
@@ -55,6 +57,7 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
     generator = torch.Generator(device=ctx.device).manual_seed(derived_seed(seed, "evaluation", ctx.rank))
     rows = []
     for batch in batched(ctx.shard(list(enumerate(examples))), batch_size):
+        beat(EVALUATE)  # a batch at a time: a long evaluation is not a silent rank
         prompts = [prompt_ids(tokenizer, example["question"]) for _, example in batch]
         generation = engine.generate(prompts, max_new_tokens, Sampling(temperature=temperature), generator)
         for (index, example), tokens in zip(batch, generation.sequences()):

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuscale.engines.reporter import beat
+from gpuscale.runs.heartbeat import SAVE
 from gpuscale.runs.run_dir import RunDir
 
 
@@ -51,6 +53,7 @@ def save_model(model, tokenizer, ctx) -> Path:
     """Rank 0 writes the model and its tokenizer to RUN_DIR/model (any recipe loads it with
     `--model` that path); returns the directory on every rank."""
     directory = RunDir(ctx.run_dir).model
+    beat(SAVE)
     if ctx.is_main:
         model.save_pretrained(directory, safe_serialization=True)
         tokenizer.save_pretrained(directory)
