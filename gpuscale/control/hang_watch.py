@@ -224,5 +224,7 @@ def hung_error(stands: list[RankStand], states: dict[int, str], places: dict[int
         head = f"hung: ranks {', '.join(map(str, silent))} made no progress for {first.silent_s:.0f} s ({each})"
     others = [f"rank {stand.rank} at step {stand.step} {words[stand.rank]}"
               for stand in stands if stand.rank not in silent]
-    idle = [f"GPU{'s' if len(idle_gpus) > 1 else ''} {', '.join(map(str, idle_gpus))} at 0% utilization"]
-    return "; ".join([head, *others, *(idle if idle_gpus else []), f"stacks in {errors_dir}/"])
+    parts = [head, *others]
+    if idle_gpus:  # NVML's second signal: the GPUs idle while no rank advances
+        parts.append(f"GPU{'s' if len(idle_gpus) > 1 else ''} {', '.join(map(str, idle_gpus))} at 0% utilization")
+    return "; ".join([*parts, f"stacks in {errors_dir}/"])

@@ -1,0 +1,99 @@
+"""End to end on CPU: a rank that stops advancing, or dies, ends its run, under torchrun (eggroll) and
+under accelerate launch (sft): real ranks on gloo, a real supervisor and runs.db.
+
+- SIGSTOP of rank 1 with hang_timeout=20: a late warning first, then the run ends `failed`, its error
+  `hung: rank 1 ...`, within 60 s, with rank 0's stacks in RUN_DIR/errors/ and no process left.
+- SIGKILL of rank 1: every other rank ends within 10 s (the launcher's own doing: torchrun's agent,
+  which accelerate launch runs too, ends the group when one rank fails), the error naming rank 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import gpuscale, leftover_processes, run_json, slow, wait_until
+from gpuscale.app.views.collapse import late_warnings
+from gpuscale.control.store import Store
+from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.runs.statuses import LIVE_STATUSES
+
+pytestmark = pytest.mark.e2e  # every test here starts real runs
+
+# Long enough to be stopped mid-training; a collective every step, so rank 0 waits on a stopped rank 1.
+RUNS = {
+    "torchrun": ["--recipe", "eggroll", "--set", "population=8", "--set", "prompts_per_step=4",
+                 "--set", "max_new_tokens=24", "--set", "steps=500", "--set", "eval_examples=8",
+                 "--set", "fitness=correctness", "--batch-size", "16", "--set", "max_examples=64"],
+    "accelerate": ["--recipe", "sft", "--batch-size", "2", "--set", "max_examples=64", "--set", "max_steps=500",
+                   "--set", "max_length=64", "--set", "eval_examples=2", "--set", "max_new_tokens=8",
+                   "--set", "checkpoint_every=2"],
+}
+
+
+def start(home: Path, launcher: str, *extra: str) -> tuple[int, Path]:
+    """A detached 2-rank run under `launcher`, once each rank has logged step 4 (its step times known)."""
+    assert get_recipe(RUNS[launcher][1]).launcher == launcher
+    run_id = int(gpuscale("run", *RUNS[launcher], "--gpus", "2", *extra, "--detach").stdout)
+    store = Store(home)
+    wait_until(lambda: {m["rank"] for m in store.metrics(run_id) if m["step"] >= 4} >= {0, 1}, 240,
+               message="both ranks at step 4")
+    return run_id, Path(store.get_run(run_id)["run_dir"])
+
+
+def ranks(run_dir: Path) -> dict[int, psutil.Process]:
+    """The run's rank processes by rank (the launcher carries no RANK)."""
+    found = {}
+    for proc in leftover_processes(str(run_dir)):
+        try:
+            if "gpuscale.recipes" in proc.cmdline() and "RANK" in (env := proc.environ()):
+                found[int(env["RANK"])] = proc
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_a_stopped_rank_ends_the_run_as_hung_naming_it(home, launcher):
+    run_id, run_dir = start(home, launcher, "--set", "hang_timeout=20")
+    store = Store(home)
+    os.kill(ranks(run_dir)[1].pid, signal.SIGSTOP)
+    stopped, warned = time.monotonic(), []
+    while (run := store.get_run(run_id))["status"] in LIVE_STATUSES and time.monotonic() - stopped < slow(120):
+        warned += late_warnings(run.get("progress") or {})
+        time.sleep(0.5)
+    took = time.monotonic() - stopped
+    assert run["status"] == "failed" and took < slow(60), (run["status"], took)
+    assert run["error"].startswith("hung: rank 1 made no progress for 2"), run["error"]
+    assert "(stopped: SIGSTOP or a debugger holds it); rank 0 at step " in run["error"]
+    assert run["error"].endswith(f"stacks in {run_dir / 'errors'}/")
+    assert any(warning.startswith(("rank 1 late", "ranks 0, 1 late")) for warning in warned), warned
+    stacks = (run_dir / "errors" / "stacks-rank0.txt").read_text()
+    assert "Current thread" in stacks and "run_rank" in stacks  # rank 0 answered, with its whole stack
+    assert not (run_dir / "errors" / "stacks-rank1.txt").exists()  # stopped: asked for nothing, its empty file gone
+    where = json.loads((run_dir / "errors" / "hung.json").read_text())
+    assert [(rank["rank"], rank["state"]) for rank in where["ranks"]] == [(0, "sleeping"), (1, "stopped")]
+    assert where["ranks"][0]["where"].startswith("waits in ")  # a collective, on a peer that never comes
+    assert not leftover_processes(str(run_dir))
+    if launcher == "accelerate":  # its checkpoints are kept, and the hint goes on from the newest
+        shown = run_json("show", str(run_id))
+        assert shown["hint"].startswith(f"`gpuscale resume {run_id}` goes on from checkpoint-")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_a_killed_rank_ends_every_other_within_ten_seconds(home, launcher):
+    run_id, run_dir = start(home, launcher)
+    os.kill(ranks(run_dir)[1].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: not ranks(run_dir), 10, interval=0.1, message="every rank to end")
+    took = time.monotonic() - killed
+    run = wait_until(lambda: (r := run_json("show", str(run_id)))["status"] not in LIVE_STATUSES and r, 60)
+    assert took < slow(10)
+    assert run["status"] == "failed" and run["error"] == "rank 1: killed by SIGKILL with no error of its own"
+    assert not leftover_processes(str(run_dir))
