@@ -71,7 +71,8 @@ class Supervisor:
         self.started_at = time.time()
         settings = self.run["settings"]
         first_rank = int(settings.get("node_rank", 0)) * self.plan["nproc"]
-        self.hangs = hang_watch.HangWatch(settings.get("hang_timeout"), self.started_at,
+        timeout = settings.get("hang_timeout", "auto")  # a run recorded before the setting: auto
+        self.hangs = hang_watch.HangWatch(None if timeout == "auto" else float(timeout), self.started_at,
                                           range(first_rank, first_rank + self.plan["nproc"]))
         self.hung_error: str | None = None  # the run was ended as hung: its error
         self.gpu_samples: list[dict] = []  # the latest telemetry of the run's GPUs, for a hung run's error

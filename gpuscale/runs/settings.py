@@ -90,8 +90,8 @@ class RunSettings(BaseModel):
     rdzv_endpoint: str | None = Field(None, description="HOST:PORT of the rendezvous for a multi-node job")
     rdzv_id: str = Field("gpuscale", description="job id shared by all nodes of one multi-node job")
     telemetry_interval: float = Field(1.0, ge=0.1, le=60, description="seconds between telemetry samples")
-    hang_timeout: float | None = Field(
-        None, ge=0,
+    hang_timeout: Literal["auto"] | float = Field(
+        "auto",
         description="seconds a step may go without any rank advancing before the run is ended as hung (stacks "
                     "in RUN_DIR/errors/, status failed, `hung:`); auto = the larger of 120 s and 5x the p95 step "
                     "time so far; loading, the first step, evaluation and saving get at least 600 s; 0 or off = never")
@@ -182,9 +182,20 @@ class RunSettings(BaseModel):
     _off_is_zero = field_validator("checkpoint_every", mode="before")(words_meaning("off", "none", "no", "false",
                                                                                     meaning=0))
     _no_checkpoint_words = field_validator("resume_from", mode="before")(words_meaning("", "none"))
-    _hang_timeout_auto = field_validator("hang_timeout", mode="before")(words_meaning("", "auto"))
-    _hang_timeout_off = field_validator("hang_timeout", mode="before")(words_meaning("off", "none", "no", "false",
-                                                                                     meaning=0))
+
+    @field_validator("hang_timeout", mode="before")
+    @classmethod
+    def _auto_off_or_seconds(cls, value: Any) -> Any:
+        value = words_meaning("", "auto", meaning="auto")(words_meaning("off", "none", "no", "false", meaning=0)(value))
+        if value == "auto":
+            return value
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected 'auto', 'off' (or 0) or a number of seconds") from None
+        if not seconds >= 0:  # not NaN either
+            raise ValueError("seconds must be 0 (off) or more")
+        return seconds
 
     @field_validator("resume_from")
     @classmethod

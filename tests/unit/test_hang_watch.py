@@ -27,7 +27,7 @@ from gpuscale.control.metrics_tail import Beat, MetricsTailer
 from gpuscale.engines import reporter as reporter_module
 from gpuscale.engines.reporter import Reporter
 from gpuscale.runs.heartbeat import BEAT_EVERY_S, BEAT_KEY, EVALUATE, LOADING, SAVE, STACKS_SIGNAL, STEP
-from gpuscale.runs.settings import RunSettings
+from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings
 
 
 def steps(rank: int, start: float, seconds: list[float], first_step: int = 0) -> list[Beat]:
@@ -116,13 +116,16 @@ def test_a_late_rank_is_warned_from_three_times_its_p95_step_and_never_under_the
     assert late_warnings({}) == []
 
 
-def test_hang_timeout_takes_seconds_auto_and_off_and_refuses_a_negative():
-    assert RunSettings().hang_timeout is None
-    assert RunSettings(hang_timeout="auto").hang_timeout is None
-    assert RunSettings(hang_timeout="off").hang_timeout == 0
+def test_hang_timeout_takes_seconds_auto_and_off_and_refuses_anything_else():
+    assert RunSettings().hang_timeout == "auto"
+    assert RunSettings(hang_timeout="").hang_timeout == "auto"
+    assert RunSettings(hang_timeout="off").hang_timeout == RunSettings(hang_timeout="none").hang_timeout == 0
     assert RunSettings(hang_timeout="90").hang_timeout == 90.0
-    with pytest.raises(ValueError, match="hang_timeout"):
-        RunSettings(hang_timeout=-1)
+    for value, why in (("-1", "seconds must be 0 (off) or more"), ("nan", "seconds must be 0 (off) or more"),
+                       ("soon", "expected 'auto', 'off' (or 0) or a number of seconds")):
+        with pytest.raises(SettingsError) as refused:
+            resolve_settings(RunSettings, overrides={"hang_timeout": value}, environ={})
+        assert str(refused.value) == f"hang_timeout: {value!r}: {why}"
 
 
 def test_a_real_faulthandler_dump_says_where_the_main_thread_waits(tmp_path):
