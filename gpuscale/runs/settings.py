@@ -112,6 +112,22 @@ class RunSettings(BaseModel):
                           "name, so gsm8k/test.jsonl's rows are domain 'test'); it names the per-domain figures "
                           "(accuracy_greedy_<domain>_after...)")
 
+    # Defined before `_no_bool_for_a_number`: pydantic runs the before-validators defined later first,
+    # so true/false is refused as such before this reads it as 1 or 0.
+    @field_validator("hang_timeout", mode="before")
+    @classmethod
+    def _auto_off_or_seconds(cls, value: Any) -> Any:
+        value = words_meaning("", "auto", meaning="auto")(words_meaning("off", "none", "no", "false", meaning=0)(value))
+        if value == "auto":
+            return value
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected 'auto', 'off' (or 0) or a number of seconds") from None
+        if not seconds >= 0:  # not NaN either
+            raise ValueError("seconds must be 0 (off) or more")
+        return seconds
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
@@ -183,19 +199,6 @@ class RunSettings(BaseModel):
                                                                                     meaning=0))
     _no_checkpoint_words = field_validator("resume_from", mode="before")(words_meaning("", "none"))
 
-    @field_validator("hang_timeout", mode="before")
-    @classmethod
-    def _auto_off_or_seconds(cls, value: Any) -> Any:
-        value = words_meaning("", "auto", meaning="auto")(words_meaning("off", "none", "no", "false", meaning=0)(value))
-        if value == "auto":
-            return value
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            raise ValueError("expected 'auto', 'off' (or 0) or a number of seconds") from None
-        if not seconds >= 0:  # not NaN either
-            raise ValueError("seconds must be 0 (off) or more")
-        return seconds
 
     @field_validator("resume_from")
     @classmethod
