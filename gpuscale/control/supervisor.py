@@ -69,11 +69,7 @@ class Supervisor:
         self.throughput = Throughput()
         self.tailer = MetricsTailer(RunDir(self.run_dir).metrics_dir, run_id)
         self.started_at = time.time()
-        settings = self.run["settings"]
-        first_rank = int(settings.get("node_rank", 0)) * self.plan["nproc"]
-        timeout = settings.get("hang_timeout", "auto")  # a run recorded before the setting: auto
-        self.hangs = hang_watch.HangWatch(None if timeout == "auto" else float(timeout), self.started_at,
-                                          range(first_rank, first_rank + self.plan["nproc"]))
+        self.hangs = self.new_hang_watch()
         self.hung_error: str | None = None  # the run was ended as hung: its error
         self.gpu_samples: list[dict] = []  # the latest telemetry of the run's GPUs, for a hung run's error
         self.energy: telemetry.EnergyMeter | None = None  # read from when the launcher starts (supervise)
@@ -213,6 +209,14 @@ class Supervisor:
             except psutil.Error:
                 pass
 
+    def new_hang_watch(self) -> hang_watch.HangWatch:
+        """The run's hang watch, its ranks loading from now (control/hang_watch.py)."""
+        settings = self.run["settings"]
+        timeout = settings.get("hang_timeout", "auto")  # a run recorded before the setting: auto
+        first_rank = int(settings.get("node_rank", 0)) * self.plan["nproc"]
+        return hang_watch.HangWatch(None if timeout == "auto" else float(timeout), time.time(),
+                                    range(first_rank, first_rank + self.plan["nproc"]))
+
     def rank_processes(self) -> dict[int, psutil.Process]:
         """The run's rank processes by rank (a helper a rank started carries no RANK of its own module)."""
         ranks = {}
@@ -286,6 +290,7 @@ class Supervisor:
             say(f"no room for {disk_space.size_text(disk_space.END_RESERVE_BYTES)} to record the run's end in "
                 "(control/disk_space.py)")
         self.energy = self._start_energy_meter()
+        self.hangs = self.new_hang_watch()  # the ranks load from the launch, not from a wait in the queue
         launcher = self.launch()
         self.store.update_run(self.run_id, launcher_pid=launcher.pid)
         sampler = self._make_sampler(launcher.pid)
