@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 # The one precision rule lives on the lowest floor, where the model loader can call it too; the
 # control plane and the front ends take it from here (it imports no torch).
@@ -117,6 +117,15 @@ class RunSettings(BaseModel):
                 raise ValueError("give at least one GPU index")
             if len(set(value)) != len(value):
                 raise ValueError("a GPU index is listed twice")
+        return value
+
+    @field_validator("model", "dataset", mode="before")
+    @classmethod
+    def _required(cls, value: Any, info: ValidationInfo) -> Any:
+        """An empty model or dataset is named as missing (an empty path read as the current folder
+        said "is a directory")."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(f"required: give a {cls.model_fields[info.field_name].description}")
         return value
 
     @field_validator("model")

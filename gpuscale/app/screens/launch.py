@@ -215,7 +215,8 @@ class LaunchScreen(Screen):
         self.settings, self.plan = settings, plan
         self.query_one(GpuPicker).show_plan(settings.gpus, plan.nproc)
         command = launch_preview(self.recipe, settings, plan, self.app.home)
-        shell = shell_equivalent(self.recipe.name, settings)
+        label = None if "label" in form.errors() else form.run_values()["label"]
+        shell = shell_equivalent(self.recipe.name, settings, label)
         if auto_batch(self.recipe, values):
             shell += " --batch-size auto"
         if self.recipe.tuning is not None:
@@ -261,16 +262,16 @@ class LaunchScreen(Screen):
             return
         self.launching = True
         self.notify(f"launching {literal(self.recipe.name)} on {literal(self.plan.describe())}…")
-        self._start(self.recipe, form.values(), self.plan)
+        self._start(self.recipe, form.values(), self.plan, form.run_values())
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
-    def _start(self, recipe, values: dict, plan) -> None:
+    def _start(self, recipe, values: dict, plan, run_values: dict) -> None:
         """The batch resolved as the CLI resolves it (`auto`: stored, tuned first, or the CPU default),
-        then the run started, with where its batch came from in its notes."""
+        then the run started with the form's label, with where its batch came from in its notes."""
         try:
             store = self.app.store()
             settings, notes = settings_with_batch(recipe, values, store, on_tune_line=self._tuning_output)
-            run_id = launch.start_run(store, recipe, settings, plan, notes=notes)
+            run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=run_values["label"])
         except Exception as exc:  # e.g. tuning failed, or the run folder cannot be written
             self.app.from_thread(self._failed, exc)
             return

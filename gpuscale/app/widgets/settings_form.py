@@ -2,13 +2,16 @@
 
 bool -> Switch, Literal -> Select, anything else (numbers, text, the `gpus` union) -> Input. Each
 control is checked on every change with the engine's own `check_field`, and its error is shown on
-the line under it, before anything is launched.
+the line under it, before anything is launched. Beside the settings, the run's own fields (its
+label: `RUN_FIELDS`), which `gpuscale run` takes as options of their own.
 """
 
 from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from textual.containers import Horizontal, VerticalScroll
@@ -16,22 +19,40 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, Static, Switch
 
 from gpuscale.app.widgets.plain import PlainStatic
+from gpuscale.control.store import label_problem
 from gpuscale.runs.settings import RunSettings, check_field
 
-# What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
-FIRST_FIELDS = ("gpus", "batch_size", "precision")
-LAST_FIELDS = ("model", "dataset", "too_long", "compile", "seed", "max_examples", "gpu_memory_share",
+# What every run is about comes first, in every recipe's form and in this order; then the recipe's own
+# settings; then the rest of the common ones.
+FIRST_FIELDS = ("model", "dataset", "gpus", "batch_size", "label")
+LAST_FIELDS = ("precision", "too_long", "compile", "seed", "max_examples", "gpu_memory_share",
                "checkpoint_every", "keep_checkpoints",
                "telemetry_interval", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
 # Set by `gpuscale resume` (and the history's R), never typed in the form.
 HIDDEN_FIELDS = ("resume_from",)
 
 
+@dataclass(frozen=True)
+class RunField:
+    """A field of the form that is the run's, not a setting of its recipe (`gpuscale run --label`):
+    optional text, checked by `problem` (None when fine)."""
+
+    description: str
+    problem: Callable[[str], str | None]
+
+
+RUN_FIELDS = {
+    "label": RunField("a name for the run, shown by `gpuscale runs` and usable where its id is (optional)",
+                      label_problem),
+}
+
+
 LABEL_WIDTH = 20  # the narrowest names' column (as wide as the CSS's .field-label)
 
 
 def ordered_fields(settings_cls: type[RunSettings]) -> list[str]:
-    fields = [f for f in settings_cls.model_fields if f not in HIDDEN_FIELDS]
+    """The form's rows: the settings of `settings_cls` (but the hidden ones) and the run's fields."""
+    fields = [f for f in settings_cls.model_fields if f not in HIDDEN_FIELDS] + list(RUN_FIELDS)
     own = [f for f in fields if f not in FIRST_FIELDS and f not in LAST_FIELDS]
     return [f for f in FIRST_FIELDS if f in fields] + own + [f for f in LAST_FIELDS if f in fields]
 
@@ -96,18 +117,18 @@ class SettingsForm(VerticalScroll, can_focus=False):
         self.auto_fields = auto_fields
         self.initial = initial
         self.cursor_blink = cursor_blink
-        self.fields = ordered_fields(settings_cls)
+        self.fields = ordered_fields(settings_cls)  # every row: the settings and the run's fields
+        self.settings_fields = [name for name in self.fields if name not in RUN_FIELDS]
         self.ready = False  # True once every control is mounted (a recipe switch rebuilds the form)
         self._errors: dict[str, str] = {}
 
     def compose(self):
         for name in self.fields:
-            info = self.settings_cls.model_fields[name]
             with Horizontal(classes="field-row"):
                 label = Label(name, classes="field-label")
                 label.styles.width = self.label_width()
                 yield label
-                control = self._control(name, info.annotation, getattr(self.initial, name))
+                control = self._control(name, self.annotation(name), getattr(self.initial, name, None))
                 yield control
                 if isinstance(control, Switch):  # the slider alone is colour only: say it in a word
                     yield Label(on_off(control.value), id=f"state-{name}", classes="field-switch-state")
@@ -119,6 +140,14 @@ class SettingsForm(VerticalScroll, can_focus=False):
         """The names' column: the CSS width, or wider where a name is longer (`activation_checkpointing`),
         so that every name shows whole with a space before its control."""
         return max(LABEL_WIDTH, *(len(name) + 1 for name in self.fields))
+
+    def annotation(self, name: str) -> Any:
+        """A setting's type; a run's field is optional text."""
+        return str | None if name in RUN_FIELDS else self.settings_cls.model_fields[name].annotation
+
+    def description(self, name: str) -> str:
+        field = RUN_FIELDS.get(name) or self.settings_cls.model_fields[name]
+        return field.description or ""
 
     def _control(self, name: str, annotation: Any, value: Any):
         kind, options = control_kind(annotation)
@@ -146,12 +175,16 @@ class SettingsForm(VerticalScroll, can_focus=False):
         control = self.control(name)
         if isinstance(control, Input):
             text = control.value.strip()
-            return None if text == "" and is_optional(self.settings_cls.model_fields[name].annotation) else text
+            return None if text == "" and is_optional(self.annotation(name)) else text
         return control.value
 
     def values(self) -> dict[str, Any]:
         """Every setting as the form holds it: the top layer given to resolve_settings."""
-        return {name: self.value(name) for name in self.fields}
+        return {name: self.value(name) for name in self.settings_fields}
+
+    def run_values(self) -> dict[str, Any]:
+        """The run's fields (`label`), None where left empty: what `gpuscale run` takes beside --set."""
+        return {name: self.value(name) for name in RUN_FIELDS}
 
     def set_value(self, name: str, value: Any) -> None:
         control = self.control(name)
@@ -165,7 +198,10 @@ class SettingsForm(VerticalScroll, can_focus=False):
     def check(self, name: str) -> str | None:
         value = self.value(name)
         auto = name in self.auto_fields and isinstance(value, str) and value.lower() == "auto"
-        error = None if auto else check_field(self.settings_cls, name, value)
+        if name in RUN_FIELDS:
+            error = None if value is None else RUN_FIELDS[name].problem(value)
+        else:
+            error = None if auto else check_field(self.settings_cls, name, value)
         self.show_error(name, error)
         return error
 
@@ -224,5 +260,4 @@ class SettingsForm(VerticalScroll, can_focus=False):
         control = event.widget
         if control.id and control.id.startswith("field-"):
             name = control.id.removeprefix("field-")
-            description = self.settings_cls.model_fields[name].description or ""
-            self.post_message(self.Focused(name, description))
+            self.post_message(self.Focused(name, self.description(name)))
