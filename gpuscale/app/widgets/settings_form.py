@@ -121,6 +121,11 @@ class SettingsForm(VerticalScroll, can_focus=False):
         self.settings_fields = [name for name in self.fields if name not in RUN_FIELDS]
         self.ready = False  # True once every control is mounted (a recipe switch rebuilds the form)
         self._errors: dict[str, str] = {}
+        # Kept by name rather than queried: a query walks the whole form, and reading the form for
+        # each change read every control (a few hundred widgets deep on the larger recipes).
+        self._controls: dict[str, Any] = {}
+        self._error_lines: dict[str, Static] = {}
+        self._checked: dict[str, Any] = {}  # each control's value when last checked
 
     def compose(self):
         for name in self.fields:
@@ -129,6 +134,7 @@ class SettingsForm(VerticalScroll, can_focus=False):
                 label.styles.width = self.label_width()
                 yield label
                 control = self._control(name, self.annotation(name), getattr(self.initial, name, None))
+                self._controls[name] = control
                 yield control
                 if isinstance(control, Switch):  # the slider alone is colour only: say it in a word
                     yield Label(on_off(control.value), id=f"state-{name}", classes="field-switch-state")
@@ -164,12 +170,16 @@ class SettingsForm(VerticalScroll, can_focus=False):
 
     def on_mount(self) -> None:
         self.ready = True  # Mount comes after the children of compose() were mounted
+        # The initial values are the recipe's settings, valid already: the Changed message each
+        # control sends once mounted is no change (checking each and redrawing the command for
+        # each held the keys up for seconds on a loaded machine).
+        self._checked = {name: self.value(name) for name in self.fields}
         self.post_message(self.Ready(self))
 
     # ---- values ------------------------------------------------------------------------------
 
     def control(self, name: str):
-        return self.query_one(f"#field-{name}")
+        return self._controls[name]
 
     def value(self, name: str) -> Any:
         control = self.control(name)
@@ -211,13 +221,11 @@ class SettingsForm(VerticalScroll, can_focus=False):
         return dict(self._errors)
 
     def show_error(self, name: str, error: str | None) -> None:
-        lines = self.query(f"#error-{name}")
-        if not lines and not error:
+        line = self._error_lines.get(name)
+        if line is None and not error:
             return
-        if lines:
-            line = lines.first(Static)
-        else:
-            line = PlainStatic("", id=f"error-{name}", classes="field-error")
+        if line is None:
+            line = self._error_lines[name] = PlainStatic("", id=f"error-{name}", classes="field-error")
             self.mount(line, after=self.control(name).parent)
         if error:
             self._errors[name] = error
@@ -238,8 +246,12 @@ class SettingsForm(VerticalScroll, can_focus=False):
     # ---- events ------------------------------------------------------------------------------
 
     def _changed(self, control) -> None:
-        if control.id and control.id.startswith("field-"):
+        if self.ready and control.id and control.id.startswith("field-"):
             name = control.id.removeprefix("field-")
+            value = self.value(name)
+            if name in self._checked and self._checked[name] == value:
+                return  # a control's own message at mount, or the same value set again
+            self._checked[name] = value
             self.post_message(self.Changed(self, name, self.check(name)))
 
     def on_input_changed(self, event: Input.Changed) -> None:
