@@ -14,8 +14,8 @@ from gpuscale.app.views.node_check import node_check_lines, table_names
 from gpuscale.app.views.runs import figure_text, lineage_lines, run_title, status_line
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.app.widgets.generations_view import GenerationsView
-from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
+from gpuscale.app.widgets.tables import PlainTable
 from gpuscale.control import launch
 
 
