@@ -19,14 +19,13 @@ from textual.app import App
 from textual.binding import Binding
 
 from gpuscale.app.screens.launch import LaunchScreen
-from gpuscale.app.views.export import export_text
 from gpuscale.app.widgets.plain import literal
-from gpuscale.control import launch, telemetry
 from gpuscale.control.store import Store, StoreError, gpuscale_home
 from gpuscale.recipes.shared.registry import all_recipes
 
 # The first frame is the launch screen; the other screens (and textual-plotext, which draws the
-# monitor's charts) are imported when first shown: about 50 ms less before the first frame.
+# monitor's charts) are imported when first shown: about 50 ms less before the first frame. So is
+# what only a worker calls (the launcher, NVML's helper, the exports), imported in the worker.
 
 
 def monitor_screen():
@@ -39,6 +38,13 @@ def history_screen():
     from gpuscale.app.screens.history import HistoryScreen
 
     return HistoryScreen()
+
+
+def machine_gpus() -> list[dict]:
+    """This machine's GPUs through NVML (called in the GPU picker's worker)."""
+    from gpuscale.control import telemetry
+
+    return telemetry.list_gpus()
 
 
 # One Store (one SQLite connection) per worker thread and GPUSCALE_HOME: sqlite3 connections belong
@@ -68,17 +74,18 @@ class GpuscaleApp(App):
         home: str | Path | None = None,
         clock: Callable[[], float] = time.time,
         recipes: dict | None = None,
-        list_gpus: Callable[[], list[dict]] = telemetry.list_gpus,
+        list_gpus: Callable[[], list[dict]] | None = None,
         poll_s: float = 1.0,
         cursor_blink: bool = True,
     ):
         """`clock`, `recipes` and `list_gpus` are there for tests and snapshots (a frozen clock, a
-        fixed recipe list, no NVML); `poll_s` is the monitor's refresh period."""
+        fixed recipe list, no NVML; None: this machine's, through NVML); `poll_s` is the monitor's
+        refresh period."""
         super().__init__()
         self.home = Path(home) if home else gpuscale_home()
         self.clock = clock
         self.recipes = all_recipes() if recipes is None else recipes
-        self.list_gpus = list_gpus
+        self.list_gpus = list_gpus or machine_gpus
         self.poll_s = poll_s
         self.cursor_blink = cursor_blink
         self.first_frame_shown = False
@@ -95,16 +102,19 @@ class GpuscaleApp(App):
         return stores[self.home]
 
     def on_ready(self) -> None:
-        """The first frame is on the terminal: now the launch form, the costliest part of the screen,
-        and the store (opening it imports sqlite-utils and may switch to the monitor of a live run)."""
+        """The first frame is on the terminal: now the GPUs and the launch form, the costliest part
+        of the screen, and the store (opening it imports sqlite-utils and may switch to the monitor of
+        a live run)."""
         self.first_frame_shown = True
         if isinstance(self.screen, LaunchScreen):
-            self.screen.pick_first_recipe()
+            self.screen.after_first_frame()
         self._find_live_runs()
 
     @work(thread=True, exclusive=True, group="startup", exit_on_error=False)
     def _find_live_runs(self) -> None:
         """Reopening the app shows every live run again: start on the monitor when there is one."""
+        from gpuscale.control import launch
+
         try:
             store = self.store()
             launch.reconcile(store)
@@ -162,6 +172,8 @@ class GpuscaleApp(App):
 
     @work(thread=True, group="export", exit_on_error=False)
     def _export(self, run_id: int, fmt: str, path: Path) -> None:
+        from gpuscale.app.views.export import export_text
+
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # GPUSCALE_HOME/exports on the first export
             path.write_text(export_text(self.store(), run_id, fmt))

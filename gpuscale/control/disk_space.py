@@ -17,8 +17,6 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-import psutil
-
 from gpuscale.runs.settings import SettingsError
 
 # A small run's folder and history rows take a few MB (a 2-rank CPU sft run of the embedded model: its
@@ -56,6 +54,8 @@ def existing_part(path: Path) -> Path:
 
 def file_system(path: Path) -> str:
     """The file system holding `path`, as `df` names it: its type and mount point ("ext4 on /home")."""
+    import psutil  # only when a full disk is named: the TUI's first frame opens the store without it
+
     where = os.path.realpath(existing_part(path))
     mounts = [part for part in psutil.disk_partitions(all=True)
               if where == part.mountpoint or where.startswith(part.mountpoint.rstrip("/") + "/")]

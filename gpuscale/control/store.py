@@ -221,6 +221,14 @@ class UnknownRun(LookupError):
         super().__init__(f"run id: {run_id!r}: {reason}")
 
 
+def label_problem(label: str) -> str | None:
+    """Why `label` cannot name a run, or None: `find_run` reads digits as an id, and an empty label
+    names nothing. The one rule for `--label` and the TUI form's label field."""
+    if not label.strip() or label.strip().isdigit():
+        return "give a name with a letter in it (a number would read as a run id)"
+    return None
+
+
 class Store:
     """Thin layer over runs.db; all JSON columns are decoded on the way out.
 

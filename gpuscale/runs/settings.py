@@ -54,7 +54,11 @@ def words_meaning(*words: str, meaning: Any = None) -> Callable[[Any], Any]:
 
 
 class RunSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # defer_build: a class's validator is built when it first validates, not at import. The TUI lists
+    # every recipe (importing every settings class) before its first frame but validates one recipe's
+    # settings only after it; the CLI validates one recipe's. Building them all up front cost some
+    # 60 ms of the first frame, with pydantic's scan of the installed packages for plugins.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
     # Knob names users already type, mapped to fields: environment variables and --set keys.
     ENV_ALIASES: ClassVar[dict[str, str]] = {}
@@ -162,6 +166,15 @@ class RunSettings(BaseModel):
                 raise ValueError("give at least one GPU index")
             if len(set(value)) != len(value):
                 raise ValueError("a GPU index is listed twice")
+        return value
+
+    @field_validator("model", "dataset", mode="before")
+    @classmethod
+    def _required(cls, value: Any, info: ValidationInfo) -> Any:
+        """An empty model or dataset is named as missing (an empty path read as the current folder
+        said "is a directory")."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(f"required: give a {cls.model_fields[info.field_name].description}")
         return value
 
     @field_validator("model")

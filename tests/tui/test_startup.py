@@ -76,3 +76,33 @@ def test_a_bare_gpuscale_tui_imports_no_cli_before_its_first_frame(home):
     )
     assert "gpuscale.app.tui" in loaded
     assert not [name for name in ("gpuscale.app.cli", "gpuscale.data.tasks", *HEAVY) if name in loaded]
+
+
+def test_the_first_frame_leaves_for_later_what_it_does_not_show(home):
+    """Up to the first frame (Textual's Ready): not the launcher, the batch choice, NVML's helper and
+    psutil, DataTable, sqlite-utils, whose imports the launch form, the GPU picker's worker and the
+    other screens pay after it (issue 49: 0.5 s for the first frame on 2 cores)."""
+    import os
+
+    loaded = modules_in_fresh_python(
+        """
+        import sys
+        from gpuscale.app.tui import GpuscaleApp
+
+        class FirstFrame(GpuscaleApp):
+            def on_ready(self):
+                self.loaded = sorted(sys.modules)
+                self.exit()
+
+        app = FirstFrame(cursor_blink=False)
+        app.run(headless=True, size=(80, 24))
+        import json
+        print(json.dumps(app.loaded))  # what was loaded then, not what the app's exit loaded
+        raise SystemExit(0)
+        """,
+        env=dict(os.environ),
+    )
+    later = ("gpuscale.control.launch", "gpuscale.app.batch_choice", "gpuscale.control.telemetry", "psutil",
+             "textual.widgets._data_table", "sqlite_utils", *HEAVY)
+    assert "gpuscale.app.screens.launch" in loaded
+    assert not [name for name in later if name in loaded]

@@ -26,6 +26,7 @@ from gpuscale.app.views.runs import (
     throughput_text,
 )
 from gpuscale.app.views.text import (
+    axis_ticks,
     fit_columns,
     format_duration,
     format_mib,
@@ -34,6 +35,7 @@ from gpuscale.app.views.text import (
     memory_text,
     setting_text,
     short_gpu_name,
+    short_number,
     spark_text,
 )
 from gpuscale.control.store import Store
@@ -365,3 +367,27 @@ def test_a_training_run_s_row_shows_its_held_out_accuracy_after_training():
     run = finished_run(summary={"accuracy_greedy_before": 0.25, "accuracy_greedy_after": 0.5, "tokens_per_s": 12.0},
                        progress={"t": NOW, "step": 4, "total": 4})
     assert key_figures_text(run).startswith("accuracy 0.25 -> 0.5")
+
+
+@pytest.mark.parametrize("value, label", [(489825.6, "490k"), (999.9, "1k"), (1_234_567, "1.23M"), (12.345, "12.3"),
+                                          (0.25, "0.25"), (0, "0"), (-2500, "-2.5k"), (3.2e9, "3.2G")])
+def test_a_chart_label_is_short_and_si_style(value, label):
+    """The monitor's axis read `489825.6` (issue 49)."""
+    assert short_number(value) == label
+
+
+@pytest.mark.parametrize("lo, hi, most, ticks, labels", [
+    (0, 538_808, 4, [0, 200_000, 400_000], ["0", "200k", "400k"]),
+    (480_000, 500_000, 5, [480_000, 485_000, 490_000, 495_000, 500_000], ["480k", "485k", "490k", "495k", "500k"]),
+    (0.21, 0.7, 5, [0.3, 0.4, 0.5, 0.6, 0.7], ["0.3", "0.4", "0.5", "0.6", "0.7"]),
+    (0, 1, 5, [0, 0.25, 0.5, 0.75, 1], ["0", "0.25", "0.5", "0.75", "1"]),
+    (0, 1.3e6, 3, [0, 500_000, 1_000_000], ["0", "500k", "1M"]),
+    (485_000, 492_500, 5, [486_000, 488_000, 490_000, 492_000], ["486k", "488k", "490k", "492k"]),
+    (0, 12_700, 6, [0, 2500, 5000, 7500, 10_000, 12_500], ["0", "2.5k", "5k", "7.5k", "10k", "12.5k"]),
+])
+def test_axis_ticks_are_round_and_their_labels_tell_them_apart(lo, hi, most, ticks, labels):
+    shown = axis_ticks(lo, hi, most)
+    assert shown == pytest.approx(ticks)
+    step = shown[1] - shown[0]
+    assert [short_number(tick, step) for tick in shown] == labels
+    assert lo <= shown[0] and shown[-1] <= hi

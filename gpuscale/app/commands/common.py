@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gpuscale.app.views.export import NothingToExport
 from gpuscale.control import launch
-from gpuscale.control.store import Store, StoreError, UnknownRun, gpuscale_home
+from gpuscale.control.store import Store, StoreError, UnknownRun, gpuscale_home, label_problem
 from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
 from gpuscale.data.precision import PRECISIONS
@@ -104,8 +104,8 @@ def checked_label(label: str | None) -> str | None:
     if label is None:
         return None
     label = label.strip()
-    if not label or label.isdigit():
-        raise BadInput(f"label: {label!r}: give a name with a letter in it (a number would read as a run id)")
+    if problem := label_problem(label):
+        raise BadInput(f"label: {label!r}: {problem}")
     if any(unicodedata.category(char) == "Cc" for char in label):
         raise BadInput(f"label: {label!r}: a control character (newline, tab, escape...) is not allowed in a label")
     return label

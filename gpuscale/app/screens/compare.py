@@ -11,7 +11,7 @@ from textual.widgets import Footer, Header, Static
 
 from gpuscale.app.views.runs import compare_runs, delta_text, figure_text
 from gpuscale.app.views.text import MISSING, setting_text
-from gpuscale.app.widgets.plain import FittedTable
+from gpuscale.app.widgets.tables import FittedTable
 
 
 class CompareScreen(Screen):

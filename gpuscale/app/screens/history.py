@@ -20,7 +20,8 @@ from textual.widgets import DataTable, Footer, Header, Label, Select, Static
 from gpuscale.app.screens.dialogs import ConfirmDialog
 from gpuscale.app.views.runs import RUN_COLUMNS, run_row
 from gpuscale.app.views.text import cut_text
-from gpuscale.app.widgets.plain import PlainTable, literal
+from gpuscale.app.widgets.plain import literal
+from gpuscale.app.widgets.tables import PlainTable
 from gpuscale.control import launch
 from gpuscale.runs.statuses import LIVE_STATUSES, STATUSES
 

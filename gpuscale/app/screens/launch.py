@@ -15,20 +15,14 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpuscale.app.batch_choice import (
-    pick_device,
-    settings_with_batch,
-    stored_tuning,
-    tuning_summary,
-    validated,
-    wants_auto,
-)
-from gpuscale.app.views.commands import launch_preview, shell_equivalent
 from gpuscale.app.widgets.gpu_picker import GpuPicker
 from gpuscale.app.widgets.plain import PlainStatic, literal
 from gpuscale.app.widgets.settings_form import SettingsForm
-from gpuscale.control import launch
 from gpuscale.runs.settings import SettingsError, resolve_settings
+
+# This screen is the first frame. What only its form needs, and the form is built after that frame,
+# is imported where it is used: app/batch_choice.py, the launcher (control/launch.py) and the command
+# views, which bring the store's launcher side, NVML's helper and psutil (some 25 ms on 2 cores).
 
 HELP = "↑↓: recipe · Tab: into its settings · Ctrl+R: launch"
 
@@ -42,11 +36,15 @@ def recipe_option(recipe) -> Option:
 
 def auto_batch(recipe, values: dict) -> bool:
     """The form asks for `batch_size` auto, and the recipe can be tuned (else `auto` is a bad value)."""
+    from gpuscale.app.batch_choice import wants_auto
+
     return recipe.tuning is not None and wants_auto(values.get("batch_size"))
 
 
 def form_settings(recipe, values: dict):
     """The form's settings validated; with `batch_size` auto, all but the batch (the launch finds it)."""
+    from gpuscale.app.batch_choice import validated
+
     if auto_batch(recipe, values):
         values = {name: value for name, value in values.items() if name != "batch_size"}
     return validated(recipe, values)
@@ -54,6 +52,8 @@ def form_settings(recipe, values: dict):
 
 def tuning_line(recipe, settings, device, row: dict | None, auto: bool) -> str:
     """What the form says about tuning: the stored result, or what `auto` will do without one."""
+    from gpuscale.app.batch_choice import tuning_summary
+
     if row:
         return tuning_summary(row) + ("" if auto else " · batch_size auto uses it")
     if not auto:
@@ -109,7 +109,12 @@ class LaunchScreen(Screen):
         self.query_one("#preview").border_title = "Command"
         self.query_one("#recipes", OptionList).focus()
         if self.app.first_frame_shown:  # else the app calls this once its first frame is drawn
-            self.pick_first_recipe()
+            self.after_first_frame()
+
+    def after_first_frame(self) -> None:
+        """What the first frame does without: this machine's GPUs, and the recipe's form."""
+        self.query_one(GpuPicker).read_gpus()
+        self.pick_first_recipe()
 
     def pick_first_recipe(self) -> None:
         """Build the highlighted recipe's form (some dozens of widgets), the first one's if none is."""
@@ -191,6 +196,10 @@ class LaunchScreen(Screen):
 
     def update_preview(self) -> None:
         """Validate the whole form and show the command it means, or why there is none yet."""
+        from gpuscale.app.batch_choice import pick_device
+        from gpuscale.app.views.commands import launch_preview, shell_equivalent
+        from gpuscale.control import launch
+
         form, preview = self.form(), self.query_one("#preview", Static)
         self.settings = self.plan = None
         self.not_ready = "the form is not ready"
@@ -217,7 +226,8 @@ class LaunchScreen(Screen):
         self.settings, self.plan = settings, plan
         self.query_one(GpuPicker).show_plan(settings.gpus, plan.nproc)
         command = launch_preview(self.recipe, settings, plan, self.app.home)
-        shell = shell_equivalent(self.recipe.name, settings)
+        label = None if "label" in form.errors() else form.run_values()["label"]
+        shell = shell_equivalent(self.recipe.name, settings, label)
         if auto_batch(self.recipe, values):
             shell += " --batch-size auto"
         if self.recipe.tuning is not None:
@@ -230,6 +240,8 @@ class LaunchScreen(Screen):
     @work(thread=True, exclusive=True, group="tuning-line", exit_on_error=False)
     def look_up_tuning(self, recipe, settings, device, auto: bool) -> None:
         """The stored tuning result for the form's settings (SQLite: in a thread, like every read)."""
+        from gpuscale.app.batch_choice import stored_tuning
+
         try:
             row = stored_tuning(self.app.store(), recipe, settings, device)
         except Exception:  # an unreadable store must not take the form down; the history says why
@@ -264,16 +276,21 @@ class LaunchScreen(Screen):
         self.launching = True
         queued = ", queued until its devices are free" if queue else ""
         self.notify(f"launching {literal(self.recipe.name)} on {literal(self.plan.describe())}{queued}…")
-        self._start(self.recipe, form.values(), self.plan, queue)
+        self._start(self.recipe, form.values(), self.plan, form.run_values(), queue)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
-    def _start(self, recipe, values: dict, plan, queue: bool = False) -> None:
+    def _start(self, recipe, values: dict, plan, run_values: dict, queue: bool = False) -> None:
         """The batch resolved as the CLI resolves it (`auto`: stored, tuned first, or the CPU default),
-        then the run started, with where its batch came from in its notes; `queue`: as `--queue`."""
+        then the run started with the form's label, with where its batch came from in its notes;
+        `queue`: as `--queue`."""
+        from gpuscale.app.batch_choice import settings_with_batch
+        from gpuscale.control import launch
+
         try:
             store = self.app.store()
             settings, notes = settings_with_batch(recipe, values, store, on_tune_line=self._tuning_output)
-            run_id = launch.start_run(store, recipe, settings, plan, notes=notes, queue=queue)
+            run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=run_values["label"],
+                                      queue=queue)
         except Exception as exc:  # e.g. tuning failed, or the run folder cannot be written
             self.app.from_thread(self._failed, exc)
             return

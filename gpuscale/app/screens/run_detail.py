@@ -14,8 +14,8 @@ from gpuscale.app.views.node_check import has_node_check, node_check_lines
 from gpuscale.app.views.runs import lineage_lines, run_title, status_line, summary_rows
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.app.widgets.generations_view import GenerationsView
-from gpuscale.app.widgets.plain import PlainTable
 from gpuscale.app.widgets.run_monitor import RunMonitor
+from gpuscale.app.widgets.tables import PlainTable
 from gpuscale.control import launch
 
 

@@ -33,11 +33,12 @@ SHELL_FLAGS = {"gpus": "--gpus", "batch_size": "--batch-size", "precision": "--p
                "dataset": "--dataset"}
 
 
-def shell_equivalent(recipe_name: str, settings) -> str:
+def shell_equivalent(recipe_name: str, settings, label: str | None = None) -> str:
     """The same run from a shell: `gpuscale run --recipe NAME` plus every setting that differs from
-    the recipe's default (the environment may still add its own; the TUI form already shows them)."""
+    the recipe's default (the environment may still add its own; the TUI form already shows them),
+    and its label."""
     defaults = type(settings).model_construct().model_dump()
-    argv = ["gpuscale", "run", "--recipe", recipe_name]
+    argv = ["gpuscale", "run", "--recipe", recipe_name] + (["--label", label] if label else [])
     for name, value in settings.model_dump().items():
         if value == defaults.get(name):
             continue

@@ -3,6 +3,7 @@ is written by one of these, so both say `12,345` and `1:23` the same way."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -29,6 +30,36 @@ def format_number(value: Any) -> str:
     if isinstance(value, int) or abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.4g}"
+
+
+SI_PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def short_number(value: float, step: float | None = None) -> str:
+    """A chart axis's label, SI-style: `490k`, `1.25M`, `12`, `0.25`. `step`: the spacing of the
+    axis's ticks, to which the label is exact (`487.5k` beside `490k`); none: three digits."""
+    if not step:
+        value = float(f"{value:.3g}")  # first, so that 999.9 is 1k, not 1e+03
+    scale, prefix = next(((scale, prefix) for scale, prefix in SI_PREFIXES if abs(value) >= scale), (1.0, ""))
+    if step:
+        decimals = next((d for d in range(7) if abs(round(step / scale, d) - step / scale) < 1e-9 * step / scale), 6)
+        text = f"{value / scale:.{decimals}f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+    else:
+        text = f"{value / scale:.3g}"
+    return ("0" if text in ("-0", "") else text) + prefix
+
+
+def axis_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
+    """As many round values (1, 2, 2.5 or 5 times a power of ten apart) from lo to hi as fit in `most`."""
+    if not hi > lo:
+        return [lo]
+    power = 10 ** math.floor(math.log10((hi - lo) / max(1, most)))
+    for step in (power * m for m in (1, 2, 2.5, 5, 10, 20, 25, 50, 100)):
+        first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+        if last - first + 1 <= most:
+            return [round(k * step, 12) for k in range(first, last + 1)]
+    return [lo, hi]
 
 
 def format_rate(per_second: float | None) -> str:

@@ -9,9 +9,10 @@ from textual.widgets import Sparkline
 from textual_plotext import PlotextPlot
 
 from gpuscale.app.views.feed import Series
-from gpuscale.app.views.text import spark_text
+from gpuscale.app.views.text import axis_ticks, short_number, spark_text
 
 SERIES_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red")
+AXIS_ROWS = 4  # a chart's rows that are not its canvas: title, x ticks, x label, border
 
 class GaugeSparkline(Sparkline):
     """Textual's Sparkline on a fixed scale (0-100 % by default).
@@ -41,6 +42,7 @@ class TimeChart(PlotextPlot):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._shown: tuple | None = None
+        self._y_range: tuple[float, float] | None = None
         self._drawn_at = float("-inf")
 
     def show_lines(self, title: str, lines: list[tuple[str, Series]], x_label: str = "seconds before now",
@@ -58,11 +60,7 @@ class TimeChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.title(title)
-        top = max((max(s.ys) for _, s in lines if s.ys), default=0.0)
-        if from_zero and top > 0:
-            plt.ylim(0, top * 1.1)
-        else:
-            plt.ylim(None, None)
+        self._y_axis([y for _, s in lines for y in s.ys], from_zero)
         if window_s:
             plt.xlim(-window_s, 0)
         else:
@@ -77,3 +75,29 @@ class TimeChart(PlotextPlot):
         if not drawn:
             plt.title(f"{title}: no data yet")
         self.refresh()
+
+    def _y_axis(self, ys: list[float], from_zero: bool) -> None:
+        """The y range; its ticks are set at each render, where the chart's height is known."""
+        if not ys:
+            self._y_range = None
+            self.plt.ylim(None, None)
+            return
+        lo, hi = (0.0 if from_zero and max(ys) > 0 else min(ys)), max(ys)
+        if from_zero and hi > 0:
+            hi *= 1.1
+        if hi == lo:  # one value: plotext's own rule, around it
+            lo, hi = (0.5 * lo, 1.5 * lo) if lo > 0 else (1.5 * lo, 0.5 * lo) if lo < 0 else (-1.0, 1.0)
+        self._y_range = (lo, hi)
+        self.plt.ylim(lo, hi)
+
+    def render(self):
+        """The y ticks at round values labelled SI-style (`490k`, not plotext's `489825.6`), one
+        every other row of the canvas at most."""
+        if self._y_range:
+            canvas_rows = self.size.height - AXIS_ROWS
+            ticks = axis_ticks(*self._y_range, most=max(2, min(6, canvas_rows // 2 + 1)))
+            step = ticks[1] - ticks[0] if len(ticks) > 1 else None
+            self.plt.yticks(ticks, [short_number(tick, step) for tick in ticks])
+        else:
+            self.plt.yticks([], [])
+        return super().render()

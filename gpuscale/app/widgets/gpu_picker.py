@@ -55,7 +55,9 @@ class GpuPicker(Vertical):
     def on_mount(self) -> None:
         self.border_title = "GPUs"
         self.query_one("#gpu-list").display = False
-        self.read_gpus()
+        # The first reading is the screen's to start (LaunchScreen.after_first_frame): begun here, its
+        # worker (NVML, and the import of its helper) would share the interpreter with the app's first
+        # frame and put it off by as much.
 
     @work(thread=True, exclusive=True, group="gpu-picker", exit_on_error=False)
     def read_gpus(self) -> None:

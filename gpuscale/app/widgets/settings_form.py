@@ -2,13 +2,16 @@
 
 bool -> Switch, Literal -> Select, anything else (numbers, text, the `gpus` union) -> Input. Each
 control is checked on every change with the engine's own `check_field`, and its error is shown on
-the line under it, before anything is launched.
+the line under it, before anything is launched. Beside the settings, the run's own fields (its
+label: `RUN_FIELDS`), which `gpuscale run` takes as options of their own.
 """
 
 from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from textual.containers import Horizontal, VerticalScroll
@@ -16,22 +19,40 @@ from textual.message import Message
 from textual.widgets import Input, Label, Select, Static, Switch
 
 from gpuscale.app.widgets.plain import PlainStatic
+from gpuscale.control.store import label_problem
 from gpuscale.runs.settings import RunSettings, check_field
 
-# What people tune most comes first; then the recipe's own settings; then the rest of the common ones.
-FIRST_FIELDS = ("gpus", "batch_size", "precision")
-LAST_FIELDS = ("model", "dataset", "domain", "too_long", "compile", "seed", "max_examples", "gpu_memory_share",
-               "checkpoint_every", "keep_checkpoints", "private",
+# What every run is about comes first, in every recipe's form and in this order; then the recipe's own
+# settings; then the rest of the common ones.
+FIRST_FIELDS = ("model", "dataset", "gpus", "batch_size", "label")
+LAST_FIELDS = ("precision", "domain", "too_long", "compile", "seed", "max_examples", "gpu_memory_share",
+               "checkpoint_every", "keep_checkpoints", "hang_timeout", "private",
                "telemetry_interval", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
 # Set by `gpuscale resume` (and the history's R), never typed in the form.
 HIDDEN_FIELDS = ("resume_from",)
+
+
+@dataclass(frozen=True)
+class RunField:
+    """A field of the form that is the run's, not a setting of its recipe (`gpuscale run --label`):
+    optional text, checked by `problem` (None when fine)."""
+
+    description: str
+    problem: Callable[[str], str | None]
+
+
+RUN_FIELDS = {
+    "label": RunField("a name for the run, shown by `gpuscale runs` and usable where its id is (optional)",
+                      label_problem),
+}
 
 
 LABEL_WIDTH = 20  # the narrowest names' column (as wide as the CSS's .field-label)
 
 
 def ordered_fields(settings_cls: type[RunSettings]) -> list[str]:
-    fields = [f for f in settings_cls.model_fields if f not in HIDDEN_FIELDS]
+    """The form's rows: the settings of `settings_cls` (but the hidden ones) and the run's fields."""
+    fields = [f for f in settings_cls.model_fields if f not in HIDDEN_FIELDS] + list(RUN_FIELDS)
     own = [f for f in fields if f not in FIRST_FIELDS and f not in LAST_FIELDS]
     return [f for f in FIRST_FIELDS if f in fields] + own + [f for f in LAST_FIELDS if f in fields]
 
@@ -96,18 +117,24 @@ class SettingsForm(VerticalScroll, can_focus=False):
         self.auto_fields = auto_fields
         self.initial = initial
         self.cursor_blink = cursor_blink
-        self.fields = ordered_fields(settings_cls)
+        self.fields = ordered_fields(settings_cls)  # every row: the settings and the run's fields
+        self.settings_fields = [name for name in self.fields if name not in RUN_FIELDS]
         self.ready = False  # True once every control is mounted (a recipe switch rebuilds the form)
         self._errors: dict[str, str] = {}
+        # Kept by name rather than queried: a query walks the whole form, and reading the form for
+        # each change read every control (a few hundred widgets deep on the larger recipes).
+        self._controls: dict[str, Any] = {}
+        self._error_lines: dict[str, Static] = {}
+        self._checked: dict[str, Any] = {}  # each control's value when last checked
 
     def compose(self):
         for name in self.fields:
-            info = self.settings_cls.model_fields[name]
             with Horizontal(classes="field-row"):
                 label = Label(name, classes="field-label")
                 label.styles.width = self.label_width()
                 yield label
-                control = self._control(name, info.annotation, getattr(self.initial, name))
+                control = self._control(name, self.annotation(name), getattr(self.initial, name, None))
+                self._controls[name] = control
                 yield control
                 if isinstance(control, Switch):  # the slider alone is colour only: say it in a word
                     yield Label(on_off(control.value), id=f"state-{name}", classes="field-switch-state")
@@ -119,6 +146,14 @@ class SettingsForm(VerticalScroll, can_focus=False):
         """The names' column: the CSS width, or wider where a name is longer (`activation_checkpointing`),
         so that every name shows whole with a space before its control."""
         return max(LABEL_WIDTH, *(len(name) + 1 for name in self.fields))
+
+    def annotation(self, name: str) -> Any:
+        """A setting's type; a run's field is optional text."""
+        return str | None if name in RUN_FIELDS else self.settings_cls.model_fields[name].annotation
+
+    def description(self, name: str) -> str:
+        field = RUN_FIELDS.get(name) or self.settings_cls.model_fields[name]
+        return field.description or ""
 
     def _control(self, name: str, annotation: Any, value: Any):
         kind, options = control_kind(annotation)
@@ -135,23 +170,31 @@ class SettingsForm(VerticalScroll, can_focus=False):
 
     def on_mount(self) -> None:
         self.ready = True  # Mount comes after the children of compose() were mounted
+        # The initial values are the recipe's settings, valid already: the Changed message each
+        # control sends once mounted is no change (checking each and redrawing the command for
+        # each held the keys up for seconds on a loaded machine).
+        self._checked = {name: self.value(name) for name in self.fields}
         self.post_message(self.Ready(self))
 
     # ---- values ------------------------------------------------------------------------------
 
     def control(self, name: str):
-        return self.query_one(f"#field-{name}")
+        return self._controls[name]
 
     def value(self, name: str) -> Any:
         control = self.control(name)
         if isinstance(control, Input):
             text = control.value.strip()
-            return None if text == "" and is_optional(self.settings_cls.model_fields[name].annotation) else text
+            return None if text == "" and is_optional(self.annotation(name)) else text
         return control.value
 
     def values(self) -> dict[str, Any]:
         """Every setting as the form holds it: the top layer given to resolve_settings."""
-        return {name: self.value(name) for name in self.fields}
+        return {name: self.value(name) for name in self.settings_fields}
+
+    def run_values(self) -> dict[str, Any]:
+        """The run's fields (`label`), None where left empty: what `gpuscale run` takes beside --set."""
+        return {name: self.value(name) for name in RUN_FIELDS}
 
     def set_value(self, name: str, value: Any) -> None:
         control = self.control(name)
@@ -165,7 +208,10 @@ class SettingsForm(VerticalScroll, can_focus=False):
     def check(self, name: str) -> str | None:
         value = self.value(name)
         auto = name in self.auto_fields and isinstance(value, str) and value.lower() == "auto"
-        error = None if auto else check_field(self.settings_cls, name, value)
+        if name in RUN_FIELDS:
+            error = None if value is None else RUN_FIELDS[name].problem(value)
+        else:
+            error = None if auto else check_field(self.settings_cls, name, value)
         self.show_error(name, error)
         return error
 
@@ -175,13 +221,11 @@ class SettingsForm(VerticalScroll, can_focus=False):
         return dict(self._errors)
 
     def show_error(self, name: str, error: str | None) -> None:
-        lines = self.query(f"#error-{name}")
-        if not lines and not error:
+        line = self._error_lines.get(name)
+        if line is None and not error:
             return
-        if lines:
-            line = lines.first(Static)
-        else:
-            line = PlainStatic("", id=f"error-{name}", classes="field-error")
+        if line is None:
+            line = self._error_lines[name] = PlainStatic("", id=f"error-{name}", classes="field-error")
             self.mount(line, after=self.control(name).parent)
         if error:
             self._errors[name] = error
@@ -202,8 +246,12 @@ class SettingsForm(VerticalScroll, can_focus=False):
     # ---- events ------------------------------------------------------------------------------
 
     def _changed(self, control) -> None:
-        if control.id and control.id.startswith("field-"):
+        if self.ready and control.id and control.id.startswith("field-"):
             name = control.id.removeprefix("field-")
+            value = self.value(name)
+            if name in self._checked and self._checked[name] == value:
+                return  # a control's own message at mount, or the same value set again
+            self._checked[name] = value
             self.post_message(self.Changed(self, name, self.check(name)))
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -224,5 +272,4 @@ class SettingsForm(VerticalScroll, can_focus=False):
         control = event.widget
         if control.id and control.id.startswith("field-"):
             name = control.id.removeprefix("field-")
-            description = self.settings_cls.model_fields[name].description or ""
-            self.post_message(self.Focused(name, description))
+            self.post_message(self.Focused(name, self.description(name)))
