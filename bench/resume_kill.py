@@ -58,10 +58,11 @@ from gpuscale.runs.statuses import LIVE_STATUSES  # noqa: E402
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 
 
-def cli(*arguments: str, timeout: float | None = None) -> tuple[int, dict | None, str]:
-    """`gpuscale ARGS --json`: (exit code, the printed JSON or None, stderr)."""
+def cli(*arguments: str, timeout: float | None = None, env: dict | None = None) -> tuple[int, dict | None, str]:
+    """`gpuscale ARGS --json`: (exit code, the printed JSON or None, stderr); `env`: this process's
+    environment by default (bench/faults.py gives each case its own GPUSCALE_HOME)."""
     done = subprocess.run([sys.executable, "-m", "gpuscale.app.cli", *arguments, "--json"], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+                          text=True, timeout=timeout, cwd=ROOT, env=env)
     try:
         printed = json.loads(done.stdout)
     except json.JSONDecodeError:
