@@ -355,7 +355,7 @@ def parse_assignment(text: str) -> tuple[str | None, str]:
     """`[RECIPE:]KEY=VALUE` as (RECIPE or None for every recipe, KEY=VALUE)."""
     key = text.split("=", 1)[0]
     if "=" not in text or not key.strip(":"):
-        raise argparse.ArgumentTypeError(f"--set: {text!r}: expected [RECIPE:]KEY=VALUE")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected [RECIPE:]KEY=VALUE")
     if ":" in key:
         recipe, rest = text.split(":", 1)
         return recipe, rest
@@ -395,15 +395,21 @@ def parse_options(argv: list[str] | None = None):
     if opts.at_step < 1 or opts.run_steps <= 2 * opts.at_step or opts.resume_steps < 1:
         parser.error(f"--at-step {opts.at_step} --run-steps {opts.run_steps} --resume-steps {opts.resume_steps}: "
                      "need 1 <= at-step, 2 x at-step < run-steps, 1 <= resume-steps")
+    opts.pool = gpu_ids(parser, opts)
     return opts
 
 
-def gpu_pool(opts) -> GpuPool:
+def gpu_ids(parser, opts) -> list[int]:
+    """The GPUs the cases share: --gpu-ids, all visible by default; none on a machine without GPUs."""
     visible = visible_gpu_indices()
-    indices = [int(i) for i in opts.gpu_ids.split(",")] if opts.gpu_ids else visible
-    if visible and len(indices) < opts.gpus:
-        sys.exit(f"--gpus {opts.gpus}: only {len(indices)} GPU(s) to use ({indices})")
-    return GpuPool(indices if visible else [])
+    if not visible:
+        return []
+    given = (opts.gpu_ids or ",".join(map(str, visible))).split(",")
+    if not all(index.strip().isdigit() and int(index) in visible for index in given):
+        parser.error(f"--gpu-ids {opts.gpu_ids}: not all of them among the visible GPUs {visible}")
+    if len(given) < opts.gpus:
+        parser.error(f"--gpus {opts.gpus}: only {len(given)} GPU(s) to use ({','.join(given)})")
+    return [int(index) for index in given]
 
 
 def case_card(gpus: int) -> dict | str:
@@ -415,7 +421,7 @@ def case_card(gpus: int) -> dict | str:
 def main() -> None:
     opts = parse_options()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    pool = gpu_pool(opts)
+    pool = GpuPool(opts.pool)
     home_root = Path(opts.home or tempfile.mkdtemp(prefix="gpuscale-faults-")).resolve()
     cases = [CASES[name] for name in opts.cases.split(",")]
     with ThreadPoolExecutor(max_workers=len(cases) if opts.parallel else 1) as workers:

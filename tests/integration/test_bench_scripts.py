@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import slow
 from gpuscale.control.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -419,6 +420,34 @@ def test_resume_kill_bench_kills_the_supervisor_and_resumes_to_the_end_on_cpu(ho
     store = Store(home, read_only=True)
     assert store.get_run(f["parent_id"])["status"] == "lost"
     assert store.get_run(f["child_id"])["parent_id"] == f["parent_id"]
+
+
+@pytest.mark.e2e
+def test_faults_bench_kills_a_rank_and_times_the_others_end_on_cpu(home, tmp_path):
+    """bench/faults.py's kill case at its docstring's CPU sizes: rank 1 of a 2-rank sft run killed once
+    both ranks are past step 2; the JSON's times and verdict agree with the history's run."""
+    out = tmp_path / "faults.json"
+    settings = ["batch_size=2", "max_examples=64", "eval_examples=2", "sft:max_length=64", "sft:max_new_tokens=8",
+                "grpo-mtl:num_generations=2"]
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "faults.py"), "--cases", "sft-kill", "--gpus", "2",
+                           "--model", "tiny-math", "--at-step", "2", *(f"--set={one}" for one in settings),
+                           "--home", str(tmp_path / "homes"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=slow(300), cwd=ROOT)
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["card"] == "cpu", done.stdout[-3000:] + done.stderr[-3000:]
+    [case] = record["figures"]["cases"]
+    assert case["case"] == "sft-kill" and case["gpus"] == "2" and case["rank"] == 1
+    assert "num_generations=2" not in case["run_arguments"]  # another recipe's setting stays with it
+    assert min(case["steps_at_fault"].values()) > 2 and case["fault_step"] == case["steps_at_fault"]["1"]
+    assert case["others_gone_s"] < slow(10) and case["others_gone_s"] <= case["all_processes_gone_s"]
+    assert case["processes_left"] == [] and case["other_ranks"] == 1
+    assert case["error"] == "rank 1: killed by SIGKILL with no error of its own" and case["status"] == "failed"
+    assert case["passed"] == (case["others_gone_s"] <= case["limit_s"] == 10)
+    assert done.returncode == (0 if case["passed"] else 1)
+    assert f"sft-kill (2): {'PASS' if case['passed'] else 'FAIL'}: rank 1 SIGKILL at step" in done.stdout
+    run = Store(Path(case["home"]), read_only=True).get_run(case["run"])
+    assert (run["status"], run["error"], run["run_dir"]) == (case["status"], case["error"], case["run_dir"])
+    assert run["settings"]["max_steps"] == 1000 and run["settings"]["hang_timeout"] == 30
 
 
 def selection_rows(label: str, seeds_figures: list[tuple[str, float, float, float, float]]) -> list[dict]:
