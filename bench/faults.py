@@ -319,8 +319,9 @@ def say(case: Case, line: str) -> None:
 # ---- the GPUs the cases share ------------------------------------------------------------------------
 
 class GpuPool:
-    """The GPUs the cases may use; a case takes `count` of them and gives them back when done. Without
-    GPUs (CPU ranks) a case takes nothing and `--gpus` is the number of ranks."""
+    """The GPUs the cases may use; a case takes `count` different ones and gives them back when done. A
+    GPU named twice in --gpu-ids (0,1,0,1) is shared by two cases at once, to fit the cases into one
+    call's time. Without GPUs (CPU ranks) a case takes nothing and `--gpus` is the number of ranks."""
 
     def __init__(self, indices: list[int]):
         self.free, self.cpu = list(indices), not indices
@@ -330,8 +331,10 @@ class GpuPool:
         if self.cpu:
             return []
         with self.changed:
-            self.changed.wait_for(lambda: len(self.free) >= count)
-            taken, self.free = self.free[:count], self.free[count:]
+            self.changed.wait_for(lambda: len(set(self.free)) >= count)
+            taken = sorted(set(self.free))[:count]
+            for index in taken:
+                self.free.remove(index)
             return taken
 
     def give_back(self, indices: list[int]) -> None:
@@ -407,7 +410,7 @@ def gpu_ids(parser, opts) -> list[int]:
     given = (opts.gpu_ids or ",".join(map(str, visible))).split(",")
     if not all(index.strip().isdigit() and int(index) in visible for index in given):
         parser.error(f"--gpu-ids {opts.gpu_ids}: not all of them among the visible GPUs {visible}")
-    if len(given) < opts.gpus:
+    if len(set(given)) < opts.gpus:
         parser.error(f"--gpus {opts.gpus}: only {len(given)} GPU(s) to use ({','.join(given)})")
     return [int(index) for index in given]
 
