@@ -25,13 +25,16 @@ recipes/shared/training_trial.py).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.device_defaults import device_default, resolved_for_device
 from gpuscale.recipes.shared.training_settings import TrainingSettings
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
+
+GPU_STEPS, CPU_STEPS = 500, 80
 
 
 class Settings(TrainingSettings):
@@ -83,7 +86,9 @@ class Settings(TrainingSettings):
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="peak learning rate (1e-4 suits the "
                                  "embedded tiny-math model: 2e-4 lowered its greedy accuracy on the validation "
                                  "split; 0.5B+ models want about 1e-6)")
-    max_steps: int = Field(500, ge=1, le=10_000_000, description="optimizer steps")
+    # On CPU ranks a step of 256 completions takes over a second on 2 cores: CPU_STEPS keeps a run to minutes.
+    max_steps: Literal["auto"] | Annotated[int, Field(ge=1, le=10_000_000)] = device_default(
+        GPU_STEPS, CPU_STEPS, "optimizer steps")
     lr_scheduler: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule after the warm-up (constant kept the last steps as large "
                               "as the first and undid gains on tiny-math)")
@@ -172,7 +177,9 @@ class GrpoMtl(Recipe):
 
         check_dataset(settings.dataset, "train", settings.max_examples)
         accumulation_steps(settings, 1)
-        check_training_examples(settings)
+        # The ranks' device is not known here: the rows are counted at a GPU's steps, the most a run loads
+        # (data.py), which hold a step's prompts exactly when the CPU's fewer do.
+        check_training_examples(resolved_for_device(settings, on_gpu=True))
 
     # Tuning (`gpuscale tune`): the per-device micro-batch of the loss's forward and backward; the
     # accumulation follows from it (accumulation_steps), so the step's completions stay as asked. mtl is
