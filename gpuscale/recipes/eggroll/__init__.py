@@ -163,7 +163,7 @@ class Eggroll(Recipe):
                     # Learning settings, and terms a member adds in place (antithetic pairs, norms): the
                     # same rows and decoding. `fitness` is in the key: correctness decodes, gold_logprob not.
                     not_shaping=("sigma", "norm_sigma", "lr", "lr_scheduler", "optimizer", "fitness_shaping",
-                                 "antithetic", "perturb_norms", "steps"),
+                                 "antithetic", "perturb_norms", "steps", "eval_every"),
                     start=256)  # the default: smaller calls mean many calls per step, trials of minutes
 
     def for_device(self, settings: Settings, on_gpu: bool, ranks: int) -> Settings:

@@ -181,7 +181,10 @@ class RFT(Recipe):
     # chosen; training's micro-batch is train_batch_size).
     tuning = Tuning(figure="samples_per_s", knob="training questions per generation call per rank",
                     shape_settings=("dataset", "samples_per_question", "max_new_tokens", "temperature", "generator",
-                                    "max_rows_per_call"))
+                                    "max_rows_per_call"),
+                    # How long the training phase lasts (read where the trial's settings are resolved for the
+                    # device); the trial times generation.
+                    not_shaping=("epochs",))
 
     def trial_session(self, settings: Settings, ctx):
         from gpuscale.recipes.rft.trial import trial_session

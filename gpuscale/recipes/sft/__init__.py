@@ -94,6 +94,8 @@ class SFT(Recipe):
                     # What the trial's step is made of: its rows and the kernels and layout that train them.
                     shape_settings=("dataset", "max_length", "lora_rank", "lora_targets", "activation_checkpointing",
                                     "step_asked", "padding_free", "pad_to_multiple_of", "liger_kernels"),
+                    # How long a run trains (read where the trial's settings are resolved for the device).
+                    not_shaping=("epochs",),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def trial_session(self, settings: Settings, ctx):
