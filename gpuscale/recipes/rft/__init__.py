@@ -39,7 +39,7 @@ from gpuscale.recipes.shared.training_settings import SupervisedSettings
 from gpuscale.runs.settings import auto_means_sized_on_card
 
 GPU_SAMPLES, CPU_SAMPLES = 16, 4
-GPU_EPOCHS, CPU_EPOCHS = 9.0, 3.0
+GPU_EPOCHS, CPU_EPOCHS = 9.0, 2.0
 
 
 class Settings(SupervisedSettings):
