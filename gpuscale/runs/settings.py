@@ -334,10 +334,21 @@ def merge_layers(
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
+    errors = exc.errors()
+    error = errors[0]
     field = ".".join(str(part) for part in error["loc"][:1]) or "settings"
-    reason = error["msg"].removeprefix("Value error, ")
-    return f"{field}: {error.get('input')!r}: {reason}"
+    return f"{field}: {error.get('input')!r}: {field_reason(errors, error['loc'][:1])}"
+
+
+def field_reason(errors: list[dict], field_loc: tuple) -> str:
+    """Why one field's value was refused, in words. A field that takes a word or a number (`auto`
+    or a count, `all` or a count) fails on both; the word's "Input should be 'auto'" says nothing
+    of what was wrong with the number, so the number's rule is given, the word after it."""
+    mine = [error for error in errors if error["loc"][:1] == field_loc]
+    reason = mine[0]["msg"].removeprefix("Value error, ")
+    if mine[0]["type"] == "literal_error" and len(mine) > 1:
+        reason = f"{mine[1]['msg'].removeprefix('Value error, ')} (or {mine[0]['ctx']['expected']})"
+    return reason
 
 
 def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str | None:
@@ -345,9 +356,8 @@ def check_field(settings_cls: type[RunSettings], field: str, value: Any) -> str 
     try:
         settings_cls.model_validate({field: value})
     except ValidationError as exc:
-        mine = [e for e in exc.errors() if e["loc"][:1] == (field,)]
-        if mine:
-            return mine[0]["msg"].removeprefix("Value error, ")
+        if any(e["loc"][:1] == (field,) for e in exc.errors()):
+            return field_reason(exc.errors(), (field,))
     return None
 
 

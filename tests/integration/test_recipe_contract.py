@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from textual.app import App
@@ -18,6 +19,7 @@ from textual.app import App
 from conftest import run_together
 from gpuscale.app.widgets.settings_form import HIDDEN_FIELDS, SettingsForm
 from gpuscale.recipes.shared.contract import Recipe
+from gpuscale.recipes.shared.device_defaults import device_defaults_line
 from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs.settings import resolve_settings
 
@@ -102,3 +104,9 @@ def test_a_one_rank_cpu_run_of_the_smallest_settings_keeps_its_promises(smoke_ru
     assert run["status"] == "succeeded", run["error"]
     missing = [figure for figure in recipe.promised_figures if figure not in (run["summary"] or {})]
     assert not missing, f"{name}: the summary lacks promised figures {missing}"
+    # The settings left to the device (those the smallest settings do not give) are the CPU's, and rank
+    # 0's log says so in one line.
+    settings = resolve_settings(recipe.settings_cls, overrides=recipe.smoke_settings, environ={})
+    line = device_defaults_line(settings, on_gpu=False)
+    log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()
+    assert (line in log.splitlines()) if line else "defaults (" not in log

@@ -23,7 +23,7 @@ def test_auto_population_and_steps_are_the_gpu_choice_on_a_gpu_and_the_small_one
     on_gpu = Eggroll().for_device(settings, on_gpu=True, ranks=1)
     on_cpu = Eggroll().for_device(settings, on_gpu=False, ranks=1)
     assert (on_gpu.population, on_cpu.population) == (GPU_POPULATION, CPU_POPULATION) == (2048, 64)
-    assert (on_gpu.steps, on_cpu.steps) == (GPU_STEPS, CPU_STEPS) == (200, 300)
+    assert (on_gpu.steps, on_cpu.steps) == (GPU_STEPS, CPU_STEPS) == (200, 60)
     # The unset batch is a rank's step in one call, capped: 2,048 x 16 rows is over 8,192, 64 x 16 is 1,024.
     assert on_gpu.batch_size == MAX_ROWS_PER_CALL == 8192
     assert on_cpu.batch_size == 64 * 16
@@ -41,8 +41,10 @@ def test_values_the_user_gave_are_kept_on_every_device():
 def test_an_odd_population_is_still_refused_with_its_field_and_auto_is_not():
     with pytest.raises(SettingsError, match=r"population: '7': must be even with antithetic pairs"):
         resolve_settings(Settings, overrides={"population": "7"})
-    with pytest.raises(SettingsError, match=r"population: 'many': expected 'auto' or a whole number"):
+    with pytest.raises(SettingsError, match=r"population: 'many': Input should be a valid integer.* \(or 'auto'\)$"):
         resolve_settings(Settings, overrides={"population": "many"})
-    with pytest.raises(SettingsError, match=r"steps: 'ten': expected 'auto' or a whole number"):
+    with pytest.raises(SettingsError, match=r"steps: 'ten': Input should be a valid integer.* \(or 'auto'\)$"):
         resolve_settings(Settings, overrides={"steps": "ten"})
+    with pytest.raises(SettingsError, match=r"steps: '0': Input should be greater than or equal to 1 \(or 'auto'\)$"):
+        resolve_settings(Settings, overrides={"steps": "0"})
     assert resolve_settings(Settings, overrides={"population": "auto"}).population == "auto"

@@ -11,7 +11,7 @@ import torch
 from gpuscale.data import tasks
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
-from gpuscale.recipes.eggroll import Settings
+from gpuscale.recipes.eggroll import Eggroll, Settings
 from gpuscale.recipes.eggroll.trainer import run_eggroll
 from gpuscale.runs.run_dir import RunDir
 
@@ -32,7 +32,7 @@ def test_a_run_without_evaluation_never_loads_the_test_split(tmp_path, monkeypat
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     reporter = Reporter(tmp_path, 0)
     try:
-        run_eggroll(settings, ctx, reporter)
+        run_eggroll(Eggroll().for_device(settings, on_gpu=False, ranks=1), ctx, reporter)  # as a CPU rank runs it
     finally:
         reporter.close()
     assert [split for split, _ in asked] == ["train"]

@@ -15,7 +15,7 @@ import torch
 from gpuscale.engines import preemption
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
-from gpuscale.recipes.eggroll import Settings
+from gpuscale.recipes.eggroll import Eggroll, Settings
 from gpuscale.recipes.eggroll.trainer import run_eggroll
 from gpuscale.runs.checkpoints import list_checkpoints
 from gpuscale.runs.run_dir import RunDir
@@ -43,7 +43,7 @@ def run(run_dir: Path, signal_at_step: int | None = None, **settings) -> None:
 
         reporter.log = log_then_signal
     try:
-        run_eggroll(Settings(**{**TINY, **settings}), ctx, reporter)
+        run_eggroll(Eggroll().for_device(Settings(**{**TINY, **settings}), on_gpu=False, ranks=1), ctx, reporter)
     finally:
         reporter.close()
 

@@ -62,8 +62,8 @@ def test_lora_training_lowers_the_loss_and_merges_into_a_plain_model(tmp_path):
     # 128-wide model LoRA levels off near 3.1 nats, in peft's own loop too; a full fine-tune goes lower.)
     rows = [{"question": f"Ann has {n} apples. Ann gets 2 more. How many apples does Ann have now?",
              "completion": "I like to count.\n#### 99"} for n in range(4)]
-    settings = Settings(batch_size=4, max_steps=20, learning_rate=3e-3, lora_rank=8, lora_alpha=16,
-                        lr_scheduler="constant", max_length=64)
+    settings = SFT().for_device(Settings(batch_size=4, max_steps=20, learning_rate=3e-3, lora_rank=8, lora_alpha=16,
+                                         lr_scheduler="constant", max_length=64), on_gpu=False, ranks=1)
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     reporter = Reporter(tmp_path, 0)
     trained = train_sft(rows, settings, ctx, reporter)

@@ -13,7 +13,7 @@ from transformers import TrainerControl
 from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
 from gpuscale.engines.trl_bridge import ReporterCallback, metric_name, trainer_args
-from gpuscale.recipes.sft import Settings
+from gpuscale.recipes.sft import SFT, Settings
 from gpuscale.runs.heartbeat import BEAT_KEY
 
 
@@ -163,7 +163,7 @@ def test_a_real_trainer_reports_every_step(tmp_path):
     model, tokenizer = load_model("tiny-math")
     rows = [tokenizer(f"Ann has {n} apples.", add_special_tokens=False)["input_ids"] for n in range(8)]
     dataset = [{"input_ids": ids, "labels": ids} for ids in rows]
-    settings = Settings(batch_size=2, max_steps=3, learning_rate=1e-3)
+    settings = SFT().for_device(Settings(batch_size=2, max_steps=3, learning_rate=1e-3), on_gpu=False, ranks=1)
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     reporter = Reporter(tmp_path, 0)
     callback = ReporterCallback(reporter)

@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.device_defaults import device_default
 from gpuscale.recipes.shared.training_settings import eval_split_field
 from gpuscale.runs.settings import RunSettings
 
@@ -34,9 +35,10 @@ from gpuscale.runs.settings import RunSettings
 # "Settings chosen on the validation split"): 512 members beat 64, then 2,048 members for 200 steps had a
 # higher T=1 accuracy than 2,048 for 150 and 512 for 300, greedy higher in every domain and seed (2,048
 # for 300 steps took too long for a default; what 200 cost is in bench/RESULTS.md). On CPU a step's time
-# grows with the members (at 512 a 300-step run takes hours), so CPU runs keep 64 members and 300 steps.
-GPU_POPULATION, GPU_STEPS = 2048, 200
-CPU_POPULATION, CPU_STEPS = 64, 300
+# grows with the members (at 512 a 300-step run takes hours), so CPU runs keep 64 members; a step of 64
+# takes about 2 s on 2 cores, so 60 steps and no evaluation between them keep a run to minutes.
+GPU_POPULATION, GPU_STEPS, GPU_EVAL_EVERY = 2048, 200, 50
+CPU_POPULATION, CPU_STEPS, CPU_EVAL_EVERY = 64, 60, 0
 MAX_ROWS_PER_CALL = 8192  # the unset batch at most: the selection's (2,048 members x 16 prompts in four calls)
 
 
@@ -52,9 +54,8 @@ class Settings(RunSettings):
         "eggroll",
         description="eggroll = all members in one batched forward; naive = perturb, generate, restore per member")
     antithetic: bool = Field(True, description="members in pairs with noise +E and -E")
-    population: Literal["auto"] | Annotated[int, Field(ge=2, le=1 << 20)] = Field(
-        "auto", description=f"members per step, over all ranks; auto: {GPU_POPULATION} on a GPU, "
-                            f"{CPU_POPULATION} on CPU")
+    population: Literal["auto"] | Annotated[int, Field(ge=2, le=1 << 20)] = device_default(
+        GPU_POPULATION, CPU_POPULATION, "members per step, over all ranks")
     rank: int = Field(1, ge=1, le=64, description="rank r of each perturbation A B^T")
     perturb_norms: bool = Field(
         True, description="also perturb the norms' gain vectors (full-rank noise, as the paper's non-matrix "
@@ -83,22 +84,16 @@ class Settings(RunSettings):
     common_random_numbers: bool = Field(
         True, description="with temperature > 0, every member samples its answers with the same random numbers "
                           "in a step, so members' fitnesses differ by their noise, not by their luck")
-    steps: Literal["auto"] | Annotated[int, Field(ge=1, le=1_000_000)] = Field(
-        "auto", description=f"ES steps; auto: {GPU_STEPS} on a GPU, {CPU_STEPS} on CPU")
-    eval_every: int = Field(50, ge=0, description="held-out accuracy every this many steps (0 = only before and after)")
+    steps: Literal["auto"] | Annotated[int, Field(ge=1, le=1_000_000)] = device_default(
+        GPU_STEPS, CPU_STEPS, "ES steps")
+    eval_every: Literal["auto"] | Annotated[int, Field(ge=0)] = device_default(
+        GPU_EVAL_EVERY, CPU_EVAL_EVERY, "held-out accuracy every this many steps (0 = only before and after)")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) for the "
                                "accuracy figures (0 = no evaluation)")
     eval_split: Literal["test", "validation"] = eval_split_field()
     save_model: bool = Field(True, description="save the final model in RUN_DIR/model, before the final evaluation")
     answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field(
         "strict", description="answer extraction of the reward")
-
-    @field_validator("population", "steps", mode="before")
-    @classmethod
-    def _auto_or_a_count(cls, value):
-        if isinstance(value, str) and value.strip() != "auto" and not value.strip().isdigit():
-            raise ValueError("expected 'auto' or a whole number")
-        return value.strip() if isinstance(value, str) else value
 
     @field_validator("population")
     @classmethod
@@ -168,20 +163,16 @@ class Eggroll(Recipe):
                     # Learning settings, and terms a member adds in place (antithetic pairs, norms): the
                     # same rows and decoding. `fitness` is in the key: correctness decodes, gold_logprob not.
                     not_shaping=("sigma", "norm_sigma", "lr", "lr_scheduler", "optimizer", "fitness_shaping",
-                                 "antithetic", "perturb_norms", "steps"),
+                                 "antithetic", "perturb_norms", "steps", "eval_every"),
                     start=256)  # the default: smaller calls mean many calls per step, trials of minutes
 
     def for_device(self, settings: Settings, on_gpu: bool, ranks: int) -> Settings:
-        population, steps = settings.population, settings.steps
-        if population == "auto":
-            population = GPU_POPULATION if on_gpu else CPU_POPULATION
-        if steps == "auto":
-            steps = GPU_STEPS if on_gpu else CPU_STEPS
-        batch_size = settings.batch_size
-        if batch_size is None:  # a step's rows on one rank (an uneven population is refused by the rank)
-            rows = settings.prompts_per_step * settings.generations_per_prompt * max(1, population // ranks)
-            batch_size = min(rows, MAX_ROWS_PER_CALL)
-        return settings.model_copy(update={"population": population, "steps": steps, "batch_size": batch_size})
+        settings = super().for_device(settings, on_gpu, ranks)  # population and steps
+        if settings.batch_size is not None:
+            return settings
+        # A step's rows on one rank (an uneven population is refused by the rank).
+        rows = settings.prompts_per_step * settings.generations_per_prompt * max(1, settings.population // ranks)
+        return settings.model_copy(update={"batch_size": min(rows, MAX_ROWS_PER_CALL)})
 
     def trial_session(self, settings: Settings, ctx):
         from gpuscale.recipes.eggroll.trial import trial_session
@@ -200,4 +191,4 @@ class Eggroll(Recipe):
     def run(self, settings: Settings, ctx, reporter) -> None:
         from gpuscale.recipes.eggroll.trainer import run_eggroll
 
-        run_eggroll(self.for_device(settings, ctx.device.type == "cuda", ctx.world_size), ctx, reporter)
+        run_eggroll(settings, ctx, reporter)  # sized for the rank's device (run_on_device)

@@ -25,13 +25,16 @@ recipes/shared/training_trial.py).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.device_defaults import device_default, resolved_for_device
 from gpuscale.recipes.shared.training_settings import TRAINING_FIGURE_NOTES, TrainingSettings
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
+
+GPU_STEPS, CPU_STEPS = 500, 50
 
 
 class Settings(TrainingSettings):
@@ -83,7 +86,9 @@ class Settings(TrainingSettings):
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="peak learning rate (1e-4 suits the "
                                  "embedded tiny-math model: 2e-4 lowered its greedy accuracy on the validation "
                                  "split; 0.5B+ models want about 1e-6)")
-    max_steps: int = Field(500, ge=1, le=10_000_000, description="optimizer steps")
+    # On CPU ranks a step of 256 completions takes 2 s or more on 2 cores: CPU_STEPS keeps a run to minutes.
+    max_steps: Literal["auto"] | Annotated[int, Field(ge=1, le=10_000_000)] = device_default(
+        GPU_STEPS, CPU_STEPS, "optimizer steps")
     lr_scheduler: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule after the warm-up (constant kept the last steps as large "
                               "as the first and undid gains on tiny-math)")
@@ -174,7 +179,9 @@ class GrpoMtl(Recipe):
 
         check_dataset(settings.dataset, "train", settings.max_examples)
         accumulation_steps(settings, 1)
-        check_training_examples(settings)
+        # The ranks' device is not known here: the rows are counted at a GPU's steps, the most a run loads
+        # (data.py), which hold a step's prompts exactly when the CPU's fewer do.
+        check_training_examples(resolved_for_device(settings, on_gpu=True))
 
     # Tuning (`gpuscale tune`): the per-device micro-batch of the loss's forward and backward; the
     # accumulation follows from it (accumulation_steps), so the step's completions stay as asked. mtl is
@@ -183,6 +190,8 @@ class GrpoMtl(Recipe):
                     knob="completions per device per micro-batch (accumulation keeps the step's completions)",
                     shape_settings=("dataset", "max_prompt_length", "max_completion_length", "lora_rank",
                                     "lora_targets", "beta", "completions_per_step", "liger_kernels", "mtl"),
+                    # How long a run trains (read where the trial's settings are resolved for the device).
+                    not_shaping=("max_steps",),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def trial_session(self, settings: Settings, ctx):

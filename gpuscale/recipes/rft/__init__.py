@@ -29,14 +29,18 @@ generation phase), trainer.py (a rank's whole run), trial.py (its tuning trial: 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from gpuscale.data.paths import absolute_path
 from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.device_defaults import device_default
 from gpuscale.recipes.shared.training_settings import TRAINING_FIGURE_NOTES, SupervisedSettings
 from gpuscale.runs.settings import auto_means_sized_on_card
+
+GPU_SAMPLES, CPU_SAMPLES = 16, 4
+GPU_EPOCHS, CPU_EPOCHS = 9.0, 2.0
 
 
 class Settings(SupervisedSettings):
@@ -55,8 +59,11 @@ class Settings(SupervisedSettings):
     # 30 samples over the whole training split are one --set away.
     max_examples: int | None = Field(4000, ge=1, description="training questions to generate answers for "
                                      "(empty = the whole split)")
-    samples_per_question: int = Field(16, ge=1, le=4096, description="answers sampled per training question "
-                                      "(the users' earlier RFT script's oversample)")
+    # On CPU ranks 16 answers to 4,000 questions and 9 epochs over what is kept take most of an hour on 2
+    # cores: the CPU's values keep a run to minutes.
+    samples_per_question: Literal["auto"] | Annotated[int, Field(ge=1, le=4096)] = device_default(
+        GPU_SAMPLES, CPU_SAMPLES, "answers sampled per training question (the users' earlier RFT script's "
+        "oversample)")
     # 32 rows a step at 4e-4: chosen on the validation split on one GPU (bench/results/rft/selection-rows-per-
     # step-2026-11-28-h200.json, as gradient_accumulation=4): of 8 rows at 1e-4 (the default until then) and 32
     # at 2e-4 or 4e-4, the highest temperature-1 accuracy after training, 3 seeds, greedy higher in every
@@ -87,7 +94,8 @@ class Settings(SupervisedSettings):
                                          "largest that fits gpu_memory_share of the card (8 on CPU)")
     # 9: chosen on the validation split (bench/results/rft/selection-epochs-2026-11-27-cpu.json): of 3, 6
     # and 9, the highest temperature-1 accuracy after training, 3 seeds, greedy higher in every domain.
-    epochs: float = Field(9.0, gt=0.0, le=1000.0, description="passes over the kept set")
+    epochs: Literal["auto"] | Annotated[float, Field(gt=0.0, le=1000.0)] = device_default(
+        GPU_EPOCHS, CPU_EPOCHS, "passes over the kept set")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule after the warm-up")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
@@ -175,7 +183,10 @@ class RFT(Recipe):
     # chosen; training's micro-batch is train_batch_size).
     tuning = Tuning(figure="samples_per_s", knob="training questions per generation call per rank",
                     shape_settings=("dataset", "samples_per_question", "max_new_tokens", "temperature", "generator",
-                                    "max_rows_per_call"))
+                                    "max_rows_per_call"),
+                    # How long the training phase lasts (read where the trial's settings are resolved for the
+                    # device); the trial times generation.
+                    not_shaping=("epochs",))
 
     def trial_session(self, settings: Settings, ctx):
         from gpuscale.recipes.rft.trial import trial_session

@@ -20,11 +20,12 @@ and grpo-mtl.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
+from gpuscale.recipes.shared.device_defaults import device_default
 from gpuscale.recipes.shared.training_settings import (
     MOST_ACCUMULATION,
     TRAINING_FIGURE_NOTES,
@@ -32,6 +33,8 @@ from gpuscale.recipes.shared.training_settings import (
     with_micro_batch,
 )
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
+
+GPU_EPOCHS, CPU_EPOCHS = 6.0, 2.0
 
 
 class Settings(SupervisedSettings):
@@ -47,7 +50,9 @@ class Settings(SupervisedSettings):
     max_examples: int | None = Field(4000, ge=1, description="training examples (empty = the whole split)")
     # 6: chosen on the validation split (bench/results/sft/selection-epochs-2026-11-27-cpu.json): of 2, 4
     # and 6, the highest temperature-1 accuracy after training, 3 seeds, greedy higher in every domain.
-    epochs: float = Field(6.0, gt=0.0, le=1000.0, description="passes over the training examples")
+    # On CPU ranks 6 epochs are 3,000 steps, half an hour on 2 cores: CPU_EPOCHS keeps a run to minutes.
+    epochs: Literal["auto"] | Annotated[float, Field(gt=0.0, le=1000.0)] = device_default(
+        GPU_EPOCHS, CPU_EPOCHS, "passes over the training examples")
     # 2e-4: chosen on the validation split at 6 epochs (bench/results/sft/selection-lr-2026-11-27-cpu.json):
     # of 5e-5, 1e-4 and 2e-4, the highest temperature-1 accuracy after training, 3 seeds, greedy higher in
     # every domain; the top of that grid.
@@ -95,6 +100,8 @@ class SFT(Recipe):
                     # What the trial's step is made of: its rows and the kernels and layout that train them.
                     shape_settings=("dataset", "max_length", "lora_rank", "lora_targets", "activation_checkpointing",
                                     "step_asked", "padding_free", "pad_to_multiple_of", "liger_kernels"),
+                    # How long a run trains (read where the trial's settings are resolved for the device).
+                    not_shaping=("epochs",),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def trial_session(self, settings: Settings, ctx):

@@ -11,7 +11,8 @@ A recipe is a subclass of `Recipe` that declares, as class attributes,
 - `smoke_settings` the smallest settings that still exercise the whole recipe on the embedded
                    default on one CPU rank (the contract test runs them);
 
-and implements `run(settings, ctx, reporter)`, the work of one rank. A recipe that can be tuned
+and implements `run(settings, ctx, reporter)`, the work of one rank, on settings whose device defaults
+(recipes/shared/device_defaults.py) are resolved for the rank's device. A recipe that can be tuned
 (`gpuscale tune`, `--batch-size auto`) declares `tuning` (its throughput figure and the
 settings that change the shape of its work) and implements `trial_session(settings, ctx)`, and where
 its batch is bounded or constrained `tune_batch_sizes` / `tune_max_batch`. `check(settings)` runs in the
@@ -32,6 +33,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from gpuscale.recipes.shared.device_defaults import device_defaults_line, resolved_for_device
 from gpuscale.runs.settings import RunSettings
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
@@ -135,10 +137,21 @@ class Recipe(ABC):
             questions_too_long(settings.dataset, question_limit(settings))
 
     def for_device(self, settings: RunSettings, on_gpu: bool, ranks: int) -> RunSettings:
-        """The settings with those left to the device resolved (eggroll's population and batch are
-        sized one way on a GPU, another on CPU, for `ranks` ranks); called where the device is known: by
-        the rank before its work and by the tuner before its trials. The default leaves them as they are."""
-        return settings
+        """The settings with those left to the device resolved, for `ranks` ranks; called where the
+        device is known: by the rank before its work (`run_on_device`) and by the tuner before its
+        trials. The default sets every device default still `auto` (recipes/shared/device_defaults.py:
+        sft's epochs, grpo-mtl's steps...) to the device's value; a recipe that sizes more (eggroll's
+        batch) calls it first."""
+        return resolved_for_device(settings, on_gpu)
+
+    def run_on_device(self, settings: RunSettings, ctx: RankContext, reporter: Reporter) -> None:
+        """What a rank runs (recipes/__main__.py): `run` on the settings resolved for its device, rank 0's
+        log saying first which device defaults it took."""
+        on_gpu = ctx.device.type == "cuda"
+        line = device_defaults_line(settings, on_gpu)
+        if line and ctx.is_main:
+            print(line, flush=True)
+        self.run(self.for_device(settings, on_gpu, ctx.world_size), ctx, reporter)
 
     def trial_session(self, settings: RunSettings, ctx: RankContext) -> AbstractContextManager[TrialFn]:
         """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of
