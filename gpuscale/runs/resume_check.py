@@ -8,8 +8,8 @@ SLURM's requeue) therefore judges three things and records them:
 - optimizer: the optimizer's state came back with the weights (Adam's two moments present and not zero
   for every parameter it trains), where the recipe's optimizer keeps one;
 - figure: the first resumed steps' loss (or, where the loss says nothing of where training stands, the
-  recipe's own figure: grpo-mtl's reward, eggroll's fitness) is near the value logged up to the
-  checkpoint (`TOLERANCE`).
+  recipe's own figure: grpo-mtl's reward, eggroll's fitness) is near the values logged up to the
+  checkpoint (the tolerance and why: below).
 
 The rank fills a `ResumeCheck` as it goes (engines/resume_check.py for a TRL trainer, eggroll's loop
 itself) and writes its `record()` into the summary; the front ends read it back with `check_line` and
@@ -24,17 +24,22 @@ from dataclasses import dataclass, field
 from gpuscale.data.figures import label
 from gpuscale.runs.checkpoints import checkpoint_step
 
-# The resumed figure is the mean of its first RESUMED_STEPS logged values (one step's value depends on
-# its batch; three smooth that without waiting long), compared with the last value logged up to the
-# checkpoint's step: the state the run resumed from.
+# The figure's first RESUMED_STEPS values after the resume, averaged, against the average of the last
+# RESUMED_STEPS logged up to the checkpoint's step (the state the run resumed from): one step's value
+# depends on its batch, three smooth that without waiting long.
 RESUMED_STEPS = 3
-# Within the larger of RELATIVE_TOLERANCE of the value before and the spread (highest minus lowest) of
-# the last SPREAD_STEPS values before. A step's loss on another batch differs from the last one by tens
-# of percent on small batches, and by as much as it moved over the last steps while it still falls
-# fast; a resume that lost its weights or its data position starts from the untrained level instead,
-# several times the trained loss once training has got anywhere, and that is what the check is for.
+# The two averages may differ by the larger of RELATIVE_TOLERANCE of the one before and the spread
+# (highest minus lowest) of the last SPREAD_STEPS values before. The spread of 10 values of a noisy
+# figure is about 3 of its standard deviations, and the difference of two averages of 3 has 0.8 of one:
+# a resume that carried on stays inside but about once in 5,000 checks; a falling loss's drift over the
+# last steps is inside the spread too. A resume that lost its weights, its optimizer or its data
+# position starts from further back: the untrained level, several times a loss that has fallen at all.
+# Fewer than MIN_BEFORE values before say too little of the figure's noise (two rewards of 16
+# completions can be equal, and the next one twice as high): the figure is then not compared, and the
+# line says so.
 RELATIVE_TOLERANCE = 0.5
-SPREAD_STEPS = 5
+SPREAD_STEPS = 10
+MIN_BEFORE = 5
 
 
 @dataclass
@@ -90,13 +95,14 @@ def optimizer_part(name: str, adam_like: bool, parameters: int, with_moments: in
 
 
 def figure_part(figure: str, before: list[float], after: list[float], checkpoint_step: int) -> dict:
-    """The first resumed values' mean against the last value before, within `tolerance`. Not judged
-    (`passed` None, `reason` says why) where either side has no value."""
+    """The first resumed values' average against the last ones' before, within `tolerance`. Not judged
+    (`passed` None, `reason` says why) with too few values on a side."""
     part = {"name": figure, "step_before": checkpoint_step, "after_values": list(after)}
-    if not before or not after:
-        reason = (f"no {figure} logged up to step {checkpoint_step}" if not before else f"no {figure} logged after it")
+    if len(before) < MIN_BEFORE or not after:
+        reason = (f"{len(before)} value(s) logged up to step {checkpoint_step}, {MIN_BEFORE} needed to know its "
+                  "step-to-step spread" if after else "none logged after the resume")
         return {**part, "passed": None, "reason": reason}
-    reference, resumed = before[-1], sum(after) / len(after)
+    reference, resumed = mean(before[-RESUMED_STEPS:]), mean(after)
     allowed = tolerance(before)
     return {**part, "before": reference, "after": resumed, "tolerance": allowed,
             "passed": abs(resumed - reference) <= allowed}
@@ -104,7 +110,11 @@ def figure_part(figure: str, before: list[float], after: list[float], checkpoint
 
 def tolerance(before: list[float]) -> float:
     recent = before[-SPREAD_STEPS:]
-    return max(RELATIVE_TOLERANCE * abs(before[-1]), max(recent) - min(recent))
+    return max(RELATIVE_TOLERANCE * abs(mean(before[-RESUMED_STEPS:])), max(recent) - min(recent))
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def overall(parts) -> bool | None:
@@ -127,7 +137,7 @@ def check_failed(record: dict | None) -> bool:
 
 def check_line(record: dict) -> str:
     """One line: `resume check: passed: 40 steps left, 40 done; Adam state restored; first loss 0.41
-    against 0.39 before (step 60, tolerance ±0.2)`; FAILED puts what failed first (a narrow terminal
+    against 0.39 before (means of up to 3 steps, tolerance ±0.2)`; FAILED puts what failed first (a narrow terminal
     cuts the end), `pending` says what is not known yet."""
     verdict = {True: "passed", False: "FAILED", None: "pending"}[record.get("passed")]
     parts = [(record.get(key), words(record.get(key))) for key, words in PART_WORDS]
@@ -166,8 +176,8 @@ def figure_words(part: dict | None) -> str:
     name = label(part["name"])
     if part["passed"] is None:
         return f"{name} not compared: {part['reason']}"
-    words = (f"first {name} {part['after']:.3g} against {part['before']:.3g} before "
-             f"(step {part['step_before']}, tolerance ±{part['tolerance']:.2g})")
+    words = (f"first {name} {part['after']:.3g} against {part['before']:.3g} before (means of up to "
+             f"{RESUMED_STEPS} steps, tolerance ±{part['tolerance']:.2g})")
     return words if part["passed"] else f"{words} out of tolerance"
 
 

@@ -402,8 +402,8 @@ def summary_rows(summary: dict, recipe: str | None = None) -> list[tuple[str, st
     for name, value in summary.items():
         if name in in_table:
             continue
-        if name == RESUME_CHECK:  # a record, not a figure: its line
-            rows.append((name, check_line(value)))
+        if name == RESUME_CHECK:  # a record, not a figure: its line, after the name that says what it is
+            rows.append((name, check_line(value).removeprefix("resume check: ")))
             continue
         note = figure_note(name, notes)
         rows.append((name, figure_text(name, value) + (f"  ({note})" if note else "")))
