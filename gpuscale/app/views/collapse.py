@@ -12,7 +12,9 @@ while learning nothing. Pointed out while it happens, the way `waste` points out
 - and a cause of one: the trainer's log-probs of the sampled tokens far from the sampler's step after
   step (`policy_mismatch_warnings`): GRPO then trains on another policy's completions;
 - first of all, a run that may have stopped advancing: a rank late in its step (`late_warnings`, from
-  the supervisor's hang watch, control/hang_watch.py), before the run is ended as hung.
+  the supervisor's hang watch, control/hang_watch.py), before the run is ended as hung;
+- and next, not a collapse: a resumed run whose resume check failed (runs/resume_check.py: steps that do
+  not add up, Adam's state not restored, a figure far from where it stood before the stop).
 
 Names are the ranks' metric names (TRL's `completions/clipped_ratio` becomes
 `completions_clipped_ratio`, see `gpuscale.engines.trl_bridge.metric_name`). `collapse_warnings` is
