@@ -137,6 +137,8 @@ class Supervisor:
         progress = self.throughput.progress(now)
         if nonfinite := self.tailer.nonfinite():
             progress["nonfinite"] = nonfinite  # the front ends warn (app/views/collapse.py)
+        if check := self.tailer.summaries.get(0, {}).get("resume_check"):
+            progress["resume_check"] = check  # a resumed run's check so far: the monitor warns while it runs
         if self.stop_requested_at is not None:
             progress["stopping"] = True  # the front ends then show no ETA while the ranks wind down
         else:

@@ -48,6 +48,12 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
     assert resumed["parent_id"] == parent["id"] and resumed["label"] == "adam"  # the label is carried
     assert resumed["settings"]["resume_from"].endswith("checkpoint-2")
     assert resumed["summary"]["weights_checksum"] == whole["summary"]["weights_checksum"]
+    check = resumed["summary"]["resume_check"]  # runs/resume_check.py: Adam's own state, eggroll's fitness
+    assert check["passed"] is True, check
+    assert (check["steps"]["left"], check["steps"]["done"]) == (2, 2)
+    assert check["optimizer"]["name"] == "Adam" and check["optimizer"]["passed"]
+    # 2 fitness values before the checkpoint say too little of its noise: not compared, and said so.
+    assert check["figure"]["name"] == "fitness_mean" and check["figure"]["passed"] is None
     # It ran steps 3 and 4 only: the weights came from the checkpoint, not from running it all again.
     steps = {row["step"] for row in Store(home).metrics(resumed["id"], "fitness_mean") if row["rank"] >= 0}
     assert steps == {3, 4}
@@ -150,6 +156,10 @@ def test_a_failed_grpo_mtl_run_resumed_ends_with_the_uninterrupted_runs_weights(
     assert resumed["status"] == "succeeded", resumed["error"]
     assert resumed["parent_id"] == parent["id"] and resumed["label"] == "adam"  # the label is carried
     assert resumed["summary"]["steps"] == 3
+    check = resumed["summary"]["resume_check"]  # GRPO's is checked on its reward (runs/resume_check.py)
+    assert check["passed"] is True, check
+    assert (check["steps"]["left"], check["steps"]["done"], check["figure"]["name"]) == (1, 1, "reward")
+    assert check["optimizer"]["passed"] and check["figure"]["passed"] is None  # 2 rewards before: too few
     # It trained step 3 only, from the checkpoint's weights, optimizer, schedule and data position.
     rewards = [row["step"] for row in Store(home).metrics(resumed["id"], "reward") if row["rank"] >= 0]
     assert rewards == [3]

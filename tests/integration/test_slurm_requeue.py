@@ -73,6 +73,8 @@ def test_a_preempted_sft_run_is_continued_by_the_requeued_job_to_the_uninterrupt
     assert second["settings"]["resume_from"] == str(checkpoints[0])
     losses = [row["step"] for row in Store(home).metrics(second["id"], "loss") if row["rank"] >= 0]
     assert losses == list(range(step + 1, 5))  # only the steps after the checkpoint
+    check = second["summary"]["resume_check"]  # the checkpoint the signal asked for held Adam's state too
+    assert check["passed"] is True and check["optimizer"]["passed"] and check["steps"]["done"] == 4 - step
     assert saved_model_checksum(second["summary"]["model_dir"]) == saved_model_checksum(whole["summary"]["model_dir"])
 
     # The history shows the chain; a third start of the same job has nothing left to do.

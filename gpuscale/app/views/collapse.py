@@ -12,7 +12,9 @@ while learning nothing. Pointed out while it happens, the way `waste` points out
 - and a cause of one: the trainer's log-probs of the sampled tokens far from the sampler's step after
   step (`policy_mismatch_warnings`): GRPO then trains on another policy's completions;
 - first of all, a run that may have stopped advancing: a rank late in its step (`late_warnings`, from
-  the supervisor's hang watch, control/hang_watch.py), before the run is ended as hung.
+  the supervisor's hang watch, control/hang_watch.py), before the run is ended as hung;
+- and next, not a collapse: a resumed run whose resume check failed (runs/resume_check.py: steps that do
+  not add up, Adam's state not restored, a figure far from where it stood before the stop).
 
 Names are the ranks' metric names (TRL's `completions/clipped_ratio` becomes
 `completions_clipped_ratio`, see `gpuscale.engines.trl_bridge.metric_name`). `collapse_warnings` is
@@ -21,7 +23,7 @@ the pure rule on plain (step, value) lists; `run_collapse_warnings` reads them t
 
 from __future__ import annotations
 
-from gpuscale.app.views.runs import known_recipe
+from gpuscale.app.views.runs import known_recipe, resume_check_warnings
 from gpuscale.app.views.text import format_number
 from gpuscale.control.store import Store
 from gpuscale.data.cards import LOW_MFU
@@ -151,13 +153,14 @@ def late_warnings(progress: dict) -> list[str]:
 
 
 def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) -> list[str]:
-    """`late_warnings` of a run of the store, then `collapse_warnings`: its last `steps` logged steps of
-    the watched figures, and the figures its supervisor saw turn non-finite (in the run's progress);
+    """`late_warnings` of a run of the store, then a resumed run's failed resume check
+    (views/runs.py's `resume_check_warnings`), then `collapse_warnings`: its last `steps` logged steps
+    of the watched figures, and the figures its supervisor saw turn non-finite (in the run's progress);
     then `low_mfu_warnings` and `policy_mismatch_warnings`."""
     history = store.recent_steps(run["id"], (*WATCHED, MFU, MISMATCH), max(steps, MISMATCH_STEPS))
     progress = run.get("progress") or {}
     recipe = known_recipe(run.get("recipe"))
     explores = recipe is not None and recipe.explores
-    return (late_warnings(progress) + collapse_warnings(history, run.get("settings"), progress.get("nonfinite"), steps,
-                                                        explores)
+    return (late_warnings(progress) + resume_check_warnings(run)
+            + collapse_warnings(history, run.get("settings"), progress.get("nonfinite"), steps, explores)
             + low_mfu_warnings(history, steps) + policy_mismatch_warnings(history))

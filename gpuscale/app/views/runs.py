@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
 from gpuscale.control.metrics_tail import RATE_WINDOW_S
 from gpuscale.data.figures import better, figure
+from gpuscale.runs.resume_check import check_failed, check_line
 from gpuscale.runs.statuses import LIVE_STATUSES
 
 # What a training run is for comes first in a table of runs: held-out accuracy before -> after
@@ -29,6 +30,8 @@ KEY_FIGURES = ("accuracy", "reward", "loss", "tokens_per_s", "samples_per_s", "p
 # percentage) is the catalogue's, data/figures.py.
 PREFERRED_FIGURES = ("accuracy", "accuracy_greedy", "reward", "loss", "mfu", "sampling_sampling_logp_difference_mean",
                      "phase")
+# The summary's record of a resumed run's check (runs/resume_check.py), shown as its line.
+RESUME_CHECK = "resume_check"
 # A table of runs: the CLI's `gpuscale runs` and the TUI's history. The TUI's history cuts the figures
 # to the room left at its width, so that the start time stays on screen at 80 columns.
 RUN_COLUMNS = ("ID", "Recipe", "Status", "Duration", "Figures", "Started")
@@ -273,15 +276,30 @@ def run_id_text(run: dict) -> str:
 
 
 def lineage_lines(run: dict, children: list[dict]) -> list[str]:
-    """The runs a run is linked to by `gpuscale resume`: `resumed from: run 12, <checkpoint>` and
-    `continued by: run 14 (succeeded), run 15 (running)` (its children, oldest first)."""
+    """The runs a run is linked to by `gpuscale resume`: `resumed from: run 12, <checkpoint>`, its
+    resume check's line (runs/resume_check.py: passed, FAILED or pending), and `continued by: run 14
+    (succeeded), run 15 (running)` (its children, oldest first)."""
     lines = []
     if run.get("parent_id"):
         checkpoint = (run.get("settings") or {}).get("resume_from")
         lines.append(f"resumed from: run {run['parent_id']}" + (f", {checkpoint}" if checkpoint else ""))
+    if check := resume_check_of(run):
+        lines.append(check_line(check))
     if children:
         lines.append("continued by: " + ", ".join(f"run {child['id']} ({child['status']})" for child in children))
     return lines
+
+
+def resume_check_of(run: dict) -> dict | None:
+    """A resumed run's resume check: its summary's once it ended, else the ranks' so far (the
+    supervisor's progress), None for a run not resumed from a checkpoint."""
+    return (run.get("summary") or {}).get(RESUME_CHECK) or (run.get("progress") or {}).get(RESUME_CHECK)
+
+
+def resume_check_warnings(run: dict) -> list[str]:
+    """The resume check's line where a part of it failed: a warning wherever the run is shown."""
+    check = resume_check_of(run)
+    return [check_line(check)] if check_failed(check) else []
 
 
 def run_row(run: dict, now: float) -> tuple[str, ...]:
@@ -383,6 +401,9 @@ def summary_rows(summary: dict, recipe: str | None = None) -> list[tuple[str, st
     rows = []
     for name, value in summary.items():
         if name in in_table:
+            continue
+        if name == RESUME_CHECK:  # a record, not a figure: its line, after the name that says what it is
+            rows.append((name, check_line(value).removeprefix("resume check: ")))
             continue
         note = figure_note(name, notes)
         rows.append((name, figure_text(name, value) + (f"  ({note})" if note else "")))

@@ -32,6 +32,7 @@ from gpuscale.engines import preemption
 from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 from gpuscale.runs import heartbeat
 from gpuscale.runs.generations import GenerationLog, generation_record
+from gpuscale.runs.resume_check import ResumeCheck
 from gpuscale.runs.run_dir import RunDir
 
 
@@ -51,16 +52,17 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     trainer = Trainer(settings, ctx, loaded, engine, train)
     evaluator = Evaluator(settings, ctx, loaded, held_out)
 
-    done, history = 0, {}
+    done, history, check = 0, {}, None
     if settings.resume_from:  # the weights, Adam and the figures so far, from `gpuscale resume`'s checkpoint
         done, history = checkpoint.load(trainer, settings.resume_from)
         print(f"resumed from {settings.resume_from} after step {done}", flush=True)
+        check = resume_check(settings, trainer, history)
     # A resumed run keeps its parent's `before` figures: they describe the model before any step.
     before = history.get("before") or evaluator.figures("before")
     summary = {"method": settings.method, "population": settings.population,
                **summary_opening(ctx, settings, train=train, held_out=held_out), "steps": settings.steps, **before}
     if ctx.is_main:
-        reporter.summary(summary, partial=True)
+        reporter.summary({**summary, **({"resume_check": check.record()} if check else {})}, partial=True)
     reporter.total(settings.steps)
     # The rates (members/s, tokens/s) are this run's own steps'; the fitness series goes on from the parent's.
     step_seconds, fitness_means, tokens_total = [], list(history.get("fitness_means", [])), 0
@@ -74,6 +76,10 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
             fitness = result.fitness
             check_finite(step, fitness)
             fitness_means.append(float(fitness.mean()))
+            if check is not None:
+                check.done += 1
+                if check.logged(fitness_means[-1]) and ctx.is_main:  # the monitor warns while the run goes on
+                    reporter.summary({"resume_check": check.record()}, partial=True)
             figures = {}
             if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
                 figures = evaluator.figures(f"step{step}", log_only=True)
@@ -104,12 +110,26 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
         "perturbed_matrices": len(trainer.linears), "perturbed_norms": len(trainer.norms),
         "weights_identical_across_ranks": len(set(checksums)) == 1, "weights_checksum": checksums[0],
         "model_dir": str(model_dir) if model_dir else None,
+        **({"resume_check": check.record(finished=True)} if check else {}),
     })
     if ctx.is_main:
         reporter.summary(summary, partial=True)
     summary.update(evaluator.figures("after"))
     if ctx.is_main:
         reporter.summary(summary)
+
+
+def resume_check(settings: Settings, trainer, history: dict) -> ResumeCheck:
+    """The resume check of a run resumed from `settings.resume_from` (runs/resume_check.py): Adam's
+    state as the checkpoint restored it (none to restore with optimizer=sgd), and the fitness: eggroll
+    has no loss, its population's mean reward says where training stands."""
+    from gpuscale.engines.resume_check import restored_optimizer
+    from gpuscale.runs.resume_check import optimizer_part
+
+    adam = trainer.updater.adam
+    optimizer = restored_optimizer(adam) if adam is not None else optimizer_part(settings.optimizer, False, 0, 0, 0)
+    return ResumeCheck(str(settings.resume_from), "fitness_mean", before=list(history.get("fitness_means", [])),
+                       total=settings.steps, optimizer=optimizer)
 
 
 def check_finite(step: int, fitness: torch.Tensor) -> None:

@@ -106,7 +106,9 @@ def train_grpo(rows: list[dict], settings: Settings, ctx, reporter, model, token
     def more_figures(trainer, callback, seconds: float) -> dict[str, Any]:
         return {**grpo_figures(trainer, callback, seconds, ctx), **per_step_figures(clock)}
 
-    return train_model(build, settings, ctx, model, more_figures)
+    # GRPO's loss hovers near 0 whatever the policy (the advantages are centred): where training stands
+    # is its reward, which a resumed run's first steps are checked against (runs/resume_check.py).
+    return train_model(build, settings, ctx, model, more_figures, resume_figure="reward")
 
 
 def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, tokenizer):

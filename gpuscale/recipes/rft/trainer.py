@@ -54,6 +54,10 @@ class PhasedReporter:
         """The run's step of the phase's `step`: after the earlier phases' spans, scaled into its own."""
         return self.offset + min(round(int(step) * self.scale), self.spans[self.phase])
 
+    def summary(self, figures: dict, partial: bool = False) -> None:
+        """The rank's summary, as the Reporter writes it (the trainer's resume check writes there)."""
+        self.reporter.summary(figures, partial=partial)
+
     def total(self, steps: int) -> None:
         """The phase's own step count: its steps are scaled to its span (the run's total stays)."""
         if steps > 0:

@@ -48,7 +48,8 @@ class TrainedModel:
 
 
 def train_model(build: Callable, settings: TrainingSettings, ctx, model,
-                more_figures: Callable | None = None, packed_attention: bool = False) -> TrainedModel:
+                more_figures: Callable | None = None, packed_attention: bool = False,
+                resume_figure: str = "loss") -> TrainedModel:
     """Train `model` with the TRL trainer `build(model) -> (trainer, ReporterCallback)` makes.
 
     Around the trainer: fp32 master weights for a full fine-tune (the forward runs under bf16/fp16
@@ -56,7 +57,8 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
     (engines/packed_attention.py, for the training only: generation needs the model's own), then after
     training the optimizer's state freed, a LoRA adapter merged, the model cast back to the rank's
     dtype and put in eval mode. The figures are `training_figures` and, where given,
-    `more_figures(trainer, callback, seconds)`."""
+    `more_figures(trainer, callback, seconds)`; a run resumed from a checkpoint adds its
+    `resume_check` (engines/resume_check.py), comparing the trainer's logged `resume_figure`."""
     import gc
     import time
 
@@ -64,6 +66,7 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
 
     from gpuscale.engines import preemption
     from gpuscale.engines.packed_attention import use_packed_attention
+    from gpuscale.engines.resume_check import ResumeCheckCallback
     from gpuscale.engines.trl_bridge import NonFiniteGuard
     from gpuscale.engines.trl_checkpoints import resume_checkpoint
     from gpuscale.runs.run_dir import RunDir
@@ -75,15 +78,21 @@ def train_model(build: Callable, settings: TrainingSettings, ctx, model,
     # SLURM's signal (engines/preemption.py): the trainer saves the step it ends and stops.
     on_preemption = preemption.preemption_callback(ctx.device)
     trainer.add_callback(on_preemption)
+    resumed = resume_checkpoint(settings)
+    checking = ResumeCheckCallback(callback.reporter, resumed, resume_figure) if resumed else None
+    if checking is not None:
+        trainer.add_callback(checking)
     started = time.perf_counter()
     with use_packed_attention(model, packed_attention), preemption.cooperating():
-        trainer.train(resume_from_checkpoint=resume_checkpoint(settings))
+        trainer.train(resume_from_checkpoint=resumed)
         if on_preemption.stopped_at is not None:
             step = on_preemption.stopped_at
             raise preemption.Preempted(step, RunDir(ctx.run_dir).checkpoint(step))
     # The trainer's own training time (its loop, without its set-up), or the wall time if it reports none.
     seconds = callback.final.get("train_runtime") or time.perf_counter() - started
     figures = training_figures(trainer, callback, seconds, ctx)
+    if checking is not None:
+        figures["resume_check"] = checking.check.record(finished=True)
     if more_figures is not None:
         figures.update(more_figures(trainer, callback, seconds))
     model = trainer.model
