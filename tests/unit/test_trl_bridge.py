@@ -193,7 +193,8 @@ def test_heartbeats_follow_a_real_trainer_through_its_steps_and_checkpoints(tmp_
 
     model, tokenizer = load_model("tiny-math")
     rows = [tokenizer(f"Ann has {n} apples.", add_special_tokens=False)["input_ids"] for n in range(8)]
-    settings = Settings(batch_size=2, max_steps=3, learning_rate=1e-3, checkpoint_every=2)
+    settings = SFT().for_device(Settings(batch_size=2, max_steps=3, learning_rate=1e-3, checkpoint_every=2),
+                                on_gpu=False, ranks=1)
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     reporter = Reporter(tmp_path, 0)
     args = trainer_args(settings, ctx, TrainingArguments, remove_unused_columns=False)
