@@ -11,6 +11,9 @@ finished runs wrote, under both rules, with the same completions, so the differe
 - every generation record a run kept (RUN_DIR/generations.jsonl; rft's `generate` phase are the answers
   its filter chose from): how many have a `####` the two rules read differently.
 
+Baseline: the rule before 2026-11-28 (OLD_STRICT below), on the very same completions; nothing is run
+again, so there is nothing to put at its best.
+
     python bench/answer_rule.py RUN_DIR [RUN_DIR ...] [--json OUT.json]
 """
 

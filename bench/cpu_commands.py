@@ -5,6 +5,8 @@ Each command runs in a fresh GPUSCALE_HOME, one after another, never two at once
 script records the load average before it starts (a quiet machine: under 0.5 a core) and what the run's
 summary says (held-out accuracy before and after, or the accuracy of power sampling).
 
+No baseline: README states these times and accuracies for a user to expect, not a speed-up.
+
     python bench/cpu_commands.py [--only demo,probe,...] [--home DIR] [--out OUT.json]
 """
 

@@ -329,6 +329,12 @@ class Store:
             raise
         self.db.conn.execute("COMMIT")
 
+    def _require_writable(self) -> None:
+        """SQLite opens a file it may not write read-only without a word, and a current history takes no
+        write lock to open: a home that cannot be written is found here, as a write would find it."""
+        if not (os.access(self.path, os.W_OK) and os.access(self.home, os.W_OK)):
+            raise PermissionError(errno.EACCES, "the folder or its runs.db cannot be written", str(self.path))
+
     def _is_current(self) -> bool:
         """Whether the history is at this gpuscale's schema, every declared sample column in place:
         read without the write lock, which every front end and supervisor opening it would otherwise
@@ -342,6 +348,7 @@ class Store:
 
     def _migrate(self) -> None:
         if self._is_current():
+            self._require_writable()
             return
         with self.transaction():  # a half-migrated file is never left behind
             self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")

@@ -100,7 +100,7 @@ def test_a_supervised_run_on_two_gpus_ends_with_its_energy_figures(two_fake_gpus
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith(str(run_id))]
     assert "energy 4,000 J" in row  # the figures column of the table of runs
     assert cli.main(["export", str(run_id), "--what", "summary", "--format", "csv"]) == 0
-    assert "energy_j,4000.0" in capsys.readouterr().out.splitlines()
+    assert "energy_j,4000.0," in capsys.readouterr().out.splitlines()  # name, value, note (none for it)
     # The TUI's history row is `gpuscale runs`' row; `compare` says which run used less.
     assert "energy 4,000 J" in history_row(store.get_run(run_id), now=0.0, marked=False)[4]
     other = store.create_run("probe", {"telemetry_interval": 0.05}, [], "host")
@@ -216,7 +216,8 @@ def test_runs_that_shared_a_gpu_say_so_and_have_no_energy_per_token(two_fake_gpu
     assert "GPU shared" not in rows[str(alone_on_gpu1)] and "GPU shared" not in rows[str(after)]
     assert "J (GPU shared)" in history_row(runs[first], now=0.0, marked=False)[4]  # the TUI's history
     assert cli.main(["export", str(first), "--what", "summary", "--format", "csv"]) == 0
-    assert f"energy_shared_with,[{second}]" in capsys.readouterr().out.splitlines()
+    exported = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"energy_shared_with,[{second}],") for line in exported), exported
     # compare: the shared run's energy is neither better nor worse than another's, and says why (a run
     # not shared that used 1,000 J more: otherwise `worse`).
     unshared = store.create_run("probe", {"telemetry_interval": 0.05}, [], "host")

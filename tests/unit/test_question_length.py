@@ -155,6 +155,8 @@ def test_a_long_check_says_how_far_it_got(gsm8k_file, monkeypatch, caplog):
     path, questions = gsm8k_file
     MEASURED.clear()
     monkeypatch.setenv("GPUSCALE_PROGRESS_AFTER_S", "0")  # a line at once, however fast this machine is
+    # The CLI, run in this process by an earlier test, sends the logger to stderr alone (no propagation).
+    monkeypatch.setattr(logging.getLogger("gpuscale.progress"), "propagate", True)
     with caplog.at_level(logging.INFO, logger="gpuscale.progress"):
         read_jsonl(path, QuestionLimit("tiny-math", "skip"))
     lines = [record.getMessage() for record in caplog.records]
@@ -166,6 +168,7 @@ def test_a_long_check_says_how_far_it_got(gsm8k_file, monkeypatch, caplog):
 
 def test_a_check_done_in_one_go_says_nothing(bigline, monkeypatch, caplog):
     monkeypatch.setenv("GPUSCALE_PROGRESS_AFTER_S", "0")
+    monkeypatch.setattr(logging.getLogger("gpuscale.progress"), "propagate", True)  # as above: else it cannot fail
     with caplog.at_level(logging.INFO, logger="gpuscale.progress"):
         read_jsonl(bigline, QuestionLimit("tiny-math", "skip"))
     assert caplog.records == []

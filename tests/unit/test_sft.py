@@ -100,7 +100,8 @@ def test_the_summary_gives_the_steady_rate_beside_the_whole_runs(tmp_path):
     of the steps rank 0 logged to its metric file."""
     model, tokenizer = load_model("tiny-math")
     rows = [{"question": f"What is {n} plus 1?", "completion": f"#### {n + 1}"} for n in range(16)]
-    settings = Settings(batch_size=2, max_steps=6, learning_rate=1e-4, max_length=64)
+    settings = SFT().for_device(Settings(batch_size=2, max_steps=6, learning_rate=1e-4, max_length=64),
+                                on_gpu=False, ranks=1)
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     reporter = Reporter(tmp_path, 0)
     trained = train_sft_dataset(tokenized_dataset(rows, tokenizer, settings.max_length), settings, ctx, reporter,

@@ -22,7 +22,7 @@ from gpuscale.engines.training_memory import (
     fixed_training_bytes,
     split_rows,
 )
-from gpuscale.recipes.sft import Settings
+from gpuscale.recipes.sft import SFT, Settings
 from gpuscale.recipes.shared.training import train_sft_dataset
 from gpuscale.recipes.shared.training_data import tokenized_dataset
 
@@ -124,8 +124,9 @@ def first_losses(tmp_path, name, device="cpu", lengths: list | None = None, **op
              "completion": f"{n} + {2 * n} = {3 * n}.\n#### {3 * n}"} for n in range(24)]
     run_dir = tmp_path / name
     ctx = RankContext(0, 0, 1, torch.device(device), dtype, run_dir)
-    settings = Settings(batch_size=8, max_steps=3, learning_rate=1e-3, eval_examples=0, save_model=False,
-                        checkpoint_every=0, **options)
+    settings = SFT().for_device(Settings(batch_size=8, max_steps=3, learning_rate=1e-3, eval_examples=0,
+                                         save_model=False, checkpoint_every=0, **options),
+                                on_gpu=device != "cpu", ranks=1)
     reporter = Reporter(run_dir, 0)
     trained = train_sft_dataset(tokenized_dataset(rows, tokenizer, settings.max_length), settings, ctx, reporter,
                                 model, tokenizer)
