@@ -52,6 +52,7 @@ from record import ROOT, write_result  # noqa: E402
 sys.path.insert(0, str(ROOT))  # gpuscale from this checkout when run as a script
 from gpuscale.control.store import Store  # noqa: E402
 from gpuscale.runs.checkpoints import checkpoint_step, list_checkpoints  # noqa: E402
+from gpuscale.runs.heartbeat import BEAT_KEY  # noqa: E402
 from gpuscale.runs.process import process_alive, run_processes  # noqa: E402
 from gpuscale.runs.statuses import LIVE_STATUSES  # noqa: E402
 
@@ -121,7 +122,8 @@ def logged_steps(run_dir: str) -> list[int]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by the kill
-            if "summary" not in record and "total" not in record:
+            # Heartbeats (runs/heartbeat.py) say where a rank is, not a step it logged.
+            if "summary" not in record and "total" not in record and BEAT_KEY not in record:
                 steps.append(int(record.get("step", 0)))
     return steps
 

@@ -69,8 +69,8 @@ def test_launch_a_run_and_quit_in_a_real_terminal(home, tmp_path):
             tmux.keys("Down", pause=0.5)
         screen = tmux.wait_for("probe: decode speed", 5)
         assert "Recipes" in screen and "GPUs" in screen and "Command" in screen
-        # Tab from the recipe list: gpus, batch_size, precision, steps, prompt_tokens.
-        for value in ("1", "2", None, "100000", "8"):
+        # Tab from the recipe list: model, dataset, gpus, batch_size, label, steps, prompt_tokens.
+        for value in (None, None, "1", "2", None, "100000", "8"):
             tmux.keys("Tab")
             if value is not None:
                 tmux.keys("C-u", value)
