@@ -81,7 +81,7 @@ def test_a_bare_gpuscale_tui_imports_no_cli_before_its_first_frame(home):
 def test_the_first_frame_leaves_for_later_what_it_does_not_show(home):
     """Up to the first frame (Textual's Ready): not the launcher, the batch choice, NVML's helper and
     psutil, DataTable, sqlite-utils, whose imports the launch form, the GPU picker's worker and the
-    other screens pay after it (issue 49: 0.5 s for the first frame on 2 cores)."""
+    other screens pay after it (the first frame's target, 0.5 s on 2 cores: bench/RESULTS.md, TUI)."""
     import os
 
     loaded = modules_in_fresh_python(

@@ -372,7 +372,7 @@ def test_a_training_run_s_row_shows_its_held_out_accuracy_after_training():
 @pytest.mark.parametrize("value, label", [(489825.6, "490k"), (999.9, "1k"), (1_234_567, "1.23M"), (12.345, "12.3"),
                                           (0.25, "0.25"), (0, "0"), (-2500, "-2.5k"), (3.2e9, "3.2G")])
 def test_a_chart_label_is_short_and_si_style(value, label):
-    """The monitor's axis read `489825.6` (issue 49)."""
+    """Plotext's own labels read `489825.6`: the monitor's axis is labelled round and short instead."""
     assert short_number(value) == label
 
 
