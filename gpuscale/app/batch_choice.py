@@ -26,6 +26,7 @@ from gpuscale.control import telemetry
 from gpuscale.control.launch import plan_devices
 from gpuscale.control.store import Store
 from gpuscale.recipes.shared.contract import Recipe
+from gpuscale.recipes.shared.rank_split import FITTED_TO_RANKS
 from gpuscale.recipes.shared.tuning_key import CPU_DEVICE_NAME, Device, tuning_key
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings, resolved_precision
 
@@ -106,6 +107,16 @@ def tune_in_child(recipe: Recipe, settings: RunSettings, on_line: Callable[[str]
                             "give a number, or run `gpuscale tune` to see why")
 
 
+def given_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+    """Of a form's values (every setting), those a launch takes as the user's: the ones that differ from
+    the recipe's defaults, and batch_size whatever it says (`auto` is the launch's to resolve). A setting
+    left at its default may then be fitted to the ranks (`Recipe.fit_to_ranks`), as `gpuscale run` fits
+    one that no --set names. SettingsError for a value that does not validate."""
+    settings, defaults = validated(recipe, values), recipe.settings_cls()
+    return {name: value for name, value in values.items()
+            if name == "batch_size" or getattr(settings, name) != getattr(defaults, name)}
+
+
 def validated(recipe: Recipe, merged: dict[str, Any]) -> RunSettings:
     """`merged` (settings by field name) validated; SettingsError naming field, value and reason."""
     return resolve_settings(recipe.settings_cls, overrides=merged, environ={})
@@ -114,23 +125,28 @@ def validated(recipe: Recipe, merged: dict[str, Any]) -> RunSettings:
 def settings_with_batch(recipe: Recipe, merged: dict[str, Any], store: Store | None = None,
                         validate=validated, on_tune_line: Callable[[str], None] | None = None
                         ) -> tuple[RunSettings, dict]:
-    """Validate `merged` (the layers of a run's settings) with its batch resolved; returns the
-    settings and the notes recorded with the run (`batch_size_source`). `on_tune_line` gets the
-    output of `gpuscale tune` where `auto` must tune first (else it goes to stderr)."""
+    """Validate `merged` (the layers of a run's settings: what the user gave), fit it to the run's ranks
+    (`Recipe.fit_to_ranks`: a default the ranks cannot share moved, a given value refused) and resolve
+    its batch; returns the settings and the notes recorded with the run (`batch_size_source`, and
+    `fitted_to_ranks` where a default moved). `on_tune_line` gets the output of `gpuscale tune` where
+    `auto` must tune first (else it goes to stderr)."""
     requested = merged.get("batch_size")
     auto = wants_auto(requested)
-    if requested is not None and not auto:
-        return validate(recipe, merged), {"batch_size_source": "given"}
     if auto and recipe.tuning is None:
         raise SettingsError(f"batch_size: 'auto': recipe {recipe.name} cannot be tuned; give a number")
-    settings = validate(recipe, {key: value for key, value in merged.items() if key != "batch_size"})
+    given_batch = requested is not None and not auto
+    settings, fitted = recipe.fit_to_ranks(
+        validate(recipe, {key: value for key, value in merged.items() if given_batch or key != "batch_size"}))
+    notes = {FITTED_TO_RANKS: "; ".join(fitted)} if fitted else {}
+    if given_batch:
+        return settings, {"batch_size_source": "given", **notes}
     device = pick_device(plan_devices(settings.gpus).gpu_indices)
     if recipe.tuning is None or (not auto and device.index is None):
-        return settings, {"batch_size_source": "default"}
+        return settings, {"batch_size_source": "default", **notes}
     choice = choose_batch(recipe, settings, device, store or Store(), auto, on_tune_line)
     if choice.batch_size is not None:
         settings = recipe.with_batch_size(settings, choice.batch_size)
-    return settings, {"batch_size_source": choice.source}
+    return settings, {"batch_size_source": choice.source, **notes}
 
 
 # ---- what `gpuscale tune` prints --------------------------------------------------------------------

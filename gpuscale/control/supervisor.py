@@ -436,6 +436,11 @@ class Supervisor:
         }
         if skipped := self.run["settings"].get("questions_too_long"):
             figures["questions_too_long"] = skipped  # left out before launch (too_long=skip; control/launch.py)
+        if fitted := self.run["settings"].get("fitted_to_ranks"):
+            # Defaults moved before launch to split over the ranks (recipes/shared/rank_split.py), beside
+            # those rank 0 moved itself (a device default: eggroll's population).
+            by_rank = self.tailer.summaries.get(0, {}).get("fitted_to_ranks")
+            figures["fitted_to_ranks"] = "; ".join(filter(None, (fitted, by_rank)))
         peaks = []
         self.write_history(lambda: peaks.extend(self.store.device_peaks(self.run_id, kinds=("gpu", "rank"))))
         if peaks:

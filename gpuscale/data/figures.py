@@ -209,6 +209,7 @@ FIGURES: dict[str, Figure] = _figures(
     _text("node_check_unjudged", "gaps within the measurement's spread"),
     _text("domains", "domains"),
     _text("batch_size_reason", "micro-batch reason"),
+    _text("fitted_to_ranks", "defaults fitted to the ranks"),
     _text("liger_kernels", "Liger kernels"),
     _text("weights_identical_across_ranks", "weights identical across ranks"),
     _text("weights_checksum", "weights checksum"),

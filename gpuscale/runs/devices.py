@@ -72,6 +72,11 @@ def plan_devices(gpus: str | int | list[int], available: list[int] | None = None
     return DevicePlan(len(gpus), tuple(gpus))
 
 
+# CPU ranks a core may carry: more ranks than cores run (slowly: the launch warns, control/host_load.py),
+# so that a run planned for 4 GPUs can be tried on a laptop's gloo ranks; many more is a typo.
+CPU_RANKS_PER_CORE = 4
+
+
 def _plan_cpu(gpus: str | int | list[int]) -> DevicePlan:
     cores = os.cpu_count() or 1
     if gpus == "all":
@@ -80,8 +85,9 @@ def _plan_cpu(gpus: str | int | list[int]) -> DevicePlan:
         raise SettingsError(
             f"gpus: {','.join(map(str, gpus))}: this machine has no NVIDIA GPU; give a number of CPU ranks"
         )
-    if gpus > cores:
-        raise SettingsError(f"gpus: {gpus}: no GPU here and only {cores} CPU cores for CPU ranks")
+    if gpus > CPU_RANKS_PER_CORE * cores:
+        raise SettingsError(f"gpus: {gpus}: no GPU here, and {cores} CPU cores take at most "
+                            f"{CPU_RANKS_PER_CORE * cores} CPU ranks")
     return DevicePlan(gpus, ())
 
 

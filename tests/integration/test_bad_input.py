@@ -6,11 +6,12 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 
-from conftest import gpuscale, run_json
+from conftest import SLOWNESS, gpuscale, run_json
 from file_modes import as_file_modes_apply, set_modes, write_history
 from gpuscale.control.store import Store
 
@@ -346,15 +347,27 @@ def test_eggroll_accepts_no_evaluation(home):
     assert summary["steps"] == 1
 
 
-@pytest.mark.parametrize("recipe, setting, expected", [
-    ("sft", "rows_per_step=3", "rows_per_step: 3: does not split evenly over the run's 2 ranks (each takes an "
-     "equal share of a step); give a multiple of 2"),
-    ("sft", "batch_size=3", "batch_size: 3: does not divide the 4 rows each of the 2 ranks takes a step "
-     "(rows_per_step 8); give a divisor of 4"),
-    ("rft", "train_batch_size=3", "train_batch_size: 3: does not divide the 16 rows each of the 2 ranks takes a "
-     "step (rows_per_step 32); give a divisor of 16"),
+@pytest.mark.parametrize("recipe, settings, expected", [
+    ("sft", ["rows_per_step=3"], "rows_per_step: 3: 3 rows a step do not split over 2 ranks (each takes an equal "
+     "share of a step); use rows_per_step 2 or 4, or 1 or 3 ranks"),
+    ("sft", ["batch_size=3"], "batch_size: 3: does not divide the 4 rows each of the 2 ranks takes a step "
+     "(rows_per_step 8); use 2 or 4"),
+    ("rft", ["train_batch_size=3"], "train_batch_size: 3: does not divide the 16 rows each of the 2 ranks takes a "
+     "step (rows_per_step 32); use 2 or 4"),
+    # The case: it failed 10 s after launch, on the ranks.
+    ("grpo-mtl", ["prompts_per_step=3", "num_generations=3"], "prompts_per_step: 3: 3 prompts x 3 generations = 9 "
+     "completions do not split over 2 ranks (each takes an equal share of a step); use prompts_per_step 2 or 4, "
+     "or 1 or 3 ranks"),
+    # It was refused, counting 1 rank.
+    ("grpo-mtl", ["batch_size=3"], "batch_size: 3: does not divide the 128 completions each of the 2 ranks takes a "
+     "step (16 prompts x 16 generations = 256 completions); use 2 or 4"),
+    ("eggroll", ["antithetic=false", "population=5"], "population: 5: 5 members do not split over 2 ranks (each "
+     "takes an equal share of a step); use population 4 or 6, or 1 or 5 ranks"),
 ])
-def test_a_step_the_ranks_cannot_share_is_refused_before_launch(home, recipe, setting, expected):
-    line = one_error_line(gpuscale("run", "--recipe", recipe, "--gpus", "2", "--set", setting))
+def test_a_step_the_ranks_cannot_share_is_refused_before_launch(home, recipe, settings, expected):
+    args = ["run", "--recipe", recipe, "--gpus", "2", *(f"--set={setting}" for setting in settings)]
+    started = time.monotonic()
+    line = one_error_line(gpuscale(*args))
     assert expected in line, line
-    assert run_json("runs") == [] and not any((home / "runs").iterdir())
+    assert time.monotonic() - started < 5 * SLOWNESS  # refused before anything starts
+    assert run_json("runs") == [] and not any((home / "runs").glob("*"))

@@ -29,7 +29,8 @@ def test_the_seed_s_verl_knobs_are_settings():
     assert (settings.num_generations, settings.prompts_per_step, settings.batch_size) == (4, 16, 2)
     assert (settings.max_prompt_length, settings.max_completion_length) == (128, 64)
     assert accumulation_steps(settings, world_size=2) == 16  # 64 completions / (2 per rank x 2 ranks)
-    with pytest.raises(SettingsError, match="batch_size: 3: .* multiple of batch_size x ranks"):
+    with pytest.raises(SettingsError, match=r"batch_size: 3: does not divide the 64 completions the one rank takes "
+                                            r"a step \(16 prompts x 4 generations = 64 completions\); use 2 or 4$"):
         accumulation_steps(settings.model_copy(update={"batch_size": 3}), world_size=1)
     with pytest.raises(SettingsError, match="reward_weights: .*unknown reward 'speed'"):
         resolve_settings(Settings, overrides={"reward_weights": "speed=1"}, environ={})

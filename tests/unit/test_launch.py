@@ -29,8 +29,12 @@ def test_plan_on_a_gpu_machine():
 def test_plan_on_a_cpu_machine():
     assert launch.plan_devices("all", []) == launch.DevicePlan(1, ())
     assert launch.plan_devices(1, []).on_gpu is False
-    with pytest.raises(SettingsError, match="no GPU here and only"):
-        launch.plan_devices(10_000, [])
+    cores = os.cpu_count() or 1
+    # More ranks than cores run (the launch warns: control/host_load.py), up to four a core.
+    assert launch.plan_devices(4 * cores, []).nproc == 4 * cores
+    with pytest.raises(SettingsError, match=rf"gpus: {4 * cores + 1}: no GPU here, and {cores} CPU cores take at "
+                                            rf"most {4 * cores} CPU ranks$"):
+        launch.plan_devices(4 * cores + 1, [])
     with pytest.raises(SettingsError, match="no NVIDIA GPU"):
         launch.plan_devices([0, 1], [])
 

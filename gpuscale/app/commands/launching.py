@@ -98,6 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=label, queue=args.queue)
     run = store.get_run(run_id)
     say_questions_left_out(run)
+    say_fitted_to_ranks(run)
     say_file_domains(recipe, settings)
     if args.detach:
         print(json.dumps({"id": run_id}) if args.json else run_id)
@@ -172,6 +173,12 @@ def say_file_domains(recipe, settings) -> None:
         named = ", ".join(f"{path.name}: {path.stem!r}" for path in paths)
         print(f"dataset: a row with no 'domain' field takes its file's name as its domain ({named}), which names "
               f"its figures (accuracy_greedy_{paths[0].stem}_after...); --set domain=NAME names it", file=sys.stderr)
+
+
+def say_fitted_to_ranks(run: dict) -> None:
+    """Defaults the ranks could not share, moved to the nearest values that split (recipes/shared/rank_split.py)."""
+    if fitted := (run["settings"] or {}).get("fitted_to_ranks"):
+        print(f"run {run['id']}: {fitted}", file=sys.stderr)
 
 
 def say_questions_left_out(run: dict) -> None:

@@ -42,12 +42,14 @@ def auto_batch(recipe, values: dict) -> bool:
 
 
 def form_settings(recipe, values: dict):
-    """The form's settings validated; with `batch_size` auto, all but the batch (the launch finds it)."""
-    from gpuscale.app.batch_choice import validated
+    """The form's settings validated and fitted to the run's ranks as the launch fits them (a setting
+    left at its default may move: recipes/shared/rank_split.py), with the lines saying what moved; with
+    `batch_size` auto, all but the batch (the launch finds it)."""
+    from gpuscale.app.batch_choice import given_values, validated
 
     if auto_batch(recipe, values):
         values = {name: value for name, value in values.items() if name != "batch_size"}
-    return validated(recipe, values)
+    return recipe.fit_to_ranks(validated(recipe, given_values(recipe, values)))
 
 
 def tuning_line(recipe, settings, device, row: dict | None, auto: bool) -> str:
@@ -211,7 +213,7 @@ class LaunchScreen(Screen):
             return
         values = form.values()
         try:
-            settings = form_settings(self.recipe, values)
+            settings, fitted = form_settings(self.recipe, values)
             plan = launch.plan_devices(settings.gpus, available)
         except SettingsError as exc:
             field = error_field(exc, form.fields)
@@ -235,7 +237,9 @@ class LaunchScreen(Screen):
             self.look_up_tuning(self.recipe, settings, device, auto_batch(self.recipe, values))
         else:
             self.show_tuning_line("")
-        preview.update(Text.assemble(("$ ", "bold"), command, "\n", ("same from a shell: ", "dim"), (shell, "dim")))
+        moved = [("\n" + line, "italic") for line in fitted]  # defaults fitted to the ranks
+        preview.update(Text.assemble(("$ ", "bold"), command, "\n", ("same from a shell: ", "dim"), (shell, "dim"),
+                                     *moved))
 
     @work(thread=True, exclusive=True, group="tuning-line", exit_on_error=False)
     def look_up_tuning(self, recipe, settings, device, auto: bool) -> None:
@@ -283,12 +287,13 @@ class LaunchScreen(Screen):
         """The batch resolved as the CLI resolves it (`auto`: stored, tuned first, or the CPU default),
         then the run started with the form's label, with where its batch came from in its notes;
         `queue`: as `--queue`."""
-        from gpuscale.app.batch_choice import settings_with_batch
+        from gpuscale.app.batch_choice import given_values, settings_with_batch
         from gpuscale.control import launch
 
         try:
             store = self.app.store()
-            settings, notes = settings_with_batch(recipe, values, store, on_tune_line=self._tuning_output)
+            settings, notes = settings_with_batch(recipe, given_values(recipe, values), store,
+                                                  on_tune_line=self._tuning_output)
             run_id = launch.start_run(store, recipe, settings, plan, notes=notes, label=run_values["label"],
                                       queue=queue)
         except Exception as exc:  # e.g. tuning failed, or the run folder cannot be written

@@ -22,12 +22,14 @@ trainer.py (a rank's work), trial.py (its tuning trial: ES steps at a batch, wei
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.recipes.shared.device_defaults import device_default
+from gpuscale.recipes.shared.rank_split import Split
 from gpuscale.recipes.shared.training_settings import eval_split_field
 from gpuscale.runs.settings import RunSettings
 
@@ -117,6 +119,14 @@ class Settings(RunSettings):
         return value
 
 
+def population_split(settings: Settings) -> Split:
+    """The members, shared out over the ranks: an equal share each (a member's pair may sit on the next
+    rank: noise is drawn by member, evolution.py), and with antithetic pairs an even population."""
+    pairs = settings.antithetic
+    return Split("population", lambda members: f"{members:,} members{' in antithetic pairs' if pairs else ''}",
+                 multiple=lambda ranks: math.lcm(2, ranks) if pairs else ranks)
+
+
 def check_training_examples(settings: Settings) -> None:
     """Each step samples prompts_per_step distinct prompts from the training examples (without
     replacement); with fewer the first step raises, after the model is loaded. The trainer loads
@@ -166,11 +176,14 @@ class Eggroll(Recipe):
                                  "antithetic", "perturb_norms", "steps", "eval_every"),
                     start=256)  # the default: smaller calls mean many calls per step, trials of minutes
 
+    def rank_splits(self, settings: Settings) -> list[Split]:
+        return [population_split(settings)]
+
     def for_device(self, settings: Settings, on_gpu: bool, ranks: int) -> Settings:
-        settings = super().for_device(settings, on_gpu, ranks)  # population and steps
+        settings = super().for_device(settings, on_gpu, ranks)  # population (fitted to the ranks) and steps
         if settings.batch_size is not None:
             return settings
-        # A step's rows on one rank (an uneven population is refused by the rank).
+        # A step's rows on one rank.
         rows = settings.prompts_per_step * settings.generations_per_prompt * max(1, settings.population // ranks)
         return settings.model_copy(update={"batch_size": min(rows, MAX_ROWS_PER_CALL)})
 

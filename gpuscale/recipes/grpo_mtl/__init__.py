@@ -31,6 +31,7 @@ from pydantic import Field, field_validator
 
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.recipes.shared.device_defaults import device_default, resolved_for_device
+from gpuscale.recipes.shared.rank_split import Split, each_rank, nearest_divisors
 from gpuscale.recipes.shared.training_settings import TRAINING_FIGURE_NOTES, TrainingSettings
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
@@ -118,24 +119,33 @@ class Settings(TrainingSettings):
         return self.prompts_per_step * self.num_generations
 
 
+def completions_split(settings: Settings) -> Split:
+    """The step's completions, prompts_per_step x num_generations, shared out over the ranks: each rank
+    trains on its share (recipes/shared/rank_split.py)."""
+    generations = settings.num_generations
+    return Split("prompts_per_step", lambda prompts: f"{prompts} prompts x {generations} generations = "
+                 f"{prompts * generations} completions", per_value=generations)
+
+
 def accumulation_steps(settings: Settings, world_size: int) -> int:
     """Micro-batches per optimizer step so that one step trains on the whole generation batch
-    (prompts_per_step x num_generations completions) once; SettingsError if it does not divide.
+    (prompts_per_step x num_generations completions) once; SettingsError, naming batch_size and the
+    divisors nearest to it, if it does not divide a rank's share (the share splitting is `check`'s).
     A batch_size left to the rank (None) is sized there as a divisor: one micro-batch here."""
     if settings.batch_size is None:
         return 1
-    per_micro_step = settings.batch_size * world_size
-    if settings.completions_per_step % per_micro_step:
+    share = rank_share(settings, world_size)
+    if share % settings.batch_size:
         raise SettingsError(
-            f"batch_size: {settings.batch_size}: prompts_per_step x num_generations "
-            f"({settings.prompts_per_step} x {settings.num_generations} = {settings.completions_per_step}) must be "
-            f"a multiple of batch_size x ranks ({settings.batch_size} x {world_size})")
-    return settings.completions_per_step // per_micro_step
+            f"batch_size: {settings.batch_size}: does not divide the {share} completions {each_rank(world_size)} "
+            f"takes a step ({completions_split(settings).items(settings.prompts_per_step)}); use "
+            f"{' or '.join(map(str, nearest_divisors(share, settings.batch_size)))}")
+    return share // settings.batch_size
 
 
 def rank_share(settings: Settings, ranks: int) -> int:
     """A rank's completions per optimizer step (all of them where the ranks do not divide them: the
-    run then refuses its batch_size anyway, in accumulation_steps)."""
+    launch then refuses or fits prompts_per_step, `completions_split`)."""
     if settings.completions_per_step % ranks:
         return settings.completions_per_step
     return settings.completions_per_step // ranks
@@ -173,12 +183,13 @@ class GrpoMtl(Recipe):
 
     def check(self, settings: Settings) -> None:
         """The data set must load and keep training examples once the evaluation's are held out;
-        the step's completions must split into equal micro-batches on one rank at least."""
+        the step's completions must split over the ranks (`super().check`) into equal micro-batches."""
         super().check(settings)
         from gpuscale.data.tasks import check_dataset
+        from gpuscale.recipes.shared.rank_batches import run_ranks
 
         check_dataset(settings.dataset, "train", settings.max_examples)
-        accumulation_steps(settings, 1)
+        accumulation_steps(settings, run_ranks(settings))  # after super(): the share splits
         # The ranks' device is not known here: the rows are counted at a GPU's steps, the most a run loads
         # (data.py), which hold a step's prompts exactly when the CPU's fewer do.
         check_training_examples(resolved_for_device(settings, on_gpu=True))
@@ -193,6 +204,9 @@ class GrpoMtl(Recipe):
                     # How long a run trains (read where the trial's settings are resolved for the device).
                     not_shaping=("max_steps",),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
+
+    def rank_splits(self, settings: Settings) -> list[Split]:
+        return [completions_split(settings)]
 
     def trial_session(self, settings: Settings, ctx):
         from gpuscale.recipes.grpo_mtl.trial import trial_session

@@ -188,6 +188,9 @@ class RFT(Recipe):
                     # device); the trial times generation.
                     not_shaping=("epochs",))
 
+    def rank_splits(self, settings: Settings) -> list:
+        return settings.rows_splits()  # the fine-tune's step; generation shards its questions, any count
+
     def trial_session(self, settings: Settings, ctx):
         from gpuscale.recipes.rft.trial import trial_session
 

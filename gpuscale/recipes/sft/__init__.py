@@ -109,6 +109,9 @@ class SFT(Recipe):
 
         return trial_session(settings, ctx)
 
+    def rank_splits(self, settings: Settings) -> list:
+        return settings.rows_splits()
+
     def tune_batch_sizes(self, settings: Settings, ranks: int = 1) -> list[int] | None:
         from gpuscale.recipes.shared.rank_batches import micro_batches
 

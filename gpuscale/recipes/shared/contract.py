@@ -33,7 +33,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from gpuscale.recipes.shared.device_defaults import device_defaults_line, resolved_for_device
+from gpuscale.recipes.shared.device_defaults import device_defaults_line, left_to_device, resolved_for_device
+from gpuscale.recipes.shared.rank_split import FITTED_TO_RANKS, Split, fit_splits
 from gpuscale.runs.settings import RunSettings
 
 if TYPE_CHECKING:  # torch is imported only inside a rank
@@ -124,33 +125,63 @@ class Recipe(ABC):
 
     def check(self, settings: RunSettings) -> None:
         """Refuse, before launch, what can be known to be bad (raise SettingsError, DataError or
-        ModelError with one line). The default checks that the model can be loaded (config and
+        ModelError with one line). The default checks that the counts the ranks share split over them
+        (`fit_to_ranks`), that the model can be loaded (config and
         safetensors headers, or the hub id cached or reachable) and, for a recipe that reads
         questions, that none is too long for its context (or that too_long=skip leaves it out); a
         recipe that checks more calls `super().check(settings)` first."""
         from gpuscale.data.models import check_model
 
+        self.fit_to_ranks(settings, adapt=False)  # a count the ranks cannot share: refused, nothing loaded
         check_model(settings.model)
         if self.reads_questions:
             from gpuscale.data.question_length import question_limit, questions_too_long
 
             questions_too_long(settings.dataset, question_limit(settings))
 
+    def rank_splits(self, settings: RunSettings) -> list[Split]:
+        """The counts of a step that the ranks share out equally (recipes/shared/rank_split.py: sft's
+        rows_per_step, grpo-mtl's completions, eggroll's population); [] where nothing must split."""
+        return []
+
+    def fit_to_ranks(self, settings: RunSettings, adapt: bool = True) -> tuple[RunSettings, list[str]]:
+        """The settings with `rank_splits` fitted to the ranks this run starts (`rank_split.fit_splits`): a
+        default the user did not give moved to the nearest value that splits, with a line saying so; a
+        given value that does not split refused (SettingsError naming it and the values that would), as
+        is any value with `adapt=False`. Called by the launch before tuning (app/batch_choice.py) and by
+        `check`."""
+        from gpuscale.recipes.shared.rank_batches import run_ranks_on
+
+        ranks, on_gpu = run_ranks_on(settings)
+        return fit_splits(settings, self.rank_splits(settings), ranks, on_gpu, adapt)
+
     def for_device(self, settings: RunSettings, on_gpu: bool, ranks: int) -> RunSettings:
         """The settings with those left to the device resolved, for `ranks` ranks; called where the
         device is known: by the rank before its work (`run_on_device`) and by the tuner before its
         trials. The default sets every device default still `auto` (recipes/shared/device_defaults.py:
-        sft's epochs, grpo-mtl's steps...) to the device's value; a recipe that sizes more (eggroll's
-        batch) calls it first."""
-        return resolved_for_device(settings, on_gpu)
+        sft's epochs, grpo-mtl's steps...) to the device's value, fitted to the ranks where it is one of
+        `rank_splits` (`device_values_fitted`); a recipe that sizes more (eggroll's batch) calls it first."""
+        return self.device_values_fitted(settings, on_gpu, ranks)[0]
+
+    def device_values_fitted(self, settings: RunSettings, on_gpu: bool, ranks: int) -> tuple[RunSettings, list[str]]:
+        """The device defaults resolved (`resolved_for_device`), those the ranks share (eggroll's
+        population) moved to the nearest value that splits over `ranks`, and a line for each moved."""
+        resolved = resolved_for_device(settings, on_gpu)
+        given = resolved.model_fields_set - set(left_to_device(settings))
+        return fit_splits(resolved, self.rank_splits(resolved), ranks, on_gpu, given=given)
 
     def run_on_device(self, settings: RunSettings, ctx: RankContext, reporter: Reporter) -> None:
         """What a rank runs (recipes/__main__.py): `run` on the settings resolved for its device, rank 0's
-        log saying first which device defaults it took."""
+        log saying first which device defaults it took, and its summary which it fitted to the ranks."""
         on_gpu = ctx.device.type == "cuda"
         line = device_defaults_line(settings, on_gpu)
-        if line and ctx.is_main:
-            print(line, flush=True)
+        _, fitted = self.device_values_fitted(settings, on_gpu, ctx.world_size)
+        if ctx.is_main:
+            for said in (line, *fitted):
+                if said:
+                    print(said, flush=True)
+            if fitted:
+                reporter.summary({FITTED_TO_RANKS: "; ".join(fitted)}, partial=True)
         self.run(self.for_device(settings, on_gpu, ctx.world_size), ctx, reporter)
 
     def trial_session(self, settings: RunSettings, ctx: RankContext) -> AbstractContextManager[TrialFn]:

@@ -11,12 +11,18 @@ from gpuscale.runs.settings import RunSettings, SettingsError
 def run_ranks(settings: RunSettings) -> int:
     """How many ranks a run of these settings starts on this machine (1 where its `gpus` cannot be
     planned here): a rank's share of the work, and of a training recipe's global batch, depends on it."""
+    return run_ranks_on(settings)[0]
+
+
+def run_ranks_on(settings: RunSettings) -> tuple[int, bool]:
+    """`run_ranks`, and whether they are GPUs (False: CPU ranks, or `gpus` not planned here)."""
     from gpuscale.runs.devices import plan_devices
 
     try:
-        return plan_devices(settings.gpus).nproc * settings.nnodes
+        plan = plan_devices(settings.gpus)
     except SettingsError:
-        return 1
+        return 1, False
+    return plan.nproc * settings.nnodes, plan.on_gpu
 
 
 def micro_batches(rank_batch: int, most_accumulation: int | None = None) -> list[int]:

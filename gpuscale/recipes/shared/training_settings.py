@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from gpuscale.recipes.shared.rank_split import Split, each_rank, nearest_divisors
 from gpuscale.recipes.shared.report_backends import checked_report_to
 from gpuscale.runs.settings import RunSettings, SettingsError, words_meaning
 
@@ -135,6 +136,13 @@ class SupervisedSettings(TrainingSettings):
                                 f"ranks (each takes an equal share of a step); give a multiple of {ranks}")
         return self.rows_per_step // ranks
 
+    def rows_splits(self) -> list[Split]:
+        """rows_per_step, shared out over the ranks (recipes/shared/rank_split.py); nothing where TRL's
+        gradient_accumulation counts a rank's rows instead."""
+        if self.gradient_accumulation is not None:
+            return []
+        return [Split("rows_per_step", lambda rows: f"{rows} rows a step")]
+
     @property
     def step_asked(self) -> dict[str, int]:
         """How the step's rows were asked for, part of a tuning result's key: rows_per_step over all
@@ -148,8 +156,9 @@ class SupervisedSettings(TrainingSettings):
         `micro_batch` rows (None: sized later, any split); SettingsError naming `field` otherwise."""
         rows = self.rank_rows(ranks)
         if micro_batch is not None and rows % micro_batch:
-            raise SettingsError(f"{field}: {micro_batch}: does not divide the {rows} rows each of the {ranks} ranks "
-                                f"takes a step (rows_per_step {rows * ranks}); give a divisor of {rows}")
+            raise SettingsError(f"{field}: {micro_batch}: does not divide the {rows} rows {each_rank(ranks)} "
+                                f"takes a step (rows_per_step {rows * ranks}); use "
+                                f"{' or '.join(map(str, nearest_divisors(rows, micro_batch)))}")
         return rows
 
 
