@@ -26,7 +26,17 @@ from gpuscale.control.hang_watch import (
 from gpuscale.control.metrics_tail import Beat, MetricsTailer
 from gpuscale.engines import reporter as reporter_module
 from gpuscale.engines.reporter import Reporter
-from gpuscale.runs.heartbeat import BEAT_EVERY_S, BEAT_KEY, EVALUATE, LOADING, SAVE, STACKS_SIGNAL, STEP
+from gpuscale.runs.heartbeat import (
+    BEAT_EVERY_S,
+    BEAT_KEY,
+    EVALUATE,
+    HEARTBEATS_ENV,
+    LOADING,
+    SAVE,
+    STACKS_SIGNAL,
+    STEP,
+    beats_on,
+)
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings
 
 
@@ -56,6 +66,20 @@ def test_a_reporter_writes_a_beat_on_each_change_of_phase_and_at_most_one_a_seco
         (LOADING, 0), (EVALUATE, 0), (STEP, 1), (SAVE, 1), (SAVE, 1)]
     assert tailer.take_beats() == []  # handed over once
     assert [row["name"] for row in rows] == ["loss"]  # a heartbeat is no metric row
+
+
+def test_gpuscale_heartbeats_0_keeps_a_rank_from_beating_and_nothing_else(tmp_path, monkeypatch):
+    """The bench aid (bench/heartbeat_cost.py): no beat, the logged steps and the summary written as ever."""
+    assert beats_on({}) and beats_on({HEARTBEATS_ENV: "1"}) and not beats_on({HEARTBEATS_ENV: " 0"})
+    monkeypatch.setenv(HEARTBEATS_ENV, "0")
+    reporter = Reporter(tmp_path, 0)  # would beat LOADING
+    reporter.beat(EVALUATE)
+    reporter.log(step=1, loss=2.0)
+    reporter_module.beat(SAVE, step=1)
+    reporter.summary({"steps": 1})
+    reporter.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    assert [sorted(line) for line in lines] == [["loss", "rank", "step", "t"], ["rank", "summary", "t"]]
 
 
 def test_the_step_timeout_is_auto_larger_of_the_floor_and_five_times_the_p95_step():
