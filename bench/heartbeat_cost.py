@@ -2,7 +2,8 @@
 off, the same call, the runs alternating.
 
     python bench/heartbeat_cost.py [--recipes sft,grpo-mtl] [--model random-qwen2.5-0.5b] [--gpus 1]
-                                   [--repeats 3] [--set [RECIPE:]KEY=VALUE ...] [--home DIR] [--out FILE]
+                                   [--repeats 3] [--warmups 1] [--set [RECIPE:]KEY=VALUE ...] [--home DIR]
+                                   [--out FILE]
 
 Every run is a real `gpuscale run` (CLI, supervisor, accelerate launch, the rank) in a GPUSCALE_HOME of
 the script's, with the same arguments on both sides: `--recipe R --gpus G --model M --set max_steps=N
@@ -10,7 +11,8 @@ the script's, with the same arguments on both sides: `--recipe R --gpus G --mode
 another), the recipe's defaults otherwise. Only the environment differs: heartbeats on (the users'
 default: no GPUSCALE_HEARTBEATS) or off (GPUSCALE_HEARTBEATS=0, runs/heartbeat.py's bench aid; the
 supervisor's hang watch runs on both sides). A recipe's runs alternate on, off, on, off... (--repeats
-of each), so that a drift of the machine falls on both sides.
+of each), so that a drift of the machine falls on both sides, after --warmups runs not compared (a
+cold machine's first run may step slower).
 
 A run's figure is its steady step time as the run records it (bench/scaling.py's, the first step left
 out): sft the median of the `step_time_ms` rank 0 logged (the wall time between the trainer's logs, one
@@ -24,14 +26,14 @@ noise. Expected: a rank beats at most once a second a phase (BEAT_EVERY_S), a `t
 comparison otherwise. One line is printed a run, then one a recipe; the exit code is 1 where a run's
 beats were not as set or a recipe is not within noise (--repeats 1 measures no noise: no verdict). The
 result (bench/record.py's schema) goes to bench/results/heartbeats/heartbeat-cost-<date>-<card>.json
-(the card: the --gpus used).
+(the card: the --gpus used), heartbeat-cost-<recipe>-... where --recipes names one.
 
 On CPU (one CPU rank of tiny-math, one run a side: the test's sizes; speeds on CPU mean nothing):
 
-    python bench/heartbeat_cost.py --recipes sft --model tiny-math --repeats 1 --set sft:max_steps=6 \\
+    python bench/heartbeat_cost.py --recipes sft --model tiny-math --repeats 1 --warmups 0 --set sft:max_steps=6 \\
         --set batch_size=2 --set max_examples=64 --set sft:max_length=64 --out /tmp/heartbeat-cost.json
 
-On one GPU (random-qwen2.5-0.5b, 3 runs a side, both recipes):
+On one GPU (random-qwen2.5-0.5b, a warm-up run and 3 runs a side of each recipe):
 
     python bench/heartbeat_cost.py
 """
@@ -132,15 +134,21 @@ def compare(runs: list[dict]) -> dict:
 
 
 def measure(recipe: str, opts, home: Path) -> dict:
+    """The recipe's warm-up runs (not compared), then its runs on, off, on, off... and their comparison."""
     arguments = run_arguments(recipe, opts)
-    runs = []
-    for number in range(1, 2 * opts.repeats + 1):
-        beats = number % 2 == 1  # on, off, on, off...
-        runs.append(run := {"order": number, **one_run(recipe, beats, arguments, home)})
-        print(f"{recipe} run {number}/{2 * opts.repeats}: heartbeats {'on' if beats else 'off'}: steady step "
-              f"{1000 * run['step_seconds']:.1f} ms, {run['beat_lines']} beat lines, run {run['run']} "
-              f"({run['wall_s']:.0f} s)", flush=True)
-    return {"run_arguments": arguments, "runs": runs, **compare(runs)}
+    warmups = [timed(recipe, f"warm-up {number}/{opts.warmups}", True, arguments, home)
+               for number in range(1, opts.warmups + 1)]
+    runs = [{"order": number, **timed(recipe, f"run {number}/{2 * opts.repeats}", number % 2 == 1, arguments, home)}
+            for number in range(1, 2 * opts.repeats + 1)]
+    return {"run_arguments": arguments, "warmups": warmups, "runs": runs, **compare(runs)}
+
+
+def timed(recipe: str, label: str, beats: bool, arguments: list[str], home: Path) -> dict:
+    """One run, and its line."""
+    run = one_run(recipe, beats, arguments, home)
+    print(f"{recipe} {label}: heartbeats {'on' if beats else 'off'}: steady step {1000 * run['step_seconds']:.1f} "
+          f"ms, {run['beat_lines']} beat lines, run {run['run']} ({run['wall_s']:.0f} s)", flush=True)
+    return run
 
 
 def verdict_line(recipe: str, f: dict) -> str:
@@ -155,6 +163,11 @@ def verdict_line(recipe: str, f: dict) -> str:
             f"{noise}: {verdict}")
 
 
+def result_name(recipes: list[str]) -> str:
+    """The result file's first part: `heartbeat-cost`, `heartbeat-cost-sft` for a call of some recipes."""
+    return "-".join(["heartbeat-cost", *([] if set(recipes) == set(DEFAULT_STEPS) else recipes)])
+
+
 def parse_options(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
                                      epilog=__doc__.split("\n\n", 1)[1],
@@ -167,16 +180,19 @@ def parse_options(argv: list[str] | None = None):
                         help="runs a side (heartbeats on, off), alternating; 2 or more for a noise and a verdict")
     parser.add_argument("--set", dest="assignments", action="append", default=[], type=parse_assignment,
                         metavar="[RECIPE:]KEY=VALUE", help="a setting of every run, or of RECIPE's (repeatable)")
+    parser.add_argument("--warmups", type=int, default=1,
+                        help="runs of each recipe before the compared ones, not compared (a cold machine's first run)")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
-    parser.add_argument("--out", default=None,
-                        help="default: bench/results/heartbeats/heartbeat-cost-<date>-<card>.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/heartbeats/heartbeat-cost-<date>-"
+                        "<card>.json (heartbeat-cost-<recipe>-... where --recipes names one)")
     opts = parser.parse_args(argv)
     opts.recipes = opts.recipes.split(",")
     unknown = [name for name in opts.recipes if name not in DEFAULT_STEPS]
     if unknown:
         parser.error(f"--recipes: {unknown[0]}: not one of {', '.join(DEFAULT_STEPS)}")
-    if opts.repeats < 1:
-        parser.error(f"--repeats {opts.repeats}: at least 1 run a side")
+    if opts.repeats < 1 or opts.warmups < 0:
+        parser.error(f"--repeats {opts.repeats} --warmups {opts.warmups}: at least 1 run a side, no fewer than 0 "
+                     "warm-up runs")
     return opts
 
 
@@ -192,8 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = {**vars(opts), "home": str(home), "default_steps": DEFAULT_STEPS,
                 "assignments": [f"{r}:{a}" if r else a for r, a in opts.assignments]}
     gpus = int(opts.gpus) if opts.gpus.isdigit() else len(opts.gpus.strip(",").split(","))
-    write_result("heartbeats", "heartbeat-cost", settings, {"recipes": results, "passed": passed}, out=opts.out,
-                 card=case_card(gpus))
+    write_result("heartbeats", result_name(opts.recipes), settings, {"recipes": results, "passed": passed},
+                 out=opts.out, card=case_card(gpus))
     sys.exit(0 if passed else 1)
 
 

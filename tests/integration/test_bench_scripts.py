@@ -685,11 +685,13 @@ def test_heartbeat_cost_compares_the_sides_medians_within_their_spread():
     assert cost.verdict_line("sft", single).endswith("noise one run a side: noise not measured")
     opts = cost.parse_options(["--model", "tiny-math", "--set", "sft:max_steps=6", "--set", "batch_size=2",
                                "--set", "grpo-mtl:num_generations=2"])
-    assert opts.recipes == ["sft", "grpo-mtl"] and opts.repeats == 3
+    assert opts.recipes == ["sft", "grpo-mtl"] and (opts.repeats, opts.warmups) == (3, 1)
     assert cost.run_arguments("sft", opts) == [
         "--recipe", "sft", "--gpus", "1", "--model", "tiny-math", "--set", "max_steps=6", "--set", "eval_examples=0",
         "--set", "save_model=false", "--set", "batch_size=2"]
     assert "num_generations=2" in cost.run_arguments("grpo-mtl", opts)
+    assert cost.result_name(["grpo-mtl", "sft"]) == "heartbeat-cost"
+    assert cost.result_name(["sft"]) == "heartbeat-cost-sft"
 
 
 @pytest.mark.e2e
@@ -697,12 +699,13 @@ def test_heartbeat_cost_bench_runs_the_same_call_with_heartbeats_on_and_off_on_c
     """bench/heartbeat_cost.py at its docstring's CPU sizes (one run a side): the same settings on both
     sides, beats written by one side only, each run's step time the one its rank logged to the Store."""
     out = tmp_path / "heartbeat-cost.json"
-    done = bench("heartbeat_cost.py", "--recipes", "sft", "--model", "tiny-math", "--repeats", "1",
+    done = bench("heartbeat_cost.py", "--recipes", "sft", "--model", "tiny-math", "--repeats", "1", "--warmups", "0",
                  "--set", "sft:max_steps=6", "--set", "batch_size=2", "--set", "max_examples=64",
                  "--set", "sft:max_length=64", "--home", str(home), "--out", str(out))
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["card"] == "cpu"
     sft = record["figures"]["recipes"]["sft"]
+    assert sft["warmups"] == []
     on, off = sft["runs"]
     assert (on["order"], on["heartbeats"], off["order"], off["heartbeats"]) == (1, True, 2, False)
     assert on["beat_lines"] > 0 and off["beat_lines"] == 0 and sft["beats_as_set"]
