@@ -7,12 +7,12 @@ off, the same call, the runs alternating.
 
 Every run is a real `gpuscale run` (CLI, supervisor, accelerate launch, the rank) in a GPUSCALE_HOME of
 the script's, with the same arguments on both sides: `--recipe R --gpus G --model M --set max_steps=N
---set eval_examples=0 --set save_model=false` (N: DEFAULT_STEPS; `--set RECIPE:max_steps=N` for
-another), the recipe's defaults otherwise. Only the environment differs: heartbeats on (the users'
-default: no GPUSCALE_HEARTBEATS) or off (GPUSCALE_HEARTBEATS=0, runs/heartbeat.py's bench aid; the
-supervisor's hang watch runs on both sides). A recipe's runs alternate on, off, on, off... (--repeats
-of each), so that a drift of the machine falls on both sides, after --warmups runs not compared (a
-cold machine's first run may step slower).
+--set eval_examples=0 --set save_model=false` and RECIPE_SETTINGS' (N: sft 150, grpo-mtl 20; `--set
+[RECIPE:]KEY=VALUE` replaces one), the recipe's defaults otherwise. Only the environment differs:
+heartbeats on (the users' default: no GPUSCALE_HEARTBEATS) or off (GPUSCALE_HEARTBEATS=0,
+runs/heartbeat.py's bench aid; the supervisor's hang watch runs on both sides). A recipe's runs
+alternate on, off, on, off... (--repeats of each), so that a drift of the machine falls on both sides,
+after --warmups runs not compared (a cold machine's first run may step slower).
 
 A run's figure is its steady step time as the run records it (bench/scaling.py's, the first step left
 out): sft the median of the `step_time_ms` rank 0 logged (the wall time between the trainer's logs, one
@@ -63,14 +63,16 @@ from gpuscale.runs.run_dir import RunDir  # noqa: E402
 
 BASELINE = ("Baseline: the same run with the ranks' heartbeats off (GPUSCALE_HEARTBEATS=0), the same call "
             "alternating with the runs that beat; nothing else differs.")
-# A step of the recipe's defaults at 0.5B on one H200: sft about 0.1 s, grpo-mtl about 1 s; enough steps
-# for a steady median, few enough that 3 runs a side of both fit a device session.
-DEFAULT_STEPS = {"sft": 150, "grpo-mtl": 20}
+# A step of the recipe's defaults at 0.5B on one H200 takes about 0.1 s (sft) and 0.5-1.3 s (grpo-mtl,
+# bench/results/grpo_mtl/): steps enough for a steady median, few enough that a recipe's 7 runs (a warm-up,
+# 3 a side) are meant to fit a 10-minute call. grpo-mtl's default learning rate suits the embedded model;
+# a 0.5B model wants about 1e-6 (bench/scaling.py's).
+RECIPE_SETTINGS = {"sft": {"max_steps": "150"}, "grpo-mtl": {"max_steps": "20", "learning_rate": "1e-6"}}
 
 
 def run_arguments(recipe: str, opts) -> list[str]:
     """The run's arguments, the same with heartbeats on and off: the script's settings, then --set's."""
-    settings = {"max_steps": str(DEFAULT_STEPS[recipe]), "eval_examples": "0", "save_model": "false"}
+    settings = {**RECIPE_SETTINGS[recipe], "eval_examples": "0", "save_model": "false"}
     for only, assignment in opts.assignments:
         if only in (None, recipe):
             key, _, value = assignment.partition("=")
@@ -102,6 +104,7 @@ def beat_lines(run_dir: str) -> int:
 
 
 def one_run(recipe: str, beats: bool, arguments: list[str], home: Path) -> dict:
+    """One run to its end: its steady step time (bench/scaling.py's figure) and the beat lines it wrote."""
     started = time.monotonic()
     run = gpuscale_run(arguments, env=run_env(home, beats))  # RunFailed: the comparison has no side
     store = Store(home, read_only=True)
@@ -165,15 +168,15 @@ def verdict_line(recipe: str, f: dict) -> str:
 
 def result_name(recipes: list[str]) -> str:
     """The result file's first part: `heartbeat-cost`, `heartbeat-cost-sft` for a call of some recipes."""
-    return "-".join(["heartbeat-cost", *([] if set(recipes) == set(DEFAULT_STEPS) else recipes)])
+    return "-".join(["heartbeat-cost", *([] if set(recipes) == set(RECIPE_SETTINGS) else recipes)])
 
 
 def parse_options(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
                                      epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipes", default=",".join(DEFAULT_STEPS),
-                        help=f"comma-separated, of {', '.join(DEFAULT_STEPS)}")
+    parser.add_argument("--recipes", default=",".join(RECIPE_SETTINGS),
+                        help=f"comma-separated, of {', '.join(RECIPE_SETTINGS)}")
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--gpus", default="1", help="the runs' --gpus (a count: CPU ranks where there is no GPU)")
     parser.add_argument("--repeats", type=int, default=3,
@@ -187,9 +190,9 @@ def parse_options(argv: list[str] | None = None):
                         "<card>.json (heartbeat-cost-<recipe>-... where --recipes names one)")
     opts = parser.parse_args(argv)
     opts.recipes = opts.recipes.split(",")
-    unknown = [name for name in opts.recipes if name not in DEFAULT_STEPS]
+    unknown = [name for name in opts.recipes if name not in RECIPE_SETTINGS]
     if unknown:
-        parser.error(f"--recipes: {unknown[0]}: not one of {', '.join(DEFAULT_STEPS)}")
+        parser.error(f"--recipes: {unknown[0]}: not one of {', '.join(RECIPE_SETTINGS)}")
     if opts.repeats < 1 or opts.warmups < 0:
         parser.error(f"--repeats {opts.repeats} --warmups {opts.warmups}: at least 1 run a side, no fewer than 0 "
                      "warm-up runs")
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     for recipe, figures in results.items():
         print(verdict_line(recipe, figures), flush=True)
     passed = all(f["beats_as_set"] and f["within_noise"] is not False for f in results.values())
-    settings = {**vars(opts), "home": str(home), "default_steps": DEFAULT_STEPS,
+    settings = {**vars(opts), "home": str(home), "recipe_settings": RECIPE_SETTINGS,
                 "assignments": [f"{r}:{a}" if r else a for r, a in opts.assignments]}
     gpus = int(opts.gpus) if opts.gpus.isdigit() else len(opts.gpus.strip(",").split(","))
     write_result("heartbeats", result_name(opts.recipes), settings, {"recipes": results, "passed": passed},
