@@ -149,6 +149,9 @@ MAIN_FRAMES = ("_run_module_as_main", "<module>")  # the outermost frame of a pr
 COLLECTIVES = "/torch/distributed/"
 WRAPPERS = ("wrapper",)  # torch.distributed's logging decorator, between the call and its work
 GPUSCALE_CODE = "/gpuscale/"
+# Autograd's engine, where Python's frames end inside loss.backward(): DDP's gradient all-reduce runs in
+# its C++ hooks, so a rank waiting there on a peer shows no torch.distributed frame.
+AUTOGRAD_ENGINE = ("/torch/autograd/graph.py", "_engine_run_backward")
 
 
 def main_thread_frames(stacks: str) -> list[dict]:
@@ -163,18 +166,30 @@ def main_thread_frames(stacks: str) -> list[dict]:
     return next((frames for frames in threads if frames and frames[-1]["function"] in MAIN_FRAMES), [])
 
 
-def where(frames: list[dict]) -> str | None:
+def where(frames: list[dict], peers: bool = True) -> str | None:
     """Where a main thread stands, in words: `waits in all_gather_into_tensor (distributed_c10d.py:4413)
     from _gather (trainer.py:426)` in a torch.distributed call (the outermost one, the call gpuscale
-    made), else `in FUNCTION (FILE:LINE)` of its innermost frame, `from` the innermost frame of
-    gpuscale's own code where that is another; None without frames."""
+    made); `waits in the gradient all-reduce (inside backward, _engine_run_backward)` in autograd's
+    engine where the rank has `peers` (DDP's all-reduce runs there); else `in FUNCTION (FILE:LINE)` of
+    its innermost frame; `from` the innermost frame of gpuscale's own code where that is another; None
+    without frames."""
     if not frames:
         return None
     own = next((index for index, frame in enumerate(frames) if GPUSCALE_CODE in frame["file"]), len(frames))
     calls = [frame for frame in frames[:own] if COLLECTIVES in frame["file"] and frame["function"] not in WRAPPERS]
     shown = calls[-1] if calls else frames[0]
-    text = f"{'waits in' if calls else 'in'} {place(shown)}"
+    if calls:
+        text = f"waits in {place(shown)}"
+    elif peers and in_autograd_engine(shown):
+        text = f"waits in the gradient all-reduce (inside backward, {shown['function']})"
+    else:
+        text = f"in {place(shown)}"
     return text if own in (len(frames), frames.index(shown)) else f"{text} from {place(frames[own])}"
+
+
+def in_autograd_engine(frame: dict) -> bool:
+    path, function = AUTOGRAD_ENGINE
+    return frame["function"] == function and frame["file"].endswith(path)
 
 
 def place(frame: dict) -> str:

@@ -246,7 +246,8 @@ class Supervisor:
         while time.monotonic() < deadline and not all(stacks_written(folder, rank) for rank in asked):
             time.sleep(0.1)
         time.sleep(0.2)  # the last thread's stack may still be being written
-        places = {stand.rank: hang_watch.where(hang_watch.main_thread_frames(read_stacks(folder, stand.rank)))
+        places = {stand.rank: hang_watch.where(hang_watch.main_thread_frames(read_stacks(folder, stand.rank)),
+                                               peers=len(stands) > 1)
                   for stand in stands}
         self.hung_error = hang_watch.hung_error(stands, states, places, folder.errors_dir, self.idle_gpus())
         record = {"error": self.hung_error, "timeout_s": self.hangs.timeout_s(),

@@ -39,6 +39,7 @@ class Reporter:
         # Faults at a named point of a recipe (POINT_FAULTS) fire there, not at a logged step.
         self._fault = fault if fault and fault[0] not in POINT_FAULTS else None
         self._step, self._phase, self._written_at = 0, "", 0.0
+        self._beats = heartbeat.beats_on()  # off only to time what they cost (bench/heartbeat_cost.py)
         _current = self
         self.beat(heartbeat.LOADING)
 
@@ -52,6 +53,8 @@ class Reporter:
     def beat(self, phase: str, step: int | None = None) -> None:
         """The rank advanced, and is now in `phase` (runs/heartbeat.py), at `step` (None: the step it
         last logged or beat). Written at once on a change of phase, else at most every BEAT_EVERY_S."""
+        if not self._beats:
+            return
         now = time.time()
         self._step = self._step if step is None else int(step)
         if phase == self._phase and now - self._written_at < heartbeat.BEAT_EVERY_S:

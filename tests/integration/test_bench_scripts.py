@@ -656,3 +656,68 @@ def test_acceptance_rows_from_a_cut_checks_history_are_the_rows_the_check_writes
     assert [(row["label"], row["seed"], row["run_id"], row["status"]) for row in rows] == [
         ("power-sampling greedy", 0, run["id"], "succeeded")]
     assert rows[0]["accuracy"] == run["summary"]["accuracy"] and rows[0]["nan_free"] is True
+
+
+def test_heartbeat_cost_compares_the_sides_medians_within_their_spread():
+    """bench/heartbeat_cost.py's verdict on given runs: each side's median and spread, on / off against the
+    larger spread, a run whose beats were not as set voiding it; and the one call both sides run."""
+    cost = load_bench("heartbeat_cost.py")
+
+    def runs(on: list[float], off: list[float], off_beats: int = 0) -> list[dict]:
+        """Runs on, off, on, off... of these step times; those with heartbeats on wrote 7 beat lines."""
+        pairs = zip([{"heartbeats": True, "step_seconds": seconds, "beat_lines": 7} for seconds in on],
+                    [{"heartbeats": False, "step_seconds": seconds, "beat_lines": off_beats} for seconds in off])
+        return [run for pair in pairs for run in pair]
+
+    alike = cost.compare(runs([0.100, 0.104, 0.098], [0.101, 0.099, 0.103]))
+    assert alike["on"]["median_s"] == 0.100 and alike["off"]["median_s"] == 0.101
+    assert alike["on"]["spread"] == pytest.approx(0.006 / 0.100) and alike["noise"] == pytest.approx(0.06)
+    assert alike["on_over_off"] == pytest.approx(0.100 / 0.101) and alike["within_noise"] and alike["beats_as_set"]
+    assert cost.verdict_line("sft", alike) == (
+        "sft: heartbeats on 100.0 ms, off 101.0 ms a step (median of 3 runs each); on/off 0.990, noise ±6.0% "
+        "(spread on 6.0%, off 4.0%): within noise")
+    slower = cost.compare(runs([0.120, 0.121, 0.119], [0.100, 0.101, 0.099]))
+    assert slower["within_noise"] is False and cost.verdict_line("sft", slower).endswith(": NOT within noise")
+    leaked = cost.compare(runs([0.100, 0.100], [0.100, 0.100], off_beats=1))
+    assert not leaked["beats_as_set"] and ": VOID: " in cost.verdict_line("sft", leaked)
+    single = cost.compare(runs([0.100], [0.105]))
+    assert single["noise"] is None and single["within_noise"] is None
+    assert cost.verdict_line("sft", single).endswith("noise one run a side: noise not measured")
+    opts = cost.parse_options(["--model", "tiny-math", "--set", "sft:max_steps=6", "--set", "batch_size=2",
+                               "--set", "grpo-mtl:num_generations=2"])
+    assert opts.recipes == ["sft", "grpo-mtl"] and (opts.repeats, opts.warmups) == (3, 1)
+    assert cost.run_arguments("sft", opts) == [
+        "--recipe", "sft", "--gpus", "1", "--model", "tiny-math", "--set", "max_steps=6", "--set", "eval_examples=0",
+        "--set", "save_model=false", "--set", "batch_size=2"]
+    assert "num_generations=2" in cost.run_arguments("grpo-mtl", opts)
+    assert cost.result_name(["grpo-mtl", "sft"]) == "heartbeat-cost"
+    assert cost.result_name(["sft"]) == "heartbeat-cost-sft"
+
+
+@pytest.mark.e2e
+def test_heartbeat_cost_bench_runs_the_same_call_with_heartbeats_on_and_off_on_cpu(home, tmp_path):
+    """bench/heartbeat_cost.py at its docstring's CPU sizes (one run a side): the same settings on both
+    sides, beats written by one side only, each run's step time the one its rank logged to the Store."""
+    out = tmp_path / "heartbeat-cost.json"
+    done = bench("heartbeat_cost.py", "--recipes", "sft", "--model", "tiny-math", "--repeats", "1", "--warmups", "0",
+                 "--set", "sft:max_steps=6", "--set", "batch_size=2", "--set", "max_examples=64",
+                 "--set", "sft:max_length=64", "--home", str(home), "--out", str(out))
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["card"] == "cpu"
+    sft = record["figures"]["recipes"]["sft"]
+    assert sft["warmups"] == []
+    on, off = sft["runs"]
+    assert (on["order"], on["heartbeats"], off["order"], off["heartbeats"]) == (1, True, 2, False)
+    assert on["beat_lines"] > 0 and off["beat_lines"] == 0 and sft["beats_as_set"]
+    store = Store(home, read_only=True)
+    stored = {run["run"]: store.get_run(run["run"]) for run in (on, off)}
+    settings = [run["settings"] for run in stored.values()]
+    assert settings[0] == settings[1] and settings[0]["max_steps"] == 6 and settings[0]["eval_examples"] == 0
+    for run in (on, off):
+        assert stored[run["run"]]["status"] == "succeeded" and run["steps"] == 6
+        logged = [m["value"] / 1000 for m in store.metrics(run["run"], "step_time_ms") if m["rank"] == 0]
+        assert len(logged) == 6 and run["step_seconds"] == pytest.approx(statistics.median(logged[1:]))
+    assert sft["on_over_off"] == pytest.approx(on["step_seconds"] / off["step_seconds"])
+    assert sft["within_noise"] is None and record["figures"]["passed"]
+    assert "sft run 2/2: heartbeats off: steady step " in done.stdout
+    assert done.stdout.splitlines()[-2].endswith("noise one run a side: noise not measured")

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import gpuscale, leftover_processes, run_json, slow, wait_until
 from gpuscale.app.views.collapse import late_warnings
+from gpuscale.control.hang_watch import main_thread_frames
 from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -81,7 +82,10 @@ def test_a_stopped_rank_ends_the_run_as_hung_naming_it(home, launcher):
     assert [(rank["rank"], rank["state"]) for rank in where["ranks"]] == [(0, "sleeping"), (1, "stopped")]
     # A collective, on a peer that never comes: a torch.distributed call, or DDP's gradient all-reduce,
     # which runs inside autograd's engine where Python's frames end (accelerate's sft, as CI caught it).
-    assert where["ranks"][0]["where"].startswith(("waits in ", "in _engine_run_backward ")), where
+    in_backward = main_thread_frames(stacks)[0]["function"] == "_engine_run_backward"
+    waits = "waits in the gradient all-reduce (inside backward, _engine_run_backward)" if in_backward else "waits in "
+    assert where["ranks"][0]["where"].startswith(waits), where
+    assert f"rank 0 at step {where['ranks'][0]['step']} " in run["error"] and where["ranks"][0]["where"] in run["error"]
     assert not leftover_processes(str(run_dir))
     if launcher == "accelerate":  # its checkpoints are kept, and the hint goes on from the newest
         shown = run_json("show", str(run_id))

@@ -26,7 +26,17 @@ from gpuscale.control.hang_watch import (
 from gpuscale.control.metrics_tail import Beat, MetricsTailer
 from gpuscale.engines import reporter as reporter_module
 from gpuscale.engines.reporter import Reporter
-from gpuscale.runs.heartbeat import BEAT_EVERY_S, BEAT_KEY, EVALUATE, LOADING, SAVE, STACKS_SIGNAL, STEP
+from gpuscale.runs.heartbeat import (
+    BEAT_EVERY_S,
+    BEAT_KEY,
+    EVALUATE,
+    HEARTBEATS_ENV,
+    LOADING,
+    SAVE,
+    STACKS_SIGNAL,
+    STEP,
+    beats_on,
+)
 from gpuscale.runs.settings import RunSettings, SettingsError, resolve_settings
 
 
@@ -56,6 +66,20 @@ def test_a_reporter_writes_a_beat_on_each_change_of_phase_and_at_most_one_a_seco
         (LOADING, 0), (EVALUATE, 0), (STEP, 1), (SAVE, 1), (SAVE, 1)]
     assert tailer.take_beats() == []  # handed over once
     assert [row["name"] for row in rows] == ["loss"]  # a heartbeat is no metric row
+
+
+def test_gpuscale_heartbeats_0_keeps_a_rank_from_beating_and_nothing_else(tmp_path, monkeypatch):
+    """The bench aid (bench/heartbeat_cost.py): no beat, the logged steps and the summary written as ever."""
+    assert beats_on({}) and beats_on({HEARTBEATS_ENV: "1"}) and not beats_on({HEARTBEATS_ENV: " 0"})
+    monkeypatch.setenv(HEARTBEATS_ENV, "0")
+    reporter = Reporter(tmp_path, 0)  # would beat LOADING
+    reporter.beat(EVALUATE)
+    reporter.log(step=1, loss=2.0)
+    reporter_module.beat(SAVE, step=1)
+    reporter.summary({"steps": 1})
+    reporter.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    assert [sorted(line) for line in lines] == [["loss", "rank", "step", "t"], ["rank", "summary", "t"]]
 
 
 def test_the_step_timeout_is_auto_larger_of_the_floor_and_five_times_the_p95_step():
@@ -166,6 +190,55 @@ def test_a_collective_is_named_with_the_gpuscale_code_that_called_it():
               {"file": "/src/gpuscale/recipes/eggroll/trainer.py", "line": "426", "function": "_gather"},
               {"file": "<frozen runpy>", "line": "198", "function": "_run_module_as_main"}]
     assert where(frames) == "waits in all_gather_into_tensor (distributed_c10d.py:4413) from _gather (trainer.py:426)"
+
+
+# Rank 0's stacks as faulthandler wrote them in a 2-rank sft run under accelerate launch, rank 1 stopped
+# (tests/integration/test_hung_runs.py): DDP's gradient all-reduce waits inside autograd's engine, with
+# no torch.distributed frame in Python's stack.
+BACKWARD_STACKS = """\
+Thread 0x00007f7af11fd6c0 (most recent call first):
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 331 in wait
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 629 in wait
+  File "/work/main/.venv/lib/python3.11/site-packages/tqdm/_monitor.py", line 69 in run
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f7b1dc7bb80 (most recent call first):
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 395 in backward
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/_tensor.py", line 623 in backward
+  File "/work/main/.venv/lib/python3.11/site-packages/accelerate/accelerator.py", line 2861 in backward
+  File "/work/main/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 2126 in training_step
+  File "/work/main/.venv/lib/python3.11/site-packages/trl/trainer/sft_trainer.py", line 1693 in training_step
+  File "/work/main/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 1917 in _run_epoch
+  File "/work/main/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 1660 in _inner_training_loop
+  File "/work/main/.venv/lib/python3.11/site-packages/transformers/trainer.py", line 1576 in train
+  File "/work/main/gpuscale/recipes/shared/training.py", line 87 in train_model
+  File "/work/main/gpuscale/recipes/shared/training.py", line 178 in train_sft_dataset
+  File "/work/main/gpuscale/recipes/shared/training.py", line 147 in train_sft
+  File "/work/main/gpuscale/recipes/sft/trainer.py", line 27 in run_sft
+  File "/work/main/gpuscale/recipes/sft/__init__.py", line 129 in run
+  File "/work/main/gpuscale/recipes/shared/contract.py", line 185 in run_on_device
+  File "/work/main/gpuscale/engines/distributed.py", line 245 in run_rank
+  File "/work/main/gpuscale/recipes/__main__.py", line 24 in main
+  File "/work/main/gpuscale/recipes/__main__.py", line 28 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+  File "<frozen runpy>", line 198 in _run_module_as_main
+"""
+
+
+def test_a_rank_in_autograds_engine_waits_in_the_gradient_all_reduce_where_it_has_peers():
+    frames = main_thread_frames(BACKWARD_STACKS)
+    assert frames[0]["function"] == "_engine_run_backward" and frames[-1]["function"] == "_run_module_as_main"
+    waits = "waits in the gradient all-reduce (inside backward, _engine_run_backward) from train_model (training.py:87)"
+    assert where(frames) == waits
+    # A run of one rank has no all-reduce to wait in: its backward is only where it stands.
+    assert where(frames, peers=False) == "in _engine_run_backward (graph.py:979) from train_model (training.py:87)"
+    # Waiting, it is held by the rank that does not wait.
+    stands = [RankStand(0, 6, STEP, 21.0, 20.0, 0.5), RankStand(1, 6, STEP, 20.4, 20.0, 0.5)]
+    looping = "in spin (trainer.py:12)"
+    assert hung_error(stands, {0: "sleeping", 1: "running"}, {0: waits, 1: looping}, "/r/errors") == (
+        f"hung: rank 1 made no progress for 20 s at step 6 ({looping}); rank 0 at step 6 {waits}; stacks in /r/errors/")
 
 
 def test_the_hung_error_names_the_rank_that_holds_the_others():
