@@ -105,7 +105,8 @@ def verdict_line(f: dict) -> str:
     if f["given"]:
         return f"{head}: exit {f['exit_code']}: {f['refusal']}"
     fitted = f"; fitted: {f['fitted_to_ranks']}" if f.get("fitted_to_ranks") else ""
-    return f"{head}: {f['status']}, world size {f['world_size']}{fitted}" + (f"; error: {f['error']}" if f["error"] else "")
+    error = f"; error: {f['error']}" if f["error"] else ""
+    return f"{head}: {f['status']}, world size {f['world_size']}{fitted}{error}"
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ off, the same call, the runs alternating.
 
 Every run is a real `gpuscale run` (CLI, supervisor, accelerate launch, the rank) in a GPUSCALE_HOME of
 the script's, with the same arguments on both sides: `--recipe R --gpus G --model M --set max_steps=N
---set eval_examples=0 --set save_model=false` and RECIPE_SETTINGS' (N: sft 150, grpo-mtl 20; `--set
-[RECIPE:]KEY=VALUE` replaces one), the recipe's defaults otherwise. Only the environment differs:
-heartbeats on (the users' default: no GPUSCALE_HEARTBEATS) or off (GPUSCALE_HEARTBEATS=0,
+--set eval_examples=0 --set save_model=false --set checkpoint_every=off` and RECIPE_SETTINGS' (N: sft
+150, grpo-mtl 20; `--set [RECIPE:]KEY=VALUE` replaces one), the recipe's defaults otherwise. Only the
+environment differs: heartbeats on (the users' default: no GPUSCALE_HEARTBEATS) or off (GPUSCALE_HEARTBEATS=0,
 runs/heartbeat.py's bench aid; the supervisor's hang watch runs on both sides). A recipe's runs
 alternate on, off, on, off... (--repeats of each), so that a drift of the machine falls on both sides,
 after --warmups runs not compared (a cold machine's first run may step slower).
@@ -72,7 +72,9 @@ RECIPE_SETTINGS = {"sft": {"max_steps": "150"}, "grpo-mtl": {"max_steps": "20", 
 
 def run_arguments(recipe: str, opts) -> list[str]:
     """The run's arguments, the same with heartbeats on and off: the script's settings, then --set's."""
-    settings = {**RECIPE_SETTINGS[recipe], "eval_examples": "0", "save_model": "false"}
+    # No checkpoints either: at 0.5B one holds 6 GB (fp32 weights and Adam's moments), and a run of 150
+    # steps wrote three, filling the GPU machine's disk by the fifth run.
+    settings = {**RECIPE_SETTINGS[recipe], "eval_examples": "0", "save_model": "false", "checkpoint_every": "off"}
     for only, assignment in opts.assignments:
         if only in (None, recipe):
             key, _, value = assignment.partition("=")
