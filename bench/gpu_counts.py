@@ -128,7 +128,7 @@ def main() -> None:
     def one(case: Case) -> dict:
         taken = pool.take(case.count)
         try:
-            gpus = ",".join(map(str, taken)) if taken else str(case.count)
+            gpus = ",".join(map(str, taken)) + ("," if len(taken) == 1 else "") if taken else str(case.count)
             figures = run_case(case, opts, gpus, root / case.name)
         finally:
             pool.give_back(taken)
