@@ -3,8 +3,9 @@
 A result file holds: date (ISO 8601, UTC), commit (`git rev-parse HEAD` of the checkout, null outside
 git), tracked_files_match_commit (false when tracked files differ from that commit), command (the
 script's command line, shell-quoted), card ({"names": [...], "count": N} of the visible CUDA devices,
-or "cpu"), versions (python and, where installed, torch, transformers, trl, accelerate, peft), settings
-and figures (the script's own). By default it goes to bench/results/<recipe>/<name>-<date>-<card>.json;
+or "cpu"), versions (python and, where installed, torch, transformers, trl, accelerate, peft),
+defaults_fingerprints (each recipe's defaults, hashed: a figure measured at other defaults is stale),
+settings and figures (the script's own). By default it goes to bench/results/<recipe>/<name>-<date>-<card>.json;
 a script's --out names another path.
 
 Nothing here imports torch: the card comes from torch if the caller already imported it, else from
@@ -41,16 +42,36 @@ def git(*args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+# The commit a copy of the tree was taken at, given where the copy's .git is older than its files: the GPU
+# machine's copy of a working tree keeps the .git of the session's start (`export GPUSCALE_TREE_COMMIT=$(git
+# rev-parse HEAD)` written into the device's command line from the checkout it copies).
+TREE_COMMIT_ENV = "GPUSCALE_TREE_COMMIT"
+
+
 def commit() -> str | None:
-    return (git("rev-parse", "HEAD") or "").strip() or None
+    return os.environ.get(TREE_COMMIT_ENV, "").strip() or (git("rev-parse", "HEAD") or "").strip() or None
 
 
 def tracked_files_match_commit() -> bool | None:
-    """Whether the tracked files are the commit's (None outside git). A copy of a working tree sent to
-    a GPU machine with an older .git reported that older commit as HEAD while it ran newer files: this
-    says so in the result rather than let the commit vouch for code it did not hold."""
+    """Whether the tracked files are the commit's (None outside git, or where the commit was given by
+    TREE_COMMIT_ENV: this copy's .git cannot say). A copy of a working tree sent to a GPU machine with an
+    older .git reported that older commit as HEAD while it ran newer files: this says so in the result
+    rather than let the commit vouch for code it did not hold."""
+    if os.environ.get(TREE_COMMIT_ENV, "").strip():
+        return None
     changes = git("status", "--porcelain", "--untracked-files=no")
     return None if changes is None else not changes.strip()
+
+
+def defaults_fingerprints() -> dict[str, str] | None:
+    """Every recipe's defaults fingerprint (recipes/shared/defaults_fingerprint.py): what a figure measured
+    at the defaults was measured with. None where gpuscale cannot be imported."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints as fingerprints
+    except ImportError:
+        return None
+    return fingerprints()
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -119,7 +140,7 @@ def record(settings: dict, figures: dict, command: str | None = None, card_found
             "tracked_files_match_commit": tracked_files_match_commit(),
             "command": command if command is not None else command_line(),
             "card": card_found if card_found is not None else card(), "versions": versions(),
-            "settings": settings, "figures": figures}
+            "defaults_fingerprints": defaults_fingerprints(), "settings": settings, "figures": figures}
 
 
 def default_path(recipe: str, name: str, date: str, card_found: dict | str) -> Path:

@@ -20,8 +20,8 @@ from conftest import slow
 from gpuscale.control.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "settings",
-          "figures")  # bench/record.py's
+SCHEMA = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "defaults_fingerprints",
+          "settings", "figures")  # bench/record.py's
 
 
 def bench(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -369,12 +369,15 @@ first = record.write_result("sft", "speed", {{"batch": 8}}, {{"tokens_per_s": 1.
 again = record.write_result("sft", "speed", {{"batch": 8}}, {{"tokens_per_s": 1.6}}, card="cpu")
 out = record.write_result("sft", "speed", {{}}, {{}}, command="python bench/x.py --y 'a b'",
                           out={str(tmp_path / "o.json")!r})
-print(json.dumps([str(first), str(again), str(out), "torch" in sys.modules]))
+import os
+os.environ["GPUSCALE_TREE_COMMIT"] = "f" * 40  # as on the GPU machine, whose copy's .git is older than its files
+given = record.write_result("sft", "given", {{}}, {{}}, card="cpu")
+print(json.dumps([str(first), str(again), str(out), "torch" in sys.modules, str(given)]))
 """
     done = subprocess.run([sys.executable, "-c", script, "--flag", "two words"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    first, again, out, torch_imported = json.loads(done.stdout.strip().splitlines()[-1])
+    first, again, out, torch_imported, given = json.loads(done.stdout.strip().splitlines()[-1])
     assert not torch_imported
     data = json.loads(Path(first).read_text())
     assert tuple(data) == SCHEMA
@@ -388,6 +391,11 @@ print(json.dumps([str(first), str(again), str(out), "torch" in sys.modules]))
     assert data["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert set(data["versions"]) <= {"python", "torch", "transformers", "trl", "accelerate", "peft"}
     assert json.loads(Path(out).read_text())["command"] == "python bench/x.py --y 'a b'"
+    from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints
+    assert data["defaults_fingerprints"] == defaults_fingerprints()
+    assert set(data["defaults_fingerprints"]) == {"eggroll", "grpo-mtl", "power-sampling", "probe", "rft", "sft"}
+    given = json.loads(Path(given).read_text())
+    assert (given["commit"], given["tracked_files_match_commit"]) == ("f" * 40, None)
 
 
 def test_card_labels_name_the_card_and_count():

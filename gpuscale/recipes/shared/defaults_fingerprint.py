@@ -1,0 +1,37 @@
+"""A short fingerprint of each recipe's defaults: what a measured figure was measured with.
+
+A figure measured at a recipe's defaults describes today's tool only while those defaults stand. Every
+bench result records the fingerprint of every recipe's defaults (bench/record.py), so that a test can
+tell a figure measured at today's defaults from one measured at older ones, which must be measured again
+or go. The fingerprint covers each setting's default as the settings class declares it, with both values
+of a device default (recipes/shared/device_defaults.py: `auto` alone would hide a change of the GPU's
+value). It does not cover the data: a change of the data set's held-out problems is its own edition.
+
+No torch: the front end and the tests compute it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from gpuscale.recipes.shared.device_defaults import device_defaults
+from gpuscale.recipes.shared.registry import BUILTIN, get_recipe
+
+
+def recipe_defaults(name: str) -> dict:
+    """The recipe's defaults by setting, a device default as {"gpu": ..., "cpu": ...}."""
+    settings_cls = get_recipe(name).settings_cls
+    defaults = settings_cls().model_dump(mode="json")
+    for field, default in device_defaults(settings_cls).items():
+        defaults[field] = {"gpu": default.gpu, "cpu": default.cpu}
+    return defaults
+
+
+def fingerprint(defaults: dict) -> str:
+    return hashlib.sha256(json.dumps(defaults, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def defaults_fingerprints() -> dict[str, str]:
+    """Every built-in recipe's fingerprint, by name."""
+    return {name: fingerprint(recipe_defaults(name)) for name in sorted(BUILTIN)}

@@ -1,0 +1,21 @@
+"""A figure measured at a recipe's defaults says which defaults (recipes/shared/defaults_fingerprint.py)."""
+
+from gpuscale.recipes.shared import defaults_fingerprint
+from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints, fingerprint, recipe_defaults
+
+
+def test_a_device_default_counts_both_of_its_values():
+    eggroll = recipe_defaults("eggroll")
+    assert eggroll["population"] == {"gpu": 2048, "cpu": 64} and eggroll["sigma"] == 0.003
+    moved = {**eggroll, "population": {"gpu": 1024, "cpu": 64}}  # a GPU value changed, `auto` as before
+    assert fingerprint(moved) != fingerprint(eggroll)
+
+
+def test_a_changed_default_changes_its_recipe_s_fingerprint_alone(monkeypatch):
+    before = defaults_fingerprints()
+    assert before == defaults_fingerprints()  # the same defaults, the same fingerprints
+    real = defaults_fingerprint.recipe_defaults
+    monkeypatch.setattr(defaults_fingerprint, "recipe_defaults",
+                        lambda name: {**real(name), **({"prompts_per_step": 15} if name == "grpo-mtl" else {})})
+    after = defaults_fingerprints()
+    assert [name for name in before if before[name] != after[name]] == ["grpo-mtl"]
