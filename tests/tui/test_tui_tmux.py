@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -49,6 +50,16 @@ class Tmux:
             time.sleep(0.3)
         raise AssertionError(f"{text!r} not on the screen after {timeout}s:\n{self.screen()}")
 
+    def wait_for_field(self, name: str, value: str, timeout: float) -> None:
+        """Until the launch form's field `name` shows `value` (its line: the name, spaces, the value)."""
+        line = re.compile(rf"(^|\s){re.escape(name)}\s+{re.escape(value)}\s*$")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(line.search(row.rstrip(" │")) for row in self.screen().splitlines()):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{name} does not show {value!r} after {timeout}s:\n{self.screen()}")
+
     def kill(self) -> None:
         subprocess.run(self.base + ["kill-server"], capture_output=True)
 
@@ -63,17 +74,23 @@ def test_launch_a_run_and_quit_in_a_real_terminal(home, tmp_path):
     try:
         tmux.wait_for("Command", 30)
         tmux.keys("Home")
-        for _ in range(10):  # walk the recipe list to probe
-            if "probe: decode speed" in tmux.screen():
-                break
-            tmux.keys("Down", pause=0.5)
-        screen = tmux.wait_for("probe: decode speed", 5)
+        # Walk the recipe list to probe one recipe at a time, each summary on screen before the next key: on
+        # a loaded machine the pane lags the keys, and a walk that looks at the screen between keys overran.
+        for summary in ("eggroll: evolution", "grpo-mtl: GRPO", "power-sampling: MCMC"):
+            tmux.wait_for(summary, 15)
+            tmux.keys("Down")
+        tmux.wait_for("probe: decode speed", 15)
+        screen = tmux.wait_for("prompt_tokens", 15)  # probe's own form is in, not the last recipe's
         assert "Recipes" in screen and "GPUs" in screen and "Command" in screen
-        # Tab from the recipe list: model, dataset, gpus, batch_size, label, steps, prompt_tokens.
-        for value in (None, None, "1", "2", None, "100000", "8"):
-            tmux.keys("Tab")
+        # Tab from the recipe list: model, dataset, gpus, batch_size, label, steps, prompt_tokens. Each value
+        # on screen in its field before the next Tab: on a loaded machine a Tab's focus lands after keys
+        # typed 0.2 s behind it, which then went to the field before.
+        fields = ("model", "dataset", "gpus", "batch_size", "label", "steps", "prompt_tokens")
+        for name, value in zip(fields, (None, None, "1", "2", None, "100000", "8")):
+            tmux.keys("Tab", pause=0.6)
             if value is not None:
                 tmux.keys("C-u", value)
+                tmux.wait_for_field(name, value, 15)
         tmux.wait_for("--batch-size 2 --set steps=100000 --set prompt_tokens=8", 10)  # the shell equivalent
         tmux.keys("C-r")
         screen = tmux.wait_for("running", 60)
