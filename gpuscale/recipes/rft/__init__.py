@@ -184,9 +184,9 @@ class RFT(Recipe):
     tuning = Tuning(figure="samples_per_s", knob="training questions per generation call per rank",
                     shape_settings=("dataset", "samples_per_question", "max_new_tokens", "temperature", "generator",
                                     "max_rows_per_call"),
-                    # How long the training phase lasts (read where the trial's settings are resolved for the
-                    # device); the trial times generation.
-                    not_shaping=("epochs",))
+                    # How long the training phase lasts, and its step's rows (read where the trial's settings are
+                    # resolved for the device and fitted to the ranks); the trial times generation.
+                    not_shaping=("epochs", "rows_per_step", "gradient_accumulation"))
 
     def rank_splits(self, settings: Settings) -> list:
         return settings.rows_splits()  # the fine-tune's step; generation shards its questions, any count
