@@ -3,7 +3,7 @@
 A result file holds: date (ISO 8601, UTC), commit (`git rev-parse HEAD` of the checkout, null outside
 git), tracked_files_match_commit (false when tracked files differ from that commit), command (the
 script's command line, shell-quoted), card ({"names": [...], "count": N} of the visible CUDA devices,
-or "cpu"), versions (python and, where installed, torch, transformers, trl, accelerate, peft),
+or "cpu"), versions (python and, where installed, torch, transformers, trl, accelerate, peft, liger-kernel),
 defaults_fingerprints (each recipe's defaults, hashed: a figure measured at other defaults is stale),
 settings and figures (the script's own). By default it goes to bench/results/<recipe>/<name>-<date>-<card>.json;
 a script's --out names another path.
@@ -29,7 +29,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 ROOT = BENCH.parent
-PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft")
+PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft", "liger-kernel")
 KEYS = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "settings", "figures")
 
 

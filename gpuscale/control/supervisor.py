@@ -1,14 +1,15 @@
 """One supervisor per run: `python -m gpuscale.control.supervisor RUN_ID --home HOME`.
 
 Started by a front end in a session of its own, it outlives the terminal. It spawns the launcher
-(torchrun or accelerate) in its own process group, and once per tick samples telemetry, tails the
-ranks' metrics into the store and checks the launcher. SIGTERM stops the run: SIGTERM to the launcher's
-group, SIGKILL after STOP_GRACE_S (HUNG_STOP_GRACE_S for a hung run). When the launcher has exited, it records the status, the summary,
-and for a failed run the failing rank's first error line and a hint. A run that ended before rank 0
-wrote its summary and results (stopped, failed) keeps what it did: the ranks' results files merged
-into results.jsonl, and a summary of the figures so far marked partial. No process of the run outlives it:
-the launcher dies with it (PR_SET_PDEATHSIG) and, at the end, anything still carrying the run's mark is
-killed. A run none of whose ranks advances for its `hang_timeout` is ended as hung
+(torchrun or accelerate) in its own process group, and once per tick samples telemetry, tails the ranks'
+metrics into the store and checks the launcher. SIGTERM stops the run: SIGTERM to the launcher's group,
+SIGKILL after STOP_GRACE_S (HUNG_STOP_GRACE_S for a hung run). When the launcher has exited, it records
+the status, the summary, and for a failed run the failing rank's first error line and a hint. A run that
+ended before rank 0 wrote its summary and results (stopped, failed) keeps what it did: the ranks'
+results files merged into results.jsonl, and a summary of the figures so far marked partial. No process
+of the run outlives it: the launcher dies with it (PR_SET_PDEATHSIG) and, at the end, anything still
+carrying the run's mark is killed. A run none of whose ranks advances for its `hang_timeout` is ended as
+hung
 (control/hang_watch.py): every rank's stacks asked for, then the stop above, the run `failed`.
 """
 

@@ -70,6 +70,90 @@ def test_grpo_mtl_bench_times_every_generator_and_two_ranks(home, tmp_path):
     assert "step_transformers_over_engine" in done.stdout and "engine_2gpu" in done.stdout
 
 
+TINY_SFT_SPEED = ["--model", "tiny-math", "--rows", "64", "--row-tokens", "16", "--pack-length", "64",
+                  "--stock-batches", "4,8", "--steps", "5", "--warm-up", "1"]
+
+
+@pytest.mark.e2e
+def test_train_speed_bench_sweeps_every_stock_sft_variant_and_compares_gpuscale_with_the_best_on_cpu(tmp_path):
+    """bench/train_speed.py's sft comparison on CPU, every stock SFTTrainer variant by default: those the CPU
+    cannot run skipped with their reason, flash attention's refused with its exception, the rest swept over
+    their batches; real tokens counted as TRL counts them; gpuscale at the best's rows a step, each side run
+    --repeats times, the ratio of the medians."""
+    out = tmp_path / "sft.json"
+    bench("train_speed.py", *TINY_SFT_SPEED, "--only", "stock,gpuscale", "--repeats", "2", "--out", str(out))
+    record = json.loads(out.read_text())
+    figures = record["figures"]
+    speed = load_bench("train_speed.py")
+    variants = figures["stock_variants"]
+    assert list(variants) == list(speed.STOCK_SFT)
+    for name, options in speed.STOCK_SFT.items():
+        needs_cuda = options.get("use_liger_kernel") or options.get("attention") == "flex_attention"
+        if needs_cuda:
+            assert variants[name]["not_run"] == speed.cpu_skip(name) and speed.cpu_skip(name)
+        elif options.get("attention") == "flash_attention_2":
+            assert variants[name]["not_run"].startswith("ImportError: FlashAttention2")
+        else:
+            assert variants[name]["tokens_per_s"] > 0
+    ran = [row for row in figures["rows"] if row["side"] == "stock" and "tokens_per_s" in row]
+    swept = [row for row in ran if "repeat" not in row]
+    for row in ran:
+        # The stock side pads nothing TRL would count: its count and ours agree, padded or padding-free.
+        assert row["tokens_per_step"] == row["trl_tokens_per_step"] > 0 and row["timed_steps"] == 5
+        assert row["gradient_checkpointing"] == (row["variant"] == "trl-defaults")
+    packed = [row for row in swept if row["variant"] == "packing"]
+    assert [row["batch"] for row in packed] == [1, 2][: len(packed)]  # 4 and 8 rows of 16 tokens in 64
+    mean_row = record["settings"]["mean_row_tokens"]
+    assert all(row["rows_per_step"] == pytest.approx(row["tokens_per_step"] / mean_row) for row in packed)
+    best = figures["stock_best"]
+    assert best["tokens_per_s"] == max(row["tokens_per_s"] for row in swept)
+    stock, mine = figures["stock_runs"], figures["gpuscale_runs"]
+    assert stock[0] == best and stock[1]["repeat"] == 2 and [row["repeat"] for row in mine] == [1, 2]
+    assert {(row["variant"], row["batch"]) for row in stock} == {(best["variant"], best["batch"])}
+    step_rows = max(8, round(best["rows_per_step"] / 8) * 8)  # to a multiple of 8: 8 x gradient_accumulation
+    assert {row["step_rows"] for row in mine} == {figures["step_rows"]} == {step_rows}
+    for side, runs in (("stock", stock), ("gpuscale", mine)):
+        rates = [row["tokens_per_s"] for row in runs]
+        assert figures[f"{side}_tokens_per_s"] == pytest.approx(statistics.median(rates))
+        assert figures[f"{side}_spread"] == pytest.approx((max(rates) - min(rates)) / statistics.median(rates))
+    assert figures["ratio_over_stock_best"] == pytest.approx(figures["gpuscale_tokens_per_s"] /
+                                                             figures["stock_tokens_per_s"])
+    # gpuscale pads its padding-free micro-batches to a multiple of 16: TRL counts those tokens, we do not.
+    assert all(0 < row["tokens_per_step"] <= row["trl_tokens_per_step"] for row in mine)
+
+
+@pytest.mark.e2e
+def test_train_speed_bench_times_stock_grpo_generation_paths_against_a_grpo_mtl_run_on_cpu(home, tmp_path):
+    """bench/train_speed.py --only grpo on CPU with the uncompiled paths: the first variant at each micro-batch,
+    the others at the one with the shortest training part; TRL's static cache refusing compile recorded; the
+    fastest step the stock figure, each ratio against it."""
+    out = tmp_path / "grpo.json"
+    variants = ["generate", "static", "static+compile", "continuous"]
+    bench("train_speed.py", "--model", "tiny-math", "--only", "grpo", "--grpo-prompts", "2", "--grpo-generations", "2",
+          "--grpo-completion-tokens", "4", "--grpo-stock-micro", "2,4", "--grpo-steps", "5", "--grpo-warm-up", "1",
+          "--grpo-stock-variants", ",".join(variants), "--out", str(out))
+    grpo = json.loads(out.read_text())["figures"]["grpo"]
+    stock = grpo["stock"]
+    assert [(row["variant"], row["micro_batch"]) for row in stock[:2]] == [("generate", 2), ("generate", 4)]
+    micro = min(stock[:2], key=lambda row: row["training_seconds_per_step"])["micro_batch"]
+    assert grpo["stock_micro_batch"] == micro
+    assert [(row["variant"], row["micro_batch"]) for row in stock[2:]] == [(name, micro) for name in variants[1:]]
+    assert list(grpo["stock_not_run"]) == ["static+compile"]
+    assert grpo["stock_not_run"]["static+compile"].startswith("TypeError") and "disable_compile" in grpo[
+        "stock_not_run"]["static+compile"]
+    ran = [row for row in stock if "step_seconds_median" in row]
+    assert len(ran) == 4 and not any(row["gradient_checkpointing"] for row in ran)
+    for row in ran:
+        assert row["timed_steps"] == 5 and 0 < row["generation_seconds_per_step"] < row["step_seconds_median"]
+    best, mine = grpo["stock_best"], grpo["gpuscale"]
+    assert best == min(ran, key=lambda row: row["step_seconds_median"])
+    assert grpo["step_stock_over_gpuscale"] == pytest.approx(best["step_seconds_median"] / mine["step_seconds_median"])
+    for part in ("generation", "training"):
+        assert grpo[f"{part}_stock_over_gpuscale"] == pytest.approx(
+            best[f"{part}_seconds_per_step"] / mine[f"{part}_seconds_per_step"])
+    assert "--set prompts_per_step=2" in mine["command"] and "--set max_steps=6" in mine["command"]
+
+
 TINY_SCALING = ["--probe-batch", "4", "--probe-steps", "6", "--sft-batch", "2", "--train-steps", "3"]
 
 
@@ -389,7 +473,7 @@ print(json.dumps([str(first), str(again), str(out), "torch" in sys.modules, str(
     assert data["tracked_files_match_commit"] in (True, False, None)
     assert data["command"] == "python -c --flag 'two words'"
     assert data["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert set(data["versions"]) <= {"python", "torch", "transformers", "trl", "accelerate", "peft"}
+    assert set(data["versions"]) <= {"python", "torch", "transformers", "trl", "accelerate", "peft", "liger-kernel"}
     assert json.loads(Path(out).read_text())["command"] == "python bench/x.py --y 'a b'"
     from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints
     assert data["defaults_fingerprints"] == defaults_fingerprints()
