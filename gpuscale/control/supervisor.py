@@ -9,8 +9,7 @@ ended before rank 0 wrote its summary and results (stopped, failed) keeps what i
 results files merged into results.jsonl, and a summary of the figures so far marked partial. No process
 of the run outlives it: the launcher dies with it (PR_SET_PDEATHSIG) and, at the end, anything still
 carrying the run's mark is killed. A run none of whose ranks advances for its `hang_timeout` is ended as
-hung
-(control/hang_watch.py): every rank's stacks asked for, then the stop above, the run `failed`.
+hung (control/hang_watch.py): every rank's stacks asked for, then the stop above, the run `failed`.
 """
 
 from __future__ import annotations
