@@ -780,7 +780,7 @@ def test_heartbeat_cost_compares_the_sides_medians_within_their_spread():
     assert opts.recipes == ["sft", "grpo-mtl"] and (opts.repeats, opts.warmups) == (3, 1)
     assert cost.run_arguments("sft", opts) == [
         "--recipe", "sft", "--gpus", "1", "--model", "tiny-math", "--set", "max_steps=6", "--set", "eval_examples=0",
-        "--set", "save_model=false", "--set", "batch_size=2"]
+        "--set", "save_model=false", "--set", "checkpoint_every=off", "--set", "batch_size=2"]
     assert "num_generations=2" in cost.run_arguments("grpo-mtl", opts)
     assert cost.result_name(["grpo-mtl", "sft"]) == "heartbeat-cost"
     assert cost.result_name(["sft"]) == "heartbeat-cost-sft"
