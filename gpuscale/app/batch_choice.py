@@ -112,7 +112,8 @@ def given_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
     the recipe's defaults, and batch_size whatever it says (`auto` is the launch's to resolve). A setting
     left at its default may then be fitted to the ranks (`Recipe.fit_to_ranks`), as `gpuscale run` fits
     one that no --set names. SettingsError for a value that does not validate."""
-    settings, defaults = validated(recipe, values), recipe.settings_cls()
+    checked = {name: value for name, value in values.items() if not (name == "batch_size" and wants_auto(value))}
+    settings, defaults = validated(recipe, checked), recipe.settings_cls()
     return {name: value for name, value in values.items()
             if name == "batch_size" or getattr(settings, name) != getattr(defaults, name)}
 
