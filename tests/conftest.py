@@ -54,6 +54,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(slow(limit)))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` hands out whole test files (xdist's loadfile) instead of runs of consecutive tests cut
+    anywhere (its default, `load`): a module fixture that starts runs for several tests (`module_home`'s),
+    or sets up anything costly, then runs on one worker only, where a module cut between the two workers
+    made both start its runs. A worker gets its next file when it is down to its last two tests, the files
+    with the most tests first: the one-test files come last, and the workers end close together."""
+    if config.getvalue("dist") == "load":  # -n's default; an explicit other --dist is left as asked
+        from xdist.scheduler import LoadFileScheduling
+
+        return LoadFileScheduling(config, log)
+    return None
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     return private_home(tmp_path / "gpuscale-home", monkeypatch)
