@@ -6,6 +6,7 @@ whose trainer state says step 0 (transformers then trains every step again) is f
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,20 @@ TINY_SFT = ["--recipe", "sft", "--gpus", "1", "--batch-size", "2", "--set", "max
             "--set", "save_model=false"]
 
 
-def failed_parent() -> tuple[dict, Path]:
+@pytest.fixture(scope="module")
+def failed_parent(module_home, tmp_path_factory) -> tuple[dict, Path, Path]:
+    """TINY_SFT failed at step 6, once for both tests: the run, its checkpoint-5, and a copy of that
+    checkpoint made before any test changes it (the first test alters the checkpoint its resumes read,
+    the second alters the copy, which keeps the folder's name: its step)."""
     broken = gpuscale("run", *TINY_SFT, "--json", env={"GPUSCALE_INJECT_FAULT": "0:error:6"})
     assert broken.returncode == 1, broken.stderr
     parent = json.loads(broken.stdout)
     assert parent["status"] == "failed"
     [checkpoint] = list_checkpoints(parent["run_dir"])
     assert checkpoint.name == "checkpoint-5"
-    return parent, checkpoint
+    copy = tmp_path_factory.mktemp("copy") / checkpoint.name
+    shutil.copytree(checkpoint, copy)
+    return parent, checkpoint, copy
 
 
 def shown(run: dict) -> list[str]:
@@ -55,8 +62,8 @@ def zero_adam_moments(checkpoint: Path) -> None:
     torch.save(saved, path)
 
 
-def test_a_resume_passes_its_check_and_one_that_lost_its_optimizer_state_is_flagged(home):
-    parent, checkpoint = failed_parent()
+def test_a_resume_passes_its_check_and_one_that_lost_its_optimizer_state_is_flagged(failed_parent):
+    parent, checkpoint, _ = failed_parent
 
     resumed = run_json("resume", str(parent["id"]))
     assert resumed["status"] == "succeeded", resumed["error"]
@@ -102,11 +109,11 @@ def test_a_resume_passes_its_check_and_one_that_lost_its_optimizer_state_is_flag
     assert warning(dropped).startswith(missing)
 
 
-def test_a_checkpoint_whose_trainer_state_says_step_0_is_flagged_for_its_steps(home):
+def test_a_checkpoint_whose_trainer_state_says_step_0_is_flagged_for_its_steps(failed_parent):
     """The checkpoint gpuscale resumes from is checkpoint-5, but its trainer_state.json says step 0 (a
     state saved or copied wrong): transformers loads the weights and Adam and trains all 8 steps
     again where 3 were left. Nothing fails; only the check says so."""
-    _, checkpoint = failed_parent()
+    _, _, checkpoint = failed_parent
     state_file = checkpoint / "trainer_state.json"
     state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "global_step": 0}))
     run = run_json("run", *TINY_SFT, "--set", f"resume_from={checkpoint}")
