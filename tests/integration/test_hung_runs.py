@@ -2,7 +2,8 @@
 under accelerate launch (sft): real ranks on gloo, a real supervisor and runs.db.
 
 - SIGSTOP of rank 1 with hang_timeout=20: a late warning first, then the run ends `failed`, its error
-  `hung: rank 1 ...`, within 60 s, with rank 0's stacks in RUN_DIR/errors/ and no process left.
+  `hung: rank 1 ...`, within 60 s, with rank 0's stacks in RUN_DIR/errors/ and no process left (the
+  two launchers' runs at once: their allowances, every rank idle, pass together).
 - SIGKILL of rank 1: every other rank ends within 10 s (the launcher's own doing: torchrun's agent,
   which accelerate launch runs too, ends the group when one rank fails), the error naming rank 1.
 """
@@ -13,6 +14,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -38,14 +40,18 @@ RUNS = {
 }
 
 
-def start(home: Path, launcher: str, *extra: str) -> tuple[int, Path]:
-    """A detached 2-rank run under `launcher`, once each rank has logged step 4 (its step times known)."""
+def start(home: Path, launcher: str, *extra: str) -> int:
+    """A detached 2-rank run under `launcher`: its id."""
     assert get_recipe(RUNS[launcher][1]).launcher == launcher
-    run_id = int(gpuscale("run", *RUNS[launcher], "--gpus", "2", *extra, "--detach").stdout)
+    return int(gpuscale("run", *RUNS[launcher], "--gpus", "2", *extra, "--detach").stdout)
+
+
+def at_step_4(home: Path, run_id: int) -> Path:
+    """The run's folder, once each of its ranks has logged step 4 (its step times known)."""
     store = Store(home)
     wait_until(lambda: {m["rank"] for m in store.metrics(run_id) if m["step"] >= 4} >= {0, 1}, 240,
                message="both ranks at step 4")
-    return run_id, Path(store.get_run(run_id)["run_dir"])
+    return Path(store.get_run(run_id)["run_dir"])
 
 
 def ranks(run_dir: Path) -> dict[int, psutil.Process]:
@@ -60,16 +66,37 @@ def ranks(run_dir: Path) -> dict[int, psutil.Process]:
     return found
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
-def test_a_stopped_rank_ends_the_run_as_hung_naming_it(home, launcher):
-    run_id, run_dir = start(home, launcher, "--set", "hang_timeout=20")
-    store = Store(home)
-    os.kill(ranks(run_dir)[1].pid, signal.SIGSTOP)
-    stopped, warned = time.monotonic(), []
-    while (run := store.get_run(run_id))["status"] in LIVE_STATUSES and time.monotonic() - stopped < slow(120):
+LAUNCHERS = list(RUNS)
+
+
+def until_ended(home: Path, run_id: int, since: float) -> tuple[dict, float, list[str]]:
+    """The run as it ended (or as it was slow(120) s after `since`), the seconds from `since` to then,
+    and the late warnings its progress gave on the way."""
+    store, warned = Store(home), []
+    while (run := store.get_run(run_id))["status"] in LIVE_STATUSES and time.monotonic() - since < slow(120):
         warned += late_warnings(run.get("progress") or {})
         time.sleep(0.5)
-    took = time.monotonic() - stopped
+    return run, time.monotonic() - since, warned
+
+
+@pytest.fixture(scope="module")
+def hung_runs(module_home) -> dict[str, tuple[Path, dict, float, list[str]]]:
+    """A run under each launcher with hang_timeout=20, rank 1 of both stopped (SIGSTOP) at once, so that
+    they wait out their allowance together, every rank idle: {launcher: its folder, then what
+    `until_ended` saw of it}."""
+    started = {launcher: start(module_home, launcher, "--set", "hang_timeout=20") for launcher in LAUNCHERS}
+    folders = {launcher: at_step_4(module_home, run_id) for launcher, run_id in started.items()}
+    for folder in folders.values():
+        os.kill(ranks(folder)[1].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    with ThreadPoolExecutor(len(started)) as pool:
+        ended = pool.map(lambda run_id: until_ended(module_home, run_id, stopped), started.values())
+        return {launcher: (folders[launcher], *seen) for launcher, seen in zip(started, ended)}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_stopped_rank_ends_the_run_as_hung_naming_it(hung_runs, launcher):
+    run_dir, run, took, warned = hung_runs[launcher]
     assert run["status"] == "failed" and took < slow(60), (run["status"], took)
     assert run["error"].startswith("hung: rank 1 made no progress for 2"), run["error"]
     assert "(stopped: SIGSTOP or a debugger holds it); rank 0 at step " in run["error"]
@@ -88,13 +115,14 @@ def test_a_stopped_rank_ends_the_run_as_hung_naming_it(home, launcher):
     assert f"rank 0 at step {where['ranks'][0]['step']} " in run["error"] and where["ranks"][0]["where"] in run["error"]
     assert not leftover_processes(str(run_dir))
     if launcher == "accelerate":  # its checkpoints are kept, and the hint goes on from the newest
-        shown = run_json("show", str(run_id))
-        assert shown["hint"].startswith(f"`gpuscale resume {run_id}` goes on from checkpoint-")
+        shown = run_json("show", str(run["id"]))
+        assert shown["hint"].startswith(f"`gpuscale resume {run['id']}` goes on from checkpoint-")
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_killed_rank_ends_every_other_within_ten_seconds(home, launcher):
-    run_id, run_dir = start(home, launcher)
+    run_id = start(home, launcher)
+    run_dir = at_step_4(home, run_id)
     os.kill(ranks(run_dir)[1].pid, signal.SIGKILL)
     killed = time.monotonic()
     wait_until(lambda: not ranks(run_dir), 10, interval=0.1, message="every rank to end")
