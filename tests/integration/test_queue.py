@@ -55,12 +55,21 @@ def test_three_queued_runs_on_two_slots_run_one_after_another_in_order(home):
     assert "queued: waiting for 2 of the 2 CPU rank slot(s)" in log and "its turn came after" in log
 
 
-def test_detach_returns_before_the_ranks_start_and_a_queued_run_can_be_stopped(home):
+@pytest.fixture(scope="module")
+def holder(module_home) -> int:
+    """A LONG 2-rank run, running, for the tests that need one: it holds both slots of TWO_SLOTS while a
+    queued run waits behind it, and it is the live run the oversubscription warning counts. Stopped
+    after them."""
+    run_id, _ = detach(*LONG)
+    wait_for_metrics(module_home, run_id)  # running, its processes holding memory
+    yield run_id
+    assert gpuscale("stop", str(run_id)).returncode == 0
+
+
+def test_detach_returns_before_the_ranks_start_and_a_queued_run_can_be_stopped(module_home, holder):
     """The long run holds both slots, so the queued one's ranks cannot start: its `--detach` came back
     all the same, with the run recorded. Stopped while it waits, it ends `stopped`, nothing having run."""
-    holder, _ = detach(*LONG, env=TWO_SLOTS)
-    store = Store(home)
-    wait_until(lambda: store.get_run(holder)["status"] == "running", 60, message="the long run to start")
+    store = Store(module_home)
     queued, seconds = detach("--queue", *FAST, env=TWO_SLOTS)
     run = store.get_run(queued)
     assert run["status"] == "queued" and run["queue_position"] == 1
@@ -76,14 +85,12 @@ def test_detach_returns_before_the_ranks_start_and_a_queued_run_can_be_stopped(h
         "stopped while queued: it never started"
     assert not leftover_processes(run["run_dir"]) and not folder.launcher_log.exists()
     assert store.get_run(holder)["status"] == "running"  # the stop was the queued run's alone
-    assert gpuscale("stop", str(holder)).returncode == 0
     assert seconds < 60  # it did not wait for the holder, which runs 100,000 steps
 
 
-def test_a_dead_waiter_is_reconciled_lost(home):
-    holder, _ = detach(*LONG, env=TWO_SLOTS)
+def test_a_dead_waiter_is_reconciled_lost(module_home, holder):
     queued, _ = detach("--queue", *FAST, env=TWO_SLOTS)
-    store = Store(home)
+    store = Store(module_home)
     run = wait_until(lambda: (r := store.get_run(queued))["supervisor_started"] and r, 60,
                      message="the waiter to register")
     os.kill(run["supervisor_pid"], signal.SIGKILL)
@@ -91,7 +98,6 @@ def test_a_dead_waiter_is_reconciled_lost(home):
     lost = store.get_run(queued)
     assert lost["error"] == f"supervisor (pid {run['supervisor_pid']}) died while the run was queued; it never started"
     assert store.get_run(holder)["status"] == "running"
-    assert gpuscale("stop", str(holder)).returncode == 0
 
 
 def test_a_queued_run_that_could_never_start_is_refused_before_anything(home):
@@ -107,9 +113,11 @@ def test_a_queued_run_that_could_never_start_is_refused_before_anything(home):
     assert Store(home).list_runs() == []
 
 
-def test_a_launch_warns_when_the_host_is_oversubscribed(home):
-    first, _ = detach(*LONG)
-    wait_for_metrics(home, first)  # its processes hold memory now
+def test_a_launch_warns_when_the_host_is_oversubscribed(module_home, holder):
+    """The holder is the one live run (the queued runs above ended). The launches are what is checked:
+    the runs they start are stopped at once."""
+    store = Store(module_home)
+    recorded = len(store.list_runs())
     warned = gpuscale("run", *FAST, "--detach", env={"GPUSCALE_OVERSUBSCRIBED_AT": "0"})
     assert warned.returncode == 0
     lines = warned.stderr.splitlines()
@@ -122,8 +130,7 @@ def test_a_launch_warns_when_the_host_is_oversubscribed(home):
     bad = gpuscale("run", *FAST, "--detach", env={"GPUSCALE_OVERSUBSCRIBED_AT": "lots"})
     assert (bad.returncode, bad.stderr) == (2, "gpuscale: error: GPUSCALE_OVERSUBSCRIBED_AT: 'lots': expected a "
                                                "share of the host, 0 or more (1 = all of it)\n")
-    store = Store(home)
-    assert len(store.list_runs()) == 3  # the refused one was not recorded
-    assert gpuscale("stop", str(first)).returncode == 0
-    for run in store.list_runs():
-        ended(store, run["id"])
+    assert len(store.list_runs()) == recorded + 2  # the refused one was not recorded
+    for started in (warned, quiet):
+        assert gpuscale("stop", started.stdout.strip()).returncode == 0
+        ended(store, int(started.stdout))
