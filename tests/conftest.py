@@ -121,9 +121,9 @@ def python_offline(code: str, hf_home: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=slow(120))
 
 
-def spawn_gpuscale(*args: str, env: dict | None = None) -> subprocess.Popen:
+def spawn_gpuscale(*args: str, env: dict | None = None, entry: str = "gpuscale.app.cli") -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "gpuscale.app.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", entry, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env={**os.environ, **(env or {})},
     )
 
@@ -140,7 +140,12 @@ def run_together(*arguments: list[str], env: dict | None = None,
     given: a 1-rank run keeps one of the two cores busy, so two at once take little more than one.
     `envs`: one run's own variables each, over `env`."""
     envs = envs or [{} for _ in arguments]
-    fronts = [spawn_gpuscale("run", *args, "--json", env={**(env or {}), **own}) for args, own in zip(arguments, envs)]
+    return finished(*(spawn_gpuscale("run", *args, "--json", env={**(env or {}), **own})
+                      for args, own in zip(arguments, envs)))
+
+
+def finished(*fronts: subprocess.Popen) -> list[subprocess.CompletedProcess]:
+    """What each of the front ends `spawn_gpuscale` started gave, in the order given, once all ended."""
     ended = [(front, *front.communicate(timeout=slow(240))) for front in fronts]
     return [subprocess.CompletedProcess(front.args, front.returncode, out, err) for front, out, err in ended]
 

@@ -7,12 +7,22 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import gpuscale, leftover_processes, run_json, run_together, spawn_gpuscale, wait_for_metrics, wait_until
+from conftest import (
+    finished,
+    gpuscale,
+    leftover_processes,
+    run_json,
+    run_together,
+    spawn_gpuscale,
+    wait_for_metrics,
+    wait_until,
+)
 from gpuscale.app.views.text import format_number
 from gpuscale.control.store import Store
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -90,10 +100,19 @@ def assert_node_check(run: dict) -> None:
     assert not any(line.startswith("  copy_gb_per_s") for line in shown)
 
 
-def test_headless_tui_is_the_same_run(home):
-    result = gpuscale(*FAST, "--gpus", "1", "--json", entry="gpuscale.app.tui_main")
+@pytest.fixture(scope="module")
+def one_rank_runs(module_home) -> dict[str, subprocess.CompletedProcess]:
+    """Two 1-rank FAST runs started together (each keeps one core busy), one from `gpuscale run`, one
+    from the headless `gpuscale-tui --recipe ...`: {front end: what it gave}."""
+    cli, tui = finished(spawn_gpuscale("run", *FAST, "--gpus", "1", "--json"),
+                        spawn_gpuscale(*FAST, "--gpus", "1", "--json", entry="gpuscale.app.tui_main"))
+    return {"cli": cli, "tui": tui}
+
+
+def test_headless_tui_is_the_same_run(one_rank_runs):
+    result = one_rank_runs["tui"]
     assert result.returncode == 0, result.stderr
-    assert run_json("runs")[0]["status"] == "succeeded"
+    assert run_json("show", str(json.loads(result.stdout)["id"]))["status"] == "succeeded"
 
 
 @pytest.fixture(scope="module")
@@ -176,12 +195,11 @@ def test_failing_rank_gives_failed_with_its_error_line(failed_runs, fault, error
     assert not leftover_processes(run["run_dir"])
 
 
-def test_two_runs_at_once(home):
-    fronts = [spawn_gpuscale("run", *FAST, "--gpus", "1", "--json") for _ in range(2)]
-    for front in fronts:
-        assert front.wait(240) == 0, front.stderr.read()
-    runs = run_json("runs")
-    assert sorted(r["status"] for r in runs) == ["succeeded", "succeeded"]
+def test_two_runs_at_once(one_rank_runs):
+    for result in one_rank_runs.values():
+        assert result.returncode == 0, result.stderr
+    runs = [run_json("show", str(json.loads(result.stdout)["id"])) for result in one_rank_runs.values()]
+    assert [r["status"] for r in runs] == ["succeeded", "succeeded"]
     assert all(r["summary"]["world_size"] == 1 for r in runs)
 
 
