@@ -177,3 +177,15 @@ def wait_for_metrics(home: Path, run_id: int, timeout: float = 90) -> None:
 
 def leftover_processes(run_dir: str) -> list[psutil.Process]:
     return run_processes(run_dir)
+
+
+def rank_processes(run_dir: str | Path) -> dict[int, psutil.Process]:
+    """The run's rank processes by rank (the launcher carries no RANK)."""
+    found = {}
+    for proc in leftover_processes(str(run_dir)):
+        try:
+            if "gpuscale.recipes" in proc.cmdline() and "RANK" in (env := proc.environ()):
+                found[int(env["RANK"])] = proc
+        except psutil.Error:
+            pass
+    return found

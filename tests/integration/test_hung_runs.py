@@ -17,10 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import gpuscale, leftover_processes, run_json, slow, wait_until
+from conftest import gpuscale, leftover_processes, rank_processes, run_json, slow, wait_until
 from gpuscale.app.views.collapse import late_warnings
 from gpuscale.control.hang_watch import main_thread_frames
 from gpuscale.control.store import Store
@@ -54,18 +53,6 @@ def at_step_4(home: Path, run_id: int) -> Path:
     return Path(store.get_run(run_id)["run_dir"])
 
 
-def ranks(run_dir: Path) -> dict[int, psutil.Process]:
-    """The run's rank processes by rank (the launcher carries no RANK)."""
-    found = {}
-    for proc in leftover_processes(str(run_dir)):
-        try:
-            if "gpuscale.recipes" in proc.cmdline() and "RANK" in (env := proc.environ()):
-                found[int(env["RANK"])] = proc
-        except psutil.Error:
-            pass
-    return found
-
-
 LAUNCHERS = list(RUNS)
 
 
@@ -87,7 +74,7 @@ def hung_runs(module_home) -> dict[str, tuple[Path, dict, float, list[str]]]:
     started = {launcher: start(module_home, launcher, "--set", "hang_timeout=20") for launcher in LAUNCHERS}
     folders = {launcher: at_step_4(module_home, run_id) for launcher, run_id in started.items()}
     for folder in folders.values():
-        os.kill(ranks(folder)[1].pid, signal.SIGSTOP)
+        os.kill(rank_processes(folder)[1].pid, signal.SIGSTOP)
     stopped = time.monotonic()
     with ThreadPoolExecutor(len(started)) as pool:
         ended = pool.map(lambda run_id: until_ended(module_home, run_id, stopped), started.values())
@@ -123,9 +110,9 @@ def test_a_stopped_rank_ends_the_run_as_hung_naming_it(hung_runs, launcher):
 def test_a_killed_rank_ends_every_other_within_ten_seconds(home, launcher):
     run_id = start(home, launcher)
     run_dir = at_step_4(home, run_id)
-    os.kill(ranks(run_dir)[1].pid, signal.SIGKILL)
+    os.kill(rank_processes(run_dir)[1].pid, signal.SIGKILL)
     killed = time.monotonic()
-    wait_until(lambda: not ranks(run_dir), 10, interval=0.1, message="every rank to end")
+    wait_until(lambda: not rank_processes(run_dir), 10, interval=0.1, message="every rank to end")
     took = time.monotonic() - killed
     run = wait_until(lambda: (r := run_json("show", str(run_id)))["status"] not in LIVE_STATUSES and r, 60)
     assert took < slow(10)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
-from conftest import gpuscale, leftover_processes, run_json, wait_for_metrics, wait_until
+from conftest import gpuscale, leftover_processes, rank_processes, run_json, wait_for_metrics, wait_until
 from gpuscale.control.store import Store
 from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -58,11 +59,17 @@ def test_three_queued_runs_on_two_slots_run_one_after_another_in_order(home):
 @pytest.fixture(scope="module")
 def holder(module_home) -> int:
     """A LONG 2-rank run, running, for the tests that need one: it holds both slots of TWO_SLOTS while a
-    queued run waits behind it, and it is the live run the oversubscription warning counts. Stopped
-    after them."""
-    run_id, _ = detach(*LONG)
+    queued run waits behind it, and it is the live run the oversubscription warning counts. Once it
+    runs, its ranks are stopped (SIGSTOP; its hang watch off, or it would end as hung): it keeps its
+    slots and its memory without taking the cores from the runs beside it. Stopped after the tests."""
+    run_id, _ = detach(*LONG, "--set", "hang_timeout=off")
     wait_for_metrics(module_home, run_id)  # running, its processes holding memory
+    ranks = rank_processes(Store(module_home).get_run(run_id)["run_dir"]).values()
+    for rank in ranks:
+        rank.suspend()
     yield run_id
+    for rank in ranks:
+        rank.resume()
     assert gpuscale("stop", str(run_id)).returncode == 0
 
 
@@ -115,22 +122,27 @@ def test_a_queued_run_that_could_never_start_is_refused_before_anything(home):
 
 def test_a_launch_warns_when_the_host_is_oversubscribed(module_home, holder):
     """The holder is the one live run (the queued runs above ended). The launches are what is checked:
-    the runs they start are stopped at once."""
+    each run they start is stopped at once."""
     store = Store(module_home)
     recorded = len(store.list_runs())
-    warned = gpuscale("run", *FAST, "--detach", env={"GPUSCALE_OVERSUBSCRIBED_AT": "0"})
-    assert warned.returncode == 0
+    warned = launched_and_stopped(store, *FAST, env={"GPUSCALE_OVERSUBSCRIBED_AT": "0"})
     lines = warned.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(
         "warning: this host is oversubscribed with this run and 1 live gpuscale run(s): memory ")
     assert "GiB, as the 1 live run(s) each use); 4 ranks on" in lines[0]
     assert lines[0].endswith("(over 0%, GPUSCALE_OVERSUBSCRIBED_AT); `--queue` waits for free devices instead")
-    quiet = gpuscale("run", *FAST, "--detach", env={"GPUSCALE_OVERSUBSCRIBED_AT": "1000"})
-    assert quiet.returncode == 0 and quiet.stderr == ""
+    quiet = launched_and_stopped(store, *FAST, env={"GPUSCALE_OVERSUBSCRIBED_AT": "1000"})
+    assert quiet.stderr == ""
     bad = gpuscale("run", *FAST, "--detach", env={"GPUSCALE_OVERSUBSCRIBED_AT": "lots"})
     assert (bad.returncode, bad.stderr) == (2, "gpuscale: error: GPUSCALE_OVERSUBSCRIBED_AT: 'lots': expected a "
                                                "share of the host, 0 or more (1 = all of it)\n")
     assert len(store.list_runs()) == recorded + 2  # the refused one was not recorded
-    for started in (warned, quiet):
-        assert gpuscale("stop", started.stdout.strip()).returncode == 0
-        ended(store, int(started.stdout))
+
+
+def launched_and_stopped(store: Store, *args: str, env: dict) -> subprocess.CompletedProcess:
+    """`gpuscale run ARGS --detach`, which succeeded; its run then stopped and ended."""
+    launched = gpuscale("run", *args, "--detach", env=env)
+    assert launched.returncode == 0, launched.stderr
+    assert gpuscale("stop", launched.stdout.strip()).returncode == 0
+    ended(store, int(launched.stdout))
+    return launched

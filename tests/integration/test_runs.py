@@ -307,7 +307,10 @@ def test_doctor_repair_rebuilds_the_history_from_the_run_folders(home):
     assert good_front.returncode == 0 and failing_front.returncode == 1, good_err
     good = json.loads(good_out)
     assert good["id"] == 1 and good["status"] == "succeeded"
-    stopped, lost, live = (int(gpuscale("run", *LONG, "--gpus", "1", "--detach").stdout) for _ in range(3))
+    # Each at a step a second once it has logged one (GPUSCALE_INJECT_FAULT's `slow`): running on, writing
+    # to the history, but leaving the cores to the rest of the test.
+    stopped, lost, live = (int(gpuscale("run", *LONG, "--gpus", "1", "--detach",
+                                        env={"GPUSCALE_INJECT_FAULT": "0:slow:1"}).stdout) for _ in range(3))
     for run_id in (stopped, lost, live):
         wait_for_metrics(home, run_id)
     assert gpuscale("stop", str(stopped)).returncode == 0
