@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -176,9 +177,13 @@ FAULTS = ("1:error:2", "0:oom:1")
 
 @pytest.fixture(scope="module")
 def failed_runs(module_home) -> dict:
-    """A 2-rank run for each of FAULTS, both at once: {fault: what `gpuscale run --json` gave}."""
-    ended = run_together(*([*FAST, "--gpus", "2"] for _ in FAULTS),
-                         envs=[{"GPUSCALE_INJECT_FAULT": fault} for fault in FAULTS])
+    """A 2-rank run for each of FAULTS, both at once: {fault: what `gpuscale run --json` gave}. Started
+    without OMP_NUM_THREADS, so that the supervisor gives the ranks threads by its own rule (what its log
+    says of them is checked below)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        ended = run_together(*([*FAST, "--gpus", "2"] for _ in FAULTS),
+                             envs=[{"GPUSCALE_INJECT_FAULT": fault} for fault in FAULTS])
     return dict(zip(FAULTS, ended))
 
 
@@ -193,6 +198,21 @@ def test_failing_rank_gives_failed_with_its_error_line(failed_runs, fault, error
     assert run["status"] == "failed" and run["error"].startswith(error)
     assert (hint is None and run["hint"] is None) or hint in run["hint"]
     assert not leftover_processes(run["run_dir"])
+
+
+def supervisor_log(outcome: subprocess.CompletedProcess) -> str:
+    return (Path(json.loads(outcome.stdout)["run_dir"]) / "logs" / "supervisor.log").read_text()
+
+
+def test_the_supervisor_log_names_the_threads_per_rank(failed_runs, one_rank_runs):
+    """The run's log says how many OpenMP threads its ranks got, and why: by the supervisor's rule where
+    OMP_NUM_THREADS is not set (the failed runs), as set where the user set it (these tests' 1)."""
+    log = supervisor_log(failed_runs[FAULTS[0]])
+    line = re.search(r"OMP_NUM_THREADS=(\d+) per rank \((\d+) cores, ([\d.]+) busy, (\d+) free, 2 rank\(s\)", log)
+    assert line, log
+    threads, free = int(line[1]), int(line[4])
+    assert threads == max(1, free // 2)
+    assert "OMP_NUM_THREADS=1 per rank (set by the user)" in supervisor_log(one_rank_runs["cli"])
 
 
 def test_two_runs_at_once(one_rank_runs):
