@@ -38,6 +38,24 @@ def slow(seconds: float) -> float:
     return seconds * SLOWNESS
 
 
+def pytest_configure(config):
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not hasattr(config, "workerinput"):  # once, not per worker
+        compile_gpuscale()
+
+
+def compile_gpuscale() -> None:
+    """gpuscale's modules compiled into its __pycache__ folders, where Python keeps them when it may.
+    PYTHONDONTWRITEBYTECODE (which some machines set for every process) stops it from doing so, and each of
+    the hundreds of processes the tests start (CLI calls, supervisors, launchers, ranks) compiled them
+    again: 0.1 s of CPU a `gpuscale show`, more a rank, minutes over the suite. A process still reads
+    compiled modules it finds with the variable set."""
+    import compileall
+
+    import gpuscale
+
+    compileall.compile_dir(Path(gpuscale.__file__).parent, quiet=1)
+
+
 def pytest_report_header(config):
     return f"machine slowness {SLOWNESS:.1f} (load per core at start); per-test timeouts and waits scale with it"
 
