@@ -88,7 +88,14 @@ def _patch():
 
     transformers.Trainer.__init__ = init_with_profiler
 
-if os.environ.get("GPUSCALE_PROFILE_OUT"):
+# The ranks alone (python [-u] -m gpuscale.recipes): the front end, the supervisor and the launcher have the
+# folder on their path too, and would each import transformers for nothing.
+def _rank():
+    import sys
+    argv = sys.orig_argv
+    return "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["gpuscale.recipes"]
+
+if os.environ.get("GPUSCALE_PROFILE_OUT") and _rank():
     _patch()
 '''
 
