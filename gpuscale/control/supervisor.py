@@ -44,7 +44,7 @@ from gpuscale.runs.run_dir import RunDir, merge_results
 STOP_GRACE_S = 7.0
 # A hung run's ranks stand blocked in a collective or stopped, where SIGTERM's handler cannot run: their
 # stacks are taken and their last checkpoint is on disk, so they get only this before SIGKILL (7 s of the
-# 37 s a SIGSTOPped rank's run took to end went to the grace: bench/RESULTS.md, issue 50's faults).
+# 37 s a SIGSTOPped rank's run took to end went to the grace: bench/faults.py's stop cases).
 HUNG_STOP_GRACE_S = 1.0
 # While a preemption is asked, SIGUSR1 goes to the ranks again this often: a rank still starting
 # (the launcher's ignored disposition, until run_rank takes the signal) would have missed it.

@@ -354,7 +354,7 @@ def test_eggroll_accepts_no_evaluation(home):
      "(rows_per_step 8); use 2 or 4"),
     ("rft", ["train_batch_size=3"], "train_batch_size: 3: does not divide the 16 rows each of the 2 ranks takes a "
      "step (rows_per_step 32); use 2 or 4"),
-    # The case: it failed 10 s after launch, on the ranks.
+    # Once refused only on the ranks, 10 s after launch (their accumulation_steps): now before it.
     ("grpo-mtl", ["prompts_per_step=3", "num_generations=3"], "prompts_per_step: 3: 3 prompts x 3 generations = 9 "
      "completions do not split over 2 ranks (each takes an equal share of a step); use prompts_per_step 2 or 4, "
      "or 1 or 3 ranks"),

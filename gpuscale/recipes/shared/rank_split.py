@@ -9,12 +9,13 @@ would fail on the ranks, after the model is loaded. Before launch, each recipe s
 - a count that splits: nothing to do;
 - a value the user gave (`settings.model_fields_set`: a `--set`, a preset, a changed form field): refused,
   one line naming the setting, its value and the nearest values that split, and the nearest rank counts
-  that split it as it is, e.g. `prompts_per_step: 16: 16 x num_generations 16 = 256 completions do not
-  split over 3 GPUs; use prompts_per_step 15 or 18, or 2 or 4 GPUs`;
+  that split it as it is, e.g. `prompts_per_step: 16: 16 prompts x 16 generations = 256 completions do
+  not split over 3 GPUs (each takes an equal share of a step); use prompts_per_step 15 or 18, or 2 or 4
+  GPUs`;
 - a default the user did not give (a run asked for with nothing but `--gpus 3`): moved to the nearest value
   that splits (the lower on a tie), and said in one line, which the launch prints and the run's summary
   keeps (`fitted_to_ranks`). A count the rank resolves itself (eggroll's `population auto`) is fitted by
-  the recipe's `for_device` with the same rule (`nearest_fit`).
+  the rank with the same rule (`Recipe.device_values_fitted`).
 
 Pure arithmetic, no torch: the front end calls it (recipes' `check` and the launch), the ranks too.
 """
