@@ -14,7 +14,7 @@ The committed model under gpuscale/data/models/tiny-math/ is what this script pr
   torch 2.13.0+cpu, transformers 5.24.0, tokenizers 0.23.3; one torch thread (the default).
 - Training 783 s wall, 586 s CPU (800 steps of 64 problems); the whole command 13 min 49 s.
 - Llama, 4 layers, hidden 128, 4 heads, vocab 512: 0.92M parameters, 3.7 MB of fp32 safetensors.
-- 500 held-out tiny-math test problems (test split, seed 0), greedy / temperature-1 sampled
+- 500 held-out tiny-math test problems (test-v1, the test split until 2026-11-29), greedy / temperature-1 sampled
   (4 samples per problem, no top-k or top-p): overall 56.8% / 37.0%; arithmetic 44.8% / 24.8%;
   comparison 69.1% / 47.3%; counting 66.1% / 49.3%.
 - Two runs of this training (one with one thread, one with two) gave the same weights bit for bit.

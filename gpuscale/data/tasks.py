@@ -36,7 +36,11 @@ What a run trains on and what it scores (`held_out_split`, the one rule every re
 `eval_split` chooses the scored set):
 
 - `test` (the default): a named task's test split; a JSONL file (one split by itself) its first
-  `eval_examples` rows. Training is the training split less any question of those rows.
+  `eval_examples` rows. Training is the training split less any question of those rows. tiny-math's
+  test split is TEST_SPLIT_EDITION's of its test splits (data/tiny_math.py).
+- `test-v1` (OLD_TEST_SPLIT): tiny-math's test split before 2026-11-29, which every earlier figure was
+  scored on, kept only to compare with them; every other data set's test split, which was never drawn
+  again.
 - `validation`: problems for choosing settings without ever scoring the test problems. tiny-math
   and tiny-math-conflict have a validation split of their own (the first `eval_examples` of it,
   fixed across seeds, none a pretraining problem of the embedded model); for gsm8k it is the first
@@ -52,22 +56,35 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gpuscale.data.answers import extract_strict
 from gpuscale.data.data_error import DataError
 from gpuscale.data.gsm8k_hub import GSM8K_DOMAIN, GSM8K_TRAIN_SIZE, datasets_module, hub_rows
 from gpuscale.data.jsonl_files import read_jsonl, require_file
 from gpuscale.data.paths import absolute_path
-from gpuscale.data.tiny_math import TINY_MATH_DOMAINS, TINY_MATH_SIZES, tiny_math_examples
+from gpuscale.data.tiny_math import (
+    OLD_TEST_SPLIT,
+    TEST_SPLIT_EDITION,
+    TEST_SPLITS,
+    TINY_MATH_DOMAINS,
+    TINY_MATH_SIZES,
+    tiny_math_examples,
+)
 from gpuscale.data.tiny_math_conflict import CONFLICT_DOMAINS, conflict_examples
 
 if TYPE_CHECKING:
     from gpuscale.data.question_length import QuestionLimit
 
 KNOWN_TASKS = ("tiny-math", "tiny-math-conflict", "gsm8k")
-SPLITS = ("train", "test")
-EVAL_SPLITS = ("test", "validation")  # what a run's held-out evaluation scores: `held_out_split`
+SPLITS = ("train", "test", OLD_TEST_SPLIT)
+EVAL_SPLITS = ("test", "validation", OLD_TEST_SPLIT)  # what a run's held-out evaluation scores: `held_out_split`
+EvalSplit = Literal[*EVAL_SPLITS]  # the type of the recipes' `eval_split` setting
+# What the settings' descriptions say of the test splits (the module's docstring).
+TEST_SPLIT_HELP = f"tiny-math's is {TEST_SPLIT_EDITION}, {TEST_SPLITS[TEST_SPLIT_EDITION]}"
+OLD_TEST_SPLIT_HELP = (f"{OLD_TEST_SPLIT} = tiny-math's test split before 2026-11-29, which every earlier figure "
+                       "was scored on, kept only to compare with them (another data set: its test split, never "
+                       "drawn again)")
 # The generated tasks, each with a validation split of its own: (split, max_examples, seed, domains) -> rows.
 GENERATED_TASKS = {"tiny-math": tiny_math_examples, "tiny-math-conflict": conflict_examples}
 JSONL_SUFFIX = ".jsonl"
@@ -175,6 +192,8 @@ def load_examples(
     """
     _check_split_and_limit(split, max_examples)
     spec = _parse_named(name_or_path)
+    if split == OLD_TEST_SPLIT and spec.task != "tiny-math":
+        split = "test"  # only tiny-math's test split was drawn again
     if spec.task in GENERATED_TASKS:
         return GENERATED_TASKS[spec.task](split, max_examples, seed, spec.domains)
     if spec.paths:
@@ -190,7 +209,8 @@ def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: i
                    domain: str | None = None) -> tuple[list[dict], list[dict]]:
     """(training examples, evaluation examples) of a run: the rule of the module's docstring.
 
-    eval_split="test": the test split's first `eval_examples` problems (a JSONL file: its first rows);
+    eval_split="test" (or test-v1, OLD_TEST_SPLIT): the test split's first `eval_examples` problems (a
+    JSONL file: its first rows);
     eval_split="validation": a generated task's validation split's first `eval_examples` problems;
     otherwise the first `eval_examples` problems of the training data (a JSONL file: the rows after
     its test rows). The training examples are the first `max_examples` (None: all) of
@@ -207,7 +227,8 @@ def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: i
         return load_examples(name_or_path, "train", max_examples, seed=seed), scored
     # The test rows: never trained on. A named task's test split is apart from its training split, so
     # a validation run need not load it; a file's test rows are its first rows, held out either way.
-    test = load_examples(name_or_path, "test", eval_examples, seed=seed, question_limit=question_limit, domain=domain) \
+    test = load_examples(name_or_path, "test" if validation else eval_split, eval_examples, seed=seed,
+                         question_limit=question_limit, domain=domain) \
         if eval_examples and (one_split or not validation) else []
     test_questions = {example["question"] for example in test}
     # Load enough rows that max_examples remain once the held-out ones are dropped; more where a

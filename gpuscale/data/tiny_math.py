@@ -7,14 +7,29 @@ Three splits, disjoint by construction: a hash of a question's text puts it in o
 split's, whatever the seed.
 
 - test and validation are fixed: the same problems for every seed (a run's seed changes what it
-  trains on and how, never what it is scored on). The test split is the one seed 0 drew before the
-  seed stopped choosing it, so figures measured on seed 0's test problems still compare.
+  trains on and how, never what it is scored on).
+- Two test splits have been drawn from bucket 0, each named; `test` is TEST_SPLIT_EDITION's, the other
+  is reached by its name only.
+  - test-v1 (OLD_TEST_SPLIT): the one seed 0 drew (HELD_OUT_SEED), on which every figure before
+    2026-11-29 was measured, and selections made: it is kept, as `eval_split=test-v1`, only to
+    compare with that history.
+  - test-v2 (FRESH_TEST_SPLIT): drawn on 2026-11-29 from its own seed (FRESH_TEST_SEED), of the
+    bucket-0 problems that no selection can have scored, nor trained on, up to names and nouns: none is
+    a test-v1 problem or shares a structure key (data/near_duplicates.py) with one, with a
+    validation problem or with a pretraining problem of the embedded model (`_fresh_test_filter`;
+    bucket 0 holds no validation or pretraining problem to begin with). The domains are drawn with
+    TINY_MATH_WEIGHTS and a refused problem is drawn again within its domain, so the filter, which
+    refuses most arithmetic problems (their few numbers leave few structures, most of them
+    pretrained on), keeps the domains' shares; within arithmetic it leaves mostly the two-step kind
+    whose structures pretraining covers least, so test-v2's arithmetic is harder than test-v1's and
+    their figures do not compare: test-v1's structurally new subset (`accuracy_new`) is the nearer one.
 - validation also leaves out every pretraining problem of the embedded model (`pretraining_examples`:
   tools/train_tiny.py's first 51,200 training problems of seed 0), so settings chosen on it were never
   chosen on problems the base model was trained on.
-- Both are marked `structurally_new` (data/near_duplicates.py): no pretraining problem equals them up
-  to the names and nouns. The training split (drawn from the run's seed) leaves out every problem
-  sharing a structurally new held-out problem's structure key, so no run trains on a near-duplicate
+- Every held-out problem is marked `structurally_new` (data/near_duplicates.py) or not: whether no
+  pretraining problem equals it up to the names and nouns (all of test-v2's are). The training split
+  (drawn from the run's seed) leaves out every problem sharing a structurally new held-out problem's
+  structure key, test-v2's included whichever split `test` is, so no run trains on a near-duplicate
   of one either.
 """
 
@@ -39,9 +54,23 @@ TINY_MATH_SIZES = {"train": 200_000, "validation": 2_000, "test": 2_000}
 # A question's bucket (one of TEST_BUCKETS, by the hash of its text) fixes its split.
 TEST_BUCKETS = 10
 TEST_BUCKET, VALIDATION_BUCKET = 0, 1
-# The seed the test and validation problems are drawn with, whatever the run's seed (0: the test
-# problems every earlier seed-0 figure was measured on).
+# The seed test-v1 and validation are drawn with, whatever the run's seed (0: the test problems every
+# earlier seed-0 figure was measured on).
 HELD_OUT_SEED = 0
+# The test splits by name (the module's docstring): test-v1, scored before 2026-11-29 and kept to compare
+# with that history, and test-v2, drawn that day with FRESH_TEST_SEED ("tiny-math/test-v2/2026-11-29").
+OLD_TEST_SPLIT, FRESH_TEST_SPLIT = "test-v1", "test-v2"
+FRESH_TEST_SEED = "2026-11-29"
+TEST_SPLITS = {OLD_TEST_SPLIT: "the one every figure before 2026-11-29 was scored on",
+               FRESH_TEST_SPLIT: "drawn on 2026-11-29 apart from every problem scored before"}
+# Which split `test` means, the one line to change to score on test-v2: every `test` figure from then on
+# is test-v2's (a run's summary still says eval_split `test`: earlier runs' `test` is test-v1). The
+# held-out cache holds both test splits by name and `test` is looked up here, never in the file; the
+# file is named by this module's digest (`_cache_path`), so a flip also makes the held-out and training
+# caches once more. Both splits are always drawn and training always leaves out test-v2's near-duplicates,
+# so the flip changes no training problem.
+TEST_SPLIT_EDITION = OLD_TEST_SPLIT
+HELD_OUT_SPLITS = (*TEST_SPLITS, "validation")
 # The embedded model's pretraining problems (models/tiny-math/training.json: tools/train_tiny.py's --seed 0,
 # --steps 800 of --batch-size 64): the first PRETRAINING_COUNT problems of `_pretraining_stream`.
 PRETRAINING_SEED, PRETRAINING_COUNT = 0, 800 * 64
@@ -69,34 +98,35 @@ def tiny_math_examples(split: str, max_examples: int | None, seed: int = 0,
                        domains: tuple[str, ...] | None = None) -> list[dict]:
     """The split's problems (TINY_MATH_SIZES of them), or only those of `domains`, the first
     `max_examples` of them: a domain subset holds the same problems as the whole task, in its order.
+    `split`: train, validation, test (TEST_SPLIT_EDITION's) or a test split's name (TEST_SPLITS).
     `seed` chooses the training problems only; test and validation are fixed (the module's docstring)."""
     if split == "train":
         many = max_examples is None or max_examples > CACHED_TRAINING_FROM
         stream = iter(_training_split(seed)) if many else _training_stream(seed)
-        return first_of_split(stream, split, max_examples, domains)
-    return [dict(example) for example in first_of_split(iter(held_out_problems(split)), split, max_examples, domains)]
+        return first_of_split(stream, TINY_MATH_SIZES[split], max_examples, domains)
+    problems = held_out_problems(split)
+    return [dict(example) for example in first_of_split(iter(problems), len(problems), max_examples, domains)]
 
 
 def held_out_problems(split: str) -> tuple[dict, ...]:
-    """The whole test or validation split (TINY_MATH_SIZES), each problem marked `structurally_new`
-    (callers copy before changing one)."""
-    return _held_out()[split]
+    """The whole validation split, test split (TEST_SPLIT_EDITION's) or named test split (TEST_SPLITS),
+    TINY_MATH_SIZES of them, each problem marked `structurally_new` (callers copy before changing one)."""
+    return _held_out()[TEST_SPLIT_EDITION if split == "test" else split]
 
 
 def held_out_new_keys() -> frozenset[str]:
-    """The structure keys of the structurally new test and validation problems: no training problem
-    may have one (data/near_duplicates.py)."""
+    """The structure keys of the structurally new problems of both test splits and validation: no
+    training problem may have one (data/near_duplicates.py)."""
     return _held_out()["new_keys"]
 
 
 @functools.cache
 def _held_out() -> dict:
-    """The held-out splits and the new keys, once per process: read from the user's cache, else
-    computed (about 2 s, the pretraining problems generated and keyed: every rank would pay it) and
-    written there for the next process."""
+    """The held-out splits (HELD_OUT_SPLITS, by name) and the new keys, once per process: read from the
+    user's cache, else computed (about 2 s, the pretraining problems generated and keyed: every rank
+    would pay it) and written there for the next process."""
     found = _cached(held_out_cache_path(), _computed_held_out)
-    return {"test": tuple(found["test"]), "validation": tuple(found["validation"]),
-            "new_keys": frozenset(found["new_keys"])}
+    return {**{split: tuple(found[split]) for split in HELD_OUT_SPLITS}, "new_keys": frozenset(found["new_keys"])}
 
 
 def _training_split(seed: int) -> list[dict]:
@@ -146,15 +176,34 @@ def _cached(path: Path, compute: Callable[[], object]):
 
 
 def _computed_held_out() -> dict:
-    found = {}
-    for split in ("test", "validation"):
-        keep = is_test_question if split == "test" else _validation_question
-        stream = _distinct_problems(random.Random(f"tiny-math/{split}/{HELD_OUT_SEED}"), keep)
-        found[split] = [{**example, "structurally_new": is_structurally_new(example["question"])}
-                        for example in itertools.islice(stream, TINY_MATH_SIZES[split])]
-    found["new_keys"] = sorted({structure_key(example["question"]) for split in ("test", "validation")
+    test, validation = TINY_MATH_SIZES["test"], TINY_MATH_SIZES["validation"]
+    found = {OLD_TEST_SPLIT: _drawn(f"test/{HELD_OUT_SEED}", test, is_test_question),
+             "validation": _drawn(f"validation/{HELD_OUT_SEED}", validation, _validation_question)}
+    scored = found[OLD_TEST_SPLIT] + found["validation"]
+    found[FRESH_TEST_SPLIT] = _drawn(f"{FRESH_TEST_SPLIT}/{FRESH_TEST_SEED}", test, _fresh_test_filter(scored),
+                                     keep_shares=True)
+    found["new_keys"] = sorted({structure_key(example["question"]) for split in HELD_OUT_SPLITS
                                 for example in found[split] if example["structurally_new"]})
     return found
+
+
+def _drawn(stream_name: str, size: int, keep: Callable[[str], bool], keep_shares: bool = False) -> list[dict]:
+    """A held-out split: the first `size` problems `keep` accepts of the stream seeded
+    "tiny-math/<stream_name>" (`_distinct_problems`), each marked `structurally_new`."""
+    stream = _distinct_problems(random.Random(f"tiny-math/{stream_name}"), keep, keep_shares)
+    return [{**example, "structurally_new": is_structurally_new(example["question"])}
+            for example in itertools.islice(stream, size)]
+
+
+def _fresh_test_filter(scored: list[dict]) -> Callable[[str], bool]:
+    """Whether a question may be a test-v2 problem: a test-bucket question that is no `scored` problem
+    (test-v1's and validation's, on which selections were made) and shares a structure key with none
+    of them nor with a pretraining problem, so that nothing chosen on, or trained into the embedded
+    model, is a near-duplicate of it."""
+    questions = {example["question"] for example in scored}
+    taken = {structure_key(question) for question in questions} | pretraining_keys()
+    return lambda question: (is_test_question(question) and question not in questions
+                             and structure_key(question) not in taken)
 
 
 def _validation_question(question: str) -> bool:
@@ -176,8 +225,8 @@ def pretraining_examples(count: int = PRETRAINING_COUNT, seed: int = PRETRAINING
 @functools.cache
 def pretraining_keys() -> frozenset[str]:
     """The structure keys of the embedded model's pretraining problems (`pretraining_examples`),
-    computed once per process."""
-    return frozenset(structure_key(example["question"]) for example in pretraining_examples())
+    computed once per process from `pretraining_questions` (not generated a second time)."""
+    return frozenset(structure_key(question) for question in pretraining_questions())
 
 
 def is_structurally_new(question: str) -> bool:
@@ -197,24 +246,29 @@ def _training_stream(seed: int) -> Iterator[dict]:
         split_of(question) == "train" and structure_key(question) not in new_keys))
 
 
-def first_of_split(stream: Iterator[dict], split: str, max_examples: int | None,
-                    domains: tuple[str, ...] | None) -> list[dict]:
-    """The first `max_examples` of the split's TINY_MATH_SIZES examples (of `domains` only, if given)."""
-    problems = itertools.islice(stream, TINY_MATH_SIZES[split])
+def first_of_split(stream: Iterator[dict], size: int, max_examples: int | None,
+                   domains: tuple[str, ...] | None) -> list[dict]:
+    """The first `max_examples` of the split's `size` examples (of `domains` only, if given)."""
+    problems = itertools.islice(stream, size)
     if domains is not None:
         problems = (example for example in problems if example["domain"] in domains)
     return list(itertools.islice(problems, max_examples))
 
 
-def _distinct_problems(rng: random.Random, keep: Callable[[str], bool]) -> Iterator[dict]:
+def _distinct_problems(rng: random.Random, keep: Callable[[str], bool], keep_shares: bool = False) -> Iterator[dict]:
     """Distinct problems whose question `keep` accepts, without end, each domain drawn with
-    TINY_MATH_WEIGHTS."""
+    TINY_MATH_WEIGHTS. A refused problem is dropped, or with `keep_shares` drawn again within its
+    domain, so that the domains keep their weights however unevenly `keep` refuses them."""
     seen = set()
     while True:
         domain = rng.choices(TINY_MATH_DOMAINS, weights=TINY_MATH_WEIGHTS)[0]
-        example = _DOMAIN_GENERATORS[domain](rng)
-        question = example["question"]
-        if question not in seen and keep(question):
+        while True:
+            example = _DOMAIN_GENERATORS[domain](rng)
+            question = example["question"]
+            kept = question not in seen and keep(question)
+            if kept or not keep_shares:
+                break
+        if kept:
             seen.add(question)
             yield example
 

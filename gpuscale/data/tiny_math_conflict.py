@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from gpuscale.data.tiny_math import (
     HELD_OUT_SEED,
+    TINY_MATH_SIZES,
     counting_example,
     counting_steps,
     first_of_split,
@@ -50,7 +51,7 @@ def conflict_examples(split: str, max_examples: int | None, seed: int = 0,
                       domains: tuple[str, ...] | None = None) -> list[dict]:
     """The split's tiny-math-conflict rows (TINY_MATH_SIZES of them: a counting problem, then its
     `repeats` twin, and so on), or only those of `domains`, the first `max_examples` of them."""
-    return first_of_split(_conflict_stream(split, seed), split, max_examples, domains)
+    return first_of_split(_conflict_stream(split, seed), TINY_MATH_SIZES[split], max_examples, domains)
 
 
 def _conflict_stream(split: str, seed: int) -> Iterator[dict]:

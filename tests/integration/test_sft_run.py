@@ -30,7 +30,7 @@ def check_held_out_answers(run: dict) -> None:
     gave and the one read from the completion: `gpuscale generations ID` shows the final ones first."""
     from gpuscale.data.tasks import gold_answer
 
-    problems = load_examples("tiny-math", "test", 4)
+    problems = load_examples("tiny-math", run["summary"]["eval_split"], 4)
     shown = run_json("generations", str(run["id"]))
     assert [(record["step"], record["phase"]) for record in shown] == [(1, "held-out sampled after")] * 4 + [
         (1, "held-out greedy after")] * 4  # newest first
@@ -42,7 +42,9 @@ def check_held_out_answers(run: dict) -> None:
 
 
 def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
-    run = run_json("run", *TINY_SFT, "--gpus", "2", "--set", "save_model=true")
+    # Scored on test-v1 by name (the test split before 2026-11-29), whose first 4 problems hold one
+    # structurally new problem, whichever split `test` is.
+    run = run_json("run", *TINY_SFT, "--gpus", "2", "--set", "save_model=true", "--set", "eval_split=test-v1")
     assert run["status"] == "succeeded", run["error"]
     command = run["command"]
     assert command[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in command
@@ -51,7 +53,7 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     summary = run["summary"]
     missing = [figure for figure in get_recipe("sft").promised_figures if figure not in summary]
     assert not missing
-    assert summary["world_size"] == 2 and summary["steps"] == 3
+    assert summary["world_size"] == 2 and summary["steps"] == 3 and summary["eval_split"] == "test-v1"
     assert summary["train_loss"] > 0 and summary["tokens_per_s"] > 0
     # Beside the whole run's rate, its steady one: the median of steps 2 and 3 (no MFU on CPU: no card's peak).
     assert summary["tokens_per_s_steady"] > 0 and summary["mfu"] is None and summary["mfu_steady"] is None
@@ -59,7 +61,7 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
         assert 0 <= summary[f"accuracy_{kind}_before"] <= 1 and 0 <= summary[f"accuracy_{kind}_after"] <= 1
         # tiny-math's structurally new subset, gathered from both ranks: one of the 4 test problems.
         assert summary[f"accuracy_{kind}_new_after"] in (0.0, 1.0)
-    marked = [example["structurally_new"] for example in load_examples("tiny-math", "test", 4)]
+    marked = [example["structurally_new"] for example in load_examples("tiny-math", "test-v1", 4)]
     assert summary["eval_examples_new"] == sum(marked) == 1
     check_held_out_answers(run)
 

@@ -109,7 +109,7 @@ def test_a_file_question_written_twice_is_not_trained_on_when_scored(tmp_path):
 
 
 def test_an_unknown_eval_split_is_refused():
-    with pytest.raises(DataError, match="unknown eval_split 'valid'; known: test, validation"):
+    with pytest.raises(DataError, match="unknown eval_split 'valid'; known: test, validation, test-v1"):
         held_out_split("tiny-math", "valid", 2, 2)
     with pytest.raises(DataError, match="needs a count"):
         evaluation_examples("tiny-math", "validation", None)
@@ -121,10 +121,12 @@ def test_an_unknown_eval_split_is_refused():
 @pytest.mark.parametrize("recipe", ["sft", "rft", "grpo-mtl", "eggroll"])
 def test_a_bad_value_is_refused_naming_the_field(recipe):
     settings_cls = get_recipe(recipe).settings_cls
-    with pytest.raises(SettingsError, match=r"eval_split: 'valid': Input should be 'test' or 'validation'"):
+    with pytest.raises(SettingsError, match=r"eval_split: 'valid': Input should be 'test', 'validation' or 'test-v1'"):
         resolve_settings(settings_cls, overrides={"eval_split": "valid"}, environ={})
-    assert resolve_settings(settings_cls, overrides={"eval_split": "validation"}, environ={}).eval_split == "validation"
-    assert "validation" in settings_cls.model_fields["eval_split"].description
+    for split in ("validation", "test-v1"):
+        assert resolve_settings(settings_cls, overrides={"eval_split": split}, environ={}).eval_split == split
+    description = settings_cls.model_fields["eval_split"].description
+    assert "validation" in description and "test-v1 = tiny-math's test split before 2026-11-29" in description
 
 
 def test_power_sampling_takes_eval_split_as_its_split_and_needs_a_count():
@@ -133,6 +135,10 @@ def test_power_sampling_takes_eval_split_as_its_split_and_needs_a_count():
     PowerSampling().check(settings)
     with pytest.raises(SettingsError, match="split: validation: needs max_examples"):
         PowerSampling().check(settings.model_copy(update={"max_examples": None}))
+    old = resolve_settings(PowerSettings, overrides={"eval_split": "test-v1"}, environ={})
+    assert old.split == "test-v1"
+    assert "test-v1 = tiny-math's test split before 2026-11-29" in PowerSettings.model_fields["split"].description
+    PowerSampling().check(old)
 
 
 def test_checks_count_the_validation_rows_out_of_a_file(tmp_path):

@@ -1,10 +1,12 @@
 """What a run is scored on: one fixed test set for every seed, a validation split the base
-model never saw, tiny-math's structurally new subset (data/near_duplicates.py), and one strict
+model never saw, tiny-math's structurally new subset (data/near_duplicates.py), its two test splits
+(test-v1 kept for history, test-v2 drawn apart from every problem scored before), and one strict
 answer rule for every recipe's held-out figure."""
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 
 import pytest
@@ -12,12 +14,20 @@ import pytest
 from gpuscale.data.models import model_path
 from gpuscale.data.near_duplicates import structure_key
 from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NO_NEW_SUBSET, held_out_figures, new_subset_size
-from gpuscale.data.tasks import held_out_split, load_examples
+from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
 from gpuscale.data.tiny_math import (
+    FRESH_TEST_SPLIT,
+    HELD_OUT_SPLITS,
+    OLD_TEST_SPLIT,
     PRETRAINING_COUNT,
     PRETRAINING_SEED,
+    TEST_SPLIT_EDITION,
+    TINY_MATH_DOMAINS,
     TINY_MATH_SIZES,
+    TINY_MATH_WEIGHTS,
+    held_out_new_keys,
     is_structurally_new,
+    is_test_question,
     pretraining_examples,
     pretraining_keys,
     pretraining_questions,
@@ -30,17 +40,35 @@ from gpuscale.recipes.shared.training_data import training_and_eval_examples
 # How many questions of the training split (for each seed) the tests read: enough that every question
 # template of gpuscale/data/tiny_math.py occurs many times (structure_key, gpuscale/data/near_duplicates.py).
 TRAINING_LOOKED_AT = 20_000
+TRAINING_SEEDS = (0, 1, 2)
+# sha256 of test-v1's rows (`rows_digest`), computed on main at 7753205, before test-v1 had a name: the
+# 2,000 problems `test` gave every figure until 2026-11-29.
+OLD_TEST_DIGEST = "37d130299dae166ad4b78652b455f19daf719fe5458017c192cca6256c7d4e16"
+# sha256 of test-v2's rows, computed when it was drawn (2026-11-29): it must never change either, or the
+# figures scored on it stop comparing.
+FRESH_TEST_DIGEST = "fafc248f5c01aaa7e1ae6990af3b6d19896e750f668d3451298bfa4de69d8e10"
 
 
 def questions(examples) -> list[str]:
     return [example["question"] for example in examples]
 
 
+def keys(examples) -> set[str]:
+    return {structure_key(question) for question in questions(examples)}
+
+
+def rows_digest(rows) -> str:
+    return hashlib.sha256(json.dumps(list(rows), sort_keys=True).encode()).hexdigest()
+
+
 @pytest.fixture(scope="module")
 def splits() -> dict[str, list[dict]]:
+    """The held-out splits whole (test, and each by its name), and the first TRAINING_LOOKED_AT training
+    problems of each of TRAINING_SEEDS."""
     return {"test": load_examples("tiny-math", "test", None, seed=0),
-            "validation": tiny_math_examples("validation", None, seed=0),
-            **{f"train{seed}": load_examples("tiny-math", "train", TRAINING_LOOKED_AT, seed=seed) for seed in (0, 1)}}
+            **{split: tiny_math_examples(split, None, seed=0) for split in HELD_OUT_SPLITS},
+            **{f"train{seed}": load_examples("tiny-math", "train", TRAINING_LOOKED_AT, seed=seed)
+               for seed in TRAINING_SEEDS}}
 
 
 # ---- the near-duplicate rule ----------------------------------------------------------------------
@@ -104,20 +132,69 @@ def test_train_validation_and_test_are_disjoint_and_validation_holds_no_pretrain
     assert held_out_split("tiny-math", "validation", 50, 0, seed=4)[1] == splits["validation"][:50]
 
 
+# ---- two test splits: test-v1 kept for history, test-v2 scored by no selection --------------------
+
+
+def test_the_old_test_split_is_test_v1_with_exactly_the_problems_test_gave_before(splits):
+    assert rows_digest(splits[OLD_TEST_SPLIT]) == OLD_TEST_DIGEST
+    assert splits["test"] == splits[TEST_SPLIT_EDITION]  # `test` is the edition's, one constant
+    # Every way a run names it: a data set's split, a training recipe's eval_split, power-sampling's split.
+    old = splits[OLD_TEST_SPLIT]
+    assert load_examples("tiny-math", OLD_TEST_SPLIT, 30, seed=3) == old[:30]
+    assert held_out_split("tiny-math", OLD_TEST_SPLIT, 30, 20, seed=3) == (load_examples("tiny-math", "train", 20,
+                                                                                         seed=3), old[:30])
+    run = training_and_eval_examples(SftSettings(eval_split=OLD_TEST_SPLIT, eval_examples=30, max_examples=20))
+    assert run[1] == old[:30]
+    assert evaluation_examples("tiny-math", OLD_TEST_SPLIT, 30) == old[:30]
+    counting = [example for example in old if example["domain"] == "counting"]
+    assert load_examples("tiny-math:counting", OLD_TEST_SPLIT, 25) == counting[:25]
+
+
+def test_only_tiny_math_s_test_split_was_drawn_again(tmp_path):
+    assert load_examples("tiny-math-conflict", OLD_TEST_SPLIT, 40) == load_examples("tiny-math-conflict", "test", 40)
+    data = tmp_path / "plus.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{n} + 1?", "answer": f"#### {n + 1}"}) + "\n" for n in range(9)))
+    assert held_out_split(str(data), OLD_TEST_SPLIT, 3, None) == held_out_split(str(data), "test", 3, None)
+
+
+def test_the_fresh_test_split_shares_no_problem_nor_structure_with_anything_scored_or_trained_on(splits):
+    fresh = splits[FRESH_TEST_SPLIT]
+    assert len(set(questions(fresh))) == len(fresh) == TINY_MATH_SIZES["test"]
+    assert all(is_test_question(question) for question in questions(fresh))
+    assert all(example["structurally_new"] for example in fresh)
+    scored = splits[OLD_TEST_SPLIT] + splits["validation"]
+    assert not set(questions(fresh)) & (set(questions(scored)) | pretraining_questions())
+    assert not keys(fresh) & (keys(scored) | pretraining_keys())
+    # The training split of any seed leaves out its near-duplicates, whichever split `test` is.
+    for seed in TRAINING_SEEDS:
+        train = splits[f"train{seed}"]
+        assert not set(questions(fresh)) & set(questions(train)) and not keys(fresh) & keys(train)
+
+
+def test_the_fresh_test_split_is_fixed_and_keeps_the_domains_shares(splits):
+    fresh = splits[FRESH_TEST_SPLIT]
+    assert rows_digest(fresh) == FRESH_TEST_DIGEST
+    assert tiny_math_examples(FRESH_TEST_SPLIT, None, seed=5) == fresh  # the run's seed chooses no test problem
+    for count in (500, len(fresh)):  # a run's eval_examples, and the whole split
+        shares = collections.Counter(example["domain"] for example in fresh[:count])
+        for domain, weight in zip(TINY_MATH_DOMAINS, TINY_MATH_WEIGHTS):
+            assert shares[domain] / count == pytest.approx(weight, abs=0.03), (count, domain)
+
+
 # ---- the structurally new subset ------------------------------------------------------------------
 
 
 def test_held_out_problems_are_marked_and_no_training_problem_is_a_near_duplicate_of_a_new_one(splits):
-    for split in ("test", "validation"):
+    for split in HELD_OUT_SPLITS:
         marked = splits[split]
         assert all(example["structurally_new"] == is_structurally_new(example["question"]) for example in marked)
-        new_keys = {structure_key(example["question"]) for example in marked if example["structurally_new"]}
-        assert not new_keys & pretraining_keys()
-        for seed in (0, 1):
-            assert not new_keys & {structure_key(question) for question in questions(splits[f"train{seed}"])}
-    # Most arithmetic test problems are a pretraining problem with other names and numbers (the
+        new_keys = keys(example for example in marked if example["structurally_new"])
+        assert not new_keys & pretraining_keys() and new_keys <= held_out_new_keys()
+        for seed in TRAINING_SEEDS:
+            assert not new_keys & keys(splits[f"train{seed}"])
+    # Most arithmetic problems of test-v1 are a pretraining problem with other names and numbers (the
     # structure_key of data/near_duplicates.py); nearly every comparison problem is structurally new.
-    counts = collections.Counter((e["domain"], e["structurally_new"]) for e in splits["test"])
+    counts = collections.Counter((e["domain"], e["structurally_new"]) for e in splits[OLD_TEST_SPLIT])
     arithmetic_new = counts["arithmetic", True] / (counts["arithmetic", True] + counts["arithmetic", False])
     assert 0.1 < arithmetic_new < 0.35
     assert counts["comparison", True] > 0.9 * (counts["comparison", True] + counts["comparison", False])
@@ -181,12 +258,17 @@ def test_the_held_out_splits_are_read_from_the_user_s_cache_and_a_broken_file_is
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = tiny_math.held_out_cache_path()
     assert path.parent == tmp_path / "gpuscale"
-    whole = {"test": [{"question": "q", "structurally_new": True}], "validation": [], "new_keys": ["k"]}
+    # Both test splits by name in one file: `test` is whichever TEST_SPLIT_EDITION names, never the
+    # file's guess, so no cache is read as the other edition.
+    whole = {"test-v1": [{"question": "old"}], "test-v2": [{"question": "new"}], "validation": [], "new_keys": ["k"]}
     path.parent.mkdir()
     path.write_text(json.dumps(whole))
     tiny_math._held_out.cache_clear()
     try:
-        assert tiny_math.held_out_problems("test") == ({"question": "q", "structurally_new": True},)
+        assert tiny_math.held_out_problems(OLD_TEST_SPLIT) == ({"question": "old"},)
+        for edition, question in ((FRESH_TEST_SPLIT, "new"), (OLD_TEST_SPLIT, "old")):
+            monkeypatch.setattr(tiny_math, "TEST_SPLIT_EDITION", edition)
+            assert tiny_math.held_out_problems("test") == ({"question": question},)
         assert tiny_math.held_out_new_keys() == {"k"}
         path.write_text('{"test": [')  # a write cut short: computed again and written whole
         monkeypatch.setattr(tiny_math, "_computed_held_out", lambda: {**whole, "new_keys": ["again"]})
@@ -205,7 +287,7 @@ def test_a_whole_training_split_is_generated_once_and_read_from_the_cache_after(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setitem(tiny_math.TINY_MATH_SIZES, "train", 300)  # a small "whole split" for the test
     monkeypatch.setattr(tiny_math, "CACHED_TRAINING_FROM", 100)
-    generated = tiny_math.first_of_split(tiny_math._training_stream(7), "train", None, None)
+    generated = tiny_math.first_of_split(tiny_math._training_stream(7), 300, None, None)
     path = tiny_math._cache_path("train-seed7")
     older = path.with_name("tiny-math-train-seed7-0123456789abcdef.json")  # another code version's
     older.parent.mkdir(exist_ok=True)  # the held-out splits' cache may be there already

@@ -9,6 +9,7 @@ import os
 from gpuscale.app.commands.common import JSON_HELP, BadInput, Parser, print_table
 from gpuscale.app.views.text import format_number, memory_text, setting_text
 from gpuscale.control import telemetry
+from gpuscale.data.tasks import OLD_TEST_SPLIT_HELP, SPLITS
 from gpuscale.recipes.shared.registry import all_recipes
 
 
@@ -100,7 +101,8 @@ def add_data_parser(sub) -> None:
     data = p.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     p = data.add_parser("export", help="a data set as JSON lines (question, answer)")
     p.add_argument("name", help="tiny-math[:DOMAIN,...], tiny-math-conflict, gsm8k, or a .jsonl file")
-    p.add_argument("--split", default="test", choices=["test", "train"], help="which split (default test)")
+    p.add_argument("--split", default="test", choices=SPLITS,
+                   help=f"which split (default test; {OLD_TEST_SPLIT_HELP})")
     p.add_argument("--limit", type=int, help="at most this many examples")
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as a run's `seed` setting (default 0)")
     p.set_defaults(func=cmd_data_export)

@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from gpuscale.data.tasks import EvalSplit
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.recipes.shared.device_defaults import device_default
 from gpuscale.recipes.shared.rank_split import Split
@@ -92,7 +93,7 @@ class Settings(RunSettings):
         GPU_EVAL_EVERY, CPU_EVAL_EVERY, "held-out accuracy every this many steps (0 = only before and after)")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) for the "
                                "accuracy figures (0 = no evaluation)")
-    eval_split: Literal["test", "validation"] = eval_split_field()
+    eval_split: EvalSplit = eval_split_field()
     save_model: bool = Field(True, description="save the final model in RUN_DIR/model, before the final evaluation")
     answer_mode: Literal["strict", "auto", "boxed", "flexible"] = Field(
         "strict", description="answer extraction of the reward")

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from gpuscale.data.tasks import EVAL_SPLITS, OLD_TEST_SPLIT_HELP, TEST_SPLIT_HELP
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.recipes.shared.device_defaults import AUTO, device_default
 from gpuscale.runs.settings import RunSettings, SettingsError, auto_means_sized_on_card
@@ -65,11 +66,11 @@ class Settings(RunSettings):
     mcmc_steps: int = Field(10, ge=0, le=10000, description="Metropolis-Hastings steps after each block")
     chains: int = Field(1, ge=1, le=1024, description="independent chains (samples) per problem")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="temperature of method=sample")
-    split: Literal["test", "train", "validation"] = Field(
-        "test", description="the problems scored (also set as eval_split): test or train = the data set's split (a "
-        "JSONL file: its first max_examples rows either way); validation = the first max_examples problems of the "
-        "training data, as a training recipe's eval_split=validation holds them out (a JSONL file: the "
-        "max_examples rows after its first max_examples); needs max_examples")
+    split: Literal[*EVAL_SPLITS, "train"] = Field(
+        "test", description="the problems scored (also set as eval_split): test or train = the data set's split "
+        f"({TEST_SPLIT_HELP}; a JSONL file: its first max_examples rows either way); validation = the first "
+        "max_examples problems of the training data, as a training recipe's eval_split=validation holds them out (a "
+        "JSONL file: the max_examples rows after its first max_examples); needs max_examples; " + OLD_TEST_SPLIT_HELP)
     answer_mode: Literal["auto", "strict", "boxed", "flexible"] = Field("auto", description="answer extraction")
 
     _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)

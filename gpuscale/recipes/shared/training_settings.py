@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from gpuscale.data.tasks import OLD_TEST_SPLIT_HELP, TEST_SPLIT_HELP, EvalSplit
 from gpuscale.recipes.shared.rank_split import Split, each_rank, nearest_divisors
 from gpuscale.recipes.shared.report_backends import checked_report_to
 from gpuscale.runs.settings import RunSettings, SettingsError, words_meaning
@@ -39,11 +40,12 @@ def checked_lora_targets(value: str) -> str:
 
 
 EVAL_SPLIT_HELP = ("which problems the held-out evaluation scores: test = the data set's test split, the same "
-                   "for every seed (a JSONL file: its first eval_examples rows); validation = problems for "
-                   "choosing settings without scoring the test problems, never trained on: tiny-math's own "
-                   "validation split (the same for every seed, none a pretraining problem of the embedded model), "
+                   f"for every seed ({TEST_SPLIT_HELP}; a JSONL file: its first eval_examples rows); validation = "
+                   "problems for choosing settings without scoring the test problems, never trained on: tiny-math's "
+                   "own validation split (the same for every seed, none a pretraining problem of the embedded model), "
                    "else the first eval_examples problems of the training data, taken out of training (a JSONL "
-                   "file: the eval_examples rows after its test rows, which stay out of training too)")
+                   "file: the eval_examples rows after its test rows, which stay out of training too); "
+                   + OLD_TEST_SPLIT_HELP)
 
 
 def eval_split_field():
@@ -68,7 +70,7 @@ class TrainingSettings(RunSettings):
     lora_targets: str = Field("all-linear", description="modules LoRA adapts: all-linear, or names like q_proj,v_proj")
     eval_examples: int = Field(100, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
                                "greedily and at temperature 1 before and after training (0 = no evaluation)")
-    eval_split: Literal["test", "validation"] = eval_split_field()
+    eval_split: EvalSplit = eval_split_field()
     save_model: bool = Field(True, description="save the trained model (merged if LoRA) to RUN_DIR/model, "
                              "before the final evaluation")
     report_to: str = Field("none", description="where the trainer also sends its logs: none, all (every integration "
