@@ -37,7 +37,7 @@ What a run trains on and what it scores (`held_out_split`, the one rule every re
 
 - `test` (the default): a named task's test split; a JSONL file (one split by itself) its first
   `eval_examples` rows. Training is the training split less any question of those rows. tiny-math's
-  test split is TEST_SPLIT_EDITION's of its test splits (data/tiny_math.py).
+  test split is TEST_SPLIT_EDITION's of its two (data/splits.py).
 - `test-v1` (OLD_TEST_SPLIT): tiny-math's test split before 2026-11-29, which every earlier figure was
   scored on, kept only to compare with them; every other data set's test split, which was never drawn
   again.
@@ -56,35 +56,21 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from gpuscale.data.answers import extract_strict
 from gpuscale.data.data_error import DataError
 from gpuscale.data.gsm8k_hub import GSM8K_DOMAIN, GSM8K_TRAIN_SIZE, datasets_module, hub_rows
 from gpuscale.data.jsonl_files import read_jsonl, require_file
 from gpuscale.data.paths import absolute_path
-from gpuscale.data.tiny_math import (
-    OLD_TEST_SPLIT,
-    TEST_SPLIT_EDITION,
-    TEST_SPLITS,
-    TINY_MATH_DOMAINS,
-    TINY_MATH_SIZES,
-    tiny_math_examples,
-)
+from gpuscale.data.splits import EVAL_SPLITS, OLD_TEST_SPLIT, SPLITS
+from gpuscale.data.tiny_math import TINY_MATH_DOMAINS, TINY_MATH_SIZES, tiny_math_examples
 from gpuscale.data.tiny_math_conflict import CONFLICT_DOMAINS, conflict_examples
 
 if TYPE_CHECKING:
     from gpuscale.data.question_length import QuestionLimit
 
 KNOWN_TASKS = ("tiny-math", "tiny-math-conflict", "gsm8k")
-SPLITS = ("train", "test", OLD_TEST_SPLIT)
-EVAL_SPLITS = ("test", "validation", OLD_TEST_SPLIT)  # what a run's held-out evaluation scores: `held_out_split`
-EvalSplit = Literal[*EVAL_SPLITS]  # the type of the recipes' `eval_split` setting
-# What the settings' descriptions say of the test splits (the module's docstring).
-TEST_SPLIT_HELP = f"tiny-math's is {TEST_SPLIT_EDITION}, {TEST_SPLITS[TEST_SPLIT_EDITION]}"
-OLD_TEST_SPLIT_HELP = (f"{OLD_TEST_SPLIT} = tiny-math's test split before 2026-11-29, which every earlier figure "
-                       "was scored on, kept only to compare with them (another data set: its test split, never "
-                       "drawn again)")
 # The generated tasks, each with a validation split of its own: (split, max_examples, seed, domains) -> rows.
 GENERATED_TASKS = {"tiny-math": tiny_math_examples, "tiny-math-conflict": conflict_examples}
 JSONL_SUFFIX = ".jsonl"

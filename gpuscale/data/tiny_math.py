@@ -8,8 +8,8 @@ split's, whatever the seed.
 
 - test and validation are fixed: the same problems for every seed (a run's seed changes what it
   trains on and how, never what it is scored on).
-- Two test splits have been drawn from bucket 0, each named; `test` is TEST_SPLIT_EDITION's, the other
-  is reached by its name only.
+- Two test splits have been drawn from bucket 0, each named; `test` is data/splits.py's
+  TEST_SPLIT_EDITION's, the other is reached by its name only.
   - test-v1 (OLD_TEST_SPLIT): the one seed 0 drew (HELD_OUT_SEED), on which every figure before
     2026-11-29 was measured, and selections made: it is kept, as `eval_split=test-v1`, only to
     compare with that history.
@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpuscale.data.near_duplicates import structure_key
+from gpuscale.data.splits import FRESH_TEST_SPLIT, OLD_TEST_SPLIT, TEST_SPLIT_EDITION, TEST_SPLITS
 from gpuscale.data.tiny_math_words import LIST_WORDS, NAMES, THINGS
 
 TINY_MATH_DOMAINS = ("arithmetic", "comparison", "counting")
@@ -57,20 +58,9 @@ TEST_BUCKET, VALIDATION_BUCKET = 0, 1
 # The seed test-v1 and validation are drawn with, whatever the run's seed (0: the test problems every
 # earlier seed-0 figure was measured on).
 HELD_OUT_SEED = 0
-# The test splits by name (the module's docstring): test-v1, scored before 2026-11-29 and kept to compare
-# with that history, and test-v2, drawn that day with FRESH_TEST_SEED ("tiny-math/test-v2/2026-11-29").
-OLD_TEST_SPLIT, FRESH_TEST_SPLIT = "test-v1", "test-v2"
+# test-v2's seed (the module's docstring): its stream is "tiny-math/test-v2/2026-11-29".
 FRESH_TEST_SEED = "2026-11-29"
-TEST_SPLITS = {OLD_TEST_SPLIT: "the one every figure before 2026-11-29 was scored on",
-               FRESH_TEST_SPLIT: "drawn on 2026-11-29 apart from every problem scored before"}
-# Which split `test` means, the one line to change to score on test-v2: every `test` figure from then on
-# is test-v2's (a run's summary still says eval_split `test`: earlier runs' `test` is test-v1). The
-# held-out cache holds both test splits by name and `test` is looked up here, never in the file; the
-# file is named by this module's digest (`_cache_path`), so a flip also makes the held-out and training
-# caches once more. Both splits are always drawn and training always leaves out test-v2's near-duplicates,
-# so the flip changes no training problem.
-TEST_SPLIT_EDITION = OLD_TEST_SPLIT
-HELD_OUT_SPLITS = (*TEST_SPLITS, "validation")
+HELD_OUT_SPLITS = (*TEST_SPLITS, "validation")  # the test splits by name (data/splits.py), and validation
 # The embedded model's pretraining problems (models/tiny-math/training.json: tools/train_tiny.py's --seed 0,
 # --steps 800 of --batch-size 64): the first PRETRAINING_COUNT problems of `_pretraining_stream`.
 PRETRAINING_SEED, PRETRAINING_COUNT = 0, 800 * 64
@@ -144,10 +134,10 @@ def held_out_cache_path() -> Path:
 
 def _cache_path(kind: str) -> Path:
     """A cache file under XDG_CACHE_HOME (else ~/.cache)/gpuscale, named by `kind` and a digest of the
-    code that makes its content (this module, its words and the near-duplicate rule), so that a changed
-    generator or rule never reads an old file."""
+    code that makes its content (this module, its words, the near-duplicate rule and the splits' names,
+    TEST_SPLIT_EDITION's included), so that a changed generator, rule or edition never reads an old file."""
     code = b"".join(Path(__file__).with_name(name).read_bytes()
-                    for name in ("tiny_math.py", "tiny_math_words.py", "near_duplicates.py"))
+                    for name in ("tiny_math.py", "tiny_math_words.py", "near_duplicates.py", "splits.py"))
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuscale"
     return cache / f"tiny-math-{kind}-{hashlib.sha256(code).hexdigest()[:16]}.json"
 

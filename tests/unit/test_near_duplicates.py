@@ -14,14 +14,12 @@ import pytest
 from gpuscale.data.models import model_path
 from gpuscale.data.near_duplicates import structure_key
 from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NO_NEW_SUBSET, held_out_figures, new_subset_size
+from gpuscale.data.splits import FRESH_TEST_SPLIT, OLD_TEST_SPLIT, TEST_SPLIT_EDITION
 from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
 from gpuscale.data.tiny_math import (
-    FRESH_TEST_SPLIT,
     HELD_OUT_SPLITS,
-    OLD_TEST_SPLIT,
     PRETRAINING_COUNT,
     PRETRAINING_SEED,
-    TEST_SPLIT_EDITION,
     TINY_MATH_DOMAINS,
     TINY_MATH_SIZES,
     TINY_MATH_WEIGHTS,

@@ -9,7 +9,7 @@ import os
 from gpuscale.app.commands.common import JSON_HELP, BadInput, Parser, print_table
 from gpuscale.app.views.text import format_number, memory_text, setting_text
 from gpuscale.control import telemetry
-from gpuscale.data.tasks import OLD_TEST_SPLIT_HELP, SPLITS
+from gpuscale.data.splits import OLD_TEST_SPLIT_HELP, SPLITS
 from gpuscale.recipes.shared.registry import all_recipes
 
 

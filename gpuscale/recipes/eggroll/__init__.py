@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from gpuscale.data.tasks import EvalSplit
+from gpuscale.data.splits import EvalSplit
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.recipes.shared.device_defaults import device_default
 from gpuscale.recipes.shared.rank_split import Split

@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.data.tasks import EVAL_SPLITS, OLD_TEST_SPLIT_HELP, TEST_SPLIT_HELP
+from gpuscale.data.splits import EVAL_SPLITS, OLD_TEST_SPLIT_HELP, TEST_SPLIT_HELP
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.recipes.shared.device_defaults import AUTO, device_default
 from gpuscale.runs.settings import RunSettings, SettingsError, auto_means_sized_on_card

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from gpuscale.data.tasks import OLD_TEST_SPLIT_HELP, TEST_SPLIT_HELP, EvalSplit
+from gpuscale.data.splits import OLD_TEST_SPLIT_HELP, TEST_SPLIT_HELP, EvalSplit
 from gpuscale.recipes.shared.rank_split import Split, each_rank, nearest_divisors
 from gpuscale.recipes.shared.report_backends import checked_report_to
 from gpuscale.runs.settings import RunSettings, SettingsError, words_meaning
