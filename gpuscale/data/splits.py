@@ -21,7 +21,8 @@ TEST_SPLITS = {OLD_TEST_SPLIT: "the one every figure before 2026-11-29 was score
 # test-v1). The held-out cache holds both test splits by name and `test` is looked up here, never in the
 # file; the file is named by a digest of this module too (data/tiny_math.py's `_cache_path`), so a flip
 # also makes the held-out and training caches once more. Both splits are always drawn and training always
-# leaves out test-v2's near-duplicates, so the flip changes no training problem.
+# leaves out the near-duplicates of test-v2's structurally new problems, so the flip changes no training
+# problem. Which problems test-v2 leaves out is data/tiny_math.py's FRESH_TEST_RULE, to choose before it.
 TEST_SPLIT_EDITION = OLD_TEST_SPLIT
 
 SPLITS = ("train", "test", OLD_TEST_SPLIT)  # what data/tasks.py's `load_examples` loads

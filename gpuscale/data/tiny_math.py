@@ -14,23 +14,35 @@ split's, whatever the seed.
     2026-11-29 was measured, and selections made: it is kept, as `eval_split=test-v1`, only to
     compare with that history.
   - test-v2 (FRESH_TEST_SPLIT): drawn on 2026-11-29 from its own seed (FRESH_TEST_SEED), of the
-    bucket-0 problems that no selection can have scored, nor trained on, up to names and nouns: none is
-    a test-v1 problem or shares a structure key (data/near_duplicates.py) with one, with a
-    validation problem or with a pretraining problem of the embedded model (`_fresh_test_filter`;
-    bucket 0 holds no validation or pretraining problem to begin with). The domains are drawn with
-    TINY_MATH_WEIGHTS and a refused problem is drawn again within its domain, so the filter, which
-    refuses most arithmetic problems (their few numbers leave few structures, most of them
-    pretrained on), keeps the domains' shares; within arithmetic it leaves mostly the two-step kind
-    whose structures pretraining covers least, so test-v2's arithmetic is harder than test-v1's and
-    their figures do not compare: test-v1's structurally new subset (`accuracy_new`) is the nearer one.
+    bucket-0 problems no selection can have scored (bucket 0 holds no validation, pretraining or
+    training question to begin with): none is a test-v1 problem or shares a structure key
+    (data/near_duplicates.py) with a test-v1 or validation problem (`_fresh_test_filter`). The
+    domains are drawn with TINY_MATH_WEIGHTS and a refused problem is drawn again within its domain,
+    so they keep their shares however unevenly the filter refuses them. Whether it also leaves out
+    the near-duplicates of the embedded model's pretraining problems is FRESH_TEST_RULE's choice:
+    - "structure" (the default): it does, so every test-v2 problem is structurally new. Pretraining
+      covers most arithmetic structures, so its 1,000 arithmetic problems are 902 add-then-subtract
+      (the kind with the most structures), 40 add, 35 subtract, 21 multiply-then-add, 1 temperature
+      drop and no multiply: harder than test-v1's, whose figures it does not compare with.
+    - "question": it does not, so like test-v1 it holds problems a pretraining problem equals up to
+      names and nouns (`accuracy_new` reports the others apart): 49.7/24.7/25.6% arithmetic/
+      comparison/counting (test-v1: 47.6/28.2/24.1%); structurally new 24.6/99.2/59.6% (test-v1:
+      18.6/99.6/40.5%); arithmetic 250 add, 204 subtract, 317 add-then-subtract, 222
+      multiply-then-add, 1 temperature drop, no multiply (test-v1: 183, 201, 190, 186, 33, 160). It is
+      not the default: its kinds are not test-v1's within a few points, and no rule that leaves out
+      test-v1's and validation's structures can make them so, since those two hold every multiply
+      structure (its numbers, 2-9 times 2-9, make 64) and test-v1 33 of the 34 temperature questions
+      of bucket 0 (they hold no name or noun).
 - validation also leaves out every pretraining problem of the embedded model (`pretraining_examples`:
   tools/train_tiny.py's first 51,200 training problems of seed 0), so settings chosen on it were never
   chosen on problems the base model was trained on.
 - Every held-out problem is marked `structurally_new` (data/near_duplicates.py) or not: whether no
-  pretraining problem equals it up to the names and nouns (all of test-v2's are). The training split
-  (drawn from the run's seed) leaves out every problem sharing a structurally new held-out problem's
-  structure key, test-v2's included whichever split `test` is, so no run trains on a near-duplicate
-  of one either.
+  pretraining problem equals it up to the names and nouns (all of test-v2's under the structure
+  rule). The training split (drawn from the run's seed) leaves out every problem sharing a
+  structurally new held-out problem's structure key, test-v2's included whichever split `test` is,
+  so no run trains on a near-duplicate of one either (while drawing seed 0's 200,000 it refuses
+  2,045 problems for test-v2 under the structure rule, 706 under the question rule, and about 940
+  for test-v1 and validation).
 """
 
 from __future__ import annotations
@@ -58,8 +70,14 @@ TEST_BUCKET, VALIDATION_BUCKET = 0, 1
 # The seed test-v1 and validation are drawn with, whatever the run's seed (0: the test problems every
 # earlier seed-0 figure was measured on).
 HELD_OUT_SEED = 0
-# test-v2's seed (the module's docstring): its stream is "tiny-math/test-v2/2026-11-29".
+# test-v2's seed (the module's docstring): its stream is "tiny-math/test-v2/2026-11-29", and
+# "tiny-math/test-v2/2026-11-29/question" under the question rule.
 FRESH_TEST_SEED = "2026-11-29"
+# Which problems test-v2 leaves out (the module's docstring; `_fresh_test_filter`): "structure", every
+# near-duplicate of a test-v1, validation or pretraining problem; "question", every near-duplicate of a
+# test-v1 or validation problem only. A choice to be made (not yet): each rule draws another test-v2.
+FRESH_TEST_RULES = ("structure", "question")
+FRESH_TEST_RULE = "structure"
 HELD_OUT_SPLITS = (*TEST_SPLITS, "validation")  # the test splits by name (data/splits.py), and validation
 # The embedded model's pretraining problems (models/tiny-math/training.json: tools/train_tiny.py's --seed 0,
 # --steps 800 of --batch-size 64): the first PRETRAINING_COUNT problems of `_pretraining_stream`.
@@ -170,8 +188,7 @@ def _computed_held_out() -> dict:
     found = {OLD_TEST_SPLIT: _drawn(f"test/{HELD_OUT_SEED}", test, is_test_question),
              "validation": _drawn(f"validation/{HELD_OUT_SEED}", validation, _validation_question)}
     scored = found[OLD_TEST_SPLIT] + found["validation"]
-    found[FRESH_TEST_SPLIT] = _drawn(f"{FRESH_TEST_SPLIT}/{FRESH_TEST_SEED}", test, _fresh_test_filter(scored),
-                                     keep_shares=True)
+    found[FRESH_TEST_SPLIT] = _drawn_fresh_test(scored, FRESH_TEST_RULE)
     found["new_keys"] = sorted({structure_key(example["question"]) for split in HELD_OUT_SPLITS
                                 for example in found[split] if example["structurally_new"]})
     return found
@@ -185,13 +202,24 @@ def _drawn(stream_name: str, size: int, keep: Callable[[str], bool], keep_shares
             for example in itertools.islice(stream, size)]
 
 
-def _fresh_test_filter(scored: list[dict]) -> Callable[[str], bool]:
-    """Whether a question may be a test-v2 problem: a test-bucket question that is no `scored` problem
-    (test-v1's and validation's, on which selections were made) and shares a structure key with none
-    of them nor with a pretraining problem, so that nothing chosen on, or trained into the embedded
-    model, is a near-duplicate of it."""
+def _drawn_fresh_test(scored: list[dict], rule: str) -> list[dict]:
+    """test-v2 as `rule` (FRESH_TEST_RULES) draws it, apart from the `scored` problems (test-v1's and
+    validation's), each rule from a stream of its own; the domains keep their shares."""
+    stream = f"{FRESH_TEST_SPLIT}/{FRESH_TEST_SEED}" + ("" if rule == "structure" else f"/{rule}")
+    return _drawn(stream, TINY_MATH_SIZES["test"], _fresh_test_filter(scored, rule), keep_shares=True)
+
+
+def _fresh_test_filter(scored: list[dict], rule: str) -> Callable[[str], bool]:
+    """Whether a question may be a test-v2 problem under `rule`: a test-bucket question (so never a
+    validation, pretraining or training question: `split_of`) that is no `scored` problem and shares a
+    structure key with none of them (selections were made on them), nor, under the structure rule,
+    with a pretraining problem of the embedded model."""
+    if rule not in FRESH_TEST_RULES:
+        raise ValueError(f"unknown test-v2 rule {rule!r}; known: {', '.join(FRESH_TEST_RULES)}")
     questions = {example["question"] for example in scored}
-    taken = {structure_key(question) for question in questions} | pretraining_keys()
+    taken = {structure_key(question) for question in questions}
+    if rule == "structure":
+        taken |= pretraining_keys()
     return lambda question: (is_test_question(question) and question not in questions
                              and structure_key(question) not in taken)
 

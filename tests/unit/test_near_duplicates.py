@@ -11,12 +11,15 @@ import json
 
 import pytest
 
+from gpuscale.data import tiny_math
 from gpuscale.data.models import model_path
 from gpuscale.data.near_duplicates import structure_key
 from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NO_NEW_SUBSET, held_out_figures, new_subset_size
 from gpuscale.data.splits import FRESH_TEST_SPLIT, OLD_TEST_SPLIT, TEST_SPLIT_EDITION
 from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
 from gpuscale.data.tiny_math import (
+    FRESH_TEST_RULE,
+    FRESH_TEST_RULES,
     HELD_OUT_SPLITS,
     PRETRAINING_COUNT,
     PRETRAINING_SEED,
@@ -42,8 +45,9 @@ TRAINING_SEEDS = (0, 1, 2)
 # sha256 of test-v1's rows (`rows_digest`), computed on main at 7753205, before test-v1 had a name: the
 # 2,000 problems `test` gave every figure until 2026-11-29.
 OLD_TEST_DIGEST = "37d130299dae166ad4b78652b455f19daf719fe5458017c192cca6256c7d4e16"
-# sha256 of test-v2's rows, computed when it was drawn (2026-11-29): it must never change either, or the
-# figures scored on it stop comparing.
+# sha256 of test-v2's rows as FRESH_TEST_RULE ("structure") draws it, computed when it was drawn
+# (2026-11-29): it must never change either, or the figures scored on it stop comparing (a change of the
+# rule changes it, before any figure is scored on test-v2).
 FRESH_TEST_DIGEST = "fafc248f5c01aaa7e1ae6990af3b6d19896e750f668d3451298bfa4de69d8e10"
 
 
@@ -155,24 +159,40 @@ def test_only_tiny_math_s_test_split_was_drawn_again(tmp_path):
     assert held_out_split(str(data), OLD_TEST_SPLIT, 3, None) == held_out_split(str(data), "test", 3, None)
 
 
-def test_the_fresh_test_split_shares_no_problem_nor_structure_with_anything_scored_or_trained_on(splits):
-    fresh = splits[FRESH_TEST_SPLIT]
+@pytest.fixture(scope="module")
+def fresh_candidates(splits) -> dict[str, list[dict]]:
+    """test-v2 as each rule (FRESH_TEST_RULES) draws it: FRESH_TEST_RULE's is the split itself."""
+    scored = splits[OLD_TEST_SPLIT] + splits["validation"]
+    return {rule: splits[FRESH_TEST_SPLIT] if rule == FRESH_TEST_RULE else tiny_math._drawn_fresh_test(scored, rule)
+            for rule in FRESH_TEST_RULES}
+
+
+@pytest.mark.parametrize("rule", FRESH_TEST_RULES)
+def test_the_fresh_test_split_shares_no_problem_with_anything_scored_or_trained_on(splits, fresh_candidates, rule):
+    fresh = fresh_candidates[rule]
     assert len(set(questions(fresh))) == len(fresh) == TINY_MATH_SIZES["test"]
     assert all(is_test_question(question) for question in questions(fresh))
-    assert all(example["structurally_new"] for example in fresh)
     scored = splits[OLD_TEST_SPLIT] + splits["validation"]
-    assert not set(questions(fresh)) & (set(questions(scored)) | pretraining_questions())
-    assert not keys(fresh) & (keys(scored) | pretraining_keys())
-    # The training split of any seed leaves out its near-duplicates, whichever split `test` is.
-    for seed in TRAINING_SEEDS:
-        train = splits[f"train{seed}"]
-        assert not set(questions(fresh)) & set(questions(train)) and not keys(fresh) & keys(train)
+    trained = set().union(*(questions(splits[f"train{seed}"]) for seed in TRAINING_SEEDS))
+    assert not set(questions(fresh)) & (set(questions(scored)) | pretraining_questions() | trained)
+    assert not keys(fresh) & keys(scored)  # no near-duplicate of a problem a selection was made on
+    # Only the structure rule leaves out the pretraining problems' near-duplicates too.
+    new = [example["structurally_new"] for example in fresh]
+    assert all(new) == (not keys(fresh) & pretraining_keys()) == (rule == "structure")
+    assert any(new)
+    with pytest.raises(ValueError, match="unknown test-v2 rule 'names'; known: structure, question"):
+        tiny_math._fresh_test_filter(scored, "names")
 
 
-def test_the_fresh_test_split_is_fixed_and_keeps_the_domains_shares(splits):
-    fresh = splits[FRESH_TEST_SPLIT]
-    assert rows_digest(fresh) == FRESH_TEST_DIGEST
-    assert tiny_math_examples(FRESH_TEST_SPLIT, None, seed=5) == fresh  # the run's seed chooses no test problem
+def test_the_fresh_test_split_is_fixed(splits):
+    assert rows_digest(splits[FRESH_TEST_SPLIT]) == FRESH_TEST_DIGEST
+    # the run's seed chooses no test problem
+    assert tiny_math_examples(FRESH_TEST_SPLIT, None, seed=5) == splits[FRESH_TEST_SPLIT]
+
+
+@pytest.mark.parametrize("rule", FRESH_TEST_RULES)
+def test_the_fresh_test_split_keeps_the_domains_shares(fresh_candidates, rule):
+    fresh = fresh_candidates[rule]
     for count in (500, len(fresh)):  # a run's eval_examples, and the whole split
         shares = collections.Counter(example["domain"] for example in fresh[:count])
         for domain, weight in zip(TINY_MATH_DOMAINS, TINY_MATH_WEIGHTS):
@@ -251,7 +271,6 @@ def test_every_recipe_s_held_out_figure_is_strict(monkeypatch, tmp_path):
 
 
 def test_the_held_out_splits_are_read_from_the_user_s_cache_and_a_broken_file_is_made_again(monkeypatch, tmp_path):
-    from gpuscale.data import tiny_math
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = tiny_math.held_out_cache_path()
@@ -280,7 +299,6 @@ def test_the_held_out_splits_are_read_from_the_user_s_cache_and_a_broken_file_is
 def test_a_whole_training_split_is_generated_once_and_read_from_the_cache_after(monkeypatch, tmp_path):
     """grpo-mtl and eggroll train on the whole split: every rank of every run generated its 200,000
     problems (5.6 s on 2 cores) before the cache."""
-    from gpuscale.data import tiny_math
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setitem(tiny_math.TINY_MATH_SIZES, "train", 300)  # a small "whole split" for the test
