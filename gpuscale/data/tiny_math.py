@@ -21,7 +21,7 @@ split's, whatever the seed.
     so they keep their shares however unevenly the filter refuses them. Whether it also leaves out
     the near-duplicates of the embedded model's pretraining problems is FRESH_TEST_RULE's choice:
     - "structure" (the default): it does, so every test-v2 problem is structurally new. Pretraining
-      covers most arithmetic structures, so its 1,000 arithmetic problems are 902 add-then-subtract
+      covers most arithmetic structures, so its 999 arithmetic problems are 902 add-then-subtract
       (the kind with the most structures), 40 add, 35 subtract, 21 multiply-then-add, 1 temperature
       drop and no multiply: harder than test-v1's, whose figures it does not compare with.
     - "question": it does not, so like test-v1 it holds problems a pretraining problem equals up to
