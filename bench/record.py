@@ -5,6 +5,7 @@ git), tracked_files_match_commit (false when tracked files differ from that comm
 script's command line, shell-quoted), card ({"names": [...], "count": N} of the visible CUDA devices,
 or "cpu"), versions (python and, where installed, torch, transformers, trl, accelerate, peft, liger-kernel),
 defaults_fingerprints (each recipe's defaults, hashed: a figure measured at other defaults is stale),
+test_split (which of tiny-math's test splits `test` meant: data/splits.py; a result with none is test-v1's),
 settings and figures (the script's own). By default it goes to bench/results/<recipe>/<name>-<date>-<card>.json;
 a script's --out names another path.
 
@@ -30,7 +31,6 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 ROOT = BENCH.parent
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft", "liger-kernel")
-KEYS = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "settings", "figures")
 
 
 def git(*args: str) -> str | None:
@@ -72,6 +72,16 @@ def defaults_fingerprints() -> dict[str, str] | None:
     except ImportError:
         return None
     return fingerprints()
+
+
+def test_split() -> str | None:
+    """Which of tiny-math's test splits `test` means (data/splits.py); None where gpuscale cannot be imported."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from gpuscale.data.splits import TEST_SPLIT_EDITION
+    except ImportError:
+        return None
+    return TEST_SPLIT_EDITION
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -140,7 +150,8 @@ def record(settings: dict, figures: dict, command: str | None = None, card_found
             "tracked_files_match_commit": tracked_files_match_commit(),
             "command": command if command is not None else command_line(),
             "card": card_found if card_found is not None else card(), "versions": versions(),
-            "defaults_fingerprints": defaults_fingerprints(), "settings": settings, "figures": figures}
+            "defaults_fingerprints": defaults_fingerprints(), "test_split": test_split(), "settings": settings,
+            "figures": figures}
 
 
 def default_path(recipe: str, name: str, date: str, card_found: dict | str) -> Path:

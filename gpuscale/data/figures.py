@@ -195,6 +195,7 @@ FIGURES: dict[str, Figure] = _figures(
     _count("temperature", "temperature"),
     _text("dtype", "dtype"),
     _text("eval_split", "held-out split"),
+    _text("test_split", "tiny-math test split"),
     _text("method", "method"),
     _text("counted_in_accuracy", "accuracy counts"),
     _text("generator", "generator"),

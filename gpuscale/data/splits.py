@@ -16,14 +16,12 @@ from typing import Literal
 OLD_TEST_SPLIT, FRESH_TEST_SPLIT = "test-v1", "test-v2"
 TEST_SPLITS = {OLD_TEST_SPLIT: "the one every figure before 2026-11-29 was scored on",
                FRESH_TEST_SPLIT: "drawn on 2026-11-29 apart from every problem scored before"}
-# Which of tiny-math's test splits `test` means, the one line to change to score on test-v2: every `test`
-# figure from then on is test-v2's (a run's summary still says eval_split `test`: earlier runs' `test` is
-# test-v1). The held-out cache holds both test splits by name and `test` is looked up here, never in the
-# file; the file is named by a digest of this module too (data/tiny_math.py's `_cache_path`), so a flip
-# also makes the held-out and training caches once more. Both splits are always drawn and training always
-# leaves out the near-duplicates of test-v2's structurally new problems, so the flip changes no training
-# problem. Which problems test-v2 leaves out is data/tiny_math.py's FRESH_TEST_RULE, to choose before it.
-TEST_SPLIT_EDITION = OLD_TEST_SPLIT
+# Which of tiny-math's test splits `test` means: test-v2 since 2026-11-29. A run's summary names it
+# (`test_split`, beside eval_split `test`), and so does every bench result (bench/record.py): a `test`
+# figure with none is test-v1's. The held-out cache holds both test splits by name and `test` is looked up
+# here, never in the file. Training leaves out the near-duplicates of both splits' structurally new
+# problems, so which one `test` means changes no training problem.
+TEST_SPLIT_EDITION = FRESH_TEST_SPLIT
 
 SPLITS = ("train", "test", OLD_TEST_SPLIT)  # what data/tasks.py's `load_examples` loads
 EVAL_SPLITS = ("test", "validation", OLD_TEST_SPLIT)  # what a run's held-out evaluation scores: `held_out_split`

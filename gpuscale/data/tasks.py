@@ -63,7 +63,7 @@ from gpuscale.data.data_error import DataError
 from gpuscale.data.gsm8k_hub import GSM8K_DOMAIN, GSM8K_TRAIN_SIZE, datasets_module, hub_rows
 from gpuscale.data.jsonl_files import read_jsonl, require_file
 from gpuscale.data.paths import absolute_path
-from gpuscale.data.splits import EVAL_SPLITS, OLD_TEST_SPLIT, SPLITS
+from gpuscale.data.splits import EVAL_SPLITS, OLD_TEST_SPLIT, SPLITS, TEST_SPLIT_EDITION
 from gpuscale.data.tiny_math import TINY_MATH_DOMAINS, TINY_MATH_SIZES, tiny_math_examples
 from gpuscale.data.tiny_math_conflict import CONFLICT_DOMAINS, conflict_examples
 
@@ -187,6 +187,16 @@ def load_examples(
     else:
         examples = [e for e in hub_rows(split, question_limit) if spec.domains is None or e["domain"] in spec.domains]
     return examples if max_examples is None else examples[:max_examples]
+
+
+def test_split_scored(name_or_path: str, split: str) -> dict:
+    """{"test_split": tiny-math's test split by name} where `split` is tiny-math's `test`
+    (TEST_SPLIT_EDITION's, or test-v1 named), else {}: what a summary adds to its `eval_split` so that
+    a `test` figure says which test problems it was scored on."""
+    if split not in ("test", OLD_TEST_SPLIT) or JSONL_SUFFIX in str(name_or_path):
+        return {}
+    task = str(name_or_path).strip().partition(":")[0]
+    return {"test_split": TEST_SPLIT_EDITION if split == "test" else split} if task == "tiny-math" else {}
 
 
 def held_out_split(name_or_path: str, eval_split: str = "test", eval_examples: int = 0,

@@ -9,40 +9,36 @@ split's, whatever the seed.
 - test and validation are fixed: the same problems for every seed (a run's seed changes what it
   trains on and how, never what it is scored on).
 - Two test splits have been drawn from bucket 0, each named; `test` is data/splits.py's
-  TEST_SPLIT_EDITION's, the other is reached by its name only.
+  TEST_SPLIT_EDITION's (test-v2 since 2026-11-29), the other is reached by its name only.
   - test-v1 (OLD_TEST_SPLIT): the one seed 0 drew (HELD_OUT_SEED), on which every figure before
     2026-11-29 was measured, and selections made: it is kept, as `eval_split=test-v1`, only to
     compare with that history.
-  - test-v2 (FRESH_TEST_SPLIT): drawn on 2026-11-29 from its own seed (FRESH_TEST_SEED), of the
-    bucket-0 problems no selection can have scored (bucket 0 holds no validation, pretraining or
-    training question to begin with): none is a test-v1 problem or shares a structure key
-    (data/near_duplicates.py) with a test-v1 or validation problem (`_fresh_test_filter`). The
-    domains are drawn with TINY_MATH_WEIGHTS and a refused problem is drawn again within its domain,
-    so they keep their shares however unevenly the filter refuses them. Whether it also leaves out
-    the near-duplicates of the embedded model's pretraining problems is FRESH_TEST_RULE's choice:
-    - "structure" (the default): it does, so every test-v2 problem is structurally new. Pretraining
-      covers most arithmetic structures, so its 999 arithmetic problems are 902 add-then-subtract
-      (the kind with the most structures), 40 add, 35 subtract, 21 multiply-then-add, 1 temperature
-      drop and no multiply: harder than test-v1's, whose figures it does not compare with.
-    - "question": it does not, so like test-v1 it holds problems a pretraining problem equals up to
-      names and nouns (`accuracy_new` reports the others apart): 49.7/24.7/25.6% arithmetic/
-      comparison/counting (test-v1: 47.6/28.2/24.1%); structurally new 24.6/99.2/59.6% (test-v1:
-      18.6/99.6/40.5%); arithmetic 250 add, 204 subtract, 317 add-then-subtract, 222
-      multiply-then-add, 1 temperature drop, no multiply (test-v1: 183, 201, 190, 186, 33, 160). It is
-      not the default: its kinds are not test-v1's within a few points, and no rule that leaves out
-      test-v1's and validation's structures can make them so, since those two hold every multiply
-      structure (its numbers, 2-9 times 2-9, make 64) and test-v1 33 of the 34 temperature questions
-      of bucket 0 (they hold no name or noun).
+  - test-v2 (FRESH_TEST_SPLIT): drawn on 2026-11-29 from its own stream
+    ("tiny-math/test-v2/2026-11-29/question", FRESH_TEST_STREAM), of the bucket-0 problems no
+    selection can have scored (bucket 0 holds no validation, pretraining or training question to
+    begin with): none is a test-v1 problem or shares a structure key (data/near_duplicates.py) with a
+    test-v1 or validation problem (`_fresh_test_filter`). The domains are drawn with
+    TINY_MATH_WEIGHTS and a refused problem is drawn again within its domain, so they keep their
+    shares however unevenly the filter refuses them: 49.7/24.7/25.6% arithmetic/comparison/counting
+    (test-v1: 47.6/28.2/24.1%). Like test-v1 it may hold a problem a pretraining problem equals up to
+    names and nouns (`accuracy_new` reports the others apart); structurally new: 24.6/99.2/59.6% of
+    each domain (test-v1: 18.6/99.6/40.5%). Its arithmetic kinds differ from test-v1's: 250 add, 204
+    subtract, 317 add-then-subtract, 222 multiply-then-add, 1 temperature drop and no multiply
+    (test-v1: 183, 201, 190, 186, 33, 160), because test-v1 and validation hold every multiply
+    structure (its numbers, 2-9 times 2-9, make 64) and 33 of bucket 0's 34 temperature questions
+    (they hold no name or noun): a fresh split cannot have them. Its figures do not compare with
+    test-v1's.
+    The rule considered and not taken: leave out the pretraining problems' near-duplicates too, so
+    that every test-v2 problem is structurally new. Pretraining covers most arithmetic structures,
+    so its arithmetic came out 902 of 999 add-then-subtract: one kind would have stood for a domain.
 - validation also leaves out every pretraining problem of the embedded model (`pretraining_examples`:
   tools/train_tiny.py's first 51,200 training problems of seed 0), so settings chosen on it were never
   chosen on problems the base model was trained on.
 - Every held-out problem is marked `structurally_new` (data/near_duplicates.py) or not: whether no
-  pretraining problem equals it up to the names and nouns (all of test-v2's under the structure
-  rule). The training split (drawn from the run's seed) leaves out every problem sharing a
-  structurally new held-out problem's structure key, test-v2's included whichever split `test` is,
-  so no run trains on a near-duplicate of one either (while drawing seed 0's 200,000 it refuses
-  2,045 problems for test-v2 under the structure rule, 706 under the question rule, and about 940
-  for test-v1 and validation).
+  pretraining problem equals it up to the names and nouns. The training split (drawn from the run's
+  seed) leaves out every problem sharing a structurally new held-out problem's structure key, test-v1's
+  and test-v2's alike, so no run trains on a near-duplicate of one either (while drawing seed 0's
+  200,000 it refuses 706 problems for test-v2 and about 940 for test-v1 and validation).
 """
 
 from __future__ import annotations
@@ -70,14 +66,9 @@ TEST_BUCKET, VALIDATION_BUCKET = 0, 1
 # The seed test-v1 and validation are drawn with, whatever the run's seed (0: the test problems every
 # earlier seed-0 figure was measured on).
 HELD_OUT_SEED = 0
-# test-v2's seed (the module's docstring): its stream is "tiny-math/test-v2/2026-11-29", and
-# "tiny-math/test-v2/2026-11-29/question" under the question rule.
-FRESH_TEST_SEED = "2026-11-29"
-# Which problems test-v2 leaves out (the module's docstring; `_fresh_test_filter`): "structure", every
-# near-duplicate of a test-v1, validation or pretraining problem; "question", every near-duplicate of a
-# test-v1 or validation problem only. A choice to be made (not yet): each rule draws another test-v2.
-FRESH_TEST_RULES = ("structure", "question")
-FRESH_TEST_RULE = "structure"
+# test-v2's stream (the module's docstring). "/question" names its rule: the stream without it drew the
+# rule not taken.
+FRESH_TEST_STREAM = f"{FRESH_TEST_SPLIT}/2026-11-29/question"
 HELD_OUT_SPLITS = (*TEST_SPLITS, "validation")  # the test splits by name (data/splits.py), and validation
 # The embedded model's pretraining problems (models/tiny-math/training.json: tools/train_tiny.py's --seed 0,
 # --steps 800 of --batch-size 64): the first PRETRAINING_COUNT problems of `_pretraining_stream`.
@@ -188,7 +179,7 @@ def _computed_held_out() -> dict:
     found = {OLD_TEST_SPLIT: _drawn(f"test/{HELD_OUT_SEED}", test, is_test_question),
              "validation": _drawn(f"validation/{HELD_OUT_SEED}", validation, _validation_question)}
     scored = found[OLD_TEST_SPLIT] + found["validation"]
-    found[FRESH_TEST_SPLIT] = _drawn_fresh_test(scored, FRESH_TEST_RULE)
+    found[FRESH_TEST_SPLIT] = _drawn_fresh_test(scored)
     found["new_keys"] = sorted({structure_key(example["question"]) for split in HELD_OUT_SPLITS
                                 for example in found[split] if example["structurally_new"]})
     return found
@@ -202,24 +193,18 @@ def _drawn(stream_name: str, size: int, keep: Callable[[str], bool], keep_shares
             for example in itertools.islice(stream, size)]
 
 
-def _drawn_fresh_test(scored: list[dict], rule: str) -> list[dict]:
-    """test-v2 as `rule` (FRESH_TEST_RULES) draws it, apart from the `scored` problems (test-v1's and
-    validation's), each rule from a stream of its own; the domains keep their shares."""
-    stream = f"{FRESH_TEST_SPLIT}/{FRESH_TEST_SEED}" + ("" if rule == "structure" else f"/{rule}")
-    return _drawn(stream, TINY_MATH_SIZES["test"], _fresh_test_filter(scored, rule), keep_shares=True)
+def _drawn_fresh_test(scored: list[dict]) -> list[dict]:
+    """test-v2: apart from the `scored` problems (test-v1's and validation's), its domains keeping their
+    shares."""
+    return _drawn(FRESH_TEST_STREAM, TINY_MATH_SIZES["test"], _fresh_test_filter(scored), keep_shares=True)
 
 
-def _fresh_test_filter(scored: list[dict], rule: str) -> Callable[[str], bool]:
-    """Whether a question may be a test-v2 problem under `rule`: a test-bucket question (so never a
-    validation, pretraining or training question: `split_of`) that is no `scored` problem and shares a
-    structure key with none of them (selections were made on them), nor, under the structure rule,
-    with a pretraining problem of the embedded model."""
-    if rule not in FRESH_TEST_RULES:
-        raise ValueError(f"unknown test-v2 rule {rule!r}; known: {', '.join(FRESH_TEST_RULES)}")
+def _fresh_test_filter(scored: list[dict]) -> Callable[[str], bool]:
+    """Whether a question may be a test-v2 problem: a test-bucket question (so never a validation,
+    pretraining or training question: `split_of`) that is no `scored` problem and shares a structure key
+    with none of them (selections were made on them)."""
     questions = {example["question"] for example in scored}
     taken = {structure_key(question) for question in questions}
-    if rule == "structure":
-        taken |= pretraining_keys()
     return lambda question: (is_test_question(question) and question not in questions
                              and structure_key(question) not in taken)
 

@@ -21,7 +21,7 @@ from gpuscale.control.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ("date", "commit", "tracked_files_match_commit", "command", "card", "versions", "defaults_fingerprints",
-          "settings", "figures")  # bench/record.py's
+          "test_split", "settings", "figures")  # bench/record.py's
 
 
 def bench(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -478,6 +478,7 @@ print(json.dumps([str(first), str(again), str(out), "torch" in sys.modules, str(
     from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints
     assert data["defaults_fingerprints"] == defaults_fingerprints()
     assert set(data["defaults_fingerprints"]) == {"eggroll", "grpo-mtl", "power-sampling", "probe", "rft", "sft"}
+    assert data["test_split"] == "test-v2"
     given = json.loads(Path(given).read_text())
     assert (given["commit"], given["tracked_files_match_commit"]) == ("f" * 40, None)
 

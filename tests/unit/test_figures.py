@@ -127,11 +127,19 @@ def test_the_catalogue_imports_no_torch():
 
 def test_every_summary_opens_the_same_way():
     ctx = SimpleNamespace(world_size=2, dtype="torch.bfloat16")
-    settings = SimpleNamespace(eval_split="validation")
+    settings = SimpleNamespace(eval_split="validation", dataset="tiny-math")
     assert summary_opening(ctx) == {"world_size": 2, "dtype": "bfloat16"}
     assert summary_opening(ctx, settings, train=[{}] * 3, held_out=[{}] * 2) == {
         "world_size": 2, "dtype": "bfloat16", "train_examples": 3, "eval_split": "validation", "eval_examples": 2}
-    assert all(figure(name) for name in summary_opening(ctx, settings, train=[], held_out=[]))
+    # A tiny-math test figure names its test split; another data set's has one test split.
+    scored = {"eval_split": "test", "test_split": "test-v2"}
+    assert summary_opening(ctx, SimpleNamespace(eval_split="test", dataset="tiny-math:counting"), held_out=[]) == {
+        "world_size": 2, "dtype": "bfloat16", **scored, "eval_examples": 0}
+    old = SimpleNamespace(eval_split="test-v1", dataset="tiny-math")
+    assert summary_opening(ctx, old, held_out=[])["test_split"] == "test-v1"
+    assert "test_split" not in summary_opening(ctx, SimpleNamespace(eval_split="test", dataset="gsm8k"), held_out=[])
+    assert "test_split" not in summary_opening(ctx, SimpleNamespace(eval_split="test", dataset="a.jsonl"), held_out=[])
+    assert all(figure(name) for name in summary_opening(ctx, old, train=[], held_out=[]))
     # Written there once: no recipe spells the opening out by hand.
     by_hand = [str(path) for path in Path(gpuscale.recipes.__file__).parent.rglob("*.py")
                if path.name != "summary.py" and "str(ctx.dtype)" in path.read_text()]

@@ -18,8 +18,6 @@ from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NO_NEW_SUBSET, held_out_
 from gpuscale.data.splits import FRESH_TEST_SPLIT, OLD_TEST_SPLIT, TEST_SPLIT_EDITION
 from gpuscale.data.tasks import evaluation_examples, held_out_split, load_examples
 from gpuscale.data.tiny_math import (
-    FRESH_TEST_RULE,
-    FRESH_TEST_RULES,
     HELD_OUT_SPLITS,
     PRETRAINING_COUNT,
     PRETRAINING_SEED,
@@ -45,10 +43,9 @@ TRAINING_SEEDS = (0, 1, 2)
 # sha256 of test-v1's rows (`rows_digest`), computed on main at 7753205, before test-v1 had a name: the
 # 2,000 problems `test` gave every figure until 2026-11-29.
 OLD_TEST_DIGEST = "37d130299dae166ad4b78652b455f19daf719fe5458017c192cca6256c7d4e16"
-# sha256 of test-v2's rows as FRESH_TEST_RULE ("structure") draws it, computed when it was drawn
-# (2026-11-29): it must never change either, or the figures scored on it stop comparing (a change of the
-# rule changes it, before any figure is scored on test-v2).
-FRESH_TEST_DIGEST = "fafc248f5c01aaa7e1ae6990af3b6d19896e750f668d3451298bfa4de69d8e10"
+# sha256 of test-v2's rows, computed when it was drawn (2026-11-29): it must never change either, or the
+# figures scored on it stop comparing.
+FRESH_TEST_DIGEST = "3fbc1fd02e6b9bab4b14892a030ef71eae136d044deae1f84af2de28cead7a8e"
 
 
 def questions(examples) -> list[str]:
@@ -159,29 +156,17 @@ def test_only_tiny_math_s_test_split_was_drawn_again(tmp_path):
     assert held_out_split(str(data), OLD_TEST_SPLIT, 3, None) == held_out_split(str(data), "test", 3, None)
 
 
-@pytest.fixture(scope="module")
-def fresh_candidates(splits) -> dict[str, list[dict]]:
-    """test-v2 as each rule (FRESH_TEST_RULES) draws it: FRESH_TEST_RULE's is the split itself."""
-    scored = splits[OLD_TEST_SPLIT] + splits["validation"]
-    return {rule: splits[FRESH_TEST_SPLIT] if rule == FRESH_TEST_RULE else tiny_math._drawn_fresh_test(scored, rule)
-            for rule in FRESH_TEST_RULES}
-
-
-@pytest.mark.parametrize("rule", FRESH_TEST_RULES)
-def test_the_fresh_test_split_shares_no_problem_with_anything_scored_or_trained_on(splits, fresh_candidates, rule):
-    fresh = fresh_candidates[rule]
+def test_the_fresh_test_split_shares_no_problem_with_anything_scored_or_trained_on(splits):
+    fresh = splits[FRESH_TEST_SPLIT]
+    assert TEST_SPLIT_EDITION == FRESH_TEST_SPLIT  # `test` is test-v2's since 2026-11-29
     assert len(set(questions(fresh))) == len(fresh) == TINY_MATH_SIZES["test"]
     assert all(is_test_question(question) for question in questions(fresh))
     scored = splits[OLD_TEST_SPLIT] + splits["validation"]
     trained = set().union(*(questions(splits[f"train{seed}"]) for seed in TRAINING_SEEDS))
     assert not set(questions(fresh)) & (set(questions(scored)) | pretraining_questions() | trained)
     assert not keys(fresh) & keys(scored)  # no near-duplicate of a problem a selection was made on
-    # Only the structure rule leaves out the pretraining problems' near-duplicates too.
-    new = [example["structurally_new"] for example in fresh]
-    assert all(new) == (not keys(fresh) & pretraining_keys()) == (rule == "structure")
-    assert any(new)
-    with pytest.raises(ValueError, match="unknown test-v2 rule 'names'; known: structure, question"):
-        tiny_math._fresh_test_filter(scored, "names")
+    # Like test-v1, it holds structurally new problems and near-duplicates of pretraining problems.
+    assert {example["structurally_new"] for example in fresh} == {True, False}
 
 
 def test_the_fresh_test_split_is_fixed(splits):
@@ -190,9 +175,8 @@ def test_the_fresh_test_split_is_fixed(splits):
     assert tiny_math_examples(FRESH_TEST_SPLIT, None, seed=5) == splits[FRESH_TEST_SPLIT]
 
 
-@pytest.mark.parametrize("rule", FRESH_TEST_RULES)
-def test_the_fresh_test_split_keeps_the_domains_shares(fresh_candidates, rule):
-    fresh = fresh_candidates[rule]
+def test_the_fresh_test_split_keeps_the_domains_shares(splits):
+    fresh = splits[FRESH_TEST_SPLIT]
     for count in (500, len(fresh)):  # a run's eval_examples, and the whole split
         shares = collections.Counter(example["domain"] for example in fresh[:count])
         for domain, weight in zip(TINY_MATH_DOMAINS, TINY_MATH_WEIGHTS):

@@ -208,6 +208,7 @@ def answer(tokens: list[int], logprobs: list[float], accepted: int, proposed: in
 
 def summarise(settings: Settings, everyone: list[dict]) -> dict:
     from gpuscale.data.scoring import accuracy_by_domain
+    from gpuscale.data.tasks import test_split_scored
     from gpuscale.recipes.power_sampling.pass_at_k import pass_at_k_figures
 
     rows = [r for rank in everyone for r in rank["results"]]
@@ -218,6 +219,7 @@ def summarise(settings: Settings, everyone: list[dict]) -> dict:
     summary = {
         "method": settings.method,
         "eval_split": settings.split,
+        **test_split_scored(settings.dataset, settings.split),
         "problems": problems,
         "batch_size": settings.batch_size,  # as resolved on rank 0 when the settings said auto
         "chains": settings.chains,
