@@ -203,6 +203,9 @@ def main() -> None:
     parser.add_argument("--from-home", default=None, metavar="HOME",
                         help="run nothing: the table and choice of the runs a selection's GPUSCALE_HOME holds (a "
                         "selection cut by a time limit: a run that did not end counts as not succeeded)")
+    parser.add_argument("--card", default=None, metavar="'N x NAME'",
+                        help="with --from-home: the cards the home's runs ran on, recorded as the result's card "
+                        "(default: this machine's)")
     args = parser.parse_args()
 
     from gpuscale.recipes.shared.registry import get_recipe
@@ -281,8 +284,19 @@ def main() -> None:
                  {"recipe": args.recipe, "candidates": args.candidates, "seeds": args.seeds, "set": args.set,
                   "gpus": args.gpus, "one_gpu_each": args.one_gpu_each, "jobs": jobs, "eval_split": "validation",
                   "rule": RULE},
-                 {"candidates": table, "chosen": chosen, "runs": rows, "seconds": total, "home": str(home)},
-                 out=args.out)
+                 {"candidates": table, "chosen": chosen, "runs": rows, "seconds": None if args.from_home else total,
+                  "home": str(home)},
+                 out=args.out, card=parse_card(args.card))
+
+
+def parse_card(text: str | None) -> dict | None:
+    """"1 x NVIDIA H200" -> {"names": ["NVIDIA H200"], "count": 1} (bench/record.py's card); None: none given."""
+    if text is None:
+        return None
+    count, times, name = text.partition(" x ")
+    if not times or not count.strip().isdigit() or not name.strip():
+        raise SystemExit(f"--card: {text!r} is not 'N x NAME', e.g. '1 x NVIDIA H200'")
+    return {"names": [name.strip()] * int(count), "count": int(count)}
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def test_recipes_lists_every_setting_in_text(home):
     # A setting left to the device reads auto, its line saying both values (recipes/shared/device_defaults.py).
     assert any(line.split()[:2] == ["samples_per_question", "auto"] and "16 on a GPU" in line
                for line in rft.splitlines())
-    assert any(line.split()[:2] == ["include_gold", "false"] for line in rft.splitlines())  # as typed after --set
+    assert any(line.split()[:2] == ["include_gold", "true"] for line in rft.splitlines())  # as typed after --set
 
 
 def test_compare_without_ids_says_what_it_wants(home):

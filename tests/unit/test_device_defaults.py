@@ -22,7 +22,7 @@ EXPECTED = {
     "power-sampling": {"max_examples": (None, 500)},
     "probe": {},
     "rft": {"epochs": (9.0, 2.0), "samples_per_question": (16, 4)},
-    "sft": {"epochs": (6.0, 2.0)},
+    "sft": {"epochs": (3.0, 1.0)},
 }
 
 

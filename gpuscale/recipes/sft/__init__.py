@@ -34,7 +34,7 @@ from gpuscale.recipes.shared.training_settings import (
 )
 from gpuscale.runs.settings import SettingsError, auto_means_sized_on_card
 
-GPU_EPOCHS, CPU_EPOCHS = 6.0, 2.0
+GPU_EPOCHS, CPU_EPOCHS = 3.0, 1.0
 
 
 class Settings(SupervisedSettings):
@@ -45,12 +45,13 @@ class Settings(SupervisedSettings):
                                    "rows_per_step / ranks; gradient accumulation makes up the step. auto (empty): "
                                    "on a GPU the largest that fits gpu_memory_share of the card (8 on CPU)")
     _auto_words = field_validator("batch_size", mode="before")(auto_means_sized_on_card)
-    # The defaults are a run that learns on the embedded default in minutes on one GPU (tiny-math:
-    # greedy 56.8 -> 65.2, temperature 1 38.2 -> 54.2 on 2 CPU ranks); larger data is one --set away.
-    max_examples: int | None = Field(4000, ge=1, description="training examples (empty = the whole split)")
-    # 6: chosen on the validation split (bench/results/sft/selection-epochs-2026-11-27-cpu.json): of 2, 4
-    # and 6, the highest temperature-1 accuracy after training, 3 seeds, greedy higher in every domain.
-    # On CPU ranks 6 epochs are 3,000 steps, half an hour on 2 cores: CPU_EPOCHS keeps a run to minutes.
+    # The defaults are a run that learns on the embedded default in minutes on one GPU; larger data is one
+    # --set away. 8,000 examples for 3 epochs: chosen on the validation split
+    # (bench/results/sft/selection-max-examples-2026-11-29-h200.json): of 4,000 x 6 (the default before),
+    # 8,000 x 3 and 2,000 x 12 (the same rows trained on), the highest temperature-1 accuracy after
+    # training, 3 seeds, greedy higher in every domain (6 epochs: selection-epochs-2026-11-27-cpu.json).
+    # CPU ranks train 1 epoch of them, the 8,000 rows they trained on before, to keep a run to minutes.
+    max_examples: int | None = Field(8000, ge=1, description="training examples (empty = the whole split)")
     epochs: Literal["auto"] | Annotated[float, Field(gt=0.0, le=1000.0)] = device_default(
         GPU_EPOCHS, CPU_EPOCHS, "passes over the training examples")
     # 2e-4: chosen on the validation split at 6 epochs (bench/results/sft/selection-lr-2026-11-27-cpu.json):

@@ -76,7 +76,7 @@ def resolved_for_device(settings: RunSettings, on_gpu: bool) -> RunSettings:
 
 def device_defaults_line(settings: RunSettings, on_gpu: bool) -> str | None:
     """The rank's log line for the device defaults `settings` leaves at `auto`, e.g. "CPU defaults
-    (no GPU on this rank): epochs 2 (6 on a GPU); --set NAME=VALUE sets one"; None where there are none."""
+    (no GPU on this rank): epochs 1 (3 on a GPU); --set NAME=VALUE sets one"; None where there are none."""
     left = left_to_device(settings)
     if not left:
         return None
