@@ -616,6 +616,7 @@ def signed(value: float | None) -> str:
 # compare timings with plain torch and run after the runs, on idle GPUs (beside eight runs the node
 # check's copy and matmul read against plain torch measured at another moment of the load).
 BESIDE_RUNS, AFTER_RUNS = "gpu and not alone", "gpu and alone"
+FAILURE_LINES = 120  # of pytest's output, printed where a GPU-marked test failed
 
 
 def gpu_tests(selection: str) -> dict:
@@ -629,6 +630,8 @@ def gpu_tests(selection: str) -> dict:
     tail = lines[-1:] or [""]
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     print(f"\nGPU-marked tests ({selection}): exit {done.returncode}: {tail[0]}", *failures, sep="\n  ", flush=True)
+    if failures:  # why, where the call's output is all that comes back from a cut check
+        print("\n".join(lines[-FAILURE_LINES:]), flush=True)
     return {"selection": selection, "exit_code": done.returncode, "last_line": tail[0], "failures": failures,
             "seconds": time.perf_counter() - started}
 
