@@ -55,7 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import ROOT, write_result  # noqa: E402
+from record import ROOT, parse_card, write_result  # noqa: E402
 
 from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NEW_SUBSET  # noqa: E402  (no torch)
 from gpuscale.runs.settings import AUTO_MEMORY_SHARE  # noqa: E402  (the control plane: no torch)
@@ -667,6 +667,9 @@ def main() -> None:
                              "hold (a check cut short by a time limit still reports what ended; a check "
                              "run in parts, --only each, is reported as one; a later file's row of the same "
                              "label and seed replaces an earlier one)")
+    parser.add_argument("--card", default=None, metavar="'N x NAME'",
+                        help="with --from-partial: the cards the rows' runs ran on, recorded as the result's "
+                        "card (default: this machine's)")
     parser.add_argument("--rows-from-home", default=None, metavar="HOME",
                         help="run nothing: the rows of the runs a check's GPUSCALE_HOME holds that ended (the "
                              "newest of each job and seed; --only's jobs), made as the check makes them, its "
@@ -848,7 +851,7 @@ def report_partial(args) -> None:
     write_result("acceptance", f"acceptance-{args.gpus}gpu-partial",
                  {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control},
-                 out=args.out)
+                 out=args.out, card=parse_card(args.card))
 
 
 def machine_settings(gpus: str, found: int, first_wave: list) -> dict:

@@ -154,6 +154,16 @@ def record(settings: dict, figures: dict, command: str | None = None, card_found
             "figures": figures}
 
 
+def parse_card(text: str | None) -> dict | None:
+    """"1 x NVIDIA H200" -> {"names": ["NVIDIA H200"], "count": 1} (bench/record.py's card); None: none given."""
+    if text is None:
+        return None
+    count, times, name = text.partition(" x ")
+    if not times or not count.strip().isdigit() or not name.strip():
+        raise SystemExit(f"--card: {text!r} is not 'N x NAME', e.g. '1 x NVIDIA H200'")
+    return {"names": [name.strip()] * int(count), "count": int(count)}
+
+
 def default_path(recipe: str, name: str, date: str, card_found: dict | str) -> Path:
     stem = f"{name}-{date[:10]}-{card_label(card_found)}"
     path = RESULTS / recipe / f"{stem}.json"

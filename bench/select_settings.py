@@ -51,7 +51,7 @@ from acceptance import (  # noqa: E402
     stored_runs,
     stored_wall_s,
 )
-from record import ROOT, write_result  # noqa: E402
+from record import ROOT, parse_card, write_result  # noqa: E402
 
 RULE = ("among candidates whose every seed succeeded and whose mean greedy validation accuracy after training is "
         "not below before, overall and in every domain (where the data has domains), the highest mean "
@@ -204,8 +204,8 @@ def main() -> None:
                         help="run nothing: the table and choice of the runs a selection's GPUSCALE_HOME holds (a "
                         "selection cut by a time limit: a run that did not end counts as not succeeded)")
     parser.add_argument("--card", default=None, metavar="'N x NAME'",
-                        help="with --from-home: the cards the home's runs ran on, recorded as the result's card "
-                        "(default: this machine's)")
+                        help="with --from-home: the cards the home's runs ran on, recorded as the result's "
+                        "card (default: this machine's)")
     args = parser.parse_args()
 
     from gpuscale.recipes.shared.registry import get_recipe
@@ -288,15 +288,6 @@ def main() -> None:
                   "home": str(home)},
                  out=args.out, card=parse_card(args.card))
 
-
-def parse_card(text: str | None) -> dict | None:
-    """"1 x NVIDIA H200" -> {"names": ["NVIDIA H200"], "count": 1} (bench/record.py's card); None: none given."""
-    if text is None:
-        return None
-    count, times, name = text.partition(" x ")
-    if not times or not count.strip().isdigit() or not name.strip():
-        raise SystemExit(f"--card: {text!r} is not 'N x NAME', e.g. '1 x NVIDIA H200'")
-    return {"names": [name.strip()] * int(count), "count": int(count)}
 
 
 if __name__ == "__main__":
