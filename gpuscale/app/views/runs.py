@@ -196,6 +196,8 @@ def figure_text(name: str, value, unit: bool = True) -> str:
     known = figure(name)
     if isinstance(value, dict) and known is not None and any(_is_number(v) for v in value.values()):
         return " · ".join(f"{key} {figure_text(name, v, unit)}" for key, v in value.items())  # per GPU, per rank
+    if isinstance(value, dict) and known is not None and value and all(isinstance(v, dict) for v in value.values()):
+        return " · ".join(f"{key} ({figure_text(name, v, unit)})" for key, v in value.items())  # per rank, per phase
     values = value if isinstance(value, (list, tuple)) else [value]
     if known is None or not values or not any(_is_number(v) for v in values):
         return format_number(value)
