@@ -209,3 +209,20 @@ def test_advice(case, kwargs, expected):
     assert len(lines) == len(expected), (case, lines)
     for line, start in zip(lines, expected):
         assert line.startswith(start), (case, line)
+
+
+def test_show_writes_where_a_step_goes_and_the_advice_read_from_it():
+    from gpuscale.app.views.runs import step_lines
+
+    summary = {"step_phases": {"forward_backward": 0.6, "data": 0.3, "other": 0.1},
+               "step_phase_seconds_by_rank": {"0": {"forward_backward": 1.0}, "1": {"forward_backward": 1.5}}}
+    peaks = [{"kind": "gpu", "idx": 4, "peak_run_mem_mb": None, "peak_mem_used_mb": 80_000.0, "mem_total_mb": 81_920},
+             {"kind": "gpu", "idx": 5, "peak_run_mem_mb": 10_000.0, "peak_mem_used_mb": 80_000.0,
+              "mem_total_mb": 81_920}]
+    lines = step_lines(summary, peaks, gpu_indices=[4, 5])
+    assert lines[0] == "step: forward+backward 60% · data 30% · other 10%"
+    assert [line.split(":")[0] for line in lines[1:]] == ["advice"] * 3
+    assert lines[1].startswith("advice: rank 1 (GPU 5) is a straggler")
+    assert lines[2].startswith("advice: data loading takes 30%")
+    assert lines[3].startswith("advice: GPU 5 uses 9.8 of its 80 GiB")  # the run's own memory, not the card's
+    assert step_lines({"tokens_per_s": 5.0}, peaks) == []  # a run that timed no phases
