@@ -4,7 +4,7 @@ the phases), the supervisor (which summarises them at the run's end) and the fro
 
 A rank logs, in the record of each step, the seconds of each phase of the time since its previous
 logged step (`phase_seconds_<phase>`); the time no phase names is `other`, so that a step's phases
-add up to its wall time. The summary (`summarise`) holds the median step of the steady steps (the
+add up to its wall time. The summary (`summarise`) holds the mean step of the steady steps (the
 first WARM_UP_STEPS of each rank left out): `step_phase_seconds` (phase -> seconds) and
 `step_phases` (phase -> share of that step, adding up to 1), and, where the ranks differ,
 `step_phase_seconds_by_rank`. `advice` reads them (and the cards' memory) into one line per thing
@@ -33,7 +33,7 @@ FIGURE_PREFIX = "phase_seconds_"
 # Logged steps of each rank left out of the summary: the first builds what later steps reuse (the
 # optimizer's state, the allocator's blocks, kernels compiled on first use), as the steady rate does.
 WARM_UP_STEPS = 1
-# Ranks whose median step, or a phase's share of it, differ by more than this keep their own figures.
+# Ranks whose mean step, or a phase's share of it, differ by more than this keep their own figures.
 RANKS_DIFFER = 0.05
 
 # Advice thresholds (issue 52): a rank this much slower than the ranks' median is a straggler; these
@@ -58,10 +58,11 @@ def phases_of(record: Mapping) -> dict[str, float]:
             if name.startswith(FIGURE_PREFIX) and isinstance(value, (int, float))}
 
 
-def median_step(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Each phase's median seconds over `steps` (a phase a step lacks counts 0 there)."""
+def mean_step(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each phase's seconds per step over `steps` (a phase a step lacks counts 0 there): the step
+    they make up is their mean wall time, and each phase's share of it is its share of their time."""
     names = sorted({name for step in steps for name in step})
-    return {name: statistics.median(step.get(name, 0.0) for step in steps) for name in names}
+    return {name: sum(step.get(name, 0.0) for step in steps) / len(steps) for name in names}
 
 
 def shares(seconds: Mapping[str, float]) -> dict[str, float]:
@@ -73,14 +74,18 @@ def shares(seconds: Mapping[str, float]) -> dict[str, float]:
 def summarise(steps_by_rank: Mapping[int, Sequence[Mapping[str, float]]],
               warm_up: int = WARM_UP_STEPS) -> dict[str, dict]:
     """The summary's figures from each rank's logged steps, in order (phase -> seconds each): the
-    median of every rank's steady steps together, and each rank's own where the ranks differ. {}
-    where no rank has a steady step."""
+    mean steady step of every rank together, and each rank's own where the ranks differ. {} where no
+    rank has a steady step.
+
+    A mean, not a median step: a recipe's steps need not be alike (rft logs its generation calls,
+    then its optimizer steps), and a median taken phase by phase does not add up to a step; an
+    occasional checkpoint or evaluation is part of where the time goes."""
     steady = {rank: list(steps[warm_up:]) for rank, steps in steps_by_rank.items() if len(steps) > warm_up}
     if not steady:
         return {}
-    pooled = median_step([step for steps in steady.values() for step in steps])
+    pooled = mean_step([step for steps in steady.values() for step in steps])
     figures: dict[str, dict] = {"step_phase_seconds": _rounded(pooled, 6), "step_phases": _rounded(shares(pooled), 4)}
-    by_rank = {rank: median_step(steps) for rank, steps in sorted(steady.items())}
+    by_rank = {rank: mean_step(steps) for rank, steps in sorted(steady.items())}
     if len(by_rank) > 1 and _ranks_differ(by_rank):
         figures["step_phase_seconds_by_rank"] = {str(rank): _rounded(seconds, 6) for rank, seconds in by_rank.items()}
     return figures
@@ -118,7 +123,7 @@ def advice(step_phases: Mapping[str, float] | None = None,
     """What to change, one line each naming the figure and the knob; [] where nothing is wrong.
 
     `step_phases` is phase -> share of a step; `seconds_by_rank` rank -> phase -> seconds (a rank's
-    median step); `memory_mb` card -> (memory used, memory it has); `gpu_of_rank` rank -> its card's
+    mean steady step); `memory_mb` card -> (memory used, memory it has); `gpu_of_rank` rank -> its card's
     name, to say which card a straggler is on."""
     lines = _straggler_lines(seconds_by_rank or {}, gpu_of_rank or {})
     shares_now = step_phases or {}
