@@ -1,5 +1,6 @@
 """Marking a step's phases inside a rank: `with phase("generate"): ...` from anywhere in the rank,
-`switch(...)` from hooks that only see a phase's start (a TrainerCallback's), and the rank's
+`switch(...)` from hooks that only see a phase's start (a TrainerCallback's), `lap(...)` from a
+clock that names a phase once it has ended (eggroll's), and the rank's
 Reporter, which owns the one `StepPhases` and closes a step at every `log`, writing the step's
 phase -> seconds in that record (data/step_phases.py names them and summarises them).
 
@@ -107,6 +108,13 @@ class StepPhases:
         if len(self._stack) == 1:
             self._mark(name)
 
+    def lap(self, name: str) -> None:
+        """The time since the last mark was phase `name`; from now on, the phase open goes on (a
+        clock that names a phase once it has ended: eggroll's laps)."""
+        if self._marks:
+            self._marks[-1] = (self._marks[-1][0], name)
+        self._mark(self._stack[-1] if self._stack else OTHER)
+
     def restart(self, name: str = OTHER) -> None:
         """A step starts now, in phase `name`: the time since the last logged step is dropped (a
         trainer's set-up is no step)."""
@@ -176,6 +184,12 @@ def switch(name: str) -> None:
     """`StepPhases.switch` on the rank's timer (nothing outside a rank)."""
     if _current is not None:
         _current.switch(name)
+
+
+def lap(name: str) -> None:
+    """`StepPhases.lap` on the rank's timer (nothing outside a rank)."""
+    if _current is not None:
+        _current.lap(name)
 
 
 def restart(name: str = OTHER) -> None:

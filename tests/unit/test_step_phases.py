@@ -76,6 +76,22 @@ def test_switch_moves_the_outer_phase_and_the_next_step_starts_in_the_phase_open
     assert second == {"log": 0.5, "data": 1.0}
 
 
+def test_a_lap_names_the_time_since_the_last_mark():
+    clock = TickClock()
+    timer = step_phases.StepPhases(clock)
+    at(clock, 0.0, lambda: timer.lap("other"))  # eggroll's step starts: nothing before it is known
+    at(clock, 1.0, lambda: timer.lap("noise"))
+    at(clock, 4.0, lambda: timer.lap("generate"))
+    at(clock, 4.5, lambda: timer.finish(1))
+    at(clock, 5.0, lambda: timer.lap("other"))  # the next step starts: the time since the log was other
+    at(clock, 7.0, lambda: timer.lap("gather"))
+    at(clock, 7.5, lambda: timer.enter("evaluate"))
+    at(clock, 9.5, timer.exit)
+    at(clock, 10.0, lambda: timer.finish(2))
+    assert timer.ready() == [(1, {"noise": 1.0, "generate": 3.0, "other": 0.5}),
+                             (2, {"other": 1.5, "gather": 2.0, "evaluate": 2.0})]
+
+
 def test_restart_drops_the_time_since_the_last_step_and_a_step_nothing_marked_is_left_out():
     clock = TickClock()
     timer = step_phases.StepPhases(clock)
