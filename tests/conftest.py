@@ -207,3 +207,24 @@ def rank_processes(run_dir: str | Path) -> dict[int, psutil.Process]:
         except psutil.Error:
             pass
     return found
+
+
+def check_step_phases(home: Path, run: dict, named: set[str], ranks: int) -> None:
+    """The run's step phases (data/step_phases.py) as issue 52 asks of every recipe: each rank logged
+    them, every phase in `named` among them, and the named phases cover at least 95% of every rank's
+    steady steps (`other` at most 5% of their time), in the summary and in each rank's own steps."""
+    from gpuscale.data.step_phases import FIGURE_PREFIX, OTHER, WARM_UP_STEPS, mean_step, shares
+
+    summary = run["summary"]
+    assert named <= set(summary["step_phases"]), summary["step_phases"]
+    assert summary["step_phases"].get(OTHER, 0.0) <= 0.05, summary["step_phases"]
+    rows = [m for m in Store(home).metrics(run["id"]) if m["rank"] >= 0 and m["name"].startswith(FIGURE_PREFIX)]
+    assert {m["rank"] for m in rows} == set(range(ranks))
+    for rank in range(ranks):
+        steps: dict[int, dict[str, float]] = {}
+        for m in rows:
+            if m["rank"] == rank:
+                steps.setdefault(m["step"], {})[m["name"].removeprefix(FIGURE_PREFIX)] = m["value"]
+        steady = [steps[step] for step in sorted(steps)][WARM_UP_STEPS:]
+        assert steady, (rank, steps)
+        assert shares(mean_step(steady)).get(OTHER, 0.0) <= 0.05, (rank, steady)

@@ -7,6 +7,9 @@ rank logs its own running value (its accuracy so far, its acceptance rate), so t
 each rank's latest value weighted by the samples that rank has done. The supervisor stores the
 combined values as metric rows of rank RUN_WIDE_RANK, which the front ends chart.
 
+`MetricsTailer.step_phases` keeps each rank's logged steps' phase seconds for the run's summary
+(data/step_phases.py:summarise).
+
 Every line a rank writes is also its heartbeat (runs/heartbeat.py): `MetricsTailer.take_beats` hands
 the supervisor's hang watch (control/hang_watch.py) each rank's lines since the last call, as
 `Beat`s: when, at which step, in which phase.
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuscale.data.step_phases import phases_of
 from gpuscale.runs import heartbeat
 
 RATE_WINDOW_S = 10.0
@@ -63,6 +67,8 @@ class MetricsTailer:
         # every mean and chart), but a loss that turned nan is the first thing a user must see.
         self._nonfinite: dict[tuple[str, int], tuple[int, str]] = {}
         self._beats: list[Beat] = []
+        # rank -> its logged steps' phase -> seconds, in the order logged (data/step_phases.py summarises them).
+        self.step_phases: dict[int, list[dict[str, float]]] = {}
 
     def take_beats(self) -> list[Beat]:
         """The ranks' lines read since the last call, as heartbeats, in the order read."""
@@ -104,6 +110,8 @@ class MetricsTailer:
                 merged["partial"] = True
             self.summaries[rank] = merged
             return []
+        if seconds := phases_of(record):
+            self.step_phases.setdefault(rank, []).append(seconds)
         t, step = float(record["t"]), int(record.get("step", 0))
         rows = []
         for name, value in record.items():

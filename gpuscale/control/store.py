@@ -534,7 +534,7 @@ class Store:
             "AND (ended_at IS NULL OR ended_at > ?) ORDER BY id", [run_id, host, end, start])
         sharing = {}
         for other, run_dir in rows:
-            if shared := [gpu for gpu in _planned_gpus(run_dir) if gpu in gpu_indices]:
+            if shared := [gpu for gpu in planned_gpus(run_dir) if gpu in gpu_indices]:
                 sharing[other] = shared
         return sharing
 
@@ -696,7 +696,7 @@ class Store:
         return "rowid > ? AND rowid <= ? AND +run_id = ?", [after_rowid, upto_rowid, run_id]
 
 
-def _planned_gpus(run_dir: str | None) -> list[int]:
+def planned_gpus(run_dir: str | None) -> list[int]:
     """The GPUs of a run's device plan (RunDir.plan); none where it cannot be read."""
     try:
         return list(json.loads(RunDir(run_dir).plan.read_text())["gpu_indices"])

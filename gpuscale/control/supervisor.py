@@ -35,6 +35,7 @@ from gpuscale.control import disk_space, hang_watch, run_queue, telemetry
 from gpuscale.control.metrics_tail import MetricsTailer, Throughput
 from gpuscale.control.run_errors import first_error, hint_for
 from gpuscale.control.store import Store, StoreError, UnknownRun
+from gpuscale.data import step_phases
 from gpuscale.runs.checkpoints import latest_checkpoint
 from gpuscale.runs.devices import visible_gpu_indices
 from gpuscale.runs.heartbeat import STACKS_SIGNAL
@@ -422,6 +423,7 @@ class Supervisor:
             progress["nonfinite"] = nonfinite
         summary = ended_summary(self.tailer.summaries.get(0, {}), progress, status == "succeeded")
         summary.update(self._run_figures(cpu_percent))
+        summary.update(step_phases.summarise(self.tailer.step_phases))
         summary.update(self._energy_figures(summary, progress))
         end = {"exit_code": exit_code, "summary": summary, "error": error, "hint": hint, "progress": progress}
         # The folder first: the one record of a stop, and of the end of a run whose history was lost.
@@ -561,7 +563,8 @@ def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
     tailer = MetricsTailer(RunDir(run_dir).metrics_dir, run_id)
     throughput = Throughput()
     throughput.add(tailer.read_new())
-    return ended_summary(tailer.summaries.get(0, {}), throughput.progress(time.time(), finished=True), False)
+    summary = ended_summary(tailer.summaries.get(0, {}), throughput.progress(time.time(), finished=True), False)
+    return {**summary, **step_phases.summarise(tailer.step_phases)}
 
 
 def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = None) -> dict[str, str]:

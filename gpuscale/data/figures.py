@@ -148,6 +148,15 @@ FIGURES: dict[str, Figure] = _figures(
     _seconds("train_seconds", "training time"),
     _seconds("sampling_seconds", "sampling time"),
     _seconds("warm_up_seconds", "warm-up time"),
+    # Where a step's time goes (data/step_phases.py): each logged step's seconds per phase, per rank
+    # (`phase_seconds_forward_backward`), and the summary's mean steady step, per rank where they differ.
+    _seconds("phase_seconds", "phase time", family=True),
+    Figure("step_phases", "where a step goes", format="percent",
+           note="each phase's share of the steady steps' time (the first step of each rank left out), all ranks"),
+    _seconds("step_phase_seconds", "step phases",
+             note="seconds per phase of the mean steady step (the first step of each rank left out), all ranks"),
+    _seconds("step_phase_seconds_by_rank", "step phases per rank",
+             note="each rank's mean steady step, where the ranks differ"),
     # Memory.
     Figure("peak_mem_mb", "peak memory", unit="MiB", direction=LOWER, family=True),
     Figure("mem_mb", "memory", unit="MiB", direction=LOWER),

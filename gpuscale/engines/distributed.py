@@ -241,6 +241,8 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
     try:
         settings = read_settings(settings_cls, settings_path)
         ctx = init_rank(settings, run_dir)
+        if ctx.device.type == "cuda":
+            reporter.phases.use_cuda(ctx.device)  # the step phases' marks: CUDA events, no sync in a step
         print(f"rank {rank}/{ctx.world_size} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
         main(settings, ctx, reporter)
         if dist.is_initialized():

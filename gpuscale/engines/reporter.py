@@ -9,10 +9,15 @@ works the same on every node. The supervisor reads the files back with `gpuscale
 The same file carries the rank's heartbeat (runs/heartbeat.py): every line it writes says the rank
 advanced, and `beat(phase)` (anywhere in the rank: the module's `beat` finds the rank's Reporter) says
 what it is doing now, loading, a step, an evaluation or a save, without a line per call.
+
+It also owns the rank's step phases (engines/step_phases.py): every `log` closes the step since the
+previous one and writes each phase's seconds into the record of the step they belong to, that one
+if its marks have completed (always on CPU), else a line of its own at a later `log` or at `close`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuscale.engines import step_phases
 from gpuscale.runs import heartbeat
 from gpuscale.runs.run_dir import RunDir
 
@@ -40,15 +46,29 @@ class Reporter:
         self._fault = fault if fault and fault[0] not in POINT_FAULTS else None
         self._step, self._phase, self._written_at = 0, "", 0.0
         self._beats = heartbeat.beats_on()  # off only to time what they cost (bench/heartbeat_cost.py)
-        _current = self
+        self.phases = step_phases.StepPhases()
+        _current, step_phases._current = self, self.phases
         self.beat(heartbeat.LOADING)
 
     def log(self, step: int, **scalars: float) -> None:
         record = {"t": time.time(), "rank": self.rank, "step": int(step)}
         record.update({k: float(v) for k, v in scalars.items() if v is not None})
         self._step, self._phase = int(step), heartbeat.STEP  # a logged step: the rank is stepping
+        self.phases.finish(int(step))
+        record.update(self._phase_figures(int(step)))
         self._write(record)
         self._maybe_fail(step)
+
+    def _phase_figures(self, step: int, wait: bool = False) -> dict[str, float]:
+        """The phase figures of `step` if they are ready; those of earlier steps ready only now are
+        written as lines of their own."""
+        own = {}
+        for done, seconds in self.phases.ready(wait):
+            if done == step:
+                own = step_phases.figures(seconds)
+            else:
+                self._write({"t": time.time(), "rank": self.rank, "step": done, **step_phases.figures(seconds)})
+        return own
 
     def beat(self, phase: str, step: int | None = None) -> None:
         """The rank advanced, and is now in `phase` (runs/heartbeat.py), at `step` (None: the step it
@@ -77,9 +97,13 @@ class Reporter:
 
     def close(self) -> None:
         global _current
+        # The steps still waiting for their marks: the rank is done (a rank that died of a CUDA error
+        # may not have them: its error is the one to keep).
+        with contextlib.suppress(RuntimeError):
+            self._phase_figures(-1, wait=True)
         self._file.close()
         if _current is self:
-            _current = None
+            _current, step_phases._current = None, None
 
     def _write(self, record: dict) -> None:
         self._file.write(json.dumps(record) + "\n")

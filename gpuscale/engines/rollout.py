@@ -22,6 +22,9 @@ from __future__ import annotations
 import time
 from itertools import groupby
 
+from gpuscale.data.step_phases import WEIGHT_SYNC
+from gpuscale.engines.step_phases import phase
+
 
 class EngineRollout:
     """Callable for `GRPOTrainer(rollout_func=...)`.
@@ -96,7 +99,8 @@ class EngineRollout:
                                            max_columns=self.max_columns)
             self.generator = torch.Generator(device=self.engine.device)
         elif self.masters is not None and int(trainer.state.global_step) != self._copied_at_step:
-            copy_weights(self.masters, self.engine.model)  # in place: the engine's CUDA graphs stay valid
+            with phase(WEIGHT_SYNC):  # a step phase of its own (engines/step_phases.py), inside generation's
+                copy_weights(self.masters, self.engine.model)  # in place: the engine's CUDA graphs stay valid
             self._copied_at_step = int(trainer.state.global_step)
         return self.engine
 

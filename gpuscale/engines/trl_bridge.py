@@ -3,7 +3,14 @@
 Three pieces, so that every TRL-based recipe reports, fails and is configured the same way:
 
 - `ReporterCallback(reporter, world_size)`: a `TrainerCallback` that turns the trainer's logs into
-  Reporter records as they come (every `logging_steps` optimizer steps).
+  Reporter records as they come (every `logging_steps` optimizer steps), and marks each step's
+  phases (engines/step_phases.py) from transformers' hooks: `data` (the step's micro-batches fetched
+  and collated, before `on_step_begin`), `forward_backward` (to `on_pre_optimizer_step`: the
+  micro-batches' passes, DDP's gradient all-reduce inside the last backward, the gradient clipping),
+  `optimizer` (to `on_step_end`: the step, the scheduler, zeroing the gradients), `log` (the loss
+  gathered over the ranks, the record written), then `evaluate` and `save` where the trainer does
+  either. A step is the time between two logs, so an evaluation or a checkpoint after step k's log
+  counts in step k+1's.
 - `NonFiniteGuard()`: a `TrainerCallback` that fails the run with one line (`step 168: grad_norm is
   nan (training diverged); try ...`) when a logged loss, grad_norm or reward turns NaN or Inf, and,
   attached to a GRPO trainer, when a reward function returns NaN or Inf (TRL reads a NaN reward as
@@ -39,6 +46,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from gpuscale.data import step_phases as phases
+from gpuscale.engines import step_phases
 from gpuscale.engines.reporter import NonFiniteFigure, non_finite_message
 from gpuscale.engines.trl_checkpoints import checkpoint_args
 from gpuscale.runs import heartbeat
@@ -90,6 +99,7 @@ class ReporterCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.reporter.total(int(state.max_steps))
         self.reporter.beat(heartbeat.STEP, int(state.global_step))  # the first step (compiling, warming up)
+        step_phases.restart(phases.DATA)  # the trainer's set-up is no step; its first batches come next
         self._last_step = int(state.global_step)
         self._last_time = time.perf_counter()
         if model is not None and self._hook is None:
@@ -97,12 +107,23 @@ class ReporterCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.reporter.beat(heartbeat.STEP)  # back from a save or an evaluation (at most a line a second)
+        step_phases.switch(phases.FORWARD_BACKWARD)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        step_phases.switch(phases.OPTIMIZER)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step_phases.switch(phases.LOG)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._next_in(phases.SAVE if control.should_save else phases.DATA)
 
     def on_save(self, args, state, control, **kwargs):
-        self.reporter.beat(heartbeat.STEP)  # the checkpoint is written
+        self._next_in(phases.DATA)  # the checkpoint is written
 
     def on_train_end(self, args, state, control, **kwargs):
         self.reporter.beat(heartbeat.SAVE)  # what follows training: the final checkpoint, a merge, the model saved
+        step_phases.restart()  # no step of the trainer's any more: what follows is the recipe's to mark
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -145,10 +166,14 @@ class ReporterCallback(TrainerCallback):
         self._last_step = step
         self.reporter.log(step=step, **record)
         # transformers logs a step before it evaluates or saves it: the phase that comes next.
-        if control.should_save:
-            self.reporter.beat(heartbeat.SAVE)
-        elif control.should_evaluate:
-            self.reporter.beat(heartbeat.EVALUATE)
+        self._next_in(phases.SAVE if control.should_save else phases.EVALUATE if control.should_evaluate
+                      else phases.DATA)
+
+    def _next_in(self, phase: str) -> None:
+        """The rank is now in `phase` of a step: marked, and beaten where the heartbeat names it (an
+        evaluation, a save; the next step's batches are a step's to the heartbeat)."""
+        self.reporter.beat(phase if phase in (heartbeat.EVALUATE, heartbeat.SAVE) else heartbeat.STEP)
+        step_phases.switch(phase)
 
     def steady_tokens_per_s(self) -> float | None:
         """The run's steady rate: the median of the logged intervals' global tokens/s (one interval an

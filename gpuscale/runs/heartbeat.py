@@ -18,10 +18,13 @@ from __future__ import annotations
 import os
 import signal
 
+from gpuscale.data.step_phases import EVALUATE, SAVE
+
 # What a rank is doing. LOADING: from its start to its first step (imports, the model, the data, the
 # process group); STEP: a training step or a generation batch, the work whose pace is measured;
-# EVALUATE: a held-out evaluation (a beat per batch); SAVE: a checkpoint or the trained model written.
-LOADING, STEP, EVALUATE, SAVE = "loading", "step", "evaluate", "save"
+# EVALUATE: a held-out evaluation (a beat per batch); SAVE: a checkpoint or the trained model written
+# (the step phases' words for the same things: data/step_phases.py).
+LOADING, STEP = "loading", "step"
 PHASES = (LOADING, STEP, EVALUATE, SAVE)
 
 # The key of a heartbeat line that holds the phase.

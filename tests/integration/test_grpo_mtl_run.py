@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import gpuscale, leftover_processes, run_json
+from conftest import check_step_phases, gpuscale, leftover_processes, run_json
 from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
 from gpuscale.data.tiny_math import TINY_MATH_DOMAINS
@@ -59,6 +59,8 @@ def test_two_cpu_ranks_train_with_pcgrad_and_report_per_domain_figures(home):
     assert store.metrics(run["id"], "time_generation")
     check_policy_mismatch(store, run)
     check_generations(run)
+    # Where a step goes (issue 52): the rollout's phases inside the trainer's, on each rank.
+    check_step_phases(home, run, {"data", "generate", "reward", "forward_backward", "optimizer"}, ranks=2)
 
     # The trained model is in the run folder, loadable by name, and PCGrad's update changed it.
     trained, tokenizer = load_model(summary["model_dir"])

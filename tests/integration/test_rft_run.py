@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import gpuscale, leftover_processes, run_json, wait_until
+from conftest import check_step_phases, gpuscale, leftover_processes, run_json, wait_until
 from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
 from gpuscale.data.rewards import correctness
@@ -40,6 +40,8 @@ def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
     assert summary["samples_per_s"] == summary["generated_samples"] / summary["generation_seconds"]
     for when in ("before", "after"):
         assert 0 <= summary[f"accuracy_greedy_{when}"] <= 1 and 0 <= summary[f"accuracy_sampled_{when}"] <= 1
+    # Where a step goes (issue 52): its generation calls' and its optimizer steps' phases, on each rank.
+    check_step_phases(home, run, {"generate", "filter", "data", "forward_backward", "optimizer"}, ranks=2)
 
     # The kept set is in the run folder: every question's gold answer, and samples that are correct.
     run_dir = Path(run["run_dir"])

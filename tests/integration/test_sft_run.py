@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import run_json, run_together, runs_at_once
+from conftest import check_step_phases, gpuscale, run_json, run_together, runs_at_once
 from gpuscale.control.metrics_tail import Throughput
 from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
@@ -83,6 +83,10 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     throughput.add(rows)
     rates = throughput.progress(now=max(row["t"] for row in rows))
     assert rates["tokens_per_s"] > 0 and set(rates["tokens_per_s_by_rank"]) == {"0", "1"}
+    # Where a step goes (issue 52): each rank's steps in phases, the named ones covering 95% of a steady step.
+    check_step_phases(home, run, {"data", "forward_backward", "optimizer", "log"}, ranks=2)
+    shown = gpuscale("show", str(run["id"])).stdout.splitlines()
+    assert [line for line in shown if line.startswith("step: ")][0].startswith("step: forward+backward ")
 
     # The trained model is in the run folder, loadable by name like any model, and it changed.
     trained, tokenizer = load_model(summary["model_dir"])

@@ -32,11 +32,12 @@ from gpuscale.app.views.runs import (
     lineage_lines,
     progress_line,
     run_row,
+    step_lines,
     summary_lines,
 )
 from gpuscale.app.views.text import format_time, setting_text
 from gpuscale.control import launch
-from gpuscale.control.store import gpuscale_home
+from gpuscale.control.store import gpuscale_home, planned_gpus
 from gpuscale.recipes.shared.registry import all_recipes
 from gpuscale.runs.generations import read_run_generations
 from gpuscale.runs.run_dir import RunDir
@@ -70,6 +71,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(progress_line(run, time.time(), run_collapse_warnings(store, run)))
     if figures := key_figures(run["summary"] or {}, limit=4):
         print("figures: " + " · ".join(figures))
+    for line in step_lines(run["summary"] or {}, store.device_peaks(run["id"], kinds=("gpu",)),
+                           planned_gpus(run["run_dir"])):
+        print(line)
     for key in ("started_at", "ended_at"):
         print(f"{key}: {format_time(run[key])}")
     for key in ("label", "error", "hint", "run_dir"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
 from gpuscale.control.metrics_tail import RATE_WINDOW_S
 from gpuscale.data.figures import better, figure
+from gpuscale.data.step_phases import advice, where_a_step_goes
 from gpuscale.runs.resume_check import check_failed, check_line
 from gpuscale.runs.statuses import LIVE_STATUSES
 
@@ -159,7 +160,8 @@ def per_rank_text(run: dict) -> str:
 # Figures a trainer logs at every step that say little on a one-line headline: TRL GRPO's clip ratios
 # (0 at every step where each batch is trained on once: grpo-mtl's line read `clip_ratio_high_max 0 ·
 # clip_ratio_high_mean 0`), its completion-length and sampling statistics, the zero-std share.
-QUIET_FIGURES = ("clip_ratio", "completions_", "sampling_", "frac_reward_zero_std", "entropy_coef")
+# Each step's phase seconds (`phase_seconds_<phase>`) are charted; `step_lines` writes where a step goes.
+QUIET_FIGURES = ("clip_ratio", "completions_", "sampling_", "frac_reward_zero_std", "entropy_coef", "phase_seconds_")
 
 
 def _quiet(name: str, value) -> bool:
@@ -196,6 +198,8 @@ def figure_text(name: str, value, unit: bool = True) -> str:
     known = figure(name)
     if isinstance(value, dict) and known is not None and any(_is_number(v) for v in value.values()):
         return " · ".join(f"{key} {figure_text(name, v, unit)}" for key, v in value.items())  # per GPU, per rank
+    if isinstance(value, dict) and known is not None and value and all(isinstance(v, dict) for v in value.values()):
+        return " · ".join(f"{key} ({figure_text(name, v, unit)})" for key, v in value.items())  # per rank, per phase
     values = value if isinstance(value, (list, tuple)) else [value]
     if known is None or not values or not any(_is_number(v) for v in values):
         return format_number(value)
@@ -389,6 +393,21 @@ def figure_note(name: str, notes: dict[str, str]) -> str:
     """The note of figure `name`: `notes`' (a recipe's, `figure_notes`), else the catalogue's; "" if none."""
     known = figure(name)
     return notes.get(name) or (known.note if known else "")
+
+
+def step_lines(summary: dict, peaks: list[dict] = (), gpu_indices: list[int] = ()) -> list[str]:
+    """Where a run's step goes and what to change (data/step_phases.py), for `gpuscale show`:
+    `step: forward+backward 71% · optimizer 12% · data 3% · other 2%`, then an `advice:` line each.
+    `peaks` are the store's device peaks (a card's memory: the run's own where known), `gpu_indices`
+    the run's GPUs in rank order (a straggler's card). Nothing for a run that timed no phases."""
+    shares = summary.get("step_phases")
+    if not shares:
+        return []
+    memory = {f"GPU {peak['idx']}": (peak["peak_run_mem_mb"] or peak["peak_mem_used_mb"] or 0.0, peak["mem_total_mb"])
+              for peak in peaks if peak["kind"] == "gpu" and peak["mem_total_mb"]}
+    cards = {str(rank): f"GPU {gpu}" for rank, gpu in enumerate(gpu_indices)}
+    lines = advice(shares, summary.get("step_phase_seconds_by_rank"), memory, cards)
+    return [f"step: {where_a_step_goes(shares)}", *(f"advice: {line}" for line in lines)]
 
 
 def summary_rows(summary: dict, recipe: str | None = None) -> list[tuple[str, str]]:

@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from gpuscale.data.seeds import derived_seed
-from gpuscale.engines import preemption
+from gpuscale.data.step_phases import EVALUATE, OTHER, SAVE
+from gpuscale.engines import preemption, step_phases
 from gpuscale.recipes.eggroll import Settings, checkpoint, evolution
 from gpuscale.runs import heartbeat
 from gpuscale.runs.generations import GenerationLog, generation_record
@@ -82,7 +83,8 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
                     reporter.summary({"resume_check": check.record()}, partial=True)
             figures = {}
             if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
-                figures = evaluator.figures(f"step{step}", log_only=True)
+                with step_phases.phase(EVALUATE):
+                    figures = evaluator.figures(f"step{step}", log_only=True)
             reporter.log(step=step, tokens=result.tokens, samples=trainer.local_members,
                          fitness_mean=fitness_means[-1], fitness_max=float(fitness.max()),
                          fitness_std=float(fitness.std(unbiased=False)), step_time_s=step_seconds[-1],
@@ -91,7 +93,8 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
             # SLURM's signal (engines/preemption.py): every rank stops after the same step, with its checkpoint.
             preempted = preemption.agreed(ctx.device)
             if scheduled or preempted:
-                checkpoint.save(trainer, step, {"before": before, "fitness_means": fitness_means})
+                with step_phases.phase(SAVE):
+                    checkpoint.save(trainer, step, {"before": before, "fitness_means": fitness_means})
             if preempted:
                 raise preemption.Preempted(step, RunDir(ctx.run_dir).checkpoint(step))
     # Saved before the final evaluation: a failure there never loses the trained weights.
@@ -178,12 +181,14 @@ class PhaseClock:
         self.synchronize()
         self.steps.append({})
         self.last = time.perf_counter()
+        step_phases.lap(OTHER)  # the rank's step phases (engines/step_phases.py) name the same laps
 
     def lap(self, phase: str) -> None:
         self.synchronize()
         now = time.perf_counter()
         self.steps[-1][phase] = self.steps[-1].get(phase, 0.0) + now - self.last
         self.last = now
+        step_phases.lap(phase)
 
     def medians(self) -> dict[str, float]:
         kept = self.steps[1:] or self.steps

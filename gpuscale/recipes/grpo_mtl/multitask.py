@@ -6,6 +6,10 @@
   (engines/policy_mismatch.py: `sampling_sampling_logp_difference_mean`/`_max`, `sampling_sampler_kl`);
 - the time spent generating is measured (`time/generation` per step; `generation_seconds` in all);
   `StepClock` times each optimizer step end to end and the generation inside it;
+- the step phases (engines/step_phases.py) of the rollout, beside the trainer's own (the TRL bridge's
+  data, forward+backward, optimizer, log): `generate`, `logprobs` (old and reference log-probs, no
+  graph), `reward` (the rest of the rollout: rewards, advantages, gathers), and the engine's
+  `weight_sync` (engines/rollout.py);
 - `mtl="pcgrad"`: `training_step` computes one loss per domain on that domain's rows (`domain_loss`,
   scaled so that the domains' losses add up to TRL's loss on the whole micro-batch; the rows padded
   with masked ones to the same count on every rank, since TRL's loss gathers per-row metrics), one gradient per
@@ -27,7 +31,9 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from gpuscale.data.seeds import derived_seed
+from gpuscale.data.step_phases import GENERATE, LOGPROBS, REWARD
 from gpuscale.engines.policy_mismatch import SamplerMismatchLogging
+from gpuscale.engines.step_phases import phase
 from gpuscale.recipes.grpo_mtl.pcgrad import DomainGradients, gradient_cosines
 
 # How a domain's loss on its own rows relates to TRL's loss on the whole micro-batch, per loss type:
@@ -58,7 +64,8 @@ class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
 
     def _generate(self, prompts: list):
         started = self._now()
-        result = super()._generate(prompts)
+        with phase(GENERATE):
+            result = super()._generate(prompts)
         seconds = self._now() - started
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["time/generation"].append(seconds)
@@ -72,10 +79,21 @@ class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
         return time.perf_counter()
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        # The rollout's step phase (engines/step_phases.py) is `reward`: the rewards, the advantages
+        # and TRL's gathers; generation and the log-probs without a graph are phases of their own in it.
+        with phase(REWARD):
+            output = super()._generate_and_score_completions(inputs)
         output["domain_ids"] = torch.tensor([self.domain_index[row["domain"]] for row in inputs],
                                             device=self.accelerator.device)
         return output
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """TRL's log-probs; those without a graph (the old policy's, the reference model's, in the
+        rollout) timed as a step phase of their own; the loss's are its forward."""
+        if torch.is_grad_enabled():
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        with phase(LOGPROBS):
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     # ---- PCGrad --------------------------------------------------------------------------------
 

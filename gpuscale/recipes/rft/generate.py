@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from gpuscale.data.seeds import derived_seed
+from gpuscale.data.step_phases import FILTER, GENERATE
+from gpuscale.engines.step_phases import phase
 from gpuscale.recipes.rft.filtering import kept_answers, yield_by_domain
 from gpuscale.runs.generations import GenerationLog, generation_record
 
@@ -90,22 +92,24 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
     saved = RankResults(ctx.run_dir, ctx.rank)
     generation_log = GenerationLog(ctx.run_dir) if ctx.is_main else None  # rank 0's own generations
     for number, batch in enumerate(batches, start=1):
-        started = time.perf_counter()
-        tokens = sampler([prompt_ids(loaded.tokenizer, example["question"]) for _, example in batch])
-        texts = decode_completions(tokens, loaded.tokenizer, loaded.eos)
-        seconds = time.perf_counter() - started
+        with phase(GENERATE):  # the step phases of each call (engines/step_phases.py)
+            started = time.perf_counter()
+            tokens = sampler([prompt_ids(loaded.tokenizer, example["question"]) for _, example in batch])
+            texts = decode_completions(tokens, loaded.tokenizer, loaded.eos)
+            seconds = time.perf_counter() - started
         result.seconds += seconds
         if number == 1:
             result.first_call_seconds, result.first_call_samples = seconds, len(tokens)
         call_tokens = sum(len(row) for row in tokens)
         result.tokens += call_tokens
         result.samples += len(tokens)
-        kept_before = len(result.kept)
-        for position, (index, example) in enumerate(batch):
-            _keep(result, index, example, texts[position * k : (position + 1) * k], settings)
-        saved.add(result.kept[kept_before:])
-        if generation_log is not None:
-            generation_log.add(number, call_generations(number, batch, tokens, texts, settings, loaded.eos))
+        with phase(FILTER):  # the answers scored and filtered, the kept ones and the generations written
+            kept_before = len(result.kept)
+            for position, (index, example) in enumerate(batch):
+                _keep(result, index, example, texts[position * k : (position + 1) * k], settings)
+            saved.add(result.kept[kept_before:])
+            if generation_log is not None:
+                generation_log.add(number, call_generations(number, batch, tokens, texts, settings, loaded.eos))
         log(number, tokens=call_tokens, samples=len(tokens), sample_accuracy=result.correct / result.samples,
             **yield_by_domain(result.questions))
     del sampler
