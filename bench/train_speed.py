@@ -50,7 +50,10 @@ grpo-mtl (--only grpo): stock GRPOTrainer (bf16 autocast, beta 0, gradient check
 gpuscale's side) with each generation path TRL 1.16 has without vLLM (STOCK_GRPO, --grpo-stock-variants):
 its `model.generate` with the dynamic cache (its default) and with `cache_implementation="static"`
 (TRL builds its GenerationConfig with disable_compile=True, so the static cache runs eager; asking for
-compile through generation_kwargs raises the TypeError `static+compile` records), transformers'
+compile through generation_kwargs raises the TypeError `static+compile` records; on a GPU the static
+cache itself fails under bf16 autocast, allocated in the fp32 model's dtype while autocast writes bf16
+keys: `index_copy_(): self and source expected to have the same dtype`, 1 x H200, 2026-11-29,
+bench/results/grpo_mtl/train-speed-grpo-stock-cut-2026-11-29-h200.log.txt), transformers'
 continuous batching (`use_transformers_continuous_batching`, paged sdpa, CUDA graphs as transformers
 decides; TRL casts the model to bf16 in place for it, and trains those weights after), the same with
 its compile level 1, and `torch_compile` (the training forward compiled). Its micro-batch
