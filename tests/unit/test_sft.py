@@ -94,6 +94,11 @@ class SlowFirstStep(TrainerCallback):
             time.sleep(self.seconds)
 
 
+# Long beside a step of the tiny model (well under a second on CPU), so that steps slowed by a loaded
+# machine cannot close the gap between the whole run's rate and the steady one.
+FIRST_STEP_PAUSE_S = 4.0
+
+
 def test_the_summary_gives_the_steady_rate_beside_the_whole_runs(tmp_path):
     """A real short fine-tune whose first step is slow: the whole-run tokens/s counts it, the steady
     one (the median step's rate, the first step left out) does not, and is the median of the rates
@@ -105,7 +110,7 @@ def test_the_summary_gives_the_steady_rate_beside_the_whole_runs(tmp_path):
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     reporter = Reporter(tmp_path, 0)
     trained = train_sft_dataset(tokenized_dataset(rows, tokenizer, settings.max_length), settings, ctx, reporter,
-                                model, tokenizer, callbacks=(SlowFirstStep(1.0),))
+                                model, tokenizer, callbacks=(SlowFirstStep(FIRST_STEP_PAUSE_S),))
     reporter.close()
 
     figures = trained.figures
