@@ -5,7 +5,8 @@ README's measured figures live in marked blocks, `<!-- figures -->` ... `<!-- /f
 block every figure, i.e. every number that carries a unit (`%`, `x`, `s`, `kJ`, `GB/s`, `tokens/s`, ...),
 a sign (`+22.7`, `−0.3`: a gain) or a decimal point (`0.3`), must be part of a registered figure's text;
 bare whole numbers (`3 seeds`, `128 problems`) are the set-up, not figures. Outside the blocks README
-holds no date of a measurement: a date there is refused unless it is in UNMEASURED_DATES. A figure passes
+holds no date of a measurement: a date there is refused unless it is in UNMEASURED_DATES (and inside,
+a text with a figure's form that is no measurement, a target, is listed in UNMEASURED_TEXTS). A figure passes
 when its JSON exists, each value read from it formats to README's text, the JSON's defaults fingerprint
 (bench/record.py) of every recipe the figure ran is today's, and, for accuracy on tiny-math, its
 `test_split` is today's edition (a result without one is test-v1's). A ratio must be quoted in the same
@@ -135,8 +136,8 @@ def target(recipe: str, *path: str) -> str:
     return ".".join(("figures", "targets", recipe, *path))
 
 
-def acceptance(text: str, *values: Value, recipes: tuple[str, ...] = TRAINING) -> Figure:
-    return Figure(text, ACCEPTANCE, values, recipes, tiny_math_test=True)
+def acceptance(text: str, *values: Value) -> Figure:
+    return Figure(text, ACCEPTANCE, values, CHECKED, tiny_math_test=True)
 
 
 def gain(recipe: str, domain: str = "") -> Value:
@@ -152,10 +153,11 @@ def met(recipe: str, part: str) -> Value:
 
 
 POWER = ("power-sampling",)
-
 # README's verdict paragraph ("Under these verdicts...") and the recipe table's gains: the 1-GPU acceptance
-# on test-v2. Every figure depends on the defaults of every recipe the check runs: a run's share of the card
-# depends on the others beside it.
+# on test-v2. Each of its figures depends on the defaults of every recipe the check runs: the control that
+# T=1 is scored over is power-sampling's, and the runs share the card (an `auto` batch is sized from it).
+CHECKED = (*TRAINING, *POWER)
+
 ACCEPTANCE_FIGURES = (
     acceptance("**sft meets both targets** (greedy {}, T=1 {} over", gain("sft"), over_control("sft")),
     acceptance("where the base already answers {} of test-v2",
@@ -175,12 +177,11 @@ ACCEPTANCE_FIGURES = (
                Value("figures.sharpening_control.test_accuracy.*", percent, statistics.mean)),
     acceptance("{} against greedy {}, T = 1/alpha {}, T = 1 {}",
                *(Value(f"figures.targets.power-sampling.points.accuracy.power-sampling{rival}", percent_points)
-                 for rival in ("", " greedy", " low-temperature", " temperature-1")), recipes=POWER),
+                 for rival in ("", " greedy", " low-temperature", " temperature-1"))),
     acceptance("pass@16 {}, {} and {})",
                *(Value(f"figures.targets.power-sampling.pass_at_k.power-sampling{rival}.16", percent)
-                 for rival in ("", " low-temperature", " temperature-1")), recipes=POWER),
-    acceptance("its last run ending after {} (PCGrad's)", Value("figures.runs.*.wall_s", seconds, max),
-               recipes=(*TRAINING, *POWER)),
+                 for rival in ("", " low-temperature", " temperature-1"))),
+    acceptance("its last run ending after {} (PCGrad's)", Value("figures.runs.*.wall_s", seconds, max)),
     # The recipe table: each recipe's greedy gain / T=1 over the control, and the verdicts of both.
     *(acceptance(f"| {row} | {{}} / {{}}: {{}} / {{}}", gain(recipe), over_control(recipe), met(recipe, "greedy"),
                  met(recipe, "over_sharpening_control"))
@@ -189,13 +190,14 @@ ACCEPTANCE_FIGURES = (
     acceptance("| power-sampling | {} vs greedy {}: {}",
                Value("figures.targets.power-sampling.points.accuracy.power-sampling", percent_points),
                Value("figures.targets.power-sampling.points.accuracy.power-sampling greedy", percent_points),
-               Value("figures.targets.power-sampling.met", verdict), recipes=POWER),
+               Value("figures.targets.power-sampling.met", verdict)),
 )
 
 FAULTS = "bench/results/faults/faults-2026-11-29-cpu.json"
 FAULT_FIGURES = (
     Figure("a 2-rank CPU run of grpo-mtl whose rank 1 got SIGSTOP ended {} later", FAULTS,
-           (Value("figures.cases.1.stop_to_end_s", seconds),), ("grpo-mtl",)),
+           (Value("figures.cases.*", seconds, lambda cases: next(case["stop_to_end_s"] for case in cases
+                                                                   if case["case"] == "grpo-stop")),), ("grpo-mtl",)),
 )
 
 # The CPU commands (`python bench/cpu_commands.py`, 2 CPU ranks on 2 cores): the demo's figures and the
