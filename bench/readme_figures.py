@@ -1,0 +1,342 @@
+"""Every measured figure README.md quotes, tied to the result JSON it comes from, and the check that it is
+still today's (tests/unit/test_readme_figures.py runs it; `python bench/readme_figures.py` too).
+
+README's measured figures live in marked blocks, `<!-- figures -->` ... `<!-- /figures -->`. Inside a
+block every figure, i.e. every number that carries a unit (`%`, `x`, `s`, `kJ`, `GB/s`, `tokens/s`, ...),
+a sign (`+22.7`, `−0.3`: a gain) or a decimal point (`0.3`), must be part of a registered figure's text;
+bare whole numbers (`3 seeds`, `128 problems`) are the set-up, not figures. Outside the blocks README
+holds no date of a measurement: a date there is refused unless it is in UNMEASURED_DATES (and inside,
+a text with a figure's form that is no measurement, a target, is listed in UNMEASURED_TEXTS). A figure passes
+when its JSON exists, each value read from it formats to README's text, the JSON's defaults fingerprint
+(bench/record.py) of every recipe the figure ran is today's, and, for accuracy on tiny-math, its
+`test_split` is today's edition (a result without one is test-v1's). A ratio must be quoted in the same
+words by bench/RESULTS.md. A change of a recipe's defaults thus fails every figure measured with them:
+measure it again (then `python bench/readme_figures.py --texts` prints the new texts) or take it out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpuscale.data.splits import OLD_TEST_SPLIT, TEST_SPLIT_EDITION  # noqa: E402
+from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints  # noqa: E402
+
+OPEN, CLOSE = "<!-- figures -->", "<!-- /figures -->"
+MINUS = "\u2212"  # README writes a negative gain with the minus sign, not a hyphen
+# A number, then what makes it a figure: a sign before it, a decimal point, or a unit after it (`%` and `x`
+# written against the number; the others after an optional space). A letter, `@`, `=`, `/`, `:` or a
+# letter's `-` just before it, or a letter just after, make it part of a name (H200, test-v2, pass@16, T=1,
+# 1/alpha, 4:09, 0.5b); a range's `-` does not (75.0-75.8 is two figures).
+FIGURE = re.compile(r"(?<![\w.@=/:])(?<![A-Za-z]-)(?P<sign>[+\u2212-])?"
+                    r"(?P<number>(?:\d{1,3}(?:,\d{3})+|\d+)(?P<decimal>\.\d+)?)"
+                    r"(?:(?P<unit>%|x\b|\s?(?:kJ|J|GB/s|TFLOP/s|GB|MB|MiB|GiB|ms|s|min|minutes|[a-z]+/s)\b)|(?!\.?\w))")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+# Dates README names outside the blocks that date no measurement (an edition of the data, a rule).
+UNMEASURED_DATES = ("test-v2 since 2026-11-29",)
+# Texts inside a block with a figure's form that are no measurement (a target the verdicts apply).
+UNMEASURED_TEXTS = ("(floor +5",)
+
+
+@dataclass(frozen=True)
+class Value:
+    """Where a value is in a result JSON and how README writes it. `path` is dotted keys (a list index is a
+    number); `*` takes every item of a list or dict there, and `reduce` makes them one value."""
+
+    path: str
+    form: Callable[[object], str]
+    reduce: Callable[[list], object] | None = None
+
+    def read(self, data: dict) -> object:
+        found = [data]
+        for key in self.path.split("."):
+            found = [item for node in found for item in children(node, key)]
+        return self.reduce(found) if self.reduce else found[0]
+
+
+def children(node: object, key: str) -> list:
+    if key == "*":
+        return list(node.values() if isinstance(node, dict) else node)
+    return [node[int(key)] if isinstance(node, list) else node[key]]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure as README writes it: `text` with a `{}` for each value, the result JSON (from the repository's
+    root) they are read from, the recipes whose defaults they were measured at (only theirs are compared),
+    whether it is an accuracy on tiny-math's test split, and whether it is a ratio RESULTS.md quotes too."""
+
+    text: str
+    result: str
+    values: tuple[Value, ...]
+    recipes: tuple[str, ...]
+    tiny_math_test: bool = False
+    ratio: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.text.replace("{}", "…")
+
+    def quoted(self, data: dict) -> str:
+        return self.text.format(*(value.form(value.read(data)) for value in self.values))
+
+
+# How README writes a value.
+def points(value: float) -> str:
+    """A gain in points as the JSON holds it: +22.7, −0.3."""
+    return f"{value:+.1f}".replace("-", MINUS)
+
+
+def percent(value: float) -> str:
+    """A fraction as a percentage: 0.798 -> 79.8%."""
+    return f"{100 * value:.1f}%"
+
+
+def percent_points(value: float) -> str:
+    """A percentage the JSON holds in points: 52.8 -> 52.8%."""
+    return f"{value:.1f}%"
+
+
+def fraction_points(value: float) -> str:
+    """A gain the JSON holds as a fraction, in points: -0.0134 -> −1.3."""
+    return points(100 * value)
+
+
+def hundredths(value: float) -> str:
+    """A fraction as points without the sign: 0.758 -> 75.8."""
+    return f"{100 * value:.1f}"
+
+
+def seconds(value: float) -> str:
+    return f"{value:.0f} s"
+
+
+def plain(value: object) -> str:
+    return str(value)
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "not met"
+
+
+ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-test-v2-one-call-2026-11-29-h200.json"
+TRAINING = ("sft", "rft", "grpo-mtl", "eggroll")  # the recipes the acceptance's verdicts are of
+
+
+def target(recipe: str, *path: str) -> str:
+    return ".".join(("figures", "targets", recipe, *path))
+
+
+def acceptance(text: str, *values: Value) -> Figure:
+    return Figure(text, ACCEPTANCE, values, CHECKED, tiny_math_test=True)
+
+
+def gain(recipe: str, domain: str = "") -> Value:
+    return Value(target(recipe, "greedy", "points", f"gain_greedy{'_' + domain if domain else ''}"), points)
+
+
+def over_control(recipe: str) -> Value:
+    return Value(target(recipe, "over_sharpening_control", "points", "over_control"), points)
+
+
+def met(recipe: str, part: str) -> Value:
+    return Value(target(recipe, part, "met"), verdict)
+
+
+POWER = ("power-sampling",)
+# README's verdict paragraph ("Under these verdicts...") and the recipe table's gains: the 1-GPU acceptance
+# on test-v2. Each of its figures depends on the defaults of every recipe the check runs: the control that
+# T=1 is scored over is power-sampling's, and the runs share the card (an `auto` batch is sized from it).
+CHECKED = (*TRAINING, *POWER)
+
+ACCEPTANCE_FIGURES = (
+    acceptance("**sft meets both targets** (greedy {}, T=1 {} over", gain("sft"), over_control("sft")),
+    acceptance("where the base already answers {} of test-v2",
+               Value("figures.runs.0.domains.accuracy_greedy_comparison_before", percent)),
+    acceptance("rft gains {} greedy and {} at T=1", gain("rft"), over_control("rft")),
+    acceptance("its comparison falls below the base in {} seeds ({}-{})",
+               Value(target("rft", "greedy", "below_base", "*", "seed"), plain, len),
+               Value(target("rft", "greedy", "below_base", "*", "after"), hundredths, min),
+               Value(target("rft", "greedy", "below_base", "*", "after"), hundredths, max)),
+    acceptance("grpo-mtl gains {} (floor +5; comparison {}), PCGrad {} (comparison {}), eggroll {} (comparison {})",
+               gain("grpo-mtl"), gain("grpo-mtl", "comparison"), gain("grpo-mtl pcgrad"),
+               gain("grpo-mtl pcgrad", "comparison"), gain("eggroll"),
+               Value("figures.seed_statistics.eggroll.gain_greedy_comparison.mean", fraction_points)),
+    acceptance("at T=1 the GRPO runs ({}, {}) and eggroll ({}) stay under the control",
+               over_control("grpo-mtl"), over_control("grpo-mtl pcgrad"), over_control("eggroll")),
+    acceptance("(the base sampled at T = {}: {})", Value("figures.sharpening_control.temperature", plain),
+               Value("figures.sharpening_control.test_accuracy.*", percent, statistics.mean)),
+    acceptance("{} against greedy {}, T = 1/alpha {}, T = 1 {}",
+               *(Value(f"figures.targets.power-sampling.points.accuracy.power-sampling{rival}", percent_points)
+                 for rival in ("", " greedy", " low-temperature", " temperature-1"))),
+    acceptance("pass@16 {}, {} and {})",
+               *(Value(f"figures.targets.power-sampling.pass_at_k.power-sampling{rival}.16", percent)
+                 for rival in ("", " low-temperature", " temperature-1"))),
+    acceptance("its last run ending after {} (PCGrad's)", Value("figures.runs.*.wall_s", seconds, max)),
+    # The recipe table: each recipe's greedy gain / T=1 over the control, and the verdicts of both.
+    *(acceptance(f"| {row} | {{}} / {{}}: {{}} / {{}}", gain(recipe), over_control(recipe), met(recipe, "greedy"),
+                 met(recipe, "over_sharpening_control"))
+      for row, recipe in (("sft", "sft"), ("rft", "rft"), ("grpo-mtl", "grpo-mtl"),
+                          ("grpo-mtl, PCGrad (`--set mtl=pcgrad`)", "grpo-mtl pcgrad"), ("eggroll", "eggroll"))),
+    acceptance("| power-sampling | {} vs greedy {}: {}",
+               Value("figures.targets.power-sampling.points.accuracy.power-sampling", percent_points),
+               Value("figures.targets.power-sampling.points.accuracy.power-sampling greedy", percent_points),
+               Value("figures.targets.power-sampling.met", verdict)),
+)
+
+FAULTS = "bench/results/faults/faults-2026-11-29-cpu.json"
+FAULT_FIGURES = (
+    Figure("a 2-rank CPU run of grpo-mtl whose rank 1 got SIGSTOP ended {} later", FAULTS,
+           (Value("figures.cases.*", seconds, lambda cases: next(case["stop_to_end_s"] for case in cases
+                                                                   if case["case"] == "grpo-stop")),), ("grpo-mtl",)),
+)
+
+# The CPU commands (`python bench/cpu_commands.py`, 2 CPU ranks on 2 cores): the demo's figures and the
+# table of each recipe's default CPU run. None until it is measured at today's defaults; then the file it
+# wrote, and README holds the texts `python bench/readme_figures.py --texts` prints for them.
+CPU_COMMANDS: str | None = None
+
+
+def cpu_run(command: str, field: str, form: Callable[[object], str] = hundredths, nth: int = 0) -> Value:
+    """A figure of the command's `nth` run by run id (the demo's: 0 plain sampling, 1 power sampling)."""
+    return Value(f"figures.{command}.runs.*", form, lambda runs: sorted(runs, key=lambda run: run["id"])[nth][field])
+
+
+def cpu_row(recipe: str) -> Figure:
+    """A recipe's row of README's CPU table: its command's time, greedy and T=1 accuracy before -> after."""
+    accuracy = [cpu_run(recipe, f"accuracy_{kind}_{when}") for kind in ("greedy", "sampled")
+                for when in ("before", "after")]
+    return Figure(f"| {recipe} | `gpuscale run --recipe {recipe} --gpus 2` | {{}} | {{}} → {{}} / {{}} → {{}} |",
+                  CPU_COMMANDS, (Value(f"figures.{recipe}.wall_s", seconds), *accuracy), (recipe,),
+                  tiny_math_test=True)
+
+
+def cpu_command_figures() -> tuple[Figure, ...]:
+    if CPU_COMMANDS is None:
+        return ()
+    sample = "power-sampling-method-sample"
+    return (
+        Figure("prints both accuracies ({} and {} on this project's machine", CPU_COMMANDS,
+               (cpu_run("demo", "accuracy", percent), cpu_run("demo", "accuracy", percent, nth=1)), POWER,
+               tiny_math_test=True),
+        Figure("It took {} on a quiet 2-core machine", CPU_COMMANDS, (Value("figures.demo.wall_s", seconds),), POWER),
+        Figure("| probe | `gpuscale run --recipe probe --gpus 2` | {} | — |", CPU_COMMANDS,
+               (Value("figures.probe.wall_s", seconds),), ("probe",)),
+        Figure("| power-sampling | `gpuscale run --recipe power-sampling --gpus 2`, then `--set method=sample` | "
+               "{} + {} | {} vs {} |", CPU_COMMANDS,
+               (Value("figures.power-sampling.wall_s", seconds), Value(f"figures.{sample}.wall_s", seconds),
+                cpu_run("power-sampling", "accuracy", percent), cpu_run(sample, "accuracy", percent)), POWER,
+               tiny_math_test=True),
+        *(cpu_row(recipe) for recipe in TRAINING),
+    )
+
+
+def registered() -> tuple[Figure, ...]:
+    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *cpu_command_figures())
+
+
+def blocks(text: str) -> tuple[list[str], str]:
+    """README's figure blocks, and the text outside them. Raises ValueError on a block not closed."""
+    inside, outside, rest = [], [], text
+    while OPEN in rest:
+        before, _, after = rest.partition(OPEN)
+        block, closed, rest = after.partition(CLOSE)
+        if not closed or OPEN in block:
+            raise ValueError(f"README: a `{OPEN}` block is not closed by `{CLOSE}` before the next one")
+        outside.append(before)
+        inside.append(block)
+    if CLOSE in rest:
+        raise ValueError(f"README: `{CLOSE}` without its `{OPEN}`")
+    return inside, "".join([*outside, rest])
+
+
+def stale_reasons(figure: Figure, data: dict, fingerprints: dict[str, str], edition: str) -> list[str]:
+    """Why the JSON no longer stands for today's tool: a recipe's defaults changed, another test split."""
+    recorded = data.get("defaults_fingerprints") or {}
+    reasons = [f"{recipe}'s defaults fingerprint {recorded[recipe]} is not today's {fingerprints[recipe]}"
+               if recipe in recorded else f"it records no defaults fingerprint of {recipe}"
+               for recipe in figure.recipes if recorded.get(recipe) != fingerprints[recipe]]
+    split = data.get("test_split") or OLD_TEST_SPLIT
+    if figure.tiny_math_test and split != edition:
+        reasons.append(f"it was scored on tiny-math's {split}, today's test split is {edition}")
+    return reasons
+
+
+def figure_problems(figure: Figure, in_blocks: str, results_md: str, root: Path, fingerprints: dict[str, str],
+                    edition: str) -> tuple[list[str], str | None]:
+    """What is wrong with one figure, and its text as the JSON gives it (None where it cannot be read)."""
+    where = f"README figure '{figure.name}' ({figure.result})"
+    path = root / figure.result
+    if not path.is_file():
+        return [f"{where}: the result JSON is missing"], None
+    data = json.loads(path.read_text())
+    problems = [f"{where}: stale: {reason}" for reason in stale_reasons(figure, data, fingerprints, edition)]
+    try:
+        quoted = figure.quoted(data)
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        return [*problems, f"{where}: a value is not in the JSON ({error!r})"], None
+    if quoted not in in_blocks:
+        problems.append(f"{where}: README's figure blocks do not hold {quoted!r}, what the JSON gives")
+    if figure.ratio and quoted not in results_md:
+        problems.append(f"{where}: bench/RESULTS.md does not quote this ratio as README does: {quoted!r}")
+    return problems, quoted
+
+
+def unregistered(block: str, quoted: list[str]) -> list[str]:
+    """The figures of a block that no registered figure's text holds."""
+    for text in sorted([*quoted, *UNMEASURED_TEXTS], key=len, reverse=True):
+        block = block.replace(text, " ")
+    return [match.group(0).strip() for match in FIGURE.finditer(DATE.sub(" ", block))
+            if match.group("sign") or match.group("decimal") or match.group("unit")]
+
+
+def problems(readme: str, results_md: str, figures: tuple[Figure, ...] | None = None,
+             root: Path = ROOT) -> list[str]:
+    """Everything that keeps README's figures from being today's; empty when all are."""
+    try:
+        inside, outside = blocks(readme)
+    except ValueError as error:
+        return [str(error)]
+    fingerprints, edition = defaults_fingerprints(), TEST_SPLIT_EDITION
+    inside = [" ".join(block.split()) for block in inside]  # README's line breaks are no part of a figure
+    in_blocks = " | ".join(inside)
+    found, quoted = [], []
+    for figure in registered() if figures is None else figures:
+        wrong, text = figure_problems(figure, in_blocks, results_md, root, fingerprints, edition)
+        found += wrong
+        quoted += [text] if text else []
+    for block in inside:
+        found += [f"README: {figure!r} in a figure block is no registered figure (bench/readme_figures.py)"
+                  for figure in unregistered(block, quoted)]
+    for text in UNMEASURED_DATES:
+        outside = outside.replace(text, " ")
+    found += [f"README: the date {date} outside the figure blocks: a measured figure goes in a block"
+              for date in DATE.findall(outside)]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--texts", action="store_true",
+                        help="print each registered figure's text as its JSON gives it (to update README)")
+    args = parser.parse_args(argv)
+    if args.texts:
+        for figure in registered():
+            print(figure.quoted(json.loads((ROOT / figure.result).read_text())), end="\n\n")
+        return 0
+    found = problems((ROOT / "README.md").read_text(), (ROOT / "bench" / "RESULTS.md").read_text())
+    print("\n".join(found) or f"README's {len(registered())} registered figures are today's")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
