@@ -19,3 +19,22 @@ def test_a_changed_default_changes_its_recipe_s_fingerprint_alone(monkeypatch):
                         lambda name: {**real(name), **({"prompts_per_step": 15} if name == "grpo-mtl" else {})})
     after = defaults_fingerprints()
     assert [name for name in before if before[name] != after[name]] == ["grpo-mtl"]
+
+
+def test_a_setting_added_off_by_default_changes_no_fingerprint_until_its_default_moves(monkeypatch):
+    from pydantic import Field, create_model
+
+    from gpuscale.recipes.shared.registry import get_recipe
+
+    recipe = get_recipe("grpo-mtl")
+    before = defaults_fingerprints()["grpo-mtl"]
+
+    def with_new_mode(default: str):
+        settings_cls = create_model("Settings", __base__=recipe.settings_cls, rollout=(str, Field(default)))
+        monkeypatch.setattr(recipe, "settings_cls", settings_cls)
+        return defaults_fingerprints()["grpo-mtl"]
+
+    assert with_new_mode("sync") != before  # a new setting counts...
+    monkeypatch.setattr(defaults_fingerprint, "NEUTRAL_ADDITIONS", {"grpo-mtl": {"rollout": "sync"}})
+    assert with_new_mode("sync") == before  # ...unless named with the default that keeps the old behaviour
+    assert with_new_mode("async") != before  # and only while its default is that one
