@@ -59,7 +59,7 @@ class AsyncEngineRollout(TrainerCallback):
         self.prefetched = 0  # steps whose completions were generated ahead
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscale-rollout")
         self._stream = None  # the worker's CUDA stream
-        self._next: Job | None = None
+        self.ahead: Job | None = None  # the job generated ahead, for the next step
 
     @property
     def seconds(self) -> float:
@@ -67,7 +67,7 @@ class AsyncEngineRollout(TrainerCallback):
 
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
         step = int(trainer.state.global_step)
-        job, self._next = self._next, None
+        job, self.ahead = self.ahead, None
         if job is not None and (job.step, job.prompts) != (step, prompts):
             job.result.result()  # the engine idle before anything else touches it
             raise RuntimeError(f"rollout=async: step {step} asked for other prompts than those generated ahead "
@@ -81,7 +81,7 @@ class AsyncEngineRollout(TrainerCallback):
         log_staleness(trainer, step - job.weights_step)
         upcoming = trainer.upcoming_prompts()
         if self.max_staleness > 0 and upcoming is not None and step + 1 < trainer.state.max_steps:
-            self._next = self._submit(upcoming, step + 1, trainer)
+            self.ahead = self._submit(upcoming, step + 1, trainer)
         return completions
 
     def _submit(self, prompts: list, step: int, trainer) -> Job:
@@ -120,9 +120,9 @@ class AsyncEngineRollout(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         """Wait for a job still running (none after the last step) and stop the thread."""
-        if self._next is not None:
-            self._next.result.result()
-            self._next = None
+        if self.ahead is not None:
+            self.ahead.result.result()
+            self.ahead = None
         self._worker.shutdown(wait=True)
 
 
