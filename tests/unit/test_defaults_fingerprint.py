@@ -19,3 +19,23 @@ def test_a_changed_default_changes_its_recipe_s_fingerprint_alone(monkeypatch):
                         lambda name: {**real(name), **({"prompts_per_step": 15} if name == "grpo-mtl" else {})})
     after = defaults_fingerprints()
     assert [name for name in before if before[name] != after[name]] == ["grpo-mtl"]
+
+
+def test_a_setting_added_at_the_behaviour_before_it_counts_only_once_its_default_changes(monkeypatch):
+    """grpo-mtl's rollout (sync, the only behaviour before it) is left out of its fingerprint; a default
+    of async would count."""
+    from types import SimpleNamespace
+    from typing import Literal
+
+    from gpuscale.recipes.grpo_mtl import Settings
+
+    assert "rollout" not in recipe_defaults("grpo-mtl") and "max_staleness" not in recipe_defaults("grpo-mtl")
+    before = defaults_fingerprints()["grpo-mtl"]
+
+    class AsyncByDefault(Settings):
+        rollout: Literal["sync", "async"] = "async"
+
+    real = defaults_fingerprint.get_recipe
+    monkeypatch.setattr(defaults_fingerprint, "get_recipe", lambda name: SimpleNamespace(
+        settings_cls=AsyncByDefault) if name == "grpo-mtl" else real(name))
+    assert recipe_defaults("grpo-mtl")["rollout"] == "async" and defaults_fingerprints()["grpo-mtl"] != before

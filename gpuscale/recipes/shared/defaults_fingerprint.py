@@ -6,6 +6,9 @@ tell a figure measured at today's defaults from one measured at older ones, whic
 or go. The fingerprint covers each setting's default as the settings class declares it, with both values
 of a device default (recipes/shared/device_defaults.py: `auto` alone would hide a change of the GPU's
 value). It does not cover the data: a change of the data set's held-out problems is its own edition.
+A setting added later with the behaviour before it as its default (`BEHAVIOUR_BEFORE`) is left out
+while its default is that one: the figures measured before it still describe the defaults; its default
+changed, it counts like any other.
 
 No torch: the front end and the tests compute it.
 """
@@ -18,13 +21,22 @@ import json
 from gpuscale.recipes.shared.device_defaults import device_defaults
 from gpuscale.recipes.shared.registry import BUILTIN, get_recipe
 
+# recipe -> {setting: the default that keeps the behaviour before the setting}
+BEHAVIOUR_BEFORE = {
+    "grpo-mtl": {"rollout": "sync", "max_staleness": 1},  # issue 53: max_staleness is read only by async
+}
+
 
 def recipe_defaults(name: str) -> dict:
-    """The recipe's defaults by setting, a device default as {"gpu": ..., "cpu": ...}."""
+    """The recipe's defaults by setting, a device default as {"gpu": ..., "cpu": ...}; a setting of
+    `BEHAVIOUR_BEFORE` at that default left out."""
     settings_cls = get_recipe(name).settings_cls
     defaults = settings_cls().model_dump(mode="json")
     for field, default in device_defaults(settings_cls).items():
         defaults[field] = {"gpu": default.gpu, "cpu": default.cpu}
+    for field, before in BEHAVIOUR_BEFORE.get(name, {}).items():
+        if defaults.get(field) == before:
+            del defaults[field]
     return defaults
 
 
