@@ -19,7 +19,8 @@ Figures per run, from the run's summary:
   median step time);
 - `mfu` (the summary's, 6 x parameters x tokens/s per GPU over the card's bf16 peak) and
   `mfu_steady` (the same at the steady tokens/s);
-- `completions_per_s`: completions per step over the median step time.
+- `completions_per_s`: completions per step over the median step time; `completions_per_s_run`: the
+  run's completions over its whole training time (first step included).
 
 Ratios: step time transformers / engine (target >= 3), generation transformers / engine (>= 8),
 step time continuous / engine (>= 1.5), and the N-GPU engine's completions/s over the 1-GPU engine's
@@ -43,10 +44,11 @@ from benchruns import RunFailed, gpuscale_run  # noqa: E402
 from record import write_result  # noqa: E402
 
 GENERATORS = ("transformers", "continuous", "engine")
+OFF_POLICY = ("sampling_staleness_last", "sampling_importance_sampling_clipped_share_last")
 
 
-def run_settings(args, generator: str, gpus: int) -> list[str]:
-    """The `gpuscale run` arguments of one run (weak scaling: prompts per step x GPUs)."""
+def run_settings(args, generator: str, gpus: int, extra: dict | None = None) -> list[str]:
+    """The `gpuscale run` arguments of one run (weak scaling: prompts per step x GPUs), `extra` settings on top."""
     prompts = args.prompts_per_step * gpus
     settings = {
         "generator": generator, "num_generations": args.generations, "prompts_per_step": prompts,
@@ -55,6 +57,7 @@ def run_settings(args, generator: str, gpus: int) -> list[str]:
         "eval_examples": 0, "save_model": "false", "seed": args.seed,
         # Enough prompts for every step; tokenizing the whole split would only slow the start.
         "max_examples": prompts * args.steps,
+        **(extra or {}),
     }
     cmd = ["--recipe", "grpo-mtl", "--gpus", str(gpus), "--model", args.model, "--dataset", args.dataset,
            "--precision", args.precision, "--batch-size", str(args.batch_size)]
@@ -63,9 +66,9 @@ def run_settings(args, generator: str, gpus: int) -> list[str]:
     return cmd
 
 
-def measure(args, generator: str, gpus: int) -> dict:
+def measure(args, generator: str, gpus: int, extra: dict | None = None) -> dict:
     """One run and its figures (see the module docstring)."""
-    arguments = run_settings(args, generator, gpus)
+    arguments = run_settings(args, generator, gpus, extra)
     try:
         run = gpuscale_run(arguments)
     except RunFailed as failure:  # recorded; the other runs still give their figures
@@ -83,10 +86,12 @@ def measure(args, generator: str, gpus: int) -> dict:
         "step_seconds": step, "generation_seconds_per_step": s["generation_seconds_per_step"],
         "training_seconds_per_step": s.get("training_seconds_per_step"),
         "completions_per_step": completions, "completions_per_s": completions / step if step else None,
+        "completions_per_s_run": completions * s["steps"] / s["train_seconds"] if s["train_seconds"] else None,
         "tokens_per_step": tokens_per_step, "tokens_per_s": s["tokens_per_s"], "tokens_per_s_steady": steady,
         "mfu": mfu, "mfu_steady": mfu * steady / s["tokens_per_s"] if mfu and steady and s["tokens_per_s"] else None,
         "generation_seconds": s["generation_seconds"], "train_seconds": s["train_seconds"],
         "command": "gpuscale run " + " ".join(arguments),
+        **{name: s[name] for name in OFF_POLICY if name in s},  # rollout=async's
     }
     print(f"  -> step {step:.3f} s (generation {figures['generation_seconds_per_step']:.3f} s), "
           f"{figures['completions_per_s']:.1f} completions/s, {steady:.0f} tokens/s steady", flush=True)

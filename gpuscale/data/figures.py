@@ -106,6 +106,13 @@ FIGURES: dict[str, Figure] = _figures(
     Figure("sampling_sampling_logp_difference_max", "policy mismatch (max)", unit="nats", direction=LOWER,
            family=True),
     Figure("sampling_sampler_kl", "policy mismatch KL", unit="nats", direction=LOWER, family=True),
+    # grpo-mtl's rollout=async (engines/off_policy.py): how stale the sampling weights were, and TRL's
+    # importance weights of the sampled tokens (min/mean/max) with the share its cap truncated.
+    Figure("sampling_staleness", "sampling staleness", unit="steps", direction=LOWER, family=True,
+           note="optimizer steps between the sampling weights and the trained ones"),
+    Figure("sampling_importance_sampling_ratio", "importance weight", family=True),
+    Figure("sampling_importance_sampling_clipped_share", "importance weights clipped", direction=LOWER,
+           format="percent", family=True),
     Figure("grad_norm", "gradient norm"),
     Figure("learning_rate", "learning rate"),
     Figure("acceptance_rate", "MCMC acceptance"),
@@ -209,6 +216,8 @@ FIGURES: dict[str, Figure] = _figures(
     _text("counted_in_accuracy", "accuracy counts"),
     _text("generator", "generator"),
     _text("mtl", "multi-task method"),
+    _text("rollout", "rollout"),
+    Figure("max_staleness", "staleness allowed", unit="steps"),
     _text("phase", "phase"),
     _text("model_dir", "trained model"),
     _text("generated_set", "generated set"),

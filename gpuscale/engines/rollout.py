@@ -37,31 +37,41 @@ class EngineRollout:
         uninterrupted run sampled.
     max_columns: KV columns to reserve once (longest prompt + budget), so the buffers never regrow.
     compile: torch.compile the engine's decode step (CUDA).
+    own_weights: decode a copy of the trainer's weights (in the autocast dtype, else in theirs) even in
+        fp32, refreshed only when `_engine_for` runs: what the async rollout needs, whose thread decodes
+        while the optimizer steps the masters.
     `seconds` adds up the time spent generating.
     """
 
     def __init__(self, tokenizer, max_new_tokens: int, temperature: float, seed: int = 0,
-                 max_columns: int = 0, compile: bool = False):
+                 max_columns: int = 0, compile: bool = False, own_weights: bool = False):
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.seed = seed
         self.max_columns = max_columns
         self.compile = compile
+        self.own_weights = own_weights
         self.engine = None
         self.generator = None
-        self.masters = None  # the trainer's weights, when the engine decodes a half-precision copy
-        self._copied_at_step = -1
+        self.masters = None  # the trainer's weights, when the engine decodes a copy of them
+        self._copied_at_step = -1  # the optimizer step of the weights the copy holds
         self.seconds = 0.0
         self._step = -1  # the optimizer step of the last call, and the calls made in it
         self._calls_in_step = 0
 
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
+        self._engine_for(trainer)
+        return self.generate(prompts, self._call_seed(trainer))
+
+    def generate(self, prompts: list, seed: int) -> dict[str, list]:
+        """TRL's rollout output for `prompts`, sampled with the generator seeded at `seed`, on the
+        current CUDA stream (the async rollout's own, in its thread; engines/async_rollout.py)."""
         from gpuscale.engines.generation import Sampling
 
         started = time.perf_counter()
-        engine = self._engine_for(trainer)
-        self._reseed(trainer)
+        engine = self.engine
+        self.generator.manual_seed(seed)
         ids = [self._prompt_ids(prompt) for prompt in prompts]
         unique, per_prompt = repeated_runs(ids)
         if per_prompt is None:  # runs of different lengths: every row prefilled by itself
@@ -74,7 +84,7 @@ class EngineRollout:
         if engine.device.type == "cuda":
             import torch
 
-            torch.cuda.synchronize(engine.device)
+            torch.cuda.current_stream(engine.device).synchronize()  # this stream's work, not the trainer's
         self.seconds += time.perf_counter() - started
         return {"prompt_ids": [list(row) for row in ids], "completion_ids": completions, "logprobs": logprobs}
 
@@ -86,12 +96,16 @@ class EngineRollout:
             from gpuscale.engines.generation import GenerationEngine
 
             model = trainer.accelerator.unwrap_model(trainer.model)
-            decode_dtype = autocast_dtype(trainer.args)
-            if decode_dtype is not None and next(model.parameters()).dtype == torch.float32:
-                half, why = decoding_copy(model, decode_dtype)
+            master_dtype = next(model.parameters()).dtype
+            decode_dtype = autocast_dtype(trainer.args) if master_dtype == torch.float32 else None
+            if decode_dtype is not None or self.own_weights:
+                copy, why = decoding_copy(model, decode_dtype or master_dtype)
                 print(f"speed: the engine decodes {why}", flush=True)
-                if half is not None:
-                    self.masters, model = model, half
+                if copy is None and self.own_weights:
+                    raise RuntimeError(f"rollout=async: the engine needs weights of its own to decode while the "
+                                       f"trainer steps, and decodes {why}")
+                if copy is not None:
+                    self.masters, model = model, copy
                     self._copied_at_step = int(trainer.state.global_step)
             eos = eos_token_ids(model, self.tokenizer)
             self.engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(self.tokenizer, eos),
@@ -104,14 +118,17 @@ class EngineRollout:
             self._copied_at_step = int(trainer.state.global_step)
         return self.engine
 
-    def _reseed(self, trainer) -> None:
-        from gpuscale.data.seeds import derived_seed
-
+    def _call_seed(self, trainer) -> int:
+        """The sampling seed of this call: (seed, rank, optimizer step, call within the step)."""
         step = int(trainer.state.global_step)
         self._calls_in_step = self._calls_in_step + 1 if step == self._step else 0
         self._step = step
-        self.generator.manual_seed(derived_seed(self.seed, "rollout", trainer.accelerator.process_index, step,
-                                                  self._calls_in_step))
+        return self.step_seed(trainer, step, self._calls_in_step)
+
+    def step_seed(self, trainer, step: int, call: int = 0) -> int:
+        from gpuscale.data.seeds import derived_seed
+
+        return derived_seed(self.seed, "rollout", trainer.accelerator.process_index, step, call)
 
     def _prompt_ids(self, prompt) -> list[int]:
         """A prompt as data.py writes it: one user message (chat template applied with the

@@ -158,3 +158,53 @@ def test_under_bf16_the_engine_samples_from_a_bf16_copy_within_the_mismatch_boun
     log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()
     assert "speed: the engine decodes a torch.bfloat16 copy of the fp32 master weights" in log
     assert 0 < run["summary"]["sampling_sampling_logp_difference_mean_last"] < MISMATCH_BOUND
+
+
+def test_async_rollout_at_staleness_0_trains_as_the_sync_rollout_does(home):
+    """rollout=async with max_staleness=0 (2 CPU ranks, PCGrad): the background thread, the engine's own copy
+    of the weights and TRL's importance-sampling correction, with nothing generated ahead. Each step samples
+    what the synchronous run samples and its weights are 1 up to float noise: the same rewards, the same
+    losses and gradient norms, the same trained model."""
+    arguments = [*TINY_GRPO, "--set", "max_steps=3", "--set", "eval_examples=0"]
+    sync = run_json("run", *arguments)
+    asynchronous = run_json("run", *arguments, "--set", "rollout=async", "--set", "max_staleness=0")
+    assert sync["status"] == asynchronous["status"] == "succeeded", (sync["error"], asynchronous["error"])
+    assert (sync["summary"]["rollout"], asynchronous["summary"]["rollout"]) == ("sync", "async")
+    store = Store(home)
+
+    def series(run: dict, name: str) -> list[tuple[int, float]]:
+        return [(m["step"], m["value"]) for m in store.metrics(run["id"], name) if m["rank"] == 0]
+
+    assert series(asynchronous, "sampling_staleness") == [(1, 0.0), (2, 0.0), (3, 0.0)]
+    assert series(sync, "reward") == series(asynchronous, "reward")  # the same completions
+    for name in ("loss", "grad_norm"):
+        ours, theirs = series(asynchronous, name), series(sync, name)
+        assert [step for step, _ in ours] == [step for step, _ in theirs] == [1, 2, 3], name
+        assert all(value == pytest.approx(other, rel=1e-4, abs=1e-6)
+                   for (_, value), (_, other) in zip(ours, theirs, strict=True)), (name, ours, theirs)
+    trained, _ = load_model(asynchronous["summary"]["model_dir"])
+    reference, _ = load_model(sync["summary"]["model_dir"])
+    weights = reference.state_dict()
+    assert all(torch.allclose(weight, weights[name], atol=1e-5) for name, weight in trained.state_dict().items())
+
+
+def test_async_rollout_overlaps_a_step_and_records_its_staleness_and_clipped_share(home):
+    """rollout=async at the default max_staleness (1), 2 CPU ranks, PCGrad: from the second step on, each
+    step trains on completions generated during the step before, from the weights before it; the
+    first step of the second epoch (16 prompts, 4 a step) has nothing generated ahead. The summary
+    records the staleness and the share of importance weights TRL's cap clipped."""
+    run = run_json("run", *TINY_GRPO, "--set", "max_steps=5", "--set", "eval_examples=0", "--set", "rollout=async")
+    assert run["status"] == "succeeded", run["error"]
+    summary = run["summary"]
+    assert (summary["rollout"], summary["max_staleness"], summary["steps"]) == ("async", 1, 5)
+    store = Store(home)
+    staleness = [(m["step"], m["value"]) for m in store.metrics(run["id"], "sampling_staleness") if m["rank"] == 0]
+    assert staleness == [(1, 0.0), (2, 1.0), (3, 1.0), (4, 1.0), (5, 0.0)]
+    assert summary["sampling_staleness_first"] == 0.5 and summary["sampling_staleness_last"] == 0.5  # 2 of 5 each
+    for when in ("first", "last"):
+        assert 0 <= summary[f"sampling_importance_sampling_clipped_share_{when}"] <= 1
+    ratios = [m["value"] for m in store.metrics(run["id"], "sampling_importance_sampling_ratio_mean") if m["rank"] == 0]
+    assert len(ratios) == 5 and all(0.5 < ratio < 1.5 for ratio in ratios)
+    log = (Path(run["run_dir"]) / "logs" / "rank1.log").read_text()
+    assert "speed: the engine decodes a torch.float32 copy of the fp32 master weights" in log
+    assert not leftover_processes(run["run_dir"])

@@ -30,11 +30,32 @@ def test_a_setting_added_off_by_default_changes_no_fingerprint_until_its_default
     before = defaults_fingerprints()["grpo-mtl"]
 
     def with_new_mode(default: str):
-        settings_cls = create_model("Settings", __base__=recipe.settings_cls, rollout=(str, Field(default)))
+        settings_cls = create_model("Settings", __base__=recipe.settings_cls, new_mode=(str, Field(default)))
         monkeypatch.setattr(recipe, "settings_cls", settings_cls)
         return defaults_fingerprints()["grpo-mtl"]
 
-    assert with_new_mode("sync") != before  # a new setting counts...
-    monkeypatch.setattr(defaults_fingerprint, "NEUTRAL_ADDITIONS", {"grpo-mtl": {"rollout": "sync"}})
-    assert with_new_mode("sync") == before  # ...unless named with the default that keeps the old behaviour
-    assert with_new_mode("async") != before  # and only while its default is that one
+    assert with_new_mode("off") != before  # a new setting counts...
+    neutral = {**defaults_fingerprint.NEUTRAL_ADDITIONS["grpo-mtl"], "new_mode": "off"}
+    monkeypatch.setattr(defaults_fingerprint, "NEUTRAL_ADDITIONS", {"grpo-mtl": neutral})
+    assert with_new_mode("off") == before  # ...unless named with the default that keeps the old behaviour
+    assert with_new_mode("on") != before  # and only while its default is that one
+
+
+def test_a_setting_added_at_the_behaviour_before_it_counts_only_once_its_default_changes(monkeypatch):
+    """grpo-mtl's rollout (sync, the only behaviour before it) is left out of its fingerprint; a default
+    of async would count."""
+    from types import SimpleNamespace
+    from typing import Literal
+
+    from gpuscale.recipes.grpo_mtl import Settings
+
+    assert "rollout" not in recipe_defaults("grpo-mtl") and "max_staleness" not in recipe_defaults("grpo-mtl")
+    before = defaults_fingerprints()["grpo-mtl"]
+
+    class AsyncByDefault(Settings):
+        rollout: Literal["sync", "async"] = "async"
+
+    real = defaults_fingerprint.get_recipe
+    monkeypatch.setattr(defaults_fingerprint, "get_recipe", lambda name: SimpleNamespace(
+        settings_cls=AsyncByDefault) if name == "grpo-mtl" else real(name))
+    assert recipe_defaults("grpo-mtl")["rollout"] == "async" and defaults_fingerprints()["grpo-mtl"] != before

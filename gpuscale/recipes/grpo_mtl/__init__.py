@@ -101,6 +101,13 @@ class Settings(TrainingSettings):
                               "continuous = TRL's transformers continuous batching")
     mtl: Literal["none", "pcgrad"] = Field("none", description="none = one loss over the mixed domains; "
                                            "pcgrad = per-domain gradients projected (gradient surgery)")
+    rollout: Literal["sync", "async"] = Field(
+        "sync", description="sync = each step generates, then trains; async = step k+1's completions are generated "
+                            "(by the engine, in a thread of its own) while step k trains, from weights at most "
+                            "max_staleness steps old, the gap corrected by TRL's truncated importance sampling")
+    max_staleness: int = Field(1, ge=0, le=64, description="rollout=async: how many optimizer steps older than the "
+                               "trained policy the sampling weights may be (0: each step samples from its own "
+                               "weights, no overlap; one engine a rank lags 1 step at most)")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
                                "before and after training, greedy and sampled (0 = no evaluation)")
 
@@ -166,6 +173,20 @@ def check_training_examples(settings: Settings) -> None:
                               "or give more training examples")
 
 
+def check_rollout(settings: Settings) -> None:
+    """rollout=async where it can run: on gpuscale's engine (TRL's own generation runs inside its
+    training step), on a full fine-tune (the engine decodes a copy of its own while the trainer steps;
+    a LoRA model is decoded as it is, so its adapters would change under the decoding thread)."""
+    if settings.rollout != "async":
+        return
+    if settings.generator != "engine":
+        raise SettingsError(f"rollout: async: needs generator=engine, not {settings.generator}: TRL's own "
+                            "generation runs inside its training step and cannot overlap it")
+    if settings.lora_rank:
+        raise SettingsError(f"rollout: async: not with LoRA yet (lora_rank={settings.lora_rank}): the engine "
+                            "decodes a LoRA model's own weights, which the trainer changes while it decodes")
+
+
 class GrpoMtl(Recipe):
     name = "grpo-mtl"
     summary = ("GRPO over a mixture of task domains (TRL GRPOTrainer, gpuscale's generation engine), "
@@ -174,8 +195,8 @@ class GrpoMtl(Recipe):
     launcher = "accelerate"
     figure_notes = TRAINING_FIGURE_NOTES
     explores = True  # GRPO learns from its own samples: an entropy near 0 is a collapse
-    promised_figures = ("world_size", "steps", "generator", "eval_split", "mtl", "tokens_per_s", "generation_seconds",
-                        "training_seconds", "step_seconds_median", "generation_seconds_per_step",
+    promised_figures = ("world_size", "steps", "generator", "rollout", "eval_split", "mtl", "tokens_per_s",
+                        "generation_seconds", "training_seconds", "step_seconds_median", "generation_seconds_per_step",
                         "accuracy_greedy_before", "accuracy_greedy_after",
                         "accuracy_sampled_before", "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 8, "batch_size": 4, "num_generations": 2, "prompts_per_step": 2,
@@ -189,6 +210,7 @@ class GrpoMtl(Recipe):
         from gpuscale.recipes.shared.rank_batches import run_ranks
 
         check_dataset(settings.dataset, "train", settings.max_examples)
+        check_rollout(settings)
         accumulation_steps(settings, run_ranks(settings))  # after super(): the share splits
         # The ranks' device is not known here: the rows are counted at a GPU's steps, the most a run loads
         # (data.py), which hold a step's prompts exactly when the CPU's fewer do.

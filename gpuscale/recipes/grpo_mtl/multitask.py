@@ -4,6 +4,9 @@
 - each completion carries its domain's index (`domain_ids`), for per-domain losses;
 - how far the loss's log-probs of the sampled tokens are from the engine's, every step
   (engines/policy_mismatch.py: `sampling_sampling_logp_difference_mean`/`_max`, `sampling_sampler_kl`);
+- `off_policy=True` (rollout=async): the next step's prompts held ahead for the rollout
+  (engines/async_rollout.py: `PromptLookahead`) and TRL's importance-sampling correction of the
+  sampler's policy turned on (engines/off_policy.py);
 - the time spent generating is measured (`time/generation` per step; `generation_seconds` in all);
   `StepClock` times each optimizer step end to end and the generation inside it;
 - the step phases (engines/step_phases.py) of the rollout, beside the trainer's own (the TRL bridge's
@@ -32,6 +35,8 @@ from trl import GRPOTrainer
 
 from gpuscale.data.seeds import derived_seed
 from gpuscale.data.step_phases import GENERATE, LOGPROBS, REWARD
+from gpuscale.engines.async_rollout import PromptLookahead
+from gpuscale.engines.off_policy import ImportanceSamplingCorrection
 from gpuscale.engines.policy_mismatch import SamplerMismatchLogging
 from gpuscale.engines.step_phases import phase
 from gpuscale.recipes.grpo_mtl.pcgrad import DomainGradients, gradient_cosines
@@ -44,9 +49,13 @@ LOSS_NORMALISATION = {"dapo": "tokens_global", "cispo": "tokens_global", "vespo"
                       "grpo": "rows", "sapo": "rows", "dr_grpo": "rows", "luspo": "rows", "bnpo": "tokens_local"}
 
 
-class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
-    def __init__(self, *args, domains: list[str], mtl: str = "none", mtl_seed: int = 0, **kwargs):
+class MultiTaskGRPOTrainer(ImportanceSamplingCorrection, PromptLookahead, SamplerMismatchLogging, GRPOTrainer):
+    def __init__(self, *args, domains: list[str], mtl: str = "none", mtl_seed: int = 0, off_policy: bool = False,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        if off_policy:  # rollout=async: the next step's prompts known ahead, and the sampler's policy corrected
+            self.lookahead = True
+            self.start_correcting()
         self.domains = list(domains)
         self.domain_index = {domain: i for i, domain in enumerate(self.domains)}
         self.mtl = mtl
@@ -74,8 +83,8 @@ class MultiTaskGRPOTrainer(SamplerMismatchLogging, GRPOTrainer):
         return result
 
     def _now(self) -> float:
-        if self.accelerator.device.type == "cuda":
-            torch.cuda.synchronize(self.accelerator.device)
+        if self.accelerator.device.type == "cuda":  # the trainer's stream: not the async rollout's
+            torch.cuda.current_stream(self.accelerator.device).synchronize()
         return time.perf_counter()
 
     def _generate_and_score_completions(self, inputs):

@@ -27,7 +27,8 @@ def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
     check_rows_left(len(rows), dropped, settings)
     settings = with_card_sized_batch(settings, ctx, model)
     summary = {**summary_opening(ctx, settings, train=rows, held_out=held_out), "batch_size": settings.batch_size,
-               "generator": settings.generator, "mtl": settings.mtl, "domains": domains_of(rows),
+               "generator": settings.generator, "mtl": settings.mtl, **rollout_summary(settings),
+               "domains": domains_of(rows),
                "prompts_too_long": dropped, **evaluate(model, tokenizer, held_out, settings, ctx, "before")}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
@@ -56,6 +57,13 @@ def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
         print(f"batch_size auto: {micro} completions a micro-batch ({reason}); --batch-size N sets it", flush=True)
         settings = settings.model_copy(update={"batch_size": micro})
     return settings
+
+
+def rollout_summary(settings: Settings) -> dict[str, Any]:
+    """How the run sampled: `rollout`, and with async its `max_staleness`."""
+    if settings.rollout != "async":
+        return {"rollout": settings.rollout}
+    return {"rollout": settings.rollout, "max_staleness": settings.max_staleness}
 
 
 def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:
@@ -118,6 +126,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
 
     from gpuscale.data.prompts import eos_token_ids
     from gpuscale.data.rewards import RewardRouter, parse_reward_weights
+    from gpuscale.engines.async_rollout import AsyncEngineRollout
     from gpuscale.engines.reporter import injected_fault
     from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
@@ -140,6 +149,9 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         loss_type=settings.loss_type,
         reward_weights=router.reward_weights(domains),
         use_transformers_continuous_batching=settings.generator == "continuous",
+        # rollout=async: TRL's correction of the sampler's policy, token by token, truncated at its cap
+        # (engines/off_policy.py); read only once the trainer turns it on.
+        vllm_importance_sampling_mode="token_truncate",
         transformers_continuous_batching_config=continuous_cache_on_cpu(settings, ctx),
         # PCGrad differentiates each domain's loss separately; checkpointing would recompute per domain.
         activation_checkpointing=False,
@@ -149,10 +161,13 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     )
     print(f"speed: liger kernels {apply_liger_kernels(model, ctx, settings.liger_kernels)}", flush=True)
     rollout = None
+    is_async = settings.rollout == "async"
     if settings.generator == "engine":
         rollout = EngineRollout(tokenizer, settings.max_completion_length, settings.temperature, seed=settings.seed,
                                 max_columns=settings.max_prompt_length + settings.max_completion_length,
-                                compile=settings.compile)
+                                compile=settings.compile, own_weights=is_async)
+    if is_async:
+        rollout = AsyncEngineRollout(rollout, settings.max_staleness)
     callback = ReporterCallback(reporter, ctx.world_size, flops_per_token=grpo_flops_per_token(model, settings),
                                 card=card_name(ctx))
     reward_funcs = router.reward_funcs(domains)
@@ -173,8 +188,11 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         domains=domains,
         mtl=settings.mtl,
         mtl_seed=settings.seed,
+        off_policy=is_async,
     )
     trainer.add_callback(GenerationKeeper(trainer, ctx.run_dir))  # RUN_DIR/generations.jsonl, rank 0
+    if is_async:
+        trainer.add_callback(rollout)  # its thread ends with the training
     return trainer, callback
 
 
@@ -208,6 +226,7 @@ def grpo_figures(trainer, callback, seconds: float, ctx) -> dict[str, Any]:
     whole training time (generation included: the share of the card the update's FLOPs use) where
     the card's peak is known, the policy mismatch at the start and the end, and each domain's
     training reward at the start and the end."""
+    from gpuscale.engines.off_policy import CLIPPED_SHARE, STALENESS
     from gpuscale.engines.policy_mismatch import MISMATCH_FIGURES
 
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
@@ -219,7 +238,8 @@ def grpo_figures(trainer, callback, seconds: float, ctx) -> dict[str, Any]:
         "generation_share": generation / seconds if seconds > 0 else None,
         "mfu": callback.mfu_of(tokens / seconds if seconds > 0 else None),
     }
-    for key in ("reward", "completions/mean_length", "entropy", "kl", "pcgrad/conflict_share", *MISMATCH_FIGURES):
+    for key in ("reward", "completions/mean_length", "entropy", "kl", "pcgrad/conflict_share", *MISMATCH_FIGURES,
+                STALENESS, CLIPPED_SHARE):
         figures.update(first_and_last(history, key))
     for domain in trainer.domains:
         figures.update(first_and_last(history, f"rewards/correctness_{domain}/mean", f"train_accuracy_{domain}"))

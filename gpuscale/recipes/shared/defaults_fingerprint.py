@@ -24,8 +24,10 @@ from gpuscale.recipes.shared.device_defaults import device_defaults
 from gpuscale.recipes.shared.registry import BUILTIN, get_recipe
 
 # recipe -> {setting: the default that keeps the behaviour before it}: settings added since the figures
-# README quotes were measured (bench/readme_figures.py). Empty until a recipe adds one.
-NEUTRAL_ADDITIONS: dict[str, dict[str, object]] = {}
+# README quotes were measured (bench/readme_figures.py).
+NEUTRAL_ADDITIONS: dict[str, dict[str, object]] = {
+    "grpo-mtl": {"rollout": "sync", "max_staleness": 1},  # max_staleness is read only by rollout=async
+}
 
 
 def recipe_defaults(name: str) -> dict:

@@ -1,0 +1,107 @@
+"""grpo-mtl: the synchronous rollout against rollout=async, side by side in one call, at the same shape.
+
+    python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1]
+
+For each GPU count of --gpus, two real `gpuscale run --recipe grpo-mtl` runs with gpuscale's engine
+at the same settings (bench/grpo_mtl.py's: `--prompts-per-step` prompts per GPU per step, each answered
+`--generations` times, `--max-completion-length` tokens, `--steps` optimizer steps, no evaluation,
+nothing saved): `rollout=sync`, then `rollout=async` (`max_staleness=--max-staleness`). Each run's
+figures are grpo_mtl.py's, with `completions_per_s_run`: its completions over its whole training time,
+the first step included (issue 53's measure), and for async the summary's staleness and clipped share.
+
+Ratios per GPU count: `async_over_sync` (completions_per_s_run; target >= 1.5 on 2 GPUs), the steady
+ratio at the median step (`async_over_sync_steady`); where --gpus holds 1 and N, each mode's weak-scaling
+efficiency (completions_per_s_run on N GPUs over N x one GPU's; async target >= 0.85 on 4 GPUs).
+
+Until placement (k GPUs generate, N-k train) is built, async overlaps on each rank's own GPU: a thread
+with its own CUDA stream decodes step k+1 while step k trains. On CPU (the script's test) pass
+`--model tiny-math` and tiny sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from grpo_mtl import measure, ratio  # noqa: E402
+from record import write_result  # noqa: E402
+
+MODES = ("sync", "async")
+TARGETS = {"async_over_sync_2gpu": 1.5, "async_scaling_efficiency_4gpu": 0.85}
+
+
+def measure_mode(args, mode: str, gpus: int) -> dict:
+    extra = {"rollout": mode}
+    if mode == "async":
+        extra["max_staleness"] = args.max_staleness
+    print(f"rollout={mode} on {gpus} GPU(s)", flush=True)
+    return {"rollout": mode, **measure(args, "engine", gpus, extra)}
+
+
+def ratios(runs: dict, counts: list[int]) -> dict:
+    """async over sync at each count; each mode's weak scaling against one GPU where measured."""
+    out = {}
+    for gpus in counts:
+        sync, fast = runs.get(f"sync_{gpus}gpu", {}), runs.get(f"async_{gpus}gpu", {})
+        out[f"async_over_sync_{gpus}gpu"] = ratio(fast.get("completions_per_s_run"), sync.get("completions_per_s_run"))
+        out[f"async_over_sync_steady_{gpus}gpu"] = ratio(fast.get("completions_per_s"), sync.get("completions_per_s"))
+        if gpus > 1 and 1 in counts:
+            for mode in MODES:
+                scaling = ratio(runs.get(f"{mode}_{gpus}gpu", {}).get("completions_per_s_run"),
+                                runs.get(f"{mode}_1gpu", {}).get("completions_per_s_run"))
+                out[f"{mode}_scaling_efficiency_{gpus}gpu"] = scaling / gpus if scaling else None
+    return out
+
+
+def print_table(results: dict) -> None:
+    def cell(value, form):
+        return format(value, form) if value is not None else "-"
+
+    print(f"\n{'run':<12} {'step s':>8} {'gen s':>8} {'compl/s':>9} {'run compl/s':>12} {'stale':>6} {'clipped':>8}")
+    for name, r in results["runs"].items():
+        if "error" in r:
+            print(f"{name:<12} failed: {r['error'][:80]}")
+            continue
+        print(f"{name:<12} {cell(r['step_seconds'], '8.3f')} {cell(r['generation_seconds_per_step'], '8.3f')} "
+              f"{cell(r['completions_per_s'], '9.1f')} {cell(r['completions_per_s_run'], '12.1f')} "
+              f"{cell(r.get('sampling_staleness_last'), '6.2f')} "
+              f"{cell(r.get('sampling_importance_sampling_clipped_share_last'), '8.4f')}")
+    print()
+    for name, value in results["ratios"].items():
+        target = TARGETS.get(name)
+        verdict = "" if target is None or value is None else f"{'meets' if value >= target else 'short of'} {target}"
+        print(f"{name:<34} {cell(value, '.2f'):>6}  {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random-qwen2.5-0.5b")
+    parser.add_argument("--dataset", default="tiny-math")
+    parser.add_argument("--gpus", default="2", help="comma-separated GPU counts, each measured sync and async")
+    parser.add_argument("--prompts-per-step", type=int, default=16, help="prompts per GPU per step")
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--max-completion-length", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32, help="completions per GPU per training micro-batch")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps of every run")
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--learning-rate", type=float, default=1e-6)
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
+    parser.add_argument("--out", default=None, help="default: bench/results/grpo_mtl/async-<date>-<card>.json")
+    args = parser.parse_args()
+    counts = sorted({int(count) for count in args.gpus.split(",")})
+    os.environ["GPUSCALE_HOME"] = args.home or tempfile.mkdtemp(prefix="gpuscale-bench-grpo-async-")
+
+    runs = {f"{mode}_{gpus}gpu": measure_mode(args, mode, gpus) for gpus in counts for mode in MODES}
+    results = {"runs": runs, "ratios": ratios(runs, counts), "targets": TARGETS}
+    print_table(results)
+    write_result("grpo_mtl", "async", vars(args), results, out=args.out)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    main()
