@@ -25,6 +25,9 @@ import os
 import sys
 import tempfile
 
+BASELINE = """The baseline: grpo-mtl's own synchronous rollout (rollout=sync, gpuscale's engine: every rank generates,
+then trains), the fastest GRPO users have here, at the same shape, GPUs, dtype and steps, in the same call."""
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
 from grpo_mtl import measure, ratio  # noqa: E402
 from record import write_result  # noqa: E402
@@ -77,7 +80,8 @@ def print_table(results: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--dataset", default="tiny-math")
     parser.add_argument("--gpus", default="2", help="comma-separated GPU counts, each measured sync and async")
