@@ -14,19 +14,50 @@ phase is `other`. Steps are closed only once a phase was marked, so a
 recipe that names none logs no phase figures, and a logged step in which none was marked (all of it
 `other`) is left out.
 
+GPUSCALE_STEP_PHASES=0 in a run's environment (PHASES_ENV, read by `timing_on`) turns the timing off:
+no mark is made and no phase figure logged, so that bench/step_phases.py can time the same run with
+and without it. GPUSCALE_SLOW_RANK=RANK:SECONDS (SLOW_RANK_ENV, read by `slow_rank`) is a test aid:
+rank RANK sleeps SECONDS at each logged step, inside the phase open then (a TRL recipe's `log`), a
+straggler on purpose, to see it named (data/step_phases.py's advice).
+
 No torch at import: it loads only where `use_cuda` is called.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from gpuscale.data.step_phases import OTHER, figure_name
 
-# The rank's StepPhases (its Reporter's), for `phase` and `switch`; None outside a rank.
+# The rank's StepPhases (its Reporter's), for `phase` and `switch`; None outside a rank, and where the
+# timing is off.
 _current: StepPhases | None = None
+
+PHASES_ENV = "GPUSCALE_STEP_PHASES"
+SLOW_RANK_ENV = "GPUSCALE_SLOW_RANK"
+
+
+def timing_on(environ=os.environ) -> bool:
+    """Whether a rank times its step phases: always, unless PHASES_ENV is "0" (the module's docstring)."""
+    return environ.get(PHASES_ENV, "").strip() != "0"
+
+
+def slow_rank(rank: int, environ=os.environ) -> float:
+    """The seconds SLOW_RANK_ENV (RANK:SECONDS) asks rank `rank` to sleep at each logged step; 0 for
+    the other ranks and where it is not set. A malformed value is refused: a test aid that silently
+    did nothing would pass for a run without a straggler."""
+    value = environ.get(SLOW_RANK_ENV, "").strip()
+    if not value:
+        return 0.0
+    try:
+        slowed, seconds = value.split(":")
+        slowed_rank, seconds = int(slowed), float(seconds)
+    except ValueError:
+        raise ValueError(f"{SLOW_RANK_ENV}={value}: expected RANK:SECONDS, e.g. 1:0.5") from None
+    return seconds if slowed_rank == rank else 0.0
 
 
 class WallClock:

@@ -161,6 +161,41 @@ def test_the_reporter_writes_a_step_s_phases_in_its_record_or_once_ready_in_a_li
     assert "phase_seconds_data" not in lines[1] and lines[2] == {**lines[2], "step": 2, "phase_seconds_data": 2.0}
 
 
+def test_timing_off_marks_nothing_and_logs_no_phase_figure(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_phases.PHASES_ENV, "0")
+    reporter = Reporter(tmp_path, 0)
+    try:
+        step_phases.restart("data")
+        with step_phases.phase("generate"):
+            pass
+        reporter.log(1, loss=1.0)
+        reporter.log(2, loss=1.0)
+    finally:
+        reporter.close()
+    assert [rules.phases_of(record) for record in records(tmp_path, 0)] == [{}, {}]
+    assert reporter.phases.ready(wait=True) == []
+    assert step_phases.timing_on({}) and step_phases.timing_on({step_phases.PHASES_ENV: "1"})
+
+
+def test_the_slowed_rank_sleeps_at_each_logged_step_in_the_phase_open_then(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_phases.SLOW_RANK_ENV, "1:0.05")
+    slowed, other = Reporter(tmp_path, 1), Reporter(tmp_path, 0)
+    try:
+        for reporter in (slowed, other):
+            step_phases._current = reporter.phases
+            step_phases.restart("log")
+            reporter.log(1)
+            step_phases.switch("data")
+            reporter.log(2)
+    finally:
+        slowed.close(), other.close()
+    assert rules.phases_of(records(tmp_path, 1)[1])["log"] >= 0.05  # step 2 holds step 1's sleep
+    assert rules.phases_of(records(tmp_path, 0)[1])["log"] < 0.05
+    assert step_phases.slow_rank(0, {}) == 0.0 and step_phases.slow_rank(2, {"GPUSCALE_SLOW_RANK": "2:1.5"}) == 1.5
+    with pytest.raises(ValueError, match="GPUSCALE_SLOW_RANK=2: expected RANK:SECONDS"):
+        step_phases.slow_rank(0, {"GPUSCALE_SLOW_RANK": "2"})
+
+
 def records(run_dir, rank: int) -> list[dict]:
     lines = [json.loads(line) for line in RunDir(run_dir).metrics(rank).read_text().splitlines()]
     return [line for line in lines if "beat" not in line]
