@@ -22,7 +22,10 @@ from collections.abc import Mapping, Sequence
 DATA, FORWARD_BACKWARD, OPTIMIZER, LOG = "data", "forward_backward", "optimizer", "log"
 EVALUATE, SAVE = "evaluate", "save"
 GENERATE, FILTER, REWARD, LOGPROBS, WEIGHT_SYNC = "generate", "filter", "reward", "logprobs", "weight_sync"
-WAIT = "wait"  # waiting for the other ranks at the gradient all-reduce, where it is told apart
+# From a step's last gradient computed to its optimizer step, on a rank that has others (engines/trl_bridge.py):
+# waiting for the slowest rank at the gradient all-reduce, the part of the all-reduce the backward pass did
+# not hide, and the gradient clipping.
+WAIT = "wait"
 OTHER = "other"
 
 # How people read a phase's name; a name not here reads as itself, `_` as a space.
@@ -41,6 +44,9 @@ RANKS_DIFFER = 0.05
 STRAGGLER = 0.15
 TOO_MUCH = {GENERATE: 0.5, DATA: 0.10, WAIT: 0.20}
 MEMORY_USED_AT_LEAST = 1 / 3
+# The live advice (the monitor, `gpuscale run`'s progress) reads each rank's last this many steady logged
+# steps: a straggler is named within as many steps of its start.
+LIVE_STEPS = 3
 
 
 def label(phase: str) -> str:
@@ -106,6 +112,25 @@ def _rounded(values: Mapping[str, float], digits: int) -> dict[str, float]:
     return {name: round(value, digits) for name, value in values.items()}
 
 
+def recent_by_rank(steps_by_rank: Mapping[int, Sequence[Mapping[str, float]]], steps: int = LIVE_STEPS,
+                   warm_up: int = WARM_UP_STEPS) -> dict[str, dict[str, float]]:
+    """Each rank's mean step over its last `steps` steady logged steps (phase -> seconds), by rank as
+    text (the supervisor puts them in the run's progress, a JSON record); a rank without a steady step
+    is left out."""
+    return {str(rank): _rounded(mean_step(list(logged[warm_up:])[-steps:]), 6)
+            for rank, logged in sorted(steps_by_rank.items()) if len(logged) > warm_up}
+
+
+def live_advice(recent: Mapping[str, Mapping[str, float]] | None, gpu_of_rank: Mapping[str, str] | None = None
+                ) -> list[str]:
+    """`advice` on the ranks' recent steps (`recent_by_rank`): a straggler, and the shares of the ranks'
+    steps together (the memory rule needs the run's peaks: `gpuscale show` adds it)."""
+    if not recent:
+        return []
+    pooled = mean_step(list(recent.values()))
+    return advice(shares(pooled), recent, gpu_of_rank=gpu_of_rank)
+
+
 def where_a_step_goes(step_phases: Mapping[str, float]) -> str:
     """One line of the shares, largest first, `other` last: `forward+backward 71% · optimizer 12% ·
     data 3% · other 2%` (a share under half a percent left out)."""
@@ -123,8 +148,10 @@ def advice(step_phases: Mapping[str, float] | None = None,
     """What to change, one line each naming the figure and the knob; [] where nothing is wrong.
 
     `step_phases` is phase -> share of a step; `seconds_by_rank` rank -> phase -> seconds (a rank's
-    mean steady step); `memory_mb` card -> (memory used, memory it has); `gpu_of_rank` rank -> its card's
-    name, to say which card a straggler is on."""
+    mean steady step: a straggler is a rank whose work, its WAIT for the others left out, takes
+    STRAGGLER more than the ranks' median: ranks that meet at an all-reduce every step all take the
+    same time a step, the faster ones waiting); `memory_mb` card -> (memory used, memory it has);
+    `gpu_of_rank` rank -> its card's name, to say which card a straggler is on."""
     lines = _straggler_lines(seconds_by_rank or {}, gpu_of_rank or {})
     shares_now = step_phases or {}
     for phase, line in ((GENERATE, "generation takes {share:.0%} of a step: raise the generation batch, or give "
@@ -144,15 +171,15 @@ def advice(step_phases: Mapping[str, float] | None = None,
 
 
 def _straggler_lines(seconds_by_rank: Mapping[str, Mapping[str, float]], gpu_of_rank: Mapping[str, str]) -> list[str]:
-    steps = {rank: sum(seconds.values()) for rank, seconds in seconds_by_rank.items()}
-    if len(steps) < 2:
+    work = {rank: sum(seconds.values()) - seconds.get(WAIT, 0.0) for rank, seconds in seconds_by_rank.items()}
+    if len(work) < 2:
         return []
-    middle = statistics.median(steps.values())
+    middle = statistics.median(work.values())
     lines = []
-    for rank, step in sorted(steps.items(), key=lambda item: int(item[0])):
-        if middle > 0 and step > middle * (1 + STRAGGLER):
+    for rank, busy in sorted(work.items(), key=lambda item: int(item[0])):
+        if middle > 0 and busy > middle * (1 + STRAGGLER):
             where = f" ({gpu_of_rank[rank]})" if rank in gpu_of_rank else ""
-            lines.append(f"rank {rank}{where} is a straggler: its step takes {step:.3g} s, {step / middle - 1:.0%} "
-                         f"over the ranks' median {middle:.3g} s; look at what else runs on its card, its "
-                         "clocks and its share of the rows")
+            lines.append(f"rank {rank}{where} is a straggler: it works {busy:.3g} s a step, {busy / middle - 1:.0%} "
+                         f"over the ranks' median {middle:.3g} s (waits for others left out); look at what else "
+                         "runs on its card, its clocks and its share of the rows")
     return lines

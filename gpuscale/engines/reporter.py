@@ -50,7 +50,7 @@ class Reporter:
         _current = self
         # Timing off (a bench aid): no phase is marked, so no step closes and none is logged.
         step_phases._current = self.phases if step_phases.timing_on() else None
-        self._slow_s = step_phases.slow_rank(rank)  # a straggler on purpose (a test aid)
+        self.phases.slowed = step_phases.slow_rank(rank)  # a straggler on purpose (a test aid)
         self.beat(heartbeat.LOADING)
 
     def log(self, step: int, **scalars: float) -> None:
@@ -60,8 +60,6 @@ class Reporter:
         self.phases.finish(int(step))
         record.update(self._phase_figures(int(step)))
         self._write(record)
-        if self._slow_s:
-            time.sleep(self._slow_s)  # in the phase open now: the next step's
         self._maybe_fail(step)
 
     def _phase_figures(self, step: int, wait: bool = False) -> dict[str, float]:

@@ -177,23 +177,49 @@ def test_timing_off_marks_nothing_and_logs_no_phase_figure(tmp_path, monkeypatch
     assert step_phases.timing_on({}) and step_phases.timing_on({step_phases.PHASES_ENV: "1"})
 
 
-def test_the_slowed_rank_sleeps_at_each_logged_step_in_the_phase_open_then(tmp_path, monkeypatch):
+def test_the_slowed_rank_sleeps_each_time_it_enters_the_phase(tmp_path, monkeypatch):
     monkeypatch.setenv(step_phases.SLOW_RANK_ENV, "1:0.05")
     slowed, other = Reporter(tmp_path, 1), Reporter(tmp_path, 0)
     try:
         for reporter in (slowed, other):
             step_phases._current = reporter.phases
-            step_phases.restart("log")
+            step_phases.restart("data")
+            step_phases.switch("forward_backward")
+            step_phases.switch("optimizer")
             reporter.log(1)
-            step_phases.switch("data")
-            reporter.log(2)
     finally:
         slowed.close(), other.close()
-    assert rules.phases_of(records(tmp_path, 1)[1])["log"] >= 0.05  # step 2 holds step 1's sleep
-    assert rules.phases_of(records(tmp_path, 0)[1])["log"] < 0.05
-    assert step_phases.slow_rank(0, {}) == 0.0 and step_phases.slow_rank(2, {"GPUSCALE_SLOW_RANK": "2:1.5"}) == 1.5
+    assert rules.phases_of(records(tmp_path, 1)[0])["forward_backward"] >= 0.05
+    assert rules.phases_of(records(tmp_path, 0)[0])["forward_backward"] < 0.05
+    assert step_phases.slow_rank(0, {}) is None and step_phases.slow_rank(0, {"GPUSCALE_SLOW_RANK": "1:2"}) is None
+    assert step_phases.slow_rank(2, {"GPUSCALE_SLOW_RANK": "2:1.5:generate"}) == ("generate", 1.5)
     with pytest.raises(ValueError, match="GPUSCALE_SLOW_RANK=2: expected RANK:SECONDS"):
         step_phases.slow_rank(0, {"GPUSCALE_SLOW_RANK": "2"})
+
+
+def test_a_blocking_collective_is_the_rank_s_wait_and_an_async_one_is_left_alone(tmp_path):
+    class Dist:
+        """torch.distributed's shape: a blocking collective returns once every rank joined in."""
+        calls = []
+
+        @staticmethod
+        def all_reduce(tensor, async_op=False):
+            Dist.calls.append((tensor, async_op))
+            time.sleep(0.05)
+
+    step_phases.time_collectives(Dist)
+    step_phases.time_collectives(Dist)  # timed once, however often asked
+    reporter = Reporter(tmp_path, 0)
+    try:
+        step_phases.restart("forward_backward")
+        Dist.all_reduce("grads")
+        Dist.all_reduce("more", async_op=True)
+        reporter.log(1)
+    finally:
+        reporter.close()
+    seconds = rules.phases_of(records(tmp_path, 0)[0])
+    assert 0.05 <= seconds["wait"] < 0.1 and seconds["forward_backward"] >= 0.05  # the async call's sleep
+    assert Dist.calls == [("grads", False), ("more", True)] and Dist.all_reduce.__name__ == "all_reduce"
 
 
 def records(run_dir, rank: int) -> list[dict]:
@@ -249,7 +275,11 @@ BALANCED = {"0": {"forward_backward": 1.0, "data": 0.05}, "1": {"forward_backwar
      dict(seconds_by_rank={"0": {"forward_backward": 1.0}, "1": {"forward_backward": 1.0},
                            "2": {"forward_backward": 1.0}, "3": {"forward_backward": 1.2}},
           gpu_of_rank={"3": "GPU 3"}),
-     ["rank 3 (GPU 3) is a straggler: its step takes 1.2 s, 20% over the ranks' median 1 s"]),
+     ["rank 3 (GPU 3) is a straggler: it works 1.2 s a step, 20% over the ranks' median 1 s"]),
+    ("a straggler among ranks that meet at the all-reduce: the others' steps are as long, spent waiting",
+     dict(seconds_by_rank={"0": {"forward_backward": 1.0, "wait": 0.5}, "1": {"forward_backward": 1.0, "wait": 0.5},
+                           "2": {"forward_backward": 1.5, "wait": 0.0}}),
+     ["rank 2 is a straggler: it works 1.5 s a step, 50% over the ranks' median 1 s"]),
     ("a rank just under the straggler's margin", dict(seconds_by_rank={"0": {"x": 1.0}, "1": {"x": 1.14}}), []),
     ("generation over half a step", dict(step_phases={"generate": 0.62, "forward_backward": 0.38}),
      ["generation takes 62% of a step: raise the generation batch"]),
@@ -267,6 +297,21 @@ def test_advice(case, kwargs, expected):
     assert len(lines) == len(expected), (case, lines)
     for line, start in zip(lines, expected):
         assert line.startswith(start), (case, line)
+
+
+def test_the_live_advice_reads_each_rank_s_last_steady_steps():
+    steady = {"forward_backward": 1.0, "wait": 0.6}
+    slowed = {"forward_backward": 1.0, "log": 0.6}
+    steps = {0: [{"data": 9.0}, steady, steady, steady, steady],  # its warm-up step left out
+             1: [{"data": 9.0}, {"forward_backward": 1.0}, slowed, slowed, slowed],  # slowed from step 3 on
+             2: [{"data": 9.0}]}  # no steady step yet
+    recent = rules.recent_by_rank(steps)
+    assert recent == {"0": steady, "1": slowed}
+    [line] = rules.live_advice(recent, {"1": "GPU 7"})
+    assert line.startswith("rank 1 (GPU 7) is a straggler: it works 1.6 s a step, 23% over")
+    assert rules.recent_by_rank({0: [{"data": 9.0}, {"data": 1.0}, {"data": 2.0}]}, steps=1) == {"0": {"data": 2.0}}
+    balanced = {"forward_backward": 1.0, "wait": 0.05}
+    assert rules.live_advice({}) == [] and rules.live_advice({"0": balanced, "1": balanced}) == []
 
 
 def test_show_writes_where_a_step_goes_and_the_advice_read_from_it():

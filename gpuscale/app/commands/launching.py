@@ -204,7 +204,9 @@ def follow_run(store: Store, run_id: int, as_json: bool = False, preempted_ok: b
     terminal = Console(file=sys.stderr)  # its width follows the terminal (and COLUMNS)
     interactive = terminal.is_terminal
     last_print = 0.0
-    said: set[str] = set()  # warnings already printed whole on a line of their own
+    # Warnings already printed whole on a line of their own, by what they are about (the words before
+    # their first colon): a live one's figures change every step (a straggler's seconds, a late rank's).
+    said: set[str] = set()
     while True:
         if stop["asked"]:
             print(f"\nstopping run {run_id} ...", file=sys.stderr)
@@ -218,9 +220,9 @@ def follow_run(store: Store, run_id: int, as_json: bool = False, preempted_ok: b
         warnings = run_collapse_warnings(store, run)
         if interactive:
             for warning in warnings:  # once each, whole: the redrawn line may be cut to the width
-                if warning not in said:
+                if warning.split(":")[0] not in said:
                     print(f"\r\033[K! {warning}", file=sys.stderr, flush=True)
-                    said.add(warning)
+                    said.add(warning.split(":")[0])
             line = fit_to_width(progress_line(run, time.time(), warnings), terminal.width)
             print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
         elif now - last_print >= 10:
