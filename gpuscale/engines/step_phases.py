@@ -131,6 +131,11 @@ class StepPhases:
         self._closed: list[tuple[int, list[tuple[object, str]]]] = []
         self.slowed: tuple[str, float] | None = None  # (phase, seconds): SLOW_RANK_ENV's test aid
 
+    @property
+    def in_phase(self) -> bool:
+        """Whether a phase is open (the time now is not `other`)."""
+        return bool(self._stack)
+
     def use_cuda(self, device) -> None:
         """Mark with CUDA events on `device`'s current stream (before any phase is marked)."""
         self.clock = CudaClock(device)
@@ -221,8 +226,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 
 def time_collectives(dist) -> None:
     """Time every blocking call of `dist`'s (torch.distributed's) COLLECTIVES as phase WAIT of the
-    rank's step, from now on in this process (a call given async_op=True is left alone: its wait
-    comes later, where the caller waits)."""
+    rank's step, from now on in this process, where a phase is open (outside every phase the recipe
+    times no step: the set-up's, an evaluation's collectives stay `other`; a call given async_op=True
+    is left alone: its wait comes later, where the caller waits)."""
     for name in COLLECTIVES:
         original = getattr(dist, name, None)
         if original is not None and not getattr(original, "timed_as_wait", False):
@@ -232,7 +238,7 @@ def time_collectives(dist) -> None:
 def _timed_as_wait(collective):
     @functools.wraps(collective)
     def timed(*args, **kwargs):
-        if kwargs.get("async_op") or _current is None:
+        if kwargs.get("async_op") or _current is None or not _current.in_phase:
             return collective(*args, **kwargs)
         with phase(WAIT):
             return collective(*args, **kwargs)

@@ -211,6 +211,7 @@ def test_a_blocking_collective_is_the_rank_s_wait_and_an_async_one_is_left_alone
     step_phases.time_collectives(Dist)  # timed once, however often asked
     reporter = Reporter(tmp_path, 0)
     try:
+        Dist.all_reduce("before")  # outside every phase: no step's, no wait
         step_phases.restart("forward_backward")
         Dist.all_reduce("grads")
         Dist.all_reduce("more", async_op=True)
@@ -219,7 +220,8 @@ def test_a_blocking_collective_is_the_rank_s_wait_and_an_async_one_is_left_alone
         reporter.close()
     seconds = rules.phases_of(records(tmp_path, 0)[0])
     assert 0.05 <= seconds["wait"] < 0.1 and seconds["forward_backward"] >= 0.05  # the async call's sleep
-    assert Dist.calls == [("grads", False), ("more", True)] and Dist.all_reduce.__name__ == "all_reduce"
+    assert Dist.calls == [("before", False), ("grads", False), ("more", True)]
+    assert Dist.all_reduce.__name__ == "all_reduce"
 
 
 def records(run_dir, rank: int) -> list[dict]:
