@@ -331,3 +331,35 @@ def test_show_writes_where_a_step_goes_and_the_advice_read_from_it():
     assert lines[2].startswith("advice: data loading takes 30%")
     assert lines[3].startswith("advice: GPU 5 uses 9.8 of its 80 GiB")  # the run's own memory, not the card's
     assert step_lines({"tokens_per_s": 5.0}, peaks) == []  # a run that timed no phases
+
+
+def test_compare_shows_the_change_per_phase_and_export_holds_the_phase_figures(tmp_path, monkeypatch, capsys):
+    from gpuscale.app import cli
+    from gpuscale.app.views.export import export_text
+    from gpuscale.control.store import Store
+
+    monkeypatch.setenv("GPUSCALE_HOME", str(tmp_path))
+    store = Store(tmp_path)
+    steps = {"a": {"forward_backward": 0.3, "data": 0.1}, "b": {"forward_backward": 0.3, "data": 0.02, "wait": 0.05}}
+    ids = {}
+    for side, seconds in steps.items():
+        ids[side] = store.create_run("sft", {"batch_size": 8}, ["accelerate"], "host")
+        store.finish_run(ids[side], "succeeded", summary={"step_phase_seconds": seconds,
+                                                          "step_phases": rules.shares(seconds)})
+        store.add_rows([{"run_id": ids[side], "rank": 0, "t": 1.0, "step": 2, "name": rules.figure_name(name),
+                         "value": value} for name, value in seconds.items()], [])
+    assert cli.main(["compare", str(ids["a"]), str(ids["b"])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("where a step goes:")
+    assert lines[at + 1:] == ["  step: 0.4 s -> 0.37 s, -0.03 (-7.5%)",
+                              "  forward+backward: 0.3 s (75%) -> 0.3 s (81%), +0 (+0.0%)",
+                              "  data: 0.1 s (25%) -> 0.02 s (5%), -0.08 (-80.0%)",
+                              "  waiting for other ranks: - -> 0.05 s (14%), +0.05"]
+    assert cli.main(["compare", str(ids["a"]), str(ids["a"])]) == 0  # the same run: nothing changed
+    assert "  data: 0.1 s (25%) -> 0.1 s (25%), +0 (+0.0%)" in capsys.readouterr().out
+    exported = json.loads(export_text(store, ids["b"], "json"))
+    assert exported["run"]["summary"]["step_phase_seconds"] == steps["b"]
+    assert {m["name"] for m in exported["metrics"]} == {"phase_seconds_forward_backward", "phase_seconds_data",
+                                                         "phase_seconds_wait"}
+    assert "phase_seconds_wait" in export_text(store, ids["b"], "csv", "metrics")
+    assert '"wait": 0.05' in export_text(store, ids["b"], "csv", "summary").replace('""', '"')
