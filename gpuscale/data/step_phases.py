@@ -17,20 +17,25 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 # A training step's phases (transformers' loop, engines/trl_bridge.py), the generation recipes'
-# (rft, grpo-mtl), and `other`, the time none names. EVALUATE and SAVE are the heartbeat's words too
-# (runs/heartbeat.py takes them from here): the same thing, named once.
+# (rft, grpo-mtl), the sampling ones' (power-sampling, the probe), and `other`, the time none names.
+# EVALUATE and SAVE are the heartbeat's words too (runs/heartbeat.py takes them from here): the same
+# thing, named once.
 DATA, FORWARD_BACKWARD, OPTIMIZER, LOG = "data", "forward_backward", "optimizer", "log"
 EVALUATE, SAVE = "evaluate", "save"
 GENERATE, FILTER, REWARD, LOGPROBS, WEIGHT_SYNC = "generate", "filter", "reward", "logprobs", "weight_sync"
-# From a step's last gradient computed to its optimizer step, on a rank that has others (engines/trl_bridge.py):
-# waiting for the slowest rank at the gradient all-reduce, the part of the all-reduce the backward pass did
-# not hide, and the gradient clipping.
+# Sampling without training (power-sampling, the probe): the prompts' KV computed, the tokens decoded, a
+# Metropolis-Hastings move accepted or rejected, the answers scored.
+PREFILL, DECODE, ACCEPT_REJECT, SCORE = "prefill", "decode", "accept_reject", "score"
+# Waiting for the other ranks, on a rank that has others: in a blocking collective (engines/step_phases.py:
+# time_collectives), and from a step's last gradient computed to its optimizer step (engines/trl_bridge.py:
+# the slowest rank at DDP's gradient all-reduce, the part of it the backward pass did not hide, the
+# gradient clipping).
 WAIT = "wait"
 OTHER = "other"
 
 # How people read a phase's name; a name not here reads as itself, `_` as a space.
 LABELS = {FORWARD_BACKWARD: "forward+backward", SAVE: "checkpoint", LOGPROBS: "reference/old log-probs",
-          WEIGHT_SYNC: "weight sync", WAIT: "waiting for other ranks", DATA: "data"}
+          WEIGHT_SYNC: "weight sync", WAIT: "waiting for other ranks", DATA: "data", ACCEPT_REJECT: "accept/reject"}
 
 FIGURE_PREFIX = "phase_seconds_"
 # Logged steps of each rank left out of the summary: the first builds what later steps reuse (the
