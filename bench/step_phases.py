@@ -197,8 +197,10 @@ def profiler_split(trace: dict) -> dict[str, float]:
     """Phase -> seconds on the profiler's timeline (the module's docstring): cut at each phase
     annotation, on a GPU at the later of the annotation and the end of the device work launched before it."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    # The CPU's annotations (on a GPU the profiler also draws each range on the device's timeline, as
+    # `gpu_user_annotation`: not a mark).
     marks = sorted((e["ts"], e["name"].removeprefix(ANNOTATION)) for e in events
-                   if e["name"].startswith(ANNOTATION))
+                   if e.get("cat") == "user_annotation" and e["name"].startswith(ANNOTATION))
     launches = {e["args"]["correlation"]: e["ts"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     work = sorted((launches[e["args"]["correlation"]], e["ts"] + e["dur"]) for e in events

@@ -835,7 +835,8 @@ def test_step_phases_bench_cuts_the_profiler_timeline_where_the_device_work_befo
                              *launched(150, 1, 160, 500), *launched(200, 2, 660, 40, cat="gpu_memcpy"),
                              annotation(300, "optimizer"),  # the GPU is busy until 700: the cut is there
                              *launched(320, 3, 710, 50), annotation(400, "log"),  # cut at 760
-                             annotation(900, "data")]}  # idle GPU: the cut is the annotation
+                             annotation(900, "data"),  # idle GPU: the cut is the annotation
+                             {**annotation(350, "optimizer"), "cat": "gpu_user_annotation", "dur": 300}]}  # no mark
     split = phases.profiler_split(trace)
     assert split == pytest.approx({"data": 100e-6, "forward_backward": 600e-6, "optimizer": 60e-6, "log": 140e-6})
     ours = {"data": 100e-6, "forward_backward": 200e-6, "optimizer": 100e-6, "log": 500e-6}  # the CPU's view
