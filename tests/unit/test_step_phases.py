@@ -363,3 +363,16 @@ def test_compare_shows_the_change_per_phase_and_export_holds_the_phase_figures(t
                                                          "phase_seconds_wait"}
     assert "phase_seconds_wait" in export_text(store, ids["b"], "csv", "metrics")
     assert '"wait": 0.05' in export_text(store, ids["b"], "csv", "summary").replace('""', '"')
+
+
+def test_gpuscale_run_prints_a_live_warning_once_whatever_its_figures_do_next():
+    from gpuscale.app.commands.launching import warning_subject
+
+    def advice(slowed: float) -> list[str]:
+        return rules.live_advice({"0": {"forward_backward": 1.0}, "1": {"forward_backward": slowed}}, {"1": "GPU 3"})
+
+    first, later = advice(1.5), advice(1.7)
+    assert first != later and [warning_subject(w) for w in first] == [warning_subject(w) for w in later]
+    assert warning_subject(first[0]) == "rank # (GPU #) is a straggler"
+    assert warning_subject("waiting for the other ranks at the all-reduce takes 25% of a step: x") != \
+        warning_subject("data loading takes 25% of a step: x")
