@@ -18,9 +18,8 @@ GPUSCALE_STEP_PHASES=0 in a run's environment (PHASES_ENV, read by `timing_on`) 
 no mark is made and no phase figure logged, so that bench/step_phases.py can time the same run with
 and without it. GPUSCALE_SLOW_RANK=RANK:SECONDS[:PHASE] (SLOW_RANK_ENV, read by `slow_rank`) is a test
 aid: rank RANK sleeps SECONDS each time it enters phase PHASE (forward_backward unless given: each
-training pass), a
-straggler on purpose, as a slower card would be, to see it named (data/step_phases.py's advice);
-it needs the timing on. The other ranks then wait for it at their next collective (the gradient
+training pass), a straggler on purpose, as a slower card would be, to see it named (data/step_phases.py's
+advice); it needs the timing on. The other ranks then wait for it at their next collective (the gradient
 all-reduce: `wait`).
 
 Waiting for the other ranks (`wait`) is told apart where it happens, without a sync: at every blocking
@@ -227,8 +226,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 def time_collectives(dist) -> None:
     """Time every blocking call of `dist`'s (torch.distributed's) COLLECTIVES as phase WAIT of the
     rank's step, from now on in this process, where a phase is open (outside every phase the recipe
-    times no step: the set-up's, an evaluation's collectives stay `other`; a call given async_op=True
-    is left alone: its wait comes later, where the caller waits)."""
+    times no step: the set-up's collectives, and those after its last step, stay out of the steps, as
+    they were; a call given async_op=True is left alone: its wait comes later, where the caller waits)."""
     for name in COLLECTIVES:
         original = getattr(dist, name, None)
         if original is not None and not getattr(original, "timed_as_wait", False):

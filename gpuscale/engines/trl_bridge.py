@@ -417,8 +417,9 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
         ddp_find_unused_parameters=False,
         # Nor broadcast rank 0's buffers before every forward pass: a causal LM's (the rotary frequencies)
         # are computed alike on every rank and never trained, and the broadcast is a collective a pass,
-        # where the faster ranks waited for a straggler inside `forward_backward` (the step phases tell
-        # the wait apart at the gradient all-reduce only: ReporterCallback._watch_gradients).
+        # where the faster ranks waited for a straggler inside `forward_backward` (DDP's C++ broadcasts them,
+        # out of the step phases' sight: they tell the wait apart at Python's collectives and at the
+        # gradient all-reduce, ReporterCallback._watch_gradients).
         ddp_broadcast_buffers=False,
     )
     # Checkpoints every `checkpoint_every` steps into the run folder (model, optimizer, scheduler, RNG,
