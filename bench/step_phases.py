@@ -23,7 +23,9 @@ recipe's defaults otherwise. Per recipe:
   bench/profile_step.py's: bench/profile_rollout.py's rank_sitecustomize). Each change of phase is also
   a zero-length profiler annotation; the profiler's split cuts its own timeline at them: on a GPU a
   cut is the later of its annotation and the end of the last kernel, copy or memset launched before it
-  (a CUDA event on the stream completes then), on CPU the annotation itself. Agreement, per rank: the
+  (a CUDA event on the stream completes then; device work of every stream counts, NCCL's too, so a
+  gradient all-reduce that overlaps the backward pass past its last kernel moves a cut later than the
+  compute stream's event: a difference the comparison shows), on CPU the annotation itself. Agreement, per rank: the
   largest |ours - the profiler's| over the phases, as a share of the window (ours: the phase seconds the
   rank logged for those steps). Target: at most 10% of the step.
 
@@ -37,9 +39,11 @@ On CPU (tiny-math, one run a side, sft only; speeds on CPU mean nothing):
     python bench/step_phases.py --recipes sft --model tiny-math --repeats 1 --warmups 0 --profile-after 1 \\
         --profile-steps 2 --set sft:max_steps=6 --set batch_size=2 --set max_examples=64 --set sft:max_length=64
 
-On one GPU (random-qwen2.5-0.5b, every recipe at its defaults):
+On one GPU (random-qwen2.5-0.5b, every recipe at its defaults; a recipe's 8 runs take about 5-8 minutes,
+so where a call is limited to 10 minutes, one recipe a call):
 
     python bench/step_phases.py
+    python bench/step_phases.py --recipes sft            # results/phases/step-phases-sft-<date>-<card>.json
 """
 
 from __future__ import annotations
