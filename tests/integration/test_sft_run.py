@@ -103,6 +103,7 @@ def test_a_slowed_rank_is_named_a_straggler_live_within_three_logged_steps(home)
     run goes on, by the time the ranks have logged 3 steady steps; the other rank's step is as long,
     spent waiting at the gradient all-reduce, so it is not named."""
     from gpuscale.app.views.collapse import run_collapse_warnings
+    from gpuscale.app.views.runs import split_lines
     from gpuscale.data.step_phases import LIVE_STEPS, WARM_UP_STEPS
     from gpuscale.runs.statuses import LIVE_STATUSES
 
@@ -115,6 +116,10 @@ def test_a_slowed_rank_is_named_a_straggler_live_within_three_logged_steps(home)
         """The step the run is at once a warning names rank 1 a straggler."""
         run = store.get_run(run_id)
         if any(line.startswith("rank 1 is a straggler") for line in run_collapse_warnings(store, run)):
+            # The monitor's row a rank: the others' step as long, spent waiting for it.
+            rows = split_lines(run)
+            assert rows[1].startswith("  rank 0: ") and ", waited " in rows[1], rows
+            assert rows[2].startswith("  rank 1: "), rows
             return run["progress"]["step"]
         assert run["status"] in LIVE_STATUSES, run["status"]  # named while the run goes on
         return None
