@@ -90,17 +90,26 @@ def _patch():
         return result
 
     rollout.EngineRollout.__call__ = profiled
+'''
 
-# The ranks alone (python [-u] -m gpuscale.recipes): the front end, the supervisor and the launcher have the
-# folder on their path too, and would each import the engine for nothing.
+# The end of every bench sitecustomize: `_patch()` in the ranks alone (python [-u] -m gpuscale.recipes), and
+# only where the script's variable ({switch}) is set: the front end, the supervisor and the launcher have
+# the folder on their path too, and would each import the engine or transformers for nothing.
+RANKS_ONLY = '''
 def _rank():
     import sys
     argv = sys.orig_argv
     return "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["gpuscale.recipes"]
 
-if os.environ.get("GPUSCALE_PROFILE_OUT") and _rank():
+if os.environ.get("{switch}") and _rank():
     _patch()
 '''
+
+
+def rank_sitecustomize(patch: str, switch: str) -> str:
+    """A sitecustomize whose `_patch()` (defined in `patch`, which imports os) runs in the ranks only,
+    where the environment variable `switch` is set."""
+    return patch + RANKS_ONLY.replace("{switch}", switch)
 
 
 def run_with_sitecustomize(code: str, run: list[str], env_extra: dict[str, str]) -> int:
@@ -122,7 +131,8 @@ def main() -> None:
                         "bench/train_speed.py's GRPO shape, 6 steps)")
     args = parser.parse_args()
     run = [part for part in args.run if part != "--"] or DEFAULT_RUN
-    code = run_with_sitecustomize(SITECUSTOMIZE, run, {"GPUSCALE_PROFILE_OUT": str(args.out.resolve()),
+    sitecustomize = rank_sitecustomize(SITECUSTOMIZE, "GPUSCALE_PROFILE_OUT")
+    code = run_with_sitecustomize(sitecustomize, run, {"GPUSCALE_PROFILE_OUT": str(args.out.resolve()),
                                                        "GPUSCALE_PROFILE_CALL": str(args.call)})
     if not args.out.exists():
         raise SystemExit(f"no profile written (run exit {code}; fewer than {args.call} rollout calls?)")

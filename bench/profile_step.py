@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_rollout import run_with_sitecustomize  # noqa: E402
+from profile_rollout import rank_sitecustomize, run_with_sitecustomize  # noqa: E402
 
 BASELINE = """No baseline: a profile of gpuscale's own training step (bench/scaling.py measures its throughput
 against the same recipe on 1 GPU)."""
@@ -87,16 +87,6 @@ def _patch():
         self.add_callback(ProfileOneStep())
 
     transformers.Trainer.__init__ = init_with_profiler
-
-# The ranks alone (python [-u] -m gpuscale.recipes): the front end, the supervisor and the launcher have the
-# folder on their path too, and would each import transformers for nothing.
-def _rank():
-    import sys
-    argv = sys.orig_argv
-    return "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["gpuscale.recipes"]
-
-if os.environ.get("GPUSCALE_PROFILE_OUT") and _rank():
-    _patch()
 '''
 
 
@@ -110,7 +100,8 @@ def main() -> None:
                         "bench/scaling.py's grpo-mtl point on 4 GPUs, 5 steps)")
     args = parser.parse_args()
     run = [part for part in args.run if part != "--"] or DEFAULT_RUN
-    code = run_with_sitecustomize(SITECUSTOMIZE, run, {"GPUSCALE_PROFILE_OUT": str(args.out.resolve()),
+    sitecustomize = rank_sitecustomize(SITECUSTOMIZE, "GPUSCALE_PROFILE_OUT")
+    code = run_with_sitecustomize(sitecustomize, run, {"GPUSCALE_PROFILE_OUT": str(args.out.resolve()),
                                                        "GPUSCALE_PROFILE_STEP": str(args.step),
                                                        "GPUSCALE_PROFILE_TRACE": "1" if args.trace else "0"})
     written = sorted(args.out.parent.glob(f"{args.out.name}.rank*.txt"))

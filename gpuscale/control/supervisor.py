@@ -143,6 +143,8 @@ class Supervisor:
         progress = self.throughput.progress(now)
         if nonfinite := self.tailer.nonfinite():
             progress["nonfinite"] = nonfinite  # the front ends warn (app/views/collapse.py)
+        if recent := step_phases.recent_by_rank(self.tailer.step_phases):
+            progress["step_phases"] = recent  # each rank's last steps: the front ends' live advice
         if check := self.tailer.summaries.get(0, {}).get("resume_check"):
             progress["resume_check"] = check  # a resumed run's check so far: the monitor warns while it runs
         if self.stop_requested_at is not None:

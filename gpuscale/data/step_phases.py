@@ -17,17 +17,25 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 # A training step's phases (transformers' loop, engines/trl_bridge.py), the generation recipes'
-# (rft, grpo-mtl), and `other`, the time none names. EVALUATE and SAVE are the heartbeat's words too
-# (runs/heartbeat.py takes them from here): the same thing, named once.
+# (rft, grpo-mtl), the sampling ones' (power-sampling, the probe), and `other`, the time none names.
+# EVALUATE and SAVE are the heartbeat's words too (runs/heartbeat.py takes them from here): the same
+# thing, named once.
 DATA, FORWARD_BACKWARD, OPTIMIZER, LOG = "data", "forward_backward", "optimizer", "log"
 EVALUATE, SAVE = "evaluate", "save"
 GENERATE, FILTER, REWARD, LOGPROBS, WEIGHT_SYNC = "generate", "filter", "reward", "logprobs", "weight_sync"
-WAIT = "wait"  # waiting for the other ranks at the gradient all-reduce, where it is told apart
+# Sampling without training (power-sampling, the probe): the prompts' KV computed, the tokens decoded, a
+# Metropolis-Hastings move accepted or rejected, the answers scored.
+PREFILL, DECODE, ACCEPT_REJECT, SCORE = "prefill", "decode", "accept_reject", "score"
+# Waiting for the other ranks, on a rank that has others: in a blocking collective (engines/step_phases.py:
+# time_collectives), and from a step's last gradient computed to its optimizer step (engines/trl_bridge.py:
+# the slowest rank at DDP's gradient all-reduce, the part of it the backward pass did not hide, the
+# gradient clipping).
+WAIT = "wait"
 OTHER = "other"
 
 # How people read a phase's name; a name not here reads as itself, `_` as a space.
 LABELS = {FORWARD_BACKWARD: "forward+backward", SAVE: "checkpoint", LOGPROBS: "reference/old log-probs",
-          WEIGHT_SYNC: "weight sync", WAIT: "waiting for other ranks", DATA: "data"}
+          WEIGHT_SYNC: "weight sync", WAIT: "waiting for other ranks", DATA: "data", ACCEPT_REJECT: "accept/reject"}
 
 FIGURE_PREFIX = "phase_seconds_"
 # Logged steps of each rank left out of the summary: the first builds what later steps reuse (the
@@ -41,6 +49,9 @@ RANKS_DIFFER = 0.05
 STRAGGLER = 0.15
 TOO_MUCH = {GENERATE: 0.5, DATA: 0.10, WAIT: 0.20}
 MEMORY_USED_AT_LEAST = 1 / 3
+# The live advice (the monitor, `gpuscale run`'s progress) reads each rank's last this many steady logged
+# steps: a straggler is named within as many steps of its start.
+LIVE_STEPS = 3
 
 
 def label(phase: str) -> str:
@@ -106,6 +117,25 @@ def _rounded(values: Mapping[str, float], digits: int) -> dict[str, float]:
     return {name: round(value, digits) for name, value in values.items()}
 
 
+def recent_by_rank(steps_by_rank: Mapping[int, Sequence[Mapping[str, float]]], steps: int = LIVE_STEPS,
+                   warm_up: int = WARM_UP_STEPS) -> dict[str, dict[str, float]]:
+    """Each rank's mean step over its last `steps` steady logged steps (phase -> seconds), by rank as
+    text (the supervisor puts them in the run's progress, a JSON record); a rank without a steady step
+    is left out."""
+    return {str(rank): _rounded(mean_step(list(logged[warm_up:])[-steps:]), 6)
+            for rank, logged in sorted(steps_by_rank.items()) if len(logged) > warm_up}
+
+
+def live_advice(recent: Mapping[str, Mapping[str, float]] | None, gpu_of_rank: Mapping[str, str] | None = None
+                ) -> list[str]:
+    """`advice` on the ranks' recent steps (`recent_by_rank`): a straggler, and the shares of the ranks'
+    steps together (the memory rule needs the run's peaks: `gpuscale show` adds it)."""
+    if not recent:
+        return []
+    pooled = mean_step(list(recent.values()))
+    return advice(shares(pooled), recent, gpu_of_rank=gpu_of_rank)
+
+
 def where_a_step_goes(step_phases: Mapping[str, float]) -> str:
     """One line of the shares, largest first, `other` last: `forward+backward 71% · optimizer 12% ·
     data 3% · other 2%` (a share under half a percent left out)."""
@@ -123,8 +153,10 @@ def advice(step_phases: Mapping[str, float] | None = None,
     """What to change, one line each naming the figure and the knob; [] where nothing is wrong.
 
     `step_phases` is phase -> share of a step; `seconds_by_rank` rank -> phase -> seconds (a rank's
-    mean steady step); `memory_mb` card -> (memory used, memory it has); `gpu_of_rank` rank -> its card's
-    name, to say which card a straggler is on."""
+    mean steady step: a straggler is a rank whose work, its WAIT for the others left out, takes
+    STRAGGLER more than the ranks' median: ranks that meet at an all-reduce every step all take the
+    same time a step, the faster ones waiting); `memory_mb` card -> (memory used, memory it has);
+    `gpu_of_rank` rank -> its card's name, to say which card a straggler is on."""
     lines = _straggler_lines(seconds_by_rank or {}, gpu_of_rank or {})
     shares_now = step_phases or {}
     for phase, line in ((GENERATE, "generation takes {share:.0%} of a step: raise the generation batch, or give "
@@ -144,15 +176,15 @@ def advice(step_phases: Mapping[str, float] | None = None,
 
 
 def _straggler_lines(seconds_by_rank: Mapping[str, Mapping[str, float]], gpu_of_rank: Mapping[str, str]) -> list[str]:
-    steps = {rank: sum(seconds.values()) for rank, seconds in seconds_by_rank.items()}
-    if len(steps) < 2:
+    work = {rank: sum(seconds.values()) - seconds.get(WAIT, 0.0) for rank, seconds in seconds_by_rank.items()}
+    if len(work) < 2:
         return []
-    middle = statistics.median(steps.values())
+    middle = statistics.median(work.values())
     lines = []
-    for rank, step in sorted(steps.items(), key=lambda item: int(item[0])):
-        if middle > 0 and step > middle * (1 + STRAGGLER):
+    for rank, busy in sorted(work.items(), key=lambda item: int(item[0])):
+        if middle > 0 and busy > middle * (1 + STRAGGLER):
             where = f" ({gpu_of_rank[rank]})" if rank in gpu_of_rank else ""
-            lines.append(f"rank {rank}{where} is a straggler: its step takes {step:.3g} s, {step / middle - 1:.0%} "
-                         f"over the ranks' median {middle:.3g} s; look at what else runs on its card, its "
-                         "clocks and its share of the rows")
+            lines.append(f"rank {rank}{where} is a straggler: it works {busy:.3g} s a step, {busy / middle - 1:.0%} "
+                         f"over the ranks' median {middle:.3g} s (waits for others left out); look at what else "
+                         "runs on its card, its clocks and its share of the rows")
     return lines

@@ -30,7 +30,7 @@ from gpuscale.data.data_error import DataError
 from gpuscale.data.models import ModelError
 from gpuscale.data.precision import device_precision, torch_dtype
 from gpuscale.data.seeds import derived_seed
-from gpuscale.engines import preemption
+from gpuscale.engines import preemption, step_phases
 from gpuscale.engines.reporter import NonFiniteFigure, Reporter
 from gpuscale.runs import heartbeat
 from gpuscale.runs.process import die_with_parent
@@ -243,6 +243,8 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
         ctx = init_rank(settings, run_dir)
         if ctx.device.type == "cuda":
             reporter.phases.use_cuda(ctx.device)  # the step phases' marks: CUDA events, no sync in a step
+        if ctx.world_size > 1:
+            step_phases.time_collectives(dist)  # the wait for the other ranks, a phase of its own
         print(f"rank {rank}/{ctx.world_size} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
         main(settings, ctx, reporter)
         if dist.is_initialized():

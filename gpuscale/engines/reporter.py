@@ -47,7 +47,10 @@ class Reporter:
         self._step, self._phase, self._written_at = 0, "", 0.0
         self._beats = heartbeat.beats_on()  # off only to time what they cost (bench/heartbeat_cost.py)
         self.phases = step_phases.StepPhases()
-        _current, step_phases._current = self, self.phases
+        _current = self
+        # Timing off (a bench aid): no phase is marked, so no step closes and none is logged.
+        step_phases._current = self.phases if step_phases.timing_on() else None
+        self.phases.slowed = step_phases.slow_rank(rank)  # a straggler on purpose (a test aid)
         self.beat(heartbeat.LOADING)
 
     def log(self, step: int, **scalars: float) -> None:

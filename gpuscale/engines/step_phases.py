@@ -14,19 +14,62 @@ phase is `other`. Steps are closed only once a phase was marked, so a
 recipe that names none logs no phase figures, and a logged step in which none was marked (all of it
 `other`) is left out.
 
+GPUSCALE_STEP_PHASES=0 in a run's environment (PHASES_ENV, read by `timing_on`) turns the timing off:
+no mark is made and no phase figure logged, so that bench/step_phases.py can time the same run with
+and without it. GPUSCALE_SLOW_RANK=RANK:SECONDS[:PHASE] (SLOW_RANK_ENV, read by `slow_rank`) is a test
+aid: rank RANK sleeps SECONDS each time it enters phase PHASE (forward_backward unless given: each
+training pass), a straggler on purpose, as a slower card would be, to see it named (data/step_phases.py's
+advice); it needs the timing on. The other ranks then wait for it at their next collective (the gradient
+all-reduce: `wait`).
+
+Waiting for the other ranks (`wait`) is told apart where it happens, without a sync: at every blocking
+collective of torch.distributed the rank calls (`time_collectives`: accelerate's and TRL's gathers,
+a recipe's own), and at DDP's gradient all-reduce, which runs inside the backward pass
+(engines/trl_bridge.py marks it from the last gradient computed). On a GPU a collective's marks are
+events on the compute stream around the call, which the stream reaches only once the collective is
+done: the time is the wait for the slowest rank and the transfer.
+
 No torch at import: it loads only where `use_cuda` is called.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from gpuscale.data.step_phases import OTHER, figure_name
+from gpuscale.data.step_phases import FORWARD_BACKWARD, OTHER, WAIT, figure_name
 
-# The rank's StepPhases (its Reporter's), for `phase` and `switch`; None outside a rank.
+# The rank's StepPhases (its Reporter's), for `phase` and `switch`; None outside a rank, and where the
+# timing is off.
 _current: StepPhases | None = None
+
+PHASES_ENV = "GPUSCALE_STEP_PHASES"
+SLOW_RANK_ENV = "GPUSCALE_SLOW_RANK"
+
+
+def timing_on(environ=os.environ) -> bool:
+    """Whether a rank times its step phases: always, unless PHASES_ENV is "0" (the module's docstring)."""
+    return environ.get(PHASES_ENV, "").strip() != "0"
+
+
+def slow_rank(rank: int, environ=os.environ) -> tuple[str, float] | None:
+    """(phase, seconds): how SLOW_RANK_ENV (RANK:SECONDS[:PHASE]) asks rank `rank` to be slowed; None
+    for the other ranks and where it is not set. A malformed value is refused: a test aid that silently
+    did nothing would pass for a run without a straggler."""
+    value = environ.get(SLOW_RANK_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        slowed, seconds, *named = value.split(":")
+        if len(named) > 1:
+            raise ValueError
+        slowed_rank, seconds = int(slowed), float(seconds)
+    except ValueError:
+        raise ValueError(f"{SLOW_RANK_ENV}={value}: expected RANK:SECONDS[:PHASE], e.g. 1:0.5") from None
+    return (named[0] if named else FORWARD_BACKWARD, seconds) if slowed_rank == rank else None
 
 
 class WallClock:
@@ -85,6 +128,12 @@ class StepPhases:
         self._stack: list[str] = []
         self._marks: list[tuple[object, str]] = []
         self._closed: list[tuple[int, list[tuple[object, str]]]] = []
+        self.slowed: tuple[str, float] | None = None  # (phase, seconds): SLOW_RANK_ENV's test aid
+
+    @property
+    def in_phase(self) -> bool:
+        """Whether a phase is open (the time now is not `other`)."""
+        return bool(self._stack)
 
     def use_cuda(self, device) -> None:
         """Mark with CUDA events on `device`'s current stream (before any phase is marked)."""
@@ -93,6 +142,7 @@ class StepPhases:
     def enter(self, name: str) -> None:
         self._stack.append(name)
         self._mark(name)
+        self._entered(name)
 
     def exit(self) -> None:
         if self._stack:
@@ -107,6 +157,7 @@ class StepPhases:
             self._stack.append(name)
         if len(self._stack) == 1:
             self._mark(name)
+            self._entered(name)
 
     def lap(self, name: str) -> None:
         """The time since the last mark was phase `name`; from now on, the phase open goes on (a
@@ -159,6 +210,40 @@ class StepPhases:
 
     def _mark(self, name: str) -> None:
         self._marks.append((self.clock.mark(), name))
+
+    def _entered(self, name: str) -> None:
+        """SLOW_RANK_ENV's sleep, on entering its phase (not on coming back to it from one inside it)."""
+        if self.slowed and name == self.slowed[0]:
+            time.sleep(self.slowed[1])
+
+
+# torch.distributed's collectives: a call without async_op=True returns once the others have joined in.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather", "gather_object",
+               "broadcast", "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+               "all_to_all", "all_to_all_single", "scatter", "scatter_object_list", "barrier")
+
+
+def time_collectives(dist) -> None:
+    """Time every blocking call of `dist`'s (torch.distributed's) COLLECTIVES as phase WAIT of the
+    rank's step, from now on in this process, where a phase is open (outside every phase the recipe
+    times no step: the set-up's collectives, and those after its last step, stay out of the steps, as
+    they were; a call given async_op=True is left alone: its wait comes later, where the caller waits)."""
+    for name in COLLECTIVES:
+        original = getattr(dist, name, None)
+        if original is not None and not getattr(original, "timed_as_wait", False):
+            setattr(dist, name, _timed_as_wait(original))
+
+
+def _timed_as_wait(collective):
+    @functools.wraps(collective)
+    def timed(*args, **kwargs):
+        if kwargs.get("async_op") or _current is None or not _current.in_phase:
+            return collective(*args, **kwargs)
+        with phase(WAIT):
+            return collective(*args, **kwargs)
+
+    timed.timed_as_wait = True
+    return timed
 
 
 def figures(seconds: dict[str, float]) -> dict[str, float]:

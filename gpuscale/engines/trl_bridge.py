@@ -5,12 +5,13 @@ Three pieces, so that every TRL-based recipe reports, fails and is configured th
 - `ReporterCallback(reporter, world_size)`: a `TrainerCallback` that turns the trainer's logs into
   Reporter records as they come (every `logging_steps` optimizer steps), and marks each step's
   phases (engines/step_phases.py) from transformers' hooks: `data` (the step's micro-batches fetched
-  and collated, before `on_step_begin`), `forward_backward` (to `on_pre_optimizer_step`: the
-  micro-batches' passes, DDP's gradient all-reduce inside the last backward, the gradient clipping),
-  `optimizer` (to `on_step_end`: the step, the scheduler, zeroing the gradients), `log` (the loss
-  gathered over the ranks, the record written), then `evaluate` and `save` where the trainer does
-  either. A step is the time between two logs, so an evaluation or a checkpoint after step k's log
-  counts in step k+1's.
+  and collated, before `on_step_begin`), `forward_backward` (the micro-batches' passes), on a rank
+  that has others `wait` (from the step's last gradient computed to `on_pre_optimizer_step`: waiting
+  for the slowest rank at DDP's gradient all-reduce, the part of it the backward pass did not hide,
+  the gradient clipping; see `_watch_gradients`), `optimizer` (to `on_step_end`: the step, the
+  scheduler, zeroing the gradients), `log` (the loss gathered over the ranks, the record written),
+  then `evaluate` and `save` where the trainer does either. A step is the time between two logs, so
+  an evaluation or a checkpoint after step k's log counts in step k+1's.
 - `NonFiniteGuard()`: a `TrainerCallback` that fails the run with one line (`step 168: grad_norm is
   nan (training diverged); try ...`) when a logged loss, grad_norm or reward turns NaN or Inf, and,
   attached to a GRPO trainer, when a reward function returns NaN or Inf (TRL reads a NaN reward as
@@ -87,6 +88,9 @@ class ReporterCallback(TrainerCallback):
         self._global_delta: float | None = None  # the global count's growth at the last log
         self._own_tokens = None  # this rank's tokens since the last log (a tensor, on its device), see _count_own
         self._hook = None
+        self._grad_hooks: list = []  # see _watch_gradients
+        self._grad_order: list | None = None
+        self._waiting = False  # in the `wait` phase: the next training forward pass ends it
         self._last_step = 0
         self._last_time: float | None = None
         self.step_rates: list[float] = []  # global tokens/s of each logged interval, in order (see steady_tokens_per_s)
@@ -104,6 +108,8 @@ class ReporterCallback(TrainerCallback):
         self._last_time = time.perf_counter()
         if model is not None and self._hook is None:
             self._hook = model.register_forward_pre_hook(self._count_own, with_kwargs=True)
+        if model is not None and self.world_size > 1 and not self._grad_hooks:
+            self._watch_gradients(model)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.reporter.beat(heartbeat.STEP)  # back from a save or an evaluation (at most a line a second)
@@ -111,6 +117,33 @@ class ReporterCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         step_phases.switch(phases.OPTIMIZER)
+        self._waiting = False
+        if self._grad_order:  # the first step told which gradient comes last: watch that one alone
+            last = self._grad_order[-1]
+            self._remove_grad_hooks()
+            self._grad_order = None
+            self._grad_hooks = [last.register_post_accumulate_grad_hook(self._last_gradient)]
+
+    def _watch_gradients(self, model) -> None:
+        """Tell the wait at the gradient all-reduce apart without a sync: DDP all-reduces a bucket of
+        gradients as soon as they are computed, and waits for them all once the backward pass is done,
+        so the time from the step's last gradient computed to the optimizer is the wait (on a GPU: a
+        mark on the stream after the last gradient's kernels, and the optimizer's, which the stream
+        reaches only once the all-reduce is done). Which parameter's gradient comes last is learnt in
+        the first step (every trainable parameter's hook notes the order, no mark); from then on only
+        its hook marks, once a micro-batch, and the next micro-batch's forward pass switches back."""
+        self._grad_order = []
+        self._grad_hooks = [param.register_post_accumulate_grad_hook(self._grad_order.append)
+                            for param in model.parameters() if param.requires_grad]
+
+    def _last_gradient(self, param) -> None:
+        step_phases.switch(phases.WAIT)
+        self._waiting = True
+
+    def _remove_grad_hooks(self) -> None:
+        for hook in self._grad_hooks:
+            hook.remove()
+        self._grad_hooks = []
 
     def on_step_end(self, args, state, control, **kwargs):
         step_phases.switch(phases.LOG)
@@ -124,6 +157,7 @@ class ReporterCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self.reporter.beat(heartbeat.SAVE)  # what follows training: the final checkpoint, a merge, the model saved
         step_phases.restart()  # no step of the trainer's any more: what follows is the recipe's to mark
+        self._remove_grad_hooks()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -135,6 +169,9 @@ class ReporterCallback(TrainerCallback):
 
         if not (module.training and torch.is_grad_enabled()):
             return
+        if self._waiting:  # the next micro-batch (DDP all-reduces only after a step's last one)
+            step_phases.switch(phases.FORWARD_BACKWARD)
+            self._waiting = False
         mask = kwargs.get("attention_mask")
         ids = kwargs.get("input_ids", args[0] if args else None)
         if mask is not None:
@@ -378,6 +415,12 @@ def trainer_args(settings, ctx, config_cls, **recipe_specific):
         use_cpu=on_cpu,
         # Every parameter of our models takes part in the loss: DDP need not search for unused ones.
         ddp_find_unused_parameters=False,
+        # Nor broadcast rank 0's buffers before every forward pass: a causal LM's (the rotary frequencies)
+        # are computed alike on every rank and never trained, and the broadcast is a collective a pass,
+        # where the faster ranks waited for a straggler inside `forward_backward` (DDP's C++ broadcasts them,
+        # out of the step phases' sight: they tell the wait apart at Python's collectives and at the
+        # gradient all-reduce, ReporterCallback._watch_gradients).
+        ddp_broadcast_buffers=False,
     )
     # Checkpoints every `checkpoint_every` steps into the run folder (model, optimizer, scheduler, RNG,
     # data position), the last `keep_checkpoints` kept: what `gpuscale resume` continues from.

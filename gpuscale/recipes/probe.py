@@ -89,7 +89,9 @@ def cache_name(model) -> str:
 def run_probe(settings: Settings, ctx, reporter) -> None:
     import torch
 
+    from gpuscale.data import step_phases as phases
     from gpuscale.data.seeds import derived_seed
+    from gpuscale.engines import step_phases
     from gpuscale.recipes.shared.device_trials import out_of_memory_names
 
     laps = Laps()
@@ -109,23 +111,27 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     with torch.inference_mode():
         ctx.synchronize()
         start = time.perf_counter()
+        step_phases.restart(phases.PREFILL)  # in the first logged step, which the summary leaves out
         out = model(input_ids=prompts.to(ctx.device), use_cache=True)
         ctx.synchronize()
         prefill_s = time.perf_counter() - start
         cache, next_tokens = getattr(out, cache_kwarg), out.logits[:, -1].argmax(-1, keepdim=True)
         for step in range(settings.warmup_steps + settings.steps):
+            step_phases.switch(phases.DECODE)  # a step: one decode step, then its record written
             start = time.perf_counter()
             with out_of_memory_names(settings.batch_size, step + 1, settings.warmup_steps + settings.steps):
                 out = model(input_ids=next_tokens, use_cache=True, **{cache_kwarg: cache})
             next_tokens = out.logits[:, -1].argmax(-1, keepdim=True)
             ctx.synchronize()
             elapsed = time.perf_counter() - start
+            step_phases.switch(phases.LOG)
             if step >= settings.warmup_steps:
                 step_times.append(elapsed)
                 reporter.log(
                     step=step - settings.warmup_steps + 1, tokens=settings.batch_size, samples=0,
                     step_time_ms=elapsed * 1000, mem_mb=ctx.peak_memory_mb(),
                 )
+    step_phases.restart()  # the decode loop is done: the node check's measurements are no steps
     mine = {
         "rank": ctx.rank,
         "device": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",

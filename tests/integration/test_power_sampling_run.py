@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import gpuscale, run_json, run_together
+from conftest import check_step_phases, gpuscale, run_json, run_together
 from gpuscale.data.models import model_path
 from gpuscale.data.tasks import load_examples
 from gpuscale.runs.generations import read_generations
@@ -44,6 +44,15 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
     # The live figures combine both ranks (weighted by samples): they end where the summary does.
     assert run["progress"]["latest"]["accuracy"] == pytest.approx(summary["accuracy"])
     assert run["progress"]["tokens_per_s"] > 0  # a finished run's average, not an empty last window
+
+
+def test_two_rank_power_sampling_times_its_batches_phases(home):
+    """Where a batch's time goes (issue 52): the engine's prefill, the decoding, the MH moves' accept/reject,
+    the scoring and the rows written, covering 95% of each rank's steady batches."""
+    run = run_json("run", "--recipe", "power-sampling", "--gpus", "2", "--set", "max_examples=12", "--batch-size", "2",
+                   "--set", "max_new_tokens=32")
+    assert run["status"] == "succeeded", run["error"]
+    check_step_phases(home, run, {"prefill", "decode", "accept_reject", "score", "log"}, ranks=2)
 
 
 SEED_KNOBS = {"POWERSAMPLE_STEPS": "1", "POWERSAMPLE_MAX_NEW": "32", "POWERSAMPLE_MAX_EXAMPLES": "2",

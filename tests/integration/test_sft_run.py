@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import check_step_phases, gpuscale, run_json, run_together, runs_at_once
+from conftest import check_step_phases, gpuscale, run_json, run_together, runs_at_once, spawn_gpuscale, wait_until
 from gpuscale.control.metrics_tail import Throughput
 from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
@@ -84,7 +84,7 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     rates = throughput.progress(now=max(row["t"] for row in rows))
     assert rates["tokens_per_s"] > 0 and set(rates["tokens_per_s_by_rank"]) == {"0", "1"}
     # Where a step goes (issue 52): each rank's steps in phases, the named ones covering 95% of a steady step.
-    check_step_phases(home, run, {"data", "forward_backward", "optimizer", "log"}, ranks=2)
+    check_step_phases(home, run, {"data", "forward_backward", "wait", "optimizer", "log"}, ranks=2)
     shown = gpuscale("show", str(run["id"])).stdout.splitlines()
     assert [line for line in shown if line.startswith("step: ")][0].startswith("step: forward+backward ")
 
@@ -95,6 +95,41 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     changed = [name for name, weight in trained.state_dict().items()
                if not torch.equal(weight, original.state_dict()[name])]
     assert changed
+
+
+def test_a_slowed_rank_is_named_a_straggler_live_within_three_logged_steps(home):
+    """GPUSCALE_SLOW_RANK (engines/step_phases.py's test aid) makes rank 1 sleep at each logged step: the
+    warnings the monitor and `gpuscale run`'s progress line show (app/views/collapse.py) name it while the
+    run goes on, by the time the ranks have logged 3 steady steps; the other rank's step is as long,
+    spent waiting at the gradient all-reduce, so it is not named."""
+    from gpuscale.app.views.collapse import run_collapse_warnings
+    from gpuscale.app.views.runs import split_lines
+    from gpuscale.data.step_phases import LIVE_STEPS, WARM_UP_STEPS
+    from gpuscale.runs.statuses import LIVE_STATUSES
+
+    front = spawn_gpuscale("run", *TINY_SFT, "--gpus", "2", "--set", "max_steps=10", "--set", "eval_examples=0",
+                           "--set", "max_examples=64", env={"GPUSCALE_SLOW_RANK": "1:1.0"})
+    store = Store(home)
+    run_id = wait_until(lambda: [run["id"] for run in store.list_runs()], message="the run")[0]
+
+    def named() -> int | None:
+        """The step the run is at once a warning names rank 1 a straggler."""
+        run = store.get_run(run_id)
+        if any(line.startswith("rank 1 is a straggler") for line in run_collapse_warnings(store, run)):
+            # The monitor's row a rank: the others' step as long, spent waiting for it.
+            rows = split_lines(run)
+            assert rows[1].startswith("  rank 0: ") and ", waited " in rows[1], rows
+            assert rows[2].startswith("  rank 1: "), rows
+            return run["progress"]["step"]
+        assert run["status"] in LIVE_STATUSES, run["status"]  # named while the run goes on
+        return None
+
+    at_step = wait_until(named, timeout=120, interval=0.1, message="rank 1 named a straggler")
+    # Slowed from its first log on, so from its first steady step on.
+    assert at_step <= WARM_UP_STEPS + LIVE_STEPS
+    out, err = front.communicate(timeout=240)
+    assert front.returncode == 0, err
+    assert "rank 1 is a straggler: it works" in err and "rank 0 is a straggler" not in err
 
 
 # An optimizer step's rows are counted over all ranks: 1 rank takes the 4 rows of a step, 2 ranks 2 each.

@@ -161,6 +161,69 @@ def test_the_reporter_writes_a_step_s_phases_in_its_record_or_once_ready_in_a_li
     assert "phase_seconds_data" not in lines[1] and lines[2] == {**lines[2], "step": 2, "phase_seconds_data": 2.0}
 
 
+def test_timing_off_marks_nothing_and_logs_no_phase_figure(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_phases.PHASES_ENV, "0")
+    reporter = Reporter(tmp_path, 0)
+    try:
+        step_phases.restart("data")
+        with step_phases.phase("generate"):
+            pass
+        reporter.log(1, loss=1.0)
+        reporter.log(2, loss=1.0)
+    finally:
+        reporter.close()
+    assert [rules.phases_of(record) for record in records(tmp_path, 0)] == [{}, {}]
+    assert reporter.phases.ready(wait=True) == []
+    assert step_phases.timing_on({}) and step_phases.timing_on({step_phases.PHASES_ENV: "1"})
+
+
+def test_the_slowed_rank_sleeps_each_time_it_enters_the_phase(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_phases.SLOW_RANK_ENV, "1:0.05")
+    slowed, other = Reporter(tmp_path, 1), Reporter(tmp_path, 0)
+    try:
+        for reporter in (slowed, other):
+            step_phases._current = reporter.phases
+            step_phases.restart("data")
+            step_phases.switch("forward_backward")
+            step_phases.switch("optimizer")
+            reporter.log(1)
+    finally:
+        slowed.close(), other.close()
+    assert rules.phases_of(records(tmp_path, 1)[0])["forward_backward"] >= 0.05
+    assert rules.phases_of(records(tmp_path, 0)[0])["forward_backward"] < 0.05
+    assert step_phases.slow_rank(0, {}) is None and step_phases.slow_rank(0, {"GPUSCALE_SLOW_RANK": "1:2"}) is None
+    assert step_phases.slow_rank(2, {"GPUSCALE_SLOW_RANK": "2:1.5:generate"}) == ("generate", 1.5)
+    with pytest.raises(ValueError, match="GPUSCALE_SLOW_RANK=2: expected RANK:SECONDS"):
+        step_phases.slow_rank(0, {"GPUSCALE_SLOW_RANK": "2"})
+
+
+def test_a_blocking_collective_is_the_rank_s_wait_and_an_async_one_is_left_alone(tmp_path):
+    class Dist:
+        """torch.distributed's shape: a blocking collective returns once every rank joined in."""
+        calls = []
+
+        @staticmethod
+        def all_reduce(tensor, async_op=False):
+            Dist.calls.append((tensor, async_op))
+            time.sleep(0.05)
+
+    step_phases.time_collectives(Dist)
+    step_phases.time_collectives(Dist)  # timed once, however often asked
+    reporter = Reporter(tmp_path, 0)
+    try:
+        Dist.all_reduce("before")  # outside every phase: no step's, no wait
+        step_phases.restart("forward_backward")
+        Dist.all_reduce("grads")
+        Dist.all_reduce("more", async_op=True)
+        reporter.log(1)
+    finally:
+        reporter.close()
+    seconds = rules.phases_of(records(tmp_path, 0)[0])
+    assert 0.05 <= seconds["wait"] < 0.1 and seconds["forward_backward"] >= 0.05  # the async call's sleep
+    assert Dist.calls == [("before", False), ("grads", False), ("more", True)]
+    assert Dist.all_reduce.__name__ == "all_reduce"
+
+
 def records(run_dir, rank: int) -> list[dict]:
     lines = [json.loads(line) for line in RunDir(run_dir).metrics(rank).read_text().splitlines()]
     return [line for line in lines if "beat" not in line]
@@ -214,7 +277,11 @@ BALANCED = {"0": {"forward_backward": 1.0, "data": 0.05}, "1": {"forward_backwar
      dict(seconds_by_rank={"0": {"forward_backward": 1.0}, "1": {"forward_backward": 1.0},
                            "2": {"forward_backward": 1.0}, "3": {"forward_backward": 1.2}},
           gpu_of_rank={"3": "GPU 3"}),
-     ["rank 3 (GPU 3) is a straggler: its step takes 1.2 s, 20% over the ranks' median 1 s"]),
+     ["rank 3 (GPU 3) is a straggler: it works 1.2 s a step, 20% over the ranks' median 1 s"]),
+    ("a straggler among ranks that meet at the all-reduce: the others' steps are as long, spent waiting",
+     dict(seconds_by_rank={"0": {"forward_backward": 1.0, "wait": 0.5}, "1": {"forward_backward": 1.0, "wait": 0.5},
+                           "2": {"forward_backward": 1.5, "wait": 0.0}}),
+     ["rank 2 is a straggler: it works 1.5 s a step, 50% over the ranks' median 1 s"]),
     ("a rank just under the straggler's margin", dict(seconds_by_rank={"0": {"x": 1.0}, "1": {"x": 1.14}}), []),
     ("generation over half a step", dict(step_phases={"generate": 0.62, "forward_backward": 0.38}),
      ["generation takes 62% of a step: raise the generation batch"]),
@@ -234,6 +301,21 @@ def test_advice(case, kwargs, expected):
         assert line.startswith(start), (case, line)
 
 
+def test_the_live_advice_reads_each_rank_s_last_steady_steps():
+    steady = {"forward_backward": 1.0, "wait": 0.6}
+    slowed = {"forward_backward": 1.0, "log": 0.6}
+    steps = {0: [{"data": 9.0}, steady, steady, steady, steady],  # its warm-up step left out
+             1: [{"data": 9.0}, {"forward_backward": 1.0}, slowed, slowed, slowed],  # slowed from step 3 on
+             2: [{"data": 9.0}]}  # no steady step yet
+    recent = rules.recent_by_rank(steps)
+    assert recent == {"0": steady, "1": slowed}
+    [line] = rules.live_advice(recent, {"1": "GPU 7"})
+    assert line.startswith("rank 1 (GPU 7) is a straggler: it works 1.6 s a step, 23% over")
+    assert rules.recent_by_rank({0: [{"data": 9.0}, {"data": 1.0}, {"data": 2.0}]}, steps=1) == {"0": {"data": 2.0}}
+    balanced = {"forward_backward": 1.0, "wait": 0.05}
+    assert rules.live_advice({}) == [] and rules.live_advice({"0": balanced, "1": balanced}) == []
+
+
 def test_show_writes_where_a_step_goes_and_the_advice_read_from_it():
     from gpuscale.app.views.runs import step_lines
 
@@ -249,3 +331,48 @@ def test_show_writes_where_a_step_goes_and_the_advice_read_from_it():
     assert lines[2].startswith("advice: data loading takes 30%")
     assert lines[3].startswith("advice: GPU 5 uses 9.8 of its 80 GiB")  # the run's own memory, not the card's
     assert step_lines({"tokens_per_s": 5.0}, peaks) == []  # a run that timed no phases
+
+
+def test_compare_shows_the_change_per_phase_and_export_holds_the_phase_figures(tmp_path, monkeypatch, capsys):
+    from gpuscale.app import cli
+    from gpuscale.app.views.export import export_text
+    from gpuscale.control.store import Store
+
+    monkeypatch.setenv("GPUSCALE_HOME", str(tmp_path))
+    store = Store(tmp_path)
+    steps = {"a": {"forward_backward": 0.3, "data": 0.1}, "b": {"forward_backward": 0.3, "data": 0.02, "wait": 0.05}}
+    ids = {}
+    for side, seconds in steps.items():
+        ids[side] = store.create_run("sft", {"batch_size": 8}, ["accelerate"], "host")
+        store.finish_run(ids[side], "succeeded", summary={"step_phase_seconds": seconds,
+                                                          "step_phases": rules.shares(seconds)})
+        store.add_rows([{"run_id": ids[side], "rank": 0, "t": 1.0, "step": 2, "name": rules.figure_name(name),
+                         "value": value} for name, value in seconds.items()], [])
+    assert cli.main(["compare", str(ids["a"]), str(ids["b"])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("where a step goes:")
+    assert lines[at + 1:] == ["  step: 0.4 s -> 0.37 s, -0.03 (-7.5%)",
+                              "  forward+backward: 0.3 s (75%) -> 0.3 s (81%), +0 (+0.0%)",
+                              "  data: 0.1 s (25%) -> 0.02 s (5%), -0.08 (-80.0%)",
+                              "  waiting for other ranks: - -> 0.05 s (14%), +0.05"]
+    assert cli.main(["compare", str(ids["a"]), str(ids["a"])]) == 0  # the same run: nothing changed
+    assert "  data: 0.1 s (25%) -> 0.1 s (25%), +0 (+0.0%)" in capsys.readouterr().out
+    exported = json.loads(export_text(store, ids["b"], "json"))
+    assert exported["run"]["summary"]["step_phase_seconds"] == steps["b"]
+    assert {m["name"] for m in exported["metrics"]} == {"phase_seconds_forward_backward", "phase_seconds_data",
+                                                         "phase_seconds_wait"}
+    assert "phase_seconds_wait" in export_text(store, ids["b"], "csv", "metrics")
+    assert '"wait": 0.05' in export_text(store, ids["b"], "csv", "summary").replace('""', '"')
+
+
+def test_gpuscale_run_prints_a_live_warning_once_whatever_its_figures_do_next():
+    from gpuscale.app.commands.launching import warning_subject
+
+    def advice(slowed: float) -> list[str]:
+        return rules.live_advice({"0": {"forward_backward": 1.0}, "1": {"forward_backward": slowed}}, {"1": "GPU 3"})
+
+    first, later = advice(1.5), advice(1.7)
+    assert first != later and [warning_subject(w) for w in first] == [warning_subject(w) for w in later]
+    assert warning_subject(first[0]) == "rank # (GPU #) is a straggler"
+    assert warning_subject("waiting for the other ranks at the all-reduce takes 25% of a step: x") != \
+        warning_subject("data loading takes 25% of a step: x")

@@ -30,6 +30,7 @@ from gpuscale.app.views.runs import (
     figure_text,
     key_figures,
     lineage_lines,
+    phase_change_lines,
     progress_line,
     run_row,
     step_lines,
@@ -189,6 +190,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if names := [name for name, f in result["only"].items() if f[side] is not None]:
             print(f"only run {result[side]['id']} has: "
                   + ", ".join(f"{name} {figure_text(name, result['only'][name][side])}" for name in names))
+    for line in phase_change_lines(result["phases"]):
+        print(line)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -204,7 +205,9 @@ def follow_run(store: Store, run_id: int, as_json: bool = False, preempted_ok: b
     terminal = Console(file=sys.stderr)  # its width follows the terminal (and COLUMNS)
     interactive = terminal.is_terminal
     last_print = 0.0
-    said: set[str] = set()  # warnings already printed whole on a line of their own
+    # Warnings already printed whole on a line of their own, by what they are about (`warning_subject`):
+    # a live one's figures change every step (a straggler's seconds, a late rank's, a phase's share).
+    said: set[str] = set()
     while True:
         if stop["asked"]:
             print(f"\nstopping run {run_id} ...", file=sys.stderr)
@@ -218,9 +221,9 @@ def follow_run(store: Store, run_id: int, as_json: bool = False, preempted_ok: b
         warnings = run_collapse_warnings(store, run)
         if interactive:
             for warning in warnings:  # once each, whole: the redrawn line may be cut to the width
-                if warning not in said:
+                if warning_subject(warning) not in said:
                     print(f"\r\033[K! {warning}", file=sys.stderr, flush=True)
-                    said.add(warning)
+                    said.add(warning_subject(warning))
             line = fit_to_width(progress_line(run, time.time(), warnings), terminal.width)
             print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
         elif now - last_print >= 10:
@@ -256,6 +259,12 @@ def fit_to_width(line: str, width: int) -> str:
     text = Text(line)
     text.truncate(max(1, width - 1), overflow="ellipsis")
     return text.plain
+
+
+def warning_subject(warning: str) -> str:
+    """What a warning is about: its words before the first colon, numbers left out (`rank 1 (GPU 3) is a
+    straggler`, `waiting for the other ranks at the all-reduce takes # of a step`)."""
+    return re.sub(r"\d[\d.,]*%?", "#", warning.split(":")[0])
 
 
 def report_end(run: dict, as_json: bool, warnings: list[str] = ()) -> None:

@@ -12,6 +12,7 @@ from textual.widgets import Footer, Header, Static
 from gpuscale.app.views.runs import compare_runs, delta_text, figure_text
 from gpuscale.app.views.text import MISSING, setting_text
 from gpuscale.app.widgets.tables import FittedTable
+from gpuscale.data.step_phases import label as phase_label
 
 
 class CompareScreen(Screen):
@@ -73,6 +74,12 @@ class CompareScreen(Screen):
         # A figure only one run has (per-domain accuracy over other domains): — on the other side.
         figures += [(name, figure_text(name, f["a"], unit=False), figure_text(name, f["b"], unit=False), MISSING)
                     for name, f in result["only"].items()]
+        # Where a step goes, phase by phase (seconds of the mean steady step): what changed it.
+        figures += [(f"step: {phase_label(name)}", _seconds(p["a"]), _seconds(p["b"]),
+                     delta_text(p["delta"], p["a"] or 0)) for name, p in result["phases"].items()]
         self.query_one("#compare-figures", FittedTable).show(("figure", f"run {a}", f"run {b}", "delta"),
                                                               figures or [("(none)", "-", "-", "no figure in either")])
 
+
+def _seconds(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.3g} s"

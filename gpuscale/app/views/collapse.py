@@ -13,6 +13,9 @@ while learning nothing. Pointed out while it happens, the way `waste` points out
   step (`policy_mismatch_warnings`): GRPO then trains on another policy's completions;
 - first of all, a run that may have stopped advancing: a rank late in its step (`late_warnings`, from
   the supervisor's hang watch, control/hang_watch.py), before the run is ended as hung;
+- then where the ranks' step time goes, live (data/step_phases.py's `live_advice` on each rank's last
+  steps, which the supervisor keeps in the progress: `step_phase_warnings`): a straggler named with its
+  GPU, a phase taking too much of a step;
 - and next, not a collapse: a resumed run whose resume check failed (runs/resume_check.py: steps that do
   not add up, Adam's state not restored, a figure far from where it stood before the stop).
 
@@ -25,9 +28,10 @@ from __future__ import annotations
 
 from gpuscale.app.views.runs import known_recipe, resume_check_warnings
 from gpuscale.app.views.text import format_number
-from gpuscale.control.store import Store
+from gpuscale.control.store import Store, planned_gpus
 from gpuscale.data.cards import LOW_MFU
 from gpuscale.data.figures import label
+from gpuscale.data.step_phases import live_advice
 
 # A collapse is judged over this many logged steps, all of them: one bad step (a hard batch, a
 # reward of 0 early in training) is no collapse, five in a row rarely recover on their own.
@@ -152,15 +156,23 @@ def late_warnings(progress: dict) -> list[str]:
             f"{format_number(pace)} s); {end}"]
 
 
+def step_phase_warnings(progress: dict, gpu_indices: list[int] = ()) -> list[str]:
+    """What to change read from the ranks' last steps (progress `step_phases`: rank -> its mean recent
+    step), `gpu_indices` the run's GPUs in rank order: `rank 1 (GPU 1) is a straggler: ...`."""
+    cards = {str(rank): f"GPU {gpu}" for rank, gpu in enumerate(gpu_indices)}
+    return live_advice(progress.get("step_phases"), cards)
+
+
 def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) -> list[str]:
-    """`late_warnings` of a run of the store, then a resumed run's failed resume check
-    (views/runs.py's `resume_check_warnings`), then `collapse_warnings`: its last `steps` logged steps
+    """`late_warnings` of a run of the store, then `step_phase_warnings`, then a resumed run's failed
+    resume check (views/runs.py's `resume_check_warnings`), then `collapse_warnings`: its last `steps` logged steps
     of the watched figures, and the figures its supervisor saw turn non-finite (in the run's progress);
     then `low_mfu_warnings` and `policy_mismatch_warnings`."""
     history = store.recent_steps(run["id"], (*WATCHED, MFU, MISMATCH), max(steps, MISMATCH_STEPS))
     progress = run.get("progress") or {}
     recipe = known_recipe(run.get("recipe"))
     explores = recipe is not None and recipe.explores
-    return (late_warnings(progress) + resume_check_warnings(run)
+    phases = step_phase_warnings(progress, planned_gpus(run.get("run_dir"))) if progress.get("step_phases") else []
+    return (late_warnings(progress) + phases + resume_check_warnings(run)
             + collapse_warnings(history, run.get("settings"), progress.get("nonfinite"), steps, explores)
             + low_mfu_warnings(history, steps) + policy_mismatch_warnings(history))

@@ -6,7 +6,8 @@ from __future__ import annotations
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
 from gpuscale.control.metrics_tail import RATE_WINDOW_S
 from gpuscale.data.figures import better, figure
-from gpuscale.data.step_phases import advice, where_a_step_goes
+from gpuscale.data.step_phases import LIVE_STEPS, WAIT, advice, shares, where_a_step_goes
+from gpuscale.data.step_phases import label as phase_label
 from gpuscale.runs.resume_check import check_failed, check_line
 from gpuscale.runs.statuses import LIVE_STATUSES
 
@@ -353,7 +354,41 @@ def compare_runs(a: dict, b: dict) -> dict:
         "same": same,
         "only": only,
         "energy_shared": energy_shared,
+        "phases": phase_changes(summary_a, summary_b),
     }
+
+
+def phase_changes(a: dict, b: dict) -> dict[str, dict]:
+    """Where the two runs' mean steady step went (their summaries' `step_phase_seconds`), phase by
+    phase, the larger first: seconds `a` and `b` (None where a run has no such phase), each one's
+    share of its step, and `delta` (b - a, a missing phase counting 0). {} unless both timed phases."""
+    seconds_a, seconds_b = a.get("step_phase_seconds") or {}, b.get("step_phase_seconds") or {}
+    if not (seconds_a and seconds_b):
+        return {}
+    shares_a, shares_b = shares(seconds_a), shares(seconds_b)
+    names = sorted(set(seconds_a) | set(seconds_b), key=lambda n: -max(seconds_a.get(n, 0.0), seconds_b.get(n, 0.0)))
+    return {name: {"a": seconds_a.get(name), "b": seconds_b.get(name), "share_a": shares_a.get(name),
+                   "share_b": shares_b.get(name), "delta": seconds_b.get(name, 0.0) - seconds_a.get(name, 0.0)}
+            for name in names}
+
+
+def phase_change_lines(phases: dict[str, dict]) -> list[str]:
+    """`gpuscale compare`'s lines of `phase_changes`: `  forward+backward: 0.412 s (71%) -> 0.380 s (69%),
+    -0.032 (-7.8%)`, a step's total first."""
+    if not phases:
+        return []
+
+    def side(seconds, share):
+        return "-" if seconds is None else f"{seconds:.3g} s ({share:.0%})"
+
+    total_a = sum(p["a"] or 0.0 for p in phases.values())
+    total_b = sum(p["b"] or 0.0 for p in phases.values())
+    lines = ["where a step goes:",
+             f"  step: {total_a:.3g} s -> {total_b:.3g} s, {delta_text(total_b - total_a, total_a)}"]
+    for name, p in phases.items():
+        lines.append(f"  {phase_label(name)}: {side(p['a'], p['share_a'])} -> {side(p['b'], p['share_b'])}, "
+                     f"{delta_text(p['delta'], p['a'] or 0.0)}")
+    return lines
 
 
 def _is_number(value) -> bool:
@@ -408,6 +443,27 @@ def step_lines(summary: dict, peaks: list[dict] = (), gpu_indices: list[int] = (
     cards = {str(rank): f"GPU {gpu}" for rank, gpu in enumerate(gpu_indices)}
     lines = advice(shares, summary.get("step_phase_seconds_by_rank"), memory, cards)
     return [f"step: {where_a_step_goes(shares)}", *(f"advice: {line}" for line in lines)]
+
+
+def split_lines(run: dict) -> list[str]:
+    """Where each rank's last steps went, from the run's progress (`step_phases`: the supervisor's
+    data/step_phases.py:recent_by_rank), a compact row a rank, its card first where the run has GPUs:
+    `GPU 3 rank 3: 0.412 s a step, waited 0.091 s (22%) · forward+backward 60% · data 10% · other 1%`.
+    Nothing before a rank has a steady step, nor for a run that times no phases."""
+    from gpuscale.control.store import planned_gpus
+
+    recent = (run.get("progress") or {}).get("step_phases")
+    if not recent:
+        return []
+    gpus = planned_gpus(run.get("run_dir"))
+    lines = [f"where a step goes (each rank's last {LIVE_STEPS} steps):"]
+    for rank, seconds in sorted(recent.items(), key=lambda item: int(item[0])):
+        step, waited = sum(seconds.values()), seconds.get(WAIT, 0.0)
+        card = f"GPU {gpus[int(rank)]} " if int(rank) < len(gpus) else ""
+        worked = where_a_step_goes({name: share for name, share in shares(seconds).items() if name != WAIT})
+        wait = f", waited {waited:.3g} s ({waited / step:.0%})" if step and waited else ""
+        lines.append(f"  {card}rank {rank}: {step:.3g} s a step{wait} · {worked}")
+    return lines
 
 
 def summary_rows(summary: dict, recipe: str | None = None) -> list[tuple[str, str]]:

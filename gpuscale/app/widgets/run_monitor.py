@@ -1,5 +1,6 @@
-"""One run's monitor: status and progress, collapse and waste warnings, a row per GPU (or host and ranks on a CPU
-machine), throughput and the recipe's figures as charts, and the tail of the ranks' logs.
+"""One run's monitor: status and progress, collapse and waste warnings, where each rank's last steps
+went (a row a rank: its step, the time it waited for the others, its phases' shares), a row per GPU
+(or host and ranks on a CPU machine), throughput and the recipe's figures as charts, and the tail of the ranks' logs.
 
 The store and NVML are read in a thread worker; the next poll is scheduled only when the last one
 was shown, and a monitor that is not on screen does no work. Everything it shows is computed by
@@ -19,7 +20,15 @@ from gpuscale.app.views import feed as feeds
 from gpuscale.app.views.collapse import run_collapse_warnings
 from gpuscale.app.views.feed import DeviceView, RunFeed, Series
 from gpuscale.app.views.logs import LogTail
-from gpuscale.app.views.runs import elapsed_s, figures_text, per_rank_text, run_title, status_line, throughput_text
+from gpuscale.app.views.runs import (
+    elapsed_s,
+    figures_text,
+    per_rank_text,
+    run_title,
+    split_lines,
+    status_line,
+    throughput_text,
+)
 from gpuscale.app.views.text import format_duration
 from gpuscale.app.views.waste import WASTE_WINDOW_S, waste_warnings
 from gpuscale.app.widgets.charts import GaugeSparkline, TimeChart
@@ -65,6 +74,7 @@ class MonitorView:
     log_lines: tuple[str, ...] | None  # None: unchanged since the last poll
     log_source: str
     error: str | None = None
+    split: tuple[str, ...] = ()  # where each rank's last steps went (views/runs.py:split_lines)
 
 
 class DeviceRow(Horizontal):
@@ -146,6 +156,7 @@ class RunMonitor(VerticalScroll):
         yield PlainStatic("", classes="monitor-throughput one-line")
         yield PlainStatic("", classes="monitor-figures")  # the headline figures: wrapped, never cut
         yield PlainStatic("", classes="monitor-per-rank one-line")
+        yield PlainStatic("", classes="monitor-split")  # a row a rank: changes at each logged step
         yield Vertical(classes="monitor-devices")
         with Horizontal(classes="monitor-charts"):
             yield TimeChart(classes="rate-chart")
@@ -164,12 +175,13 @@ class RunMonitor(VerticalScroll):
         self._throughput = self.query_one(".monitor-throughput", Static)
         self._figures = self.query_one(".monitor-figures", Static)
         self._per_rank = self.query_one(".monitor-per-rank", Static)
+        self._split = self.query_one(".monitor-split", Static)
         self._devices = self.query_one(".monitor-devices", Vertical)
         self._rate_chart = self.query_one(".rate-chart", TimeChart)
         self._figure_chart = self.query_one(".figure-chart", TimeChart)
         self._log_title = self.query_one(".monitor-log-title", Static)
         self._log = self.query_one(".monitor-log", Log)
-        for widget in (self._progress, self._warnings, self._per_rank, self._figures):
+        for widget in (self._progress, self._warnings, self._per_rank, self._figures, self._split):
             widget.display = False
         self.poll_now()
 
@@ -276,7 +288,7 @@ class RunMonitor(VerticalScroll):
             run=run, live=live, status=f"{run_title(run)} · {status_line(run, now)}",
             step=progress.get("step") or 0, total=progress.get("total"),
             throughput=throughput_text(run), per_rank=per_rank_text(run),
-            figures=figures_text(run),
+            figures=figures_text(run), split=tuple(split_lines(run)),
             warnings=warnings, devices=tuple(feeds.device_views(feed, end, window)),
             rate_lines=self._rate_lines(feed, end, window), figure_name=figure_name,
             figure_line=feeds.figure_series(feed, figure_name, end, window, CHART_POINTS) if figure_name else None,
@@ -352,6 +364,8 @@ class RunMonitor(VerticalScroll):
         self._figures.display = bool(view.figures)
         set_text(self._per_rank, view.per_rank, fixed_size=True)
         self._per_rank.display = bool(view.per_rank)
+        set_text(self._split, "\n".join(view.split))
+        self._split.display = bool(view.split)
 
     def _show_devices(self, devices: tuple[DeviceView, ...]) -> None:
         rows = {row.view.key: row for row in self._devices.query(DeviceRow)}

@@ -5,9 +5,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+
+from gpuscale.data.step_phases import PREFILL
+from gpuscale.engines import step_phases
 
 from .compiled import _CompiledOrEager
 from .fused import (
@@ -103,6 +107,10 @@ class GenerationEngine:
         if "cudagraphs" in compile_mode or compile_mode == "reduce-overhead":
             raise ValueError(f"compile_mode {compile_mode!r} captures CUDA graphs of its own; the engine does")
         self._compile_mode = compile_mode
+        # Whether `generate` marks its prefill as a step phase of its own (engines/step_phases.py), inside
+        # the caller's: a recipe whose step is sampling (power-sampling) sets it; one whose generation is
+        # a phase of a training step (rft, grpo-mtl: `generate`) keeps it whole.
+        self.marks_prefill = False
 
         # A peft model wraps the causal LM; the decoder and head are the wrapped model's.
         causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -177,7 +185,8 @@ class GenerationEngine:
         slot = 0
         start = first_col + 1 - prompt_lengths
         self._begin(slot, start, write_col=0)
-        self._prefill(slot, prefill_ids, prefill_lengths, first_col, sharing)
+        with step_phases.phase(PREFILL) if self.marks_prefill else nullcontext():
+            self._prefill(slot, prefill_ids, prefill_lengths, first_col, sharing)
         last_prompt_token = prompt_ids.gather(1, (prompt_lengths - 1)[:, None]).squeeze(1)
         finished = torch.full((batch,), max_new_tokens == 0, device=self.device)
         steps = self._decode(

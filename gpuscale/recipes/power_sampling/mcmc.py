@@ -23,7 +23,9 @@ from typing import NamedTuple
 
 import torch
 
+from gpuscale.data.step_phases import ACCEPT_REJECT
 from gpuscale.engines.generation import Generation, GenerationEngine, Sampling
+from gpuscale.engines.step_phases import phase
 
 
 @dataclass
@@ -91,14 +93,15 @@ def _mh_step(engine, current, target, alpha, proposal, generator, stats, accepte
     cut = (uniform * lengths).long().clamp_max(lengths - 1).clamp_min(0)
     candidate = engine.resample(current, cut, target, proposal, generator)
     _count(stats, candidate, cut)
-    log_r = mh_log_ratio(current, candidate, cut, alpha)
-    log_u = torch.rand(log_r.shape, generator=generator, device=log_r.device).log()
-    accepted = log_u < log_r
-    stats.proposals += accepted.numel()
-    stats.accepted += int(accepted.sum())
-    if accepted_per_row is not None:
-        accepted_per_row += accepted
-    return engine.accept(current, candidate, accepted)
+    with phase(ACCEPT_REJECT):  # a step phase of its own (engines/step_phases.py), inside the sampler's decode
+        log_r = mh_log_ratio(current, candidate, cut, alpha)
+        log_u = torch.rand(log_r.shape, generator=generator, device=log_r.device).log()
+        accepted = log_u < log_r
+        stats.proposals += accepted.numel()
+        stats.accepted += int(accepted.sum())
+        if accepted_per_row is not None:
+            accepted_per_row += accepted
+        return engine.accept(current, candidate, accepted)
 
 
 def _count(stats: PowerSamplingStats, generation: Generation, cut: torch.Tensor | None) -> None:

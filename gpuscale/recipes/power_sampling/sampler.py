@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from gpuscale.data import step_phases as phases
+from gpuscale.engines import step_phases
+from gpuscale.engines.step_phases import phase
 from gpuscale.recipes.power_sampling import Settings
 from gpuscale.runs.generations import GenerationLog, generation_record
 from gpuscale.runs.run_dir import merge_results
@@ -33,9 +36,13 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     results, started = RankResults(ctx.run_dir, ctx.rank), time.perf_counter()
     generation_log = GenerationLog(ctx.run_dir) if ctx.is_main else None  # rank 0's own answers, a batch a step
     for number, batch in enumerate(batches, start=1):
+        # A batch is a step (engines/step_phases.py): decoded (inside it the engine's prefill, the MCMC
+        # moves' accept/reject, the answers scored), then its rows written and logged.
+        step_phases.switch(phases.DECODE)
         before = sampler.stats_snapshot()
         with out_of_memory_names(settings.batch_size, number, len(batches)):
             rows = sampler.run(batch)
+        step_phases.switch(phases.LOG)
         results.add(rows)
         if generation_log is not None:
             generation_log.add(number, [answer_generation(number, row, settings.max_new_tokens, loaded.eos)
@@ -46,6 +53,7 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
             accuracy=sum(r["correct"] for r in results.rows) / len(results.rows),
             acceptance_rate=sampler.stats.acceptance_rate, forward_passes=done["sampling_calls"],
         )
+    step_phases.restart()  # the batches are done: no step follows
     elapsed = time.perf_counter() - started
     everyone = ctx.gather({"results": results.rows, "elapsed": elapsed, "warm_up": warm_up_seconds,
                            **sampler.stats_snapshot()})
@@ -103,6 +111,7 @@ class BatchSampler:
             # Two answers' worth of columns: a resample keeps up to one answer and writes up to another.
             self.engine = GenerationEngine(model, eos, pad_token_id=pad, max_columns=2 * settings.max_new_tokens + 512,
                                            compile=settings.compile and ctx.device.type == "cuda")
+            self.engine.marks_prefill = True  # a step phase of its own: a batch's step is its sampling
 
     def warm_up(self, batch: list[tuple[int, dict]]) -> float:
         """Run the method once on the batch's first problem with a few tokens, before the clock
@@ -135,14 +144,20 @@ class BatchSampler:
             generator=None, stats: PowerSamplingStats | None = None) -> list[dict]:
         """Sample and score the batch (with the sampler's own settings, generator and stats unless given)."""
         from gpuscale.data.prompts import prompt_ids
-        from gpuscale.data.scoring import score_completion
 
         s = self.settings if settings is None else settings
         generator = self.generator if generator is None else generator
         stats = self.stats if stats is None else stats
-        chains = s.chains
         prompts = [prompt_ids(self.tokenizer, example["question"]) for _, example in batch]
         answers = self.sample(self.padded(prompts), s, generator, stats)
+        with phase(phases.SCORE):
+            return self._scored(batch, prompts, answers, s)
+
+    def _scored(self, batch, prompts: list[list[int]], answers: list[dict], s: Settings) -> list[dict]:
+        """The results rows of the batch's answers, each scored against its problem's answer."""
+        from gpuscale.data.scoring import score_completion
+
+        chains = s.chains
         rows = []
         for row, chain in enumerate(answers[: len(prompts) * chains]):
             index, example = batch[row // chains]
