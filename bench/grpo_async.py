@@ -7,7 +7,8 @@ at the same settings (bench/grpo_mtl.py's: `--prompts-per-step` prompts per GPU 
 `--generations` times, `--max-completion-length` tokens, `--steps` optimizer steps, no evaluation,
 nothing saved): `rollout=sync`, then `rollout=async` (`max_staleness=--max-staleness`). Each run's
 figures are grpo_mtl.py's, with `completions_per_s_run`: its completions over its whole training time,
-the first step included (issue 53's measure), and for async the summary's staleness and clipped share.
+the first step included (the measure of async's target), and for async the summary's staleness and
+clipped share.
 
 Ratios per GPU count: `async_over_sync` (completions_per_s_run; target >= 1.5 on 2 GPUs), the steady
 ratio at the median step (`async_over_sync_steady`); where --gpus holds 1 and N, each mode's weak-scaling

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also w
 from record import ROOT, write_result  # noqa: E402
 
 sys.path.insert(0, str(ROOT))  # gpuscale from this checkout when run as a script (scaling imports it too)
-from benchruns import gpuscale_run  # noqa: E402
+from benchruns import gpuscale_run, on_off  # noqa: E402
 from faults import case_card, parse_assignment  # noqa: E402
 from scaling import RECIPES as SCALING_FIGURES  # noqa: E402
 
@@ -119,23 +118,13 @@ def one_run(recipe: str, beats: bool, arguments: list[str], home: Path) -> dict:
             "wall_s": round(time.monotonic() - started, 1)}
 
 
-def side(runs: list[dict], beats: bool) -> dict:
-    """One side's runs: their step times, median and spread ((max - min) / median; None for one run)."""
-    times = [run["step_seconds"] for run in runs if run["heartbeats"] == beats]
-    middle = statistics.median(times)
-    spread = (max(times) - min(times)) / middle if len(times) > 1 else None
-    return {"step_seconds": times, "median_s": middle, "spread": spread}
-
-
 def compare(runs: list[dict]) -> dict:
-    """A recipe's verdict from its runs: the sides, on / off, the noise (the larger spread), whether
-    on / off is within it (None: one run a side, no noise measured), whether each run beat as set."""
-    on, off = side(runs, True), side(runs, False)
-    ratio = on["median_s"] / off["median_s"]
-    noise = None if None in (on["spread"], off["spread"]) else max(on["spread"], off["spread"])
-    beats_as_set = all((run["beat_lines"] > 0) == run["heartbeats"] for run in runs)
-    return {"on": on, "off": off, "on_over_off": ratio, "noise": noise,
-            "within_noise": None if noise is None else abs(ratio - 1) <= noise, "beats_as_set": beats_as_set}
+    """A recipe's verdict from its runs: the sides, on / off, the noise (benchruns.on_off), whether on /
+    off is within it (None: one run a side, no noise measured), whether each run beat as set."""
+    compared = on_off(runs, "heartbeats")
+    noise = compared["noise"]
+    return {**compared, "within_noise": None if noise is None else abs(compared["on_over_off"] - 1) <= noise,
+            "beats_as_set": all((run["beat_lines"] > 0) == run["heartbeats"] for run in runs)}
 
 
 def measure(recipe: str, opts, home: Path) -> dict:

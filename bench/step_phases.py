@@ -29,7 +29,7 @@ recipe's defaults otherwise. Per recipe:
   largest |ours - the profiler's| over the phases, as a share of the window (ours: the phase seconds the
   rank logged for those steps). Target: at most 10% of the step.
 
-Targets (issue 52): coverage >= 95% for every recipe, on / off <= 1.02, agreement within 10%. One line is
+Targets: coverage >= 95% for every recipe, on / off <= 1.02, agreement within 10%. One line is
 printed a run, then one a recipe; the exit code is 1 where a target is missed or a comparison void. The
 result (bench/record.py's schema) goes to bench/results/phases/step-phases-<date>-<card>.json
 (step-phases-<recipe>-... where --recipes names one).
@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also w
 from record import ROOT, write_result  # noqa: E402
 
 sys.path.insert(0, str(ROOT))  # gpuscale from this checkout when run as a script
-from benchruns import gpuscale_run  # noqa: E402
+from benchruns import gpuscale_run, on_off  # noqa: E402
 from faults import case_card, parse_assignment  # noqa: E402
 from profile_rollout import rank_sitecustomize  # noqa: E402
 
@@ -273,18 +273,10 @@ def run_arguments(name: str, opts) -> list[str]:
     return arguments
 
 
-def side(runs: list[dict], timing: bool) -> dict:
-    times = [run["step_seconds"] for run in runs if run["timing"] == timing]
-    middle = statistics.median(times)
-    return {"step_seconds": times, "median_s": middle,
-            "spread": (max(times) - min(times)) / middle if len(times) > 1 else None}
-
-
 def compare(runs: list[dict]) -> dict:
-    """on / off, the noise, whether each run's timing was as set (phase figures logged on one side only)."""
-    on, off = side(runs, True), side(runs, False)
-    noise = None if None in (on["spread"], off["spread"]) else max(on["spread"], off["spread"])
-    return {"on": on, "off": off, "on_over_off": on["median_s"] / off["median_s"], "noise": noise,
+    """on / off and the noise (benchruns.on_off), whether each run's timing was as set (phase figures
+    logged on one side only)."""
+    return {**on_off(runs, "timing"),
             "timing_as_set": all((run["phase_lines"] > 0) == run["timing"] for run in runs)}
 
 

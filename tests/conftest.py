@@ -210,7 +210,7 @@ def rank_processes(run_dir: str | Path) -> dict[int, psutil.Process]:
 
 
 def check_step_phases(home: Path, run: dict, named: set[str], ranks: int) -> None:
-    """The run's step phases (data/step_phases.py) as issue 52 asks of every recipe: each rank logged
+    """The run's step phases (data/step_phases.py), as every recipe must log them: each rank logged
     them, every phase in `named` among them, and the named phases cover at least 95% of every rank's
     steady steps (`other` at most 5% of their time), in the summary and in each rank's own steps."""
     from gpuscale.data.step_phases import FIGURE_PREFIX, OTHER, WARM_UP_STEPS, mean_step, shares

@@ -44,7 +44,7 @@ WARM_UP_STEPS = 1
 # Ranks whose mean step, or a phase's share of it, differ by more than this keep their own figures.
 RANKS_DIFFER = 0.05
 
-# Advice thresholds (issue 52): a rank this much slower than the ranks' median is a straggler; these
+# Advice thresholds: a rank this much slower than the ranks' median is a straggler; these
 # shares of a step are too much of it; a card using less than this share of its memory could hold more.
 STRAGGLER = 0.15
 TOO_MUCH = {GENERATE: 0.5, DATA: 0.10, WAIT: 0.20}

@@ -34,7 +34,7 @@ def test_two_ranks_record_fitness_and_keep_identical_weights(home):
     assert sum(row["value"] for row in samples) == 8 * 3  # members evaluated, over ranks and steps
     names = {row["name"] for row in Store(home).metrics(run["id"])}
     assert {"reward_arithmetic", "reward_comparison", "reward_counting"} & names  # the step's prompts' domains
-    # Where a step goes (issue 52): its own phases (its PhaseClock's laps), on each rank.
+    # Where a step goes (data/step_phases.py): its own phases (its PhaseClock's laps), on each rank.
     check_step_phases(home, run, {"noise", "load", "generate", "score", "gather", "update"}, ranks=2)
     # What rank 0's members answered (runs/generations.py): its first call of each step (its 4 members x 4
     # prompts), a few of the earlier steps, all of the last; each answer with its member's fitness.

@@ -59,7 +59,7 @@ def test_two_cpu_ranks_train_with_pcgrad_and_report_per_domain_figures(home):
     assert store.metrics(run["id"], "time_generation")
     check_policy_mismatch(store, run)
     check_generations(run)
-    # Where a step goes (issue 52): the rollout's phases inside the trainer's, on each rank.
+    # Where a step goes (data/step_phases.py): the rollout's phases inside the trainer's, on each rank.
     check_step_phases(home, run, {"data", "generate", "reward", "forward_backward", "optimizer"}, ranks=2)
 
     # The trained model is in the run folder, loadable by name, and PCGrad's update changed it.

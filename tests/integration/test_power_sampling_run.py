@@ -47,7 +47,7 @@ def test_two_rank_power_sampling_run_on_the_defaults(home):
 
 
 def test_two_rank_power_sampling_times_its_batches_phases(home):
-    """Where a batch's time goes (issue 52): the engine's prefill, the decoding, the MH moves' accept/reject,
+    """Where a batch's time goes (data/step_phases.py): the engine's prefill, the decoding, the MH moves' accept/reject,
     the scoring and the rows written, covering 95% of each rank's steady batches."""
     run = run_json("run", "--recipe", "power-sampling", "--gpus", "2", "--set", "max_examples=12", "--batch-size", "2",
                    "--set", "max_new_tokens=32")

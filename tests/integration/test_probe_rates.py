@@ -44,7 +44,7 @@ def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(home):
 
 
 def test_a_two_rank_probe_times_its_decode_steps_phases(home):
-    """A probe step is one decode step and its record written (issue 52): both named, covering 95% of
+    """A probe step is one decode step and its record written (data/step_phases.py): both named, covering 95% of
     each rank's steady steps."""
     run = run_json("run", "--recipe", "probe", "--gpus", "2", "--batch-size", "2", "--set", "steps=6",
                    "--set", "prompt_tokens=8")

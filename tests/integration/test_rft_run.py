@@ -40,7 +40,7 @@ def test_two_cpu_ranks_generate_filter_train_and_evaluate_in_one_run(home):
     assert summary["samples_per_s"] == summary["generated_samples"] / summary["generation_seconds"]
     for when in ("before", "after"):
         assert 0 <= summary[f"accuracy_greedy_{when}"] <= 1 and 0 <= summary[f"accuracy_sampled_{when}"] <= 1
-    # Where a step goes (issue 52): its generation calls' and its optimizer steps' phases, on each rank.
+    # Where a step goes (data/step_phases.py): its generation calls' and its optimizer steps' phases, on each rank.
     check_step_phases(home, run, {"generate", "filter", "data", "forward_backward", "optimizer"}, ranks=2)
 
     # The kept set is in the run folder: every question's gold answer, and samples that are correct.

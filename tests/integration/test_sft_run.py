@@ -83,7 +83,8 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     throughput.add(rows)
     rates = throughput.progress(now=max(row["t"] for row in rows))
     assert rates["tokens_per_s"] > 0 and set(rates["tokens_per_s_by_rank"]) == {"0", "1"}
-    # Where a step goes (issue 52): each rank's steps in phases, the named ones covering 95% of a steady step.
+    # Where a step goes (data/step_phases.py): each rank's steps in phases, the named ones covering 95%
+    # of a steady step.
     check_step_phases(home, run, {"data", "forward_backward", "wait", "optimizer", "log"}, ranks=2)
     shown = gpuscale("show", str(run["id"])).stdout.splitlines()
     assert [line for line in shown if line.startswith("step: ")][0].startswith("step: forward+backward ")
