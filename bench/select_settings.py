@@ -279,7 +279,10 @@ def main() -> None:
     chosen = choose(table)
     print_table(table, rows, chosen)
     total = time.perf_counter() - started
-    print(f"\nselection: {len(rows)} runs in {total:.0f} s, {jobs} at a time (GPUSCALE_HOME {home})")
+    if args.from_home:  # the runs' own wall times are in the table; the script timed nothing
+        print(f"\nselection: {len(rows)} runs read from GPUSCALE_HOME {home}")
+    else:
+        print(f"\nselection: {len(rows)} runs in {total:.0f} s, {jobs} at a time (GPUSCALE_HOME {home})")
     write_result(args.recipe.replace("-", "_"), "selection",
                  {"recipe": args.recipe, "candidates": args.candidates, "seeds": args.seeds, "set": args.set,
                   "gpus": args.gpus, "one_gpu_each": args.one_gpu_each, "jobs": jobs, "eval_split": "validation",

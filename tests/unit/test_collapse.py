@@ -154,3 +154,17 @@ def test_a_policy_mismatch_beyond_its_bound_step_after_step_warns():
     assert policy_mismatch_warnings(drifting) == []
     assert policy_mismatch_warnings({MISMATCH: [(1, 0.2), (2, 0.2)]}) == []  # too few steps to judge
     assert policy_mismatch_warnings({}) == []  # a recipe that samples nothing (or TRL's own generation)
+
+
+def test_a_straggler_is_a_live_warning_while_the_run_runs_and_only_advice_once_it_has_ended(home):
+    # A finished run's summary gives the advice over the whole run (`gpuscale show`'s `advice:` lines):
+    # the last live lines of its progress would say it a second time.
+    store = Store(home)
+    run = grpo_run(store, [healthy(s) for s in range(20)])
+    progress = {**run["progress"], "step_phases": {"0": {"forward_backward": 1.0},
+                                                   "1": {"forward_backward": 1.6}}}
+    store.update_run(run["id"], progress=progress)
+    live = run_collapse_warnings(store, store.get_run(run["id"]))
+    assert [line for line in live if line.startswith("rank 1") and "straggler" in line], live
+    store.update_run(run["id"], status="succeeded")
+    assert not [line for line in run_collapse_warnings(store, store.get_run(run["id"])) if "straggler" in line]

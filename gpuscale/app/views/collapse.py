@@ -32,6 +32,7 @@ from gpuscale.control.store import Store, planned_gpus
 from gpuscale.data.cards import LOW_MFU
 from gpuscale.data.figures import label
 from gpuscale.data.step_phases import live_advice
+from gpuscale.runs.statuses import LIVE_STATUSES
 
 # A collapse is judged over this many logged steps, all of them: one bad step (a hard batch, a
 # reward of 0 early in training) is no collapse, five in a row rarely recover on their own.
@@ -172,7 +173,10 @@ def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) 
     progress = run.get("progress") or {}
     recipe = known_recipe(run.get("recipe"))
     explores = recipe is not None and recipe.explores
-    phases = step_phase_warnings(progress, planned_gpus(run.get("run_dir"))) if progress.get("step_phases") else []
+    # The ranks' last steps speak while the run is live; once it has ended, its summary's `advice:`
+    # lines (views/runs.py) say it over the whole run, and the last live lines would repeat them.
+    live = run.get("status") in LIVE_STATUSES and progress.get("step_phases")
+    phases = step_phase_warnings(progress, planned_gpus(run.get("run_dir"))) if live else []
     return (late_warnings(progress) + phases + resume_check_warnings(run)
             + collapse_warnings(history, run.get("settings"), progress.get("nonfinite"), steps, explores)
             + low_mfu_warnings(history, steps) + policy_mismatch_warnings(history))
