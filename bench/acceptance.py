@@ -99,6 +99,10 @@ JOBS = (
     (CONTROL, "power-sampling", {**CONTROL_RUNS, "max_examples": EVAL_PROBLEMS, "batch_size": EVAL_PROBLEMS,
                                  "temperature": CHOSEN}),
 )
+# Jobs run at the first seed only, their row standing for every seed: greedy decoding of the same
+# problems draws nothing (three seeds gave 57.0 three times on 2026-11-29), so its other seeds' runs
+# only took the card's time from the others.
+ONCE = {GREEDY}
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 # Jobs whose batch is sized `auto` from the card's memory (gpu_memory_share applies).
 AUTO_SIZED = {"grpo-mtl", "grpo-mtl pcgrad", "rft", POWER, GREEDY, LOW_TEMPERATURE, TEMPERATURE_1}
@@ -771,7 +775,8 @@ def assignments(items: list[str]) -> dict[str, dict]:
 def job_list(seeds: list[int], only: list[str] | None, extra: dict[str, dict]) -> list[tuple]:
     """(label, recipe, settings, seed) of every run, in the order the pool starts them: the sharpening
     control's validation runs first (once, at the first seed: the validation split is the same for
-    every seed), then JOBS for each seed. The control's runs, last of each seed's, wait for them."""
+    every seed), then JOBS for each seed (those of ONCE at the first seed only). The control's runs,
+    last of each seed's, wait for them."""
     chosen = [(label, recipe, {**settings, **extra.get(label, {})}) for label, recipe, settings in JOBS
               if only is None or label in only]
     validation = []
@@ -781,7 +786,8 @@ def job_list(seeds: list[int], only: list[str] | None, extra: dict[str, dict]) -
                        {**CONTROL_RUNS, "split": "validation", "max_examples": VALIDATION_PROBLEMS,
                         "batch_size": VALIDATION_PROBLEMS, **overrides, "temperature": temperature}, seeds[0])
                       for temperature in SHARPENING_GRID]
-    return validation + [(label, recipe, settings, seed) for seed in seeds for label, recipe, settings in chosen]
+    return validation + [(label, recipe, settings, seed) for seed in seeds for label, recipe, settings in chosen
+                         if label not in ONCE or seed == seeds[0]]
 
 
 class TemperatureChoice:

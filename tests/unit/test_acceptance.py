@@ -121,6 +121,8 @@ def test_the_control_waits_for_every_validation_run_and_runs_after_them(acceptan
     assert all(label.startswith(acceptance.VALIDATION_PREFIX) for label in labels[:grid])
     assert {seed for _, _, _, seed in jobs[:grid]} == {3}  # once: every seed has the same validation split
     assert [seed for label, _, _, seed in jobs if label == acceptance.CONTROL] == [3, 4]
+    assert [seed for label, _, _, seed in jobs if label == acceptance.GREEDY] == [3]  # draws nothing: once
+    assert [seed for label, _, _, seed in jobs if label == acceptance.LOW_TEMPERATURE] == [3, 4]
     assert {settings["max_examples"] for _, _, settings, _ in jobs[:grid]} == {"4"}
     assert [settings["temperature"] for _, _, settings, _ in jobs[:grid]] == list(acceptance.SHARPENING_GRID)
     choice = acceptance.TemperatureChoice(2)
