@@ -109,7 +109,7 @@ def test_the_status_says_the_place_in_the_queue(tmp_path):
     assert status_line(waiting, 0.0) == "queued #1"
     assert public_run(waiting)["queue_position"] == 1
     starting = store.get_run(add_run(store, gpus=[1]))
-    assert status_text(starting) == "queued" and "queue_position" not in public_run(starting)
+    assert status_text(starting) == "starting" and "queue_position" not in public_run(starting)
 
 
 def test_cpu_slots_and_what_a_run_asks_for():

@@ -137,8 +137,12 @@ def test_progress_line_has_status_rates_and_figures():
         "run 7 probe · succeeded · 1:40 elapsed · step 40/40 (100%) · tokens/s 12,345 · samples/s 3.2 (run average) "
         "· loss 0.6931"
     )
-    queued = {"id": 8, "recipe": "probe", "status": "queued", "started_at": None, "progress": {}}
+    queued = {"id": 8, "recipe": "probe", "status": "queued", "started_at": None, "progress": {},
+              "settings": {"queue": True}}
     assert progress_line(queued, NOW) == "run 8 probe · queued"  # no rates before any are reported, no stray dash
+    # Recorded without --queue, its supervisor not yet started: it waits for nothing.
+    starting = {**queued, "settings": {}}
+    assert progress_line(starting, NOW) == "run 8 probe · starting"
 
 
 def test_a_finished_runs_rates_are_its_summarys():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpuscale.app.views.text import format_duration, format_number, format_rate, format_time
 from gpuscale.control.metrics_tail import RATE_WINDOW_S
+from gpuscale.control.run_queue import waits_in_queue
 from gpuscale.data.figures import better, figure
 from gpuscale.data.step_phases import LIVE_STEPS, WAIT, advice, shares, where_a_step_goes
 from gpuscale.data.step_phases import label as phase_label
@@ -67,9 +68,12 @@ def eta_s(progress: dict, started_at: float | None) -> float | None:
 
 def status_text(run: dict) -> str:
     """The run's status; a run waiting in the queue (`--queue`) with its place: `queued #2` (#1 is
-    the next to start on its host)."""
+    the next to start on its host); a run recorded without `--queue` whose supervisor has not yet
+    started it: `starting` (its stored status is `queued`, but it waits for nothing)."""
     if run["status"] == "queued" and run.get("queue_position"):
         return f"queued #{run['queue_position']}"
+    if run["status"] == "queued" and not waits_in_queue(run):
+        return "starting"
     return run["status"]
 
 
