@@ -150,6 +150,12 @@ def test_a_policy_mismatch_beyond_its_bound_step_after_step_warns():
         "policy mismatch: the trainer's log-probs of the sampled tokens are 0.081 nats from the sampler's "
         f"(over {MISMATCH_BOUND}) over the last {MISMATCH_STEPS} steps — the loss trains on another policy's "
         "completions; compare a run with --precision fp32"]
+    # rollout=async samples with weights up to max_staleness steps old: the gap holds that drift, not
+    # a matter of precision; at max_staleness=0 it samples with the trainer's own weights again.
+    [stale] = policy_mismatch_warnings(drifting, settings={"rollout": "async", "max_staleness": 1})
+    assert "drift over max_staleness steps" in stale and "precision" not in stale
+    [fresh] = policy_mismatch_warnings(drifting, settings={"rollout": "async", "max_staleness": 0})
+    assert fresh.endswith("compare a run with --precision fp32")
     drifting[MISMATCH][-2] = (3, MISMATCH_BOUND)  # at the bound is within it
     assert policy_mismatch_warnings(drifting) == []
     assert policy_mismatch_warnings({MISMATCH: [(1, 0.2), (2, 0.2)]}) == []  # too few steps to judge

@@ -75,6 +75,10 @@ MISMATCH_STEPS = 3
 # What to do about it: on a GPU the engine decodes the fp32 master weights while the loss's forward runs
 # under bf16 autocast; fp32 on both sides tells a precision mismatch from a bug.
 ALIGN_PRECISION = "the loss trains on another policy's completions; compare a run with --precision fp32"
+# With rollout=async the sampler's weights are up to max_staleness optimizer steps old: the gap holds the
+# policy's drift over those steps too, which precision does not explain.
+NARROW_STALENESS = ("with rollout=async it holds the policy's drift over max_staleness steps too (TRL's "
+                    "importance sampling weights it, capped): a lower learning_rate or max_staleness=0 narrows it")
 
 
 def collapse_warnings(history: dict[str, list[tuple[int, float]]], settings: dict | None = None,
@@ -129,14 +133,19 @@ def low_mfu_warnings(history: dict[str, list[tuple[int, float]]], steps: int = C
             f"{MORE_WORK_A_STEP}"]
 
 
-def policy_mismatch_warnings(history: dict[str, list[tuple[int, float]]], steps: int = MISMATCH_STEPS) -> list[str]:
+def policy_mismatch_warnings(history: dict[str, list[tuple[int, float]]], steps: int = MISMATCH_STEPS,
+                             settings: dict | None = None) -> list[str]:
     """The trainer's log-probs of the sampled tokens more than MISMATCH_BOUND nats from the sampler's, on
-    average over the tokens, at each of the last `steps` logged steps."""
+    average over the tokens, at each of the last `steps` logged steps; what to do about it depends on
+    whether the sampler's weights may be older than the trainer's (`settings`' rollout)."""
     recent = [value for _, value in history.get(MISMATCH, [])[-steps:]]
     if len(recent) < steps or min(recent) <= MISMATCH_BOUND:
         return []
+    settings = settings or {}
+    stale = settings.get("rollout") == "async" and settings.get("max_staleness", 1) > 0
     return [f"policy mismatch: the trainer's log-probs of the sampled tokens are {recent[-1]:.3f} nats from the "
-            f"sampler's (over {format_number(MISMATCH_BOUND)}) over the last {steps} steps — {ALIGN_PRECISION}"]
+            f"sampler's (over {format_number(MISMATCH_BOUND)}) over the last {steps} steps — "
+            f"{NARROW_STALENESS if stale else ALIGN_PRECISION}"]
 
 
 def late_warnings(progress: dict) -> list[str]:
@@ -179,4 +188,4 @@ def run_collapse_warnings(store: Store, run: dict, steps: int = COLLAPSE_STEPS) 
     phases = step_phase_warnings(progress, planned_gpus(run.get("run_dir"))) if live else []
     return (late_warnings(progress) + phases + resume_check_warnings(run)
             + collapse_warnings(history, run.get("settings"), progress.get("nonfinite"), steps, explores)
-            + low_mfu_warnings(history, steps) + policy_mismatch_warnings(history))
+            + low_mfu_warnings(history, steps) + policy_mismatch_warnings(history, settings=run.get("settings")))
