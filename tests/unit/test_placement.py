@@ -38,6 +38,8 @@ PLACED = {"rollout": "async", "generation_gpus": 1, "gpus": 2, "max_examples": 3
     ({"lora_rank": 8}, "generation_gpus: 1: not with LoRA yet (lora_rank=8): the generators receive whole weights, "
                        "and a LoRA run should send its adapters only"),
     ({"nnodes": 2, "rdzv_endpoint": "node1:29500"}, "generation_gpus: 1: on one node only for now (nnodes=2)"),
+    ({"gpus": 3, "generation_gpus": 2}, "generation_gpus: 2: more than the 1 training rank(s) left: each training "
+                                        "rank's prompts go to one generator, and 1 would idle"),
 ])
 def test_placement_is_refused_before_launch_where_it_cannot_run(update, line):
     with pytest.raises(SettingsError) as refused:
