@@ -192,9 +192,12 @@ def check_rollout(settings: Settings) -> None:
 
 
 def check_placement(settings: Settings) -> None:
-    """generation_gpus where it can run (that some device is left to train is rank_batches.run_ranks_on's
-    refusal): generators serve the async rollout with gpuscale's engine, receive whole weights (a LoRA
-    run would send only its adapters: not yet) and are ranks of one node's launch."""
+    """generation_gpus where it can run: generators serve the async rollout with gpuscale's engine,
+    receive whole weights (a LoRA run would send only its adapters: not yet), are ranks of one node's
+    launch, leave a device to train (rank_batches.run_ranks_on's refusal) and each serves a training
+    rank at least (a training rank's prompts go to one generator)."""
+    from gpuscale.recipes.shared.rank_batches import run_ranks
+
     generators = settings.generation_gpus
     if not generators:
         return
@@ -209,6 +212,10 @@ def check_placement(settings: Settings) -> None:
                             "generators receive whole weights, and a LoRA run should send its adapters only")
     if settings.nnodes > 1:
         raise SettingsError(f"generation_gpus: {generators}: on one node only for now (nnodes={settings.nnodes})")
+    trainers = run_ranks(settings)
+    if generators > trainers:
+        raise SettingsError(f"generation_gpus: {generators}: more than the {trainers} training rank(s) left: each "
+                            f"training rank's prompts go to one generator, and {generators - trainers} would idle")
 
 
 class GrpoMtl(Recipe):
