@@ -255,8 +255,9 @@ class GrpoMtl(Recipe):
                     knob="completions per device per micro-batch (accumulation keeps the step's completions)",
                     shape_settings=("dataset", "max_prompt_length", "max_completion_length", "lora_rank",
                                     "lora_targets", "beta", "completions_per_step", "liger_kernels", "mtl"),
-                    # How long a run trains (read where the trial's settings are resolved for the device).
-                    not_shaping=("max_steps",),
+                    # How long a run trains (read where the trial's settings are resolved for the device);
+                    # the generators, which count the ranks that share a step as `gpus` does.
+                    not_shaping=("max_steps", "generation_gpus"),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def rank_splits(self, settings: Settings) -> list[Split]:
