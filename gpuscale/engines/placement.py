@@ -24,8 +24,11 @@ The design, and why:
   (`job/N`: the step it trains, the step of its weights, whether new weights follow; the first holds the
   manifest: names, shapes and dtype of what is sent), then, where the trainer has stepped since the last
   job, broadcasts the weights (the `weight_sync` phase); each trainer T writes `prompts/N/T`, and the
-  generator T % k answers `completions/N/T`. The end of training is a header of its own (`end`): the
-  generators leave their loop and their rank ends.
+  generator T % k answers `completions/N/T`. Training rank 0 writes `end` when training ends, and again
+  whatever way its work ends (`generators_released`: an error, a preemption before or during training):
+  the generators serve every job announced before it, then leave their loop and their rank ends.
+- Preemption (SLURM's signal): a generator serves inside `preemption.cooperating()`, so that the signal
+  never ends it while the trainers may still wait for its completions; it ends at `end`, preempted.
 - The lag: the generator decodes job N+1 while the trainers train on job N's completions, from the
   weights of the step before (staleness 1, corrected by TRL's importance sampling: engines/off_policy.py),
   or each job from the current weights (max_staleness=0).
@@ -44,6 +47,8 @@ import hashlib
 import os
 import pickle
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -118,12 +123,16 @@ class Link:
         return value
 
     def read(self, key: str):
-        """The value at `key` once it is there (polled: see POLL_FIRST_S)."""
+        """The value at `key` once it is there."""
+        return self.read_first(key)[1]
+
+    def read_first(self, *keys: str) -> tuple[str, object]:
+        """(the first of `keys` that is there, its value), once one is (polled: see POLL_FIRST_S)."""
         pause = POLL_FIRST_S
-        while not self.store.check([key]):
+        while (found := next((key for key in keys if self.store.check([key])), None)) is None:
             time.sleep(pause)
             pause = min(2 * pause, POLL_MOST_S)
-        return pickle.loads(self.store.get(key))
+        return found, pickle.loads(self.store.get(found))
 
 
 def manifest(model, dtype: torch.dtype) -> dict:
@@ -206,7 +215,19 @@ class RemoteSampler:
     def close(self) -> None:
         """Training is over: rank 0 tells the generators, whose loop then ends."""
         if self.link.rank == 0:
-            self.link.put(f"job/{self.jobs}", {END: True})
+            self.link.put(END, True)
+
+
+@contextmanager
+def generators_released(ctx) -> Iterator[None]:
+    """On training rank 0 of a run with generators: however the work inside ends (its end, an error, a
+    preemption before training or during it), `end` is written, so that no generator waits for a job
+    that will never come (a training rank that dies ends the launch anyway; one preempted exits 0)."""
+    try:
+        yield
+    finally:
+        if ctx.side_ranks and ctx.rank == 0:
+            Link(ctx).put(END, True)
 
 
 # ---- the generators' side ------------------------------------------------------------------------------
@@ -220,7 +241,7 @@ def serve(link: Link, rollout, model, reporter) -> int:
     served = range(index, link.trainers, link.generators)
     receiver = None
     job = 0
-    while END not in (header := link.read(f"job/{job}")):
+    while (header := next_job(link, job)) is not None:
         if receiver is None:
             receiver = WeightsReceiver(link, model, header["manifest"])
             rollout.use_model(receiver.model)
@@ -235,6 +256,15 @@ def serve(link: Link, rollout, model, reporter) -> int:
         reporter.beat(STEP, header["step"])
         job += 1
     return job
+
+
+def next_job(link: Link, job: int) -> dict | None:
+    """Job `job`'s header, or None once the trainers wrote `end` before it (their last write: a header
+    written just before it is looked for once more)."""
+    found, header = link.read_first(f"job/{job}", END)
+    if found != END:
+        return header
+    return link.read(f"job/{job}") if link.store.check([f"job/{job}"]) else None
 
 
 class WeightsReceiver:

@@ -19,7 +19,7 @@ from gpuscale.data.models import load_model
 from gpuscale.engines.async_rollout import AsyncEngineRollout
 from gpuscale.engines.distributed import WORLD_VARIABLES, training_world
 from gpuscale.engines.off_policy import STALENESS
-from gpuscale.engines.placement import Link, RemoteSampler, serve, weights_digest
+from gpuscale.engines.placement import Link, RemoteSampler, generators_released, serve, weights_digest
 from gpuscale.engines.rollout import EngineRollout
 from gpuscale.recipes.grpo_mtl import GrpoMtl, Settings
 from gpuscale.recipes.shared.rank_batches import run_ranks
@@ -140,3 +140,13 @@ def test_a_generator_samples_what_the_trainer_would_from_the_weights_the_trainer
     assert served == [3] and [step for _, step in beats] == [0, 1, 2]
     # Step 2's job was sampled from the stepped weights, which the generator holds exactly.
     assert weights_digest(generator_model.named_parameters()) == weights_digest(model.named_parameters())
+
+
+def test_a_generator_ends_when_the_trainers_work_does_even_before_any_job(launcher_store):
+    """Training rank 0's work ended (here by an error; a preemption while loading would do the same) before it
+    asked for anything: the generator, waiting for its first job, ends too instead of waiting for ever."""
+    cpu = torch.device("cpu")
+    with pytest.raises(RuntimeError, match="the trainer's error"), \
+            generators_released(SimpleNamespace(rank=0, world_size=1, side_ranks=1, device=cpu)):
+        raise RuntimeError("the trainer's error")
+    assert serve(Link(SimpleNamespace(rank=1, world_size=1, side_ranks=1, device=cpu)), None, None, None) == 0

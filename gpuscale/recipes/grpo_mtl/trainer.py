@@ -16,6 +16,13 @@ from gpuscale.runs.settings import SettingsError
 
 
 def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
+    from gpuscale.engines.placement import generators_released
+
+    with generators_released(ctx):  # with generation_gpus: the generators end with this work, however it ends
+        train_and_evaluate(settings, ctx, reporter)
+
+
+def train_and_evaluate(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.shared.evaluation import save_then_evaluate
     from gpuscale.recipes.shared.models import load_generation_model
     from gpuscale.recipes.shared.summary import summary_opening
@@ -216,11 +223,14 @@ def trainer_rollout(settings: Settings, ctx, tokenizer):
 def generate_for_trainers(settings: Settings, ctx, reporter) -> None:
     """A generator rank's work (generation_gpus; engines/placement.py): the model loaded, then the
     training ranks' prompts decoded from the weights they send, until their training ends."""
+    from gpuscale.engines import preemption
     from gpuscale.engines.placement import Link, serve
     from gpuscale.recipes.shared.models import load_generation_model
 
-    loaded = load_generation_model(settings.model, ctx)
-    jobs = serve(Link(ctx), engine_rollout(settings, loaded.tokenizer), loaded.model, reporter)
+    # Ended by the trainers alone: SLURM's signal leaves it serving until they end (engines/placement.py).
+    with preemption.cooperating():
+        loaded = load_generation_model(settings.model, ctx)
+        jobs = serve(Link(ctx), engine_rollout(settings, loaded.tokenizer), loaded.model, reporter)
     print(f"generation: served {jobs} jobs for training ranks "
           f"{', '.join(map(str, range(ctx.rank - ctx.world_size, ctx.world_size, ctx.side_ranks)))}", flush=True)
 
