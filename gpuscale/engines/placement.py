@@ -60,9 +60,10 @@ from gpuscale.runs.heartbeat import STEP
 
 PREFIX = "gpuscale/placement/"
 END = "end"
-# A key is polled (the store's blocking wait logs a warning at each timeout): first after a millisecond,
-# then less often, at most every POLL_MOST_S, what a job's answer may come late by.
-POLL_FIRST_S, POLL_MOST_S = 0.001, 0.02
+# A key is polled (the store's blocking wait logs a warning at each timeout, and waits for all of its keys,
+# not for the first): first after a millisecond, then less often, at most every POLL_MOST_S, what a job's
+# answer may come late by (under 1% of a 0.6 s step), for a round trip to the store (~0.1 ms) each time.
+POLL_FIRST_S, POLL_MOST_S = 0.001, 0.005
 # The weights group's collectives: both sides are there when one starts (the header says it comes), so
 # only a rank gone wrong takes long, and the launcher or the hang watch ends the run first.
 GROUP_TIMEOUT = timedelta(minutes=30)
