@@ -218,6 +218,7 @@ FIGURES: dict[str, Figure] = _figures(
     _text("mtl", "multi-task method"),
     _text("rollout", "rollout"),
     Figure("max_staleness", "staleness allowed", unit="steps"),
+    Figure("generation_gpus", "devices generating"),
     _text("phase", "phase"),
     _text("model_dir", "trained model"),
     _text("generated_set", "generated set"),

@@ -4,8 +4,8 @@ TRL's GRPOTrainer asks its `rollout_func` for a step's completions at that step'
 and trains on them at once. `AsyncEngineRollout` answers the call for step k with completions it
 started generating during step k-1, then starts step k+1's before handing them over:
 
-    call k:   wait for job k  ->  weights -> engine copy (the engine is idle)  ->  submit job k+1  ->  return job k
-    thread:   ... job k (weights of step k-1) ...                                 job k+1 (weights of step k) ...
+    call k:   wait for job k  ->  weights -> the sampler's copy (it is idle)  ->  submit job k+1  ->  return job k
+    sampler:  ... job k (weights of step k-1) ...                               job k+1 (weights of step k) ...
 
 - Which prompts step k+1 takes: `PromptLookahead`, mixed into the trainer, holds the first batch of
   the next optimizer step as transformers' loop fetches a step's batches (`get_batch_samples`): the
@@ -13,17 +13,21 @@ started generating during step k-1, then starts step k+1's before handing them o
   accelerate's sharding made of the data, with one batch kept in memory and no pass of its own. None
   at an epoch's end (the next epoch's order is drawn when it starts): that step generates on call.
   A call whose prompts are not the prefetched ones is a bug, and fails the run.
-- The weights: the engine decodes its own copy (`EngineRollout(own_weights=True)`), refreshed by
-  `_engine_for` (the `weight_sync` phase) only between jobs, on the trainer's thread, after the
-  optimizer step; a job thus samples from weights one step older than the step that trains on it
+- Who decodes: a sampler. `LocalSampler`: the rank's own engine, in a thread (below);
+  engines/placement.py's `RemoteSampler`: generator ranks of their own (grpo-mtl's `generation_gpus`).
+  A sampler's `start(prompts, step, trainer)` brings its weights to the trainer's where the trainer
+  has stepped (the `weight_sync` phase), starts the job and gives the step of the weights it samples
+  from and the pending completions (`.result()`); `taken()` follows each job's result, `close()` the
+  training.
+- The weights: a job samples from weights one step older than the step that trains on it
   (`max_staleness >= 1`), or from the current ones (`max_staleness=0`: each call waits for its own job,
-  the synchronous rollout through the same code). One engine a rank keeps the lag at 1 whatever
-  `max_staleness` allows: deeper queues need a snapshot of the weights per job, which placement (the
-  generating GPUs' own copy, sent over NCCL) brings.
-- The thread: one worker, and on a GPU its own CUDA stream, which waits for the weight copy before a
-  job and which the trainer's stream waits for before the next copy; on CPU the same code without a
-  stream. Each job is seeded as the synchronous rollout seeds that step's call, so at staleness 0 the
-  two sample the same completions.
+  the synchronous rollout through the same code). One job ahead keeps the lag at 1 whatever
+  `max_staleness` allows: deeper queues need a snapshot of the weights per job.
+- The local sampler: the engine decodes its own copy (`EngineRollout(own_weights=True)`), refreshed by
+  `_engine_for` only between jobs, on the trainer's thread, after the optimizer step; one worker thread,
+  and on a GPU its own CUDA stream, which waits for the weight copy before a job and which the trainer's
+  stream waits for before the next copy; on CPU the same code without a stream. Each job is seeded as
+  the synchronous rollout seeds that step's call, so at staleness 0 the two sample the same completions.
 - The gap: the trainer applies TRL's importance-sampling correction (engines/off_policy.py); this
   module logs each step's staleness beside it.
 """
@@ -44,32 +48,25 @@ class Job:
     prompts: list
     step: int  # the optimizer step that trains on it
     weights_step: int  # the optimizer step of the weights it samples from
-    result: Future
+    result: Future  # or anything whose `result()` waits for the completions
 
 
 class AsyncEngineRollout(TrainerCallback):
     """Callable for `GRPOTrainer(rollout_func=...)` on a trainer with `PromptLookahead`, and one of its
-    callbacks (its thread ends with the training)."""
+    callbacks (its sampler is closed with the training). `sampler`: `LocalSampler` or placement's
+    `RemoteSampler`."""
 
-    def __init__(self, rollout: EngineRollout, max_staleness: int = 1):
-        if not rollout.own_weights:
-            raise ValueError("AsyncEngineRollout: the engine must decode weights of its own (own_weights=True)")
-        self.rollout = rollout
+    def __init__(self, sampler, max_staleness: int = 1):
+        self.sampler = sampler
         self.max_staleness = max_staleness
         self.prefetched = 0  # steps whose completions were generated ahead
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscale-rollout")
-        self._stream = None  # the worker's CUDA stream
         self.ahead: Job | None = None  # the job generated ahead, for the next step
-
-    @property
-    def seconds(self) -> float:
-        return self.rollout.seconds
 
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
         step = int(trainer.state.global_step)
         job, self.ahead = self.ahead, None
         if job is not None and (job.step, job.prompts) != (step, prompts):
-            job.result.result()  # the engine idle before anything else touches it
+            job.result.result()  # the sampler idle before anything else touches it
             raise RuntimeError(f"rollout=async: step {step} asked for other prompts than those generated ahead "
                                f"for step {job.step}")
         if job is None:
@@ -77,7 +74,7 @@ class AsyncEngineRollout(TrainerCallback):
         else:
             self.prefetched += 1
         completions = job.result.result()
-        self._after_job()
+        self.sampler.taken()
         log_staleness(trainer, step - job.weights_step)
         upcoming = trainer.upcoming_prompts()
         if self.max_staleness > 0 and upcoming is not None and step + 1 < trainer.state.max_steps:
@@ -85,13 +82,36 @@ class AsyncEngineRollout(TrainerCallback):
         return completions
 
     def _submit(self, prompts: list, step: int, trainer) -> Job:
-        """Start generating `prompts` for `step` from the engine's weights, refreshed first where the
-        trainer has stepped since (no job is running: the caller waited for the last)."""
+        """Start generating `prompts` for `step` (no job is running: the caller waited for the last)."""
+        weights_step, result = self.sampler.start(prompts, step, trainer)
+        return Job(prompts, step, weights_step, result)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Wait for a job still running (none after the last step) and close the sampler."""
+        if self.ahead is not None:
+            self.ahead.result.result()
+            self.ahead = None
+        self.sampler.close()
+
+
+class LocalSampler:
+    """The rank's own engine as AsyncEngineRollout's sampler: a worker thread (on a GPU with its own CUDA
+    stream) decodes the engine's own copy of the weights (`rollout`: an EngineRollout with own_weights)."""
+
+    def __init__(self, rollout: EngineRollout):
+        if not rollout.own_weights:
+            raise ValueError("LocalSampler: the engine must decode weights of its own (own_weights=True)")
+        self.rollout = rollout
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscale-rollout")
+        self._stream = None  # the worker's CUDA stream
+
+    def start(self, prompts: list, step: int, trainer) -> tuple[int, Future]:
+        """The engine's weights refreshed where the trainer has stepped since (no job is running), then
+        `prompts` generated in the worker, seeded as the synchronous rollout seeds `step`."""
         engine = self.rollout._engine_for(trainer)
         seed = self.rollout.step_seed(trainer, step)
         self._stream_after_trainer(engine.device)
-        weights_step = self.rollout._copied_at_step
-        return Job(prompts, step, weights_step, self._worker.submit(self._generate, prompts, seed))
+        return self.rollout._copied_at_step, self._worker.submit(self._generate, prompts, seed)
 
     def _generate(self, prompts: list, seed: int) -> dict[str, list]:
         if self._stream is None:
@@ -111,18 +131,14 @@ class AsyncEngineRollout(TrainerCallback):
             self._stream = torch.cuda.Stream(device)
         self._stream.wait_stream(torch.cuda.current_stream(device))
 
-    def _after_job(self) -> None:
+    def taken(self) -> None:
         """The trainer's stream waits for the worker's before it touches the engine's weights again."""
         if self._stream is not None:
             import torch
 
             torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
 
-    def on_train_end(self, args, state, control, **kwargs):
-        """Wait for a job still running (none after the last step) and stop the thread."""
-        if self.ahead is not None:
-            self.ahead.result.result()
-            self.ahead = None
+    def close(self) -> None:
         self._worker.shutdown(wait=True)
 
 

@@ -5,6 +5,14 @@
 launcher, sends its output to RUN_DIR/logs/rank<R>.log, initialises torch.distributed (nccl on GPUs,
 gloo on CPU), picks the device and dtype, and, if the recipe raises, writes RUN_DIR/errors/rank<R>.json
 for the supervisor before exiting non-zero.
+
+Side ranks (`RunSettings.side_ranks`: grpo-mtl's generators): the launch's last ranks stand outside the
+training world. TRL and accelerate run every collective on the default process group, so a side rank
+must not be in it: the training ranks' environment says the smaller world (WORLD_SIZE, and with one
+training rank no distributed variables at all: a one-rank run's path) before the group is made, and a
+side rank makes none; it runs the recipe's side work (`side`) instead of `main`, its own rank kept for
+its log, metrics and errors. Being ranks of the same launch, they are seen, ended and named by the
+launcher and the supervisor as any rank is.
 """
 
 from __future__ import annotations
@@ -46,10 +54,16 @@ class RankContext:
     device: torch.device
     dtype: torch.dtype
     run_dir: Path
+    side_ranks: int = 0  # the launch's ranks beyond the training world (`world_size` ranks)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def on_side(self) -> bool:
+        """A side rank: outside the training world, which it serves (no default process group)."""
+        return self.rank >= self.world_size
 
     def shard(self, items: list) -> list:
         """This rank's share, by stride: every rank gets a similar mix of easy and hard items."""
@@ -85,17 +99,42 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
 def init_rank(settings: RunSettings, run_dir: Path) -> RankContext:
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    world_size = training_world(settings.side_ranks)
     use_cuda = torch.cuda.is_available() and os.environ.get("GPUSCALE_DEVICE", "cuda") == "cuda"
     if use_cuda:
         device = torch.device("cuda", local_rank)
         use_cuda_device(device)
     else:
         device = torch.device("cpu")
-    if world_size > 1:
+    if world_size > 1 and rank < world_size:
         dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
     torch.manual_seed(derived_seed(settings.seed, "torch", rank))
-    return RankContext(rank, local_rank, world_size, device, resolve_dtype(settings.precision, device), run_dir)
+    return RankContext(rank, local_rank, world_size, device, resolve_dtype(settings.precision, device), run_dir,
+                       side_ranks=settings.side_ranks)
+
+
+# What torchrun tells a rank of its world; accelerate and transformers read them again.
+WORLD_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def training_world(side_ranks: int) -> int:
+    """The size of the training world: the launch's ranks less its last `side_ranks`. A training rank's
+    environment is made to say it before anything reads it (the default process group, accelerate's
+    state, transformers' arguments); with one training rank the world variables go, as in a one-rank
+    launch. One node only (the launch refuses side ranks over several): LOCAL_WORLD_SIZE is the world's."""
+    launched = int(os.environ.get("WORLD_SIZE", 1))
+    if not side_ranks:
+        return launched
+    trainers = launched - side_ranks
+    if trainers < 1:
+        raise SettingsError(f"side ranks: {side_ranks}: the launch has {launched} ranks and at least one must train")
+    if int(os.environ.get("RANK", 0)) < trainers:
+        if trainers == 1:
+            for name in WORLD_VARIABLES:
+                os.environ.pop(name, None)
+        else:
+            os.environ["WORLD_SIZE"] = os.environ["LOCAL_WORLD_SIZE"] = str(trainers)
+    return trainers
 
 
 def memory_for_auto_sizes(ctx: RankContext, share: float) -> tuple[int, str]:
@@ -224,9 +263,13 @@ def read_settings(settings_cls: type[RunSettings], settings_path: Path) -> RunSe
         raise SettingsError(f"{settings_path}: {describe_validation_error(exc)}") from None
 
 
-def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankContext, Reporter], None],
-             settings_path: str | Path) -> None:
-    """The body of one rank: `main(settings, ctx, reporter)` with everything around it."""
+RankWork = Callable[[RunSettings, RankContext, Reporter], None]
+
+
+def run_rank(settings_cls: type[RunSettings], main: RankWork, settings_path: str | Path,
+             side: RankWork | None = None) -> None:
+    """The body of one rank: `main(settings, ctx, reporter)` with everything around it; on a side rank
+    (outside the training world: `RankContext.on_side`), `side(settings, ctx, reporter)` instead."""
     # If torchrun dies without cleaning up (SIGKILL), the kernel kills this rank too.
     die_with_parent(signal.SIGKILL)
     settings_path = Path(settings_path)
@@ -243,10 +286,13 @@ def run_rank(settings_cls: type[RunSettings], main: Callable[[RunSettings, RankC
         ctx = init_rank(settings, run_dir)
         if ctx.device.type == "cuda":
             reporter.phases.use_cuda(ctx.device)  # the step phases' marks: CUDA events, no sync in a step
-        if ctx.world_size > 1:
+        if dist.is_initialized():
             step_phases.time_collectives(dist)  # the wait for the other ranks, a phase of its own
-        print(f"rank {rank}/{ctx.world_size} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
-        main(settings, ctx, reporter)
+        role = f" (a side rank beside {ctx.world_size} training)" if ctx.on_side else f"/{ctx.world_size}"
+        print(f"rank {rank}{role} on {ctx.device} ({ctx.dtype}), pid {os.getpid()}", flush=True)
+        if ctx.on_side and side is None:
+            raise SettingsError(f"rank {rank}: a side rank, and the recipe has no side work")
+        (side if ctx.on_side else main)(settings, ctx, reporter)
         if dist.is_initialized():
             dist.barrier()  # leave together: no rank tears its group down under a peer's collective
     except preemption.Preempted as ended:

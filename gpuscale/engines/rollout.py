@@ -67,12 +67,16 @@ class EngineRollout:
     def generate(self, prompts: list, seed: int) -> dict[str, list]:
         """TRL's rollout output for `prompts`, sampled with the generator seeded at `seed`, on the
         current CUDA stream (the async rollout's own, in its thread; engines/async_rollout.py)."""
+        return self.generate_ids([self.prompt_ids(prompt) for prompt in prompts], seed)
+
+    def generate_ids(self, ids: list[list[int]], seed: int) -> dict[str, list]:
+        """`generate` for prompts already tokenized (`prompt_ids`): what a generator rank is sent
+        (engines/placement.py)."""
         from gpuscale.engines.generation import Sampling
 
         started = time.perf_counter()
         engine = self.engine
         self.generator.manual_seed(seed)
-        ids = [self._prompt_ids(prompt) for prompt in prompts]
         unique, per_prompt = repeated_runs(ids)
         if per_prompt is None:  # runs of different lengths: every row prefilled by itself
             unique, per_prompt = ids, 1
@@ -90,16 +94,10 @@ class EngineRollout:
 
     def _engine_for(self, trainer):
         if self.engine is None:
-            import torch
-
-            from gpuscale.data.prompts import eos_token_ids, pad_token_id
-            from gpuscale.engines.generation import GenerationEngine
-
             model = trainer.accelerator.unwrap_model(trainer.model)
-            master_dtype = next(model.parameters()).dtype
-            decode_dtype = autocast_dtype(trainer.args) if master_dtype == torch.float32 else None
-            if decode_dtype is not None or self.own_weights:
-                copy, why = decoding_copy(model, decode_dtype or master_dtype)
+            dtype = decode_dtype(model, trainer.args)
+            if dtype != next(model.parameters()).dtype or self.own_weights:
+                copy, why = decoding_copy(model, dtype)
                 print(f"speed: the engine decodes {why}", flush=True)
                 if copy is None and self.own_weights:
                     raise RuntimeError(f"rollout=async: the engine needs weights of its own to decode while the "
@@ -107,16 +105,25 @@ class EngineRollout:
                 if copy is not None:
                     self.masters, model = model, copy
                     self._copied_at_step = int(trainer.state.global_step)
-            eos = eos_token_ids(model, self.tokenizer)
-            self.engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(self.tokenizer, eos),
-                                           compile=None if self.compile else False,  # None: on where it can be (CUDA)
-                                           max_columns=self.max_columns)
-            self.generator = torch.Generator(device=self.engine.device)
+            self.use_model(model)
         elif self.masters is not None and int(trainer.state.global_step) != self._copied_at_step:
             with phase(WEIGHT_SYNC):  # a step phase of its own (engines/step_phases.py), inside generation's
                 copy_weights(self.masters, self.engine.model)  # in place: the engine's CUDA graphs stay valid
             self._copied_at_step = int(trainer.state.global_step)
         return self.engine
+
+    def use_model(self, model) -> None:
+        """Decode `model` from now on: the engine built on it (a generator rank's own model, or the trainer's)."""
+        import torch
+
+        from gpuscale.data.prompts import eos_token_ids, pad_token_id
+        from gpuscale.engines.generation import GenerationEngine
+
+        eos = eos_token_ids(model, self.tokenizer)
+        self.engine = GenerationEngine(model, eos, pad_token_id=pad_token_id(self.tokenizer, eos),
+                                       compile=None if self.compile else False,  # None: on where it can be (CUDA)
+                                       max_columns=self.max_columns)
+        self.generator = torch.Generator(device=self.engine.device)
 
     def _call_seed(self, trainer) -> int:
         """The sampling seed of this call: (seed, rank, optimizer step, call within the step)."""
@@ -130,7 +137,7 @@ class EngineRollout:
 
         return derived_seed(self.seed, "rollout", trainer.accelerator.process_index, step, call)
 
-    def _prompt_ids(self, prompt) -> list[int]:
+    def prompt_ids(self, prompt) -> list[int]:
         """A prompt as data.py writes it: one user message (chat template applied with the
         generation prompt, as TRL does), or text that TRL would tokenize with the special tokens."""
         from gpuscale.data.prompts import prompt_ids
@@ -154,6 +161,15 @@ def autocast_dtype(args):
     import torch
 
     return torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) else None
+
+
+def decode_dtype(model, args):
+    """The dtype the engine decodes a trainer's `model` in: its half-precision autocast's over fp32 master
+    weights, else the weights' own."""
+    import torch
+
+    master = next(model.parameters()).dtype
+    return (autocast_dtype(args) if master == torch.float32 else None) or master
 
 
 def decoding_copy(model, dtype):

@@ -1,8 +1,8 @@
 """The entry point of every rank: `python -m gpuscale.recipes --recipe NAME --settings FILE`.
 
 torchrun or accelerate starts it once per rank; it finds the recipe in the registry and hands its
-settings class and `run_on_device` (its `run`, device defaults resolved) to the rank side of the engines
-(engines/distributed.run_rank)."""
+settings class and `run_on_device` (its `run`, device defaults resolved; `run_side_on_device` on a side
+rank) to the rank side of the engines (engines/distributed.run_rank)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from gpuscale.engines.distributed import run_rank
 
-    run_rank(recipe.settings_cls, recipe.run_on_device, args.settings)
+    run_rank(recipe.settings_cls, recipe.run_on_device, args.settings, side=recipe.run_side_on_device)
 
 
 if __name__ == "__main__":

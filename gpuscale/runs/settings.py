@@ -67,6 +67,9 @@ class RunSettings(BaseModel):
     # into that run's folder before launch (control/launch.py:run_ids_as_folders), so that a rank reads
     # a path only and never opens the history (on a multi-node job the home need not exist there).
     RUN_ID_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # The field that counts the ranks of a launch standing outside the training world (grpo-mtl's
+    # generation_gpus: its generators), None where every rank trains: `side_ranks`.
+    SIDE_RANKS_FIELD: ClassVar[str | None] = None
 
     model: str = Field("tiny-math", description="model name, hub id or local path")
     dataset: str = Field("tiny-math", description="data set name or local JSONL path")
@@ -228,6 +231,13 @@ class RunSettings(BaseModel):
         if value is not None and not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", value):
             raise ValueError("expected HOST:PORT, like node001:29500")
         return value
+
+    @property
+    def side_ranks(self) -> int:
+        """The launch's last ranks that take no share of the step's work: they serve the others (grpo-mtl's
+        generators). The ranks that share it are the launch's less these (recipes/shared/rank_batches.py);
+        engines/distributed.py keeps these out of the training world's process group."""
+        return int(getattr(self, self.SIDE_RANKS_FIELD) or 0) if self.SIDE_RANKS_FIELD else 0
 
     @classmethod
     def field_for_key(cls, key: str) -> str:

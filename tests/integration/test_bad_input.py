@@ -36,6 +36,8 @@ from gpuscale.control.store import Store
      "dataset: 'a.jsonl,tiny-math': 'tiny-math' is not a .jsonl file"),
     (["sbatch", "--recipe", "probe", "--nodes", "2", "--gpus-per-node", "8", "--set", "batch_size=-1"],
      "batch_size: '-1'"),
+    (["run", "--recipe", "grpo-mtl", "--gpus", "2", "--set", "rollout=async", "--set", "generation_gpus=2"],
+     "generation_gpus: 2: the run has 2 "),  # GPUs or CPU ranks, and none left to train
 ])
 def test_bad_run_input_starts_and_writes_nothing(home, args, message):
     result = gpuscale(*args)

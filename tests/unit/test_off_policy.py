@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gpuscale.data.models import load_model
-from gpuscale.engines.async_rollout import AsyncEngineRollout, Lookahead
+from gpuscale.engines.async_rollout import AsyncEngineRollout, LocalSampler, Lookahead
 from gpuscale.engines.off_policy import CLIPPED_SHARE, STALENESS, clipped_counts
 from gpuscale.engines.rollout import EngineRollout
 from gpuscale.recipes.grpo_mtl import GrpoMtl, Settings
@@ -95,7 +95,7 @@ def test_the_async_rollout_hands_each_step_what_the_sync_one_samples_from_the_we
     expected.append(sync(second, reference))
 
     trainer = fake_trainer(model, upcoming=second)
-    rollout = AsyncEngineRollout(EngineRollout(tokenizer, own_weights=True, **settings), max_staleness=1)
+    rollout = AsyncEngineRollout(LocalSampler(EngineRollout(tokenizer, own_weights=True, **settings)), max_staleness=1)
     got = rollout(first, trainer)  # generated on call (nothing ahead), step 1's prompts submitted after
     assert got["completion_ids"] == expected[0]["completion_ids"]
     assert (rollout.ahead.step, rollout.ahead.weights_step) == (1, 0)
@@ -111,7 +111,7 @@ def test_the_async_rollout_hands_each_step_what_the_sync_one_samples_from_the_we
     assert trainer._metrics["train"][STALENESS] == [0.0, 1.0] and rollout.prefetched == 1
     # Between the jobs the engine's copy took the stepped weights, and step 2's job samples from them.
     assert all(torch.equal(copied, master) for copied, master in
-               zip(rollout.rollout.engine.model.parameters(), model.parameters(), strict=True))
+               zip(rollout.sampler.rollout.engine.model.parameters(), model.parameters(), strict=True))
     assert (rollout.ahead.step, rollout.ahead.weights_step) == (2, 1)
     trainer.state.global_step = 2
     with pytest.raises(RuntimeError, match="rollout=async: step 2 asked for other prompts than those generated "
@@ -125,7 +125,8 @@ def test_at_staleness_0_the_async_rollout_samples_what_the_sync_one_does_every_s
     prompts = [chat("What is 7 - 4?")] * 3
     sync, reference = EngineRollout(tokenizer, 6, 1.0, seed=5), fake_trainer(copy.deepcopy(model))
     trainer = fake_trainer(model, upcoming=prompts)
-    rollout = AsyncEngineRollout(EngineRollout(tokenizer, 6, 1.0, seed=5, own_weights=True), max_staleness=0)
+    rollout = AsyncEngineRollout(LocalSampler(EngineRollout(tokenizer, 6, 1.0, seed=5, own_weights=True)),
+                                 max_staleness=0)
     for step in range(3):
         reference.state.global_step = trainer.state.global_step = step
         assert rollout(prompts, trainer)["completion_ids"] == sync(prompts, reference)["completion_ids"]
@@ -177,7 +178,7 @@ def test_the_importance_weights_are_the_trainer_s_probabilities_over_the_sampler
     clipped share is the share of tokens over the cap."""
     trainer, batch = async_trainer
     trainer._generate_and_score_completions(batch)  # builds the engine's copy of the weights of step 0
-    sampler = copy.deepcopy(trainer.rollout_func.rollout.engine.model)
+    sampler = copy.deepcopy(trainer.rollout_func.sampler.rollout.engine.model)
     with torch.no_grad():
         for parameter in trainer.model.parameters():
             parameter.add_(0.02 * torch.randn_like(parameter))

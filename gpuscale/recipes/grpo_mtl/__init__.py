@@ -39,6 +39,7 @@ GPU_STEPS, CPU_STEPS = 500, 50
 
 
 class Settings(TrainingSettings):
+    SIDE_RANKS_FIELD = "generation_gpus"  # its generators stand outside the training world (engines/placement.py)
     # verl's names for the same knobs keep working, short and long spellings: configs written for verl
     # carry over as they are.
     KEY_ALIASES = {
@@ -108,6 +109,9 @@ class Settings(TrainingSettings):
     max_staleness: int = Field(1, ge=0, le=64, description="rollout=async: how many optimizer steps older than the "
                                "trained policy the sampling weights may be (0: each step samples from its own "
                                "weights, no overlap; one engine a rank lags 1 step at most)")
+    generation_gpus: int = Field(0, ge=0, le=4096, description="rollout=async: how many of the run's devices (GPUs, "
+                                 "or CPU ranks) only generate, from the weights the others train and send them "
+                                 "each step (0: every training rank generates its own, in a thread)")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
                                "before and after training, greedy and sampled (0 = no evaluation)")
 
@@ -187,6 +191,33 @@ def check_rollout(settings: Settings) -> None:
                             "decodes a LoRA model's own weights, which the trainer changes while it decodes")
 
 
+def check_placement(settings: Settings) -> None:
+    """generation_gpus where it can run: generators serve the async rollout with gpuscale's engine,
+    receive whole weights (a LoRA run would send only its adapters: not yet), are ranks of one node's
+    launch, leave a device to train (rank_batches.run_ranks_on's refusal) and each serves a training
+    rank at least (a training rank's prompts go to one generator)."""
+    from gpuscale.recipes.shared.rank_batches import run_ranks
+
+    generators = settings.generation_gpus
+    if not generators:
+        return
+    if settings.rollout != "async":
+        raise SettingsError(f"generation_gpus: {generators}: needs rollout=async: with rollout=sync each training "
+                            "rank generates its own step's completions")
+    if settings.generator != "engine":
+        raise SettingsError(f"generation_gpus: {generators}: needs generator=engine, not {settings.generator}: the "
+                            "generating devices decode with gpuscale's engine")
+    if settings.lora_rank:
+        raise SettingsError(f"generation_gpus: {generators}: not with LoRA yet (lora_rank={settings.lora_rank}): the "
+                            "generators receive whole weights, and a LoRA run should send its adapters only")
+    if settings.nnodes > 1:
+        raise SettingsError(f"generation_gpus: {generators}: on one node only for now (nnodes={settings.nnodes})")
+    trainers = run_ranks(settings)
+    if generators > trainers:
+        raise SettingsError(f"generation_gpus: {generators}: more than the {trainers} training rank(s) left: each "
+                            f"training rank's prompts go to one generator, and {generators - trainers} would idle")
+
+
 class GrpoMtl(Recipe):
     name = "grpo-mtl"
     summary = ("GRPO over a mixture of task domains (TRL GRPOTrainer, gpuscale's generation engine), "
@@ -205,6 +236,7 @@ class GrpoMtl(Recipe):
     def check(self, settings: Settings) -> None:
         """The data set must load and keep training examples once the evaluation's are held out;
         the step's completions must split over the ranks (`super().check`) into equal micro-batches."""
+        check_placement(settings)  # before super(): its reasons say more than the count of devices left
         super().check(settings)
         from gpuscale.data.tasks import check_dataset
         from gpuscale.recipes.shared.rank_batches import run_ranks
@@ -223,8 +255,9 @@ class GrpoMtl(Recipe):
                     knob="completions per device per micro-batch (accumulation keeps the step's completions)",
                     shape_settings=("dataset", "max_prompt_length", "max_completion_length", "lora_rank",
                                     "lora_targets", "beta", "completions_per_step", "liger_kernels", "mtl"),
-                    # How long a run trains (read where the trial's settings are resolved for the device).
-                    not_shaping=("max_steps",),
+                    # How long a run trains (read where the trial's settings are resolved for the device);
+                    # the generators, which count the ranks that share a step as `gpus` does.
+                    not_shaping=("max_steps", "generation_gpus"),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def rank_splits(self, settings: Settings) -> list[Split]:
@@ -253,3 +286,8 @@ class GrpoMtl(Recipe):
         from gpuscale.recipes.grpo_mtl.trainer import run_grpo_mtl
 
         run_grpo_mtl(settings, ctx, reporter)
+
+    def run_side(self, settings: Settings, ctx, reporter) -> None:
+        from gpuscale.recipes.grpo_mtl.trainer import generate_for_trainers
+
+        generate_for_trainers(settings, ctx, reporter)

@@ -16,6 +16,13 @@ from gpuscale.runs.settings import SettingsError
 
 
 def run_grpo_mtl(settings: Settings, ctx, reporter) -> None:
+    from gpuscale.engines.placement import generators_released
+
+    with generators_released(ctx):  # with generation_gpus: the generators end with this work, however it ends
+        train_and_evaluate(settings, ctx, reporter)
+
+
+def train_and_evaluate(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.shared.evaluation import save_then_evaluate
     from gpuscale.recipes.shared.models import load_generation_model
     from gpuscale.recipes.shared.summary import summary_opening
@@ -60,10 +67,11 @@ def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
 
 
 def rollout_summary(settings: Settings) -> dict[str, Any]:
-    """How the run sampled: `rollout`, and with async its `max_staleness`."""
+    """How the run sampled: `rollout`, and with async its `max_staleness` and `generation_gpus`."""
     if settings.rollout != "async":
         return {"rollout": settings.rollout}
-    return {"rollout": settings.rollout, "max_staleness": settings.max_staleness}
+    return {"rollout": settings.rollout, "max_staleness": settings.max_staleness,
+            "generation_gpus": settings.generation_gpus}
 
 
 def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:
@@ -126,9 +134,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
 
     from gpuscale.data.prompts import eos_token_ids
     from gpuscale.data.rewards import RewardRouter, parse_reward_weights
-    from gpuscale.engines.async_rollout import AsyncEngineRollout
     from gpuscale.engines.reporter import injected_fault
-    from gpuscale.engines.rollout import EngineRollout
     from gpuscale.engines.trl_bridge import ReporterCallback, trainer_args
     from gpuscale.recipes.grpo_mtl.generations import GenerationKeeper, GenerationNotes
     from gpuscale.recipes.grpo_mtl.multitask import MultiTaskGRPOTrainer
@@ -160,14 +166,8 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         log_completions=False,
     )
     print(f"speed: liger kernels {apply_liger_kernels(model, ctx, settings.liger_kernels)}", flush=True)
-    rollout = None
     is_async = settings.rollout == "async"
-    if settings.generator == "engine":
-        rollout = EngineRollout(tokenizer, settings.max_completion_length, settings.temperature, seed=settings.seed,
-                                max_columns=settings.max_prompt_length + settings.max_completion_length,
-                                compile=settings.compile, own_weights=is_async)
-    if is_async:
-        rollout = AsyncEngineRollout(rollout, settings.max_staleness)
+    rollout = trainer_rollout(settings, ctx, tokenizer) if settings.generator == "engine" else None
     callback = ReporterCallback(reporter, ctx.world_size, flops_per_token=grpo_flops_per_token(model, settings),
                                 card=card_name(ctx))
     reward_funcs = router.reward_funcs(domains)
@@ -194,6 +194,45 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
     if is_async:
         trainer.add_callback(rollout)  # its thread ends with the training
     return trainer, callback
+
+
+def engine_rollout(settings: Settings, tokenizer, own_weights: bool = False):
+    """The engine's rollout at the run's settings (a generator's decodes with the same)."""
+    from gpuscale.engines.rollout import EngineRollout
+
+    return EngineRollout(tokenizer, settings.max_completion_length, settings.temperature, seed=settings.seed,
+                         max_columns=settings.max_prompt_length + settings.max_completion_length,
+                         compile=settings.compile, own_weights=own_weights)
+
+
+def trainer_rollout(settings: Settings, ctx, tokenizer):
+    """The trainer's `rollout_func` on gpuscale's engine: the engine itself (rollout=sync), or the async
+    rollout on the rank's own engine, or with generation_gpus on the generators (engines/placement.py)."""
+    from gpuscale.engines.async_rollout import AsyncEngineRollout, LocalSampler
+    from gpuscale.engines.placement import Link, RemoteSampler
+
+    if settings.rollout != "async":
+        return engine_rollout(settings, tokenizer)
+    if settings.generation_gpus:
+        sampler = RemoteSampler(engine_rollout(settings, tokenizer), Link(ctx))
+    else:
+        sampler = LocalSampler(engine_rollout(settings, tokenizer, own_weights=True))
+    return AsyncEngineRollout(sampler, settings.max_staleness)
+
+
+def generate_for_trainers(settings: Settings, ctx, reporter) -> None:
+    """A generator rank's work (generation_gpus; engines/placement.py): the model loaded, then the
+    training ranks' prompts decoded from the weights they send, until their training ends."""
+    from gpuscale.engines import preemption
+    from gpuscale.engines.placement import Link, serve
+    from gpuscale.recipes.shared.models import load_generation_model
+
+    # Ended by the trainers alone: SLURM's signal leaves it serving until they end (engines/placement.py).
+    with preemption.cooperating():
+        loaded = load_generation_model(settings.model, ctx)
+        jobs = serve(Link(ctx), engine_rollout(settings, loaded.tokenizer), loaded.model, reporter)
+    print(f"generation: served {jobs} jobs for training ranks "
+          f"{', '.join(map(str, range(ctx.rank - ctx.world_size, ctx.world_size, ctx.side_ranks)))}", flush=True)
 
 
 class NanFrom:

@@ -184,6 +184,16 @@ class Recipe(ABC):
                 reporter.summary({FITTED_TO_RANKS: "; ".join(fitted)}, partial=True)
         self.run(self.for_device(settings, on_gpu, ctx.world_size), ctx, reporter)
 
+    def run_side_on_device(self, settings: RunSettings, ctx: RankContext, reporter: Reporter) -> None:
+        """What a side rank runs (`RunSettings.side_ranks`: the launch's last ranks, outside the training
+        world; engines/distributed.py): `run_side` on the settings resolved as the training ranks' are."""
+        self.run_side(self.for_device(settings, ctx.device.type == "cuda", ctx.world_size), ctx, reporter)
+
+    def run_side(self, settings: RunSettings, ctx: RankContext, reporter: Reporter) -> None:
+        """The work of a side rank, which serves the `ctx.world_size` training ranks (grpo-mtl's
+        generators); only a recipe whose settings declare SIDE_RANKS_FIELD has any."""
+        raise NotImplementedError(f"recipe {self.name} has no side ranks")
+
     def trial_session(self, settings: RunSettings, ctx: RankContext) -> AbstractContextManager[TrialFn]:
         """A context (model and data loaded once) giving `trial(batch_size) -> Trial`: a few steps of
         the real work at that batch on `ctx.device`, warm-up excluded, with `throughput` in

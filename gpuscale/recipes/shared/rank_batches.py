@@ -9,20 +9,32 @@ from gpuscale.runs.settings import RunSettings, SettingsError
 
 
 def run_ranks(settings: RunSettings) -> int:
-    """How many ranks a run of these settings starts on this machine (1 where its `gpus` cannot be
-    planned here): a rank's share of the work, and of a training recipe's global batch, depends on it."""
+    """How many ranks of a run of these settings share its work on this machine (1 where its `gpus`
+    cannot be planned here): a rank's share of the work, and of a training recipe's global batch,
+    depends on it. The ranks the launch starts less its side ranks (`RunSettings.side_ranks`: grpo-mtl's
+    generators), which take no share."""
     return run_ranks_on(settings)[0]
 
 
 def run_ranks_on(settings: RunSettings) -> tuple[int, bool]:
-    """`run_ranks`, and whether they are GPUs (False: CPU ranks, or `gpus` not planned here)."""
+    """`run_ranks`, and whether they are GPUs (False: CPU ranks, or `gpus` not planned here). Side
+    ranks that would leave none to share the work are refused (SettingsError naming their field)."""
     from gpuscale.runs.devices import plan_devices
 
     try:
         plan = plan_devices(settings.gpus)
     except SettingsError:
         return 1, False
-    return plan.nproc * settings.nnodes, plan.on_gpu
+    launched = plan.nproc * settings.nnodes
+    side = settings.side_ranks
+    if side >= launched:
+        devices = "GPUs" if plan.on_gpu else "CPU ranks"
+        gpus = ",".join(map(str, settings.gpus)) if isinstance(settings.gpus, list) else settings.gpus
+        nodes = f", nnodes={settings.nnodes}" if settings.nnodes > 1 else ""
+        field = settings.SIDE_RANKS_FIELD
+        raise SettingsError(f"{field}: {side}: the run has {launched} {devices} (gpus={gpus}{nodes}) and at least "
+                            f"one must train; give more gpus or fewer {field}")
+    return launched - side, plan.on_gpu
 
 
 def micro_batches(rank_batch: int, most_accumulation: int | None = None) -> list[int]:
