@@ -393,6 +393,35 @@ def test_row_scales_equal_explicitly_scaled_norm_gains(term_setting):
         engine.add_row_term(model.model.layers[0].mlp.gate_proj, RowScale(torch.ones(2, 64)))
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_compiled_terms_in_the_projections_add_no_matmul_to_the_decode_step():
+    """On CUDA, compiled: with the terms in the projections the decode step calls the matmuls it calls
+    without terms, where the hooks' terms call batched matmuls of their own (Inductor keeps a bmm a
+    cuBLAS call on CUDA; on CPU it turns small ones into loops, so this is a GPU test)."""
+    import re
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    model = fresh_model("cuda").eval()
+
+    def matmul_calls(terms: bool, **engine_kwargs) -> int:
+        torch._dynamo.reset()
+        engine = GenerationEngine(model, pad_token_id=PAD, **engine_kwargs)
+        for name, term in make_row_terms(model, groups=2, rank=1).items() if terms else ():
+            engine.add_row_term(name, term)
+        with inductor_config.patch(force_disable_caches=True):  # a cache hit would compile no code to read
+            _, code = run_and_get_code(engine.generate, PROMPTS, 4, SAMPLING, seeded("cuda", 0))
+        engine.remove_row_terms()
+        return len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b", "\n".join(code)))
+
+    plain = matmul_calls(terms=False)
+    assert plain > 0
+    assert matmul_calls(terms=True, fuse_row_terms=True) == plain
+    assert matmul_calls(terms=True) > plain
+
+
 def test_row_terms_are_validated():
     model = fresh_model("cpu")
     engine = GenerationEngine(model, pad_token_id=PAD)
