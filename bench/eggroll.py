@@ -128,7 +128,8 @@ def timed_engine(model, rows, args, terms, fuse_row_terms: bool, label: str) -> 
 
     from gpuscale.engines.generation import GenerationEngine
 
-    engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile, fuse_row_terms=fuse_row_terms)
+    mode = {"compile_mode": args.compile_mode} if args.compile_mode else {}
+    engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile, fuse_row_terms=fuse_row_terms, **mode)
     for module, term in terms:
         engine.add_row_term(module, term)
     timing = engine_timing(engine, rows, args, label)
@@ -217,6 +218,9 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's step in the share "
                         "measurement (the recipe's runs compile only with --set compile=true)")
+    parser.add_argument("--compile-mode", default=None,
+                        help="with --compile, torch.compile's mode (default: the engine's; max-autotune-no-cudagraphs: "
+                             "Inductor may put the terms in a Triton GEMM's epilogue, minutes of compiling)")
     parser.add_argument("--paths", type=lambda text: text.split(","), default=list(ROW_TERM_PATHS),
                         help="how the share's population adds its terms in the decode steps, each timed: hooks (after "
                              "each projection, in place), fused (inside each projection's expression: the engine's "
