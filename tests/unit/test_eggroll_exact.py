@@ -94,6 +94,14 @@ def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, 
     assert (plain - generation.base_logprobs[0, : len(answers[0])]).abs().max() > 1e-3
 
 
+@pytest.fixture(scope="module")
+def unhooked_tiny():
+    """tiny-math of its own: `tiny`'s keeps the hooks of the trainers above, and a hook the engine does
+    not own on o_proj or down_proj keeps their terms on the module's hooks (the fallback)."""
+    model, tokenizer = load_model("tiny-math", dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
 def greedy_population(model, tokenizer, rank: int, static_shapes: bool = True, **engine_kwargs):
     """The population's greedy answers to step 1's prompts (every member's low-rank terms on every
     decoder linear, its row scales on every norm), and the engine's fused decode; the terms are taken off
@@ -118,11 +126,11 @@ def assert_the_same_greedy_population(expected, got, atol):
 @pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("rank", [1, 2])
-def test_terms_in_the_projections_decode_the_hooks_greedy_tokens(tiny, dtype, rank):
+def test_terms_in_the_projections_decode_the_hooks_greedy_tokens(unhooked_tiny, dtype, rank):
     """The engine's fuse_row_terms on the embedded model with the recipe's population (4 members, their
     norms' scales too): the same greedy tokens as the terms by hooks, log-probs within 1e-5 (fp32) or
     bf16's rounding; and the terms change the answers' log-probs (against the unperturbed model)."""
-    model, tokenizer = tiny
+    model, tokenizer = unhooked_tiny
     model = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
     hooks, _ = greedy_population(model, tokenizer, rank)
     fused, fused_decode = greedy_population(model, tokenizer, rank, fuse_row_terms=True)
@@ -136,9 +144,9 @@ def test_terms_in_the_projections_decode_the_hooks_greedy_tokens(tiny, dtype, ra
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
                     reason="torch.compile on CPU needs a C++ compiler")
 @pytest.mark.usefixtures("one_torch_thread")
-def test_terms_in_the_projections_compiled_decode_the_hooks_greedy_tokens(tiny):
+def test_terms_in_the_projections_compiled_decode_the_hooks_greedy_tokens(unhooked_tiny):
     """The same compiled (the form Inductor fuses), against the hooks run eagerly: fp32, rank 1."""
-    model, tokenizer = tiny
+    model, tokenizer = unhooked_tiny
     hooks, _ = greedy_population(model, tokenizer, rank=1)
     compiled, _ = greedy_population(model, tokenizer, rank=1, fuse_row_terms=True, compile=True)
     assert_the_same_greedy_population(hooks, compiled, atol=1e-5)

@@ -393,6 +393,28 @@ def test_row_scales_equal_explicitly_scaled_norm_gains(term_setting):
         engine.add_row_term(model.model.layers[0].mlp.gate_proj, RowScale(torch.ones(2, 64)))
 
 
+def test_terms_in_the_projections_leave_an_o_proj_hooked_by_another_to_its_hooks():
+    """With the terms in the projections, an o_proj that something else hooks still runs as a module at
+    every decode step (that hook runs; its terms by their hooks), the other layer's o_proj as its
+    matmul and terms: the same tokens and log-probs as with every term by hooks."""
+    model = fresh_model("cpu")
+    decode_calls = []
+    model.model.layers[0].self_attn.o_proj.register_forward_hook(
+        lambda module, args, output: decode_calls.append(args[0].shape[1] == 1))
+    outs = []
+    for fuse in (False, True):
+        engine = GenerationEngine(model, pad_token_id=PAD, fuse_row_terms=fuse)
+        for name, term in make_row_terms(model, groups=2).items():
+            engine.add_row_term(name, term)
+        decode_calls.clear()
+        outs.append(engine.generate(PROMPTS, 8, SAMPLING, seeded("cpu", 0)))
+        engine.remove_row_terms()
+    assert engine._use_fused and engine._fused.output_terms[0][0] == [] and engine._fused.output_terms[1][0]
+    assert decode_calls.count(True) == 8  # every decode step of the last call ran layer 0's o_proj
+    assert torch.equal(outs[0].tokens, outs[1].tokens)
+    torch.testing.assert_close(outs[0].base_logprobs, outs[1].base_logprobs, atol=1e-6, rtol=0)
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_compiled_terms_in_the_projections_add_no_matmul_to_the_decode_step():
