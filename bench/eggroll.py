@@ -10,7 +10,12 @@ plain batched inference.
    captures CUDA graphs, is left out when there are more).
 2. The population's throughput as a share of plain batched inference: in one process, the engine
    generates the same rows (population x prompts) with the members' low-rank terms and without any,
-   greedy, same prompts, same length budget; the share is tokens/s with terms over tokens/s without.
+   greedy, same prompts, same length budget; the share is tokens/s with terms over tokens/s without,
+   for each way the engine adds the terms in its decode steps (`--paths`: `hooks`, after each
+   projection; `fused`, inside each projection's expression, its `fuse_row_terms`), of the whole
+   call and of its decode alone (a call of one new token, the prefill and a step, taken off):
+
+       python bench/eggroll.py --share-only --population 512 --repeats 5 [--compile]
 
 Both parts perturb the norms' gains too (a row scale per norm), as the recipe does by default;
 `--frozen-norms` leaves them out (the figures measured before perturb_norms existed).
@@ -58,62 +63,115 @@ def run(method: str, gpus: int, args, steps: int, batch_size: int, population: i
     return summary
 
 
+# --paths: how the engine adds the population's terms in the decode steps (its fuse_row_terms).
+ROW_TERM_PATHS = {"hooks": False, "fused": True}
+
+
 def share_of_plain_inference(args) -> dict:
-    """Tokens/s of the engine with the population's row terms over tokens/s without, same rows."""
+    """Tokens/s of the engine with the population's row terms over tokens/s without, same rows, for
+    each way of adding the terms (--paths): the whole call, and its decode alone."""
     import torch
 
     from gpuscale.data.models import build_random_model, load_model
     from gpuscale.data.prompts import prompt_ids
     from gpuscale.data.tasks import load_examples
-    from gpuscale.engines.generation import GenerationEngine, RowScale, RowTerm, Sampling
-    from gpuscale.recipes.eggroll.trainer import perturbed_linears, perturbed_norms
     from gpuscale.recipes.shared.models import stand_in_tokenizer
 
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU: fp32, as a CPU run
     if args.model.startswith("random-"):
-        model, tokenizer = build_random_model(args.model).to(device, torch.bfloat16), stand_in_tokenizer(args.model)
+        model, tokenizer = build_random_model(args.model).to(device, dtype), stand_in_tokenizer(args.model)
     else:
-        model, tokenizer = load_model(args.model, dtype=torch.bfloat16, device=device)
+        model, tokenizer = load_model(args.model, dtype=dtype, device=device)
     model.eval()
     questions = [e["question"] for e in load_examples(args.dataset, "train", args.prompts)]
     prompts = [prompt_ids(tokenizer, q) for q in questions]
     rows = [p for _ in range(args.population) for p in prompts]
-    greedy = Sampling(temperature=0.0)
+    result = {"rows": len(rows), "tokens": len(rows) * args.max_new_tokens, "dtype": str(dtype),
+              "plain": timed_engine(model, rows, args, terms=[], fuse_row_terms=False, label="plain inference")}
+    plain = result["plain"]
+    terms = population_terms(model, args)
+    for path in args.paths:
+        timing = timed_engine(model, rows, args, terms, fuse_row_terms=ROW_TERM_PATHS[path], label=path)
+        timing.update({"share": plain["seconds"] / timing["seconds"],
+                       "decode_share": plain["decode_seconds"] / timing["decode_seconds"]})
+        result[path] = timing
+    return result
 
-    def timed(engine) -> float:
-        times = []
-        for _ in range(args.repeats + 1):  # the first call captures the CUDA graphs
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            engine.generate(rows, args.max_new_tokens, greedy)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        return statistics.median(times[1:])
 
-    # No EOS: every row decodes the full budget.
-    plain_engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
-    plain = timed(plain_engine)
-    if args.profile:
-        print_profile(plain_engine, rows, args, greedy, "plain inference")
+def population_terms(model, args) -> list:
+    """(module, term): a random rank-r term of `population` members on every linear the recipe perturbs,
+    and a row scale on every norm unless --frozen-norms (the recipe's terms, at the share's scale)."""
+    import torch
+
+    from gpuscale.engines.generation import RowScale, RowTerm
+    from gpuscale.recipes.eggroll.trainer import perturbed_linears, perturbed_norms
+
+    weight = next(model.parameters())
     terms = []
     for _, module in perturbed_linears(model):
-        down = torch.randn(args.population, module.in_features, args.rank, device=device, dtype=torch.bfloat16)
-        up = torch.randn(args.population, module.out_features, args.rank, device=device, dtype=torch.bfloat16)
+        down, up = (torch.randn(args.population, size, args.rank, device=weight.device, dtype=weight.dtype)
+                    for size in (module.in_features, module.out_features))
         terms.append((module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank))))
     for _, module in [] if args.frozen_norms else perturbed_norms(model):
-        factors = 1 + 1e-3 * torch.randn(args.population, module.weight.shape[0], device=device)
+        factors = 1 + 1e-3 * torch.randn(args.population, module.weight.shape[0], device=weight.device)
         terms.append((module, RowScale(factors)))
-    tokens = len(rows) * args.max_new_tokens
-    result = {"rows": len(rows), "tokens": tokens, "plain_seconds": plain, "plain_tokens_per_s": tokens / plain}
-    engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile)
+    return terms
+
+
+def timed_engine(model, rows, args, terms, fuse_row_terms: bool, label: str) -> dict:
+    """A new engine's timing (`engine_timing`) with `terms`; they are taken off after (another engine's
+    hooks would keep the next one from decoding fused), and its graphs and KV slots freed."""
+    import gc
+
+    import torch
+
+    from gpuscale.engines.generation import GenerationEngine
+
+    mode = {"compile_mode": args.compile_mode} if args.compile_mode else {}
+    engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile, fuse_row_terms=fuse_row_terms, **mode)
     for module, term in terms:
         engine.add_row_term(module, term)
-    perturbed = timed(engine)
+    timing = engine_timing(engine, rows, args, label)
+    engine.remove_row_terms()
+    engine = None  # the last reference: collected now, before the next engine allocates its own
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return timing
+
+
+def engine_timing(engine, rows, args, label: str) -> dict:
+    """Median seconds of a greedy call of --max-new-tokens tokens a row (no EOS: every row decodes them
+    all) and of a call of one (prefill and one step), alternating, after a first call that captures the
+    graphs and compiles; their difference is the decode of the other steps."""
+    import torch
+
+    from gpuscale.engines.generation import Sampling
+
+    greedy = Sampling(temperature=0.0)
+    on_cuda = engine.device.type == "cuda"
+
+    def seconds(new_tokens: int) -> float:
+        if on_cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine.generate(rows, new_tokens, greedy)
+        if on_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    seconds(args.max_new_tokens)
+    calls = [(seconds(args.max_new_tokens), seconds(1)) for _ in range(args.repeats)]
+    whole, one_token = (statistics.median(times) for times in zip(*calls))
+    decode = whole - one_token
     if args.profile:
-        print_profile(engine, rows, args, greedy, "population")
-    result.update({"population_seconds": perturbed, "population_tokens_per_s": tokens / perturbed,
-                   "share": plain / perturbed})
-    return result
+        print_profile(engine, rows, args, greedy, label)
+    return {"seconds": whole, "one_token_seconds": one_token, "decode_seconds": decode,
+            "tokens_per_s": len(rows) * args.max_new_tokens / whole,
+            "decode_tokens_per_s": len(rows) * (args.max_new_tokens - 1) / decode,
+            "fused_decode": engine._use_fused,
+            "terms_in_projections": engine._use_fused and engine._fused.terms_in_projections}
 
 
 def print_profile(engine, rows, args, sampling, label: str) -> None:
@@ -136,7 +194,7 @@ Baseline (2): plain batched inference of the same rows by the same GenerationEng
 terms (greedy; torch.compile only with --compile), in this process."""
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
@@ -160,8 +218,19 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")
     parser.add_argument("--compile", action="store_true", help="torch.compile the engine's step in the share "
                         "measurement (the recipe's runs compile only with --set compile=true)")
+    parser.add_argument("--compile-mode", default=None,
+                        help="with --compile, torch.compile's mode (default: the engine's; max-autotune-no-cudagraphs: "
+                             "Inductor may put the terms in a Triton GEMM's epilogue, minutes of compiling)")
+    parser.add_argument("--paths", type=lambda text: text.split(","), default=list(ROW_TERM_PATHS),
+                        help="how the share's population adds its terms in the decode steps, each timed: hooks (after "
+                             "each projection, in place), fused (inside each projection's expression: the engine's "
+                             f"fuse_row_terms); default {','.join(ROW_TERM_PATHS)}")
+    parser.add_argument("--device", default="cuda", help="of the share measurement (cpu: for tests; its figures "
+                                                         "mean nothing)")
     parser.add_argument("--out", default=None, help="default: bench/results/eggroll/<what>-<date>-<card>.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if unknown := set(args.paths) - set(ROW_TERM_PATHS):
+        parser.error(f"--paths: {','.join(sorted(unknown))}: not one of {','.join(ROW_TERM_PATHS)}")
     rows = args.population * args.prompts
     results = {}
     if not args.share_only:
@@ -190,9 +259,12 @@ def print_tables(results: dict, args) -> None:
             versus_naive = f"{rate / naive:>8.1f}x" if naive else f"{'-':>9}"
             print(f"{name:<19} {rate:>10.2f} {versus_naive} {rate / one:>8.2f}x")
     share = results["share"]
-    print(f"\nplain inference {share['plain_tokens_per_s']:.0f} tokens/s, "
-          f"population {share['population_tokens_per_s']:.0f} tokens/s: share {share['share']:.3f} "
-          f"({share['rows']} rows x {args.max_new_tokens} tokens)")
+    print(f"\n{share['rows']} rows x {args.max_new_tokens} tokens, plain inference "
+          f"{share['plain']['tokens_per_s']:.0f} tokens/s (decode alone {share['plain']['decode_tokens_per_s']:.0f})")
+    for path in args.paths:
+        timing = share[path]
+        print(f"population, terms by {path}: {timing['tokens_per_s']:.0f} tokens/s, share {timing['share']:.3f}; "
+              f"decode alone {timing['decode_tokens_per_s']:.0f} tokens/s, share {timing['decode_share']:.3f}")
 
 
 if __name__ == "__main__":

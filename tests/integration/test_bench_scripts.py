@@ -767,6 +767,24 @@ def test_row_terms_bench_times_the_engines_way_beside_the_batched_one_on_cpu(tmp
         assert all(error < 1e-3 for error in shape["max_error"].values())
 
 
+def test_eggroll_share_times_plain_inference_and_each_way_of_adding_the_terms_on_cpu(tmp_path):
+    out = tmp_path / "share.json"
+    load_bench("eggroll.py").main(["--share-only", "--device", "cpu", "--model", "tiny-math", "--population", "4",
+                                   "--prompts", "2", "--max-new-tokens", "3", "--repeats", "1", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["settings"]["paths"] == ["hooks", "fused"]
+    share = record["figures"]["share"]
+    assert (share["rows"], share["tokens"]) == (8, 24)
+    plain = share["plain"]
+    for path, in_projections in (("hooks", False), ("fused", True)):
+        timing = share[path]
+        assert timing["fused_decode"] and timing["terms_in_projections"] == in_projections
+        assert timing["decode_seconds"] == pytest.approx(timing["seconds"] - timing["one_token_seconds"])
+        assert timing["share"] == pytest.approx(plain["seconds"] / timing["seconds"])
+        assert timing["decode_share"] == pytest.approx(plain["decode_seconds"] / timing["decode_seconds"])
+        assert timing["decode_tokens_per_s"] == pytest.approx(8 * 2 / timing["decode_seconds"])
+
+
 def test_acceptance_rows_from_a_cut_checks_history_are_the_rows_the_check_writes(home, tmp_path):
     """A check cut by a time limit after its runs ended: `--rows-from-home` makes their rows from the
     history (the newest run of each job and seed: here the job ran twice), and a job with no run gives none."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -55,13 +56,14 @@ def teacher_forced_logprobs(model, prompt: list[int], answer: list[int]) -> torc
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(answer)[:, None]).squeeze(1)
 
 
-def make_trainer(model, tokenizer, static_shapes: bool, **settings) -> Trainer:
-    settings = Settings(population=POPULATION, rank=RANK, sigma=SIGMA, prompts_per_step=2, batch_size=8,
-                        max_new_tokens=6, temperature=1.0, **settings)
+def make_trainer(model, tokenizer, static_shapes: bool, engine_kwargs: dict | None = None, **settings) -> Trainer:
+    settings = Settings(**{**dict(population=POPULATION, rank=RANK, sigma=SIGMA, prompts_per_step=2, batch_size=8,
+                                  max_new_tokens=6, temperature=1.0), **settings})
     ctx = SimpleNamespace(world_size=1, rank=0, is_main=False, run_dir=None, device=torch.device("cpu"),
                           synchronize=lambda: None)
     loaded = GenerationModel(model, tokenizer, eos=[tokenizer.eos_token_id], pad=tokenizer.pad_token_id or 0)
-    engine = GenerationEngine(model, loaded.eos, pad_token_id=loaded.pad, static_shapes=static_shapes)
+    engine = GenerationEngine(model, loaded.eos, pad_token_id=loaded.pad, static_shapes=static_shapes,
+                              **(engine_kwargs or {}))
     train = [{"question": f"Tom has {n} apples and buys {n + 1} more. How many apples does he have?",
               "answer": f"#### {2 * n + 1}"} for n in range(1, 9)]
     return Trainer(settings, ctx, loaded, engine, train)
@@ -90,6 +92,64 @@ def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, 
     # ... and the unperturbed model would have given other log-probs: the terms are really there.
     plain = teacher_forced_logprobs(model, prompts[0]["ids"], answers[0])
     assert (plain - generation.base_logprobs[0, : len(answers[0])]).abs().max() > 1e-3
+
+
+@pytest.fixture(scope="module")
+def unhooked_tiny():
+    """tiny-math of its own: `tiny`'s keeps the hooks of the trainers above, and a hook the engine does
+    not own on o_proj or down_proj keeps their terms on the module's hooks (the fallback)."""
+    model, tokenizer = load_model("tiny-math", dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def greedy_population(model, tokenizer, rank: int, static_shapes: bool = True, **engine_kwargs):
+    """The population's greedy answers to step 1's prompts (every member's low-rank terms on every
+    decoder linear, its row scales on every norm), and the engine's fused decode; the terms are taken off
+    after, so that the next engine's fused decode is not refused for this one's hooks."""
+    trainer = make_trainer(model, tokenizer, static_shapes, engine_kwargs, rank=rank)
+    prompts = trainer._prompts(step=1)
+    trainer.draw_noise(step=1)
+    trainer._load_members(list(range(POPULATION)))
+    rows = [prompt["ids"] for _ in range(POPULATION) for prompt in prompts]
+    try:
+        return trainer.engine.generate(rows, 8, Sampling(temperature=0.0)), trainer.engine._fused
+    finally:
+        trainer.engine.remove_row_terms()
+
+
+def assert_the_same_greedy_population(expected, got, atol):
+    assert torch.equal(got.tokens, expected.tokens)
+    mask = expected.mask
+    torch.testing.assert_close(got.base_logprobs[mask], expected.base_logprobs[mask], rtol=0, atol=atol)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rank", [1, 2])
+def test_terms_in_the_projections_decode_the_hooks_greedy_tokens(unhooked_tiny, dtype, rank):
+    """The engine's fuse_row_terms on the embedded model with the recipe's population (4 members, their
+    norms' scales too): the same greedy tokens as the terms by hooks, log-probs within 1e-5 (fp32) or
+    bf16's rounding; and the terms change the answers' log-probs (against the unperturbed model)."""
+    model, tokenizer = unhooked_tiny
+    model = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
+    hooks, _ = greedy_population(model, tokenizer, rank)
+    fused, fused_decode = greedy_population(model, tokenizer, rank, fuse_row_terms=True)
+    assert fused_decode.terms_in_projections and all(o and d for o, d in fused_decode.output_terms)
+    assert_the_same_greedy_population(hooks, fused, atol=1e-5 if dtype == torch.float32 else 2e-2)
+    engine = GenerationEngine(model, [tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id or 0)
+    plain = engine.generate(fused.prompt_ids.tolist(), 8, Sampling(temperature=0.0))
+    assert (plain.base_logprobs - fused.base_logprobs)[fused.mask & plain.mask].abs().max() > 1e-3
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.usefixtures("one_torch_thread")
+def test_terms_in_the_projections_compiled_decode_the_hooks_greedy_tokens(unhooked_tiny):
+    """The same compiled (the form Inductor fuses), against the hooks run eagerly: fp32, rank 1."""
+    model, tokenizer = unhooked_tiny
+    hooks, _ = greedy_population(model, tokenizer, rank=1)
+    compiled, _ = greedy_population(model, tokenizer, rank=1, fuse_row_terms=True, compile=True)
+    assert_the_same_greedy_population(hooks, compiled, atol=1e-5)
 
 
 @pytest.mark.parametrize("shaping", ["zscore", "centered_rank", "antithetic_sign"])

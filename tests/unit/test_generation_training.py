@@ -28,11 +28,17 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(params=[
-    pytest.param(("cpu", {}), id="cpu"),
-    pytest.param(("cpu", {"static_shapes": True}), id="cpu-static"),
-    pytest.param(("cuda", {}), id="cuda-graphs-compiled", marks=[pytest.mark.gpu, needs_cuda]),
-])
+# (id, device, engine keyword arguments, marks)
+SETTINGS = [("cpu", "cpu", {}, []), ("cpu-static", "cpu", {"static_shapes": True}, []),
+            ("cuda-graphs-compiled", "cuda", {}, [pytest.mark.gpu, needs_cuda])]
+
+
+def settings_params(id_suffix="", **engine_kwargs):
+    return [pytest.param((device, {**kwargs, **engine_kwargs}), id=name + id_suffix, marks=marks)
+            for name, device, kwargs, marks in SETTINGS]
+
+
+@pytest.fixture(params=settings_params())
 def setting(request):
     """(device, engine keyword arguments)."""
     return request.param
@@ -266,6 +272,13 @@ def test_wrapped_linear_layers_added_after_the_engine_was_built(setting):
 # ---- (d) per-row terms ---------------------------------------------------------------------------
 
 
+@pytest.fixture(params=settings_params() + settings_params("-terms-in-projections", fuse_row_terms=True))
+def term_setting(request):
+    """`setting`'s, each with both ways of adding the terms in the decode steps (hooks, or in the
+    projections: the engine's fuse_row_terms)."""
+    return request.param
+
+
 def make_row_terms(model, groups, rank=2, scale=0.7, seed=0):
     """{module name: RowTerm} for every linear of every layer, random down/up."""
     generator = torch.Generator().manual_seed(seed)
@@ -302,30 +315,32 @@ def assert_groups_match_perturbed_copies(model, terms, generation, groups, setti
 @pytest.mark.parametrize("groups, samples_per_prompt", [(2, 1), (4, 2), (8, 2)],
                          ids=["2-groups", "4-groups-shared-prefill", "8-groups-own-prefill"])
 @pytest.mark.parametrize("rank", [1, 2])
-def test_row_terms_equal_explicitly_perturbed_weights(setting, groups, samples_per_prompt, rank):
-    device = setting[0]
+def test_row_terms_equal_explicitly_perturbed_weights(term_setting, groups, samples_per_prompt, rank):
+    device = term_setting[0]
     model = fresh_model(device)
-    engine = make_engine(model, setting)
+    engine = make_engine(model, term_setting)
     terms = make_row_terms(model, groups, rank=rank)
     handles = [engine.add_row_term(name, term) for name, term in terms.items()]
     out = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0), samples_per_prompt=samples_per_prompt)
     assert engine._use_fused == (engine._fused is not None)  # terms keep the fused projections
-    assert_groups_match_perturbed_copies(model, terms, out, groups, setting)
+    if term_setting[1].get("fuse_row_terms"):  # o_proj's and down_proj's terms too, not by their hooks
+        assert all(o_proj and down_proj for o_proj, down_proj in engine._fused.output_terms)
+    assert_groups_match_perturbed_copies(model, terms, out, groups, term_setting)
     assert max_difference(out, teacher_forced_logprobs(model, out)) > 0.05  # the terms mattered
     resampled = engine.resample(out, out.lengths // 2, 16, SAMPLING, seeded(device, 1))
-    assert_groups_match_perturbed_copies(model, terms, resampled, groups, setting)
+    assert_groups_match_perturbed_copies(model, terms, resampled, groups, term_setting)
     # Outside engine calls the model is unperturbed.
     assert torch.equal(teacher_forced_logprobs(model, out), teacher_forced_logprobs(fresh_model(device), out))
     for handle in handles:
         handle.remove()
     plain = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0), samples_per_prompt=samples_per_prompt)
-    assert_decode_equals_teacher_forcing(model, plain, setting)
+    assert_decode_equals_teacher_forcing(model, plain, term_setting)
 
 
-def test_row_terms_refilled_in_place_change_the_next_call(setting):
-    device = setting[0]
+def test_row_terms_refilled_in_place_change_the_next_call(term_setting):
+    device = term_setting[0]
     model = fresh_model(device)
-    engine = make_engine(model, setting)
+    engine = make_engine(model, term_setting)
     terms = make_row_terms(model, groups=2, seed=0)
     for name, term in terms.items():
         engine.add_row_term(name, term)
@@ -340,19 +355,19 @@ def test_row_terms_refilled_in_place_change_the_next_call(setting):
     refill = {name: RowTerm(t.down, t.up, 1.1) for name, t in refill.items()}
     second = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0))
     assert engine._graphs == graphs  # the same captured graphs replayed the new numbers (CUDA)
-    assert_groups_match_perturbed_copies(model, refill, second, 2, setting)
+    assert_groups_match_perturbed_copies(model, refill, second, 2, term_setting)
     assert not torch.allclose(first.base_logprobs, second.base_logprobs)
     engine.remove_row_terms()
     plain = engine.generate(PROMPTS, 14, SAMPLING, seeded(device, 0))
-    assert_decode_equals_teacher_forcing(model, plain, setting)
+    assert_decode_equals_teacher_forcing(model, plain, term_setting)
 
 
-def test_row_scales_equal_explicitly_scaled_norm_gains(setting):
+def test_row_scales_equal_explicitly_scaled_norm_gains(term_setting):
     """A RowScale on every norm: group g's rows decode as a copy whose gains are g * factors[g]
     (EGGROLL's perturbed norms), in prefill and decode, next to low-rank terms on the linears."""
-    device = setting[0]
+    device = term_setting[0]
     model = fresh_model(device)
-    engine = make_engine(model, setting)
+    engine = make_engine(model, term_setting)
     terms = make_row_terms(model, groups=2)
     for name, term in terms.items():
         engine.add_row_term(name, term)
@@ -372,10 +387,61 @@ def test_row_scales_equal_explicitly_scaled_norm_gains(setting):
         rows = slice(group * rows_per_group, (group + 1) * rows_per_group)
         mask = out.mask[rows].cpu()
         torch.testing.assert_close(out.base_logprobs[rows].cpu()[mask], teacher_forced_logprobs(twin, out, rows)[mask],
-                                   atol=tolerance(setting), rtol=0)
+                                   atol=tolerance(term_setting), rtol=0)
     assert len(scales) == 2 * len(model.model.layers) + 1
     with pytest.raises(ValueError, match="no gain vector"):
         engine.add_row_term(model.model.layers[0].mlp.gate_proj, RowScale(torch.ones(2, 64)))
+
+
+def test_terms_in_the_projections_leave_an_o_proj_hooked_by_another_to_its_hooks():
+    """With the terms in the projections, an o_proj that something else hooks still runs as a module at
+    every decode step (that hook runs; its terms by their hooks), the other layer's o_proj as its
+    matmul and terms: the same tokens and log-probs as with every term by hooks."""
+    model = fresh_model("cpu")
+    decode_calls = []
+    model.model.layers[0].self_attn.o_proj.register_forward_hook(
+        lambda module, args, output: decode_calls.append(args[0].shape[1] == 1))
+    outs = []
+    for fuse in (False, True):
+        engine = GenerationEngine(model, pad_token_id=PAD, fuse_row_terms=fuse)
+        for name, term in make_row_terms(model, groups=2).items():
+            engine.add_row_term(name, term)
+        decode_calls.clear()
+        outs.append(engine.generate(PROMPTS, 8, SAMPLING, seeded("cpu", 0)))
+        engine.remove_row_terms()
+    assert engine._use_fused and engine._fused.output_terms[0][0] == [] and engine._fused.output_terms[1][0]
+    assert decode_calls.count(True) == 8  # every decode step of the last call ran layer 0's o_proj
+    assert torch.equal(outs[0].tokens, outs[1].tokens)
+    torch.testing.assert_close(outs[0].base_logprobs, outs[1].base_logprobs, atol=1e-6, rtol=0)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_compiled_terms_in_the_projections_add_no_matmul_to_the_decode_step():
+    """On CUDA, compiled: with the terms in the projections the decode step calls the matmuls it calls
+    without terms, where the hooks' terms call batched matmuls of their own (Inductor keeps a bmm a
+    cuBLAS call on CUDA; on CPU it turns small ones into loops, so this is a GPU test)."""
+    import re
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    model = fresh_model("cuda").eval()
+
+    def matmul_calls(terms: bool, **engine_kwargs) -> int:
+        torch._dynamo.reset()
+        engine = GenerationEngine(model, pad_token_id=PAD, **engine_kwargs)
+        for name, term in make_row_terms(model, groups=2, rank=1).items() if terms else ():
+            engine.add_row_term(name, term)
+        with inductor_config.patch(force_disable_caches=True):  # a cache hit would compile no code to read
+            _, code = run_and_get_code(engine.generate, PROMPTS, 4, SAMPLING, seeded("cuda", 0))
+        engine.remove_row_terms()
+        return len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b", "\n".join(code)))
+
+    plain = matmul_calls(terms=False)
+    assert plain > 0
+    assert matmul_calls(terms=True, fuse_row_terms=True) == plain
+    assert matmul_calls(terms=True) > plain
 
 
 def test_row_terms_are_validated():

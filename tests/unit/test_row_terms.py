@@ -1,6 +1,8 @@
 """RowTerm's low-rank terms (an outer product added elementwise at rank 1, batched matmuls above)
 against the explicit per-group formula."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -39,3 +41,66 @@ def test_the_terms_add_into_a_slice_of_a_fused_output():
     expected[..., 8:16] = explicit(fused[..., 8:16], x, down, up, 0.5)
     RowTerm(down, up, 0.5).add_into(fused[..., 8:16], x)
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=1e-5)
+
+
+# ---- the terms inside the projections (`added`, the engine's fuse_row_terms) -------------------------
+
+needs_cpp_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                                        reason="torch.compile on CPU needs a C++ compiler")
+
+
+def term_and_inputs(groups, per_group, tokens, rank, dtype, seed=3):
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(dtype)
+
+    term = RowTerm(randn(groups, 16, rank), randn(groups, 24, rank), 0.7)
+    return term, randn(groups * per_group, tokens, 16), randn(groups * per_group, tokens, 24)
+
+
+def close_in(dtype, actual, expected):
+    """fp32 within 1e-5; bf16 within two roundings of the largest value (each side rounds its own way)."""
+    if dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    else:
+        atol = 2 * torch.finfo(dtype).eps * float(expected.float().abs().max())
+        torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=0)
+
+
+CASES = [(4, 3, 1, 1), (8, 2, 1, 1), (3, 4, 5, 1), (4, 2, 1, 2), (2, 3, 4, 4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("groups, per_group, tokens, rank", CASES)
+def test_added_out_of_place_equals_add_into(groups, per_group, tokens, rank, dtype):
+    term, x, output = term_and_inputs(groups, per_group, tokens, rank, dtype)
+    before = output.clone()
+    added = term.added(output, x)
+    assert torch.equal(output, before)  # out of place
+    term.add_into(output, x)
+    close_in(dtype, added, output)
+
+
+@needs_cpp_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("groups, per_group, tokens, rank", [(4, 3, 1, 1), (2, 3, 4, 4)])
+def test_added_under_torch_compile_equals_add_into(groups, per_group, tokens, rank, dtype):
+    """Compiled, `added` is another expression (broadcast products summed in fp32, rounded once):
+    the same sums within the dtype's rounding."""
+    term, x, output = term_and_inputs(groups, per_group, tokens, rank, dtype)
+    compiled = torch.compile(term.added, dynamic=False, fullgraph=True)(output, x)
+    term.add_into(output, x)
+    close_in(dtype, compiled, output)
+    assert compiled.dtype == dtype
+
+
+def test_added_to_a_slice_of_a_fused_output_leaves_the_fused_output_as_it_was():
+    generator = torch.Generator().manual_seed(7)
+    down, up = torch.randn(4, 16, 1, generator=generator), torch.randn(4, 8, 1, generator=generator)
+    x = torch.randn(8, 1, 16, generator=generator)
+    fused = torch.randn(8, 1, 24, generator=generator)
+    before = fused.clone()
+    added = RowTerm(down, up, 0.5).added(fused[..., 8:16], x)
+    assert torch.equal(fused, before)
+    torch.testing.assert_close(added, explicit(fused[..., 8:16], x, down, up, 0.5), atol=1e-5, rtol=1e-5)

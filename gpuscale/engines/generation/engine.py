@@ -69,6 +69,12 @@ class GenerationEngine:
         weights (default: on where the copies take at most FUSED_WEIGHTS_MAX_BYTES; larger models
         are bandwidth-bound, fusing helps them little). Calls made while a fused linear is hooked or
         replaced (a LoRA adapter, a wrapper) decode through the model's own modules instead.
+    fuse_row_terms: in the fused decode forward, add the row terms of the linear layers as part of
+        each projection's expression, out of place, instead of in place after its matmul (and, for
+        o_proj and down_proj, instead of their hooks): compiled, Inductor fuses them into the kernels
+        around the matmuls (row_terms.py's docstring says why, in bytes). Default off: today's path,
+        until a GPU shows the gain (bench/eggroll.py --share-only --paths hooks,fused). Prefill, and
+        models that do not decode fused, add them by hooks either way.
     max_columns: KV columns to reserve up front (prompt + generated, plus, for resampling with
         different cuts per row, the spread between the longest kept prefix and the longest suffix);
         the buffers grow on demand otherwise.
@@ -88,6 +94,7 @@ class GenerationEngine:
         compile: bool | None = None,
         compile_mode: str = DEFAULT_COMPILE_MODE,
         fuse_weights: bool | None = None,
+        fuse_row_terms: bool = False,
         max_columns: int = 0,
     ):
         self.model = model
@@ -107,6 +114,7 @@ class GenerationEngine:
         if "cudagraphs" in compile_mode or compile_mode == "reduce-overhead":
             raise ValueError(f"compile_mode {compile_mode!r} captures CUDA graphs of its own; the engine does")
         self._compile_mode = compile_mode
+        self.fuse_row_terms = fuse_row_terms
         # Whether `generate` marks its prefill as a step phase of its own (engines/step_phases.py), inside
         # the caller's: a recipe whose step is sampling (power-sampling) sets it; one whose generation is
         # a phase of a training step (rft, grpo-mtl: `generate`) keeps it whole.
@@ -326,7 +334,7 @@ class GenerationEngine:
         self._structure = structure
         self._use_fused = self._fused is not None and self._fused.still_valid(self._row_terms.hook_ids())
         if self._fused is not None:
-            self._fused.use_row_terms(self._row_terms)
+            self._fused.use_row_terms(self._row_terms, in_projections=self.fuse_row_terms)
         self._graphs.clear()
         # The two halves of a decode step, compiled or not (the head matmul between them stays eager:
         # one cuBLAS call either way, and its fp32 output dtype is best left to ATen).

@@ -128,6 +128,10 @@ class _FusedDecode:
     The wiring bypasses the forward of the decoder, its layers, their attention and MLP modules and
     the five fused linears: `still_valid()` says whether those are still the modules it was built
     from, unhooked (the engine's own row-term hooks aside: `row_terms` adds those terms here).
+    With the row terms in the projections (`use_row_terms(..., in_projections=True)`), every term is
+    added out of place as part of its projection's expression (`RowTerm.added`), o_proj's and
+    down_proj's too (`output_terms`: those two then run as their matmul, bypassing the module, where
+    it is a plain linear hooked by row terms only; otherwise the module runs, its hooks adding them).
     """
 
     # (submodule of a layer, its linears fused into one matmul, in output order)
@@ -147,6 +151,9 @@ class _FusedDecode:
         # row_terms[g][i][j]: the row terms of linear j of group g in layer i (set by `use_row_terms`).
         self.row_terms: list[list[list[list[RowTerm]]]] = [
             [[[] for _ in names] for _ in decoder.layers] for _, names in self.GROUPS]
+        # output_terms[i]: the terms of layer i's o_proj and down_proj added here (in_projections only).
+        self.output_terms: list[tuple[list[RowTerm], list[RowTerm]]] = [([], []) for _ in decoder.layers]
+        self.terms_in_projections = False
         self._bypassed = self._bypassed_modules()
 
     @staticmethod
@@ -197,11 +204,22 @@ class _FusedDecode:
         return all(not _hooked(m, row_term_hook_ids if linear else frozenset())
                    and (not linear or _plain_linear(m)) for m, linear in now)
 
-    def use_row_terms(self, row_terms: RowTerms):
-        """Add the engine's terms of the fused linears to their slices of the fused outputs."""
+    def use_row_terms(self, row_terms: RowTerms, in_projections: bool = False):
+        """Add the engine's terms of the fused linears to their slices of the fused outputs; with
+        `in_projections`, every term as part of its projection's expression (class docstring)."""
+        self.terms_in_projections = in_projections
         for g, group in enumerate(self.GROUPS):
             for i, layer in enumerate(self.decoder.layers):
                 self.row_terms[g][i] = [row_terms.of(m) for m in self._linears(layer, group)]
+        hook_ids = row_terms.hook_ids()
+
+        def added_here(module) -> list[RowTerm]:
+            if not in_projections or not _plain_linear(module) or _hooked(module, hook_ids):
+                return []  # the module runs: its hooks add its terms
+            return row_terms.of(module)
+
+        self.output_terms = [(added_here(layer.self_attn.o_proj), added_here(layer.mlp.down_proj))
+                             for layer in self.decoder.layers]
 
     def _cat(self, layer, group, name):
         tensors = [getattr(m, name) for m in self._linears(layer, group)]
@@ -235,11 +253,22 @@ class _FusedDecode:
 
     def _projections(self, g: int, i: int, x: torch.Tensor) -> list[torch.Tensor]:
         """The outputs of group g's linears in layer i: one matmul, split, plus their row terms."""
-        outputs = list(F.linear(x, self.weights[g][i], self.biases[g][i]).split(self.split_sizes[g], dim=-1))
-        for j, terms in enumerate(self.row_terms[g][i]):
-            for term in terms:
-                term.add_into(outputs[j], x)
-        return outputs
+        outputs = F.linear(x, self.weights[g][i], self.biases[g][i]).split(self.split_sizes[g], dim=-1)
+        return [self._with_terms(output, x, terms) for output, terms in zip(outputs, self.row_terms[g][i])]
+
+    def _with_terms(self, output: torch.Tensor, x: torch.Tensor, terms: list[RowTerm]) -> torch.Tensor:
+        for term in terms:
+            if self.terms_in_projections:
+                output = term.added(output, x)
+            else:
+                term.add_into(output, x)
+        return output
+
+    def _output_projection(self, module: torch.nn.Linear, terms: list[RowTerm], x: torch.Tensor) -> torch.Tensor:
+        """o_proj or down_proj: the module itself, or, where its terms are added here, its matmul and them."""
+        if not terms:
+            return module(x)
+        return self._with_terms(F.linear(x, module.weight, module.bias), x, terms)
 
     def _attention(self, i, attention, x, position_embeddings, mask, cache):
         batch = x.shape[0]
@@ -247,11 +276,11 @@ class _FusedDecode:
         q, k = self.apply_rotary(q, k, *position_embeddings)
         keys, values = cache.layers[i].update(k, v)
         out, _ = _grouped_query_sdpa(attention, q, keys, values, mask, dropout=0.0, scaling=attention.scaling)
-        return attention.o_proj(out.reshape(batch, 1, -1))
+        return self._output_projection(attention.o_proj, self.output_terms[i][0], out.reshape(batch, 1, -1))
 
     def _mlp(self, i, mlp, x):
         gate, up = self._projections(1, i, x)
-        return mlp.down_proj(self.activations[i](gate) * up)
+        return self._output_projection(mlp.down_proj, self.output_terms[i][1], self.activations[i](gate) * up)
 
 
 def mlp_activation(mlp, config):

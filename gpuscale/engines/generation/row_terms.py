@@ -15,6 +15,31 @@ new tensors works too, but costs a recapture.
 
 Terms act during engine calls only: the hooks that add them do nothing when the model runs outside
 the engine (a training step, a teacher-forced score), so the model itself stays unperturbed.
+
+Two ways to add a term in the decode steps (the engine's `fuse_row_terms`; prefill always hooks):
+- hooks (the default): after each projection's matmul, its terms in place (`add_into`): a batched
+  matmul x @ down[g] reading x again, then the up side as a read-modify-write of the whole output;
+- in the projections (`added`): each projection and its terms as one out-of-place expression in the
+  fused decode forward, written, when compiled, as sums of products that Inductor fuses into the
+  kernels already around the matmul (the norm that writes x, the rotary/KV write of q/k/v, the
+  SiLU-mul of gate/up, the residual adds), or into a Triton GEMM's epilogue under max-autotune.
+  Run eagerly it is add_into's arithmetic out of place: the gain needs `compile`.
+Why, in bytes a decode step at Qwen2.5-0.5B's shape (hidden 896, intermediate 4,864, 24 layers,
+bf16), 512 members x 16 prompts = 8,192 rows, rank 1. A layer's 7 terms have inputs summing to
+10,240 columns and outputs to 12,672. Plain decode reads 0.72 GB of weights and about 8 GB of the
+projections' inputs and outputs (KV and logits besides). The hooks add, a layer, x read again
+(8,192 x 10,240 x 2 B = 168 MB) and each output read and written again (2 x 8,192 x 12,672 x 2 B
+= 415 MB): 14.5 GB a step, in generic broadcast kernels that run at about a quarter of the
+bandwidth (bench/RESULTS.md: 0.72 of plain inference). In the projections, compiled, the output's
+round trip goes (the term is added where the output is read anyway); left are the factors
+(512 x (10,240 + 12,672) x 2 B = 23 MB a layer, 0.56 GB a step) and at most one more read of each
+distinct input where Inductor does not fuse the down products with its producer (124 MB a layer).
+Not chosen: one GEMM over [x | Z] against [W ; U] (Z: each row's x @ down[g] in its member's
+column). It saves the round trip but grows the GEMMs' inner size by G x r = 512 per term (+57% of
+the 896-input projections' FLOPs, 2.5 TFLOP a step, 3 ms on an H200's ~800 TFLOP/s, more than the
+round trip costs at full bandwidth: 2 ms): at 8,192 rows the projections are compute-bound (500-750
+FLOP a byte against the card's ~200). The compiled form gets a member-grouped epilogue's bytes
+without a kernel of our own.
 """
 
 from __future__ import annotations
@@ -54,9 +79,8 @@ class RowTerm:
         the output. The second product is accumulated straight into the output instead of a term
         tensor added to it, which halves the memory traffic on the [B, ..., out] side, the large one.
         `output` may be a slice of a fused projection's output."""
-        groups = self.groups
-        low_rank = torch.bmm(x.reshape(groups, -1, x.shape[-1]), self.down) * self.scale  # [G, rows a group, r]
-        grouped_output = output.view(groups, -1, output.shape[-1])
+        low_rank = self._low_rank(x)
+        grouped_output = output.view(self.groups, -1, output.shape[-1])
         if self.down.shape[2] == 1:
             # At rank 1 the second product is an outer product: as a batched matmul (inner size 1)
             # cuBLAS runs it on a slow fp32 kernel (MAGMA's sgemmEx, the largest entry of the
@@ -65,6 +89,35 @@ class RowTerm:
             grouped_output.addcmul_(low_rank, self.up.transpose(1, 2))
         else:
             grouped_output.baddbmm_(low_rank, self.up.transpose(1, 2))
+
+    def added(self, output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """output + scale * (x_g @ down[g]) @ up[g]^T for every group g, as a new tensor (`add_into`'s
+        sum out of place): how the fused decode forward puts the term inside its projection
+        (`fuse_row_terms`). Under torch.compile it is sums of products in fp32, rounded once, which
+        Inductor fuses with what reads the output (module docstring); run eagerly, add_into's kernels."""
+        grouped_output = output.reshape(self.groups, -1, output.shape[-1])
+        if torch.compiler.is_compiling():
+            summed = (grouped_output.float() + self._fp32_term(x)).to(output.dtype)
+        elif self.down.shape[2] == 1:
+            summed = torch.addcmul(grouped_output, self._low_rank(x), self.up.transpose(1, 2))
+        else:
+            summed = torch.baddbmm(grouped_output, self._low_rank(x), self.up.transpose(1, 2))
+        return summed.view(output.shape)
+
+    def _low_rank(self, x: torch.Tensor) -> torch.Tensor:
+        """scale * x_g @ down[g]: [G, rows a group, r]."""
+        return torch.bmm(x.reshape(self.groups, -1, x.shape[-1]), self.down) * self.scale
+
+    def _fp32_term(self, x: torch.Tensor) -> torch.Tensor:
+        """scale * (x_g @ down[g]) @ up[g]^T in fp32, [G, rows a group, out], as broadcast products
+        summed over in and over r: no matmul, so that Inductor makes it a reduction fused with the
+        kernels around it, where a batched matmul of inner or outer size r would be a cuBLAS call of
+        its own (and a slow one: bench/RESULTS.md, the rank-1 `sgemmEx`)."""
+        grouped_x = x.reshape(self.groups, -1, 1, x.shape[-1]).float()  # [G, n, 1, in]
+        down = self.down.transpose(1, 2)[:, None].float()  # [G, 1, r, in]
+        low_rank = (grouped_x * down).sum(-1) * self.scale  # [G, n, r]
+        up = self.up.transpose(1, 2)[:, None].float()  # [G, 1, r, out]
+        return (low_rank[..., None] * up).sum(-2)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.down, self.up, self.scale
