@@ -1,8 +1,8 @@
 """grpo-mtl: the synchronous rollout against rollout=async, side by side in one call, at the same shape.
 
-    python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1]
+    python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1] [--generation-gpus 1]
 
-For each GPU count of --gpus, two real `gpuscale run --recipe grpo-mtl` runs with gpuscale's engine
+For each GPU count of --gpus, real `gpuscale run --recipe grpo-mtl` runs with gpuscale's engine
 at the same settings (bench/grpo_mtl.py's: `--prompts-per-step` prompts per GPU per step, each answered
 `--generations` times, `--max-completion-length` tokens, `--steps` optimizer steps, no evaluation,
 nothing saved): `rollout=sync`, then `rollout=async` (`max_staleness=--max-staleness`). Each run's
@@ -14,9 +14,12 @@ Ratios per GPU count: `async_over_sync` (completions_per_s_run; target >= 1.5 on
 ratio at the median step (`async_over_sync_steady`); where --gpus holds 1 and N, each mode's weak-scaling
 efficiency (completions_per_s_run on N GPUs over N x one GPU's; async target >= 0.85 on 4 GPUs).
 
-Until placement (k GPUs generate, N-k train) is built, async overlaps on each rank's own GPU: a thread
-with its own CUDA stream decodes step k+1 while step k trains. On CPU (the script's test) pass
-`--model tiny-math` and tiny sizes.
+`rollout=async` alone overlaps on each rank's own GPU: a thread with its own CUDA stream decodes step k+1
+while step k trains. At every count over --generation-gpus K (default 1; 0: none) a third run places them:
+`rollout=async` with `generation_gpus=K` (engines/placement.py: K GPUs generate, the others train, the
+weights sent every step), the same prompts a step over the same GPUs; `placed_over_sync` and its weak
+scaling against the one-GPU synchronous run (placement needs 2 GPUs; one GPU's run is what a user has
+without it). On CPU (the script's test) pass `--model tiny-math` and tiny sizes.
 """
 
 from __future__ import annotations
@@ -33,29 +36,47 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also w
 from grpo_mtl import measure, ratio  # noqa: E402
 from record import write_result  # noqa: E402
 
-MODES = ("sync", "async")
-TARGETS = {"async_over_sync_2gpu": 1.5, "async_scaling_efficiency_4gpu": 0.85}
+MODES = ("sync", "async", "placed")  # placed: rollout=async with generation_gpus
+TARGETS = {"async_over_sync_2gpu": 1.5, "async_scaling_efficiency_4gpu": 0.85,
+           "placed_over_sync_2gpu": 1.5, "placed_scaling_efficiency_4gpu": 0.85}
+
+
+def modes_at(gpus: int, generation_gpus: int) -> list[str]:
+    """The modes measured on `gpus` GPUs: placement where some GPUs are left to train."""
+    return [mode for mode in MODES if mode != "placed" or 0 < generation_gpus < gpus]
 
 
 def measure_mode(args, mode: str, gpus: int) -> dict:
-    extra = {"rollout": mode}
-    if mode == "async":
+    extra = {"rollout": "sync" if mode == "sync" else "async"}
+    if mode != "sync":
         extra["max_staleness"] = args.max_staleness
-    print(f"rollout={mode} on {gpus} GPU(s)", flush=True)
+    if mode == "placed":
+        extra["generation_gpus"] = args.generation_gpus
+    print(f"{mode}: {' '.join(f'{k}={v}' for k, v in extra.items())} on {gpus} GPU(s)", flush=True)
     return {"rollout": mode, **measure(args, "engine", gpus, extra)}
 
 
 def ratios(runs: dict, counts: list[int]) -> dict:
-    """async over sync at each count; each mode's weak scaling against one GPU where measured."""
+    """async and placed over sync at each count; each mode's weak scaling against one GPU where measured
+    (placed's against the one-GPU sync run: it has no one-GPU run of its own)."""
     out = {}
     for gpus in counts:
-        sync, fast = runs.get(f"sync_{gpus}gpu", {}), runs.get(f"async_{gpus}gpu", {})
-        out[f"async_over_sync_{gpus}gpu"] = ratio(fast.get("completions_per_s_run"), sync.get("completions_per_s_run"))
-        out[f"async_over_sync_steady_{gpus}gpu"] = ratio(fast.get("completions_per_s"), sync.get("completions_per_s"))
+        sync = runs.get(f"sync_{gpus}gpu", {})
+        for mode in ("async", "placed"):
+            if f"{mode}_{gpus}gpu" not in runs:
+                continue
+            fast = runs[f"{mode}_{gpus}gpu"]
+            out[f"{mode}_over_sync_{gpus}gpu"] = ratio(fast.get("completions_per_s_run"),
+                                                       sync.get("completions_per_s_run"))
+            out[f"{mode}_over_sync_steady_{gpus}gpu"] = ratio(fast.get("completions_per_s"),
+                                                              sync.get("completions_per_s"))
         if gpus > 1 and 1 in counts:
             for mode in MODES:
-                scaling = ratio(runs.get(f"{mode}_{gpus}gpu", {}).get("completions_per_s_run"),
-                                runs.get(f"{mode}_1gpu", {}).get("completions_per_s_run"))
+                if f"{mode}_{gpus}gpu" not in runs:
+                    continue
+                one_gpu = "sync" if mode == "placed" else mode
+                scaling = ratio(runs[f"{mode}_{gpus}gpu"].get("completions_per_s_run"),
+                                runs.get(f"{one_gpu}_1gpu", {}).get("completions_per_s_run"))
                 out[f"{mode}_scaling_efficiency_{gpus}gpu"] = scaling / gpus if scaling else None
     return out
 
@@ -92,6 +113,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="completions per GPU per training micro-batch")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of every run")
     parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--generation-gpus", type=int, default=1,
+                        help="GPUs that generate in the placed run, at each count above it (0: no placed run)")
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--seed", type=int, default=0)
@@ -101,7 +124,8 @@ def main() -> None:
     counts = sorted({int(count) for count in args.gpus.split(",")})
     os.environ["GPUSCALE_HOME"] = args.home or tempfile.mkdtemp(prefix="gpuscale-bench-grpo-async-")
 
-    runs = {f"{mode}_{gpus}gpu": measure_mode(args, mode, gpus) for gpus in counts for mode in MODES}
+    runs = {f"{mode}_{gpus}gpu": measure_mode(args, mode, gpus)
+            for gpus in counts for mode in modes_at(gpus, args.generation_gpus)}
     results = {"runs": runs, "ratios": ratios(runs, counts), "targets": TARGETS}
     print_table(results)
     write_result("grpo_mtl", "async", vars(args), results, out=args.out)

@@ -126,7 +126,8 @@ def test_train_speed_bench_sweeps_every_stock_sft_variant_and_compares_gpuscale_
 @pytest.mark.e2e
 def test_grpo_async_bench_runs_sync_and_async_side_by_side_at_each_gpu_count(home, tmp_path):
     """bench/grpo_async.py on CPU: at 1 and 2 ranks a rollout=sync and a rollout=async run of the same shape,
-    whole-run completions/s, async's staleness and clipped share, the ratios computed from the runs."""
+    at 2 a placed one (1 rank generates, 1 trains), whole-run completions/s, async's staleness and clipped
+    share, the ratios computed from the runs."""
     out = tmp_path / "async.json"
     prompts, generations, steps = 2, 2, 3
     bench("grpo_async.py", "--model", "tiny-math", "--gpus", "1,2", "--prompts-per-step", str(prompts),
@@ -135,16 +136,19 @@ def test_grpo_async_bench_runs_sync_and_async_side_by_side_at_each_gpu_count(hom
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["settings"]["max_staleness"] == 1
     runs, ratios = record["figures"]["runs"], record["figures"]["ratios"]
-    assert set(runs) == {"sync_1gpu", "async_1gpu", "sync_2gpu", "async_2gpu"}
+    assert set(runs) == {"sync_1gpu", "async_1gpu", "sync_2gpu", "async_2gpu", "placed_2gpu"}
     store = Store(home, read_only=True)
     for name, run in runs.items():
         mode, gpus = name.split("_")[0], int(name.split("_")[1].removesuffix("gpu"))
         summary = store.get_run(run["run"])["summary"]
-        assert (summary["rollout"], summary["world_size"], summary["steps"]) == (mode, gpus, steps)
-        assert f"--set rollout={mode}" in run["command"] and f"prompts_per_step={prompts * gpus}" in run["command"]
+        rollout, generators = ("async", 1) if mode == "placed" else (mode, 0)
+        # A placed run's world is its training ranks; the step's prompts are the same over the same ranks.
+        assert (summary["rollout"], summary["world_size"], summary["steps"]) == (rollout, gpus - generators, steps)
+        assert f"--set rollout={rollout}" in run["command"] and f"prompts_per_step={prompts * gpus}" in run["command"]
+        assert ("--set generation_gpus=1" in run["command"]) == (mode == "placed")
         assert run["completions_per_s_run"] == pytest.approx(
             prompts * gpus * generations * steps / summary["train_seconds"])
-        if mode == "async":  # steps 2 and 3 were generated during the step before
+        if rollout == "async":  # steps 2 and 3 were generated during the step before
             assert run["sampling_staleness_last"] == 1.0
             assert 0 <= run["sampling_importance_sampling_clipped_share_last"] <= 1
         else:
@@ -155,6 +159,11 @@ def test_grpo_async_bench_runs_sync_and_async_side_by_side_at_each_gpu_count(hom
     for mode in ("sync", "async"):
         assert ratios[f"{mode}_scaling_efficiency_2gpu"] == pytest.approx(
             runs[f"{mode}_2gpu"]["completions_per_s_run"] / runs[f"{mode}_1gpu"]["completions_per_s_run"] / 2)
+    assert ratios["placed_over_sync_2gpu"] == pytest.approx(
+        runs["placed_2gpu"]["completions_per_s_run"] / runs["sync_2gpu"]["completions_per_s_run"])
+    assert ratios["placed_scaling_efficiency_2gpu"] == pytest.approx(
+        runs["placed_2gpu"]["completions_per_s_run"] / runs["sync_1gpu"]["completions_per_s_run"] / 2)
+    assert "placed_over_sync_1gpu" not in ratios  # one GPU cannot be split
 
 
 @pytest.mark.e2e
