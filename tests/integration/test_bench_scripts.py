@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,9 +26,13 @@ SCHEMA = ("date", "commit", "tracked_files_match_commit", "command", "card", "ve
 
 
 def bench(script: str, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    """The script's run; `check=False` where its exit code is a verdict that CPU speeds cannot meet."""
+    """The script's run; `check=False` where its exit code is a verdict that CPU speeds cannot meet.
+
+    One OpenMP thread, as the `home` fixture gives every run: a script that trains in its own process
+    (train_speed.py's stock SFT variants) spun two threads at barriers on a busy 2-core machine, 93 s
+    instead of 28 s."""
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == (0 if check else done.returncode), done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
