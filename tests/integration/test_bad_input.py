@@ -305,7 +305,7 @@ def jsonl_of(tmp_path, rows: int):
 
 @pytest.mark.parametrize("recipe, rows, settings, expected", [
     ("grpo-mtl", None, ["max_examples=4"],
-     "prompts_per_step: 16: needs at least 16 training examples, the run has 4 (max_examples=4 of tiny-math); "
+     "prompts_per_step: 64: needs at least 64 training examples, the run has 4 (max_examples=4 of tiny-math); "
      "every step trains on that many distinct prompts"),
     ("grpo-mtl", 6, ["eval_examples=2", "prompts_per_step=8", "num_generations=2", "batch_size=4"],
      "prompts_per_step: 8: needs at least 8 training examples, the run has 4 (dataset={data}, after "
@@ -362,7 +362,7 @@ def test_eggroll_accepts_no_evaluation(home):
      "or 1 or 3 ranks"),
     # It was refused, counting 1 rank.
     ("grpo-mtl", ["batch_size=3"], "batch_size: 3: does not divide the 128 completions each of the 2 ranks takes a "
-     "step (16 prompts x 16 generations = 256 completions); use 2 or 4"),
+     "step (64 prompts x 4 generations = 256 completions); use 2 or 4"),
     ("eggroll", ["antithetic=false", "population=5"], "population: 5: 5 members do not split over 2 ranks (each "
      "takes an equal share of a step); use population 4 or 6, or 1 or 5 ranks"),
 ])

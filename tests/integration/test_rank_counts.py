@@ -26,7 +26,7 @@ SHORT = {  # the run's length only
     "power-sampling": ["max_examples=4", "max_new_tokens=8"],  # 4 problems over 3 ranks: shards of 2, 1 and 1
 }
 FITTED = {
-    "grpo-mtl": "prompts_per_step 16 -> 15: the default's 16 prompts x 16 generations = 256 completions do not "
+    "grpo-mtl": "prompts_per_step 64 -> 63: the default's 64 prompts x 4 generations = 256 completions do not "
                 "split over 3 ranks; --set prompts_per_step=N chooses",
     "sft": "rows_per_step 8 -> 9: the default's 8 rows a step do not split over 3 ranks; --set rows_per_step=N chooses",
     "rft": "rows_per_step 32 -> 33: the default's 32 rows a step do not split over 3 ranks; --set rows_per_step=N "

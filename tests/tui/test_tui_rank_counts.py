@@ -21,13 +21,13 @@ def test_the_form_fits_a_default_to_the_ranks_and_refuses_a_typed_value_inline(h
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
             await fill_form(pilot, gpus=3)
-            fitted = ("prompts_per_step 16 -> 15: the default's 16 prompts x 16 generations = 256 completions do "
+            fitted = ("prompts_per_step 64 -> 63: the default's 64 prompts x 4 generations = 256 completions do "
                       "not split over 3 ranks; --set prompts_per_step=N chooses")
             await wait_for(pilot, lambda: fitted in preview_text(app), 20, "the fitted line",
                            explain=lambda: preview_text(app))
-            assert "--set prompts_per_step=15" in preview_text(app)  # the command runs what the line says
+            assert "--set prompts_per_step=63" in preview_text(app)  # the command runs what the line says
             await fill_form(pilot, prompts_per_step=17)
-            error = ("✗ prompts_per_step: 17 prompts x 16 generations = 272 completions do not split over 3 ranks "
+            error = ("✗ prompts_per_step: 17 prompts x 4 generations = 68 completions do not split over 3 ranks "
                      "(each takes an equal share of a step); use prompts_per_step 15 or 18, or 2 or 4 ranks")
             await wait_for(pilot, lambda: error in str(app.screen.query_one("#error-prompts_per_step").render()), 20,
                            "the inline refusal", explain=lambda: preview_text(app))

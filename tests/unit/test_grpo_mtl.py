@@ -39,7 +39,8 @@ def test_the_seed_s_verl_knobs_are_settings():
 def test_an_auto_micro_batch_is_the_largest_divisor_of_the_rank_s_completions_that_fits(monkeypatch, tmp_path):
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
     model, _ = load_model("tiny-math")
-    auto = resolve_settings(Settings, overrides={"batch_size": "auto", "num_generations": 8}, environ={})  # 16 x 8
+    auto = resolve_settings(Settings, overrides={"batch_size": "auto", "num_generations": 8, "prompts_per_step": 16},
+                            environ={})  # 16 x 8
     assert auto.batch_size is None and accumulation_steps(auto, world_size=8) == 1  # sized on the rank
     assert with_card_sized_batch(auto, ctx, model).batch_size == 8  # a CPU rank: CPU_BATCH_SIZE, divides 128
     asked = []

@@ -25,7 +25,7 @@ from gpuscale.recipes.grpo_mtl import GrpoMtl, Settings
 from gpuscale.recipes.shared.rank_batches import run_ranks
 from gpuscale.runs.settings import SettingsError
 
-PLACED = {"rollout": "async", "generation_gpus": 1, "gpus": 2, "max_examples": 32}
+PLACED = {"rollout": "async", "generation_gpus": 1, "gpus": 2, "max_examples": 32, "prompts_per_step": 16}
 
 
 @pytest.mark.parametrize(("update", "line"), [

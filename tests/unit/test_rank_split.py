@@ -28,7 +28,7 @@ def grpo(**given):
 
 
 def test_a_given_count_that_does_not_split_is_refused_naming_the_values_and_the_rank_counts_that_would():
-    settings = grpo(prompts_per_step=16)
+    settings = grpo(prompts_per_step=16, num_generations=16)
     splits = get_recipe("grpo-mtl").rank_splits(settings)
     with pytest.raises(SettingsError) as refused:
         fit_splits(settings, splits, ranks=3, on_gpu=True)
@@ -45,12 +45,12 @@ def test_a_given_count_that_does_not_split_is_refused_naming_the_values_and_the_
 def test_a_default_moves_to_the_nearest_value_that_splits_and_says_so():
     settings = grpo(num_generations=8)  # prompts_per_step is the default: it moves, num_generations stays
     fitted, lines = fit_splits(settings, get_recipe("grpo-mtl").rank_splits(settings), ranks=3, on_gpu=True)
-    assert (fitted.prompts_per_step, fitted.num_generations) == (15, 8)
-    assert lines == ["prompts_per_step 16 -> 15: the default's 16 prompts x 8 generations = 128 completions do not "
+    assert (fitted.prompts_per_step, fitted.num_generations) == (63, 8)
+    assert lines == ["prompts_per_step 64 -> 63: the default's 64 prompts x 8 generations = 512 completions do not "
                      "split over 3 GPUs; --set prompts_per_step=N chooses"]
     same, said = fit_splits(settings, get_recipe("grpo-mtl").rank_splits(settings), ranks=4, on_gpu=True)
     assert same is settings and said == []
-    with pytest.raises(SettingsError, match="^prompts_per_step: 16: "):  # a run's check moves nothing
+    with pytest.raises(SettingsError, match="^prompts_per_step: 64: "):  # a run's check moves nothing
         fit_splits(settings, get_recipe("grpo-mtl").rank_splits(settings), ranks=3, on_gpu=True, adapt=False)
 
 
@@ -93,8 +93,8 @@ def test_every_recipe_s_defaults_run_on_1_to_8_ranks(name, on_gpu):
 
 
 def test_the_fitted_defaults_are_the_nearest_that_split():
-    cases = {("grpo-mtl", 3): ("prompts_per_step", 15), ("grpo-mtl", 5): ("prompts_per_step", 15),
-             ("grpo-mtl", 6): ("prompts_per_step", 15), ("grpo-mtl", 7): ("prompts_per_step", 14),
+    cases = {("grpo-mtl", 3): ("prompts_per_step", 63), ("grpo-mtl", 5): ("prompts_per_step", 65),
+             ("grpo-mtl", 6): ("prompts_per_step", 63), ("grpo-mtl", 7): ("prompts_per_step", 63),
              ("sft", 3): ("rows_per_step", 9), ("sft", 5): ("rows_per_step", 10), ("sft", 7): ("rows_per_step", 7),
              ("rft", 3): ("rows_per_step", 33), ("rft", 5): ("rows_per_step", 30), ("rft", 7): ("rows_per_step", 35)}
     for (name, ranks), (field, value) in cases.items():

@@ -65,13 +65,15 @@ class Settings(TrainingSettings):
         "empty = auto: 8 on CPU, on a GPU the most of the rank's completions per step (a divisor of them) "
         "that fill gpu_memory_share of the memory its model leaves: each micro-batch costs a fixed overhead, three "
         "with mtl=pcgrad, so few large ones are fastest")
-    # 16: chosen on the validation split (bench/results/grpo_mtl/selection-generations-2026-11-28-h200x2.json):
-    # of 8 (the default until then), 16, and 8 with 32 prompts a step, the highest temperature-1 accuracy after
-    # training, 3 seeds, greedy higher in every domain (comparison +6.8 against +4.9 at 8: more groups a step
-    # whose answers differ, so more prompts that teach something).
-    num_generations: int = Field(16, ge=2, le=1024, description="completions per prompt, one GRPO group "
+    # 64 prompts x 4 completions: chosen on today's validation split (bench/results/grpo_mtl/selection-prompts-
+    # generations-lr-2026-11-29-h200.json): of 32 x 8, 64 x 4 and 32 x 8 at lr 5e-5 (the same 256 completions a
+    # step), the highest temperature-1 accuracy after training, 3 seeds, greedy higher in every domain; in the call
+    # before it (selection-prompts-generations-2026-11-29-h200.json) 32 x 8 had beaten 16 x 16, the default until
+    # then (chosen on 11-28's validation split, which lay inside pretraining). More prompts a step, fewer
+    # completions each: more of tiny-math's problems teach something each step.
+    num_generations: int = Field(4, ge=2, le=1024, description="completions per prompt, one GRPO group "
                                  "(verl's rollout.n)")
-    prompts_per_step: int = Field(16, ge=1, le=65_536, description="prompts per optimizer step over all ranks "
+    prompts_per_step: int = Field(64, ge=1, le=65_536, description="prompts per optimizer step over all ranks "
                                   "(verl's data.train_batch_size; 8 left tiny-math short of its gains: "
                                   "too many all-right or all-wrong groups per step)")
     max_prompt_length: int = Field(256, ge=8, le=131_072,
