@@ -128,7 +128,7 @@ def verdict(met: bool) -> str:
     return "met" if met else "not met"
 
 
-ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-test-v2-one-call-2026-11-29-h200.json"
+ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-grpo-64x4-2026-11-29-h200.json"
 TRAINING = ("sft", "rft", "grpo-mtl", "eggroll")  # the recipes the acceptance's verdicts are of
 
 
@@ -159,19 +159,15 @@ POWER = ("power-sampling",)
 CHECKED = (*TRAINING, *POWER)
 
 ACCEPTANCE_FIGURES = (
-    acceptance("**sft meets both targets** (greedy {}, T=1 {} over", gain("sft"), over_control("sft")),
+    acceptance("(sft greedy {}, T=1 {} over the sharpening control; rft {} and {})", gain("sft"), over_control("sft"),
+               gain("rft"), over_control("rft")),
     acceptance("where the base already answers {} of test-v2",
                Value("figures.runs.0.domains.accuracy_greedy_comparison_before", percent)),
-    acceptance("rft gains {} greedy and {} at T=1", gain("rft"), over_control("rft")),
-    acceptance("its comparison falls below the base in {} seeds ({}-{})",
-               Value(target("rft", "greedy", "below_base", "*", "seed"), plain, len),
-               Value(target("rft", "greedy", "below_base", "*", "after"), hundredths, min),
-               Value(target("rft", "greedy", "below_base", "*", "after"), hundredths, max)),
     acceptance("grpo-mtl gains {} (floor +5; comparison {}), PCGrad {} (comparison {}), eggroll {} (comparison {})",
                gain("grpo-mtl"), gain("grpo-mtl", "comparison"), gain("grpo-mtl pcgrad"),
                gain("grpo-mtl pcgrad", "comparison"), gain("eggroll"),
                Value("figures.seed_statistics.eggroll.gain_greedy_comparison.mean", fraction_points)),
-    acceptance("at T=1 the GRPO runs ({}, {}) and eggroll ({}) stay under the control",
+    acceptance("at T=1 the GRPO runs ({}, {}) and eggroll ({}) fall short of the", 
                over_control("grpo-mtl"), over_control("grpo-mtl pcgrad"), over_control("eggroll")),
     acceptance("(the base sampled at T = {}: {})", Value("figures.sharpening_control.temperature", plain),
                Value("figures.sharpening_control.test_accuracy.*", percent, statistics.mean)),
@@ -181,7 +177,7 @@ ACCEPTANCE_FIGURES = (
     acceptance("pass@16 {}, {} and {})",
                *(Value(f"figures.targets.power-sampling.pass_at_k.power-sampling{rival}.16", percent)
                  for rival in ("", " low-temperature", " temperature-1"))),
-    acceptance("its last run ending after {} (PCGrad's)", Value("figures.runs.*.wall_s", seconds, max)),
+    acceptance("its last run ending after {} (sft's)", Value("figures.runs.*.wall_s", seconds, max)),
     # The recipe table: each recipe's greedy gain / T=1 over the control, and the verdicts of both.
     *(acceptance(f"| {row} | {{}} / {{}}: {{}} / {{}}", gain(recipe), over_control(recipe), met(recipe, "greedy"),
                  met(recipe, "over_sharpening_control"))
@@ -193,7 +189,7 @@ ACCEPTANCE_FIGURES = (
                Value("figures.targets.power-sampling.met", verdict)),
 )
 
-FAULTS = "bench/results/faults/faults-2026-11-29-cpu.json"
+FAULTS = "bench/results/faults/faults-sigstop-2026-11-29-cpu.json"
 FAULT_FIGURES = (
     Figure("a 2-rank CPU run of grpo-mtl whose rank 1 got SIGSTOP ended {} later", FAULTS,
            (Value("figures.cases.*", seconds, lambda cases: next(case["stop_to_end_s"] for case in cases
