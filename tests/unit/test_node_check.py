@@ -101,9 +101,11 @@ def test_the_table_names_the_gaps_it_cannot_judge():
     assert lines[-2:] == ["  slow: none (no GPU more than 15% below its peers beyond the spread of its own repeats)",
                           "  not judged: cpu 1: memory bandwidth ..."]
     assert "node_check_unjudged" in table_names(summary)
-    # What the decode columns count, beside the summary's tokens_per_s.
+    # What the decode columns count, beside the summary's tokens_per_s: a summary without node_check_decode
+    # is an earlier probe's, which timed whole generate calls; it had no floor share either.
     assert any(line.startswith("  decode: one GPU's generate calls through gpuscale's engine, the prompt's prefill "
                                "timed with them") for line in lines)
+    assert not any(line.startswith("  b=1 of floor") for line in lines)
 
 
 def test_the_card_table_gives_data_sheet_figures_the_most_specific_name_first():
