@@ -15,7 +15,9 @@ Qwen2.5-0.5B); its duration is reported as warmup_s, outside the timings.
 ms per decode step = (time of a call generating N tokens - time of a call generating 1) / (N - 1):
 the prefill and the per-call overheads cancel. Each call is timed with the device synchronized
 before and after (wall clock, so Python overhead counts, as it does for users); medians of
---repeats calls after a warm-up call (which also captures the engine's CUDA graph).
+--repeats calls after a warm-up call (which also captures the engine's CUDA graph). The engine's
+measure is gpuscale/engines/generation/speed.py's, which the probe's node check shares (its decode
+figures: `python bench/node_check.py --decode-agreement` sets the two side by side).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import inspect
 import platform
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -36,7 +37,14 @@ from transformers import GenerationConfig
 
 from gpuscale.data.models import build_random_model
 from gpuscale.engines.distributed import resolve_dtype
-from gpuscale.engines.generation import GenerationEngine, Sampling
+from gpuscale.engines.generation import GenerationEngine
+from gpuscale.engines.generation.speed import (
+    call_seconds,
+    decode_calls,
+    engine_path,
+    generate_call,
+    weight_bytes_read_a_step,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, also when loaded by path
 from record import one_card, write_result  # noqa: E402
@@ -84,11 +92,7 @@ def synchronize(device: torch.device):
 
 
 def timed(fn, device: torch.device) -> float:
-    synchronize(device)
-    begin = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - begin
+    return call_seconds(fn, lambda: synchronize(device))
 
 
 def median_seconds(fn, device, repeats: int) -> float:
@@ -115,17 +119,9 @@ def copy_bandwidth(device: torch.device, mib: int) -> float:
     return 2 * source.numel() / seconds
 
 
-def weight_bytes(model) -> int:
-    """Bytes of the parameters; tied weights count once (one decode step reads them once)."""
-    unique = {p.data_ptr(): p for p in model.parameters()}
-    return sum(p.numel() * p.element_size() for p in unique.values())
-
-
 def ms_per_step(run, new_tokens: int, device, repeats: int) -> float:
     """run(n) generates n tokens per row; the difference of n=N and n=1 leaves N-1 decode steps."""
-    long = median_seconds(lambda: run(new_tokens), device, repeats)
-    short = median_seconds(lambda: run(1), device, repeats)
-    return (long - short) / (new_tokens - 1) * 1e3
+    return decode_calls(run, new_tokens, repeats, lambda: synchronize(device)).step_seconds * 1e3
 
 
 def bench_generate(model, prompts: torch.Tensor, args, device, static: bool = False) -> float:
@@ -161,23 +157,11 @@ def bench_engine(model, prompts: torch.Tensor, args, device, **engine_options) -
     fuse = {"auto": None, "on": True, "off": False}[args.fuse_weights]
     engine = GenerationEngine(model, eos_token_ids=(), pad_token_id=0, fuse_weights=fuse,
                               compile_mode=args.compile_mode, **engine_options)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-
-    def run(n):
-        out = engine.generate(prompts, n, Sampling(temperature=1.0), generator=generator)
-        assert bool(out.mask.all()) and out.tokens.shape == (prompts.shape[0], n)
-
+    run = generate_call(engine, prompts, torch.Generator(device=device).manual_seed(args.seed))
     # Warm-up: allocates the KV buffers for N tokens, compiles the step, captures the graph.
     warmup_s = timed(lambda: run(args.new_tokens), device)
-    error = getattr(engine._forward_step, "error", None) or getattr(engine._sample_step, "error", None)
-    return {
-        "ms_per_step": ms_per_step(run, args.new_tokens, device, args.repeats),
-        "warmup_s": warmup_s,
-        "cuda_graphs": engine.cuda_graphs,
-        "compiled": engine.compile and error is None,
-        "compile_error": None if error is None else f"{type(error).__name__}: {error}"[:500],
-        "fused_weights": engine._fused is not None,
-    }
+    return {"ms_per_step": ms_per_step(run, args.new_tokens, device, args.repeats), "warmup_s": warmup_s,
+            **engine_path(engine)}
 
 
 BASELINE = """Baseline: transformers' model.generate() at its best: a StaticCache, with which generate() compiles
@@ -196,7 +180,7 @@ def main(argv=None):
     vocab = model.config.vocab_size
 
     bandwidth = copy_bandwidth(device, args.copy_mib or (1024 if device.type == "cuda" else 256))
-    weights = weight_bytes(model)
+    weights = weight_bytes_read_a_step(model)
     floor_ms = weights / bandwidth * 1e3
     print(f"{args.model} {dtype} on {device_name(device)}: weights {weights / 2**20:.1f} MiB, "
           f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, floor {floor_ms:.3f} ms/step", flush=True)

@@ -1,6 +1,8 @@
 """The probe's node check against plain torch on the same GPUs, and with one GPU loaded by another process.
 
     python bench/node_check.py [--model random-qwen2.5-0.5b] [--batch-size auto] [--loaded-gpu 1]
+    python bench/node_check.py --decode-agreement [--gpus 1] [--batch-size 1024]   # its decode figures alone
+    python bench/node_check.py --decode-agreement --cpu --model random-tiny --precision fp32 --batch-size 2
 
 Three parts, one result file (bench/results/probe/node_check-<date>-<card>.json):
 1. `gpuscale run --recipe probe --gpus N` on every visible GPU (the node check as a user runs it),
@@ -14,6 +16,14 @@ Three parts, one result file (bench/results/probe/node_check-<date>-<card>.json)
    the probe and plain torch disagree, the same code without the rank around it says which differs;
 3. the probe again at the first run's throughput batch while another process runs bf16 matmuls on
    `--loaded-gpu`: that GPU must be flagged, and no other.
+
+`--decode-agreement` does this alone instead (bench/results/probe/node_check_decode-<date>-<card>.json):
+the probe on `--gpus` GPUs (a random-* model, bf16 by default), then, in this process after the run
+ended, bench/generation.py's measure of the engine at its default (its `bench_engine`: on a GPU the
+compiled step replayed as a CUDA graph) on each of those GPUs in turn, at the probe's shape: its prompt
+tokens, its decode steps as new tokens, batch 1 and its full batch, its number of calls. Each probe
+decode figure over bench/generation.py's (tokens/s; the target: within 5%), and batch-1 decode's floor
+share beside bench/generation.py's (its floor, the weights at its own copy's bandwidth, over its step).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from record import write_result  # noqa: E402
 
 from gpuscale.app.views.node_check import node_check_lines  # noqa: E402
 from gpuscale.data.node_check import per_rank_name  # noqa: E402
-from gpuscale.recipes.probe import MEASURE_SIZES  # noqa: E402
+from gpuscale.recipes.probe import MEASURE_SIZES, node_check_new_tokens  # noqa: E402
 
 SIZES = MEASURE_SIZES["cuda"]  # the probe's own sizes and repeats on a GPU
 COPY_BYTES, MATMUL_N, ALLREDUCE_BYTES, REPEATS = (SIZES.copy_mib * 2**20, SIZES.matmul_n, SIZES.allreduce_mib * 2**20,
@@ -161,9 +171,9 @@ def probe_time_line(run_id: int) -> str | None:
     return next((line.strip() for line in logs.stdout.splitlines() if "probe time:" in line), None)
 
 
-def timed_run(arguments: list[str]) -> tuple[dict, float]:
+def timed_run(arguments: list[str], env: dict | None = None) -> tuple[dict, float]:
     started = time.perf_counter()
-    run = gpuscale_run(arguments)
+    run = gpuscale_run(arguments, env)
     return run, time.perf_counter() - started
 
 
@@ -185,10 +195,138 @@ def loaded_run(arguments: list[str], loaded_gpu: int) -> tuple[dict, list[str], 
 
 BASELINE = """Baseline: plain torch measuring the same things on the same GPUs in the same call, at the probe's sizes
 (copy, matmul, all-reduce), timed by CUDA events, each GPU alone and all at once; for the flag, the same
-probe with no other process on the GPUs."""
+probe with no other process on the GPUs. For --decode-agreement: bench/generation.py's measure of the engine
+at its default configuration, on each of the probe's GPUs alone after the run, at the probe's shape."""
+
+# The node check's decode figures, each at its batch (None: the probe's full batch).
+DECODE_FIGURES = (("latency_tokens_per_s", 1), ("throughput_tokens_per_s", None))
 
 
-def main() -> None:
+def generation_bench():
+    """bench/generation.py as a module (bench/ is on the path)."""
+    import generation
+
+    return generation
+
+
+def torch_device(gpu: str):
+    """The probe's name of a rank's device (`GPU 3` as nvidia-smi numbers it, `cpu 0`) as this process's
+    torch device (CUDA_VISIBLE_DEVICES maps nvidia-smi's numbers to torch's)."""
+    import torch
+
+    kind, number = gpu.split()
+    if kind == "cpu":
+        return torch.device("cpu")
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return torch.device("cuda", visible.index(number) if visible else int(number))
+
+
+def bench_decode(device, settings: dict, batches: list[int], precision: str) -> list[dict]:
+    """bench/generation.py's measure of the engine at its default on `device` at the probe's shape (its
+    model, seed, prompt tokens, decode steps), at each of `batches`: ms a step, its first call's seconds
+    (the compile), how it ran; its floor (weights / its copy's bandwidth); on a GPU, batch 1 again with
+    attention kept off cuDNN as the ranks keep it (engines/distributed.py's avoid_cudnn_attention), which
+    bench/generation.py does not: a gap between the two figures that this closes is that setting's."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # the copy's CUDA events, and the engine's streams, on this GPU
+    generation = generation_bench()
+    dtype = generation.resolve_dtype(precision, device)
+    model = generation.build_random_model(settings["model"], seed=settings["seed"]).to(device=device, dtype=dtype)
+    model.eval()
+    sizes = MEASURE_SIZES["cuda" if device.type == "cuda" else "cpu"]
+    new_tokens = node_check_new_tokens(settings["steps"])
+    args = generation.parse_args(["--device", str(device), "--prompt-tokens", str(settings["prompt_tokens"]),
+                                  "--new-tokens", str(new_tokens), "--repeats", str(sizes.decode_calls),
+                                  "--seed", str(settings["seed"])])
+    floor_ms = generation.weight_bytes_read_a_step(model) / generation.copy_bandwidth(device, sizes.copy_mib) * 1e3
+
+    def measure(batch: int) -> dict:
+        prompts = torch.randint(0, model.config.vocab_size, (batch, settings["prompt_tokens"]),
+                                generator=torch.Generator().manual_seed(settings["seed"] + batch)).to(device)
+        with torch.no_grad():
+            measured = generation.bench_engine(model, prompts, args, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return measured
+
+    measured = [{"batch": batch, "floor_ms_per_step": floor_ms, **measure(batch)} for batch in batches]
+    if device.type == "cuda":
+        from gpuscale.engines.distributed import avoid_cudnn_attention
+
+        allowed = torch.backends.cuda.cudnn_sdp_enabled()
+        avoid_cudnn_attention()
+        try:
+            measured[0]["ms_per_step_cudnn_attention_off"] = measure(1)["ms_per_step"]
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(allowed)
+    return measured
+
+
+def decode_rows(summary: dict, settings: dict, precision: str) -> list[dict]:
+    """Each rank's decode figures beside bench/generation.py's on its device, at the same batch."""
+    from gpuscale.engines.generation.speed import path_text
+
+    full = summary["throughput_batch_size"]
+    batches = [batch or full for _, batch in DECODE_FIGURES]
+    rows = []
+    for rank, gpu in enumerate(summary["node_check_gpus"]):
+        for (figure, _), bench in zip(DECODE_FIGURES, bench_decode(torch_device(gpu), settings, batches, precision)):
+            probe = summary[per_rank_name(figure, rank)]
+            bench_rate = bench["batch"] / (bench["ms_per_step"] / 1e3)
+            row = {"gpu": gpu, "figure": figure, "batch": bench["batch"], "probe_tokens_per_s": probe,
+                   "bench_tokens_per_s": bench_rate, "probe_ms_per_step": bench["batch"] / probe * 1e3,
+                   "bench_ms_per_step": bench["ms_per_step"], "ratio": probe / bench_rate,
+                   "within_5_percent": abs(probe / bench_rate - 1) <= AGREEMENT, "bench_warmup_s": bench["warmup_s"],
+                   "bench_path": path_text(bench)}
+            if bench["batch"] == 1:
+                row.update(probe_floor_share=summary[per_rank_name("decode_batch1_floor_share", rank)],
+                           bench_floor_share=bench["floor_ms_per_step"] / bench["ms_per_step"])
+            if "ms_per_step_cudnn_attention_off" in bench:  # bench/generation.py's step as a rank sets up its GPU
+                off = bench["ms_per_step_cudnn_attention_off"]
+                row.update(bench_ms_per_step_cudnn_attention_off=off,
+                           ratio_cudnn_attention_off=probe / (bench["batch"] / off * 1e3))
+            rows.append(row)
+    return rows
+
+
+def decode_agreement(opts) -> None:
+    """`--decode-agreement`: the probe, then bench/generation.py's measure at its shape; one result file."""
+    import torch
+
+    from gpuscale.data.models import RANDOM_CONFIGS
+
+    if opts.model not in RANDOM_CONFIGS:
+        sys.exit(f"--model {opts.model}: bench/generation.py measures a random-* model ({', '.join(RANDOM_CONFIGS)})")
+    gpus = opts.gpus or (1 if opts.cpu else torch.cuda.device_count())
+    if not opts.cpu and not 1 <= gpus <= torch.cuda.device_count():
+        sys.exit(f"--gpus {gpus}: {torch.cuda.device_count()} GPUs visible (--cpu for a CPU rank)")
+    shape = [*(["--set", f"steps={opts.steps}"] if opts.steps else []),
+             *(["--set", f"prompt_tokens={opts.prompt_tokens}"] if opts.prompt_tokens else [])]
+    run, wall = timed_run(["--recipe", "probe", "--gpus", str(gpus), "--model", opts.model, "--precision",
+                           opts.precision, "--batch-size", opts.batch_size, *shape],
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""} if opts.cpu else None)
+    table, laps = node_check_lines(run["summary"]), probe_time_line(run["id"])
+    print("\n".join(table), f"\nprobe run {run['id']}: {wall:.1f} s wall; rank 0's {laps}", sep="\n", flush=True)
+    rows = decode_rows(run["summary"], run["settings"], opts.precision)
+    for row in rows:
+        print(f"  {row['gpu']} batch {row['batch']}: probe {row['probe_ms_per_step']:.4g} ms a step / "
+              f"bench/generation.py {row['bench_ms_per_step']:.4g} ms ({row['bench_path']}): tokens/s ratio "
+              f"{row['ratio']:.3f} ({'within' if row['within_5_percent'] else 'NOT within'} 5%)"
+              + (f"; floor share {row['probe_floor_share']:.1%} / {row['bench_floor_share']:.1%}"
+                 if "probe_floor_share" in row else "")
+              + (f"; with attention off cuDNN as in a rank: {row['bench_ms_per_step_cudnn_attention_off']:.4g} ms, "
+                 f"ratio {row['ratio_cudnn_attention_off']:.3f}" if "ratio_cudnn_attention_off" in row else ""),
+              flush=True)
+    write_result("probe", "node_check_decode", vars(opts), {
+        "gpus": gpus, "probe_run": run["summary"], "probe_settings": run["settings"], "probe_wall_s": wall,
+        "probe_laps_rank_0": laps, "table": table, "rows": rows,
+        "all_within_5_percent": all(row["within_5_percent"] for row in rows)},
+        out=opts.out, card="cpu" if opts.cpu else None)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
@@ -196,10 +334,20 @@ def main() -> None:
     parser.add_argument("--loaded-gpu", type=int, default=1)
     parser.add_argument("--loaded-batch-size", default=None, help="default: the first run's throughput batch")
     parser.add_argument("--out", default=None)
+    decode = parser.add_argument_group("--decode-agreement: the node check's decode figures beside "
+                                       "bench/generation.py's, alone")
+    decode.add_argument("--decode-agreement", action="store_true")
+    decode.add_argument("--gpus", type=int, default=None, help="the probe's GPUs (default: every visible GPU)")
+    decode.add_argument("--cpu", action="store_true", help="one CPU rank, no GPU (the script's test)")
+    decode.add_argument("--precision", default="bf16")
+    decode.add_argument("--steps", type=int, default=None, help="the probe's decode steps (default: its default)")
+    decode.add_argument("--prompt-tokens", type=int, default=None, help="the probe's prompt (default: its default)")
     parser.add_argument("--allreduce-worker", default=None, help=argparse.SUPPRESS)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     if opts.allreduce_worker:
         return allreduce_worker(opts.allreduce_worker)
+    if opts.decode_agreement:
+        return decode_agreement(opts)
     import torch
 
     gpus = torch.cuda.device_count()

@@ -71,8 +71,10 @@ def _text(name: str, label: str) -> Figure:
     return Figure(name, label, format="text")
 
 
-ENGINE_DECODE = ("one GPU's generate calls through gpuscale's engine, the prompt's prefill timed with them, "
-                 "new tokens counted")
+ENGINE_DECODE = ("one GPU's decode steps through gpuscale's engine as it runs by default (on a GPU: the compiled "
+                 "step replayed as a CUDA graph), plain sampling: a generate call of N new tokens less a call "
+                 "of 1, over the N - 1 steps (bench/generation.py's measure); the summary's node_check_decode "
+                 "says how each GPU ran")
 
 FIGURES: dict[str, Figure] = _figures(
     # What a run is for: held-out accuracy (every accuracy_* name), reward, loss.
@@ -136,12 +138,18 @@ FIGURES: dict[str, Figure] = _figures(
     # The probe's node check, one figure per rank (`copy_gb_per_s_rank_0`): data/node_check.py.
     Figure("copy_gb_per_s", "memory bandwidth", unit="GB/s", direction=HIGHER, family=True),
     Figure("matmul_tflops", "matmul", unit="TFLOP/s", direction=HIGHER, family=True),
-    # Through the generation engine, a whole generate call timed (the prompt's prefill with it), one GPU:
-    # not the summary's tokens_per_s, the decode steps alone of every rank (recipes/probe.py's figure_notes).
+    # Through the generation engine, one GPU: not the summary's tokens_per_s, the decode steps of
+    # transformers' forward on every rank (recipes/probe.py's figure_notes). An earlier probe's (a summary
+    # without node_check_decode) timed whole generate calls, the prefill with them, without torch.compile.
     Figure("latency_tokens_per_s", "decode at batch 1", unit="tokens/s", direction=HIGHER, family=True,
            note=ENGINE_DECODE),
     Figure("throughput_tokens_per_s", "decode at full batch", unit="tokens/s", direction=HIGHER, family=True,
            note=ENGINE_DECODE),
+    Figure("decode_batch1_floor_share", "batch-1 decode, share of the weight-read floor", direction=HIGHER,
+           format="percent", family=True,
+           note="the time to read the weights a decode step reads once at the GPU's measured copy bandwidth, "
+                "over its measured batch-1 decode step (100%: at the memory roofline)"),
+    Figure("decode_weight_bytes", "weights read a decode step", unit="bytes"),
     Figure("allreduce_busbw_gb_per_s", "all-reduce bus bandwidth", unit="GB/s", direction=HIGHER),
     Figure("link_gb_per_s", "link bandwidth each way", unit="GB/s", direction=HIGHER, family=True),
     Figure("allreduce_algbw_gb_per_s", "all-reduce algorithm bandwidth", unit="GB/s", direction=HIGHER),
@@ -227,6 +235,7 @@ FIGURES: dict[str, Figure] = _figures(
     _text("node_check_gpus", "GPUs checked"),
     _text("node_check_flags", "slow GPUs"),
     _text("node_check_unjudged", "gaps within the measurement's spread"),
+    _text("node_check_decode", "how the decode figures were measured"),
     _text("domains", "domains"),
     _text("batch_size_reason", "micro-batch reason"),
     _text("fitted_to_ranks", "defaults fitted to the ranks"),

@@ -1,7 +1,8 @@
 """The node check's arithmetic (the probe's figures per GPU): all-reduce bus bandwidth as nccl-tests
-computes it, the rounds in which every pair of ranks measures its link, and the rules that flag a GPU
-slower than its peers and a link slower than the others, where the measurement's own spread allows a
-verdict.
+computes it, the rounds in which every pair of ranks measures its link, a decode step's seconds from
+timed generate calls (bench/generation.py's measure, which the node check shares) and batch-1 decode as
+a share of its weight-read floor, and the rules that flag a GPU slower than its peers and a link slower
+than the others, where the measurement's own spread allows a verdict.
 
 Pure arithmetic, no torch: the ranks compute the figures and the flags with it, the tests check it
 on made-up figures.
@@ -20,7 +21,7 @@ SLOW_SHARE = 0.15  # a GPU more than this share below the median of its peers is
 # catalogue's entries (data/figures.py: name, label, unit), each a summary figure per rank,
 # `<name>_rank_<r>`.
 NODE_FIGURES = tuple(FIGURES[name] for name in (
-    "copy_gb_per_s", "matmul_tflops", "latency_tokens_per_s", "throughput_tokens_per_s"))
+    "copy_gb_per_s", "matmul_tflops", "latency_tokens_per_s", "throughput_tokens_per_s", "decode_batch1_floor_share"))
 
 
 def per_rank_name(figure: str, rank: int) -> str:
@@ -75,6 +76,69 @@ def repeat_spread(seconds: list[float]) -> float | None:
 
 
 @dataclass(frozen=True)
+class DecodeCalls:
+    """Seconds of generate calls of `new_tokens` new tokens a row (`long`) and of one (`short`), after
+    the same prompts: a decode step is their medians' difference over the `new_tokens - 1` steps between
+    them, the prefill and each call's own overheads being in both (bench/generation.py's measure; the
+    node check's decode figures on every device)."""
+
+    new_tokens: int
+    long: tuple[float, ...]
+    short: tuple[float, ...]
+
+    def __post_init__(self):
+        if self.new_tokens < 2 or not self.long or not self.short:
+            raise ValueError(f"a decode step needs calls of 2 or more new tokens and of 1, each timed at least "
+                             f"once: {self.new_tokens} new tokens, {len(self.long)} and {len(self.short)} calls")
+
+    @property
+    def difference(self) -> float:
+        return (statistics.median(self.long) - statistics.median(self.short)) / (self.new_tokens - 1)
+
+    @property
+    def from_difference(self) -> bool:
+        """False where the difference is not positive: calls whose own noise exceeds their decode steps
+        (CPU ranks sharing cores, a few steps a call; never seen on a GPU)."""
+        return self.difference > 0
+
+    @property
+    def step_seconds(self) -> float:
+        """Seconds of a decode step: the difference; where it is not positive, the long call's seconds a
+        new token (its prefill counted: an upper bound), so that a figure stays a time."""
+        return self.difference if self.from_difference else statistics.median(self.long) / self.new_tokens
+
+    @property
+    def spread(self) -> float | None:
+        """How far the measurement can move: the long calls' and the short calls' ranges over the steps
+        between them, as a share of the step (`repeat_spread`'s meaning); the long calls' own spread where
+        the step is not their difference. None with a single call of each."""
+        if not self.from_difference:
+            return repeat_spread(list(self.long))
+        if len(self.long) < 2 and len(self.short) < 2:
+            return None
+        ranges = sum(max(calls) - min(calls) for calls in (self.long, self.short))
+        return ranges / (self.new_tokens - 1) / self.difference
+
+    def rate(self, rows: int) -> Repeats:
+        """Decode tokens/s of `rows` rows decoded together, with the measurement's spread."""
+        return Repeats(rows / self.step_seconds, self.spread)
+
+
+def floor_share(weight_bytes: float, copy_gb_per_s: Repeats, batch1_tokens_per_s: Repeats) -> Repeats:
+    """Batch-1 decode as a share of its floor: the time to read `weight_bytes` (the weights a decode step
+    reads) once at the copy bandwidth measured on the same GPU (bytes read plus written a second, as
+    bench/generation.py's floor counts it), over the measured seconds of a batch-1 step (1 / its tokens/s).
+    1.0 is a step at the memory roofline. Its spread: the two measurements' spreads added (None where
+    neither has one)."""
+    if weight_bytes <= 0 or copy_gb_per_s.value <= 0 or batch1_tokens_per_s.value <= 0:
+        raise ValueError(f"a floor share needs weights, a bandwidth and a rate above 0: {weight_bytes} bytes, "
+                         f"{copy_gb_per_s.value} GB/s, {batch1_tokens_per_s.value} tokens/s")
+    floor_seconds = weight_bytes / (copy_gb_per_s.value * 1e9)
+    spreads = [s for s in (copy_gb_per_s.spread, batch1_tokens_per_s.spread) if s is not None]
+    return Repeats(floor_seconds * batch1_tokens_per_s.value, sum(spreads) if spreads else None)
+
+
+@dataclass(frozen=True)
 class Gap:
     """A value more than the share below its peers' median: `judged` where the gap is also wider than
     the noise (the spread of its own repeats, or the median spread of its peers'), else a measurement
@@ -87,6 +151,7 @@ class Gap:
     peers: str  # "its peers'" or "the other links'"
     noise: float | None
     way: str = ""  # after the value alone: a link's " each way"
+    percent: bool = False  # a share (the floor share), written as one: `18.4%`
 
     @property
     def below(self) -> float:
@@ -97,11 +162,14 @@ class Gap:
         return self.noise is None or self.below > self.noise
 
     def line(self) -> str:
-        text = (f"{self.what} {_number(self.value)} {self.unit}{self.way} is {self.below:.0%} below "
-                f"{self.peers} median {_number(self.median)} {self.unit}")
+        text = (f"{self.what} {self._value(self.value)}{self.way} is {self.below:.0%} below "
+                f"{self.peers} median {self._value(self.median)}")
         if self.judged:
             return text
         return f"{text}, within its measurement's spread ({self.noise:.0%} between repeats)"
+
+    def _value(self, value: float) -> str:
+        return f"{value:.1%}" if self.percent else f"{_number(value)} {self.unit}"
 
 
 def gaps(values: dict[str, float | None], spreads: dict[str, float | None], share: float = SLOW_SHARE
@@ -136,7 +204,8 @@ def gpu_gaps(gpus: list[str], figures: dict[str, list[float | None]], share: flo
     for node_figure in NODE_FIGURES:
         values = dict(enumerate(figures.get(node_figure.name) or []))
         spread = dict(enumerate((spreads or {}).get(node_figure.name) or []))
-        found += [Gap(f"{gpus[index]}: {node_figure.label}", value, median, node_figure.unit, "its peers'", noise)
+        found += [Gap(f"{gpus[index]}: {node_figure.label}", value, median, node_figure.unit, "its peers'", noise,
+                      percent=node_figure.format == "percent")
                   for index, value, median, noise in gaps(values, spread, share)]
     return found
 

@@ -9,12 +9,17 @@ metrics, telemetry and store.
 The node check, on every rank: device memory bandwidth (a device-to-device copy) and dense matmul
 TFLOP/s in the run's dtype, before the model is loaded; after the decode loop, decode tokens/s
 through the generation engine at batch 1 (latency) and at `batch_size` (throughput: what
-`--batch-size auto` tunes), and the all-reduce bus bandwidth across the ranks (nccl on GPUs, gloo on
-CPU ranks). Each figure is timed over repeats (the engine's over `decode_calls` calls), whose spread
-says how far the measurement itself can be trusted. Rank 0 flags a GPU more than 15% below its peers
-where the gap is also wider than that spread, and names the gaps it cannot judge (data/node_check.py);
-app/views/node_check.py writes the table. The sizes scale with the device (MEASURE_SIZES): large
-enough on a GPU to reach its bandwidth, small on CPU ranks.
+`--batch-size auto` tunes), batch-1 decode as a share of its floor (the weights a step reads, at the
+copy's bandwidth), and the all-reduce bus bandwidth across the ranks (nccl on GPUs, gloo on CPU ranks).
+The decode figures run the engine as it runs by default, its fastest path (on a GPU the compiled step
+replayed as a CUDA graph; on CPU ranks the uncompiled one), and time its decode steps as
+bench/generation.py does (engines/generation/speed.py: a call of `steps` new tokens less a call of 1);
+the first call at each batch compiles the step, lapped apart. Each figure is timed over repeats (the
+engine's over `decode_calls` calls of each length), whose spread says how far the measurement itself
+can be trusted. Rank 0 flags a GPU more than 15% below its peers where the gap is also wider than that
+spread, and names the gaps it cannot judge (data/node_check.py); app/views/node_check.py writes the
+table. The sizes scale with the device (MEASURE_SIZES): large enough on a GPU to reach its bandwidth,
+small on CPU ranks.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from functools import partial
 
 from pydantic import Field
 
-from gpuscale.data.node_check import Repeats, repeats_rate
+from gpuscale.data.node_check import DecodeCalls, Repeats, floor_share, repeats_rate
 from gpuscale.recipes.shared.contract import Recipe, Tuning
 from gpuscale.runs import heartbeat
 from gpuscale.runs.settings import RunSettings
@@ -50,8 +55,8 @@ class Probe(Recipe):
     settings_cls = Settings
     reads_questions = False  # it decodes made-up prompts of prompt_tokens tokens
     promised_figures = ("world_size", "tokens_per_s", "step_time_ms_median", "peak_mem_mb_per_rank")
-    # Not the node check's decode figures (one GPU's generate calls through the engine, the prefill timed
-    # with them: data/figures.py's ENGINE_DECODE), which read lower at a long prompt.
+    # Not the node check's decode figures (one GPU's decode steps through the engine as it runs by
+    # default, its compiled step on a GPU: data/figures.py's ENGINE_DECODE).
     figure_notes = {"tokens_per_s": "decode steps alone, all ranks together, through transformers' forward with "
                                     "its KV cache; the prefill and warm-up steps untimed"}
     smoke_settings = {"steps": 2, "prompt_tokens": 4, "warmup_steps": 0, "batch_size": 2}
@@ -149,6 +154,7 @@ def run_probe(settings: Settings, ctx, reporter) -> None:
     laps.lap("decode loop")
     reporter.beat(heartbeat.EVALUATE)  # the node check: measurements, not steps, and collectives among them
     mine.update(hardware, **node_check(model, settings, ctx, laps))
+    mine.update(decode_floor(model, mine))
     print(laps.line(), flush=True)
     everyone = ctx.gather(mine)
     if ctx.is_main:
@@ -174,14 +180,14 @@ class MeasureSizes:
     matmul_n: int  # square matrices of n x n multiplied
     allreduce_mib: int  # bytes all-reduced a rank a repeat
     repeats: int  # timed repeats of each, after one untimed
-    decode_calls: int  # timed generate calls of the decode figures, after one untimed
+    decode_calls: int  # timed generate calls of each length of the decode figures, after one untimed
 
 
 # On a GPU large enough to reach the card's bandwidth and peak (as nccl-tests and bandwidthTest use
 # hundreds of MiB), and repeated long enough (a few tenths of a second) for the clocks to settle: 50
 # matmuls of 8192 spread 8% between the GPUs of one node. On CPU ranks small, so the tests stay fast;
 # ten repeats of a fraction of a millisecond each, so that their spread shows a rank preempted by its
-# peer or the machine's other work (a decode call takes about a second there: two).
+# peer or the machine's other work (a decode call takes a fraction of a second there: two of each length).
 MEASURE_SIZES = {
     "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=200, decode_calls=3),
     "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=10, decode_calls=2),
@@ -293,32 +299,66 @@ def exchange(outgoing, incoming, partner: int) -> None:
         request.wait()
 
 
-def engine_tokens_per_s(model, ctx, batch_size: int, settings: Settings) -> Repeats:
-    """Greedy decode tokens/s through the generation engine at `batch_size`: `steps` new tokens a row
-    after random prompts of `prompt_tokens` tokens, no EOS (every row decodes all its steps), the
-    prefill included; over the device's `decode_calls`, with their spread."""
+def node_check_new_tokens(steps: int) -> int:
+    """New tokens a row of the node check's longer generate calls: the probe's `steps`, and at least 2 (a
+    decode step is the difference of a call of these and a call of 1)."""
+    return max(steps, 2)
+
+
+@dataclass(frozen=True)
+class EngineDecode:
+    """One batch's decode figure of the node check, how the engine ran, and the calls it came from."""
+
+    rate: Repeats  # tokens/s of the batch's decode steps
+    path: str  # how they ran (engines/generation/speed.py's path_text)
+    calls: DecodeCalls
+
+
+def engine_decode(model, ctx, batch_size: int, settings: Settings, laps: Laps) -> EngineDecode:
+    """Decode tokens/s through the generation engine at `batch_size` as it runs by default (its fastest
+    path: on a GPU the compiled step, replayed as a CUDA graph), plain sampling after random prompts of
+    `prompt_tokens` tokens, timed as bench/generation.py times it (engines/generation/speed.py) over the
+    device's `decode_calls`; the first call, which compiles the step and captures its graph, lapped
+    apart. A fresh engine, so that one batch size's graphs do not hold memory at the next."""
+    measured = timed_engine_decode(model, ctx, batch_size, settings, laps)
+    free_device_memory(ctx)  # the engine is gone with timed_engine_decode's frame
+    return measured
+
+
+def timed_engine_decode(model, ctx, batch_size: int, settings: Settings, laps: Laps) -> EngineDecode:
     import torch
 
     from gpuscale.data.seeds import derived_seed
+    from gpuscale.engines.generation import GenerationEngine
+    from gpuscale.engines.generation.speed import call_seconds, decode_calls, engine_path, generate_call, path_text
 
-    generator = torch.Generator().manual_seed(derived_seed(settings.seed, "node-check", ctx.rank))
-    prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens), generator=generator)
-    seconds = generation_seconds(model, ctx, prompts, settings.steps, measure_sizes(ctx.device).decode_calls)
-    return repeats_rate(batch_size * settings.steps, seconds)
+    seed = derived_seed(settings.seed, "node-check", ctx.rank)
+    prompts = torch.randint(0, model.config.vocab_size, (batch_size, settings.prompt_tokens),
+                            generator=torch.Generator().manual_seed(seed))
+    engine = GenerationEngine(model, ())  # its defaults: compiled step and CUDA graphs on a GPU
+    run = generate_call(engine, prompts.to(ctx.device), torch.Generator(device=ctx.device).manual_seed(seed))
+    new_tokens = node_check_new_tokens(settings.steps)
+    call_seconds(lambda: run(new_tokens), ctx.synchronize)  # KV buffers, the step's compile, its graph
+    laps.lap(f"{'compile' if engine.compile else 'warm-up'} b={batch_size}")
+    calls = decode_calls(run, new_tokens, measure_sizes(ctx.device).decode_calls, ctx.synchronize)
+    if not calls.from_difference:
+        print(f"node check, batch {batch_size}: the calls' noise exceeds their decode steps; tokens/s from the "
+              f"call of {new_tokens} new tokens, its prefill counted", flush=True)
+    return EngineDecode(calls.rate(batch_size), path_text(engine_path(engine)), calls)
 
 
 def engine_rate(model, ctx, prompts, steps: int, timed_calls: int) -> tuple[float, float]:
     """(tokens/s, median seconds of a decode step) of greedy generation of `steps` tokens after each
-    of `prompts` (`generation_seconds`)."""
+    of `prompts` (`generation_seconds`): the tuning trial's figure."""
     seconds = generation_seconds(model, ctx, prompts, steps, timed_calls)
     return prompts.shape[0] * steps * len(seconds) / sum(seconds), statistics.median(seconds) / steps
 
 
 def generation_seconds(model, ctx, prompts, steps: int, timed_calls: int) -> list[float]:
     """Seconds of each of `timed_calls` greedy generations of `steps` tokens after each of `prompts`
-    through a fresh engine (CUDA graphs on a GPU, no torch.compile: the check must take seconds;
-    fresh, so that one batch size's graphs do not hold memory at the next), after one untimed call
-    (buffers, graph capture)."""
+    through a fresh engine (CUDA graphs on a GPU, no torch.compile: a trial at each batch size must take
+    seconds, not a compile each; fresh, so that one batch size's graphs do not hold memory at the next),
+    after one untimed call (buffers, graph capture), the prefill counted."""
     seconds = timed_generation(model, ctx, prompts, steps, timed_calls)
     free_device_memory(ctx)  # the engine is gone with timed_generation's frame
     return seconds
@@ -370,15 +410,39 @@ def hardware_figures(ctx, laps: Laps) -> dict:
 
 def node_check(model, settings: Settings, ctx, laps: Laps) -> dict:
     """The rest of this rank's node-check figures (data/node_check.py's NODE_FIGURES): decode through
-    the engine, and its all-reduce time and links, each part's wall time lapped into `laps`."""
+    the engine and how it ran, and its all-reduce time and links, each part's wall time lapped into
+    `laps`."""
     sizes = measure_sizes(ctx.device)
     figures = measured({
-        "latency_tokens_per_s": lambda: engine_tokens_per_s(model, ctx, 1, settings),
-        "throughput_tokens_per_s": lambda: engine_tokens_per_s(model, ctx, settings.batch_size, settings),
+        "latency_tokens_per_s": lambda: engine_decode(model, ctx, 1, settings, laps),
+        "throughput_tokens_per_s": lambda: engine_decode(model, ctx, settings.batch_size, settings, laps),
         "allreduce_seconds": lambda: allreduce_seconds(ctx, sizes),
         "links": lambda: link_gb_per_s(ctx, sizes),
     }, laps, ctx)
-    return {"gpu": gpu_name(ctx), "allreduce_mib": sizes.allreduce_mib, **figures}
+    latency, throughput = figures.pop("latency_tokens_per_s"), figures.pop("throughput_tokens_per_s")
+    return {"gpu": gpu_name(ctx), "allreduce_mib": sizes.allreduce_mib, **figures,
+            "latency_tokens_per_s": latency.rate, "throughput_tokens_per_s": throughput.rate,
+            "decode_note": decode_note(latency, throughput, settings.batch_size)}
+
+
+def decode_note(latency: EngineDecode, throughput: EngineDecode, batch_size: int) -> str:
+    """How this rank's decode figures were measured, for the summary: the engine's path at each batch
+    (once where they agree) and what was timed."""
+    path = latency.path if latency.path == throughput.path else f"b=1 {latency.path}; b={batch_size} {throughput.path}"
+    calls = latency.calls
+    return (f"{path}; a decode step = (a call of {calls.new_tokens} new tokens - a call of 1) / "
+            f"{calls.new_tokens - 1}, medians of {len(calls.long)} calls each, plain sampling "
+            f"(bench/generation.py's measure)")
+
+
+def decode_floor(model, figures: dict) -> dict:
+    """Batch-1 decode as a share of its floor on this rank's card: the weights a step reads, at the
+    bandwidth its copy measured (`figures`: this rank's copy_gb_per_s and latency_tokens_per_s)."""
+    from gpuscale.engines.generation.speed import weight_bytes_read_a_step
+
+    weights = weight_bytes_read_a_step(model)
+    return {"decode_weight_bytes": weights, "decode_batch1_floor_share": floor_share(
+        weights, figures["copy_gb_per_s"], figures["latency_tokens_per_s"])}
 
 
 def measured(parts: dict, laps: Laps, ctx) -> dict:
@@ -428,9 +492,14 @@ def node_check_summary(everyone: list[dict], settings: Settings) -> dict:
     )
 
     gpus = [r["gpu"] for r in everyone]
-    summary: dict = {"node_check_gpus": gpus, "throughput_batch_size": settings.batch_size}
+    notes = {r["decode_note"] for r in everyone}
+    summary: dict = {"node_check_gpus": gpus, "throughput_batch_size": settings.batch_size,
+                     "node_check_decode": notes.pop() if len(notes) == 1 else
+                     "; ".join(f"{r['gpu']}: {r['decode_note']}" for r in everyone),
+                     "decode_weight_bytes": everyone[0]["decode_weight_bytes"]}
     for figure in NODE_FIGURES:
-        summary.update({per_rank_name(figure.name, r["rank"]): round(r[figure.name].value, 3) for r in everyone})
+        digits = 4 if figure.format == "percent" else 3  # a share: to a hundredth of a percent
+        summary.update({per_rank_name(figure.name, r["rank"]): round(r[figure.name].value, digits) for r in everyone})
     times = [r["allreduce_seconds"] for r in everyone if r["allreduce_seconds"] is not None]
     if times:
         nbytes = everyone[0]["allreduce_mib"] * 2**20
@@ -455,7 +524,8 @@ TRIAL_STEPS = 64  # at most this many decode steps a trial (the run decodes `ste
 @contextmanager
 def probe_trial_session(settings: Settings, ctx):
     """The probe's throughput figure at a batch size (what `--batch-size auto` tunes): greedy decode
-    of random prompts through the generation engine, as the node check measures it; tokens/s."""
+    of random prompts through the generation engine, whole calls without torch.compile (a compile at
+    each batch tried would take minutes; the node check then measures the chosen batch compiled); tokens/s."""
     import torch
 
     from gpuscale.engines.batch_search import Trial

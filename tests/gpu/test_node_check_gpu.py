@@ -36,6 +36,9 @@ def test_the_node_check_agrees_with_plain_torch_within_5_percent(home):
     assert summary["copy_gb_per_s_rank_0"] == pytest.approx(copy, rel=0.05), (summary, copy)
     assert summary["matmul_tflops_rank_0"] == pytest.approx(matmul, rel=0.05), (summary, matmul)
     assert summary["latency_tokens_per_s_rank_0"] < summary["throughput_tokens_per_s_rank_0"]
+    # The engine's fastest path, said so; a batch-1 step cannot read the weights faster than the copy moves bytes.
+    assert summary["node_check_decode"].startswith("compiled step, CUDA graphs"), summary["node_check_decode"]
+    assert 0 < summary["decode_batch1_floor_share_rank_0"] <= 1
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -764,6 +764,36 @@ def test_the_node_check_runs_the_probes_own_measures_outside_a_rank_on_cpu():
     assert set(figures) == {"copy_gb_per_s", "matmul_tflops"} and all(value > 0 for value in figures.values())
 
 
+@pytest.mark.e2e
+def test_the_node_checks_decode_figures_are_set_beside_bench_generations_at_the_same_shape_on_cpu(home, tmp_path):
+    out = tmp_path / "decode.json"
+    done = bench("node_check.py", "--decode-agreement", "--cpu", "--model", "random-tiny", "--precision", "fp32",
+                 "--batch-size", "2", "--steps", "5", "--prompt-tokens", "8", "--out", str(out))
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["card"] == "cpu"
+    figures = record["figures"]
+    run = Store(home, read_only=True).list_runs()[0]
+    assert run["summary"] == figures["probe_run"] and figures["gpus"] == 1
+    assert run["settings"]["steps"] == 5 and run["settings"]["prompt_tokens"] == 8
+    assert "probe time: " in figures["probe_laps_rank_0"] and "warm-up b=1" in figures["probe_laps_rank_0"]
+    rows = figures["rows"]
+    assert [(row["gpu"], row["figure"], row["batch"]) for row in rows] == [
+        ("cpu 0", "latency_tokens_per_s", 1), ("cpu 0", "throughput_tokens_per_s", 2)]
+    summary = run["summary"]
+    for row in rows:  # the probe's figure as its summary has it, bench/generation.py's from its ms a step
+        assert row["probe_tokens_per_s"] == summary[f"{row['figure']}_rank_0"]
+        assert row["bench_tokens_per_s"] == pytest.approx(row["batch"] / row["bench_ms_per_step"] * 1e3)
+        assert row["ratio"] == pytest.approx(row["probe_tokens_per_s"] / row["bench_tokens_per_s"])
+        assert row["within_5_percent"] == (abs(row["ratio"] - 1) <= 0.05)
+        # On a CPU both run the engine's plain path (uncompiled, no CUDA graphs), as the summary says.
+        assert row["bench_path"] == "uncompiled step, fused weights" and summary["node_check_decode"].startswith(
+            row["bench_path"] + "; a decode step = (a call of 5 new tokens - a call of 1) / 4, medians of 2 calls")
+    assert rows[0]["probe_floor_share"] == summary["decode_batch1_floor_share_rank_0"]
+    assert 0 < rows[0]["bench_floor_share"] and "probe_floor_share" not in rows[1]
+    assert figures["all_within_5_percent"] == all(row["within_5_percent"] for row in rows)
+    assert "cpu 0 batch 1: probe " in done.stdout and "node check:" in done.stdout
+
+
 def test_row_terms_bench_times_the_engines_way_beside_the_batched_one_on_cpu(tmp_path):
     out = tmp_path / "row-terms.json"
     load_bench("row_terms.py").main(["--device", "cpu", "--groups", "4", "--rows", "8", "--repeats", "1", "--calls",

@@ -26,6 +26,7 @@ from conftest import (
 )
 from gpuscale.app.views.text import format_number
 from gpuscale.control.store import Store
+from gpuscale.recipes.probe import MEASURE_SIZES
 from gpuscale.runs.statuses import LIVE_STATUSES
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
@@ -80,17 +81,30 @@ def assert_node_check(run: dict) -> None:
     not repeated in the plain list above it."""
     summary = run["summary"]
     assert len(summary["node_check_gpus"]) == 2
-    for name in ("copy_gb_per_s", "matmul_tflops", "latency_tokens_per_s", "throughput_tokens_per_s"):
+    for name in ("copy_gb_per_s", "matmul_tflops", "latency_tokens_per_s", "throughput_tokens_per_s",
+                 "decode_batch1_floor_share"):
         assert summary[f"{name}_rank_0"] > 0 and summary[f"{name}_rank_1"] > 0, name
+    # The engine's fastest path on a GPU, its plain one on CPU ranks; the check says which, and what it
+    # timed (FAST: 4 new tokens).
+    on_cpu = summary["devices"] == ["cpu", "cpu"]
+    assert summary["node_check_decode"].startswith("uncompiled step" if on_cpu else "compiled step, CUDA graphs")
+    calls = MEASURE_SIZES["cpu" if on_cpu else "cuda"].decode_calls
+    assert f"(a call of 4 new tokens - a call of 1) / 3, medians of {calls} calls each" in summary["node_check_decode"]
+    assert summary["decode_weight_bytes"] > 0
     assert summary["allreduce_busbw_gb_per_s"] == pytest.approx(summary["allreduce_algbw_gb_per_s"], abs=0.002)
     shown = gpuscale("show", str(run["id"])).stdout.splitlines()
     table = shown[shown.index("node check:"):]
     assert table[1].split()[:2] == ["GPU", "device"] and "decode b=2 tokens/s" in table[1]
-    assert [row.split()[:2] for row in table[2:4]] == [gpu.split() for gpu in summary["node_check_gpus"]]
-    assert table[4].startswith("  decode: one GPU's generate calls through gpuscale's engine")
-    assert table[5].startswith("  all-reduce bus bandwidth ") and "across 2 ranks" in table[5]
+    assert table[1].endswith("b=1 of floor")
+    for rank, gpu in enumerate(summary["node_check_gpus"]):  # a row a rank, ending in its floor share
+        assert table[2 + rank].split()[:2] == gpu.split()
+        assert table[2 + rank].endswith(f"{100 * summary[f'decode_batch1_floor_share_rank_{rank}']:.1f}%")
+    assert table[4] == f"  decode: {summary['node_check_decode']}; tokens_per_s above: every rank's decode steps " \
+        "through transformers' forward"
+    assert table[5].startswith("  b=1 of floor: the time to read the weights a decode step reads (")
+    assert table[6].startswith("  all-reduce bus bandwidth ") and "across 2 ranks" in table[6]
     gpus = summary["node_check_gpus"]
-    assert table[6] == (f"  links (GB/s each way, a pair at a time): {gpus[0]} - {gpus[1]} "
+    assert table[7] == (f"  links (GB/s each way, a pair at a time): {gpus[0]} - {gpus[1]} "
                         f"{format_number(summary['link_gb_per_s_0_1'])}") and summary["link_gb_per_s_0_1"] > 0
     # CPU ranks share two cores: whether a gap is wider than its repeats' spread is chance; the table
     # gives the verdicts, then the gaps it cannot judge, one line each.

@@ -1,18 +1,24 @@
 """The node check's arithmetic and table on made-up figures: all-reduce bus bandwidth as nccl-tests
-computes it, the rule that flags a GPU slower than its peers, the card table's data-sheet figures
-(an unknown card has none, and the table says so), and `compare` of two probes."""
+computes it, a decode step from timed calls and batch-1 decode's share of its weight-read floor, the
+rule that flags a GPU slower than its peers, the card table's data-sheet figures (an unknown card has
+none, and the table says so), and `compare` of two probes."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from gpuscale.app.views.node_check import node_check_lines, table_names
-from gpuscale.app.views.runs import compare_runs
+from gpuscale.app.views.runs import compare_runs, summary_lines
 from gpuscale.data.cards import memory_bandwidth, peak_flops
 from gpuscale.data.figures import figure
 from gpuscale.data.node_check import (
     NODE_FIGURES,
+    DecodeCalls,
+    Repeats,
     bus_bandwidth,
+    floor_share,
     gpu_gaps,
     link_name,
     pair_rounds,
@@ -22,6 +28,7 @@ from gpuscale.data.node_check import (
     slow_links,
     unjudged,
 )
+from gpuscale.recipes.probe import node_check_summary
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -94,9 +101,11 @@ def test_the_table_names_the_gaps_it_cannot_judge():
     assert lines[-2:] == ["  slow: none (no GPU more than 15% below its peers beyond the spread of its own repeats)",
                           "  not judged: cpu 1: memory bandwidth ..."]
     assert "node_check_unjudged" in table_names(summary)
-    # What the decode columns count, beside the summary's tokens_per_s.
+    # What the decode columns count, beside the summary's tokens_per_s: a summary without node_check_decode
+    # is an earlier probe's, which timed whole generate calls; it had no floor share either.
     assert any(line.startswith("  decode: one GPU's generate calls through gpuscale's engine, the prompt's prefill "
                                "timed with them") for line in lines)
+    assert not any(line.startswith("  b=1 of floor") for line in lines)
 
 
 def test_the_card_table_gives_data_sheet_figures_the_most_specific_name_first():
@@ -143,7 +152,7 @@ def test_the_table_puts_each_figure_beside_the_cards_and_says_when_a_card_has_no
 
 def test_every_node_check_figure_is_catalogued_higher_is_better():
     for name in ["copy_gb_per_s_rank_3", "matmul_tflops_rank_0", "latency_tokens_per_s_rank_1",
-                 "throughput_tokens_per_s_rank_2", "allreduce_busbw_gb_per_s"]:
+                 "throughput_tokens_per_s_rank_2", "decode_batch1_floor_share_rank_0", "allreduce_busbw_gb_per_s"]:
         assert figure(name) is not None and figure(name).direction == "higher", name
 
 
@@ -177,3 +186,73 @@ def test_a_link_well_below_the_others_is_flagged_naming_its_two_gpus():
     assert "  links (GB/s each way, a pair at a time): GPU 0 - GPU 1 48 · GPU 0 - GPU 2 47 · GPU 0 - GPU 3 20 · " \
         "GPU 1 - GPU 2 48.5 · GPU 1 - GPU 3 47.5 · GPU 2 - GPU 3 48.2" in node_check_lines(summary)
     assert "link_gb_per_s_0_3" in table_names(summary) and figure("link_gb_per_s_0_3").direction == "higher"
+
+
+def test_a_decode_step_is_the_medians_difference_of_a_long_and_a_short_call_over_the_steps_between():
+    calls = DecodeCalls(32, long=(0.052, 0.050, 0.051), short=(0.011, 0.012, 0.010))
+    assert calls.from_difference and calls.step_seconds == pytest.approx((0.051 - 0.011) / 31)
+    # Spread: both sides' ranges (2 ms each) over the 31 steps, as a share of the step.
+    assert calls.spread == pytest.approx(0.004 / 31 / calls.step_seconds)
+    assert calls.rate(64).value == pytest.approx(64 / calls.step_seconds)
+    assert calls.rate(64).spread == calls.spread
+    assert DecodeCalls(4, long=(0.05,), short=(0.01,)).spread is None  # one call of each: no spread
+    # Calls whose noise exceeds their few steps (CPU ranks sharing cores): the long call a token, prefill counted.
+    noisy = DecodeCalls(4, long=(0.030, 0.040), short=(0.050, 0.045))
+    assert not noisy.from_difference and noisy.step_seconds == pytest.approx(0.035 / 4)
+    assert noisy.spread == pytest.approx(0.010 / 0.035)
+    for new_tokens, long, short in ((1, (0.01,), (0.01,)), (8, (), (0.01,)), (8, (0.01,), ())):
+        with pytest.raises(ValueError, match="2 or more new tokens"):
+            DecodeCalls(new_tokens, long, short)
+
+
+def test_the_floor_share_is_the_weights_read_at_the_copy_bandwidth_over_the_batch_1_step():
+    # bench/generation.py's batch-1 run of 2026-11-26 on an H200: 988,065,536 bytes of weights at its
+    # copy's 4,196.9 GB/s, a 1.2750 ms step: the step was 5.4155x its floor.
+    share = floor_share(988_065_536, Repeats(4196.927022165589, None), Repeats(1 / 1.2749532862744895e-3, None))
+    assert share.value == pytest.approx(1 / 5.4155171941593006) and share.spread is None
+    assert floor_share(1e9, Repeats(4000.0, 0.02), Repeats(1000.0, 0.05)) == Repeats(pytest.approx(0.25),
+                                                                                    pytest.approx(0.07))
+    assert floor_share(1e9, Repeats(4000.0, None), Repeats(1000.0, 0.05)).spread == 0.05
+    for weights, copy, rate in ((0, 1.0, 1.0), (1e9, 0.0, 1.0), (1e9, 1.0, 0.0)):
+        with pytest.raises(ValueError, match="above 0"):
+            floor_share(weights, Repeats(copy, None), Repeats(rate, None))
+
+
+def rank_figures(rank: int, copy: float, latency: float, share: float) -> dict:
+    """One rank's figures as the probe gathers them (recipes/probe.py's run_probe)."""
+    return {"rank": rank, "gpu": f"GPU {rank}", "copy_gb_per_s": Repeats(copy, 0.01),
+            "matmul_tflops": Repeats(700.0, 0.01), "latency_tokens_per_s": Repeats(latency, 0.01),
+            "throughput_tokens_per_s": Repeats(90000.0, 0.01), "decode_batch1_floor_share": Repeats(share, 0.02),
+            "decode_weight_bytes": 988_065_536, "allreduce_seconds": None, "allreduce_mib": 256, "links": {},
+            "decode_note": "compiled step, CUDA graphs, fused weights; a decode step = ..."}
+
+
+def test_the_summary_and_show_give_each_gpus_floor_share_and_how_decode_was_measured():
+    everyone = [rank_figures(0, 4200.0, 780.0, 0.1834), rank_figures(1, 4210.0, 790.0, 0.1851)]
+    summary = {"devices": ["NVIDIA H200"] * 2, **node_check_summary(everyone, SimpleNamespace(batch_size=64))}
+    assert summary["decode_batch1_floor_share_rank_0"] == 0.1834
+    assert summary["decode_batch1_floor_share_rank_1"] == 0.1851
+    assert summary["node_check_decode"] == everyone[0]["decode_note"]
+    assert summary["decode_weight_bytes"] == 988_065_536
+    lines = summary_lines(summary, "probe")
+    table = lines[lines.index("node check:"):]
+    assert table[1].endswith("decode b=64 tokens/s  b=1 of floor")
+    assert table[2].endswith("18.3%") and table[3].endswith("18.5%")
+    assert table[4] == ("  decode: compiled step, CUDA graphs, fused weights; a decode step = ...; tokens_per_s "
+                        "above: every rank's decode steps through transformers' forward")
+    assert table[5] == ("  b=1 of floor: the time to read the weights a decode step reads (942.3 MiB) once at the "
+                        "GPU's measured memory bandwidth, over its batch-1 decode step")
+    # In the table, so not in the plain list above it.
+    assert not any(line.startswith(("  decode_batch1_floor_share", "  node_check_decode", "  decode_weight_bytes"))
+                   for line in lines[:lines.index("node check:")])
+    # Ranks that ran differently (one rank's compile failed) are each named.
+    everyone[1]["decode_note"] = "uncompiled step, CUDA graphs, compiling failed: ..."
+    mixed = node_check_summary(everyone, SimpleNamespace(batch_size=64))["node_check_decode"]
+    assert mixed == f"GPU 0: {everyone[0]['decode_note']}; GPU 1: {everyone[1]['decode_note']}"
+
+
+def test_a_gpu_whose_floor_share_is_low_is_flagged_in_percent():
+    everyone = [rank_figures(rank, 4200.0, 780.0, share) for rank, share in enumerate([0.18, 0.185, 0.09, 0.18])]
+    flags = node_check_summary(everyone, SimpleNamespace(batch_size=64))["node_check_flags"]
+    assert flags == ["GPU 2: batch-1 decode, share of the weight-read floor 9.0% is 50% below its peers' median "
+                     "18.0%"]

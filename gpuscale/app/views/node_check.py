@@ -5,20 +5,26 @@ peers. The CLI's end of a run, `gpuscale show` and the TUI's run page write the 
 
 from __future__ import annotations
 
+from gpuscale.app.views.runs import figure_text
 from gpuscale.app.views.text import MISSING, format_number
 from gpuscale.data.cards import memory_bandwidth, peak_flops, unknown_card_note
-from gpuscale.data.figures import ENGINE_DECODE
 from gpuscale.data.node_check import NODE_FIGURES, link_name, per_rank_name
 
 # The table's column of each NODE_FIGURES figure, in its order, headed by this and the catalogue's unit
 # (`memory GB/s`); `{batch}` is the summary's throughput_batch_size.
 COLUMN_HEADINGS = {"copy_gb_per_s": "memory", "matmul_tflops": "matmul", "latency_tokens_per_s": "decode b=1",
-                   "throughput_tokens_per_s": "decode b={batch}"}
-# What the decode columns count, beside the summary's tokens_per_s (which reads higher at a long prompt).
-DECODE_NOTE = f"decode: {ENGINE_DECODE} (tokens_per_s above: every rank's decode steps alone)"
+                   "throughput_tokens_per_s": "decode b={batch}", "decode_batch1_floor_share": "b=1 of floor"}
+# What the decode columns count, after how the summary says they were measured: beside the summary's
+# tokens_per_s (transformers' forward on every rank). A probe from before the summary said so timed whole
+# generate calls, the prefill with them, without torch.compile.
+DECODE_NOTE = "decode: {how}; tokens_per_s above: every rank's decode steps through transformers' forward"
+EARLIER_DECODE = "one GPU's generate calls through gpuscale's engine, the prompt's prefill timed with them"
+FLOOR_NOTE = ("b=1 of floor: the time to read the weights a decode step reads ({weights}) once at the GPU's "
+              "measured memory bandwidth, over its batch-1 decode step")
 # The summary's figures the table shows (besides the per-rank ones), left out of the plain list.
 TABLE_FIGURES = ("node_check_gpus", "node_check_flags", "node_check_unjudged", "allreduce_busbw_gb_per_s",
-                 "allreduce_algbw_gb_per_s", "allreduce_mib", "throughput_batch_size")
+                 "allreduce_algbw_gb_per_s", "allreduce_mib", "throughput_batch_size", "node_check_decode",
+                 "decode_weight_bytes")
 
 
 def has_node_check(summary: dict) -> bool:
@@ -48,13 +54,23 @@ def links_line(summary: dict) -> str | None:
     return "links (GB/s each way, a pair at a time): " + " · ".join(links) if links else None
 
 
-def _measured_and_spec(measured, spec: float | None) -> str:
-    """`3,210 (96% of 3,350)`, or the measured value alone where the card has no data-sheet figure."""
+def _measured_and_spec(name: str, measured, spec: float | None) -> str:
+    """`3,210 (96% of 3,350)`, or the measured value alone (as the catalogue writes figure `name`: a
+    share as `18.4%`) where the card has no data-sheet figure."""
     if not isinstance(measured, (int, float)):
         return MISSING
     if not spec:
-        return format_number(measured)
+        return figure_text(name, measured, unit=False)
     return f"{format_number(measured)} ({measured / spec:.0%} of {format_number(spec)})"
+
+
+def decode_lines(summary: dict) -> list[str]:
+    """What the decode columns count and how they ran, then what the floor share measures."""
+    lines = [DECODE_NOTE.format(how=summary.get("node_check_decode") or EARLIER_DECODE)]
+    weights = summary.get("decode_weight_bytes")
+    if isinstance(weights, (int, float)):
+        lines.append(FLOOR_NOTE.format(weights=f"{format_number(weights / 2**20)} MiB"))
+    return lines
 
 
 def _aligned(rows: list[list[str]]) -> list[str]:
@@ -69,7 +85,8 @@ def node_check_lines(summary: dict) -> list[str]:
         return []
     gpus, devices = summary["node_check_gpus"], summary.get("devices") or []
     batch = summary.get("throughput_batch_size")
-    headings = [COLUMN_HEADINGS[f.name].format(batch=batch if batch else "?") + " " + f.unit for f in NODE_FIGURES]
+    headings = [" ".join(filter(None, (COLUMN_HEADINGS[f.name].format(batch=batch if batch else "?"), f.unit)))
+                for f in NODE_FIGURES]
     rows = [["GPU", "device", *headings]]
     unknown = []
     for rank, gpu in enumerate(gpus):
@@ -79,8 +96,9 @@ def node_check_lines(summary: dict) -> list[str]:
         bandwidth, flops = memory_bandwidth(device), peak_flops(device)
         spec = {"copy_gb_per_s": bandwidth and bandwidth / 1e9, "matmul_tflops": flops and flops / 1e12}
         rows.append([str(gpu), str(device or MISSING), *(
-            _measured_and_spec(summary.get(per_rank_name(f.name, rank)), spec.get(f.name)) for f in NODE_FIGURES)])
-    lines = ["node check:", *("  " + line for line in _aligned(rows)), "  " + DECODE_NOTE]
+            _measured_and_spec(f.name, summary.get(per_rank_name(f.name, rank)), spec.get(f.name))
+            for f in NODE_FIGURES)])
+    lines = ["node check:", *("  " + line for line in _aligned(rows)), *("  " + line for line in decode_lines(summary))]
     lines.append("  " + allreduce_line(summary))
     if links := links_line(summary):
         lines.append("  " + links)

@@ -22,7 +22,8 @@ adapters, hooks, wrapped layers) and follows it.
 Where to read: `engine.py` (the calls and the decode loop), then `kv.py` (the KV layout),
 `fused.py` (the fused decode forward), `state.py` + `sampling.py` (one step's sampling and
 bookkeeping), `graphs.py` (capturing and replaying the decode step's CUDA graphs), `row_terms.py`,
-`model_state.py`, `compiled.py`. Measured figures: bench/RESULTS.md.
+`model_state.py`, `compiled.py`; `speed.py` times its decode steps (bench/generation.py and the probe's
+node check). Measured figures: bench/RESULTS.md.
 
 Design
 ------
