@@ -215,6 +215,8 @@ FIGURES: dict[str, Figure] = _figures(
     _count("forward_passes", "forward passes"),
     _count("mean_answer_tokens", "answer length (mean)"),
     _count("prompts_too_long", "prompts too long"),
+    # grpo-mtl: a domain's share of the training prompts (`train_share_<domain>`, its `domain_weights` applied).
+    Figure("train_share", "share of the training prompts", format="percent", family=True),
     _count("held_out_rows_dropped", "held-out rows dropped"),
     _count("temperature", "temperature"),
     _text("dtype", "dtype"),

@@ -103,6 +103,15 @@ def task_domains(task: str) -> tuple[str, ...]:
     return {"tiny-math": TINY_MATH_DOMAINS, "tiny-math-conflict": CONFLICT_DOMAINS}.get(task, (GSM8K_DOMAIN,))
 
 
+def dataset_domains(name: str, domain: str | None = None) -> tuple[str, ...]:
+    """The domains a data set's rows carry: a named task's (its chosen ones), or the files' rows', read
+    whole, in the order they first appear (`domain` as `load_examples`'s)."""
+    spec = _parse_named(name)
+    if spec.paths:
+        return tuple(dict.fromkeys(row["domain"] for path in spec.paths for row in read_jsonl(path, domain=domain)))
+    return spec.domains or task_domains(spec.task)
+
+
 def parse_dataset(name: str) -> DatasetSpec:
     """Read a `--dataset` value (see the module's docstring); DataError with one line if it is neither
     a known task (with known domains) nor a list of .jsonl paths (the caller names the value, as the

@@ -99,6 +99,11 @@ class Settings(TrainingSettings):
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="share of the steps spent warming up")
     reward_weights: str = Field("correctness=1,format=0", description="reward=weight for every domain, "
                                 "domain.reward=weight for one (rewards: correctness, format)")
+    domain_weights: str = Field(
+        "", description="domain=weight, comma-separated (e.g. comparison=2): each domain's count among the training "
+        "prompts times its weight (1 where not named, each above 0), scaled back to the same total (reward_weights "
+        "cannot do this: GRPO normalises rewards within each prompt's group); the summary's train_share_<domain> "
+        "says what each domain got. Empty: the data's own mixture")
     generator: Literal["engine", "transformers", "continuous"] = Field(
         "engine", description="engine = gpuscale's generation engine; transformers = TRL's model.generate; "
                               "continuous = TRL's transformers continuous batching")
@@ -125,6 +130,14 @@ class Settings(TrainingSettings):
         from gpuscale.data.rewards import parse_reward_weights
 
         parse_reward_weights(value)  # ValueError with one line
+        return value.strip()
+
+    @field_validator("domain_weights")
+    @classmethod
+    def _check_domain_weights(cls, value: str) -> str:
+        from gpuscale.recipes.grpo_mtl.data import parse_domain_weights
+
+        parse_domain_weights(value)  # ValueError with one line; the domains are check_domain_weights'
         return value.strip()
 
     @property
@@ -177,6 +190,21 @@ def check_training_examples(settings: Settings) -> None:
                               settings.prompts_per_step,
                               "every step trains on that many distinct prompts; lower prompts_per_step "
                               "or give more training examples")
+
+
+def check_domain_weights(settings: Settings) -> None:
+    """Every domain `domain_weights` names is one of the data set's (a file's domains are read from its rows)."""
+    from gpuscale.data.tasks import dataset_domains
+    from gpuscale.recipes.grpo_mtl.data import parse_domain_weights
+
+    named = parse_domain_weights(settings.domain_weights)
+    if not named:
+        return
+    known = dataset_domains(settings.dataset, settings.domain)
+    for domain in named:
+        if domain not in known:
+            raise SettingsError(f"domain_weights: {settings.domain_weights!r}: unknown domain {domain!r} of "
+                                f"{settings.dataset}; known domains: {', '.join(known)}")
 
 
 def check_rollout(settings: Settings) -> None:
@@ -244,6 +272,7 @@ class GrpoMtl(Recipe):
         from gpuscale.recipes.shared.rank_batches import run_ranks
 
         check_dataset(settings.dataset, "train", settings.max_examples)
+        check_domain_weights(settings)
         check_rollout(settings)
         accumulation_steps(settings, run_ranks(settings))  # after super(): the share splits
         # The ranks' device is not known here: the rows are counted at a GPU's steps, the most a run loads

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
-from gpuscale.recipes.grpo_mtl.data import domains_of, grpo_rows, training_and_eval_examples
+from gpuscale.recipes.grpo_mtl.data import domain_shares, domains_of, grpo_rows, training_and_eval_examples
 from gpuscale.runs.settings import SettingsError
 
 
@@ -35,7 +35,7 @@ def train_and_evaluate(settings: Settings, ctx, reporter) -> None:
     settings = with_card_sized_batch(settings, ctx, model)
     summary = {**summary_opening(ctx, settings, train=rows, held_out=held_out), "batch_size": settings.batch_size,
                "generator": settings.generator, "mtl": settings.mtl, **rollout_summary(settings),
-               "domains": domains_of(rows),
+               "domains": domains_of(rows), **domain_shares(rows),
                "prompts_too_long": dropped, **evaluate(model, tokenizer, held_out, settings, ctx, "before")}
     if ctx.is_main:
         reporter.summary(summary, partial=True)
