@@ -38,6 +38,8 @@ from gpuscale.control.store import Store
      "batch_size: '-1'"),
     (["run", "--recipe", "grpo-mtl", "--gpus", "2", "--set", "rollout=async", "--set", "generation_gpus=2"],
      "generation_gpus: 2: the run has 2 "),  # GPUs or CPU ranks, and none left to train
+    (["run", "--recipe", "grpo-mtl", "--set", "domain_weights=comparison=0"],
+     "domain_weights: 'comparison=0': 'comparison=0': the weight must be a finite number above 0"),
 ])
 def test_bad_run_input_starts_and_writes_nothing(home, args, message):
     result = gpuscale(*args)
@@ -332,6 +334,14 @@ def test_too_few_training_examples_are_refused_before_launch(home, tmp_path, rec
         args += ["--set", setting]
     line = one_error_line(gpuscale(*args))
     assert expected.format(data=data) in line, line
+    assert run_json("runs") == [] and not any((home / "runs").iterdir())
+
+
+def test_a_domain_weight_of_a_domain_the_data_lacks_is_refused_before_launch(home):
+    """The data set's domains are the recipe's check's to read (a file's are its rows'): refused before any run."""
+    line = one_error_line(gpuscale("run", "--recipe", "grpo-mtl", "--set", "domain_weights=comparison=2,geometry=2"))
+    assert line == ("gpuscale: error: domain_weights: 'comparison=2,geometry=2': unknown domain 'geometry' of "
+                    "tiny-math; known domains: arithmetic, comparison, counting")
     assert run_json("runs") == [] and not any((home / "runs").iterdir())
 
 

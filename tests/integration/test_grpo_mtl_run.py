@@ -110,6 +110,22 @@ def check_policy_mismatch(store: Store, run: dict) -> None:
     assert not any("mismatch" in warning for warning in run_collapse_warnings(store, run))
 
 
+def test_domain_weights_give_a_domain_more_of_the_prompts_trained_on(home):
+    """domain_weights=comparison=2 on 2 CPU ranks: the run trains, and its summary records each domain's share of
+    the training prompts (the rows TRL's sampler draws), comparison's above its share of the data's own rows."""
+    from gpuscale.recipes.grpo_mtl import Settings
+    from gpuscale.recipes.grpo_mtl.data import domain_shares, training_and_eval_examples
+
+    run = run_json("run", *TINY_GRPO, "--set", "mtl=none", "--set", "eval_examples=0", "--set", "save_model=false",
+                   "--set", "domain_weights=comparison=2")
+    assert run["status"] == "succeeded", run["error"]
+    shares = {name: value for name, value in run["summary"].items() if name.startswith("train_share_")}
+    assert set(shares) == {f"train_share_{domain}" for domain in TINY_MATH_DOMAINS}
+    assert sum(shares.values()) == pytest.approx(1)
+    unweighted, _ = training_and_eval_examples(Settings(max_examples=16, eval_examples=0))
+    assert shares["train_share_comparison"] > domain_shares(unweighted)["train_share_comparison"]
+
+
 def test_a_nan_reward_fails_the_run_within_a_few_steps_with_one_line(home):
     """Rank 0's reward functions return NaN from step 2 on (GPUSCALE_INJECT_FAULT's nan_reward): the run
     fails at that step, and its error is the guard's one line, naming the step, the reward and what to try."""

@@ -11,7 +11,6 @@ from gpuscale.recipes.grpo_mtl import GrpoMtl, Settings
 from gpuscale.recipes.grpo_mtl.data import (
     domain_quotas,
     domain_shares,
-    parse_domain_weights,
     pool_factor,
     training_and_eval_examples,
     weighted_examples,

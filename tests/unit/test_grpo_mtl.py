@@ -4,6 +4,8 @@ add up to TRL's, and a PCGrad step that writes the projected sum of the domains'
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from gpuscale.engines.distributed import RankContext
 from gpuscale.engines.reporter import Reporter
 from gpuscale.engines.rollout import repeated_runs
 from gpuscale.recipes.grpo_mtl import Settings, accumulation_steps
-from gpuscale.recipes.grpo_mtl.data import grpo_rows
+from gpuscale.recipes.grpo_mtl.data import domain_shares, grpo_rows, training_and_eval_examples
 from gpuscale.recipes.grpo_mtl.pcgrad import pcgrad
 from gpuscale.recipes.grpo_mtl.trainer import build_trainer, with_card_sized_batch
 from gpuscale.runs.settings import SettingsError, resolve_settings
@@ -100,6 +102,21 @@ def test_the_engine_s_log_probs_are_trl_s_recomputation(setup):
     groups = inputs["completion_ids"].view(-1, GENERATIONS, inputs["completion_ids"].shape[1])
     assert any(len({tuple(row.tolist()) for row in group}) > 1 for group in groups)
     assert inputs["domain_ids"].tolist() == [trainer.domain_index[row["domain"]] for row in batch]
+
+
+def test_trl_s_sampler_draws_each_weighted_row_once_over_the_run_s_steps(setup):
+    """The summary's train_share_<domain> is each domain's share of the prompts trained on: over a run of
+    max_steps x prompts_per_step rows, TRL's own sampler (this trainer's, at its seed) draws every row once a
+    run, num_generations times, whatever domain_weights did to the rows."""
+    import datasets
+
+    trainer, _ = setup
+    settings = Settings(max_steps=25, prompts_per_step=4, eval_examples=0, domain_weights="comparison=3")
+    rows, _ = training_and_eval_examples(settings)
+    drawn = list(trainer._get_train_sampler(datasets.Dataset.from_list(rows)))
+    assert len(drawn) == 25 * 4 * GENERATIONS and Counter(drawn) == {index: GENERATIONS for index in range(100)}
+    domains = Counter(rows[index]["domain"] for index in drawn)
+    assert {f"train_share_{domain}": count / len(drawn) for domain, count in domains.items()} == domain_shares(rows)
 
 
 def scored_inputs(trainer, batch):
