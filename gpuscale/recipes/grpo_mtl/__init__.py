@@ -16,11 +16,11 @@ trained model (merged if LoRA) is saved with its tokenizer to RUN_DIR/model befo
 evaluation (`save_model`, on by default). The training shell (fp32 master weights, the NaN guard,
 merging, casting) is recipes/shared/training.py's, shared with sft and rft.
 
-Files: this one (settings and the recipe, no torch), data.py (training rows and held-out examples),
-trainer.py (a rank's work; the engine behind `rollout_func` is engines/rollout.py), multitask.py (the
-GRPOTrainer subclass: per-domain losses and gradients), pcgrad.py (the projection, and a step's
-per-domain gradient buffers), generations.py (the generations a run keeps), trial.py (its tuning trial, on
-recipes/shared/training_trial.py).
+Files: this one (settings and the recipe, no torch), data.py (training rows, their domains weighted by
+`domain_weights`, and held-out examples), trainer.py (a rank's work; the engine behind `rollout_func` is
+engines/rollout.py), multitask.py (the GRPOTrainer subclass: per-domain losses and gradients), pcgrad.py (the
+projection, and a step's per-domain gradient buffers), generations.py (the generations a run keeps), trial.py
+(its tuning trial, on recipes/shared/training_trial.py).
 """
 
 from __future__ import annotations
@@ -287,8 +287,9 @@ class GrpoMtl(Recipe):
                     shape_settings=("dataset", "max_prompt_length", "max_completion_length", "lora_rank",
                                     "lora_targets", "beta", "completions_per_step", "liger_kernels", "mtl"),
                     # How long a run trains (read where the trial's settings are resolved for the device);
-                    # the generators, which count the ranks that share a step as `gpus` does.
-                    not_shaping=("max_steps", "generation_gpus"),
+                    # the generators, which count the ranks that share a step as `gpus` does; which prompts the
+                    # trial's rows are, as `seed` and `max_examples` choose them (completions at full length).
+                    not_shaping=("max_steps", "generation_gpus", "domain_weights"),
                     start=1)  # every trial trains on the same rows per step: a small micro-batch is no slower to try
 
     def rank_splits(self, settings: Settings) -> list[Split]:
