@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import check_step_phases, gpuscale, run_json
+from conftest import gpuscale
 from gpuscale.app.views.text import format_rate
 from gpuscale.control.store import Store
 
@@ -42,12 +42,3 @@ def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(home):
     # warning reaches neither the output nor the rank's log.
     rank_log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()
     assert "deprecated" not in rank_log and "deprecated" not in result.stderr, rank_log
-
-
-def test_a_two_rank_probe_times_its_decode_steps_phases(home):
-    """A probe step is one decode step and its record written (data/step_phases.py): both named, covering 95% of
-    each rank's steady steps."""
-    run = run_json("run", "--recipe", "probe", "--gpus", "2", "--batch-size", "2", "--set", "steps=6",
-                   "--set", "prompt_tokens=8")
-    assert run["status"] == "succeeded", run["error"]
-    check_step_phases(home, run, {"decode", "log"}, ranks=2)

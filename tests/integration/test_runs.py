@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (
+    check_step_phases,
     finished,
     gpuscale,
     leftover_processes,
@@ -51,6 +52,9 @@ def test_two_ranks_succeed_with_metrics_and_samples(home):
         assert run["summary"]["energy_unavailable"] == "no NVML GPU (CPU run)" and "energy_j" not in run["summary"]
         assert "  energy_unavailable: no NVML GPU (CPU run)" in gpuscale("show", str(run["id"])).stdout.splitlines()
     assert_node_check(run)
+    # A probe step is one decode step and its record written (data/step_phases.py): both named, covering 95%
+    # of each rank's steady steps.
+    check_step_phases(home, run, {"decode", "log"}, ranks=2)
     listed = run_json("runs")
     assert [r["id"] for r in listed] == [run["id"]]
     assert {"id", "recipe", "status", "settings", "summary", "started_at", "ended_at", "error"} <= set(listed[0])

@@ -108,7 +108,9 @@ def test_a_slowed_rank_is_named_a_straggler_live_within_three_logged_steps(home)
     from gpuscale.data.step_phases import LIVE_STEPS, WARM_UP_STEPS
     from gpuscale.runs.statuses import LIVE_STATUSES
 
-    front = spawn_gpuscale("run", *TINY_SFT, "--gpus", "2", "--set", "max_steps=10", "--set", "eval_examples=0",
+    # Two steps past the last it may be named at: named while the run goes on (each step a second).
+    steps = WARM_UP_STEPS + LIVE_STEPS + 2
+    front = spawn_gpuscale("run", *TINY_SFT, "--gpus", "2", "--set", f"max_steps={steps}", "--set", "eval_examples=0",
                            "--set", "max_examples=64", env={"GPUSCALE_SLOW_RANK": "1:1.0"})
     store = Store(home)
     run_id = wait_until(lambda: [run["id"] for run in store.list_runs()], message="the run")[0]
