@@ -199,7 +199,7 @@ FAULT_FIGURES = (
 # The CPU commands (`python bench/cpu_commands.py`, 2 CPU ranks on 2 cores): the demo's figures and the
 # table of each recipe's default CPU run. None until it is measured at today's defaults; then the file it
 # wrote, and README holds the texts `python bench/readme_figures.py --texts` prints for them.
-CPU_COMMANDS: str | None = "bench/results/cpu_commands/readme-cpu-commands-2026-11-29-cpu.json"
+CPU_COMMANDS: str | None = "bench/results/cpu_commands/readme-cpu-commands-grpo-64x4-2026-11-29-cpu.json"
 
 
 def cpu_run(command: str, field: str, form: Callable[[object], str] = hundredths, nth: int = 0) -> Value:
