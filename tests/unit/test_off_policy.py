@@ -56,8 +56,8 @@ def test_async_is_refused_before_launch_where_it_cannot_run():
     for update, words in (({"generator": "transformers"}, "rollout: async: needs generator=engine, not transformers"),
                           ({"lora_rank": 8}, r"rollout: async: not with LoRA yet \(lora_rank=8\)")):
         with pytest.raises(SettingsError, match=words):
-            recipe.check(Settings(rollout="async", max_examples=32, **update))
-    recipe.check(Settings(rollout="async", max_examples=32))
+            recipe.check(Settings(rollout="async", max_examples=64, **update))
+    recipe.check(Settings(rollout="async", max_examples=64))
 
 
 def test_a_lookahead_hands_out_what_it_peeked_in_order():
