@@ -161,15 +161,26 @@ def parse_reward_weights(text: str) -> tuple[dict[str, float], dict[str, dict[st
     ValueError with one line for a bad entry."""
     weights: dict[str, float] = {}
     per_domain: dict[str, dict[str, float]] = {}
-    for entry in (part.strip() for part in text.split(",") if part.strip()):
-        key, equals, value = entry.partition("=")
-        domain, dot, reward = key.strip().rpartition(".")
-        if not equals or (dot and not domain):
+    for entry, key, weight in weight_entries(text, "reward=weight or domain.reward=weight"):
+        domain, dot, reward = key.rpartition(".")
+        if dot and not domain:
             raise ValueError(f"{entry!r}: expected reward=weight or domain.reward=weight")
         _check_reward(reward)
-        try:
-            weight = float(value)
-        except ValueError:
-            raise ValueError(f"{entry!r}: the weight is not a number") from None
         (per_domain.setdefault(domain, {}) if dot else weights)[reward] = weight
     return weights, per_domain
+
+
+def weight_entries(text: str, expected: str) -> list[tuple[str, str, float]]:
+    """(entry, name, weight) of each comma-separated `name=weight` of a settings string (reward_weights,
+    grpo-mtl's domain_weights); ValueError with one line, saying `expected`, for an entry without a name or
+    whose weight is not a number."""
+    entries = []
+    for entry in (part.strip() for part in text.split(",") if part.strip()):
+        name, equals, value = (part.strip() for part in entry.partition("="))
+        if not equals or not name:
+            raise ValueError(f"{entry!r}: expected {expected}")
+        try:
+            entries.append((entry, name, float(value)))
+        except ValueError:
+            raise ValueError(f"{entry!r}: the weight is not a number") from None
+    return entries

@@ -14,6 +14,8 @@ import math
 from collections import Counter
 from fractions import Fraction
 
+from gpuscale.data.rewards import weight_entries
+
 
 def training_and_eval_examples(settings) -> tuple[list[dict], list[dict]]:
     """(training examples, held-out evaluation examples), as every training recipe holds them out
@@ -39,14 +41,7 @@ def parse_domain_weights(text: str) -> dict[str, float]:
     each weight a finite number above 0; "" is {}. ValueError with one line for a bad entry. Whether the
     data set has the domain is `check_domain_weights`'s (it reads the data set)."""
     weights: dict[str, float] = {}
-    for entry in (part.strip() for part in text.split(",") if part.strip()):
-        domain, equals, value = (part.strip() for part in entry.partition("="))
-        if not equals or not domain:
-            raise ValueError(f"{entry!r}: expected domain=weight")
-        try:
-            weight = float(value)
-        except ValueError:
-            raise ValueError(f"{entry!r}: the weight is not a number") from None
+    for entry, domain, weight in weight_entries(text, "domain=weight"):
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"{entry!r}: the weight must be a finite number above 0")
         if domain in weights:
