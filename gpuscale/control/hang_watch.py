@@ -11,7 +11,8 @@ allowance:
   a save (a checkpoint, the model): the larger of `hang_timeout` and PHASE_ALLOWANCE_S.
 
 A run all of whose ranks are silent past their allowance is hung (one rank still advancing, alone in
-an evaluation, is not). The supervisor then asks every rank for its Python stacks
+an evaluation, is not); a rank that logged a later step than another waits on it, and is held to the
+step's allowance, whatever phase it is in (`HangWatch.hung`). The supervisor then asks every rank for its Python stacks
 (runs/heartbeat.py's STACKS_SIGNAL, into RunDir.stacks), names the rank(s) that hold the others
 (`silent_ranks`), writes where each stood to RunDir.hung, and stops the run, which ends `failed` with
 `hung_error`'s line. Before that, a rank silent for LATE_TIMES_P95 x its own p95 step time (at least
@@ -118,11 +119,17 @@ class HangWatch:
                           p95(state.step_times)) for rank, state in sorted(self.ranks.items())]
 
     def hung(self, now: float) -> list[RankStand] | None:
-        """Where each rank stands, if none has advanced within its allowance; else None."""
-        if self.timeout_s() is None or not self.ranks:
+        """Where each rank stands, if none has advanced within its allowance; else None. The ranks move
+        in step (a collective every step), so a rank that logged a later step than another waits on it:
+        only the ranks at the earliest step are held to their own allowance (a save's, an evaluation's),
+        the others to the step's. A rank frozen before a checkpoint step is then found at the step's
+        timeout, not after the save's allowance of the peer that went on to the save and waits there."""
+        if (timeout := self.timeout_s()) is None or not self.ranks:
             return None
         stands = self.stands(now)
-        return stands if all(stand.silent_s > stand.allowance_s for stand in stands) else None
+        earliest = min(stand.step for stand in stands)
+        held = [stand.silent_s > (stand.allowance_s if stand.step == earliest else timeout) for stand in stands]
+        return stands if all(held) else None
 
     def late(self, now: float) -> list[RankStand]:
         """The ranks in a step for longer than LATE_TIMES_P95 x their p95 step time (at least LATE_FLOOR_S)."""

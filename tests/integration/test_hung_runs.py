@@ -1,9 +1,10 @@
 """End to end on CPU: a rank that stops advancing, or dies, ends its run, under torchrun (eggroll) and
 under accelerate launch (sft): real ranks on gloo, a real supervisor and runs.db.
 
-- SIGSTOP of rank 1 with hang_timeout=20: a late warning first, then the run ends `failed`, its error
-  `hung: rank 1 ...`, within 60 s, with rank 0's stacks in RUN_DIR/errors/ and no process left (the
-  two launchers' runs at once: their allowances, every rank idle, pass together).
+- SIGSTOP of rank 1 in a step (not in a save, which has minutes) with hang_timeout=20: a late warning
+  first, then the run ends `failed`, its error `hung: rank 1 ...`, within 60 s, with rank 0's stacks in
+  RUN_DIR/errors/ and no process left (the two launchers' runs at once: their allowances, every rank
+  idle, pass together).
 - SIGKILL of rank 1: every other rank ends within 10 s (the launcher's own doing: torchrun's agent,
   which accelerate launch runs too, ends the group when one rank fails), the error naming rank 1.
 """
@@ -22,8 +23,11 @@ import pytest
 from conftest import gpuscale, leftover_processes, rank_processes, run_json, slow, wait_until
 from gpuscale.app.views.collapse import late_warnings
 from gpuscale.control.hang_watch import main_thread_frames
+from gpuscale.control.metrics_tail import beat_of
 from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.runs.heartbeat import STEP
+from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.statuses import LIVE_STATUSES
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
@@ -56,6 +60,30 @@ def at_step_4(home: Path, run_id: int) -> Path:
 LAUNCHERS = list(RUNS)
 
 
+def last_phase(run_dir: Path, rank: int) -> str | None:
+    """The phase the rank's last metric line says it is in (control/metrics_tail.py's reading)."""
+    lines = RunDir(run_dir).metrics(rank).read_text().splitlines()
+    try:
+        return beat_of(json.loads(lines[-1])).phase if lines else None
+    except ValueError:
+        return None  # stopped as it wrote the line
+
+
+def stop_in_a_step(run_dir: Path) -> None:
+    """SIGSTOP rank 1 in a training step: stopped in a save (checkpoint_every=2) it would be a rank
+    frozen in a checkpoint, which has the phases' allowance of minutes (control/hang_watch.py), so it
+    goes on (SIGCONT) and is stopped again until its last line says it stepped."""
+    proc = rank_processes(run_dir)[1]
+    for _ in range(40):
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # a line written as the signal came is on disk by now
+        if last_phase(run_dir, 1) == STEP:
+            return
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.3)
+    raise AssertionError(f"rank 1 of {run_dir} was never stopped in a step")
+
+
 def until_ended(home: Path, run_id: int, since: float) -> tuple[dict, float, list[str]]:
     """The run as it ended (or as it was slow(120) s after `since`), the seconds from `since` to then,
     and the late warnings its progress gave on the way."""
@@ -74,7 +102,7 @@ def hung_runs(module_home) -> dict[str, tuple[Path, dict, float, list[str]]]:
     started = {launcher: start(module_home, launcher, "--set", "hang_timeout=20") for launcher in LAUNCHERS}
     folders = {launcher: at_step_4(module_home, run_id) for launcher, run_id in started.items()}
     for folder in folders.values():
-        os.kill(rank_processes(folder)[1].pid, signal.SIGSTOP)
+        stop_in_a_step(folder)
     stopped = time.monotonic()
     with ThreadPoolExecutor(len(started)) as pool:
         ended = pool.map(lambda run_id: until_ended(module_home, run_id, stopped), started.values())

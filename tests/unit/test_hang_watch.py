@@ -122,6 +122,21 @@ def test_the_first_step_and_a_save_get_the_phases_allowance():
     assert watch.step_time_p95() == 1.0
 
 
+def test_a_rank_ahead_in_a_save_waits_on_the_rank_behind_and_gets_the_steps_allowance():
+    """Rank 1 froze in step 6 after its gradient all-reduce; rank 0 logged step 6 and went on to the save,
+    where it waits on rank 1: the run is hung at the step's 20 s, not after the save's allowance."""
+    watch = HangWatch(20, started_at=0.0, ranks=range(2))
+    watch.saw(steps(0, 100.0, [1.0] * 5) + steps(1, 100.0, [1.0] * 5))  # both at step 5 at t=105
+    watch.saw([Beat(0, 106.0, 6, STEP), Beat(0, 106.1, 6, SAVE)])
+    assert watch.hung(125.5) is None  # rank 0: 19.4 s in the save
+    stands = watch.hung(126.2)
+    assert [(s.rank, s.step, s.phase) for s in stands] == [(0, 6, SAVE), (1, 5, STEP)]
+    # Both at the save's step: rank 0 writes the checkpoint, rank 1 is done and waits in the next step.
+    watch.saw([Beat(1, 106.0, 6, STEP), Beat(1, 106.1, 6, SAVE), Beat(1, 106.5, 6, STEP)])
+    assert watch.hung(106.1 + PHASE_ALLOWANCE_S - 1) is None
+    assert watch.hung(106.1 + PHASE_ALLOWANCE_S + 1) is not None
+
+
 def test_a_late_rank_is_warned_from_three_times_its_p95_step_and_never_under_the_floor():
     watch = HangWatch(None, started_at=0.0, ranks=range(2))
     watch.saw(steps(0, 0.0, [2.0] * 10) + steps(1, 0.0, [10.0] * 10))  # rank 0 at t=20, rank 1 at t=100
