@@ -390,7 +390,7 @@ def test_row_scales_equal_explicitly_scaled_norm_gains(term_setting):
                                    atol=tolerance(term_setting), rtol=0)
     assert len(scales) == 2 * len(model.model.layers) + 1
     with pytest.raises(ValueError, match="no gain vector"):
-        engine.add_row_term(model.model.layers[0].mlp.gate_proj, RowScale(torch.ones(2, 64)))
+        engine.add_row_term(model.model.layers[0].mlp.gate_proj, RowScale(torch.ones(2, 64, device=device)))
 
 
 def test_terms_in_the_projections_leave_an_o_proj_hooked_by_another_to_its_hooks():
