@@ -196,6 +196,44 @@ FAULT_FIGURES = (
                                                                    if case["case"] == "grpo-stop")),), ("grpo-mtl",)),
 )
 
+# grpo-mtl's step against stock GRPOTrainer at its best, both sides in one call (bench/train_speed.py), at
+# grpo-mtl's default step; two calls, since stock's own step time moves from call to call.
+GRPO_SPEED = ("bench/results/grpo_mtl/train-speed-grpo-64x4-stock-2026-11-29-h200.json",
+              "bench/results/grpo_mtl/train-speed-grpo-64x4-stock-repeat-2026-11-29-h200.json")
+
+
+def times(value: float) -> str:
+    """A ratio: 4.125 -> 4.12x."""
+    return f"{value:.2f}x"
+
+
+def grpo_speed(text: str, result: str, *values: Value) -> Figure:
+    return Figure(text, result, values, ("grpo-mtl",), ratio=True)
+
+
+GRPO_SPEED_FIGURES = (
+    grpo_speed("a grpo-mtl step at its defaults ran {} as fast as stock `GRPOTrainer` at its best ({} against "
+               "{} a step", GRPO_SPEED[0], Value("figures.grpo.step_stock_over_gpuscale", times),
+               Value("figures.grpo.gpuscale.step_seconds_median", lambda value: f"{value:.2f} s"),
+               Value("figures.grpo.stock_best.step_seconds_median", lambda value: f"{value:.2f} s")),
+    grpo_speed("and {} in a second call", GRPO_SPEED[1], Value("figures.grpo.step_stock_over_gpuscale", times)),
+)
+
+# The node check's decode beside bench/generation.py's at the same shape (`bench/node_check.py --decode-agreement`).
+NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-2026-11-29-h200.json"
+
+
+def thousandths(value: float) -> str:
+    return f"{value:.3f}"
+
+
+NODE_CHECK_FIGURES = (
+    Figure("the check's batch-1 decode ran at {} of bench/generation.py's speed and its batch-1024 decode at {}, "
+           "batch 1 at {} of its floor", NODE_CHECK_DECODE,
+           (Value("figures.rows.0.ratio", thousandths), Value("figures.rows.1.ratio", thousandths),
+            Value("figures.rows.0.probe_floor_share", percent)), ("probe",)),
+)
+
 # The CPU commands (`python bench/cpu_commands.py`, 2 CPU ranks on 2 cores): the demo's figures and the
 # table of each recipe's default CPU run. None until it is measured at today's defaults; then the file it
 # wrote, and README holds the texts `python bench/readme_figures.py --texts` prints for them.
@@ -237,7 +275,8 @@ def cpu_command_figures() -> tuple[Figure, ...]:
 
 
 def registered() -> tuple[Figure, ...]:
-    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *cpu_command_figures())
+    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *GRPO_SPEED_FIGURES, *NODE_CHECK_FIGURES,
+            *cpu_command_figures())
 
 
 def blocks(text: str) -> tuple[list[str], str]:

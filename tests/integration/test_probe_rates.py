@@ -32,7 +32,7 @@ def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(home):
     summary = run["summary"]
     assert table[1].split()[:2] == ["GPU", "device"] and "decode b=2 tokens/s" in table[1], table
     assert table[2].split()[:3] == [*summary["node_check_gpus"][0].split(), summary["devices"][0].split()[0]], table
-    assert table[3].startswith(f"  decode: {summary['node_check_decode']}; tokens_per_s above: "), table
+    assert table[3].startswith(f"  decode: {summary['node_check_decode']}; the summary's tokens_per_s"), table
     assert table[4].startswith("  b=1 of floor: "), table
     assert table[5:] == ["  all-reduce: one rank, nothing to measure",
                          *(["  no data-sheet figures for cpu (not in gpuscale/data/cards.py)"]

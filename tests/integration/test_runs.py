@@ -103,8 +103,8 @@ def assert_node_check(run: dict) -> None:
     for rank, gpu in enumerate(summary["node_check_gpus"]):  # a row a rank, ending in its floor share
         assert table[2 + rank].split()[:2] == gpu.split()
         assert table[2 + rank].endswith(f"{100 * summary[f'decode_batch1_floor_share_rank_{rank}']:.1f}%")
-    assert table[4] == f"  decode: {summary['node_check_decode']}; tokens_per_s above: every rank's decode steps " \
-        "through transformers' forward"
+    assert table[4] == f"  decode: {summary['node_check_decode']}; the summary's tokens_per_s, not these columns, " \
+        "counts transformers' forward on every rank"
     assert table[5].startswith("  b=1 of floor: the time to read the weights a decode step reads (")
     assert table[6].startswith("  all-reduce bus bandwidth ") and "across 2 ranks" in table[6]
     gpus = summary["node_check_gpus"]

@@ -17,7 +17,7 @@ COLUMN_HEADINGS = {"copy_gb_per_s": "memory", "matmul_tflops": "matmul", "latenc
 # What the decode columns count, after how the summary says they were measured: beside the summary's
 # tokens_per_s (transformers' forward on every rank). A probe from before the summary said so timed whole
 # generate calls, the prefill with them, without torch.compile.
-DECODE_NOTE = "decode: {how}; tokens_per_s above: every rank's decode steps through transformers' forward"
+DECODE_NOTE = "decode: {how}; the summary's tokens_per_s, not these columns, counts transformers' forward on every rank"
 EARLIER_DECODE = "one GPU's generate calls through gpuscale's engine, the prompt's prefill timed with them"
 FLOOR_NOTE = ("b=1 of floor: the time to read the weights a decode step reads ({weights}) once at the GPU's "
               "measured memory bandwidth, over its batch-1 decode step")
