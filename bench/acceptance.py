@@ -306,6 +306,9 @@ def row_of(result: dict) -> dict:
         # rows (sft, rft) each took over all ranks.
         "world_size": summary.get("world_size"), "steps": summary.get("steps"),
         "rows_per_step": summary.get("rows_per_step"),
+        # Where its wall time went, for the one-call target: the trainer's own time (the rest is start-up,
+        # loading and the evaluations) and each phase's share of its steady steps (data/step_phases.py).
+        "train_seconds": summary.get("train_seconds"), "step_phases": summary.get("step_phases"),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
         # NVML's energy counter over the run (control/telemetry.py's EnergyMeter); None, and why, without one.
         "energy_j": summary.get("energy_j"), "energy_j_per_correct_answer": summary.get("energy_j_per_correct_answer"),
@@ -326,7 +329,8 @@ def row_of(result: dict) -> dict:
 def skipped_row(label: str, seed: int, reason: str) -> dict:
     """The row of a job that did not run (the sharpening control without a chosen temperature)."""
     return {"label": label, "seed": seed, "run_id": None, "status": "skipped", "error": reason, "wall_s": 0.0,
-            "world_size": None, "steps": None, "rows_per_step": None, "peak_mem_mb": None,
+            "world_size": None, "steps": None, "rows_per_step": None, "train_seconds": None, "step_phases": None,
+            "peak_mem_mb": None,
             **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
             "temperature": None, "pass_at_k": None, "nan_free": False, "saved_model": None}
 
