@@ -23,7 +23,9 @@ process is the run's process carrying that RANK, gpuscale.runs.process):
 With --parallel the cases run at once, each on its own GPUs (--gpus of them from --gpu-ids, a case
 waiting until enough are free); on CPU they share the cores. The result (bench/record.py's schema)
 goes to bench/results/faults/faults-<date>-<card>.json (the card: the GPUs of one case); one line a
-case is printed, and the exit code is 1 unless every case passed.
+case is printed, and the exit code is 1 unless every case passed. With --partial FILE each case's
+figures are appended to FILE as it ends, so that a call cut by its time limit keeps the cases it
+finished; --from-partial FILE... runs nothing and writes the result of the cases such files hold.
 
 On CPU (2 gloo ranks of tiny-math; the test's sizes):
 
@@ -343,13 +345,37 @@ class GpuPool:
             self.changed.notify_all()
 
 
+PARTIAL_LOCK = threading.Lock()
+
+
 def run_on_pool(case: Case, opts, pool: GpuPool, home_root: Path) -> dict:
     taken = pool.take(opts.gpus)
     try:
         gpus = ",".join(map(str, taken)) if taken else str(opts.gpus)
-        return run_case(case, opts, gpus, home_root / case.name)
+        figures = run_case(case, opts, gpus, home_root / case.name)
     finally:
         pool.give_back(taken)
+    if opts.partial:  # kept as it ends, with its card: a call cut by its time limit keeps the cases it finished
+        with PARTIAL_LOCK, open(opts.partial, "a") as partial:
+            partial.write(json.dumps({**figures, "card": case_card(opts.gpus)}) + "\n")
+    return figures
+
+
+def cases_from_partial(paths: list[str]) -> tuple[list[dict], dict | str | None]:
+    """The cases --partial files hold, in their order (several calls' cases make one result), and the
+    card the first of them ran on."""
+    cases = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+    cards = [case.pop("card", None) for case in cases]
+    return cases, next(iter(cards), None)
+
+
+def run_cases(opts) -> list[dict]:
+    """Each of --cases on the pool's GPUs (at once with --parallel), in its own GPUSCALE_HOME."""
+    pool = GpuPool(opts.pool)
+    home_root = Path(opts.home or tempfile.mkdtemp(prefix="gpuscale-faults-")).resolve()
+    cases = [CASES[name] for name in opts.cases.split(",")]
+    with ThreadPoolExecutor(max_workers=len(cases) if opts.parallel else 1) as workers:
+        return list(workers.map(lambda case: run_on_pool(case, opts, pool, home_root), cases))
 
 
 # ---- options -----------------------------------------------------------------------------------------
@@ -389,6 +415,10 @@ def parse_options(argv: list[str] | None = None):
     parser.add_argument("--home", default=None,
                         help="a folder for the cases' GPUSCALE_HOMEs (default: a new temporary one)")
     parser.add_argument("--json", default=None, help="default: bench/results/faults/faults-<date>-<card>.json")
+    parser.add_argument("--partial", default=None,
+                        help="a JSON-lines file each case's figures are appended to as the case ends")
+    parser.add_argument("--from-partial", nargs="+", default=None, metavar="FILE",
+                        help="run nothing: the result of the cases these --partial files hold (several calls')")
     opts = parser.parse_args(argv)
     unknown = [name for name in opts.cases.split(",") if name not in CASES]
     if unknown:
@@ -424,16 +454,15 @@ def case_card(gpus: int) -> dict | str:
 def main() -> None:
     opts = parse_options()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    pool = GpuPool(opts.pool)
-    home_root = Path(opts.home or tempfile.mkdtemp(prefix="gpuscale-faults-")).resolve()
-    cases = [CASES[name] for name in opts.cases.split(",")]
-    with ThreadPoolExecutor(max_workers=len(cases) if opts.parallel else 1) as workers:
-        results = list(workers.map(lambda case: run_on_pool(case, opts, pool, home_root), cases))
+    if opts.from_partial:
+        results, where = cases_from_partial(opts.from_partial)
+    else:
+        results, where = run_cases(opts), case_card(opts.gpus)
     print()
     for figures in results:
         print(verdict_line(figures))
     settings = {**vars(opts), "assignments": [f"{r}:{a}" if r else a for r, a in opts.assignments]}
-    write_result("faults", "faults", settings, {"cases": results}, out=opts.json, card=case_card(opts.gpus))
+    write_result("faults", "faults", settings, {"cases": results}, out=opts.json, card=where or case_card(opts.gpus))
     sys.exit(0 if all(figures["passed"] for figures in results) else 1)
 
 

@@ -567,13 +567,14 @@ def test_resume_kill_bench_kills_the_supervisor_and_resumes_to_the_end_on_cpu(ho
 @pytest.mark.e2e
 def test_faults_bench_kills_a_rank_and_times_the_others_end_on_cpu(home, tmp_path):
     """bench/faults.py's kill case at its docstring's CPU sizes: rank 1 of a 2-rank sft run killed once
-    both ranks are past step 2; the JSON's times and verdict agree with the history's run."""
-    out = tmp_path / "faults.json"
+    both ranks are past step 2; the JSON's times and verdict agree with the history's run. The case is
+    kept in --partial as it ends, and --from-partial makes a result of two calls' cases without a run."""
+    out, partial = tmp_path / "faults.json", tmp_path / "faults.partial.jsonl"
     settings = ["batch_size=2", "max_examples=64", "eval_examples=2", "sft:max_length=64", "sft:max_new_tokens=8",
                 "grpo-mtl:num_generations=2"]
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "faults.py"), "--cases", "sft-kill", "--gpus", "2",
                            "--model", "tiny-math", "--at-step", "2", *(f"--set={one}" for one in settings),
-                           "--home", str(tmp_path / "homes"), "--json", str(out)],
+                           "--home", str(tmp_path / "homes"), "--json", str(out), "--partial", str(partial)],
                           capture_output=True, text=True, timeout=slow(300), cwd=ROOT)
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["card"] == "cpu", done.stdout[-3000:] + done.stderr[-3000:]
@@ -590,6 +591,11 @@ def test_faults_bench_kills_a_rank_and_times_the_others_end_on_cpu(home, tmp_pat
     run = Store(Path(case["home"]), read_only=True).get_run(case["run"])
     assert (run["status"], run["error"], run["run_dir"]) == (case["status"], case["error"], case["run_dir"])
     assert run["settings"]["max_steps"] == 1000 and run["settings"]["hang_timeout"] == 30
+    assert [json.loads(line) for line in partial.read_text().splitlines()] == [{**case, "card": "cpu"}]
+    merged = tmp_path / "merged.json"
+    again = subprocess.run([sys.executable, str(ROOT / "bench" / "faults.py"), "--from-partial", str(partial),
+                            str(partial), "--json", str(merged)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == done.returncode and json.loads(merged.read_text())["figures"]["cases"] == [case, case]
 
 
 def selection_rows(label: str, seeds_figures: list[tuple[str, float, float, float, float]]) -> list[dict]:
