@@ -117,14 +117,23 @@ def check_policy_mismatch(store: Store, run: dict) -> None:
     assert not any("mismatch" in warning for warning in run_collapse_warnings(store, run))
 
 
-def test_domain_weights_give_a_domain_more_of_the_prompts_trained_on(home):
+@pytest.fixture(scope="module")
+def async_run(module_home) -> dict:
+    """TINY_GRPO at rollout=async for 5 steps, with comparison's prompts weighted twice, once for the tests of
+    each: the async rollout's overlap, and domain_weights' shares. The weights change which rows an epoch
+    holds, not how many (max_examples stays 16, 4 a step): the steps that had nothing generated ahead are
+    the same."""
+    return run_json("run", *TINY_GRPO, "--set", "max_steps=5", "--set", "eval_examples=0", "--set", "rollout=async",
+                    "--set", "domain_weights=comparison=2")
+
+
+def test_domain_weights_give_a_domain_more_of_the_prompts_trained_on(async_run):
     """domain_weights=comparison=2 on 2 CPU ranks: the run trains, and its summary records each domain's share of
     the training prompts (the rows TRL's sampler draws), comparison's above its share of the data's own rows."""
     from gpuscale.recipes.grpo_mtl import Settings
     from gpuscale.recipes.grpo_mtl.data import domain_shares, training_and_eval_examples
 
-    run = run_json("run", *TINY_GRPO, "--set", "mtl=none", "--set", "eval_examples=0", "--set", "save_model=false",
-                   "--set", "domain_weights=comparison=2")
+    run = async_run
     assert run["status"] == "succeeded", run["error"]
     shares = {name: value for name, value in run["summary"].items() if name.startswith("train_share_")}
     assert set(shares) == {f"train_share_{domain}" for domain in TINY_MATH_DOMAINS}
@@ -210,16 +219,16 @@ def test_async_rollout_at_staleness_0_trains_as_the_sync_rollout_does(module_hom
     assert all(torch.allclose(weight, weights[name], atol=1e-5) for name, weight in trained.state_dict().items())
 
 
-def test_async_rollout_overlaps_a_step_and_records_its_staleness_and_clipped_share(home):
+def test_async_rollout_overlaps_a_step_and_records_its_staleness_and_clipped_share(module_home, async_run):
     """rollout=async at the default max_staleness (1), 2 CPU ranks, PCGrad: from the second step on, each
     step trains on completions generated during the step before, from the weights before it; the
     first step of the second epoch (16 prompts, 4 a step) has nothing generated ahead. The summary
     records the staleness and the share of importance weights TRL's cap clipped."""
-    run = run_json("run", *TINY_GRPO, "--set", "max_steps=5", "--set", "eval_examples=0", "--set", "rollout=async")
+    run = async_run
     assert run["status"] == "succeeded", run["error"]
     summary = run["summary"]
     assert (summary["rollout"], summary["max_staleness"], summary["steps"]) == ("async", 1, 5)
-    store = Store(home)
+    store = Store(module_home)
     staleness = [(m["step"], m["value"]) for m in store.metrics(run["id"], "sampling_staleness") if m["rank"] == 0]
     assert staleness == [(1, 0.0), (2, 1.0), (3, 1.0), (4, 1.0), (5, 0.0)]
     assert summary["sampling_staleness_first"] == 0.5 and summary["sampling_staleness_last"] == 0.5  # 2 of 5 each

@@ -73,7 +73,9 @@ def results_questions(run: dict) -> list[str]:
 
 @pytest.mark.e2e
 def test_power_sampling_skips_it_and_counts_it(home, bigline):
-    result = gpuscale("run", "--recipe", "power-sampling", "--gpus", "2", "--dataset", str(bigline), "--set",
+    """One rank (rft's test below takes two): the front end counts what is left out, each rank leaves it out by
+    the same rule."""
+    result = gpuscale("run", "--recipe", "power-sampling", "--gpus", "1", "--dataset", str(bigline), "--set",
                       "too_long=skip", "--set", "max_examples=4", "--set", "max_new_tokens=4", "--set", "blocks=1",
                       "--set", "mcmc_steps=1", "--json")
     assert result.returncode == 0, result.stderr

@@ -1,7 +1,7 @@
 """`gpuscale run --queue` end to end on CPU: real supervisors that wait their turn, real torchrun ranks,
-a real runs.db. The queue's slots are two CPU ranks (GPUSCALE_QUEUE_CPU_SLOTS), whatever the machine's
-cores, so that three 2-rank runs must take turns; and the oversubscription warning at launch, with its
-threshold set."""
+a real runs.db. The queue's CPU rank slots are set (GPUSCALE_QUEUE_CPU_SLOTS), whatever the machine's
+cores: one, so that three 1-rank runs must take turns; two, which a 2-rank run holds while 2-rank runs
+wait behind it. And the oversubscription warning at launch, with its threshold set."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from gpuscale.runs.statuses import LIVE_STATUSES
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
-FAST = ["--recipe", "probe", "--set", "steps=4", "--set", "prompt_tokens=8", "--batch-size", "2", "--gpus", "2"]
+SHORT = ["--recipe", "probe", "--set", "steps=4", "--set", "prompt_tokens=8", "--batch-size", "2"]
+FAST = [*SHORT, "--gpus", "2"]
 LONG = ["--recipe", "probe", "--set", "steps=100000", "--set", "prompt_tokens=8", "--batch-size", "2", "--gpus", "2"]
-TWO_SLOTS = {"GPUSCALE_QUEUE_CPU_SLOTS": "2"}
+ONE_SLOT, TWO_SLOTS = {"GPUSCALE_QUEUE_CPU_SLOTS": "1"}, {"GPUSCALE_QUEUE_CPU_SLOTS": "2"}
 
 
 def detach(*args: str, env: dict | None = None) -> tuple[int, float]:
@@ -37,8 +38,8 @@ def ended(store: Store, run_id: int, timeout: float = 240) -> dict:
                       message=f"run {run_id} to end")
 
 
-def test_three_queued_runs_on_two_slots_run_one_after_another_in_order(home):
-    ids = [detach("--queue", *FAST, "--label", f"q{n}", env=TWO_SLOTS)[0] for n in range(3)]
+def test_three_queued_runs_on_one_slot_run_one_after_another_in_order(home):
+    ids = [detach("--queue", *SHORT, "--gpus", "1", "--label", f"q{n}", env=ONE_SLOT)[0] for n in range(3)]
     listed = {run["id"]: run for run in run_json("runs")}
     # The first may have started already; the later ones wait, in the order they were queued.
     waiting = [run_id for run_id in ids if listed[run_id]["status"] == "queued"]
@@ -53,7 +54,7 @@ def test_three_queued_runs_on_two_slots_run_one_after_another_in_order(home):
     for before, after in zip(runs, runs[1:]):
         assert after["started_at"] >= before["ended_at"], (before, after)
     log = RunDir(runs[-1]["run_dir"]).supervisor_log.read_text()
-    assert "queued: waiting for 2 of the 2 CPU rank slot(s)" in log and "its turn came after" in log
+    assert "queued: waiting for 1 of the 1 CPU rank slot(s)" in log and "its turn came after" in log
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,11 @@
 recipe whose step the ranks share, and power sampling's uneven shards of problems, asked for with its
 defaults and nothing but the rank count, runs; a default that
 the ranks cannot share moved before launch (recipes/shared/rank_split.py) and said at launch and in the
-summary. Only how long a run lasts is cut (steps, evaluation, saving): the shapes that must split, and what
-sizes them, are the defaults. The probe's ranks each time their own steps. The refusals of given values
-are in test_bad_input.py; the matrix of 1 to 8 ranks of every recipe's defaults, on GPU and CPU values,
-in tests/unit/test_rank_split.py."""
+summary. Only how long a run lasts is cut (steps, evaluation, saving, the examples loaded: sft's default loads
+all 8,000 of tiny-math's training rows on each rank, eggroll's its 200,000 problems): the shapes that must
+split, and what sizes them, are the defaults. The probe's ranks each time their own steps. The refusals of
+given values are in test_bad_input.py; the matrix of 1 to 8 ranks of every recipe's defaults, on GPU and CPU
+values, in tests/unit/test_rank_split.py."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.e2e
 RANKS = "3"  # over which none of grpo-mtl's, sft's, rft's and eggroll's defaults splits
 SHORT = {  # the run's length only
     "grpo-mtl": ["max_steps=1", "eval_examples=2", "save_model=false", "max_completion_length=8"],
-    "sft": ["max_steps=1", "eval_examples=2", "save_model=false", "max_new_tokens=8"],
+    "sft": ["max_steps=1", "eval_examples=2", "save_model=false", "max_new_tokens=8", "max_examples=64"],
     "rft": ["max_examples=9", "max_steps=1", "eval_examples=2", "save_model=false", "max_new_tokens=16"],
-    "eggroll": ["steps=1", "eval_examples=0", "save_model=false", "max_new_tokens=8"],
+    "eggroll": ["steps=1", "eval_examples=0", "save_model=false", "max_new_tokens=8", "max_examples=64"],
     "power-sampling": ["max_examples=4", "max_new_tokens=8"],  # 4 problems over 3 ranks: shards of 2, 1 and 1
 }
 FITTED = {

@@ -20,7 +20,8 @@ from gpuscale.runs.statuses import LIVE_STATUSES
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
 
-TINY_POWER = ["--recipe", "power-sampling", "--gpus", "2", "--set", "max_examples=2", "--set", "max_new_tokens=4",
+# One rank: every rank reads its settings alike, and what one refuses is its own error line.
+TINY_POWER = ["--recipe", "power-sampling", "--gpus", "1", "--set", "max_examples=2", "--set", "max_new_tokens=4",
               "--set", "blocks=1", "--set", "mcmc_steps=1"]
 
 

@@ -1,12 +1,13 @@
 """`gpuscale resume` end to end on CPU ranks: a failed eggroll or grpo-mtl run continued from its
-checkpoint ends with the weights of the same run left alone (eggroll on the same or another number of
-ranks); an sft run checkpointed on 2 ranks goes on to its end on 1; a run with nothing to resume from
-is refused in one line."""
+checkpoint ends with the weights of the same run left alone (eggroll's 2-rank run resumed on 2 ranks and
+on 1 ends with those of the 1-rank run left alone); an sft run checkpointed on 2 ranks goes on to its end
+on 1; a run with nothing to resume from is refused in one line."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,18 @@ TINY = ["--recipe", "eggroll", "--set", "population=8", "--set", "prompts_per_st
         "--set", "max_examples=64"]  # not the whole 200,000-problem split: generating it costs a rank ~6 s
 
 
-def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
-    # The run left alone and the one that fails, at once: neither reads the other.
-    ended, broken = run_together([*TINY, "--gpus", "2"],
-                                 [*TINY, "--gpus", "2", "--label", "adam"],
-                                 envs=[{}, {"GPUSCALE_INJECT_FAULT": "0:error:3"}])
+@pytest.fixture(scope="module")
+def eggroll_runs(module_home) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """TINY left alone on one rank and TINY on two ranks failing at step 3, started together (neither reads
+    the other): the resume's reference and its parent. eggroll's population splits over the ranks and
+    every rank applies the same update, so one rank ends with the weights two do (the test below
+    resumes the parent on both counts); the run left alone is also the succeeded run a resume refuses."""
+    return tuple(run_together([*TINY, "--gpus", "1"], [*TINY, "--gpus", "2", "--label", "adam"],
+                              envs=[{}, {"GPUSCALE_INJECT_FAULT": "0:error:3"}]))
+
+
+def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(module_home, eggroll_runs):
+    ended, broken = eggroll_runs
     assert ended.returncode == 0, ended.stderr
     whole = json.loads(ended.stdout)
     assert whole["status"] == "succeeded", whole["error"]
@@ -47,6 +55,7 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
     assert resumed["status"] == "succeeded", resumed["error"]
     assert resumed["parent_id"] == parent["id"] and resumed["label"] == "adam"  # the label is carried
     assert resumed["settings"]["resume_from"].endswith("checkpoint-2")
+    assert (resumed["summary"]["world_size"], whole["summary"]["world_size"]) == (2, 1)
     assert resumed["summary"]["weights_checksum"] == whole["summary"]["weights_checksum"]
     check = resumed["summary"]["resume_check"]  # runs/resume_check.py: Adam's own state, eggroll's fitness
     assert check["passed"] is True, check
@@ -55,7 +64,7 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
     # 2 fitness values before the checkpoint say too little of its noise: not compared, and said so.
     assert check["figure"]["name"] == "fitness_mean" and check["figure"]["passed"] is None
     # It ran steps 3 and 4 only: the weights came from the checkpoint, not from running it all again.
-    steps = {row["step"] for row in Store(home).metrics(resumed["id"], "fitness_mean") if row["rank"] >= 0}
+    steps = {row["step"] for row in Store(module_home).metrics(resumed["id"], "fitness_mean") if row["rank"] >= 0}
     assert steps == {3, 4}
     # The figures go on from the parent's: the first step's fitness is the parent's, not step 3's.
     assert resumed["summary"]["fitness_mean_first"] == whole["summary"]["fitness_mean_first"]
@@ -82,7 +91,7 @@ def test_a_failed_run_resumed_ends_with_the_uninterrupted_runs_weights(home):
     assert alone["label"] == "alone"
 
     # runs.db truncated to 100 bytes: the repair keeps the resume links, the labels and the statuses.
-    (Path(home) / "runs.db").write_bytes((Path(home) / "runs.db").read_bytes()[:100])
+    (module_home / "runs.db").write_bytes((module_home / "runs.db").read_bytes()[:100])
     assert gpuscale("doctor", "--repair").returncode == 0
     rebuilt = {run["id"]: run for run in run_json("runs")}
     assert [(rebuilt[i]["status"], rebuilt[i]["parent_id"], rebuilt[i]["label"])
@@ -106,9 +115,9 @@ def test_a_run_without_checkpoint_is_refused_in_one_line(home):
     assert len(run_json("runs")) == 1  # nothing was started
 
 
-def test_a_succeeded_run_and_an_unknown_one_are_refused(home):
-    run = run_json("run", "--recipe", "probe", "--set", "steps=2", "--set", "prompt_tokens=8", "--batch-size", "2",
-                   "--gpus", "1")
+def test_a_succeeded_run_and_an_unknown_one_are_refused(eggroll_runs):
+    run = json.loads(eggroll_runs[0].stdout)  # the run left alone: it succeeded, with a checkpoint
+    assert run["status"] == "succeeded", run["error"]
     refused = gpuscale("resume", str(run["id"]))
     assert refused.returncode == 2
     assert refused.stderr == f"gpuscale: error: run {run['id']} succeeded: there is nothing left to resume\n"

@@ -25,7 +25,7 @@ from conftest import (
     wait_for_metrics,
     wait_until,
 )
-from gpuscale.app.views.text import format_number
+from gpuscale.app.views.text import format_number, format_rate
 from gpuscale.control.store import Store
 from gpuscale.recipes.probe import MEASURE_SIZES
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -121,17 +121,54 @@ def assert_node_check(run: dict) -> None:
 
 @pytest.fixture(scope="module")
 def one_rank_runs(module_home) -> dict[str, subprocess.CompletedProcess]:
-    """Two 1-rank FAST runs started together (each keeps one core busy), one from `gpuscale run`, one
-    from the headless `gpuscale-tui --recipe ...`: {front end: what it gave}."""
-    cli, tui = finished(spawn_gpuscale("run", *FAST, "--gpus", "1", "--json"),
+    """Two 1-rank FAST runs started together (each keeps one core busy), one from `gpuscale run` as a user
+    types it (what it writes is the terminal's, not --json's), one from the headless `gpuscale-tui --recipe
+    ... --json`: {front end: what it gave}."""
+    cli, tui = finished(spawn_gpuscale("run", *FAST, "--gpus", "1"),
                         spawn_gpuscale(*FAST, "--gpus", "1", "--json", entry="gpuscale.app.tui_main"))
     return {"cli": cli, "tui": tui}
+
+
+@pytest.fixture(scope="module")
+def cli_run(module_home, one_rank_runs) -> dict:
+    """The run of one_rank_runs' `gpuscale run`, from the history: its first line names it (`run N: ...`)."""
+    result = one_rank_runs["cli"]
+    assert result.returncode == 0, result.stderr
+    return Store(module_home).get_run(int(re.match(r"run (\d+): ", result.stderr)[1]))
 
 
 def test_headless_tui_is_the_same_run(one_rank_runs):
     result = one_rank_runs["tui"]
     assert result.returncode == 0, result.stderr
     assert run_json("show", str(json.loads(result.stdout)["id"]))["status"] == "succeeded"
+
+
+def test_the_final_line_of_a_probe_run_gives_the_summarys_tokens_per_s(one_rank_runs, cli_run):
+    """One figure, one value: `gpuscale run` ends with a progress line whose tokens/s is its summary's (the
+    decode loop's), not the supervisor's average over the whole run; then the node check's table, one rank's."""
+    result, run = one_rank_runs["cli"], cli_run
+    final = [line for line in result.stderr.splitlines() if line.startswith(f"run {run['id']} probe · succeeded")]
+    assert final, result.stderr
+    shown = re.search(r"tokens/s ([\d,.]+)", final[-1])
+    assert shown and shown.group(1) == format_rate(run["summary"]["tokens_per_s"]), (final[-1], run["summary"])
+    # The supervisor's own figure for the run is another number (it counts loading and warm-up).
+    assert run["progress"]["tokens_per_s"] != run["summary"]["tokens_per_s"]
+    # The output ends in the node check's one table: a row for the one rank, no all-reduce, no peers.
+    output = result.stdout.splitlines()
+    table = output[output.index("node check:"):]
+    summary = run["summary"]
+    assert table[1].split()[:2] == ["GPU", "device"] and "decode b=2 tokens/s" in table[1], table
+    assert table[2].split()[:3] == [*summary["node_check_gpus"][0].split(), summary["devices"][0].split()[0]], table
+    assert table[3].startswith(f"  decode: {summary['node_check_decode']}; the summary's tokens_per_s"), table
+    assert table[4].startswith("  b=1 of floor: "), table
+    assert table[5:] == ["  all-reduce: one rank, nothing to measure",
+                         *(["  no data-sheet figures for cpu (not in gpuscale/data/cards.py)"]
+                           if summary["devices"] == ["cpu"] else []),
+                         "  slow: none (no GPU more than 15% below its peers)"], table
+    # The decode loop passes its KV cache as `cache`: transformers' "`past_key_values` ... deprecated"
+    # warning reaches neither the output nor the rank's log.
+    rank_log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()
+    assert "deprecated" not in rank_log and "deprecated" not in result.stderr, rank_log
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +204,8 @@ def test_stop_a_detached_run_leaves_no_process(stopped_run):
 
 
 def test_run_survives_its_front_end_being_killed(home):
-    front = spawn_gpuscale("run", *FAST, "--gpus", "2", "--set", "steps=150")
+    # One rank: what is killed is the front end, which no rank depends on.
+    front = spawn_gpuscale("run", *FAST, "--gpus", "1", "--set", "steps=150")
     store = Store(home)
     run_id = wait_until(lambda: [r["id"] for r in store.list_runs()], message="the run row")[0]
     wait_for_metrics(home, run_id)
@@ -191,16 +229,17 @@ def test_killed_supervisor_means_lost_and_no_rank_left(home):
 
 
 FAULTS = ("1:error:2", "0:oom:1")
+FAULT_RANKS = {FAULTS[0]: 2, FAULTS[1]: 1}  # rank 1 fails beside a rank that does not; rank 0's OOM needs no other
 
 
 @pytest.fixture(scope="module")
 def failed_runs(module_home) -> dict:
-    """A 2-rank run for each of FAULTS, both at once: {fault: what `gpuscale run --json` gave}. Started
-    without OMP_NUM_THREADS, so that the supervisor gives the ranks threads by its own rule (what its log
-    says of them is checked below)."""
+    """A run for each of FAULTS on FAULT_RANKS ranks, both at once: {fault: what `gpuscale run --json` gave}.
+    Started without OMP_NUM_THREADS, so that the supervisor gives the ranks threads by its own rule (what
+    its log says of them is checked below)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.delenv("OMP_NUM_THREADS")
-        ended = run_together(*([*FAST, "--gpus", "2"] for _ in FAULTS),
+        ended = run_together(*([*FAST, "--gpus", str(FAULT_RANKS[fault])] for fault in FAULTS),
                              envs=[{"GPUSCALE_INJECT_FAULT": fault} for fault in FAULTS])
     return dict(zip(FAULTS, ended))
 
@@ -218,25 +257,26 @@ def test_failing_rank_gives_failed_with_its_error_line(failed_runs, fault, error
     assert not leftover_processes(run["run_dir"])
 
 
-def supervisor_log(outcome: subprocess.CompletedProcess) -> str:
-    return (Path(json.loads(outcome.stdout)["run_dir"]) / "logs" / "supervisor.log").read_text()
+def supervisor_log(run: dict) -> str:
+    return (Path(run["run_dir"]) / "logs" / "supervisor.log").read_text()
 
 
-def test_the_supervisor_log_names_the_threads_per_rank(failed_runs, one_rank_runs):
+def test_the_supervisor_log_names_the_threads_per_rank(failed_runs, cli_run):
     """The run's log says how many OpenMP threads its ranks got, and why: by the supervisor's rule where
     OMP_NUM_THREADS is not set (the failed runs), as set where the user set it (these tests' 1)."""
-    log = supervisor_log(failed_runs[FAULTS[0]])
+    log = supervisor_log(json.loads(failed_runs[FAULTS[0]].stdout))
     line = re.search(r"OMP_NUM_THREADS=(\d+) per rank \((\d+) cores, ([\d.]+) busy, (\d+) free, 2 rank\(s\)", log)
     assert line, log
     threads, free = int(line[1]), int(line[4])
     assert threads == max(1, free // 2)
-    assert "OMP_NUM_THREADS=1 per rank (set by the user)" in supervisor_log(one_rank_runs["cli"])
+    assert "OMP_NUM_THREADS=1 per rank (set by the user)" in supervisor_log(cli_run)
 
 
-def test_two_runs_at_once(one_rank_runs):
+def test_two_runs_at_once(one_rank_runs, cli_run):
     for result in one_rank_runs.values():
         assert result.returncode == 0, result.stderr
-    runs = [run_json("show", str(json.loads(result.stdout)["id"])) for result in one_rank_runs.values()]
+    ids = [cli_run["id"], json.loads(one_rank_runs["tui"].stdout)["id"]]
+    runs = [run_json("show", str(run_id)) for run_id in ids]
     assert [r["status"] for r in runs] == ["succeeded", "succeeded"]
     assert all(r["summary"]["world_size"] == 1 for r in runs)
 

@@ -56,19 +56,30 @@ def recording_reads(settings_cls, reads: set[str]):
     return Recording
 
 
-def tune(name: str, capsys) -> tuple[int, str, str]:
-    code = cli.main(["tune", "--recipe", name, *TINY[name]])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+@pytest.fixture(scope="module")
+def tunings(module_home) -> dict[str, tuple[int, str, str]]:
+    """Each recipe's `gpuscale tune` in the module's home, once: the tests below read the same tuning
+    (`tune` fills this in on the first test that asks)."""
+    return {}
+
+
+def tune(name: str, capsys, tunings: dict) -> tuple[int, str, str]:
+    """`gpuscale tune` of TINY[name], in this process: (exit code, stdout, stderr)."""
+    if name not in tunings:
+        code = cli.main(["tune", "--recipe", name, *TINY[name]])
+        out = capsys.readouterr()
+        tunings[name] = (code, out.out, out.err)
+    return tunings[name]
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
 @pytest.mark.e2e
-def test_tune_runs_the_recipes_real_trials_on_cpu_and_stores_a_choice(name, home, capsys, one_torch_thread):
+def test_tune_runs_the_recipes_real_trials_on_cpu_and_stores_a_choice(name, module_home, tunings, capsys,
+                                                                      one_torch_thread):
     recipe = get_recipe(name)
-    code, out, err = tune(name, capsys)
+    code, out, err = tune(name, capsys, tunings)
     assert code == 0, err
-    [stored] = Store(home).list_tunings(name)
+    [stored] = Store(module_home).list_tunings(name)
     assert (stored["device"], stored["precision"], stored["model"]) == ("cpu", "fp32", "tiny-math")
     assert stored["figure"] == recipe.tuning.figure and stored["throughput"] > 0
     assert stored["peak_memory_bytes"] > 50 * 2**20  # the process holds the model: tens of MB at least
@@ -112,15 +123,16 @@ def test_every_setting_a_trial_reads_is_in_its_key_or_declared_not_to_shape_the_
 
 @pytest.mark.parametrize("name", ["sft", "grpo-mtl"])
 @pytest.mark.e2e
-def test_auto_takes_the_tuned_micro_batch_and_keeps_the_global_batch(name, home, capsys, one_torch_thread):
+def test_auto_takes_the_tuned_micro_batch_and_keeps_the_global_batch(name, module_home, tunings, capsys,
+                                                                     one_torch_thread):
     recipe = get_recipe(name)
-    code, _out, err = tune(name, capsys)
+    code, _out, err = tune(name, capsys, tunings)
     assert code == 0, err
-    [stored] = Store(home).list_tunings(name)
+    [stored] = Store(module_home).list_tunings(name)
     asked = tiny_settings(name)
     overrides = {**parse_assignments([a for a in TINY[name] if "=" in a]), "batch_size": "auto", "gpus": 1}
     settings, notes = settings_with_batch(recipe, merge_layers(recipe.settings_cls, overrides=overrides, environ={}),
-                                          Store(home))
+                                          Store(module_home))
     assert notes["batch_size_source"].startswith("stored (tuned ")
     assert settings.batch_size == stored["batch_size"] <= 4
     if name == "sft":
