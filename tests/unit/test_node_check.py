@@ -238,8 +238,8 @@ def test_the_summary_and_show_give_each_gpus_floor_share_and_how_decode_was_meas
     table = lines[lines.index("node check:"):]
     assert table[1].endswith("decode b=64 tokens/s  b=1 of floor")
     assert table[2].endswith("18.3%") and table[3].endswith("18.5%")
-    assert table[4] == ("  decode: compiled step, CUDA graphs, fused weights; a decode step = ...; tokens_per_s "
-                        "above: every rank's decode steps through transformers' forward")
+    assert table[4] == ("  decode: compiled step, CUDA graphs, fused weights; a decode step = ...; the summary's "
+                        "tokens_per_s, not these columns, counts transformers' forward on every rank")
     assert table[5] == ("  b=1 of floor: the time to read the weights a decode step reads (942.3 MiB) once at the "
                         "GPU's measured memory bandwidth, over its batch-1 decode step")
     # In the table, so not in the plain list above it.
