@@ -306,8 +306,8 @@ def row_of(result: dict) -> dict:
         # rows (sft, rft) each took over all ranks.
         "world_size": summary.get("world_size"), "steps": summary.get("steps"),
         "rows_per_step": summary.get("rows_per_step"),
-        # Where its wall time went, for the one-call target: the trainer's own time (the rest is start-up,
-        # loading and the evaluations) and each phase's share of its steady steps (data/step_phases.py).
+        # Where its wall time went, for the one-call target: the TRL trainer's own time (sft, rft, grpo-mtl;
+        # the rest is start-up, loading and the evaluations) and each phase's share of its steady steps.
         "train_seconds": summary.get("train_seconds"), "step_phases": summary.get("step_phases"),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
         # NVML's energy counter over the run (control/telemetry.py's EnergyMeter); None, and why, without one.

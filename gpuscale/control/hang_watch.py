@@ -15,8 +15,8 @@ an evaluation, is not); a rank that logged a later step than another waits on it
 step's allowance, whatever phase it is in (`HangWatch.hung`). The supervisor then asks every rank for
 its Python stacks (runs/heartbeat.py's STACKS_SIGNAL, into RunDir.stacks), names the rank(s) that hold
 the others (`silent_ranks`), writes where each stood to RunDir.hung, and stops the run, which ends
-`failed` with `hung_error`'s line. Before that, a rank silent for LATE_TIMES_P95 x its own p95 step time (at least
-LATE_FLOOR_S) is `late`: a warning the front ends show live (app/views/collapse.py).
+`failed` with `hung_error`'s line. Before that, a rank silent for LATE_TIMES_P95 x its own p95 step
+time (at least LATE_FLOOR_S) is `late`: a warning the front ends show live (app/views/collapse.py).
 """
 
 from __future__ import annotations
