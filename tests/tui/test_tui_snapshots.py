@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tui_helpers import SNAPSHOT_SIZES, frozen_app, frozen_home, frozen_template, settle, settle_screen  # noqa: F401 (fixtures)
+from tui_helpers import SNAPSHOT_SIZES, frozen_app, frozen_home, frozen_template, settle, settle_screen, snap_compare  # noqa: F401 (fixtures)
 
 sizes = pytest.mark.parametrize("size", SNAPSHOT_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
+import html
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -46,6 +49,37 @@ def frozen_home(home, frozen_template, monkeypatch):
     yield home, ids
     monkeypatch.undo()
     time.tzset()
+
+
+@pytest.fixture
+def snap_compare(snap_compare, request):
+    """The plugin's snap_compare, whose failure shows the two screens' text where they differ: CI
+    prints the test's output, not the plugin's HTML report, so a mismatch seen only there (under a
+    busy machine's timing) must say itself what differed."""
+    import pickle
+
+    from pytest_textual_snapshot import node_to_report_path
+
+    def compare(app, **options) -> bool:
+        __tracebackhide__ = True  # the failure reads at the test's line
+        if snap_compare(app, **options):
+            return True
+        # The plugin keeps (passed, expected SVG, actual SVG, ...) for its report: read them back.
+        _, expected, actual, *_ = pickle.loads(node_to_report_path(request.node).read_bytes())
+        diff = difflib.unified_diff(svg_screen_text(str(expected)), svg_screen_text(actual),
+                                    "snapshot", "this run", lineterm="", n=1)
+        text = "\n".join(diff) or "(the same text: the colours or styles differ)"
+        raise AssertionError(f"the screen differs from its snapshot; its text rows:\n{text}")
+
+    return compare
+
+
+def svg_screen_text(svg: str) -> list[str]:
+    """A Textual SVG screenshot's text, one string per row of cells."""
+    rows: dict[float, list[str]] = {}
+    for y, text in re.findall(r'<text[^>]*\by="([\d.]+)"[^>]*>(.*?)</text>', svg):
+        rows.setdefault(float(y), []).append(html.unescape(re.sub("<[^>]+>", "", text)).replace("\xa0", " "))
+    return ["".join(parts).rstrip() for _, parts in sorted(rows.items())]
 
 
 def frozen_app(home: Path, **kwargs) -> GpuscaleApp:
