@@ -4,7 +4,12 @@ Every candidate (a set of settings) runs once per seed through `gpuscale run --s
 run scores eval_examples validation problems, never trained on (tiny-math's validation split: the same for
 every seed, none a pretraining problem of the embedded model; other data: the first problems of the training
 data, held out of training) (recipes/shared/training_data.py's split; the summary's `eval_split` says so, and a run
-whose summary does not is counted as failed). Runs share the machine (`--jobs` at a time); with `--one-gpu-
+whose summary does not is counted as failed). Where the data has a validation split of its own (tiny-math,
+tiny-math-conflict) eval_examples is all of it (2,000) unless --set or a candidate gives it, as the
+acceptance check scores all of the test split: on the recipes' default 500, grpo-mtl's selection scored 143
+comparison problems on which the base model was 11.7 points weaker than on the rest of validation, and saw a
+comparison gain of +6.3 where the test saw +0.7 (bench/split_composition.py, RESULTS.md). Scoring is not
+learning: it trains on the same problems. Runs share the machine (`--jobs` at a time); with `--one-gpu-
 each` each run gets one GPU (`--gpus K,`), round-robin over the GPUs. Runs save no model unless `--set
 save_model=true`: the chosen settings are then run again with eval_split=test, once, for the figures to
 report.
@@ -82,6 +87,16 @@ def parse_candidates(text: str) -> list[tuple[str, dict[str, str]]]:
     if len({label for label, _ in candidates}) != len(candidates):
         raise SystemExit("--candidates: a candidate is listed twice")
     return candidates
+
+
+def whole_validation(settings: dict[str, str], default_dataset: str) -> dict[str, str]:
+    """A run's settings with eval_examples, where neither --set nor the candidate gives it, every problem of
+    its data's own validation split (data/tasks.py's `validation_split_size`: the module's docstring says why);
+    data whose validation is carved from its training data keeps the recipe's default."""
+    from gpuscale.data.tasks import validation_split_size
+
+    size = validation_split_size(settings.get("dataset", default_dataset))
+    return settings if "eval_examples" in settings or size is None else {**settings, "eval_examples": str(size)}
 
 
 def row_of(result: dict) -> dict:
@@ -253,7 +268,8 @@ def main() -> None:
     for slot in slots:
         free.put(slot)
     home = Path(args.home or ROOT / ".selection" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    runs = [(label, {**fixed, **settings, "eval_split": "validation"}, seed)
+    dataset = recipe.settings_cls.model_fields["dataset"].default
+    runs = [(label, whole_validation({**fixed, **settings, "eval_split": "validation"}, dataset), seed)
             for seed in seeds for label, settings in candidates]
 
     def run_one(job) -> dict:

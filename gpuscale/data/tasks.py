@@ -262,6 +262,14 @@ def training_split_size(name: str) -> int | None:
     return GSM8K_TRAIN_SIZE if spec.task == "gsm8k" else TINY_MATH_SIZES["train"]
 
 
+def validation_split_size(name: str) -> int | None:
+    """How many problems a named task's own validation split holds (tiny-math and tiny-math-conflict:
+    TINY_MATH_SIZES; a domain subset holds those of its domains among them). None where validation is
+    carved from the training data (gsm8k, files): there a larger validation leaves less to train on."""
+    spec = _parse_named(name)
+    return TINY_MATH_SIZES["validation"] if not spec.paths and spec.task in GENERATED_TASKS else None
+
+
 def evaluation_examples(name_or_path: str, split: str, count: int | None, seed: int = 0,
                         question_limit: QuestionLimit | None = None, domain: str | None = None) -> list[dict]:
     """The problems a run that only scores (no training) takes: `load_examples`'s for "train" and

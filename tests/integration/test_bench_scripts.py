@@ -9,6 +9,7 @@ import gzip
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -634,6 +635,40 @@ def test_select_settings_chooses_by_its_rule_on_the_seeds_means():
     run = {"label": "lr=0.1", "seed": 0, "wall_s": 1.0,
            "run": {"id": 1, "status": "succeeded", "summary": {"eval_split": "test"}}}
     assert select.row_of(run)["status"] == "not-validation"
+
+
+def test_select_settings_scores_the_whole_validation_split_where_the_data_has_one_of_its_own():
+    from gpuscale.data.tiny_math import TINY_MATH_SIZES
+
+    select = load_bench("select_settings.py")
+    whole = str(TINY_MATH_SIZES["validation"])
+    assert select.whole_validation({"lr": "0.1"}, "tiny-math") == {"lr": "0.1", "eval_examples": whole}
+    assert select.whole_validation({"dataset": "tiny-math-conflict"}, "gsm8k")["eval_examples"] == whole
+    assert select.whole_validation({"dataset": "tiny-math:comparison"}, "gsm8k")["eval_examples"] == whole
+    assert select.whole_validation({"eval_examples": "8"}, "tiny-math") == {"eval_examples": "8"}  # given: kept
+    # gsm8k's validation is carved from its training data: a larger one would train on less.
+    assert select.whole_validation({"dataset": "gsm8k"}, "tiny-math") == {"dataset": "gsm8k"}
+
+
+def test_split_composition_reads_each_problems_sub_kind_and_bounds_a_gains_spread_from_the_problems_drawn():
+    from gpuscale.data.tiny_math import tiny_math_examples
+
+    composition = load_bench("split_composition.py")
+    # Arithmetic's kind read from the words agrees with the expression the generator kept.
+    forms = {"add": r"\d+ \+ \d+", "subtract": r"\d+ - \d+", "temperature drop": r"\d+ - \d+",
+             "multiply": r"\d+ \* \d+", "add-then-subtract": r"\(\d+ \+ \d+\) - \d+",
+             "multiply-then-add": r"\(\d+ \* \d+\) \+ \d+"}
+    examples = tiny_math_examples("validation", 400)
+    kinds = {example["question"]: composition.kind_of(example) for example in examples}
+    for example in examples:
+        if example["domain"] == "arithmetic":
+            assert re.fullmatch(forms[kinds[example["question"]]], example["expression"]), example
+    assert {"add", "subtract", "multiply", "add-then-subtract", "multiply-then-add"} <= set(kinds.values())
+    assert {"range of 3", "range of 4", "middle of 3", "list of 4-6", "list of 7-10"} <= set(kinds.values())
+    assert "middle of 4" not in kinds.values()  # the generator asks for a middle of three amounts only
+    # +10 points on 100 problems: none broken (0.1 - 0.01) / 100, or fixed and broken independently of the base.
+    spread = composition.gain_spread(100, 0.5, 0.6)
+    assert spread["least churn"] == pytest.approx(0.03) and spread["independent"] == pytest.approx(0.07)
 
 
 @pytest.mark.e2e
