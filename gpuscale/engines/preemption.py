@@ -24,6 +24,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpuscale.data.step_phases import WAIT
+from gpuscale.engines import step_phases
+
 _state = {"asked": False, "cooperating": False}
 
 
@@ -77,9 +80,12 @@ def agreed(device=None) -> bool:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return asked()
-    flag = torch.tensor([1.0 if asked() else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    # Called between steps, outside the recipe's phases: the all-reduce waits for the slowest rank,
+    # which is the step's `wait` (engines/step_phases.py), not unexplained time.
+    with step_phases.phase(WAIT):
+        flag = torch.tensor([1.0 if asked() else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 def preemption_callback(device):
