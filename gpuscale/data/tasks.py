@@ -264,8 +264,9 @@ def training_split_size(name: str) -> int | None:
 
 def validation_split_size(name: str) -> int | None:
     """How many problems a named task's own validation split holds (tiny-math and tiny-math-conflict:
-    TINY_MATH_SIZES; a domain subset holds those of its domains among them). None where validation is
-    carved from the training data (gsm8k, files): there a larger validation leaves less to train on."""
+    TINY_MATH_SIZES), the whole split's count: a domain subset (tiny-math:comparison) asked for it takes
+    the problems of its domains among them, fewer. None where validation is carved from the training
+    data (gsm8k, files): there a larger validation leaves less to train on."""
     spec = _parse_named(name)
     return TINY_MATH_SIZES["validation"] if not spec.paths and spec.task in GENERATED_TASKS else None
 
