@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from faults import GpuPool  # noqa: E402
 from record import write_result  # noqa: E402
 from resume_kill import cli  # noqa: E402
 
+from gpuscale.recipes.shared.registry import get_recipe  # noqa: E402
 from gpuscale.runs.devices import visible_gpu_indices  # noqa: E402
 
 BASELINE = "No baseline: the target is absolute (a default run on any GPU count runs, or is refused before launch)."
@@ -68,9 +69,13 @@ class Case:
 def splits(case: Case) -> bool:
     """Whether the given value splits over the case's count (the value over the count, in pairs for eggroll)."""
     value = int(case.given.split("=")[1])
-    per_value = 16 if case.recipe == "grpo-mtl" else 1  # the default num_generations
+    per_value = recipe_default("grpo-mtl", "num_generations") if case.recipe == "grpo-mtl" else 1
     multiple = case.count * (2 if case.recipe == "eggroll" and case.count % 2 else 1)
     return (value * per_value) % multiple == 0
+
+
+def recipe_default(recipe: str, field: str):
+    return get_recipe(recipe).settings_cls.model_fields[field].default
 
 
 def cases(recipes: list[str], counts: list[int]) -> list[Case]:
@@ -99,7 +104,7 @@ def run_case(case: Case, opts, gpus: str, home: Path) -> dict:
     figures.update(run=(run or {}).get("id"), status=(run or {}).get("status"), error=(run or {}).get("error") or
                    (error[-800:] if code else None), world_size=summary.get("world_size"),
                    fitted_to_ranks=summary.get("fitted_to_ranks"))
-    figures["passed"] = code == 0 and figures["status"] == "succeeded"
+    figures["passed"] = code == 0 and figures["status"] == "succeeded" and figures["world_size"] == case.count
     return figures
 
 
@@ -144,8 +149,8 @@ def main() -> None:
     out = Path(opts.json) if opts.json else None
     results = []
     with ThreadPoolExecutor(max_workers=len(todo) if opts.parallel else 1) as workers:
-        for figures in workers.map(one, todo):
-            results.append(figures)
+        for finished in as_completed([workers.submit(one, case) for case in todo]):
+            results.append(finished.result())
             # Written after every case: a call cut short by its time limit keeps the cases it ran.
             done = {"cases": results, "cases_left": len(todo) - len(results),
                     "passed": all(result["passed"] for result in results) and len(results) == len(todo)}

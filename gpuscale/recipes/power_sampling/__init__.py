@@ -80,7 +80,7 @@ class PowerSampling(Recipe):
     name = "power-sampling"
     summary = "MCMC sampling from p^alpha for math reasoning (GSM8K), batched over problems, chains and GPUs"
     settings_cls = Settings
-    promised_figures = ("method", "problems", "eval_split", "accuracy", "problems_per_s", "tokens_per_s",
+    promised_figures = ("world_size", "method", "problems", "eval_split", "accuracy", "problems_per_s", "tokens_per_s",
                         "warm_up_seconds")
     smoke_settings = {"max_examples": 2, "max_new_tokens": 8, "blocks": 2, "mcmc_steps": 1, "batch_size": 2}
     tuning = Tuning(figure="problems_per_s", knob="problems per rank per batch", cpu_batch_size=8,

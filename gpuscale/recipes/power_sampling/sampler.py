@@ -23,6 +23,7 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.shared.generation_batches import batched
     from gpuscale.recipes.shared.models import load_generation_model
     from gpuscale.recipes.shared.results import RankResults
+    from gpuscale.recipes.shared.summary import summary_opening
 
     examples = evaluation_examples(settings.dataset, settings.split, settings.max_examples, seed=settings.seed,
                                    question_limit=question_limit(settings), domain=settings.domain)
@@ -59,7 +60,7 @@ def run_power_sampling(settings: Settings, ctx, reporter) -> None:
                            **sampler.stats_snapshot()})
     if ctx.is_main:
         merge_results(ctx.run_dir, [row for rank in everyone for row in rank["results"]])
-        reporter.summary(summarise(settings, everyone))
+        reporter.summary({**summary_opening(ctx), **summarise(settings, everyone)})
 
 
 def with_batch_size(settings: Settings, model, problems: int, ctx) -> Settings:
