@@ -132,6 +132,12 @@ def training_world(side_ranks: int) -> int:
         if trainers == 1:
             for name in WORLD_VARIABLES:
                 os.environ.pop(name, None)
+            # ... and sees one GPU, its own (local rank 0's): a process outside a distributed world that sees
+            # several has transformers' Trainer wrap the model in nn.DataParallel, which TRL refuses (seen on
+            # 2 x H200: generation_gpus=1 of 2). CUDA is not started yet, so torch counts the narrowed list.
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[0]
         else:
             os.environ["WORLD_SIZE"] = os.environ["LOCAL_WORLD_SIZE"] = str(trainers)
     return trainers

@@ -56,18 +56,22 @@ def test_the_generators_take_no_share_of_a_step():
     assert fitted.prompts_per_step == 16 and not moved
 
 
-@pytest.mark.parametrize(("rank", "side", "world", "expected"), [
-    (0, 1, 3, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}),
-    (0, 1, 2, {}),  # one training rank: a one-rank run's environment
-    (2, 1, 3, {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"}),  # the generator's own
-    (1, 0, 2, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),  # no side ranks
+@pytest.mark.parametrize(("rank", "side", "world", "expected", "gpus_seen"), [
+    (0, 1, 3, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}, "4,6,7"),
+    # One training rank: a one-rank run's environment, and its GPU alone (else Trainer's nn.DataParallel).
+    (0, 1, 2, {}, "4"),
+    (2, 1, 3, {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"}, "4,6,7"),  # a generator
+    (1, 1, 2, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "4,6,7"),  # a generator
+    (1, 0, 2, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "4,6,7"),  # no side ranks
 ])
 def test_a_training_rank_is_told_the_training_world_before_anything_reads_it(monkeypatch, rank, side, world,
-                                                                               expected):
+                                                                               expected, gpus_seen):
     for name, value in {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world}.items():
         monkeypatch.setenv(name, str(value))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
     assert training_world(side) == world - side
     assert {name: os.environ[name] for name in WORLD_VARIABLES if name in os.environ} == expected
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == gpus_seen
 
 
 # ---- a generator on a thread, a trainer's async rollout on another ---------------------------------
