@@ -909,9 +909,13 @@ def test_heartbeat_cost_compares_the_sides_medians_within_their_spread():
     assert alike["on_over_off"] == pytest.approx(0.100 / 0.101) and alike["within_noise"] and alike["beats_as_set"]
     assert cost.verdict_line("sft", alike) == (
         "sft: heartbeats on 100.0 ms, off 101.0 ms a step (median of 3 runs each); on/off 0.990, noise ±6.0% "
-        "(spread on 6.0%, off 4.0%): within noise")
+        "(spread on 6.0%, off 4.0%): cost within noise")
     slower = cost.compare(runs([0.120, 0.121, 0.119], [0.100, 0.101, 0.099]))
-    assert slower["within_noise"] is False and cost.verdict_line("sft", slower).endswith(": NOT within noise")
+    assert slower["within_noise"] is False and cost.verdict_line("sft", slower).endswith(": cost NOT within noise")
+    faster = cost.compare(runs([0.080, 0.081, 0.079], [0.100, 0.101, 0.099]))  # one-sided: not a cost
+    assert faster["within_noise"] and faster["on_faster_beyond_noise"]
+    assert cost.verdict_line("sft", faster).endswith(
+        ": cost within noise (on faster than off beyond the noise: the runs vary more than their spread shows)")
     leaked = cost.compare(runs([0.100, 0.100], [0.100, 0.100], off_beats=1))
     assert not leaked["beats_as_set"] and ": VOID: " in cost.verdict_line("sft", leaked)
     single = cost.compare(runs([0.100], [0.105]))
