@@ -75,6 +75,17 @@ def parse_pairs(text: str, where: str) -> dict[str, str]:
     return pairs
 
 
+def parse_set_items(items: list[str]) -> dict[str, str]:
+    """--set's items, one key=value each: its value may hold commas (lora_targets=q_proj,v_proj)."""
+    fixed = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise SystemExit(f"--set: {item!r} is not key=value")
+        fixed[key.strip()] = value.strip()
+    return fixed
+
+
 def parse_candidates(text: str) -> list[tuple[str, dict[str, str]]]:
     """"a=1,b=2;a=3" -> [("a=1,b=2", {...}), ("a=3", {...})]: the label is the candidate as written."""
     candidates = []
@@ -234,12 +245,7 @@ def main() -> None:
         raise SystemExit(f"--recipe {args.recipe}: chooses learning settings, which needs a recipe that trains and "
                          "scores held-out problems before and after (sft, rft, grpo-mtl, eggroll)")
     candidates = parse_candidates(args.candidates)
-    fixed = {}
-    for item in args.set:  # one key=value each: its value may hold commas (lora_targets=q_proj,v_proj)
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise SystemExit(f"--set: {item!r} is not key=value")
-        fixed[key.strip()] = value.strip()
+    fixed = parse_set_items(args.set)
     for key in ("eval_split", "seed"):  # what the script sets in every run itself
         if key in fixed or any(key in settings for _, settings in candidates):
             raise SystemExit(f"{key}: set by the script (eval_split=validation, seed from --seeds); leave it out")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import math
 import os
 import re
 import statistics
@@ -669,6 +670,83 @@ def test_split_composition_reads_each_problems_sub_kind_and_bounds_a_gains_sprea
     # +10 points on 100 problems: none broken (0.1 - 0.01) / 100, or fixed and broken independently of the base.
     spread = composition.gain_spread(100, 0.5, 0.6)
     assert spread["least churn"] == pytest.approx(0.03) and spread["independent"] == pytest.approx(0.07)
+
+
+def answer_rows(correct_by_problem: list[list[bool]]) -> list[dict]:
+    """Result rows as power sampling stores them: one an answer, its problem's index and question."""
+    return [{"index": index, "question": f"question {index}", "correct": correct}
+            for index, answers in enumerate(correct_by_problem) for correct in answers]
+
+
+def test_power_vs_greedy_pairs_problem_by_problem_and_spreads_over_the_seeds():
+    pvg = load_bench("power_vs_greedy.py")
+    greedy = answer_rows([[True], [False], [True], [False]])
+    power = answer_rows([[True, False], [True, True], [False, False], [False, True]])
+    # Differences -0.5, +1, -1, +0.5: mean 0, sample sd sqrt(2.5 / 3).
+    found = pvg.paired(greedy, power, [100])
+    sd = math.sqrt(2.5 / 3)
+    assert found["problems"] == 4 and found["power_minus_greedy"] == 0.0
+    assert found["standard_error"] == pytest.approx(sd / 2)
+    assert found["standard_error_at"] == {"100": pytest.approx(sd / 10)}
+    with pytest.raises(SystemExit, match="same problems"):  # another question at an index: nothing to pair
+        pvg.paired(greedy, [{**row, "question": "other"} if row["index"] == 0 else row for row in power], [])
+    # Per alpha: the paired runs only (not greedy, not a failed run), mean and sample sd over their seeds.
+    rows = [{"alpha": None, "seed": 0, "accuracy": 0.5},
+            {"alpha": 4.0, "seed": 0, "accuracy": 0.5, "power_minus_greedy": 0.0},
+            {"alpha": 4.0, "seed": 1, "accuracy": 0.6, "power_minus_greedy": 0.1},
+            {"alpha": 4.0, "seed": 2, "accuracy": None},
+            {"alpha": 16.0, "seed": 0, "accuracy": 0.7, "power_minus_greedy": 0.2}]
+    alphas = pvg.by_alpha(rows)
+    assert list(alphas) == ["4.0", "16.0"] and alphas["4.0"]["seeds"] == [0, 1]
+    assert alphas["4.0"]["accuracy_mean"] == pytest.approx(0.55)
+    assert alphas["4.0"]["power_minus_greedy_sd"] == pytest.approx(statistics.stdev([0.0, 0.1]))
+    assert alphas["16.0"]["accuracy_sd"] is None  # one seed: no spread
+    # A power run is paired only with a greedy run of the same settings but for what the pairing varies.
+    greedy_run = {"settings": {"method": "greedy", "chains": 1, "precision": "auto", "batch_size": 8}}
+    power_run = {"settings": {"method": "power", "chains": 4, "precision": "bf16", "batch_size": 2}}
+    assert pvg.settings_differences(greedy_run, power_run) == ["precision (auto, bf16)"]
+    assert pvg.same_value(4.0, "4") and pvg.same_value([0, 1], "0,1") and pvg.same_value(False, "false")
+    assert not pvg.same_value("auto", "bf16")
+    assert "not a choice" in pvg.reading_of("test") and "not a choice" in pvg.reading_of("test-v1")
+    assert "not a choice" not in pvg.reading_of("validation")
+
+
+@pytest.mark.e2e
+def test_power_vs_greedy_pairs_each_power_run_with_the_greedy_run_on_cpu(home, tmp_path):
+    out = tmp_path / "paired.json"
+    sizes = ["--problems", "8", "--chains", "2", "--alphas", "4", "--seeds", "0", "--set", "mcmc_steps=2"]
+    bench("power_vs_greedy.py", *sizes, "--gpus", "1", "--home", str(home), "--json", str(out))
+    record = json.loads(out.read_text())
+    assert set(record) == set(SCHEMA) and record["settings"]["split"] == "validation"
+    assert "not a choice" not in record["settings"]["reading"]
+    figures = record["figures"]
+    greedy, power = figures["runs"]
+    assert figures["greedy"] == greedy and greedy["method"] == "greedy" and power["greedy_run"] == greedy["run"]
+    store = Store(home, read_only=True)
+    for row, method, chains in ((greedy, "greedy", 1), (power, "power", 2)):
+        stored = store.get_run(row["run"])
+        assert stored["status"] == "succeeded" and stored["summary"]["accuracy"] == row["accuracy"]
+        assert (stored["settings"]["method"], stored["settings"]["chains"]) == (method, chains)
+        assert stored["settings"]["split"] == "validation" and stored["settings"]["max_examples"] == 8
+        assert stored["settings"]["mcmc_steps"] == 2 and stored["settings"]["seed"] == 0
+    assert store.get_run(power["run"])["settings"]["alpha"] == 4.0
+    # The pairing, from the runs' stored answers: per problem power's share correct minus greedy's 0/1.
+    greedy_right = {row["index"]: row["correct"] for row in store.results(greedy["run"])}
+    power_rows = store.results(power["run"])
+    differences = [statistics.mean(row["correct"] for row in power_rows if row["index"] == index) - right
+                   for index, right in sorted(greedy_right.items())]
+    assert power["problems"] == len(differences) == 8
+    assert power["power_minus_greedy"] == pytest.approx(power["accuracy"] - greedy["accuracy"], abs=1e-12)
+    sd = statistics.stdev(differences)
+    assert power["standard_error"] == pytest.approx(sd / math.sqrt(8))
+    assert power["standard_error_at"] == {n: pytest.approx(sd / math.sqrt(int(n))) for n in ("128", "500", "2000")}
+    assert figures["by_alpha"] == {"4.0": {"seeds": [0], "accuracy_mean": power["accuracy"], "accuracy_sd": None,
+                                           "power_minus_greedy_mean": power["power_minus_greedy"],
+                                           "power_minus_greedy_sd": None}}
+    # The same rows paired again from the home alone (a comparison cut by a time limit is reported so).
+    again = tmp_path / "again.json"
+    bench("power_vs_greedy.py", *sizes, "--from-home", str(home), "--json", str(again))
+    assert json.loads(again.read_text())["figures"]["runs"] == figures["runs"]
 
 
 @pytest.mark.e2e
