@@ -14,7 +14,8 @@ process is the run's process carrying that RANK, gpuscale.runs.process):
   supervisor's RUN_DIR/errors/hung.json; whether a `late` warning was live before. Checked: the run
   ended `failed`, its error starts `hung: rank R made no progress`, every other rank's stacks file is in
   RUN_DIR/errors/, no process of the run is left; then `gpuscale resume ID --set max_steps=C+N` (C the
-  newest checkpoint's step, N --resume-steps) must succeed from that checkpoint and reach its max_steps.
+  newest checkpoint's step, N --resume-steps) must succeed from that checkpoint and reach its max_steps,
+  its resume check not failed.
   Verdict: all of that, the end within hang_timeout + 30 s.
 - `kill`: SIGKILL. Measured: the seconds until every other rank process is gone, until no process of
   the run is left, and until the run's end. Checked: the error starts `rank R:`. Verdict: the other
@@ -66,6 +67,7 @@ from gpuscale.control.supervisor import RANK_MODULE  # noqa: E402
 from gpuscale.runs.checkpoints import checkpoint_step, latest_checkpoint, list_checkpoints  # noqa: E402
 from gpuscale.runs.devices import visible_gpu_indices  # noqa: E402
 from gpuscale.runs.process import process_alive, run_processes, wait_for  # noqa: E402
+from gpuscale.runs.resume_check import check_failed, check_line  # noqa: E402
 from gpuscale.runs.run_dir import RunDir  # noqa: E402
 from gpuscale.runs.statuses import LIVE_STATUSES  # noqa: E402
 
@@ -193,7 +195,8 @@ def stop_case(store: Store, run_id: int, run_dir: Path, victim: psutil.Process, 
 
 
 def resume(run_id: int, run_dir: Path, opts, env: dict) -> dict:
-    """`gpuscale resume ID` from the newest checkpoint, --resume-steps past it: it must get there."""
+    """`gpuscale resume ID` from the newest checkpoint, --resume-steps past it: it must get there, its
+    resume check (runs/resume_check.py) not failed."""
     newest = latest_checkpoint(run_dir)
     if newest is None:
         return {"passed": False, "error": "no checkpoint to resume from"}
@@ -211,7 +214,7 @@ def resume(run_id: int, run_dir: Path, opts, env: dict) -> dict:
         "from_checkpoint": newest.name, "resumed_from": resumed_from, "max_steps": max_steps,
         "final_step": summary.get("steps"), "resume_check": summary.get("resume_check"),
         "passed": (child["status"] == "succeeded" and resumed_from == str(newest)
-                   and summary.get("steps") == max_steps),
+                   and summary.get("steps") == max_steps and not check_failed(summary.get("resume_check"))),
     }
 
 
@@ -307,7 +310,8 @@ def verdict_line(f: dict) -> str:
             f"{secs(f['stop_to_hung_record_s'])}, late warning after {secs(f['late_warning_after_s'])}); "
             f"stacks {', '.join(f['stacks_files']) or 'none'}; {left}; resume run {resumed.get('run')} "
             f"{resumed.get('status')} from {resumed.get('from_checkpoint')} to step {resumed.get('final_step')} "
-            f"of {resumed.get('max_steps')}; error: {f['error']}")
+            f"of {resumed.get('max_steps')}"
+            f"{'; ' + check_line(resumed['resume_check']) if resumed.get('resume_check') else ''}; error: {f['error']}")
 
 
 _print_lock = threading.Lock()

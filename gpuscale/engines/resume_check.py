@@ -25,18 +25,21 @@ from gpuscale.runs.resume_check import ResumeCheck, optimizer_part
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 TRAINER_STATE = "trainer_state.json"
+GRADIENT_NORM = "grad_norm"  # transformers' Trainer logs it with every loss
 
 
-def restored_optimizer(optimizer) -> dict:
+def restored_optimizer(optimizer, gradient_norms_before: list[float] | None = None) -> dict:
     """`optimizer_part` of a torch optimizer (or accelerate's wrapper around one): every parameter of
-    its groups, those whose state holds both of Adam's moments, and those whose moments are not all 0."""
+    its groups, those whose state holds both of Adam's moments, and those whose moments are not all 0;
+    `gradient_norms_before`, those logged up to the checkpoint (all 0: zero moments are the checkpoint's)."""
     inner = getattr(optimizer, "optimizer", optimizer)
     name = type(inner).__name__
     parameters = [param for group in inner.param_groups for param in group["params"]]
     states = [inner.state.get(param, {}) for param in parameters]
     with_moments = [state for state in states if all(key in state for key in MOMENTS)]
     nonzero = sum(all(bool(state[key].any()) for key in MOMENTS) for state in with_moments)
-    return optimizer_part(name, "adam" in name.lower(), len(parameters), len(with_moments), nonzero)
+    zero_gradients = bool(gradient_norms_before) and not any(gradient_norms_before)
+    return optimizer_part(name, "adam" in name.lower(), len(parameters), len(with_moments), nonzero, zero_gradients)
 
 
 def logged_before(checkpoint: str | Path, figure: str) -> list[float]:
@@ -57,11 +60,12 @@ class ResumeCheckCallback(TrainerCallback):
     def __init__(self, reporter, checkpoint: str | Path, figure: str = "loss"):
         self.reporter = reporter
         self.check = ResumeCheck(str(checkpoint), figure, before=logged_before(checkpoint, figure))
+        self.gradient_norms_before = logged_before(checkpoint, GRADIENT_NORM)
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
         self.check.total = int(state.max_steps)
         if optimizer is not None:
-            self.check.optimizer = restored_optimizer(optimizer)
+            self.check.optimizer = restored_optimizer(optimizer, self.gradient_norms_before)
         self._report(state)
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -6,7 +6,8 @@ SLURM's requeue) therefore judges three things and records them:
 
 - steps: the steps it did equal the steps that were left (the run's total minus the checkpoint's step);
 - optimizer: the optimizer's state came back with the weights (Adam's two moments present and not zero
-  for every parameter it trains), where the recipe's optimizer keeps one;
+  for every parameter it trains, unless every gradient norm logged before the checkpoint was 0), where the
+  recipe's optimizer keeps one;
 - figure: the first resumed steps' loss (or, where the loss says nothing of where training stands, the
   recipe's own figure: grpo-mtl's reward, eggroll's fitness) is near the values logged up to the
   checkpoint (the tolerance and why: below).
@@ -86,12 +87,20 @@ def steps_part(total: int | None, checkpoint_step: int, done: int) -> dict:
             "passed": total is not None and done == left}
 
 
-def optimizer_part(name: str, adam_like: bool, parameters: int, with_moments: int, nonzero: int) -> dict:
+def optimizer_part(name: str, adam_like: bool, parameters: int, with_moments: int, nonzero: int,
+                   zero_gradients_before: bool = False) -> dict:
     """The optimizer's state as restored: of its `parameters`, how many have Adam's two moments and how
-    many of those are not all zero. An optimizer without moments (SGD) has nothing to restore: passed."""
-    passed = not adam_like or (parameters > 0 and with_moments == parameters and nonzero == parameters)
+    many of those are not all zero. An optimizer without moments (SGD) has nothing to restore: passed.
+    Moments all zero where every gradient norm logged up to the checkpoint was 0 (`zero_gradients_before`:
+    a GRPO whose every group's rewards were equal, as a model of random weights gives) are what the
+    checkpoint held, not a state lost: not judged (`passed` None), the words say why."""
+    restored = parameters > 0 and with_moments == parameters
+    if adam_like and restored and nonzero == 0 and zero_gradients_before:
+        passed = None
+    else:
+        passed = not adam_like or (restored and nonzero == parameters)
     return {"name": name, "adam": adam_like, "parameters": parameters, "with_moments": with_moments,
-            "nonzero": nonzero, "passed": passed}
+            "nonzero": nonzero, "zero_gradients_before": zero_gradients_before, "passed": passed}
 
 
 def figure_part(figure: str, before: list[float], after: list[float], checkpoint_step: int) -> dict:
@@ -119,7 +128,8 @@ def mean(values: list[float]) -> float:
 
 def overall(parts) -> bool | None:
     """False if a judged part failed, None if a part is pending, True when every part passed. A figure
-    that could not be compared (no value on a side) fails nothing: the line says it was not compared."""
+    that could not be compared (no value on a side), or Adam's moments zero as the checkpoint's, fail
+    nothing: the line says why they were not judged."""
     judged = [part for part in parts if part is not None]
     if any(part["passed"] is False for part in judged):
         return False
@@ -163,6 +173,8 @@ def optimizer_words(part: dict | None) -> str:
         return f"{part['name']}: no optimizer state to restore"
     if part["passed"]:
         return "Adam state restored"
+    if part["passed"] is None:
+        return "Adam state zero, as the checkpoint's: every gradient norm logged up to it was 0"
     if part["with_moments"] < part["parameters"]:
         return (f"Adam state missing ({part['with_moments']} of {part['parameters']} parameters have moments: "
                 "the checkpoint's optimizer state was not restored)")

@@ -3,6 +3,8 @@ tests/integration/test_resume_check.py's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpuscale.app.views.runs import lineage_lines, resume_check_warnings, summary_lines
@@ -71,6 +73,38 @@ def test_what_is_not_known_yet_or_cannot_be_compared_is_said_never_passed():
                                        "to know its step-to-step spread")
     assert steps_part(None, 2, 0)["passed"] is False  # a run whose total is unknown never passes its steps
     assert optimizer_part("SGD", False, 0, 0, 0)["passed"]  # nothing to restore
+
+
+def test_moments_zero_because_every_gradient_before_was_zero_are_not_a_lost_state():
+    """A GRPO run of random weights: every group's rewards equal, every gradient 0, Adam's moments 0 in the
+    checkpoint too (seen on 2 x H200 at random-qwen2.5-0.5b, bench/results/faults/faults-stop-*-h200x2.json)."""
+    as_saved = optimizer_part("AdamW", True, 290, 290, 0, zero_gradients_before=True)
+    assert as_saved["passed"] is None
+    record = finished_check([0.8, 0.8, 0.8], optimizer=as_saved)
+    assert record["passed"] is True and not check_failed(record)
+    assert "; Adam state zero, as the checkpoint's: every gradient norm logged up to it was 0; " in check_line(record)
+    # Moments missing are a lost state whatever the gradients were; zero moments after nonzero gradients too.
+    assert optimizer_part("AdamW", True, 290, 0, 0, zero_gradients_before=True)["passed"] is False
+    assert optimizer_part("AdamW", True, 290, 290, 0, zero_gradients_before=False)["passed"] is False
+
+
+def test_the_trainer_side_reads_the_gradient_norms_logged_up_to_the_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    from gpuscale.engines.resume_check import GRADIENT_NORM, logged_before, restored_optimizer
+
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    history = [{"step": 1, "loss": 0.0, GRADIENT_NORM: 0.0}, {"step": 2, "loss": 0.0, GRADIENT_NORM: 0.0},
+               {"step": 3, "loss": 0.1, GRADIENT_NORM: 0.5}]  # after the checkpoint: not read
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert logged_before(checkpoint, GRADIENT_NORM) == [0.0, 0.0]
+    weight = torch.nn.Parameter(torch.ones(3))
+    adam = torch.optim.AdamW([weight])
+    weight.grad = torch.zeros(3)
+    adam.step()  # a step of zero gradient: both moments present, all zero
+    assert restored_optimizer(adam, [0.0, 0.0])["passed"] is None
+    assert restored_optimizer(adam, [0.0, 0.5])["passed"] is False
+    assert restored_optimizer(adam)["passed"] is False  # nothing logged: nothing says the zeros were saved
 
 
 def test_the_views_warn_of_a_failed_check_from_the_summary_or_the_progress():
