@@ -195,10 +195,28 @@ ACCEPTANCE_FIGURES = (
 )
 
 FAULTS = "bench/results/faults/faults-sigstop-2026-11-29-cpu.json"
+GPU_STOP_FAULTS = "bench/results/faults/faults-stop-2026-11-29-h200x2.json"
+GPU_KILL_FAULTS = "bench/results/faults/faults-kill-2026-11-29-h200x2.json"
+
+
+def case_figure(case: str, key: str) -> Value:
+    """`key` of bench/faults.py's case named `case`."""
+    return Value("figures.cases.*", seconds, lambda cases: next(found[key] for found in cases if found["case"] == case))
+
+
+def tenths(value: float) -> str:
+    return f"{value:.1f} s"
+
+
 FAULT_FIGURES = (
     Figure("a 2-rank CPU run of grpo-mtl whose rank 1 got SIGSTOP ended {} later", FAULTS,
-           (Value("figures.cases.*", seconds, lambda cases: next(case["stop_to_end_s"] for case in cases
-                                                                   if case["case"] == "grpo-stop")),), ("grpo-mtl",)),
+           (case_figure("grpo-stop", "stop_to_end_s"),), ("grpo-mtl",)),
+    Figure("on 2 x H200 at random-qwen2.5-0.5b with `hang_timeout=30`, sft's and grpo-mtl's runs ended {} and {} "
+           "after the SIGSTOP", GPU_STOP_FAULTS,
+           (case_figure("sft-stop", "stop_to_end_s"), case_figure("grpo-stop", "stop_to_end_s")), ("sft", "grpo-mtl")),
+    Figure("a killed rank's peer was gone {} after the SIGKILL", GPU_KILL_FAULTS,
+           (Value("figures.cases.*", tenths, lambda cases: max(case["others_gone_s"] for case in cases)),),
+           ("sft", "grpo-mtl")),
 )
 
 # grpo-mtl's step against stock GRPOTrainer at its best, both sides in one call (bench/train_speed.py), at
@@ -222,6 +240,16 @@ GRPO_SPEED_FIGURES = (
                Value("figures.grpo.gpuscale.step_seconds_median", step_seconds),
                Value("figures.grpo.stock_best.step_seconds_median", step_seconds)),
     grpo_speed("and {} in a second call", GRPO_SPEED[1], Value("figures.grpo.step_stock_over_gpuscale", times)),
+)
+
+# grpo-mtl's rollout=async and placement against its synchronous rollout, in one call (`bench/grpo_async.py`).
+GRPO_ASYNC = "bench/results/grpo_mtl/async-2026-11-29-h200x2.json"
+GRPO_ASYNC_FIGURES = (
+    grpo_speed("its steady step ran {} (1 GPU) and {} (2 GPUs) as fast as the synchronous one", GRPO_ASYNC,
+               Value("figures.ratios.async_over_sync_steady_1gpu", times),
+               Value("figures.ratios.async_over_sync_steady_2gpu", times)),
+    grpo_speed("the one training GPU was the bottleneck ({} the synchronous step's speed)", GRPO_ASYNC,
+               Value("figures.ratios.placed_over_sync_steady_2gpu", times)),
 )
 
 # The node check's decode beside bench/generation.py's at the same shape (`bench/node_check.py --decode-agreement`).
@@ -280,7 +308,7 @@ def cpu_command_figures() -> tuple[Figure, ...]:
 
 
 def registered() -> tuple[Figure, ...]:
-    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *GRPO_SPEED_FIGURES, *NODE_CHECK_FIGURES,
+    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *GRPO_SPEED_FIGURES, *GRPO_ASYNC_FIGURES, *NODE_CHECK_FIGURES,
             *cpu_command_figures())
 
 

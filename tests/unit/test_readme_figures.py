@@ -54,7 +54,7 @@ def check(figures, root: Path, registered=None, results_md: str = RESULTS_MD) ->
 
 
 def test_a_deliberately_stale_figure_fails_naming_it(figures, tmp_path):
-    (hang,) = figures.FAULT_FIGURES  # grpo-mtl's run frozen: its JSON serves no other figure
+    hang = figures.FAULT_FIGURES[0]  # grpo-mtl's CPU run frozen: its JSON serves no other figure
     other = "0" * 16
     root = copied(figures, tmp_path, hang.result, lambda data: data["defaults_fingerprints"].update(
         {"grpo-mtl": other}))
@@ -65,7 +65,7 @@ def test_a_deliberately_stale_figure_fails_naming_it(figures, tmp_path):
 
 
 def test_only_the_recipes_a_figure_ran_are_compared(figures, tmp_path):
-    (hang,) = figures.FAULT_FIGURES  # grpo-mtl's case of a JSON that holds sft's too
+    hang = figures.FAULT_FIGURES[0]  # grpo-mtl's case of a JSON that holds sft's too
     root = copied(figures, tmp_path, hang.result, lambda data: data["defaults_fingerprints"].update(sft="0"))
     assert check(figures, root) == []
     as_sft = [dataclasses.replace(f, recipes=("sft",)) if f is hang else f for f in figures.registered()]
