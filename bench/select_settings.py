@@ -58,6 +58,8 @@ from acceptance import (  # noqa: E402
 )
 from record import ROOT, parse_card, write_result  # noqa: E402
 
+from gpuscale.runs.settings import SettingsError, parse_assignments  # noqa: E402
+
 RULE = ("among candidates whose every seed succeeded and whose mean greedy validation accuracy after training is "
         "not below before, overall and in every domain (where the data has domains), the highest mean "
         "temperature-1 validation accuracy after training; ties: the higher mean greedy accuracy after, then the "
@@ -76,14 +78,12 @@ def parse_pairs(text: str, where: str) -> dict[str, str]:
 
 
 def parse_set_items(items: list[str]) -> dict[str, str]:
-    """--set's items, one key=value each: its value may hold commas (lora_targets=q_proj,v_proj)."""
-    fixed = {}
-    for item in items:
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise SystemExit(f"--set: {item!r} is not key=value")
-        fixed[key.strip()] = value.strip()
-    return fixed
+    """--set's items, one key=value each (a value may hold commas: lora_targets=q_proj,v_proj), read as
+    `gpuscale run --set` reads them; a bad one ends the script with its line."""
+    try:
+        return parse_assignments(items)
+    except SettingsError as error:
+        raise SystemExit(str(error)) from None
 
 
 def parse_candidates(text: str) -> list[tuple[str, dict[str, str]]]:
