@@ -76,14 +76,15 @@ BASELINE = ("Baseline: the same run with the step phases' timing off (GPUSCALE_S
 
 NO_EVALUATION = {"eval_examples": "0", "save_model": "false", "checkpoint_every": "off"}
 # name -> (recipe, settings): each recipe at its defaults, its length bounded (a step of sft at 0.5B on one
-# H200 takes about 0.1 s, grpo-mtl's 0.5-1.3 s: bench/heartbeat_cost.py's), grpo-mtl's learning rate the one
-# a 0.5B model wants (bench/scaling.py's).
+# H200 takes about 0.1 s, grpo-mtl's 0.5-1.3 s: bench/heartbeat_cost.py's; eggroll's default population about
+# 16 s: results/phases/step-phases-eggroll-cut-*.log.txt, so 5 steps, 3 of them steady), grpo-mtl's learning
+# rate the one a 0.5B model wants (bench/scaling.py's).
 RECIPE_RUNS = {
     "sft": ("sft", {"max_steps": "100", **NO_EVALUATION}),
     "sft-rows512": ("sft", {"max_steps": "40", "rows_per_step": "512", **NO_EVALUATION}),
     "rft": ("rft", {"max_examples": "256", "max_steps": "20", **NO_EVALUATION}),
     "grpo-mtl": ("grpo-mtl", {"max_steps": "20", "learning_rate": "1e-6", **NO_EVALUATION}),
-    "eggroll": ("eggroll", {"steps": "10", **NO_EVALUATION}),
+    "eggroll": ("eggroll", {"steps": "5", **NO_EVALUATION}),
     "power-sampling": ("power-sampling", {"max_examples": "128", "checkpoint_every": "off"}),
     "probe": ("probe", {"checkpoint_every": "off"}),
 }
