@@ -19,14 +19,20 @@ The design, and why:
   training rank 0 and the k generators, one broadcast of one flat buffer a step from rank 0 (the training
   ranks hold the same weights, DDP's doing). The group is joined at the first job, when both sides are
   there.
-- A job (one a step, the trainers' AsyncEngineRollout submits it: engines/async_rollout.py) is numbered
-  alike on every rank (every rank submits the same sequence). Training rank 0 writes its header first
-  (`job/N`: the step it trains, the step of its weights, whether new weights follow; the first holds the
-  manifest: names, shapes and dtype of what is sent), then, where the trainer has stepped since the last
-  job, broadcasts the weights (the `weight_sync` phase); each trainer T writes `prompts/N/T`, and the
-  generator T % k answers `completions/N/T`. Training rank 0 writes `end` when training ends, and again
-  whatever way its work ends (`generators_released`: an error, a preemption before or during training):
-  the generators serve every job announced before it, then leave their loop and their rank ends.
+- What travels is what training changes (engines/merged_lora.py: `trained_parameters`): a full fine-tune's
+  every weight, cast to the dtype the generators decode in; a LoRA run's adapter tensors alone (lora_A and
+  lora_B of each adapted module, in their own dtype: a few MiB where the model is GBs). A LoRA run's
+  generator builds the same adapter (its config is in the manifest) on the base model it loads itself,
+  keeps those base weights in the adapter's layers, and after each receipt merges base + delta (peft's) into
+  the plain copy its engine decodes, in place.
+- A job (one a step, the trainers' AsyncEngineRollout submits it: engines/async_rollout.py) is numbered alike
+  on every rank (every rank submits the same sequence). Training rank 0 writes its header first (`job/N`: the
+  step it trains, the step of its weights, whether new weights follow; the first holds the manifest: names,
+  shapes and dtype of what is sent, the dtype decoded in, a LoRA adapter's config), then, where the trainer
+  has stepped since the last job, broadcasts the weights (the `weight_sync` phase); each trainer T writes
+  `prompts/N/T`, and the generator T % k answers `completions/N/T`. Training rank 0 writes `end` when training
+  ends, and again whatever way its work ends (`generators_released`: an error, a preemption before or during
+  training): the generators serve every job announced before it, then leave their loop and their rank ends.
 - Preemption (SLURM's signal): a generator serves inside `preemption.cooperating()`, so that the signal
   never ends it while the trainers may still wait for its completions; it ends at `end`, preempted.
 - The lag: the generator decodes job N+1 while the trainers train on job N's completions, from the
@@ -37,8 +43,8 @@ A generator beats (heartbeat `step`) as each job is served, not while it waits: 
 hung trainer is as silent as it, so that the hang watch still finds the run hung.
 
 GPUSCALE_WEIGHTS_DIGEST=1 (a test's hook: it costs a copy of the weights to the host) makes a generator
-write, for each job, the step of the weights it samples from and their digest (`weights_digest`, which a
-test computes on the trainers' checkpoints) to its log.
+write, for each job, the step of the weights it samples from and their digest (`weights_digest` of the weights
+it decodes, a LoRA run's merged, which a test computes on the trainers' checkpoints) to its log.
 """
 
 from __future__ import annotations
@@ -137,15 +143,30 @@ class Link:
 
 
 def manifest(model, dtype: torch.dtype) -> dict:
-    """What the weights broadcast holds: the parameters' names and shapes, in order, and their dtype."""
-    return {"names": [name for name, _ in model.named_parameters()],
-            "shapes": [list(parameter.shape) for _, parameter in model.named_parameters()],
-            "dtype": str(dtype).removeprefix("torch.")}
+    """What the weights broadcast holds: what training changes (engines/merged_lora.py: a full fine-tune's every
+    parameter, in `dtype`, the one the generators decode in; a LoRA model's adapter tensors, in their own),
+    their names and shapes in order, and with LoRA the adapter's config, from which a generator builds the
+    same adapter on the base model it loads and merges what it is sent."""
+    from gpuscale.engines.merged_lora import adapter_config, trained_parameters
+
+    sent = trained_parameters(model)
+    lora = adapter_config(model)
+    return {"names": [name for name, _ in sent], "shapes": [list(parameter.shape) for _, parameter in sent],
+            "dtype": str(sent[0][1].dtype if lora else dtype).removeprefix("torch."),
+            "decode_dtype": str(dtype).removeprefix("torch."), "lora": lora}
 
 
 def flat_buffer(sent: dict, device: torch.device) -> torch.Tensor:
     return torch.empty(sum(torch.Size(shape).numel() for shape in sent["shapes"]),
                        dtype=getattr(torch, sent["dtype"]), device=device)
+
+
+def flat_pieces(buffer: torch.Tensor, parameters) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(each parameter, its piece of the flat buffer, shaped as it), in order."""
+    offset = 0
+    for _, parameter in parameters:
+        yield parameter, buffer[offset: offset + parameter.numel()].view_as(parameter)
+        offset += parameter.numel()
 
 
 # ---- the training ranks' side ---------------------------------------------------------------------------
@@ -201,13 +222,16 @@ class RemoteSampler:
             self.sent_step = weights_step
 
     def _send(self, model) -> None:
+        from gpuscale.engines.merged_lora import trained_parameters
+
         if self._buffer is None:
             self._buffer = flat_buffer(self._manifest, next(model.parameters()).device)
+            print(f"placement: {len(self._manifest['names'])} tensors ({self._buffer.nbytes / 2**20:.1f} MiB of "
+                  f"{self._manifest['dtype']}{', the LoRA adapters' if self._manifest['lora'] else ''}) go to the "
+                  "generators after each optimizer step", flush=True)
         with torch.no_grad():
-            offset = 0
-            for _, parameter in model.named_parameters():
-                self._buffer[offset: offset + parameter.numel()].copy_(parameter.reshape(-1))
-                offset += parameter.numel()
+            for parameter, piece in flat_pieces(self._buffer, trained_parameters(model)):
+                piece.copy_(parameter)
         self.link.broadcast(self._buffer)
 
     def taken(self) -> None:
@@ -237,7 +261,8 @@ def generators_released(ctx) -> Iterator[None]:
 def serve(link: Link, rollout, model, reporter) -> int:
     """A generator's work: for each job until the trainers' end, the weights received where they changed,
     then the completions of the trainers it serves (T % k == its index), decoded by `rollout` (an
-    EngineRollout) on `model`, which takes the trainers' weights; returns the jobs served."""
+    EngineRollout) on `model` (the base model), which takes the trainers' weights (`WeightsReceiver`);
+    returns the jobs served."""
     index = link.rank - link.trainers
     served = range(index, link.trainers, link.generators)
     receiver = None
@@ -269,24 +294,35 @@ def next_job(link: Link, job: int) -> dict | None:
 
 
 class WeightsReceiver:
-    """A generator's model, in the dtype the trainers send, and the buffer their weights arrive in."""
+    """A generator's model in the dtype the trainers decode in, the buffer their weights arrive in, and with LoRA
+    the same adapter as theirs on it (`trained`): only the adapters arrive, and `model`, what the engine decodes,
+    is a plain copy with them merged (engines/merged_lora.py), whose adapted weights each receipt merges again
+    from the base weights kept in the adapter's layers."""
 
     def __init__(self, link: Link, model, sent: dict):
-        mine = [(name, list(parameter.shape)) for name, parameter in model.named_parameters()]
+        from gpuscale.engines.merged_lora import trained_parameters, with_adapter
+        from gpuscale.engines.rollout import half_precision_copy
+
+        model = model.to(getattr(torch, sent["decode_dtype"])).requires_grad_(False)
+        self.trained = model if sent["lora"] is None else with_adapter(model, sent["lora"])
+        mine = [(name, list(parameter.shape)) for name, parameter in trained_parameters(self.trained)]
         theirs = list(zip(sent["names"], sent["shapes"], strict=True))
         if [tuple(item) for item in mine] != [tuple(item) for item in theirs]:
             different = next((a, b) for a, b in zip(mine, theirs, strict=False) if tuple(a) != tuple(b))
             raise RuntimeError(f"generation: the trainers send other weights than this generator's model holds "
                                f"(first difference: {different[1]} sent, {different[0]} here)")
         self.link = link
-        self.model = model.to(getattr(torch, sent["dtype"])).requires_grad_(False)
+        self.model = model if sent["lora"] is None else half_precision_copy(self.trained, model.dtype)
         self.buffer = flat_buffer(sent, next(model.parameters()).device)
 
     def receive(self) -> None:
         """The trainers' weights into the model, in place (the engine's CUDA graphs stay valid)."""
+        from gpuscale.engines.merged_lora import trained_parameters
+        from gpuscale.engines.rollout import copy_weights
+
         self.link.broadcast(self.buffer)
         with torch.no_grad():
-            offset = 0
-            for _, parameter in self.model.named_parameters():
-                parameter.copy_(self.buffer[offset: offset + parameter.numel()].view_as(parameter))
-                offset += parameter.numel()
+            for parameter, piece in flat_pieces(self.buffer, trained_parameters(self.trained)):
+                parameter.copy_(piece)
+        if self.model is not self.trained:
+            copy_weights(self.trained, self.model, trained_only=True)

@@ -14,7 +14,9 @@ the engine decodes a half-precision copy of them instead (`half_precision_copy`)
 after each optimizer step: TRL's own generation runs under the same autocast, and decoding the fp32
 masters ran fp32 GEMMs without tensor cores and fp32 attention (the rollout's profile in
 bench/RESULTS.md, grpo-mtl). With fp32 training the engine decodes the masters and follows their
-updates by itself.
+updates by itself. A LoRA model (its base in the rank's dtype, no masters) is decoded as it is, adapters
+and all, except where the engine needs weights of its own (`own_weights`): its copy is then a plain model
+with the adapter merged (engines/merged_lora.py), of which each refresh merges the adapted weights again.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ class EngineRollout:
         uninterrupted run sampled.
     max_columns: KV columns to reserve once (longest prompt + budget), so the buffers never regrow.
     compile: torch.compile the engine's decode step (CUDA).
-    own_weights: decode a copy of the trainer's weights (in the autocast dtype, else in theirs) even in
-        fp32, refreshed only when `_engine_for` runs: what the async rollout needs, whose thread decodes
-        while the optimizer steps the masters.
+    own_weights: decode a copy of the trainer's weights (in the autocast dtype, else in theirs; a LoRA
+        model's merged) even in fp32, refreshed only when `_engine_for` runs: what the async rollout needs,
+        whose thread decodes while the optimizer steps the masters or the adapters.
     `seconds` adds up the time spent generating.
     """
 
@@ -108,7 +110,8 @@ class EngineRollout:
             self.use_model(model)
         elif self.masters is not None and int(trainer.state.global_step) != self._copied_at_step:
             with phase(WEIGHT_SYNC):  # a step phase of its own (engines/step_phases.py), inside generation's
-                copy_weights(self.masters, self.engine.model)  # in place: the engine's CUDA graphs stay valid
+                # In place: the engine's CUDA graphs stay valid. A LoRA model's frozen weights were copied once.
+                copy_weights(self.masters, self.engine.model, trained_only=True)
             self._copied_at_step = int(trainer.state.global_step)
         return self.engine
 
@@ -173,47 +176,68 @@ def decode_dtype(model, args):
 
 
 def decoding_copy(model, dtype):
-    """(the half-precision copy to decode, or None, and what the engine decodes, for the rank log). The
-    copy is a speed-up only: a model it cannot be made of is decoded as it is, never a failed run."""
+    """(the copy to decode, or None, and what the engine decodes, for the rank log). For the synchronous rollout
+    the copy is a speed-up only: a model it cannot be made of is decoded as it is, never a failed run."""
+    from gpuscale.engines.merged_lora import is_peft
+
+    lora = is_peft(model)
     try:
-        half = half_precision_copy(model, dtype)
+        copy = half_precision_copy(model, dtype)
     except Exception as error:  # any failure of the copy leaves the run as it was
-        return None, f"the fp32 master weights: no {dtype} copy ({type(error).__name__}: {error})"
-    if half is None:
+        what = "the LoRA model as it is" if lora else "the fp32 master weights"
+        return None, f"{what}: no {dtype} copy ({type(error).__name__}: {error})"
+    if copy is None:
         return None, f"the model as it is: {type(model).__name__} is not a plain transformers model"
-    return half, f"a {dtype} copy of the fp32 master weights, copied after each optimizer step"
+    if lora:
+        return copy, f"a {dtype} copy of the model with its LoRA adapter merged, merged again after each optimizer step"
+    return copy, f"a {dtype} copy of the fp32 master weights, copied after each optimizer step"
 
 
 def half_precision_copy(model, dtype):
     """A plain copy of a transformers model in `dtype`, built from its config (no hooks, no patches: what
-    the trainer hung on its model stays there), with the model's parameters cast into it and its buffers
-    (rotary frequencies, in fp32) copied as they are; or None for a model that is not plain
-    transformers (a PEFT model), which is then decoded as it is."""
+    the trainer hung on its model stays there), with the weights it decodes cast into it (a PEFT LoRA
+    model's adapter merged: engines/merged_lora.py) and its buffers (rotary frequencies, in fp32) copied as
+    they are; or None for a model that is neither plain transformers nor PEFT's LoRA over one, which is
+    then decoded as it is."""
     import torch
     from transformers import PreTrainedModel
 
-    if not isinstance(model, PreTrainedModel):
+    from gpuscale.engines.merged_lora import plain_model, plain_name
+
+    plain = plain_model(model)
+    if not isinstance(plain, PreTrainedModel):
         return None
     with torch.device("meta"):
-        half = type(model)(model.config)
+        half = type(plain)(plain.config)
     for parameter in half.parameters():
         parameter.data = parameter.data.to(dtype)
     half.to_empty(device=next(model.parameters()).device)
     half.tie_weights()
     half.requires_grad_(False)
     copy_weights(model, half)
-    buffers = dict(model.named_buffers())
+    buffers = {plain_name(name): buffer for name, buffer in plain.named_buffers()}
     with torch.no_grad():
         for name, copied in half.named_buffers():
             copied.copy_(buffers[name])
     return half.train(model.training)
 
 
-def copy_weights(source, target) -> None:
-    """`source`'s parameters into `target`'s of the same names, cast to their dtype, in place."""
+def copy_weights(source, target, trained_only: bool = False) -> None:
+    """The weights `source` decodes (engines/merged_lora.py: a plain model's own, a LoRA model's merged) into
+    `target`'s parameters of the same names, cast to their dtype, in place; `trained_only`: those training
+    changes alone (a LoRA model's merged ones), the others being there already. Outside any autocast the
+    trainer's call runs under: a LoRA delta is computed in its adapter's dtype."""
     import torch
 
-    masters = dict(source.named_parameters())
-    with torch.no_grad():
-        for name, copied in target.named_parameters():
-            copied.copy_(masters[name])
+    from gpuscale.engines.merged_lora import decoded_weights
+
+    targets = dict(target.named_parameters())
+    written = set()
+    device = next(target.parameters()).device.type
+    with torch.no_grad(), torch.autocast(device, enabled=False):
+        for name, weight in decoded_weights(source, trained_only):
+            targets[name].copy_(weight)
+            written.add(name)
+    if not trained_only and written != set(targets):
+        raise ValueError(f"{len(set(targets) - written)} weights of the copy have no source, e.g. "
+                         f"{min(set(targets) - written)}")

@@ -35,8 +35,6 @@ PLACED = {"rollout": "async", "generation_gpus": 1, "gpus": 2, "max_examples": 3
                           "its own step's completions"),
     ({"generator": "transformers"}, "generation_gpus: 1: needs generator=engine, not transformers: the generating "
                                     "devices decode with gpuscale's engine"),
-    ({"lora_rank": 8}, "generation_gpus: 1: not with LoRA yet (lora_rank=8): the generators receive whole weights, "
-                       "and a LoRA run should send its adapters only"),
     ({"nnodes": 2, "rdzv_endpoint": "node1:29500"}, "generation_gpus: 1: on one node only for now (nnodes=2)"),
     ({"gpus": 3, "generation_gpus": 2}, "generation_gpus: 2: more than the 1 training rank(s) left: each training "
                                         "rank's prompts go to one generator, and 1 would idle"),

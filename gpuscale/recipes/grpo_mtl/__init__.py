@@ -209,23 +209,20 @@ def check_domain_weights(settings: Settings) -> None:
 
 def check_rollout(settings: Settings) -> None:
     """rollout=async where it can run: on gpuscale's engine (TRL's own generation runs inside its
-    training step), on a full fine-tune (the engine decodes a copy of its own while the trainer steps;
-    a LoRA model is decoded as it is, so its adapters would change under the decoding thread)."""
+    training step). The engine decodes a copy of its own while the trainer steps (a LoRA model's with its
+    adapter merged: engines/merged_lora.py)."""
     if settings.rollout != "async":
         return
     if settings.generator != "engine":
         raise SettingsError(f"rollout: async: needs generator=engine, not {settings.generator}: TRL's own "
                             "generation runs inside its training step and cannot overlap it")
-    if settings.lora_rank:
-        raise SettingsError(f"rollout: async: not with LoRA yet (lora_rank={settings.lora_rank}): the engine "
-                            "decodes a LoRA model's own weights, which the trainer changes while it decodes")
 
 
 def check_placement(settings: Settings) -> None:
-    """generation_gpus where it can run: generators serve the async rollout with gpuscale's engine,
-    receive whole weights (a LoRA run would send only its adapters: not yet), are ranks of one node's
-    launch, leave a device to train (rank_batches.run_ranks_on's refusal) and each serves a training
-    rank at least (a training rank's prompts go to one generator)."""
+    """generation_gpus where it can run: generators serve the async rollout with gpuscale's engine (a LoRA
+    run sends them its adapters only: engines/placement.py), are ranks of one node's launch, leave a device
+    to train (rank_batches.run_ranks_on's refusal) and each serves a training rank at least (a training
+    rank's prompts go to one generator)."""
     from gpuscale.recipes.shared.rank_batches import run_ranks
 
     generators = settings.generation_gpus
@@ -237,9 +234,6 @@ def check_placement(settings: Settings) -> None:
     if settings.generator != "engine":
         raise SettingsError(f"generation_gpus: {generators}: needs generator=engine, not {settings.generator}: the "
                             "generating devices decode with gpuscale's engine")
-    if settings.lora_rank:
-        raise SettingsError(f"generation_gpus: {generators}: not with LoRA yet (lora_rank={settings.lora_rank}): the "
-                            "generators receive whole weights, and a LoRA run should send its adapters only")
     if settings.nnodes > 1:
         raise SettingsError(f"generation_gpus: {generators}: on one node only for now (nnodes={settings.nnodes})")
     trainers = run_ranks(settings)
