@@ -152,3 +152,64 @@ def test_a_generator_ends_when_the_trainers_work_does_even_before_any_job(launch
             generators_released(SimpleNamespace(rank=0, world_size=1, side_ranks=1, device=cpu)):
         raise RuntimeError("the trainer's error")
     assert serve(Link(SimpleNamespace(rank=1, world_size=1, side_ranks=1, device=cpu)), None, None, None) == 0
+
+
+def test_with_lora_only_the_adapters_travel_and_the_generator_decodes_the_trainer_s_merged_weights(launcher_store):
+    """A LoRA trainer (the recipe's LoRA config, lora_B drawn so that the adapter matters): the manifest names the
+    adapter tensors alone, lora_A and lora_B of every adapted module, and the buffer holds their bytes, a sliver
+    of the model's; the generator, on the base model it loaded itself, samples what the trainer's own engine
+    samples from the LoRA model, and decodes the weights peft's merge of the trainer's adapter gives."""
+    from peft import get_peft_model
+
+    from gpuscale.recipes.shared.training import lora_config
+
+    GrpoMtl().check(Settings(**PLACED, lora_rank=4))  # no longer refused
+    base, tokenizer = load_model("tiny-math")
+    model = get_peft_model(copy.deepcopy(base), lora_config(Settings(lora_rank=4)))
+    adapters = [(name, parameter) for name, parameter in model.named_parameters() if parameter.requires_grad]
+    drawn = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in adapters:
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=drawn)
+    settings = {"max_new_tokens": 8, "temperature": 1.0, "seed": 3}
+    first = [chat("What is 2 + 3?")] * 2
+    second = [chat("How many letters are in 'apple'?")] * 2
+
+    def merged_digest() -> str:
+        return weights_digest(copy.deepcopy(model).merge_and_unload().named_parameters())
+
+    decoder = EngineRollout(tokenizer, **settings)
+    generator = threading.Thread(target=lambda: serve(
+        Link(SimpleNamespace(rank=1, world_size=1, side_ranks=1, device=torch.device("cpu"))), decoder, base,
+        SimpleNamespace(beat=lambda *args: None)), daemon=True)  # a failed assertion leaves it waiting
+    generator.start()
+    reference = fake_trainer(copy.deepcopy(model))
+    sync = EngineRollout(tokenizer, **settings)
+    expected = [sync(first, reference)]
+    reference.state.global_step = 1
+    expected.append(sync(second, reference))
+
+    trainer = fake_trainer(model)
+    link = Link(SimpleNamespace(rank=0, world_size=1, side_ranks=1, device=torch.device("cpu")))
+    rollout = AsyncEngineRollout(RemoteSampler(EngineRollout(tokenizer, **settings), link), max_staleness=1)
+    trainer.upcoming_prompts = lambda: second
+    assert rollout(first, trainer)["completion_ids"] == expected[0]["completion_ids"]
+    sent = rollout.sampler._manifest
+    assert sent["names"] == [name for name, _ in adapters] and len(adapters) == 2 * 7 * base.config.num_hidden_layers
+    assert all(name.endswith((".lora_A.default.weight", ".lora_B.default.weight")) for name in sent["names"])
+    assert rollout.sampler._buffer.nbytes == sum(parameter.nbytes for _, parameter in adapters)
+    assert rollout.sampler._buffer.nbytes < sum(parameter.nbytes for parameter in base.parameters()) / 10
+    assert weights_digest(decoder.engine.model.named_parameters()) == merged_digest()
+    with torch.no_grad():  # the optimizer's step of the adapters, while step 1's completions are generated
+        for _, parameter in adapters:
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    trainer.state.global_step = 1
+    trainer.upcoming_prompts = lambda: first
+    got = rollout(second, trainer)
+    assert got["completion_ids"] == expected[1]["completion_ids"]  # from the adapters of step 0
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+               for a, b in zip(got["logprobs"], expected[1]["logprobs"], strict=True))
+    rollout.on_train_end(None, None, None)  # step 2's job, from the stepped adapters, taken; the end sent
+    generator.join(timeout=30)
+    assert weights_digest(decoder.engine.model.named_parameters()) == merged_digest()
