@@ -2,11 +2,12 @@
 `accelerate launch` with 2 CPU ranks: rank 1 generates, rank 0 trains alone (a one-rank trainer, TRL's
 GRPOTrainer) and sends it the weights over gloo each step, a real supervisor and runs.db.
 
+Both a full fine-tune and LoRA (whose trainer sends the adapters alone, which the generator merges):
 - The run learns: its losses and gradients move and the saved model is not the one it started from, while the
-  generator answered every step, one step behind from the second on.
+  generator answered every step, one step behind from the second on; rank 0 sent what training changes.
 - The generator samples from the trainer's weights: the digest of the weights it sampled each job from
   (GPUSCALE_WEIGHTS_DIGEST) is that of the embedded model at step 0 and of the trainer's checkpoint of the step
-  it names after, never more than max_staleness steps before the step trained.
+  it names after (LoRA: its adapter merged by peft), never more than max_staleness steps before the step trained.
 - A generator killed (SIGKILL) ends every rank within 10 s and the run `failed`, naming it.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import PeftModel
 
 from conftest import gpuscale, leftover_processes, rank_processes, run_json, slow, wait_until
 from gpuscale.control.store import Store
@@ -37,10 +39,12 @@ STEPS = 4
 JOB_LINE = re.compile(r"^job for step (\d+): weights of step (\d+), digest ([0-9a-f]{64})$", re.MULTILINE)
 
 
-@pytest.fixture(scope="module")
-def placed_run(module_home) -> dict:
-    """4 steps (one epoch of 16 prompts, 4 a step), a checkpoint at every step, the generator's digests logged."""
-    return run_json("run", *PLACED, "--set", f"max_steps={STEPS}", "--set", "checkpoint_every=1",
+@pytest.fixture(scope="module", params=["full", "lora"])
+def placed_run(module_home, request) -> dict:
+    """4 steps (one epoch of 16 prompts, 4 a step), a checkpoint at every step, the generator's digests logged; a
+    full fine-tune, and LoRA (whose trainer sends only its adapters)."""
+    lora = ["--set", "lora_rank=4"] if request.param == "lora" else []
+    return run_json("run", *PLACED, *lora, "--set", f"max_steps={STEPS}", "--set", "checkpoint_every=1",
                     "--set", f"keep_checkpoints={STEPS}", "--set", "save_model=true", env={DIGEST_ENV: "1"})
 
 
@@ -66,6 +70,12 @@ def test_one_generator_and_one_trainer_learn(module_home, placed_run):
     assert any(not torch.equal(weight, original[name]) for name, weight in trained.state_dict().items())
     log = (Path(run["run_dir"]) / "logs" / "rank1.log").read_text()
     assert f"generation: served {STEPS} jobs for training ranks 0" in log
+    lora = run["settings"]["lora_rank"] > 0
+    sent = re.search(r"^placement: (\d+) tensors \(.* of float32(, the LoRA adapters)?\) go to the generators",
+                     (Path(run["run_dir"]) / "logs" / "rank0.log").read_text(), re.MULTILINE)
+    assert sent and bool(sent.group(2)) == lora
+    adapted = 2 * 7 * 4  # lora_A and lora_B of tiny-math's 7 linears in each of its 4 layers
+    assert int(sent.group(1)) == (adapted if lora else len(list(trained.parameters())))
     assert not leftover_processes(run["run_dir"])
 
 
@@ -78,8 +88,13 @@ def test_the_generator_samples_from_the_trainer_s_weights_at_most_max_staleness_
     assert all(0 <= step - weights <= max_staleness for step, weights, _ in jobs)
 
     def trainer_weights(step: int) -> str:
-        """The digest of the trainer's weights after `step` optimizer steps: the embedded model's, or a checkpoint's."""
-        model = load_model("tiny-math" if step == 0 else str(run_dir / "checkpoints" / f"checkpoint-{step}"))[0]
+        """The digest of the trainer's weights after `step` optimizer steps: the embedded model's, or a checkpoint's
+        (a LoRA checkpoint's adapter merged by peft into the embedded model)."""
+        checkpoint = run_dir / "checkpoints" / f"checkpoint-{step}"
+        adapter = step > 0 and (checkpoint / "adapter_config.json").exists()
+        model = load_model("tiny-math" if step == 0 or adapter else str(checkpoint))[0]
+        if adapter:
+            model = PeftModel.from_pretrained(model, checkpoint).merge_and_unload()
         return weights_digest(model.named_parameters())
 
     assert all(digest == trainer_weights(weights) for _, weights, digest in jobs)
