@@ -23,7 +23,8 @@ started generating during step k-1, then starts step k+1's before handing them o
   (`max_staleness >= 1`), or from the current ones (`max_staleness=0`: each call waits for its own job,
   the synchronous rollout through the same code). One job ahead keeps the lag at 1 whatever
   `max_staleness` allows: deeper queues need a snapshot of the weights per job.
-- The local sampler: the engine decodes its own copy (`EngineRollout(own_weights=True)`), refreshed by
+- The local sampler: the engine decodes its own copy (`EngineRollout(own_weights=True)`; a LoRA model's is a
+  plain model with the adapter merged, engines/merged_lora.py), refreshed by
   `_engine_for` only between jobs, on the trainer's thread, after the optimizer step; one worker thread,
   and on a GPU its own CUDA stream, which waits for the weight copy before a job and which the trainer's
   stream waits for before the next copy; on CPU the same code without a stream. Each job is seeded as
