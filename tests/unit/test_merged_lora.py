@@ -9,12 +9,11 @@ fails the async one at once."""
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
-from types import SimpleNamespace
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from test_off_policy import fake_trainer
 
 from gpuscale.data.models import load_model
 from gpuscale.engines.async_rollout import AsyncEngineRollout, LocalSampler
@@ -83,14 +82,6 @@ def test_after_an_optimizer_step_the_copy_merges_the_adapted_weights_again_and_o
     with torch.no_grad():
         frozen.sub_(1.0)
     assert torch.allclose(logits(copied), logits(peft_model), atol=1e-4)
-
-
-def fake_trainer(model, upcoming=None):
-    """What the rollouts read of a GRPOTrainer."""
-    return SimpleNamespace(model=model, state=SimpleNamespace(global_step=0, max_steps=10),
-                           args=SimpleNamespace(bf16=False, fp16=False), _metrics={"train": defaultdict(list)},
-                           accelerator=SimpleNamespace(unwrap_model=lambda m: m, process_index=0),
-                           upcoming_prompts=lambda: upcoming)
 
 
 def test_at_staleness_0_the_async_rollout_on_the_merged_copy_samples_what_the_sync_one_does_on_the_lora_model():

@@ -96,45 +96,67 @@ def launcher_store(monkeypatch):
     return store
 
 
+SAMPLING = {"max_new_tokens": 8, "temperature": 1.0, "seed": 3}
+FIRST, SECOND = [chat("What is 2 + 3?")] * 2, [chat("How many letters are in 'apple'?")] * 2
+
+
+def cpu_link(rank: int) -> Link:
+    """Rank `rank`'s link in a run of one training rank and one generator."""
+    return Link(SimpleNamespace(rank=rank, world_size=1, side_ranks=1, device=torch.device("cpu")))
+
+
+def serving(rollout: EngineRollout, model, beats: list, served: list) -> threading.Thread:
+    """The generator (rank 1) serving on a thread of its own, started: each job's beat into `beats`, the jobs it
+    served into `served` at its end (a daemon: a failed assertion leaves it waiting for a job)."""
+    thread = threading.Thread(target=lambda: served.append(serve(
+        cpu_link(1), rollout, model, SimpleNamespace(beat=lambda *args: beats.append(args)))), daemon=True)
+    thread.start()
+    return thread
+
+
+def sync_samples(model, tokenizer) -> list[dict]:
+    """What the trainer's own engine samples at steps 0 and 1 (FIRST, then SECOND) from `model`'s weights now."""
+    reference, sync = fake_trainer(copy.deepcopy(model)), EngineRollout(tokenizer, **SAMPLING)
+    expected = [sync(FIRST, reference)]
+    reference.state.global_step = 1
+    return [*expected, sync(SECOND, reference)]
+
+
+def placed_rollout(tokenizer) -> AsyncEngineRollout:
+    """Training rank 0's async rollout on the generator."""
+    return AsyncEngineRollout(RemoteSampler(EngineRollout(tokenizer, **SAMPLING), cpu_link(0)), max_staleness=1)
+
+
+def second_step(rollout: AsyncEngineRollout, trainer, expected: list[dict]) -> None:
+    """Optimizer step 1's call (FIRST's prompts next): it hands what the trainer's engine samples from the weights
+    of step 0."""
+    trainer.state.global_step = 1
+    trainer.upcoming_prompts = lambda: FIRST
+    got = rollout(SECOND, trainer)
+    assert got["completion_ids"] == expected[1]["completion_ids"]
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+               for a, b in zip(got["logprobs"], expected[1]["logprobs"], strict=True))
+
+
 def test_a_generator_samples_what_the_trainer_would_from_the_weights_the_trainer_sent(launcher_store):
     model, tokenizer = load_model("tiny-math")
-    settings = {"max_new_tokens": 8, "temperature": 1.0, "seed": 3}
-    first = [chat("What is 2 + 3?")] * 2
-    second = [chat("How many letters are in 'apple'?")] * 2
-
     # The generator starts from other weights than the trainer's: only what the trainer sends makes them equal.
     generator_model = copy.deepcopy(model)
     with torch.no_grad():
         for parameter in generator_model.parameters():
             parameter.add_(0.1)
     beats, served = [], []
-    generator = threading.Thread(target=lambda: served.append(serve(
-        Link(SimpleNamespace(rank=1, world_size=1, side_ranks=1, device=torch.device("cpu"))),
-        EngineRollout(tokenizer, **settings), generator_model, SimpleNamespace(beat=lambda *args: beats.append(args)))))
-    generator.start()
+    generator = serving(EngineRollout(tokenizer, **SAMPLING), generator_model, beats, served)
+    expected = sync_samples(model, tokenizer)
 
-    # What the trainer's own engine samples at steps 0 and 1 from the weights of step 0.
-    reference = fake_trainer(copy.deepcopy(model))
-    sync = EngineRollout(tokenizer, **settings)
-    expected = [sync(first, reference)]
-    reference.state.global_step = 1
-    expected.append(sync(second, reference))
-
-    trainer = fake_trainer(model)
-    link = Link(SimpleNamespace(rank=0, world_size=1, side_ranks=1, device=torch.device("cpu")))
-    rollout = AsyncEngineRollout(RemoteSampler(EngineRollout(tokenizer, **settings), link), max_staleness=1)
-    trainer.upcoming_prompts = lambda: second
-    assert rollout(first, trainer)["completion_ids"] == expected[0]["completion_ids"]
+    trainer, rollout = fake_trainer(model), placed_rollout(tokenizer)
+    trainer.upcoming_prompts = lambda: SECOND
+    assert rollout(FIRST, trainer)["completion_ids"] == expected[0]["completion_ids"]
     assert weights_digest(generator_model.named_parameters()) == weights_digest(model.named_parameters())
     with torch.no_grad():  # the optimizer's step, while step 1's completions are generated from step 0's weights
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
-    trainer.state.global_step = 1
-    trainer.upcoming_prompts = lambda: first
-    got = rollout(second, trainer)
-    assert got["completion_ids"] == expected[1]["completion_ids"]
-    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
-               for a, b in zip(got["logprobs"], expected[1]["logprobs"], strict=True))
+    second_step(rollout, trainer, expected)
     assert trainer._metrics["train"][STALENESS] == [0.0, 1.0] and rollout.prefetched == 1
     assert (rollout.ahead.step, rollout.ahead.weights_step) == (2, 1)
     rollout.on_train_end(None, None, None)  # the job ahead taken, and the end sent
@@ -172,29 +194,16 @@ def test_with_lora_only_the_adapters_travel_and_the_generator_decodes_the_traine
         for name, parameter in adapters:
             if "lora_B" in name:
                 parameter.normal_(0, 0.05, generator=drawn)
-    settings = {"max_new_tokens": 8, "temperature": 1.0, "seed": 3}
-    first = [chat("What is 2 + 3?")] * 2
-    second = [chat("How many letters are in 'apple'?")] * 2
 
     def merged_digest() -> str:
         return weights_digest(copy.deepcopy(model).merge_and_unload().named_parameters())
 
-    decoder = EngineRollout(tokenizer, **settings)
-    generator = threading.Thread(target=lambda: serve(
-        Link(SimpleNamespace(rank=1, world_size=1, side_ranks=1, device=torch.device("cpu"))), decoder, base,
-        SimpleNamespace(beat=lambda *args: None)), daemon=True)  # a failed assertion leaves it waiting
-    generator.start()
-    reference = fake_trainer(copy.deepcopy(model))
-    sync = EngineRollout(tokenizer, **settings)
-    expected = [sync(first, reference)]
-    reference.state.global_step = 1
-    expected.append(sync(second, reference))
-
-    trainer = fake_trainer(model)
-    link = Link(SimpleNamespace(rank=0, world_size=1, side_ranks=1, device=torch.device("cpu")))
-    rollout = AsyncEngineRollout(RemoteSampler(EngineRollout(tokenizer, **settings), link), max_staleness=1)
-    trainer.upcoming_prompts = lambda: second
-    assert rollout(first, trainer)["completion_ids"] == expected[0]["completion_ids"]
+    decoder = EngineRollout(tokenizer, **SAMPLING)
+    generator = serving(decoder, base, [], [])
+    expected = sync_samples(model, tokenizer)
+    trainer, rollout = fake_trainer(model), placed_rollout(tokenizer)
+    trainer.upcoming_prompts = lambda: SECOND
+    assert rollout(FIRST, trainer)["completion_ids"] == expected[0]["completion_ids"]
     sent = rollout.sampler._manifest
     assert sent["names"] == [name for name, _ in adapters] and len(adapters) == 2 * 7 * base.config.num_hidden_layers
     assert all(name.endswith((".lora_A.default.weight", ".lora_B.default.weight")) for name in sent["names"])
@@ -204,12 +213,7 @@ def test_with_lora_only_the_adapters_travel_and_the_generator_decodes_the_traine
     with torch.no_grad():  # the optimizer's step of the adapters, while step 1's completions are generated
         for _, parameter in adapters:
             parameter.add_(0.05 * torch.randn_like(parameter))
-    trainer.state.global_step = 1
-    trainer.upcoming_prompts = lambda: first
-    got = rollout(second, trainer)
-    assert got["completion_ids"] == expected[1]["completion_ids"]  # from the adapters of step 0
-    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
-               for a, b in zip(got["logprobs"], expected[1]["logprobs"], strict=True))
+    second_step(rollout, trainer, expected)  # from the adapters of step 0
     rollout.on_train_end(None, None, None)  # step 2's job, from the stepped adapters, taken; the end sent
     generator.join(timeout=30)
     assert weights_digest(decoder.engine.model.named_parameters()) == merged_digest()
