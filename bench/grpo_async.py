@@ -111,7 +111,10 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt")
     parser.add_argument("--max-completion-length", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32, help="completions per GPU per training micro-batch")
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps of every run")
+    # The whole-run figure counts the first step, whose generation held the engine's start (about 16 s of a
+    # 10-step run's 20 s generating on an H200: results/grpo_mtl/async-2026-11-29-h200x2.json); 40 steps
+    # weigh it as a longer run would, and the 5 runs of --gpus 1,2 still fit a 10-minute call.
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps of every run")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--generation-gpus", type=int, default=1,
                         help="GPUs that generate in the placed run, at each count above it (0: no placed run)")
