@@ -327,20 +327,27 @@ def say(case: Case, line: str) -> None:
 class GpuPool:
     """The GPUs the cases may use; a case takes `count` different ones and gives them back when done. A
     GPU named twice in --gpu-ids (0,1,0,1) is shared by two cases at once, to fit the cases into one
-    call's time. Without GPUs (CPU ranks) a case takes nothing and `--gpus` is the number of ranks."""
+    call's time. Without GPUs (CPU ranks) a case takes nothing and `--gpus` is the number of ranks.
+    Cases take their turn in the order they asked: otherwise one-GPU cases, each finding a GPU free, kept
+    a two-GPU case waiting until a call's limit cut it (bench/gpu_counts.py on 2 x H200)."""
 
     def __init__(self, indices: list[int]):
         self.free, self.cpu = list(indices), not indices
         self.changed = threading.Condition()
+        self.asked = 0  # the cases that asked so far: each one's ticket is its place in that order
+        self.serving = 0  # the ticket whose turn it is
 
     def take(self, count: int) -> list[int]:
         if self.cpu:
             return []
         with self.changed:
-            self.changed.wait_for(lambda: len(set(self.free)) >= count)
+            ticket, self.asked = self.asked, self.asked + 1
+            self.changed.wait_for(lambda: self.serving == ticket and len(set(self.free)) >= count)
             taken = sorted(set(self.free))[:count]
             for index in taken:
                 self.free.remove(index)
+            self.serving += 1
+            self.changed.notify_all()  # the next in line may find enough free already
             return taken
 
     def give_back(self, indices: list[int]) -> None:

@@ -14,6 +14,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -567,6 +568,30 @@ def test_resume_kill_bench_kills_the_supervisor_and_resumes_to_the_end_on_cpu(ho
     assert store.get_run(f["parent_id"])["status"] == "lost"
     assert store.get_run(f["child_id"])["parent_id"] == f["parent_id"]
 
+
+def test_the_gpu_pool_serves_cases_in_the_order_they_asked():
+    """bench/faults.py's GpuPool (bench/gpu_counts.py's too): a two-GPU case that asked first is not kept
+    waiting by a one-GPU case that asked after it and finds a GPU free."""
+    pool = load_bench("faults.py").GpuPool([0, 1])
+    first = pool.take(1)
+    with ThreadPoolExecutor(max_workers=2) as workers:
+        both = workers.submit(pool.take, 2)
+        wait_until(lambda: pool.asked == 2)  # the two-GPU case holds its ticket
+        one = workers.submit(pool.take, 1)
+        wait_until(lambda: pool.asked == 3)  # the one-GPU case asked, after it
+        assert not one.done() and not both.done()  # GPU 1 is free, but the two-GPU case asked first
+        pool.give_back(first)
+        assert both.result(timeout=10) == [0, 1]
+        assert not one.done()
+        pool.give_back([0, 1])
+        assert one.result(timeout=10) == [0]
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 @pytest.mark.e2e
 def test_faults_bench_kills_a_rank_and_times_the_others_end_on_cpu(home, tmp_path):
