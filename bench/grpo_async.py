@@ -1,6 +1,6 @@
 """grpo-mtl: the synchronous rollout against rollout=async, side by side in one call, at the same shape.
 
-    python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1] [--generation-gpus 1]
+    python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1] [--generation-gpus 1] [--compile]
 
 For each GPU count of --gpus, real `gpuscale run --recipe grpo-mtl` runs with gpuscale's engine
 at the same settings (bench/grpo_mtl.py's: `--prompts-per-step` prompts per GPU per step, each answered
@@ -52,6 +52,8 @@ def measure_mode(args, mode: str, gpus: int) -> dict:
         extra["max_staleness"] = args.max_staleness
     if mode == "placed":
         extra["generation_gpus"] = args.generation_gpus
+    if args.compile:
+        extra["compile"] = "true"
     print(f"{mode}: {' '.join(f'{k}={v}' for k, v in extra.items())} on {gpus} GPU(s)", flush=True)
     return {"rollout": mode, **measure(args, "engine", gpus, extra)}
 
@@ -119,6 +121,8 @@ def main() -> None:
     parser.add_argument("--generation-gpus", type=int, default=1,
                         help="GPUs that generate in the placed run, at each count above it (0: no placed run)")
     parser.add_argument("--learning-rate", type=float, default=1e-6)
+    parser.add_argument("--compile", action="store_true", help="every run with compile=true (the engine's decode step "
+                        "compiled by torch.compile; its compiling counts in the whole-run figure)")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")
