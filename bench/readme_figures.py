@@ -267,6 +267,22 @@ NODE_CHECK_FIGURES = (
             Value("figures.rows.0.probe_floor_share", percent)), ("probe",)),
 )
 
+# Where a step's time goes (`bench/step_phases.py`): grpo-mtl's split over the profiled steps, at its defaults.
+STEP_PHASES_GRPO = "bench/results/phases/step-phases-grpo-mtl-2026-11-29-h200x2.json"
+
+
+def phase_share(recipe: str, phase: str) -> Value:
+    """`phase`'s share of rank 0's profiled window, as the recipe's run timed it."""
+    return Value(f"figures.recipes.{recipe}.profiler.by_rank.0", percent,
+                 lambda ranks: ranks[0]["ours"][phase] / ranks[0]["window_s"])
+
+
+STEP_PHASE_FIGURES = (
+    Figure("a grpo-mtl step at its defaults went {} to forward+backward, {} to generating and {} to rewards",
+           STEP_PHASES_GRPO, tuple(phase_share("grpo-mtl", phase) for phase in ("forward_backward", "generate",
+                                                                                  "reward")), ("grpo-mtl",)),
+)
+
 # The CPU commands (`python bench/cpu_commands.py`, 2 CPU ranks on 2 cores): the demo's figures and the
 # table of each recipe's default CPU run. None until it is measured at today's defaults; then the file it
 # wrote, and README holds the texts `python bench/readme_figures.py --texts` prints for them.
@@ -309,7 +325,7 @@ def cpu_command_figures() -> tuple[Figure, ...]:
 
 def registered() -> tuple[Figure, ...]:
     return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *GRPO_SPEED_FIGURES, *GRPO_ASYNC_FIGURES, *NODE_CHECK_FIGURES,
-            *cpu_command_figures())
+            *STEP_PHASE_FIGURES, *cpu_command_figures())
 
 
 def blocks(text: str) -> tuple[list[str], str]:
