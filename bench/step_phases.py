@@ -16,6 +16,11 @@ recipe's defaults otherwise. Per recipe:
   its steady step: the median interval between rank 0's logged steps (the first WARM_UP_STEPS left out),
   one figure for every recipe whatever else it logs. on / off and the noise (the larger of the two
   sides' spreads, (max - min) / median). An off run that logged a phase figure voids the comparison.
+  With --alternate K, also one run that times K logged steps, then leaves K untimed, and so on
+  (GPUSCALE_STEP_PHASES=alternate:K): on / off of its own timed and untimed steps' median intervals
+  (its steady steps), and its noise, how far each half of its steps puts on / off from the whole's.
+  Runs of the same settings differ by 7-25% on an H200, more than the 2% target, so where this run
+  is made its figure is the verdict's; a phase figure logged for an untimed step voids it.
 - Coverage, from the runs with timing on: the share of a steady step the named phases cover (1 -
   `other`), the run's summary (every rank's steady steps together) and the least of any rank's.
 - Profiler agreement (sft and sft-rows512, grpo-mtl): one more run with timing on, whose ranks run
@@ -44,6 +49,7 @@ so where a call is limited to 10 minutes, one recipe a call):
 
     python bench/step_phases.py
     python bench/step_phases.py --recipes sft            # results/phases/step-phases-sft-<date>-<card>.json
+    python bench/step_phases.py --recipes probe --repeats 0 --alternate 1   # the cost from one run's own steps
 """
 
 from __future__ import annotations
@@ -67,12 +73,13 @@ from faults import case_card, parse_assignment  # noqa: E402
 from profile_rollout import rank_sitecustomize  # noqa: E402
 
 from gpuscale.data.step_phases import OTHER, WARM_UP_STEPS, mean_step, phases_of, shares  # noqa: E402
-from gpuscale.engines.step_phases import PHASES_ENV  # noqa: E402
+from gpuscale.engines.step_phases import PHASES_ENV, timed_step  # noqa: E402
 from gpuscale.runs.run_dir import RunDir  # noqa: E402
 
 BASELINE = ("Baseline: the same run with the step phases' timing off (GPUSCALE_STEP_PHASES=0), the same call "
-            "alternating with the runs that time them; nothing else differs. The profiler's split is torch.profiler's "
-            "timeline of the same steps.")
+            "alternating with the runs that time them; with --alternate K, also the untimed steps of one run that "
+            "times K logged steps and leaves K untimed; nothing else differs. The profiler's split is "
+            "torch.profiler's timeline of the same steps.")
 
 NO_EVALUATION = {"eval_examples": "0", "save_model": "false", "checkpoint_every": "off"}
 # name -> (recipe, settings): each recipe at its defaults, its length bounded (a step of sft at 0.5B on one
@@ -150,12 +157,17 @@ def rank_records(run_dir: str, rank: int) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def logged_step_seconds(records: list[dict], warm_up: int = WARM_UP_STEPS) -> float | None:
-    """The median interval between a rank's logged steps (a record with a figure besides its phases'),
-    the first `warm_up` intervals left out; None where none is left."""
+def step_intervals(records: list[dict], warm_up: int = WARM_UP_STEPS) -> list[tuple[int, float]]:
+    """(logged step, seconds since the logged step before it) of a rank's logged steps (a record with a
+    figure besides its phases'), the first `warm_up` intervals left out."""
     bookkeeping = {"t", "rank", "step", "beat", "total", "summary", "partial"}
-    times = [r["t"] for r in records if set(r) - bookkeeping - {k for k in r if k.startswith("phase_seconds_")}]
-    intervals = [b - a for a, b in zip(times, times[1:])][warm_up:]
+    logged = [r for r in records if set(r) - bookkeeping - {k for k in r if k.startswith("phase_seconds_")}]
+    return [(b["step"], b["t"] - a["t"]) for a, b in zip(logged, logged[1:])][warm_up:]
+
+
+def logged_step_seconds(records: list[dict], warm_up: int = WARM_UP_STEPS) -> float | None:
+    """The median interval between a rank's logged steps, the first `warm_up` left out; None where none is left."""
+    intervals = [seconds for _, seconds in step_intervals(records, warm_up)]
     return statistics.median(intervals) if intervals else None
 
 
@@ -259,6 +271,33 @@ def profiled(name: str, arguments: list[str], home: Path, opts) -> dict:
             "largest_difference": worst, "within": worst <= AGREEMENT_WITHIN}
 
 
+# ---- one run timing K steps, then leaving K untimed ----------------------------------------------
+
+
+def within_run(intervals: list[tuple[int, float]], k: int) -> float | None:
+    """on / off of the median timed and untimed step intervals (timed: `timed_step(step, k)`); None where a
+    side has none."""
+    sides = [[seconds for step, seconds in intervals if timed_step(step, k) == timed] for timed in (True, False)]
+    return statistics.median(sides[0]) / statistics.median(sides[1]) if all(sides) else None
+
+
+def alternating(name: str, arguments: list[str], home: Path, k: int) -> dict:
+    """One run under GPUSCALE_STEP_PHASES=alternate:K: on / off from its own steady steps, free of the
+    spread between runs, and its noise: how far each half of its steps puts on / off from the whole's."""
+    run = one_run(name, True, arguments, home, {PHASES_ENV: f"alternate:{k}"})
+    intervals = step_intervals(rank_records(run["run_dir"], 0))
+    ratio = within_run(intervals, k)
+    halves = [within_run(part, k) for part in (intervals[:len(intervals) // 2], intervals[len(intervals) // 2:])]
+    noise = None if None in (ratio, *halves) else max(abs(half - ratio) for half in halves)
+    phased = steps_by_rank(run["run_dir"], run["summary"].get("world_size", 1)).get(0, {})
+    as_set = bool(phased) and all(timed_step(step, k) for step in phased)
+    print(f"{name} alternating run {run['run']} (alternate:{k}): on/off {ratio if ratio is None else f'{ratio:.3f}'}"
+          f" over {len(intervals)} steady steps ({run['wall_s']:.0f} s)", flush=True)
+    return {"run": run["run"], "alternate": k, "steady_steps": len(intervals), "on_over_off": ratio,
+            "halves": halves, "noise": noise, "timing_as_set": as_set, "coverage": coverage(run),
+            "wall_s": run["wall_s"]}
+
+
 # ---- a recipe ---------------------------------------------------------------------------------------
 
 
@@ -289,21 +328,35 @@ def measure(name: str, opts, home: Path) -> dict:
     runs = [{"order": number, **timed(name, f"run {number}/{2 * opts.repeats}", number % 2 == 1, arguments, home)}
             for number in range(1, 2 * opts.repeats + 1)]
     on_runs = [coverage(run) for run in runs if run["timing"]]
-    figures = {"run_arguments": arguments, **compare(runs),
+    within = alternating(name, arguments, home, opts.alternate) if opts.alternate else None
+    if within:
+        on_runs.append(within["coverage"])
+    figures = {"run_arguments": arguments, **(compare(runs) if runs else {"timing_as_set": True}),
                "coverage": min((c["covered"] for c in on_runs if c["covered"] is not None), default=None),
                "coverage_least_rank": min((c["least_rank"] for c in on_runs if c["least_rank"] is not None),
                                           default=None),
                "coverage_runs": on_runs,
                "runs": [{k: v for k, v in run.items() if k not in ("summary", "run_dir")} for run in runs]}
+    if within:
+        figures["alternating"] = within
+        figures["timing_as_set"] = figures["timing_as_set"] and within["timing_as_set"]
     if name in PROFILED:
         figures["profiler"] = profiled(name, arguments, home, opts)
     figures["targets_met"] = targets_met(figures)
     return figures
 
 
+def cost(f: dict) -> dict:
+    """The on / off the verdict reads: the alternating run's where there is one (no spread between runs in
+    it), else the runs'."""
+    return f.get("alternating") or f
+
+
 def targets_met(f: dict) -> bool:
     covered = f["coverage"] is not None and f["coverage_least_rank"] >= COVERAGE_AT_LEAST <= f["coverage"]
-    cheap = f["on_over_off"] <= COST_AT_MOST or (f["noise"] is not None and f["on_over_off"] - 1 <= f["noise"])
+    c = cost(f)
+    cheap = c["on_over_off"] is not None and (c["on_over_off"] <= COST_AT_MOST or
+                                              (c["noise"] is not None and c["on_over_off"] - 1 <= c["noise"]))
     agrees = f.get("profiler", {}).get("within", True)
     return bool(f["timing_as_set"] and covered and cheap and agrees)
 
@@ -318,11 +371,14 @@ def timed(name: str, label: str, timing: bool, arguments: list[str], home: Path)
 def verdict_line(name: str, f: dict) -> str:
     covered = "no phases" if f["coverage"] is None else (f"named phases cover {f['coverage']:.1%} (least rank "
                                                           f"{f['coverage_least_rank']:.1%})")
-    noise = "no noise measured" if f["noise"] is None else f"noise ±{f['noise']:.1%}"
+    c = cost(f)
+    source = " in one alternating run" if "alternating" in f else ""
+    noise = "no noise measured" if c["noise"] is None else f"noise ±{c['noise']:.1%}"
     profiler = "" if "profiler" not in f else (f"; profiler's split within {f['profiler']['largest_difference']:.1%}"
                                                " of the window")
     void = "" if f["timing_as_set"] else "; VOID: a run's phase figures were not as set"
-    return (f"{name}: {covered}; on/off {f['on_over_off']:.3f} ({noise}){profiler}{void}: "
+    ratio = "-" if c["on_over_off"] is None else f"{c['on_over_off']:.3f}"
+    return (f"{name}: {covered}; on/off {ratio}{source} ({noise}){profiler}{void}: "
             f"{'met' if f['targets_met'] else 'NOT met'}")
 
 
@@ -338,7 +394,11 @@ def parse_options(argv: list[str] | None = None):
                         help=f"comma-separated, of {', '.join(RECIPE_RUNS)}")
     parser.add_argument("--model", default="random-qwen2.5-0.5b")
     parser.add_argument("--gpus", default="1", help="the runs' --gpus (a count: CPU ranks where there is no GPU)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs a side (timing on, off), alternating")
+    parser.add_argument("--repeats", type=int, default=3, help="runs a side (timing on, off), alternating "
+                        "(0: none, with --alternate)")
+    parser.add_argument("--alternate", type=int, default=0, metavar="K",
+                        help="also one run timing K logged steps, then leaving K untimed: on / off from its own "
+                        "steps (the verdict's)")
     parser.add_argument("--warmups", type=int, default=1, help="runs of each recipe before the compared ones")
     parser.add_argument("--profile-after", type=int, default=3, help="logged steps before the profiled window")
     parser.add_argument("--profile-steps", type=int, default=5, help="logged steps in the profiled window")
@@ -351,9 +411,10 @@ def parse_options(argv: list[str] | None = None):
     unknown = [name for name in opts.recipes if name not in RECIPE_RUNS]
     if unknown:
         parser.error(f"--recipes: {unknown[0]}: not one of {', '.join(RECIPE_RUNS)}")
-    if opts.repeats < 1 or opts.warmups < 0 or opts.profile_after < WARM_UP_STEPS or opts.profile_steps < 1:
-        parser.error("--repeats and --profile-steps at least 1, --warmups at least 0, --profile-after at least "
-                     f"{WARM_UP_STEPS} (the warm-up step is no steady one)")
+    if (opts.repeats < (0 if opts.alternate > 0 else 1) or opts.alternate < 0 or opts.warmups < 0
+            or opts.profile_after < WARM_UP_STEPS or opts.profile_steps < 1):
+        parser.error("--repeats at least 1 (0 with --alternate K >= 1), --profile-steps at least 1, --warmups at "
+                     f"least 0, --profile-after at least {WARM_UP_STEPS} (the warm-up step is no steady one)")
     return opts
 
 

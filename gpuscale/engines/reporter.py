@@ -49,7 +49,9 @@ class Reporter:
         self.phases = step_phases.StepPhases()
         _current = self
         # Timing off (a bench aid): no phase is marked, so no step closes and none is logged.
-        step_phases._current = self.phases if step_phases.timing_on() else None
+        self._timing = step_phases.timing_on()
+        step_phases._current = self.phases if self._timing else None
+        self._alternate = step_phases.alternation()  # K: K steps timed, K not (a bench aid), 0: not alternating
         self.phases.slowed = step_phases.slow_rank(rank)  # a straggler on purpose (a test aid)
         self.beat(heartbeat.LOADING)
 
@@ -57,9 +59,12 @@ class Reporter:
         record = {"t": time.time(), "rank": self.rank, "step": int(step)}
         record.update({k: float(v) for k, v in scalars.items() if v is not None})
         self._step, self._phase = int(step), heartbeat.STEP  # a logged step: the rank is stepping
-        self.phases.finish(int(step))
+        if self._timing:  # an untimed step closes nothing: its time would go to the phase left open
+            self.phases.finish(int(step))
         record.update(self._phase_figures(int(step)))
         self._write(record)
+        if self._alternate:
+            self._time_next_step_or_not(int(step) + 1)
         self._maybe_fail(step)
 
     def _phase_figures(self, step: int, wait: bool = False) -> dict[str, float]:
@@ -72,6 +77,15 @@ class Reporter:
             else:
                 self._write({"t": time.time(), "rank": self.rank, "step": done, **step_phases.figures(seconds)})
         return own
+
+    def _time_next_step_or_not(self, step: int) -> None:
+        """Under "alternate:K": mark the phases of logged step `step` or not. A timed stretch starts
+        afresh here (`restart`): what was marked before it, or left open, is no step of its."""
+        timed = step_phases.timed_step(step, self._alternate)
+        if timed and not self._timing:
+            self.phases.restart()
+        self._timing = timed
+        step_phases._current = self.phases if timed else None
 
     def beat(self, phase: str, step: int | None = None) -> None:
         """The rank advanced, and is now in `phase` (runs/heartbeat.py), at `step` (None: the step it

@@ -16,11 +16,14 @@ recipe that names none logs no phase figures, and a logged step in which none wa
 
 GPUSCALE_STEP_PHASES=0 in a run's environment (PHASES_ENV, read by `timing_on`) turns the timing off:
 no mark is made and no phase figure logged, so that bench/step_phases.py can time the same run with
-and without it. GPUSCALE_SLOW_RANK=RANK:SECONDS[:PHASE] (SLOW_RANK_ENV, read by `slow_rank`) is a test
-aid: rank RANK sleeps SECONDS each time it enters phase PHASE (forward_backward unless given: each
-training pass), a straggler on purpose, as a slower card would be, to see it named (data/step_phases.py's
-advice); it needs the timing on. The other ranks then wait for it at their next collective (the gradient
-all-reduce: `wait`).
+and without it. GPUSCALE_STEP_PHASES=alternate:K (read by `alternation`) times K logged steps, then
+leaves K untimed, and so on (`timed_step`), so that one run's own steps tell what the timing costs,
+free of the spread between runs (bench/RESULTS.md).
+
+GPUSCALE_SLOW_RANK=RANK:SECONDS[:PHASE] (SLOW_RANK_ENV, read by `slow_rank`) is a test aid: rank RANK sleeps
+SECONDS each time it enters phase PHASE (forward_backward unless given: each training pass), a straggler on
+purpose, as a slower card would be, to see it named (data/step_phases.py's advice); it needs the timing on.
+The other ranks then wait for it at their next collective (the gradient all-reduce: `wait`).
 
 Waiting for the other ranks (`wait`) is told apart where it happens, without a sync: at every blocking
 collective of torch.distributed the rank calls (`time_collectives`: accelerate's and TRL's gathers,
@@ -53,6 +56,22 @@ SLOW_RANK_ENV = "GPUSCALE_SLOW_RANK"
 def timing_on(environ=os.environ) -> bool:
     """Whether a rank times its step phases: always, unless PHASES_ENV is "0" (the module's docstring)."""
     return environ.get(PHASES_ENV, "").strip() != "0"
+
+
+def alternation(environ=os.environ) -> int:
+    """K of PHASES_ENV's "alternate:K" (K >= 1), else 0: every step timed, or none."""
+    value = environ.get(PHASES_ENV, "").strip()
+    if not value.startswith("alternate:"):
+        return 0
+    k = value.partition(":")[2]
+    if not k.isdigit() or int(k) < 1:
+        raise ValueError(f"{PHASES_ENV}: {value!r}: alternate:K needs a whole K of at least 1")
+    return int(k)
+
+
+def timed_step(step: int, alternate: int) -> bool:
+    """Whether logged step `step` (from 1) is timed under "alternate:K": steps 1..K yes, K+1..2K no, ..."""
+    return alternate == 0 or (step - 1) // alternate % 2 == 0
 
 
 def slow_rank(rank: int, environ=os.environ) -> tuple[str, float] | None:

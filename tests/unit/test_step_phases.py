@@ -177,6 +177,32 @@ def test_timing_off_marks_nothing_and_logs_no_phase_figure(tmp_path, monkeypatch
     assert step_phases.timing_on({}) and step_phases.timing_on({step_phases.PHASES_ENV: "1"})
 
 
+def test_alternate_times_k_steps_then_leaves_k_untimed_each_timed_stretch_starting_afresh(tmp_path, monkeypatch):
+    monkeypatch.setenv(step_phases.PHASES_ENV, "alternate:2")
+    clock = TickClock()
+    reporter = Reporter(tmp_path, 0)
+    reporter.phases.clock = clock
+    try:
+        at(clock, 0.0, lambda: step_phases.restart("data"))
+        for step in range(1, 8):  # each step: 1 s of data, then `train` until the log, which leaves it open
+            at(clock, step - 1.0 + 0.25, lambda: step_phases.switch("train"))
+            at(clock, float(step), lambda step=step: reporter.log(step, loss=1.0))
+            at(clock, float(step), lambda: step_phases.switch("data"))
+    finally:
+        reporter.close()
+    phased = {record["step"]: rules.phases_of(record) for record in records(tmp_path, 0) if rules.phases_of(record)}
+    # Steps 1-2 and 5-6 timed, 3-4 and 7 not (nothing of them left in a timed step, the open `train` phase
+    # at step 4's log included); step 5 starts at step 4's log, in no phase until the next mark (here none).
+    assert phased == {1: {"data": 0.25, "train": 0.75}, 2: {"data": 0.25, "train": 0.75},
+                      5: {"other": 0.0, "data": 0.25, "train": 0.75}, 6: {"data": 0.25, "train": 0.75}}
+    assert [step_phases.timed_step(step, 2) for step in range(1, 8)] == [True, True, False, False, True, True, False]
+    assert all(step_phases.timed_step(step, 0) for step in range(1, 8))
+    assert step_phases.alternation({step_phases.PHASES_ENV: "alternate:3"}) == 3
+    assert step_phases.alternation({}) == 0 and step_phases.alternation({step_phases.PHASES_ENV: "1"}) == 0
+    with pytest.raises(ValueError, match="alternate:0"):
+        step_phases.alternation({step_phases.PHASES_ENV: "alternate:0"})
+
+
 def test_the_slowed_rank_sleeps_each_time_it_enters_the_phase(tmp_path, monkeypatch):
     monkeypatch.setenv(step_phases.SLOW_RANK_ENV, "1:0.05")
     slowed, other = Reporter(tmp_path, 1), Reporter(tmp_path, 0)
