@@ -4,24 +4,19 @@ and the saved-model check's plain-transformers scoring on the embedded model."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from bench_loader import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def acceptance():
-    spec = importlib.util.spec_from_file_location("acceptance", ROOT / "bench" / "acceptance.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("acceptance.py")
 
 
 def row(label: str, seed: int, greedy=(None, None), sampled=(None, None), domains: dict | None = None,

@@ -3,23 +3,20 @@ the same problems; T = 1/alpha; 16 chains with --pass-at-k, greedy one) and the 
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_loader import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("power_sampling_bench", ROOT / "bench" / "power_sampling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("power_sampling.py")
 
 
 def test_every_rival_runs_on_the_same_problems_with_its_own_temperature_and_chains(bench, monkeypatch):

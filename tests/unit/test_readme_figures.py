@@ -12,13 +12,12 @@ copy of a real figure's JSON in tmp_path.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from bench_loader import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -27,11 +26,7 @@ RESULTS_MD = (ROOT / "bench" / "RESULTS.md").read_text()
 
 @pytest.fixture(scope="module")
 def figures():
-    spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "bench" / "readme_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("readme_figures.py")
 
 
 def test_every_figure_readme_quotes_is_registered_and_today_s(figures):

@@ -3,20 +3,17 @@ steps are timed, their intervals, and on / off from them, on hand-made metric re
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_loader import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("step_phases_bench", ROOT / "bench" / "step_phases.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("step_phases.py")
 
 
 def records(step_ends: list[float]) -> list[dict]:

@@ -4,11 +4,11 @@ with events that overlap within a stream and across the streams, and one stream 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from bench_loader import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = 5_000_000_000_000.0  # a real trace's microseconds are this large: offsets below are from here
@@ -17,10 +17,7 @@ LONG_NAME = "void long_kernel<" + "T, " * 60 + ">()"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("stream_overlap_bench", ROOT / "bench" / "stream_overlap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("stream_overlap.py")
 
 
 def device(cat: str, name: str, stream: int, start: float, end: float) -> dict:
