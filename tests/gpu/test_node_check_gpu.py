@@ -1,13 +1,12 @@
 """On a CUDA machine only: the probe's node check against a plain torch measurement of the same
 things in the same session, and a GPU loaded by another process flagged (and no other)."""
 
-import importlib.util
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from bench_loader import load_bench
 
 from conftest import run_json
 
@@ -21,10 +20,7 @@ PROBE = ["run", "--recipe", "probe", "--model", "random-qwen2.5-0.5b", "--batch-
 
 def node_check_bench():
     """bench/node_check.py: its plain torch measures (CUDA events, the probe's sizes) and its loader."""
-    spec = importlib.util.spec_from_file_location("node_check", Path(__file__).parents[2] / "bench" / "node_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("node_check.py")
 
 
 def test_the_node_check_agrees_with_plain_torch_within_5_percent(home):
