@@ -1,6 +1,7 @@
 """grpo-mtl: the synchronous rollout against rollout=async, side by side in one call, at the same shape.
 
-    python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1] [--generation-gpus 1] [--compile]
+    python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1] [--generation-gpus 1]
+        [--compile]
 
 For each GPU count of --gpus, real `gpuscale run --recipe grpo-mtl` runs with gpuscale's engine
 at the same settings (bench/grpo_mtl.py's: `--prompts-per-step` prompts per GPU per step, each answered
