@@ -102,15 +102,31 @@ TINY_SFT_SPEED = ["--model", "tiny-math", "--rows", "64", "--row-tokens", "16", 
                   "--stock-batches", "4,8", "--steps", "5", "--warm-up", "1"]
 
 
+GRPO_STOCK_VARIANTS = ["generate", "static", "static+compile", "continuous"]
+TINY_GRPO_SPEED = ["--grpo-prompts", "2", "--grpo-generations", "2", "--grpo-completion-tokens", "4",
+                   "--grpo-stock-micro", "2,4", "--grpo-steps", "5", "--grpo-warm-up", "1",
+                   "--grpo-stock-variants", ",".join(GRPO_STOCK_VARIANTS)]
+
+
+@pytest.fixture(scope="module")
+def train_speed_record(module_home, tmp_path_factory) -> dict:
+    """bench/train_speed.py's sft and grpo comparisons in one call, for the tests of each: the script's
+    start (torch, transformers and TRL imported) once instead of twice. The grpo side's gpuscale run is
+    recorded in module_home."""
+    out = tmp_path_factory.mktemp("train-speed") / "train-speed.json"
+    bench("train_speed.py", *TINY_SFT_SPEED, "--repeats", "2", *TINY_GRPO_SPEED, "--only", "stock,gpuscale,grpo",
+          "--out", str(out))
+    return json.loads(out.read_text())
+
+
 @pytest.mark.e2e
-def test_train_speed_bench_sweeps_every_stock_sft_variant_and_compares_gpuscale_with_the_best_on_cpu(tmp_path):
+def test_train_speed_bench_sweeps_every_stock_sft_variant_and_compares_gpuscale_with_the_best_on_cpu(
+        train_speed_record):
     """bench/train_speed.py's sft comparison on CPU, every stock SFTTrainer variant by default: those the CPU
     cannot run skipped with their reason, flash attention's refused with its exception, the rest swept over
     their batches; real tokens counted as TRL counts them; gpuscale at the best's rows a step, each side run
     --repeats times, the ratio of the medians."""
-    out = tmp_path / "sft.json"
-    bench("train_speed.py", *TINY_SFT_SPEED, "--only", "stock,gpuscale", "--repeats", "2", "--out", str(out))
-    record = json.loads(out.read_text())
+    record = train_speed_record
     figures = record["figures"]
     speed = load_bench("train_speed.py")
     variants = figures["stock_variants"]
@@ -209,16 +225,12 @@ def test_grpo_async_bench_scales_each_mode_against_its_one_gpu_run():
 
 
 @pytest.mark.e2e
-def test_train_speed_bench_times_stock_grpo_generation_paths_against_a_grpo_mtl_run_on_cpu(home, tmp_path):
-    """bench/train_speed.py --only grpo on CPU with the uncompiled paths: the first variant at each micro-batch,
-    the others at the one with the shortest training part; TRL's static cache refusing compile recorded; the
-    fastest step the stock figure, each ratio against it."""
-    out = tmp_path / "grpo.json"
-    variants = ["generate", "static", "static+compile", "continuous"]
-    bench("train_speed.py", "--model", "tiny-math", "--only", "grpo", "--grpo-prompts", "2", "--grpo-generations", "2",
-          "--grpo-completion-tokens", "4", "--grpo-stock-micro", "2,4", "--grpo-steps", "5", "--grpo-warm-up", "1",
-          "--grpo-stock-variants", ",".join(variants), "--out", str(out))
-    grpo = json.loads(out.read_text())["figures"]["grpo"]
+def test_train_speed_bench_times_stock_grpo_generation_paths_against_a_grpo_mtl_run_on_cpu(train_speed_record):
+    """bench/train_speed.py's grpo comparison on CPU with the uncompiled paths: the first variant at each
+    micro-batch, the others at the one with the shortest training part; TRL's static cache refusing compile
+    recorded; the fastest step the stock figure, each ratio against it."""
+    variants = GRPO_STOCK_VARIANTS
+    grpo = train_speed_record["figures"]["grpo"]
     stock = grpo["stock"]
     assert [(row["variant"], row["micro_batch"]) for row in stock[:2]] == [("generate", 2), ("generate", 4)]
     micro = min(stock[:2], key=lambda row: row["training_seconds_per_step"])["micro_batch"]
