@@ -41,26 +41,30 @@ def bench(script: str, *args: str, timeout: float = 600, check: bool = True) -> 
 
 
 @pytest.mark.e2e
-def test_grpo_mtl_bench_times_every_generator_and_two_ranks(home, tmp_path):
+def test_grpo_mtl_bench_times_every_generator_on_one_rank(home, tmp_path):
+    """bench/grpo_mtl.py on one CPU rank: each generator's run and the ratios against the engine's. Its
+    multi-GPU engine run is grpo_mtl.measure's weak-scaling run at 2 ranks, which grpo_async.py's test
+    starts (as sync_2gpu, the same call with rollout=sync spelt out); the scaling ratios are checked on
+    made-up runs (test_grpo_mtl_bench_scales_the_many_gpu_engine_run_against_the_one_gpu_one): a third
+    2-rank run here would only repeat that one."""
     out = tmp_path / "grpo.json"
     prompts, generations = 2, 2
-    done = bench("grpo_mtl.py", "--model", "tiny-math", "--gpus", "2", "--prompts-per-step", str(prompts),
+    done = bench("grpo_mtl.py", "--model", "tiny-math", "--gpus", "1", "--prompts-per-step", str(prompts),
                  "--generations", str(generations), "--max-completion-length", "6", "--batch-size", "2",
                  "--steps", "2", "--precision", "auto", "--home", str(home), "--out", str(out))
     record = json.loads(out.read_text())
-    assert set(record) == set(SCHEMA) and record["settings"]["gpus"] == 2
+    assert set(record) == set(SCHEMA) and record["settings"]["gpus"] == 1
     results = record["figures"]
     runs = results["runs"]
-    assert set(runs) == {"transformers_1gpu", "continuous_1gpu", "engine_1gpu", "engine_2gpu"}
+    assert set(runs) == {"transformers_1gpu", "continuous_1gpu", "engine_1gpu"}
     store = Store(home, read_only=True)  # the runs are over; reading takes no write lock
     for name, run in runs.items():
-        generator, gpus = name.split("_")[0], int(name.split("_")[1].removesuffix("gpu"))
+        generator = name.split("_")[0]
         stored = store.get_run(run["run"])
         assert stored["status"] == "succeeded" and stored["summary"]["generator"] == generator
-        assert stored["summary"]["world_size"] == gpus and run["steps"] == 2
-        # Weak scaling: each rank gets the same prompts per step at every count.
-        assert f"prompts_per_step={prompts * gpus}" in run["command"]
-        assert run["completions_per_step"] == prompts * generations * gpus
+        assert stored["summary"]["world_size"] == 1 and run["steps"] == 2
+        assert f"prompts_per_step={prompts}" in run["command"]
+        assert run["completions_per_step"] == prompts * generations
         # A median step lies within the training time, and its generation part within the step.
         assert 0 < run["generation_seconds_per_step"] < run["step_seconds"] <= run["train_seconds"]
         assert run["completions_per_s"] == pytest.approx(run["completions_per_step"] / run["step_seconds"])
@@ -73,25 +77,56 @@ def test_grpo_mtl_bench_times_every_generator_and_two_ranks(home, tmp_path):
         transformers["generation_seconds_per_step"] / engine["generation_seconds_per_step"])
     assert ratios["step_continuous_over_engine"] == pytest.approx(
         runs["continuous_1gpu"]["step_seconds"] / engine["step_seconds"])
-    scaling = runs["engine_2gpu"]["completions_per_s"] / engine["completions_per_s"]
-    assert ratios["engine_gpus"] == 2 and ratios["engine_scaling"] == pytest.approx(scaling)
-    assert ratios["scaling_efficiency"] == pytest.approx(scaling / 2)
-    assert "step_transformers_over_engine" in done.stdout and "engine_2gpu" in done.stdout
+    assert ratios["engine_gpus"] is None and ratios["engine_scaling"] is None  # --gpus 1: no many-GPU run
+    assert "step_transformers_over_engine" in done.stdout and "engine_1gpu" in done.stdout
+
+
+def test_grpo_mtl_bench_scales_the_many_gpu_engine_run_against_the_one_gpu_one():
+    """grpo_mtl.py's ratios on made-up runs: the N-GPU engine's completions/s (and steady tokens/s) over the
+    one-GPU engine's, the efficiency that over N; the generators' ratios against the one-GPU engine."""
+    ratios = load_bench("grpo_mtl.py").ratios
+    runs = {"engine_1gpu": {"completions_per_s": 10.0, "tokens_per_s_steady": 100.0, "step_seconds": 0.5,
+                            "generation_seconds_per_step": 0.2},
+            "transformers_1gpu": {"step_seconds": 2.0, "generation_seconds_per_step": 1.6},
+            "continuous_1gpu": {"step_seconds": 1.0},
+            "engine_2gpu": {"completions_per_s": 18.0, "tokens_per_s_steady": 190.0}}
+    assert ratios(runs, 2) == pytest.approx({
+        "step_transformers_over_engine": 4.0, "generation_transformers_over_engine": 8.0,
+        "step_continuous_over_engine": 2.0, "engine_gpus": 2, "engine_scaling": 1.8,
+        "engine_scaling_tokens": 1.9, "scaling_efficiency": 0.9})
+    one_gpu = ratios(runs, 1)  # --gpus 1: the 2-GPU run is not its many-GPU run
+    assert (one_gpu["engine_gpus"], one_gpu["engine_scaling"], one_gpu["scaling_efficiency"]) == (None, None, None)
 
 
 TINY_SFT_SPEED = ["--model", "tiny-math", "--rows", "64", "--row-tokens", "16", "--pack-length", "64",
                   "--stock-batches", "4,8", "--steps", "5", "--warm-up", "1"]
 
 
+GRPO_STOCK_VARIANTS = ["generate", "static", "static+compile", "continuous"]
+TINY_GRPO_SPEED = ["--grpo-prompts", "2", "--grpo-generations", "2", "--grpo-completion-tokens", "4",
+                   "--grpo-stock-micro", "2,4", "--grpo-steps", "5", "--grpo-warm-up", "1",
+                   "--grpo-stock-variants", ",".join(GRPO_STOCK_VARIANTS)]
+
+
+@pytest.fixture(scope="module")
+def train_speed_record(module_home, tmp_path_factory) -> dict:
+    """bench/train_speed.py's sft and grpo comparisons in one call, for the tests of each: the script's
+    start (torch, transformers and TRL imported) once instead of twice. The grpo side's gpuscale run is
+    recorded in module_home."""
+    out = tmp_path_factory.mktemp("train-speed") / "train-speed.json"
+    bench("train_speed.py", *TINY_SFT_SPEED, "--repeats", "2", *TINY_GRPO_SPEED, "--only", "stock,gpuscale,grpo",
+          "--out", str(out))
+    return json.loads(out.read_text())
+
+
 @pytest.mark.e2e
-def test_train_speed_bench_sweeps_every_stock_sft_variant_and_compares_gpuscale_with_the_best_on_cpu(tmp_path):
+def test_train_speed_bench_sweeps_every_stock_sft_variant_and_compares_gpuscale_with_the_best_on_cpu(
+        train_speed_record):
     """bench/train_speed.py's sft comparison on CPU, every stock SFTTrainer variant by default: those the CPU
     cannot run skipped with their reason, flash attention's refused with its exception, the rest swept over
     their batches; real tokens counted as TRL counts them; gpuscale at the best's rows a step, each side run
     --repeats times, the ratio of the medians."""
-    out = tmp_path / "sft.json"
-    bench("train_speed.py", *TINY_SFT_SPEED, "--only", "stock,gpuscale", "--repeats", "2", "--out", str(out))
-    record = json.loads(out.read_text())
+    record = train_speed_record
     figures = record["figures"]
     speed = load_bench("train_speed.py")
     variants = figures["stock_variants"]
@@ -132,22 +167,25 @@ def test_train_speed_bench_sweeps_every_stock_sft_variant_and_compares_gpuscale_
 
 
 @pytest.mark.e2e
-def test_grpo_async_bench_runs_sync_and_async_side_by_side_at_each_gpu_count(home, tmp_path):
-    """bench/grpo_async.py on CPU: at 1 and 2 ranks a rollout=sync and a rollout=async run of the same shape,
-    at 2 a placed one (1 rank generates, 1 trains), whole-run completions/s, async's staleness and clipped
-    share, the ratios computed from the runs."""
+def test_grpo_async_bench_runs_sync_async_and_placed_side_by_side_on_two_ranks(home, tmp_path):
+    """bench/grpo_async.py on 2 CPU ranks: a rollout=sync and a rollout=async run of the same shape and a
+    placed one (1 rank generates, 1 trains), whole-run completions/s, async's staleness and clipped share,
+    the ratios computed from the runs. Two ranks only: the count where all three modes run; the one-rank
+    sync run is grpo_mtl.py's test's engine_1gpu (the same grpo_mtl.measure call), rollout=async's
+    background thread is run by test_grpo_mtl_run.py, and the weak-scaling ratios against one GPU are
+    checked on made-up runs (test_grpo_async_bench_scales_each_mode_against_its_one_gpu_run)."""
     out = tmp_path / "async.json"
-    prompts, generations, steps = 2, 2, 3
-    bench("grpo_async.py", "--model", "tiny-math", "--gpus", "1,2", "--prompts-per-step", str(prompts),
+    prompts, generations, steps, gpus = 2, 2, 3, 2
+    bench("grpo_async.py", "--model", "tiny-math", "--gpus", str(gpus), "--prompts-per-step", str(prompts),
           "--generations", str(generations), "--max-completion-length", "6", "--batch-size", "2",
           "--steps", str(steps), "--precision", "auto", "--home", str(home), "--out", str(out))
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["settings"]["max_staleness"] == 1
     runs, ratios = record["figures"]["runs"], record["figures"]["ratios"]
-    assert set(runs) == {"sync_1gpu", "async_1gpu", "sync_2gpu", "async_2gpu", "placed_2gpu"}
+    assert set(runs) == {"sync_2gpu", "async_2gpu", "placed_2gpu"}
     store = Store(home, read_only=True)
     for name, run in runs.items():
-        mode, gpus = name.split("_")[0], int(name.split("_")[1].removesuffix("gpu"))
+        mode = name.split("_")[0]
         summary = store.get_run(run["run"])["summary"]
         rollout, generators = ("async", 1) if mode == "placed" else (mode, 0)
         # A placed run's world is its training ranks; the step's prompts are the same over the same ranks.
@@ -161,30 +199,38 @@ def test_grpo_async_bench_runs_sync_and_async_side_by_side_at_each_gpu_count(hom
             assert 0 <= run["sampling_importance_sampling_clipped_share_last"] <= 1
         else:
             assert "sampling_staleness_last" not in run
-    for gpus in (1, 2):
-        assert ratios[f"async_over_sync_{gpus}gpu"] == pytest.approx(
-            runs[f"async_{gpus}gpu"]["completions_per_s_run"] / runs[f"sync_{gpus}gpu"]["completions_per_s_run"])
-    for mode in ("sync", "async"):
-        assert ratios[f"{mode}_scaling_efficiency_2gpu"] == pytest.approx(
-            runs[f"{mode}_2gpu"]["completions_per_s_run"] / runs[f"{mode}_1gpu"]["completions_per_s_run"] / 2)
-    assert ratios["placed_over_sync_2gpu"] == pytest.approx(
-        runs["placed_2gpu"]["completions_per_s_run"] / runs["sync_2gpu"]["completions_per_s_run"])
-    assert ratios["placed_scaling_efficiency_2gpu"] == pytest.approx(
-        runs["placed_2gpu"]["completions_per_s_run"] / runs["sync_1gpu"]["completions_per_s_run"] / 2)
-    assert "placed_over_sync_1gpu" not in ratios  # one GPU cannot be split
+    for mode in ("async", "placed"):
+        assert ratios[f"{mode}_over_sync_2gpu"] == pytest.approx(
+            runs[f"{mode}_2gpu"]["completions_per_s_run"] / runs["sync_2gpu"]["completions_per_s_run"])
+    assert not any("scaling_efficiency" in name for name in ratios)  # no one-GPU run to scale against
+
+
+def test_grpo_async_bench_scales_each_mode_against_its_one_gpu_run():
+    """grpo_async.py's ratios on made-up runs at 1 and 2 GPUs: async and placed over sync at each count
+    where they ran (placement cannot split one GPU), each mode's weak-scaling efficiency against its own
+    one-GPU run, placed's against the one-GPU sync run (a user's run without placement)."""
+    ratios = load_bench("grpo_async.py").ratios
+
+    def run(per_run: float, steady: float) -> dict:
+        return {"completions_per_s_run": per_run, "completions_per_s": steady}
+
+    runs = {"sync_1gpu": run(10.0, 20.0), "async_1gpu": run(15.0, 25.0),
+            "sync_2gpu": run(16.0, 36.0), "async_2gpu": run(27.0, 45.0), "placed_2gpu": run(24.0, 40.0)}
+    assert ratios(runs, [1, 2]) == pytest.approx({
+        "async_over_sync_1gpu": 1.5, "async_over_sync_steady_1gpu": 1.25,
+        "async_over_sync_2gpu": 27 / 16, "async_over_sync_steady_2gpu": 1.25,
+        "placed_over_sync_2gpu": 1.5, "placed_over_sync_steady_2gpu": 40 / 36,
+        "sync_scaling_efficiency_2gpu": 0.8, "async_scaling_efficiency_2gpu": 0.9,
+        "placed_scaling_efficiency_2gpu": 1.2})
 
 
 @pytest.mark.e2e
-def test_train_speed_bench_times_stock_grpo_generation_paths_against_a_grpo_mtl_run_on_cpu(home, tmp_path):
-    """bench/train_speed.py --only grpo on CPU with the uncompiled paths: the first variant at each micro-batch,
-    the others at the one with the shortest training part; TRL's static cache refusing compile recorded; the
-    fastest step the stock figure, each ratio against it."""
-    out = tmp_path / "grpo.json"
-    variants = ["generate", "static", "static+compile", "continuous"]
-    bench("train_speed.py", "--model", "tiny-math", "--only", "grpo", "--grpo-prompts", "2", "--grpo-generations", "2",
-          "--grpo-completion-tokens", "4", "--grpo-stock-micro", "2,4", "--grpo-steps", "5", "--grpo-warm-up", "1",
-          "--grpo-stock-variants", ",".join(variants), "--out", str(out))
-    grpo = json.loads(out.read_text())["figures"]["grpo"]
+def test_train_speed_bench_times_stock_grpo_generation_paths_against_a_grpo_mtl_run_on_cpu(train_speed_record):
+    """bench/train_speed.py's grpo comparison on CPU with the uncompiled paths: the first variant at each
+    micro-batch, the others at the one with the shortest training part; TRL's static cache refusing compile
+    recorded; the fastest step the stock figure, each ratio against it."""
+    variants = GRPO_STOCK_VARIANTS
+    grpo = train_speed_record["figures"]["grpo"]
     stock = grpo["stock"]
     assert [(row["variant"], row["micro_batch"]) for row in stock[:2]] == [("generate", 2), ("generate", 4)]
     micro = min(stock[:2], key=lambda row: row["training_seconds_per_step"])["micro_batch"]
