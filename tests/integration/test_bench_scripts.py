@@ -6,7 +6,6 @@ and ratios are computed from them."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from bench_loader import load_bench
 
 from conftest import slow
 from gpuscale.control.store import Store
@@ -344,14 +344,6 @@ def test_profile_step_profiles_the_same_optimizer_step_on_every_rank(home, tmp_p
         with gzip.open(f"{out}.rank{rank}.trace.json.gz") as timeline:
             assert json.load(timeline)["traceEvents"]
     assert not list(tmp_path.glob("*.trace.json"))  # only the gzipped timelines stay
-
-
-def load_bench(script: str):
-    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), ROOT / "bench" / script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_scaling_rows_of_several_invocations_merge_and_scale_against_the_one_gpu_row():
