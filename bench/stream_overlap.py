@@ -22,10 +22,11 @@ trains on the default stream; this tells how much of the GPU's time the two actu
 The second form runs `gpuscale run ARGS` with the ranks under step_phases' SITECUSTOMIZE (logged steps
 AFTER+1 ... AFTER+STEPS profiled), keeps each rank's trace in --traces (default: a new temporary folder)
 and analyses them. A trace needs a GPU's events: a run on CPU ranks has none. The result (bench/record.py's
-schema) goes to bench/results/grpo_mtl/stream-overlap-<date>-<card>.json; --card names the cards a trace
-read with --from-trace was made on (default: this machine's).
+schema) goes to bench/results/grpo_mtl/stream-overlap-<date>-<card>.json; each trace's `made_on` holds the
+devices and CUDA versions the trace itself names, and the card is theirs (--card overrides it; where the
+traces name none or differ, this machine's). The result's `versions` are the analysing machine's.
 
-    python bench/stream_overlap.py --card "1 x H200" --from-trace async/rank0.trace.json.gz sync/rank0.trace.json.gz
+    python bench/stream_overlap.py --from-trace async/rank0.trace.json.gz sync/rank0.trace.json.gz
     python bench/stream_overlap.py -- --recipe grpo-mtl --gpus 1 --model random-qwen2.5-0.5b \\
         --set rollout=async --set max_steps=8 --set eval_examples=0 --set save_model=false
 """
@@ -161,6 +162,22 @@ def phases(trace: dict, start: float) -> list[dict]:
     return [{"phase": name, "at_s": (at - start) / 1e6} for at, name in marks]
 
 
+def made_on(trace: dict) -> dict:
+    """What the trace itself says of the machine that made it (torch.profiler's own fields): its CUDA
+    devices and versions. The result's `versions` are the analysing machine's."""
+    return {"devices": [device.get("name") for device in trace.get("deviceProperties", [])],
+            **{key: trace[key] for key in ("cuda_runtime_version", "cuda_driver_version") if key in trace}}
+
+
+def traces_card(results: dict) -> dict | None:
+    """The card the traces were made on, from their own device names where they all name the same ones."""
+    named = {tuple(result["made_on"]["devices"]) for result in results.values()}
+    if len(named) != 1 or not next(iter(named)):
+        return None
+    devices = list(next(iter(named)))
+    return {"names": devices, "count": len(devices)}
+
+
 def analyse(trace: dict, bin_ms: float) -> dict:
     events = device_events(trace)
     if not events:
@@ -171,9 +188,9 @@ def analyse(trace: dict, bin_ms: float) -> dict:
         raise ValueError("the device events take no time")
     grouped = by_stream(events)
     unions = {stream: merged(spans(stream_events)) for stream, stream_events in grouped.items()}
-    return {"window_s": (end - start) / 1e6, "streams": streams(grouped, unions, end - start),
-            **coverage(unions, end - start), "timeline": timeline(unions, start, end, bin_ms * 1000),
-            "phases": phases(trace, start)}
+    return {"made_on": made_on(trace), "window_s": (end - start) / 1e6,
+            "streams": streams(grouped, unions, end - start), **coverage(unions, end - start),
+            "timeline": timeline(unions, start, end, bin_ms * 1000), "phases": phases(trace, start)}
 
 
 # ---- printing ---------------------------------------------------------------------------------------
@@ -222,7 +239,8 @@ def parse_options(argv: list[str] | None = None):
                         help="Chrome traces (.json or .json.gz) to analyse; no run")
     parser.add_argument("--bin-ms", type=float, default=25.0, help="the timeline's bin")
     parser.add_argument("--card", default=None, metavar="'N x NAME'",
-                        help="with --from-trace: the cards the traces were made on (default: this machine's)")
+                        help="with --from-trace: the cards the traces were made on (default: the devices the "
+                        "traces name, else this machine's)")
     parser.add_argument("--profile-after", type=int, default=3, help="logged steps before the profiled ones")
     parser.add_argument("--profile-steps", type=int, default=2, help="logged steps profiled")
     parser.add_argument("--traces", type=Path, default=None, help="where a run's traces are kept")
@@ -252,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{path}: {problem}") from None
         print("\n".join(printed(label_of(path), results[label_of(path)])), flush=True)
     settings = {**vars(opts), "from_trace": [str(p) for p in opts.from_trace], "traces": str(opts.traces or "")}
-    write_result("grpo_mtl", "stream-overlap", settings, {"traces": results}, out=opts.out, card=parse_card(opts.card))
+    card = parse_card(opts.card) or (traces_card(results) if opts.from_trace else None)
+    write_result("grpo_mtl", "stream-overlap", settings, {"traces": results}, out=opts.out, card=card)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,18 @@ def test_the_script_reads_a_gzipped_trace_and_writes_the_result(bench, tmp_path)
     assert result["figures"]["traces"]["async-1gpu/rank0"]["overlap_s"] == pytest.approx(11e-6)
 
 
+def test_without_card_the_result_names_the_devices_the_traces_were_made_on(bench, tmp_path):
+    path = tmp_path / "rank0.trace.json"
+    path.write_text(json.dumps({**two_streams(), "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],
+                                "cuda_runtime_version": 13000}))
+    out = tmp_path / "result.json"
+    bench.main(["--from-trace", str(path), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["card"] == {"names": ["NVIDIA H200"], "count": 1}
+    made_on = result["figures"]["traces"][f"{tmp_path.name}/rank0"]["made_on"]
+    assert made_on == {"devices": ["NVIDIA H200"], "cuda_runtime_version": 13000}
+
+
 def test_a_trace_without_device_work_is_refused(bench, tmp_path):
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps({"traceEvents": [annotation("cpu_op", "aten::mm", 0)]}))
