@@ -19,8 +19,8 @@ recipe's defaults otherwise. Per recipe:
   With --alternate K, also one run that times K logged steps, then leaves K untimed, and so on
   (GPUSCALE_STEP_PHASES=alternate:K): on / off of its own timed and untimed steps' median intervals
   (its steady steps), and its noise, how far each half of its steps puts on / off from the whole's.
-  Runs of the same settings differ by 7-25% on an H200, more than the 2% target, so where this run
-  is made its figure is the verdict's; a phase figure logged for an untimed step voids it.
+  Runs of the same settings differ from run to run by more than the 2% target (bench/RESULTS.md), so
+  where this run is made its figure is the verdict's; a phase figure logged for an untimed step voids it.
 - Coverage, from the runs with timing on: the share of a steady step the named phases cover (1 -
   `other`), the run's summary (every rank's steady steps together) and the least of any rank's.
 - Profiler agreement (sft and sft-rows512, grpo-mtl): one more run with timing on, whose ranks run
@@ -211,14 +211,25 @@ def one_run(name: str, timing: bool, arguments: list[str], home: Path, extra_env
 # ---- the profiler's split ---------------------------------------------------------------------------
 
 
+def profile_env(out: str, after: int, steps: int) -> dict[str, str]:
+    """What SITECUSTOMIZE reads: where the traces go, and the logged steps after+1 ... after+steps profiled."""
+    return {"GPUSCALE_PHASES_PROFILE_OUT": out, "GPUSCALE_PHASES_PROFILE_AFTER": str(after),
+            "GPUSCALE_PHASES_PROFILE_STEPS": str(steps)}
+
+
+def phase_marks(trace: dict) -> list[tuple[float, str]]:
+    """(microseconds, the phase from there on) of each of SITECUSTOMIZE's annotations, in order: the CPU's
+    (on a GPU the profiler also draws each range on the device's timeline, as `gpu_user_annotation`: not
+    a mark)."""
+    return sorted((e["ts"], e["name"].removeprefix(ANNOTATION)) for e in trace["traceEvents"]
+                  if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith(ANNOTATION))
+
+
 def profiler_split(trace: dict) -> dict[str, float]:
     """Phase -> seconds on the profiler's timeline (the module's docstring): cut at each phase
     annotation, on a GPU at the later of the annotation and the end of the device work launched before it."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    # The CPU's annotations (on a GPU the profiler also draws each range on the device's timeline, as
-    # `gpu_user_annotation`: not a mark).
-    marks = sorted((e["ts"], e["name"].removeprefix(ANNOTATION)) for e in events
-                   if e.get("cat") == "user_annotation" and e["name"].startswith(ANNOTATION))
+    marks = phase_marks(trace)
     launches = {e["args"]["correlation"]: e["ts"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     work = sorted((launches[e["args"]["correlation"]], e["ts"] + e["dur"]) for e in events
@@ -248,8 +259,7 @@ def profiled(name: str, arguments: list[str], home: Path, opts) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpuscale-phases-profile-") as folder:
         Path(folder, "sitecustomize.py").write_text(rank_sitecustomize(SITECUSTOMIZE, "GPUSCALE_PHASES_PROFILE_OUT"))
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])),
-               "GPUSCALE_PHASES_PROFILE_OUT": folder, "GPUSCALE_PHASES_PROFILE_AFTER": str(opts.profile_after),
-               "GPUSCALE_PHASES_PROFILE_STEPS": str(opts.profile_steps)}
+               **profile_env(folder, opts.profile_after, opts.profile_steps)}
         run = one_run(name, True, arguments, home, env)
         window = range(opts.profile_after + 1, opts.profile_after + opts.profile_steps + 1)
         ranks = {}

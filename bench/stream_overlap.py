@@ -47,7 +47,7 @@ from record import ROOT, parse_card, write_result  # noqa: E402
 
 sys.path.insert(0, str(ROOT))  # gpuscale from this checkout when run as a script
 from profile_rollout import rank_sitecustomize, run_with_sitecustomize  # noqa: E402
-from step_phases import ANNOTATION, DEVICE_WORK, SITECUSTOMIZE  # noqa: E402
+from step_phases import DEVICE_WORK, SITECUSTOMIZE, phase_marks, profile_env  # noqa: E402
 
 BASELINE = ("No baseline: the streams of one profiled run are set against each other (the share of the window "
             "two or more are busy at once). Compare an async trace with the synchronous run's (one stream).")
@@ -155,11 +155,8 @@ def timeline(unions: dict[str, list], start: float, end: float, bin_us: float) -
 
 
 def phases(trace: dict, start: float) -> list[dict]:
-    """The phase annotations in order, each at its seconds from the window's start. On a GPU the profiler
-    also draws each range on the device's timeline (`gpu_user_annotation`): not a mark."""
-    marks = sorted((e["ts"], e["name"].removeprefix(ANNOTATION)) for e in trace["traceEvents"]
-                   if e.get("cat") == "user_annotation" and e.get("name", "").startswith(ANNOTATION))
-    return [{"phase": name, "at_s": (at - start) / 1e6} for at, name in marks]
+    """The phase marks in order (step_phases.phase_marks), each at its seconds from the window's start."""
+    return [{"phase": name, "at_s": (at - start) / 1e6} for at, name in phase_marks(trace)]
 
 
 def made_on(trace: dict) -> dict:
@@ -222,9 +219,7 @@ def label_of(path: Path) -> str:
 def profiled_run(run: list[str], folder: Path, after: int, steps: int) -> list[Path]:
     """`gpuscale run RUN`, its ranks' logged steps after+1 ... after+steps profiled; their traces."""
     sitecustomize = rank_sitecustomize(SITECUSTOMIZE, "GPUSCALE_PHASES_PROFILE_OUT")
-    code = run_with_sitecustomize(sitecustomize, run, {"GPUSCALE_PHASES_PROFILE_OUT": str(folder),
-                                                       "GPUSCALE_PHASES_PROFILE_AFTER": str(after),
-                                                       "GPUSCALE_PHASES_PROFILE_STEPS": str(steps)})
+    code = run_with_sitecustomize(sitecustomize, run, profile_env(str(folder), after, steps))
     traces = sorted(folder.glob("rank*.trace.json.gz"))
     if not traces:
         raise SystemExit(f"no trace written to {folder} (run exit {code}; fewer than {after + steps} logged steps?)")
