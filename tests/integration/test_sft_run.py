@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import check_step_phases, gpuscale, run_json, run_together, runs_at_once, spawn_gpuscale, wait_until
+from conftest import check_step_phases, gpuscale, run_json, run_together, runs_at_once
 from gpuscale.control.metrics_tail import Throughput
 from gpuscale.control.store import Store
 from gpuscale.data.models import load_model
@@ -20,6 +21,8 @@ from gpuscale.data.tasks import load_examples
 from gpuscale.recipes.shared.registry import get_recipe
 
 pytestmark = pytest.mark.e2e  # every test here starts real runs
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 TINY_SFT = ["--recipe", "sft", "--batch-size", "2", "--set", "max_examples=16", "--set", "max_steps=3",
             "--set", "max_length=64", "--set", "eval_examples=4", "--set", "max_new_tokens=48",
@@ -103,41 +106,36 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
     assert changed
 
 
-def test_a_slowed_rank_is_named_a_straggler_live_within_three_logged_steps(home):
-    """GPUSCALE_SLOW_RANK (engines/step_phases.py's test aid) makes rank 1 sleep at each logged step: the
-    warnings the monitor and `gpuscale run`'s progress line show (app/views/collapse.py) name it while the
-    run goes on, by the time the ranks have logged 3 steady steps; the other rank's step is as long,
-    spent waiting at the gradient all-reduce, so it is not named."""
-    from gpuscale.app.views.collapse import run_collapse_warnings
-    from gpuscale.app.views.runs import split_lines
+def test_a_slowed_rank_is_named_a_straggler_live_within_three_logged_steps_and_the_monitor_shows_it(tmp_path):
+    """bench/phases_view.py (issue 52's capture) on 2 CPU ranks: GPUSCALE_SLOW_RANK (engines/step_phases.py's
+    test aid) makes rank 1 sleep a second at each training pass; the warnings the monitor and `gpuscale
+    run`'s progress line show (app/views/collapse.py) name it while the run goes on, by the time the ranks
+    have logged 3 steady steps; the other rank's step is as long, spent waiting at the gradient all-reduce,
+    so it is not named; and the real app's monitor, captured while the run is live, shows the rows a rank
+    and the advice."""
     from gpuscale.data.step_phases import LIVE_STEPS, WARM_UP_STEPS
-    from gpuscale.runs.statuses import LIVE_STATUSES
 
-    # Two steps past the last it may be named at: named while the run goes on (each step a second).
-    steps = WARM_UP_STEPS + LIVE_STEPS + 2
-    front = spawn_gpuscale("run", *TINY_SFT, "--gpus", "2", "--set", f"max_steps={steps}", "--set", "eval_examples=0",
-                           "--set", "max_examples=64", env={"GPUSCALE_SLOW_RANK": "1:1.0"})
-    store = Store(home)
-    run_id = wait_until(lambda: [run["id"] for run in store.list_runs()], message="the run")[0]
-
-    def named() -> int | None:
-        """The step the run is at once a warning names rank 1 a straggler."""
-        run = store.get_run(run_id)
-        if any(line.startswith("rank 1 is a straggler") for line in run_collapse_warnings(store, run)):
-            # The monitor's row a rank: the others' step as long, spent waiting for it.
-            rows = split_lines(run)
-            assert rows[1].startswith("  rank 0: ") and ", waited " in rows[1], rows
-            assert rows[2].startswith("  rank 1: "), rows
-            return run["progress"]["step"]
-        assert run["status"] in LIVE_STATUSES, run["status"]  # named while the run goes on
-        return None
-
-    at_step = wait_until(named, timeout=120, interval=0.1, message="rank 1 named a straggler")
+    out = tmp_path / "monitor.json"
+    # Steps enough that the run is still live when the app has drawn its monitor (each step a second or more).
+    done = subprocess.run([sys.executable, str(BENCH / "phases_view.py"), "--gpus", "2", "--model", "tiny-math",
+                           "--slow-rank", "1:0.5", "--sizes", "120x40", "--set", "max_steps=9",
+                           "--set", "max_examples=64", "--set", "batch_size=2", "--set", "max_length=64",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())["figures"]
+    assert figures["status"] == "succeeded" and figures["other_ranks_named"] == []
     # Slowed from its first log on, so from its first steady step on.
-    assert at_step <= WARM_UP_STEPS + LIVE_STEPS
-    out, err = front.communicate(timeout=240)
-    assert front.returncode == 0, err
-    assert "rank 1 is a straggler: it works" in err and "rank 0 is a straggler" not in err
+    assert figures["named_at_step"] <= WARM_UP_STEPS + LIVE_STEPS
+    named = next(seen for seen in figures["observations"] if seen["step"] == figures["named_at_step"])
+    assert named["status"] == "running"  # named while the run goes on
+    rows = named["rows"]  # the monitor's row a rank: the other's step as long, spent waiting for rank 1
+    assert rows[1].startswith("  rank 0: ") and ", waited " in rows[1], rows
+    assert rows[2].startswith("  rank 1: "), rows
+    screen = "\n".join(figures["screens"]["monitor-120x40"])
+    assert "where a step goes" in screen and "rank 1 is a straggler" in screen, screen
+    assert (out.with_suffix("") / "monitor-120x40.svg").exists()
+    progress_line = (out.with_suffix("") / "run.txt").read_text()
+    assert "rank 1 is a straggler: it works" in progress_line and "rank 0 is a straggler" not in progress_line
 
 
 # An optimizer step's rows are counted over all ranks: 1 rank takes the 4 rows of a step, 2 ranks 2 each.

@@ -9,21 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
-import html
 import math
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from bench_loader import load_bench
 from textual.worker import WorkerCancelled
 
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.control import launch
 from gpuscale.control.store import Store
+
+svg_screen_text = load_bench("svg_text.py").svg_screen_text  # the one reading of a capture
 
 # 2027-01-15 08:00:00 UTC: the frozen "now" of every snapshot.
 FROZEN_NOW = 1_800_000_000.0
@@ -72,14 +73,6 @@ def snap_compare(snap_compare, request):
         raise AssertionError(f"the screen differs from its snapshot; its text rows:\n{text}")
 
     return compare
-
-
-def svg_screen_text(svg: str) -> list[str]:
-    """A Textual SVG screenshot's text, one string per row of cells."""
-    rows: dict[float, list[str]] = {}
-    for y, text in re.findall(r'<text[^>]*\by="([\d.]+)"[^>]*>(.*?)</text>', svg):
-        rows.setdefault(float(y), []).append(html.unescape(re.sub("<[^>]+>", "", text)).replace("\xa0", " "))
-    return ["".join(parts).rstrip() for _, parts in sorted(rows.items())]
 
 
 def frozen_app(home: Path, **kwargs) -> GpuscaleApp:

@@ -22,6 +22,8 @@ from gpuscale.control import launch
 from gpuscale.runs.statuses import LIVE_STATUSES
 
 LIVE_RUNS_EVERY_S = 2.0
+# How long a run's tab waits for the tab list of a monitor screen that is still being mounted.
+TAB_LIST_WAIT_S = 5.0
 
 
 def tab_title(run: dict) -> str:
@@ -76,13 +78,23 @@ class MonitorScreen(Screen):
         # second caller must find the first one's tab mounted, not add another or activate a half one.
         async with self._opening:
             pane_id = f"run-{run_id}"
-            tabs = self.tabs()
+            tabs = await self._mounted_tabs()
             if not tabs.query(f"#{pane_id}"):
                 await tabs.add_pane(TabPane(f"run {run_id}", RunMonitor(run_id), id=pane_id))
             self._show_empty()  # first: a monitor polls only once it is displayed
             if activate:
                 tabs.active = pane_id
                 self.active_monitor().poll_now()
+
+    async def _mounted_tabs(self) -> TabbedContent:
+        """The tabs, once their tab list is mounted: TabbedContent mounts it a refresh or two after the
+        screen is switched to, and the app's start-up (a live run) and a caller (the launch screen, a
+        script) may both switch to the monitor and open a run at once; `add_pane` needs the list."""
+        tabs = self.tabs()
+        deadline = asyncio.get_running_loop().time() + TAB_LIST_WAIT_S
+        while not tabs.query("#tabs-list") and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        return tabs
 
     def _show_empty(self) -> None:
         empty = not self.monitors()
