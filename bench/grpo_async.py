@@ -1,7 +1,7 @@
 """grpo-mtl: the synchronous rollout against rollout=async, side by side in one call, at the same shape.
 
     python bench/grpo_async.py [--gpus 1,2] [--model random-qwen2.5-0.5b] [--max-staleness 1] [--generation-gpus 1]
-                               [--compile]
+                               [--compile] [--old-logprobs loss|forward]
 
 For each GPU count of --gpus, real `gpuscale run --recipe grpo-mtl` runs with gpuscale's engine
 at the same settings (bench/grpo_mtl.py's: `--prompts-per-step` prompts per GPU per step, each answered
@@ -21,6 +21,14 @@ while step k trains. At every count over --generation-gpus K (default 1; 0: none
 weights sent every step), the same prompts a step over the same GPUs; `placed_over_sync` and its weak
 scaling against the one-GPU synchronous run (placement needs 2 GPUs; one GPU's run is what a user has
 without it). On CPU (the script's test) pass `--model tiny-math` and tiny sizes.
+
+`--old-logprobs forward` runs async and placed with TRL's no-grad forward for the importance ratio's old
+log-probs (grpo-mtl's `old_logprobs`; the default, `loss`, takes them from the loss's forward:
+engines/off_policy.py). To measure what skipping that forward gains on a GPU, run the same call with and
+without it, one after the other: each async and placed run's steady step (`step_seconds`; the forward was
+0.11-0.28 s of 0.55-1.81 s steps, bench/RESULTS.md), `async_over_sync`/`placed_over_sync`, and that the
+clipped share stays where it was (the CPU test shows one step's loss, gradients and ratio figures equal);
+the `logprobs` phase's share (bench/step_phases.py, `--set rollout=async`) should drop to about 0.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ def measure_mode(args, mode: str, gpus: int) -> dict:
         extra["max_staleness"] = args.max_staleness
     if mode == "placed":
         extra["generation_gpus"] = args.generation_gpus
+    if mode != "sync" and args.old_logprobs != "loss":
+        extra["old_logprobs"] = args.old_logprobs
     if args.compile:
         extra["compile"] = "true"
     print(f"{mode}: {' '.join(f'{k}={v}' for k, v in extra.items())} on {gpus} GPU(s)", flush=True)
@@ -124,6 +134,9 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--compile", action="store_true", help="every run with compile=true (the engine's decode step "
                         "compiled by torch.compile; its compiling counts in the whole-run figure)")
+    parser.add_argument("--old-logprobs", choices=("loss", "forward"), default="loss",
+                        help="async and placed runs: the importance ratio's old log-probs from the loss's forward "
+                        "(grpo-mtl's default) or from TRL's extra no-grad forward (to compare the two)")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")

@@ -1,7 +1,8 @@
 """rollout=async's pieces in-process, one rank, on the embedded model: TRL's importance-sampling correction
 turned on for gpuscale's rollout gives the weights an explicit computation gives; the async rollout hands
 each step what the synchronous rollout would have sampled from the weights one step older, prefetched from
-the prompts the trainer will ask for next; the places TRL reads `use_vllm` are the ones the switch expects."""
+the prompts the trainer will ask for next; the places TRL reads `use_vllm` are the ones the switch expects;
+the ratio taken at the loss (TRL's old-logprobs forward skipped) trains as TRL's way does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ast
 import copy
 import inspect
 from collections import defaultdict
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +18,7 @@ import torch
 
 from gpuscale.data.models import load_model
 from gpuscale.engines.async_rollout import AsyncEngineRollout, LocalSampler, Lookahead
-from gpuscale.engines.off_policy import CLIPPED_SHARE, STALENESS, clipped_counts
+from gpuscale.engines.off_policy import CLIPPED_SHARE, STALENESS, clipped_counts, one_policy_per_generation
 from gpuscale.engines.rollout import EngineRollout
 from gpuscale.recipes.grpo_mtl import GrpoMtl, Settings
 from gpuscale.runs.settings import SettingsError
@@ -137,9 +139,10 @@ def test_at_staleness_0_the_async_rollout_samples_what_the_sync_one_does_every_s
 # ---- TRL's correction on the trainer --------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def async_trainer(tmp_path_factory):
-    """A 1-rank MultiTaskGRPOTrainer with rollout=async on tiny-math, temperature 0.7."""
+@contextmanager
+def built_async_trainer(run_dir, **overrides):
+    """A 1-rank MultiTaskGRPOTrainer with rollout=async on tiny-math, temperature 0.7, and the rows of
+    one generation batch (each prompt `GENERATIONS` times); the same weights and rollout seeds each time."""
     from gpuscale.data.tasks import load_examples
     from gpuscale.engines.distributed import RankContext
     from gpuscale.engines.reporter import Reporter
@@ -147,19 +150,39 @@ def async_trainer(tmp_path_factory):
     from gpuscale.recipes.grpo_mtl.trainer import build_trainer
 
     torch.manual_seed(0)
-    run_dir = tmp_path_factory.mktemp("async")
     model, tokenizer = load_model("tiny-math")
     rows, _ = grpo_rows(load_examples("tiny-math", "train", 4), tokenizer, 256)
-    settings = Settings(num_generations=GENERATIONS, prompts_per_step=4, batch_size=16, max_steps=1,
-                        max_completion_length=16, temperature=0.7, rollout="async")
+    settings = Settings(**{"num_generations": GENERATIONS, "prompts_per_step": 4, "batch_size": 16, "max_steps": 1,
+                           "max_completion_length": 16, "temperature": 0.7, "rollout": "async", **overrides})
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, run_dir)
     reporter = Reporter(run_dir, 0)
     trainer, _ = build_trainer(rows, settings, ctx, reporter, model, tokenizer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by train()
-    yield trainer, [row for row in rows for _ in range(GENERATIONS)]
-    trainer.rollout_func.on_train_end(None, None, None)
-    reporter.close()
+    try:
+        yield trainer, [row for row in rows for _ in range(GENERATIONS)]
+    finally:
+        trainer.rollout_func.on_train_end(None, None, None)
+        reporter.close()
+
+
+@pytest.fixture(scope="module")
+def async_trainer(tmp_path_factory):
+    """TRL's way: its no-grad forward gives the old log-probs (old_logprobs=forward)."""
+    with built_async_trainer(tmp_path_factory.mktemp("async"), old_logprobs="forward") as built:
+        yield built
+
+
+def step_behind(trainer, batch, noise_seed: int = 1) -> None:
+    """Scores `batch` once (which builds the engine's copy of the weights of step 0), then moves the
+    trainer's weights as an optimizer step would, the copy left as it was: the next completions come from
+    a policy other than the trained one."""
+    trainer._generate_and_score_completions(batch)
+    noise = torch.Generator().manual_seed(noise_seed)
+    with torch.no_grad():
+        for parameter in trainer.model.parameters():
+            parameter.add_(0.02 * torch.randn(parameter.shape, generator=noise))
+    trainer._metrics["train"].clear()
 
 
 def completion_logps(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
@@ -171,18 +194,16 @@ def completion_logps(model, prompt: list[int], completion: list[int], temperatur
 
 
 def test_the_importance_weights_are_the_trainer_s_probabilities_over_the_sampler_s_truncated(async_trainer):
-    """The engine samples from its copy of the weights of the step before; the trainer has stepped since
-    (noise added to its masters, the copy left as it was). Every completion token's weight is
-    min(p_trainer / p_sampler, cap), each probability from a plain forward of its own weights; the
-    clipped share is the share of tokens over the cap."""
+    """TRL's way (its old-logprobs forward, old_logprobs=forward). The engine samples from its copy of the
+    weights of the step before; the trainer has stepped since (noise added to its masters, the copy left as
+    it was). Every completion token's weight is min(p_trainer / p_sampler, cap), each probability from a
+    plain forward of its own weights; the clipped share is the share of tokens over the cap. The test below
+    shows the default way (the ratio at the loss) trains as this one does."""
     trainer, batch = async_trainer
-    trainer._generate_and_score_completions(batch)  # builds the engine's copy of the weights of step 0
-    sampler = copy.deepcopy(trainer.rollout_func.sampler.rollout.engine.model)
-    with torch.no_grad():
-        for parameter in trainer.model.parameters():
-            parameter.add_(0.02 * torch.randn_like(parameter))
+    assert not trainer.ratio_at_loss
+    step_behind(trainer, batch)
+    sampler = copy.deepcopy(trainer.rollout_func.sampler.rollout.engine.model)  # the weights of step 0
     trainer.vllm_importance_sampling_clip_max = cap = 1.1  # TRL's 3.0 would clip nothing here
-    trainer._metrics["train"].clear()
     output = trainer._generate_and_score_completions(batch)
 
     explicit, weights, clipped = [], [], 0
@@ -199,3 +220,90 @@ def test_the_importance_weights_are_the_trainer_s_probabilities_over_the_sampler
     assert torch.allclose(weights, explicit, atol=1e-4)
     assert trainer._metrics["train"][CLIPPED_SHARE] == [pytest.approx(clipped / len(explicit))]
     assert trainer._metrics["train"][STALENESS] == [0.0]  # the same optimizer step: nothing stale by the count
+
+
+# ---- the ratio at the loss: TRL's old-logprobs forward skipped ----------------------------------------
+
+
+RATIO_FIGURES = ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                 "sampling/importance_sampling_ratio/max", CLIPPED_SHARE, "sampling/sampling_logp_difference/mean",
+                 "sampling/sampling_logp_difference/max")
+
+
+def one_step(trainer, batch, mode: str, clip_min: float | None, clip_max: float) -> dict:
+    """One optimizer step's micro-batches (2: batch_size 8 of a rank's 16 completions) through the trainer's
+    own training_step, from completions sampled a step behind: their losses, the gradients they accumulated,
+    the rows scored, and the figures the step logs."""
+    step_behind(trainer, batch)
+    trainer.vllm_importance_sampling_mode = mode
+    trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max = clip_min, clip_max
+    scored = []
+    score = trainer._generate_and_score_completions
+
+    def kept(inputs):  # the batch TRL scores, kept to compare
+        scored.append(score(inputs))
+        return scored[-1]
+
+    trainer._generate_and_score_completions = kept
+    trainer.model.zero_grad()
+    torch.manual_seed(5)  # TRL shuffles the scored rows before it splits them into micro-batches
+    losses = [trainer.training_step(trainer.model, batch, None).item()
+              for _ in range(trainer.args.gradient_accumulation_steps)]
+    trainer.log({})
+    figures = trainer.state.log_history[-1]
+    return {"losses": losses, "scored": scored, "figures": {name: figures.get(name) for name in RATIO_FIGURES},
+            "grads": [p.grad.clone() for p in trainer.model.parameters()]}
+
+
+@pytest.mark.parametrize(("mode", "clip_min", "clip_max"), [("token_truncate", None, 1.02),
+                                                           ("token_mask", 0.98, 1.02)])
+@pytest.mark.parametrize("mtl", ["none", "pcgrad"])
+def test_the_ratio_at_the_loss_trains_as_trl_s_old_logprobs_forward_does(tmp_path, mode, clip_min, clip_max, mtl):
+    """Two trainers alike but for where the ratio's trainer log-probs come from (old_logprobs): TRL's no-grad
+    forward while scoring, or the loss's own forward. One optimizer step of two accumulated micro-batches on
+    the same completions, sampled a step behind (ratios clipped, not all): the same losses, gradients and
+    logged ratio figures up to float noise; and the default way runs no old-logprobs forward at all."""
+    steps = {}
+    for way in ("forward", "loss"):
+        with built_async_trainer(tmp_path / way, old_logprobs=way, batch_size=8, mtl=mtl) as (trainer, batch):
+            assert trainer.args.gradient_accumulation_steps == 2 and trainer.ratio_at_loss == (way == "loss")
+            steps[way] = one_step(trainer, batch, mode, clip_min, clip_max)
+    trl, ours = steps["forward"], steps["loss"]
+    [trl_scored], [our_scored] = trl["scored"], ours["scored"]
+    assert torch.equal(trl_scored["completion_ids"], our_scored["completion_ids"])  # the same completions
+    assert "old_per_token_logps" in trl_scored and "importance_sampling_ratio" in trl_scored
+    assert "old_per_token_logps" not in our_scored and "importance_sampling_ratio" not in our_scored
+    assert ours["losses"] == pytest.approx(trl["losses"], rel=1e-5, abs=1e-7)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(ours["grads"], trl["grads"], strict=True))
+    assert any(grad.abs().sum() > 0 for grad in ours["grads"])
+    assert all(value is not None for value in trl["figures"].values()), trl["figures"]
+    assert ours["figures"] == pytest.approx(trl["figures"], rel=1e-5, abs=1e-7)
+    assert 0 < trl["figures"][CLIPPED_SHARE] < 1  # the clip bounds in play
+
+
+def test_one_policy_per_generation_where_no_optimizer_step_falls_inside_a_generation_batch():
+    assert one_policy_per_generation(accumulation_steps=4, steps_per_generation=4, num_iterations=1)  # grpo-mtl
+    assert one_policy_per_generation(4, 2, 1) and one_policy_per_generation(4, 2, 2)
+    assert not one_policy_per_generation(2, 4, 1)  # an optimizer step between a batch's micro-batches
+    assert not one_policy_per_generation(1, 1, 2)  # the second pass on stepped weights
+    assert not one_policy_per_generation(4, 3, 1)
+
+
+def test_trl_s_loss_reads_the_ratio_and_the_old_logprobs_only_after_its_one_forward():
+    """The ratio at the loss is put in the loss's inputs as its forward returns, and the loss takes its own
+    log-probs, detached, where `old_per_token_logps` is absent; TRL generates every steps_per_generation x
+    num_iterations micro-batches, as `one_policy_per_generation` counts. A TRL that reads either before its
+    forward, forwards twice, or counts otherwise must be looked at again."""
+    from trl import GRPOTrainer
+
+    def function(name: str) -> ast.FunctionDef:
+        return ast.parse(inspect.getsource(getattr(GRPOTrainer, name)).strip().replace("\n    ", "\n")).body[0]
+
+    loss = function("_compute_loss")
+    forwards = [node.lineno for node in ast.walk(loss) if isinstance(node, ast.Attribute)
+                and node.attr == "_get_per_token_logps_and_entropies"]
+    reads = [node.lineno for node in ast.walk(loss) if isinstance(node, ast.Constant)
+             and node.value in ("importance_sampling_ratio", "old_per_token_logps")]
+    assert len(forwards) == 1 and reads and min(reads) > forwards[0]
+    for name in ("_prepare_inputs", "_generate_and_score_completions"):
+        assert "generate_every = self.args.steps_per_generation * self.num_iterations" in ast.unparse(function(name))

@@ -116,6 +116,11 @@ class Settings(TrainingSettings):
     max_staleness: int = Field(1, ge=0, le=64, description="rollout=async: how many optimizer steps older than the "
                                "trained policy the sampling weights may be (0: each step samples from its own "
                                "weights, no overlap; one engine a rank lags 1 step at most)")
+    old_logprobs: Literal["loss", "forward"] = Field(
+        "loss", description="rollout=async: where the trainer's log-probs of the importance-sampling ratio come "
+        "from: loss = the loss's own forward, detached (the same weights: one optimizer step a generation; no "
+        "extra forward); forward = TRL's no-grad forward over the step's completions before the loss (an extra "
+        "forward a step, kept to compare the two)")
     generation_gpus: int = Field(0, ge=0, le=4096, description="rollout=async: how many of the run's devices (GPUs, "
                                  "or CPU ranks) only generate, from the weights the others train and send them "
                                  "each step (0: every training rank generates its own, in a thread)")

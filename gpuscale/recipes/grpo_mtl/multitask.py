@@ -10,9 +10,10 @@
 - the time spent generating is measured (`time/generation` per step; `generation_seconds` in all);
   `StepClock` times each optimizer step end to end and the generation inside it;
 - the step phases (engines/step_phases.py) of the rollout, beside the trainer's own (the TRL bridge's
-  data, forward+backward, optimizer, log): `generate`, `logprobs` (old and reference log-probs, no
-  graph), `reward` (the rest of the rollout: rewards, advantages, gathers), and the engine's
-  `weight_sync` (engines/rollout.py);
+  data, forward+backward, optimizer, log): `generate`, `logprobs` (log-probs without a graph: the
+  reference model's, and the old policy's where TRL takes them, rollout=async with `old_logprobs=forward`;
+  by default the importance-sampling ratio takes the loss forward's, engines/off_policy.py), `reward` (the
+  rest of the rollout: rewards, advantages, gathers), and the engine's `weight_sync` (engines/rollout.py);
 - `mtl="pcgrad"`: `training_step` computes one loss per domain on that domain's rows (`domain_loss`,
   scaled so that the domains' losses add up to TRL's loss on the whole micro-batch; the rows padded
   with masked ones to the same count on every rank, since TRL's loss gathers per-row metrics), one gradient per
@@ -51,11 +52,11 @@ LOSS_NORMALISATION = {"dapo": "tokens_global", "cispo": "tokens_global", "vespo"
 
 class MultiTaskGRPOTrainer(ImportanceSamplingCorrection, PromptLookahead, SamplerMismatchLogging, GRPOTrainer):
     def __init__(self, *args, domains: list[str], mtl: str = "none", mtl_seed: int = 0, off_policy: bool = False,
-                 **kwargs):
+                 old_logprobs: str = "loss", **kwargs):
         super().__init__(*args, **kwargs)
         if off_policy:  # rollout=async: the next step's prompts known ahead, and the sampler's policy corrected
             self.lookahead = True
-            self.start_correcting()
+            self.start_correcting(ratio_at_loss=old_logprobs == "loss")
         self.domains = list(domains)
         self.domain_index = {domain: i for i, domain in enumerate(self.domains)}
         self.mtl = mtl
@@ -97,8 +98,8 @@ class MultiTaskGRPOTrainer(ImportanceSamplingCorrection, PromptLookahead, Sample
         return output
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        """TRL's log-probs; those without a graph (the old policy's, the reference model's, in the
-        rollout) timed as a step phase of their own; the loss's are its forward."""
+        """TRL's log-probs; those without a graph (the reference model's, the old policy's where TRL
+        takes them, in the rollout) timed as a step phase of their own; the loss's are its forward."""
         if torch.is_grad_enabled():
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
         with phase(LOGPROBS):

@@ -67,11 +67,11 @@ def with_card_sized_batch(settings: Settings, ctx, model) -> Settings:
 
 
 def rollout_summary(settings: Settings) -> dict[str, Any]:
-    """How the run sampled: `rollout`, and with async its `max_staleness` and `generation_gpus`."""
+    """How the run sampled: `rollout`, and with async its `max_staleness`, `generation_gpus` and `old_logprobs`."""
     if settings.rollout != "async":
         return {"rollout": settings.rollout}
     return {"rollout": settings.rollout, "max_staleness": settings.max_staleness,
-            "generation_gpus": settings.generation_gpus}
+            "generation_gpus": settings.generation_gpus, "old_logprobs": settings.old_logprobs}
 
 
 def check_rows_left(kept: int, dropped: int, settings: Settings) -> None:
@@ -189,6 +189,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         mtl=settings.mtl,
         mtl_seed=settings.seed,
         off_policy=is_async,
+        old_logprobs=settings.old_logprobs if is_async else "loss",  # read only by rollout=async
     )
     trainer.add_callback(GenerationKeeper(trainer, ctx.run_dir))  # RUN_DIR/generations.jsonl, rank 0
     if is_async:
