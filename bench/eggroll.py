@@ -11,9 +11,12 @@ plain batched inference.
 2. The population's throughput as a share of plain batched inference: in one process, the engine
    generates the same rows (population x prompts) with the members' low-rank terms and without any,
    greedy, same prompts, same length budget; the share is tokens/s with terms over tokens/s without,
-   for each way the engine adds the terms in its decode steps (`--paths`: `hooks`, after each
-   projection; `fused`, inside each projection's expression, its `fuse_row_terms`), of the whole
-   call and of its decode alone (a call of one new token, the prefill and a step, taken off):
+   for each way the engine adds the terms (`--paths`: `hooks`, after each projection; `fused`,
+   inside each projection's expression, its `fuse_row_terms`, which also runs the prefill through
+   the fused wiring, compiled with --compile), of the whole call, of its decode alone (a call of one
+   new token taken off) and of that call of one token (the prefill and a step). Each path's plain
+   side is an engine set as the path is, without terms (`plain`: hooks; `plain_fused`: fused): with
+   `fuse_row_terms` the prefill changes with or without terms, so each share compares like with like:
 
        python bench/eggroll.py --share-only --population 512 --repeats 5 [--compile]
 
@@ -63,13 +66,16 @@ def run(method: str, gpus: int, args, steps: int, batch_size: int, population: i
     return summary
 
 
-# --paths: how the engine adds the population's terms in the decode steps (its fuse_row_terms).
+# --paths: how the engine adds the population's terms (its fuse_row_terms).
 ROW_TERM_PATHS = {"hooks": False, "fused": True}
+# The plain side (no terms) of each fuse_row_terms setting, by its key in the figures.
+PLAIN_SIDES = {False: "plain", True: "plain_fused"}
 
 
 def share_of_plain_inference(args) -> dict:
     """Tokens/s of the engine with the population's row terms over tokens/s without, same rows, for
-    each way of adding the terms (--paths): the whole call, and its decode alone."""
+    each way of adding the terms (--paths), against an engine set the same way: the whole call, its
+    decode alone and a call of one token (the prefill's share)."""
     import torch
 
     from gpuscale.data.models import build_random_model, load_model
@@ -87,14 +93,18 @@ def share_of_plain_inference(args) -> dict:
     questions = [e["question"] for e in load_examples(args.dataset, "train", args.prompts)]
     prompts = [prompt_ids(tokenizer, q) for q in questions]
     rows = [p for _ in range(args.population) for p in prompts]
-    result = {"rows": len(rows), "tokens": len(rows) * args.max_new_tokens, "dtype": str(dtype),
-              "plain": timed_engine(model, rows, args, terms=[], fuse_row_terms=False, label="plain inference")}
-    plain = result["plain"]
+    result = {"rows": len(rows), "tokens": len(rows) * args.max_new_tokens, "dtype": str(dtype)}
+    for fuse_row_terms in dict.fromkeys(ROW_TERM_PATHS[path] for path in args.paths):
+        side = PLAIN_SIDES[fuse_row_terms]
+        result[side] = timed_engine(model, rows, args, terms=[], fuse_row_terms=fuse_row_terms, label=side)
     terms = population_terms(model, args)
     for path in args.paths:
+        side = PLAIN_SIDES[ROW_TERM_PATHS[path]]
         timing = timed_engine(model, rows, args, terms, fuse_row_terms=ROW_TERM_PATHS[path], label=path)
-        timing.update({"share": plain["seconds"] / timing["seconds"],
-                       "decode_share": plain["decode_seconds"] / timing["decode_seconds"]})
+        plain = result[side]
+        timing.update({"plain_side": side, "share": plain["seconds"] / timing["seconds"],
+                       "decode_share": plain["decode_seconds"] / timing["decode_seconds"],
+                       "one_token_share": plain["one_token_seconds"] / timing["one_token_seconds"]})
         result[path] = timing
     return result
 
@@ -171,7 +181,12 @@ def engine_timing(engine, rows, args, label: str) -> dict:
             "tokens_per_s": len(rows) * args.max_new_tokens / whole,
             "decode_tokens_per_s": len(rows) * (args.max_new_tokens - 1) / decode,
             "fused_decode": engine._use_fused,
-            "terms_in_projections": engine._use_fused and engine._fused.terms_in_projections}
+            "terms_in_projections": engine._use_fused and engine._fused.terms_in_projections,
+            "fused_prefill": engine._prefill_step is not None,
+            # Compiled steps that failed to compile and ran uncompiled (the engine warns): their figures are eager ones.
+            "compile_fallbacks": [name for name, step in (("decode", engine._forward_step),
+                                                          ("prefill", engine._prefill_step))
+                                  if getattr(step, "error", None) is not None]}
 
 
 def print_profile(engine, rows, args, sampling, label: str) -> None:
@@ -222,9 +237,10 @@ def main(argv=None) -> None:
                         help="with --compile, torch.compile's mode (default: the engine's; max-autotune-no-cudagraphs: "
                              "Inductor may put the terms in a Triton GEMM's epilogue, minutes of compiling)")
     parser.add_argument("--paths", type=lambda text: text.split(","), default=list(ROW_TERM_PATHS),
-                        help="how the share's population adds its terms in the decode steps, each timed: hooks (after "
-                             "each projection, in place), fused (inside each projection's expression: the engine's "
-                             f"fuse_row_terms); default {','.join(ROW_TERM_PATHS)}")
+                        help="how the share's population adds its terms, each timed against plain inference set the "
+                             "same way: hooks (after each projection, in place), fused (inside each projection's "
+                             "expression, the prefill through the fused wiring: the engine's fuse_row_terms); "
+                             f"default {','.join(ROW_TERM_PATHS)}")
     parser.add_argument("--device", default="cuda", help="of the share measurement (cpu: for tests; its figures "
                                                          "mean nothing)")
     parser.add_argument("--out", default=None, help="default: bench/results/eggroll/<what>-<date>-<card>.json")
@@ -259,12 +275,20 @@ def print_tables(results: dict, args) -> None:
             versus_naive = f"{rate / naive:>8.1f}x" if naive else f"{'-':>9}"
             print(f"{name:<19} {rate:>10.2f} {versus_naive} {rate / one:>8.2f}x")
     share = results["share"]
-    print(f"\n{share['rows']} rows x {args.max_new_tokens} tokens, plain inference "
-          f"{share['plain']['tokens_per_s']:.0f} tokens/s (decode alone {share['plain']['decode_tokens_per_s']:.0f})")
+    print(f"\n{share['rows']} rows x {args.max_new_tokens} tokens")
+    for side in (side for side in PLAIN_SIDES.values() if side in share):
+        plain = share[side]
+        print(f"{side} inference (no terms, prefill {'fused' if plain['fused_prefill'] else 'by the model'}): "
+              f"{plain['tokens_per_s']:.0f} tokens/s (decode alone {plain['decode_tokens_per_s']:.0f}); "
+              f"a call of one token {plain['one_token_seconds']:.3f} s")
+    for name in (name for name in [*PLAIN_SIDES.values(), *args.paths] if share.get(name, {}).get("compile_fallbacks")):
+        print(f"{name}: ran uncompiled after failing to compile: {', '.join(share[name]['compile_fallbacks'])}")
     for path in args.paths:
         timing = share[path]
-        print(f"population, terms by {path}: {timing['tokens_per_s']:.0f} tokens/s, share {timing['share']:.3f}; "
-              f"decode alone {timing['decode_tokens_per_s']:.0f} tokens/s, share {timing['decode_share']:.3f}")
+        print(f"population, terms by {path} (against {timing['plain_side']}): {timing['tokens_per_s']:.0f} tokens/s, "
+              f"share {timing['share']:.3f}; decode alone {timing['decode_tokens_per_s']:.0f} tokens/s, share "
+              f"{timing['decode_share']:.3f}; a call of one token {timing['one_token_seconds']:.3f} s, share "
+              f"{timing['one_token_share']:.3f}")
 
 
 if __name__ == "__main__":

@@ -1003,13 +1003,17 @@ def test_eggroll_share_times_plain_inference_and_each_way_of_adding_the_terms_on
     assert set(record) == set(SCHEMA) and record["settings"]["paths"] == ["hooks", "fused"]
     share = record["figures"]["share"]
     assert (share["rows"], share["tokens"]) == (8, 24)
-    plain = share["plain"]
-    for path, in_projections in (("hooks", False), ("fused", True)):
-        timing = share[path]
+    # Each path against plain inference set its way: fuse_row_terms prefills through the fused wiring
+    # with or without terms.
+    for path, in_projections, side in (("hooks", False, "plain"), ("fused", True, "plain_fused")):
+        timing, plain = share[path], share[side]
         assert timing["fused_decode"] and timing["terms_in_projections"] == in_projections
+        assert timing["fused_prefill"] == plain["fused_prefill"] == in_projections
+        assert timing["plain_side"] == side and timing["compile_fallbacks"] == plain["compile_fallbacks"] == []
         assert timing["decode_seconds"] == pytest.approx(timing["seconds"] - timing["one_token_seconds"])
         assert timing["share"] == pytest.approx(plain["seconds"] / timing["seconds"])
         assert timing["decode_share"] == pytest.approx(plain["decode_seconds"] / timing["decode_seconds"])
+        assert timing["one_token_share"] == pytest.approx(plain["one_token_seconds"] / timing["one_token_seconds"])
         assert timing["decode_tokens_per_s"] == pytest.approx(8 * 2 / timing["decode_seconds"])
 
 

@@ -129,14 +129,17 @@ def assert_the_same_greedy_population(expected, got, atol):
 @pytest.mark.parametrize("rank", [1, 2])
 def test_terms_in_the_projections_decode_the_hooks_greedy_tokens(unhooked_tiny, dtype, rank):
     """The engine's fuse_row_terms on the embedded model with the recipe's population (4 members, their
-    norms' scales too): the same greedy tokens as the terms by hooks, log-probs within 1e-5 (fp32) or
-    bf16's rounding; and the terms change the answers' log-probs (against the unperturbed model)."""
+    norms' scales too), prefill and decode: the same greedy tokens as the terms by hooks, log-probs
+    within 1e-5 (fp32) or bf16's rounding (the hooks' prefill, through the model's modules, attends
+    over the whole static KV buffer, the fused prefill over the columns it writes: sums of other
+    lengths, rounded otherwise; 0.026 seen, 0 with dynamic shapes, where both attend over the same);
+    and the terms change the answers' log-probs (against the unperturbed model)."""
     model, tokenizer = unhooked_tiny
     model = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
     hooks, _ = greedy_population(model, tokenizer, rank)
     fused, fused_decode = greedy_population(model, tokenizer, rank, fuse_row_terms=True)
     assert fused_decode.terms_in_projections and all(o and d for o, d in fused_decode.output_terms)
-    assert_the_same_greedy_population(hooks, fused, atol=1e-5 if dtype == torch.float32 else 2e-2)
+    assert_the_same_greedy_population(hooks, fused, atol=1e-5 if dtype == torch.float32 else 4e-2)
     engine = GenerationEngine(model, [tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id or 0)
     plain = engine.generate(fused.prompt_ids.tolist(), 8, Sampling(temperature=0.0))
     assert (plain.base_logprobs - fused.base_logprobs)[fused.mask & plain.mask].abs().max() > 1e-3

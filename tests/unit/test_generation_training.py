@@ -9,20 +9,26 @@ python -m pytest -m gpu tests/unit/test_generation_training.py
 """
 
 import copy
+import shutil
+import warnings
 from types import SimpleNamespace
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from test_generation import PAD, PROMPTS, _on_cpu, _sharpen, teacher_forced
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpuscale.data.models import build_random_model
 from gpuscale.engines.generation import GenerationEngine, RowScale, RowTerm, Sampling
+from gpuscale.engines.generation.compiled import _CompiledOrEager
 
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SAMPLING = Sampling(0.9, top_k=40)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_cpp_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                                        reason="torch.compile on CPU needs a C++ compiler")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -302,14 +308,14 @@ def perturbed_copy(model, terms, group):
     return twin
 
 
-def assert_groups_match_perturbed_copies(model, terms, generation, groups, setting):
+def assert_groups_match_perturbed_copies(model, terms, generation, groups, setting, atol=None):
     rows_per_group = generation.batch_size // groups
     for group in range(groups):
         rows = slice(group * rows_per_group, (group + 1) * rows_per_group)
         expected = teacher_forced_logprobs(perturbed_copy(model, terms, group), generation, rows)
         mask = generation.mask[rows].cpu()
         torch.testing.assert_close(generation.base_logprobs[rows].cpu()[mask], expected[mask],
-                                   atol=tolerance(setting), rtol=0)
+                                   atol=atol if atol is not None else tolerance(setting), rtol=0)
 
 
 @pytest.mark.parametrize("groups, samples_per_prompt", [(2, 1), (4, 2), (8, 2)],
@@ -415,12 +421,113 @@ def test_terms_in_the_projections_leave_an_o_proj_hooked_by_another_to_its_hooks
     torch.testing.assert_close(outs[0].base_logprobs, outs[1].base_logprobs, atol=1e-6, rtol=0)
 
 
+class InPlaceTermAdds(TorchDispatchMode):
+    """Counts the in-place adds of the hooks' terms (`RowTerm.add_into`: addcmul_ at rank 1, baddbmm_
+    above; nothing else in an engine call adds in place that way) among the aten ops run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.addcmul_.default, torch.ops.aten.baddbmm_.default)
+        return func(*args, **(kwargs or {}))
+
+
+def prefilled_kv(engine, columns: int) -> torch.Tensor:
+    """Slot 0's keys and values in its first `columns` columns, every layer: [layers, 2, B, heads, C, D]."""
+    return torch.stack([torch.stack([layer.keys[:, :, :columns], layer.values[:, :, :columns]])
+                        for layer in engine._slots[0].layers]).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rank", [1, 2])
+def test_terms_in_the_projections_prefill_as_the_hooks_and_the_perturbed_twins(dtype, rank):
+    """fuse_row_terms' prefill (the fused wiring over every prompt token, each term inside its
+    projection) writes the KV that the hooks' prefill writes and, group by group, that a twin whose
+    weights are W + scale * up[g] @ down[g]^T writes without terms; the first token (greedy) gets the
+    same choice and log-prob from each. And no term is added in place by a hook, prefill included.
+    Each group answers the same prompts, so that a twin's prefill is laid out as the group's rows."""
+    model = fresh_model("cpu").eval().to(dtype)
+    terms = make_row_terms(model, groups=2, rank=rank)
+    for term in terms.values():
+        term.down, term.up = term.down.to(dtype), term.up.to(dtype)
+    rows, columns, greedy = PROMPTS + PROMPTS, max(map(len, PROMPTS)) - 1, Sampling(temperature=0.0)
+    kv, first_tokens, in_place_adds = {}, {}, {}
+    for fuse in (False, True):
+        engine = GenerationEngine(model, pad_token_id=PAD, fuse_row_terms=fuse)
+        for name, term in terms.items():
+            engine.add_row_term(name, term)
+        with InPlaceTermAdds() as adds:
+            first_tokens[fuse] = engine.generate(rows, 1, greedy)
+        assert (engine._prefill_step is not None) == fuse
+        kv[fuse], in_place_adds[fuse] = prefilled_kv(engine, columns), adds.count
+        engine.remove_row_terms()
+    assert in_place_adds[False] > 0 and in_place_adds[True] == 0
+    twins_kv = []
+    for group in range(2):
+        twin_engine = GenerationEngine(perturbed_copy(model, terms, group), pad_token_id=PAD)
+        twin_engine.generate(PROMPTS, 1, greedy)
+        twins_kv.append(prefilled_kv(twin_engine, columns))
+    twins_kv = torch.cat(twins_kv, dim=2)  # group 0's rows, then group 1's: the batch's order
+    # fp32: the same sums in other orders. bf16: the twin rounds W + its term to bf16 once, the engine
+    # rounds each product: within a few roundings of the largest value, through both layers.
+    atol = 1e-5 if dtype == torch.float32 else 4 * torch.finfo(dtype).eps * float(twins_kv.abs().max())
+    torch.testing.assert_close(kv[True], kv[False], atol=atol, rtol=0)
+    torch.testing.assert_close(kv[True], twins_kv, atol=atol, rtol=0)
+    plain_engine = GenerationEngine(model, pad_token_id=PAD)
+    plain_engine.generate(rows, 1, greedy)
+    assert float((kv[True] - prefilled_kv(plain_engine, columns)).abs().max()) > 0.05  # the terms matter
+    assert torch.equal(first_tokens[True].tokens, first_tokens[False].tokens)
+    logprob_atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(first_tokens[True].base_logprobs, first_tokens[False].base_logprobs,
+                               atol=logprob_atol, rtol=0)
+    # The twins' teacher forcing rounds its logits to bf16 (an ulp is 0.03 between 4 and 8).
+    assert_groups_match_perturbed_copies(model, terms, first_tokens[True], 2, ("cpu", {}),
+                                         atol=1e-4 if dtype == torch.float32 else 5e-2)
+
+
+@needs_cpp_compiler
+def test_compiled_prefill_with_terms_in_the_projections_compiles_once_for_every_prompt_width():
+    """fuse_row_terms with compile, on CPU: the compiled prefill (its width a dynamic size) serves
+    prompts of another width without compiling again (nor does anything else recompile), and both
+    calls decode the greedy tokens of the terms by hooks, run eagerly. One layer: Inductor's time
+    grows with the layers it compiles."""
+    from torch._dynamo.utils import counters
+
+    model = fresh_model("cpu").eval()
+    del model.model.layers[1:]
+    model.config.num_hidden_layers = 1
+    terms = make_row_terms(model, groups=2, rank=1)
+    longer = [prompt + [7, 8, 9] for prompt in PROMPTS]  # 3 more prefill columns, the same KV capacity
+    greedy, outs = Sampling(temperature=0.0), {}
+    for compiled in (False, True):
+        engine = GenerationEngine(model, pad_token_id=PAD, static_shapes=True, compile=compiled,
+                                  fuse_row_terms=compiled)
+        for name, term in terms.items():
+            engine.add_row_term(name, term)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a failed compilation falls back with one
+            outs[compiled] = [engine.generate(PROMPTS, 6, greedy)]
+            graphs = counters["stats"]["unique_graphs"]
+            outs[compiled].append(engine.generate(longer, 6, greedy))
+        if compiled:
+            assert isinstance(engine._prefill_step, _CompiledOrEager) and engine._prefill_step.error is None
+            assert counters["stats"]["unique_graphs"] == graphs
+        engine.remove_row_terms()
+    for eager, compiled in zip(*outs.values()):
+        assert torch.equal(eager.tokens, compiled.tokens)
+        torch.testing.assert_close(eager.base_logprobs, compiled.base_logprobs, atol=1e-5, rtol=0)
+
+
 @pytest.mark.gpu
 @needs_cuda
-def test_compiled_terms_in_the_projections_add_no_matmul_to_the_decode_step():
-    """On CUDA, compiled: with the terms in the projections the decode step calls the matmuls it calls
-    without terms, where the hooks' terms call batched matmuls of their own (Inductor keeps a bmm a
-    cuBLAS call on CUDA; on CPU it turns small ones into loops, so this is a GPU test)."""
+def test_compiled_terms_in_the_projections_add_no_matmul_to_the_decode_step_or_the_prefill():
+    """On CUDA, compiled: with the terms in the projections the decode step and the prefill call the
+    matmuls they call without terms, where the hooks' terms call batched matmuls of their own
+    (Inductor keeps a bmm a cuBLAS call on CUDA; on CPU it turns small ones into loops, so this is a
+    GPU test). Without terms, fuse_row_terms compiles the prefill too: its matmuls are counted on
+    both sides."""
     import re
 
     from torch._inductor import config as inductor_config
@@ -438,10 +545,10 @@ def test_compiled_terms_in_the_projections_add_no_matmul_to_the_decode_step():
         engine.remove_row_terms()
         return len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|baddbmm)\b", "\n".join(code)))
 
-    plain = matmul_calls(terms=False)
-    assert plain > 0
+    plain = matmul_calls(terms=False, fuse_row_terms=True)
+    assert plain > matmul_calls(terms=False) > 0  # the prefill's matmuls beside the decode step's
     assert matmul_calls(terms=True, fuse_row_terms=True) == plain
-    assert matmul_calls(terms=True) > plain
+    assert matmul_calls(terms=True) > matmul_calls(terms=False)
 
 
 def test_row_terms_are_validated():

@@ -12,8 +12,8 @@ What it gives (see `GenerationEngine`):
 - `add_row_term(modules, RowTerm(down, up, scale))`: a low-rank term per group of rows on chosen
   linear layers (EGGROLL's population members), from buffers the caller refills in place; a
   `RowScale(factors)` per group of rows scales a layer's output channels (a member's norm gains).
-  `fuse_row_terms=True` adds the linears' terms in the decode steps inside each projection's
-  expression instead of after it (row_terms.py says why).
+  `fuse_row_terms=True` adds the linears' terms inside each projection's expression instead of
+  after it, in the decode steps and in the prefill (row_terms.py says why).
 
 Safe inside a training loop: each call runs the model in eval mode and leaves every module's mode
 as it found it, and notices what changed in the model since the last call (optimizer steps, LoRA

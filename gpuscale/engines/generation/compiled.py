@@ -13,16 +13,17 @@ RECOMPILE_LIMIT = 64
 
 
 class _CompiledOrEager:
-    """`fn` under torch.compile (static shapes); if compiling fails, `fn` itself from then on, with a
-    warning.
+    """`fn` under torch.compile (static shapes by default); if compiling fails, `fn` itself from then
+    on, with a warning.
 
     Compilation happens at the first call with new shapes or settings, before any compiled code
     runs (with fullgraph=False, subgraphs before a break may have run: `fn` must be safe to run again
     after a partial run, as the decode forward is: it rewrites the same KV column). Never falls back
-    while a CUDA graph is being captured: a failure there is a real error.
+    while a CUDA graph is being captured: a failure there is a real error. `dynamic`: torch.compile's
+    (None: static until a size changes, or where the caller marks a dimension dynamic).
     """
 
-    def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool):
+    def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool, dynamic: bool | None = False):
         self.fn, self.name = fn, name
         # Round at every explicit dtype cast as eager does (bf16 RMSNorm, rotary...): fused kernels
         # otherwise skip those roundings and bf16 log-probs drift from the eager step's.
@@ -32,7 +33,7 @@ class _CompiledOrEager:
         )
 
         options = {**list_mode_options(mode), "emulate_precision_casts": True}
-        self.compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, options=options)
+        self.compiled = torch.compile(fn, dynamic=dynamic, fullgraph=fullgraph, options=options)
         self.error: BaseException | None = None
 
     def __call__(self, *args, **kwargs):

@@ -72,9 +72,12 @@ class GenerationEngine:
     fuse_row_terms: in the fused decode forward, add the row terms of the linear layers as part of
         each projection's expression, out of place, instead of in place after its matmul (and, for
         o_proj and down_proj, instead of their hooks): compiled, Inductor fuses them into the kernels
-        around the matmuls (row_terms.py's docstring says why, in bytes). Default off: today's path,
-        until a GPU shows the gain (bench/eggroll.py --share-only --paths hooks,fused). Prefill, and
-        models that do not decode fused, add them by hooks either way.
+        around the matmuls (row_terms.py's docstring says why, in bytes). The prefill then runs
+        through the same fused wiring over all its tokens (`_FusedDecode.prefill`, with or without
+        terms), compiled with `compile`, its prompt width a dynamic size (one compilation for every
+        width), attending to the columns it writes only. Default off: today's path, until a GPU
+        shows the gain (bench/eggroll.py --share-only --paths hooks,fused). Models that do not decode
+        fused prefill and decode through their own modules, the terms by hooks, either way.
     max_columns: KV columns to reserve up front (prompt + generated, plus, for resampling with
         different cuts per row, the spread between the longest kept prefix and the longest suffix);
         the buffers grow on demand otherwise.
@@ -340,9 +343,15 @@ class GenerationEngine:
         # one cuBLAS call either way, and its fp32 output dtype is best left to ATen).
         self._forward_step: Callable = self._decode_forward
         self._sample_step: Callable = _sample_and_record
+        # The prefill through the fused wiring, its terms in the projections (fuse_row_terms), or None:
+        # through the model's modules, the terms by hooks.
+        self._prefill_step: Callable | None = self._fused.prefill if self._use_fused and self.fuse_row_terms else None
         mode = self._compile_mode
         if self.compile:
             self._forward_step = _CompiledOrEager(self._decode_forward, "decode forward", mode, False)
+            if self._prefill_step is not None:
+                # Dynamic where `_fused_prefill` marks it so (the prompt width): not one compilation a width.
+                self._prefill_step = _CompiledOrEager(self._prefill_step, "prefill forward", mode, False, dynamic=None)
         if self.compile or self.device.type == "cuda":
             # Compiled on CUDA whatever `compile` says: its random numbers (`counter_uniform`) are an
             # expression that, run uncompiled, writes [rows, vocab] integers a dozen times a step.
@@ -417,12 +426,28 @@ class GenerationEngine:
         ids = torch.where(positions >= 0, ids, self.pad_token_id)
         self._cursor.row_stride = rows_per_prompt
         try:
-            self._run_decoder(slot, ids, positions.clamp_min(0), start)
+            if self._prefill_step is not None:
+                self._fused_prefill(slot, ids, positions.clamp_min(0), start)
+            else:
+                self._run_decoder(slot, ids, positions.clamp_min(0), start)
         finally:
             self._cursor.row_stride = 1
         if rows_per_prompt > 1:
             self._slots[slot].share_first_row_of_groups(rows_per_prompt, first_col)
         self._cursor.move_to(first_col)
+
+    def _fused_prefill(self, slot: int, input_ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor):
+        """`_prefill`'s forward through the fused wiring (fuse_row_terms): input_ids [B, Q] written
+        from column 0, each query attending to the Q columns written (the rest of the cache is empty).
+        The width Q is marked dynamic, so that a compiled prefill serves every prompt width."""
+        cache, width = self._slots[slot], input_ids.shape[1]
+        if not cache.allocated:
+            cache.allocate(self._fused.kv_heads, self._fused.head_dim, self.dtype, self.device)
+        self._cursor.visible = self._capacity  # what each layer's update returns; the forward keeps Q of them
+        mask = attention_mask_4d(start, self._cursor.write_col, width, width, self.dtype)
+        for tensor, dims in ((input_ids, [1]), (positions, [1]), (mask, [2, 3])):
+            torch._dynamo.maybe_mark_dynamic(tensor, dims)
+        self._prefill_step(input_ids, positions, mask, cache)
 
     def _fp32_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight, bias = self._head.weight, self._head.bias

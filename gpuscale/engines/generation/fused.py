@@ -117,7 +117,9 @@ def _hooked(module: torch.nn.Module, allowed_hook_ids=frozenset()) -> bool:
 
 class _FusedDecode:
     """The decoder forward of one token per row for Llama-style models, with each layer's q/k/v
-    projections as one matmul and gate/up as another, over concatenated copies of their weights.
+    projections as one matmul and gate/up as another, over concatenated copies of their weights; and
+    the same wiring over many tokens per row for the prefill (`prefill`, used with the engine's
+    fuse_row_terms).
 
     Why: a small model's decode step costs about the number of its kernels, and this removes 3 of
     each layer's matmuls (k_proj, v_proj, up_proj); at larger batches it also gives cuBLAS wider
@@ -142,6 +144,7 @@ class _FusedDecode:
         first = decoder.layers[0]
         self.apply_rotary = inspect.getmodule(type(first.self_attn)).apply_rotary_pos_emb
         self.head_dim = first.self_attn.head_dim
+        self.kv_heads = first.self_attn.k_proj.out_features // self.head_dim
         self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
         self.activations = [mlp_activation(layer.mlp, decoder.config) for layer in decoder.layers]
         # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
@@ -241,15 +244,27 @@ class _FusedDecode:
     def __call__(self, input_ids, positions, mask, cache) -> torch.Tensor:
         """Last hidden states [B, H] of one token per row ([B] ids at [B] positions), attention
         through `mask` [B, 1, 1, visible] over the KV columns of `cache`."""
+        hidden = self._layers(input_ids[:, None], positions[:, None], mask, cache)
+        return self.decoder.norm(hidden)[:, -1]
+
+    def prefill(self, input_ids, positions, mask, cache) -> None:
+        """Write the KV of Q tokens per row ([B, Q] ids at [B, Q] positions) into `cache` at the cursor's
+        columns, attention through `mask` [B, 1, Q, C] over the cache's first C columns (the engine's
+        prefill writes from column 0, so C = Q). Returns nothing: the prefill only fills the cache, so,
+        compiled, the last layer's work after its KV write is dead code."""
+        self._layers(input_ids, positions, mask, cache)
+
+    def _layers(self, input_ids, positions, mask, cache) -> torch.Tensor:
+        """The decoder layers over input_ids [B, Q]: the hidden states [B, Q, H] before the final norm."""
         decoder = self.decoder
-        hidden = decoder.embed_tokens(input_ids[:, None])
-        position_embeddings = decoder.rotary_emb(hidden, positions[:, None])
+        hidden = decoder.embed_tokens(input_ids)
+        position_embeddings = decoder.rotary_emb(hidden, positions)
         for i, layer in enumerate(decoder.layers):
             attention_in = layer.input_layernorm(hidden)
             hidden = hidden + self._attention(i, layer.self_attn, attention_in, position_embeddings, mask,
                                               cache)
             hidden = hidden + self._mlp(i, layer.mlp, layer.post_attention_layernorm(hidden))
-        return decoder.norm(hidden)[:, -1]
+        return hidden
 
     def _projections(self, g: int, i: int, x: torch.Tensor) -> list[torch.Tensor]:
         """The outputs of group g's linears in layer i: one matmul, split, plus their row terms."""
@@ -271,12 +286,13 @@ class _FusedDecode:
         return self._with_terms(F.linear(x, module.weight, module.bias), x, terms)
 
     def _attention(self, i, attention, x, position_embeddings, mask, cache):
-        batch = x.shape[0]
-        q, k, v = (t.view(batch, 1, -1, self.head_dim).transpose(1, 2) for t in self._projections(0, i, x))
+        batch, tokens = x.shape[:2]
+        q, k, v = (t.view(batch, tokens, -1, self.head_dim).transpose(1, 2) for t in self._projections(0, i, x))
         q, k = self.apply_rotary(q, k, *position_embeddings)
-        keys, values = cache.layers[i].update(k, v)
+        # As many KV columns as the mask has: all the cache shows in decode, the written ones in prefill.
+        keys, values = (t[:, :, : mask.shape[-1]] for t in cache.layers[i].update(k, v))
         out, _ = _grouped_query_sdpa(attention, q, keys, values, mask, dropout=0.0, scaling=attention.scaling)
-        return self._output_projection(attention.o_proj, self.output_terms[i][0], out.reshape(batch, 1, -1))
+        return self._output_projection(attention.o_proj, self.output_terms[i][0], out.reshape(batch, tokens, -1))
 
     def _mlp(self, i, mlp, x):
         gate, up = self._projections(1, i, x)

@@ -75,6 +75,14 @@ class _SlotCache(Cache):
     def allocated(self) -> bool:
         return all(layer.is_initialized for layer in self.layers)
 
+    def allocate(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        """Every layer's buffers now, rather than at the first write: a compiled forward then only
+        writes into them (an allocation inside it would be another compiled graph's output)."""
+        template = torch.empty(0, kv_heads, 0, head_dim, dtype=dtype, device=device)
+        for layer in self.layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(template, template)
+
     def _buffers(self):
         for layer in self.layers:
             if layer.is_initialized:

@@ -16,14 +16,15 @@ new tensors works too, but costs a recapture.
 Terms act during engine calls only: the hooks that add them do nothing when the model runs outside
 the engine (a training step, a teacher-forced score), so the model itself stays unperturbed.
 
-Two ways to add a term in the decode steps (the engine's `fuse_row_terms`; prefill always hooks):
+Two ways to add a term (the engine's `fuse_row_terms`), in the decode steps and in the prefill:
 - hooks (the default): after each projection's matmul, its terms in place (`add_into`): a batched
   matmul x @ down[g] reading x again, then the up side as a read-modify-write of the whole output;
 - in the projections (`added`): each projection and its terms as one out-of-place expression in the
   fused decode forward, written, when compiled, as sums of products that Inductor fuses into the
   kernels already around the matmul (the norm that writes x, the rotary/KV write of q/k/v, the
   SiLU-mul of gate/up, the residual adds), or into a Triton GEMM's epilogue under max-autotune.
-  Run eagerly it is add_into's arithmetic out of place: the gain needs `compile`.
+  Run eagerly it is add_into's arithmetic out of place: the gain needs `compile`. The prefill then
+  runs through the same fused wiring over all its tokens (`_FusedDecode.prefill`).
 Why, in bytes a decode step at Qwen2.5-0.5B's shape (hidden 896, intermediate 4,864, 24 layers,
 bf16), 512 members x 16 prompts = 8,192 rows, rank 1. A layer's 7 terms have inputs summing to
 10,240 columns and outputs to 12,672. Plain decode reads 0.72 GB of weights and about 8 GB of the
@@ -40,6 +41,21 @@ the 896-input projections' FLOPs, 2.5 TFLOP a step, 3 ms on an H200's ~800 TFLOP
 round trip costs at full bandwidth: 2 ms): at 8,192 rows the projections are compute-bound (500-750
 FLOP a byte against the card's ~200). The compiled form gets a member-grouped epilogue's bytes
 without a kernel of our own.
+The prefill, in the same bytes: the same 8,192 rows x 48 columns (the longest of bench/eggroll.py's
+16 prompts has 49 tokens; all but the last go in) = 393,216 tokens, each member's rows 768 tokens.
+The terms' arithmetic is nothing (2 x 393,216 x 22,912 columns x r = 18 GFLOP a layer, against the
+projections' 11.7 TFLOP) and their Python is 217 hooks a call (a few ms). Their bytes are not: the
+hooks read x again (393,216 x 10,240 x 2 B = 8.1 GB a layer), read and write every output again
+(2 x 393,216 x 12,672 x 2 B = 19.9 GB) and the norms' scales theirs (2.8 GB): 31 GB a layer, 0.74 TB
+a prefill, 0.15 s even at the H200's full 4.8 TB/s, where 0.51 s were measured (bench/RESULTS.md: a
+call of one token, 1.67 s with the terms against 1.16 s without; the broadcast kernels at about 30%
+of the bandwidth). Compiled in the projections, the outputs' round trip goes (each output is read
+anyway: by the rotary embedding, the KV write, the SiLU-mul, the residual add) and the down products
+at most re-read a layer's four distinct inputs (393,216 x 7,552 x 2 B = 5.9 GB a layer, 30 ms a
+prefill at full bandwidth) where Inductor does not fuse them into their producers; the norms' scales,
+hooks traced into the compiled forward, become a multiply in the norm's kernel. Batched matmuls over
+(member, tokens) would still write and re-read each [tokens, out] term; one GEMM over [x | Z] would
+add 57% to the 896-input projections' FLOPs, and the prefill is compute-bound (393,216 rows).
 """
 
 from __future__ import annotations
