@@ -94,8 +94,9 @@ RECIPE_RUNS = {
     "eggroll": ("eggroll", {"steps": "5", **NO_EVALUATION}),
     # At its defaults (3,072 tokens, 16 blocks of 10 MCMC steps) a random model never ends an answer, and
     # one batch of 32 problems did not end in 330 s on an H200: bench/power_sampling.py's shape instead
-    # (96 tokens, 4 blocks), 8 problems a batch, a batch a step: 4 steps and the warm-up batch.
-    "power-sampling": ("power-sampling", {"max_examples": "32", "batch_size": "8", "max_new_tokens": "96",
+    # (96 tokens, 4 blocks), 8 problems a batch, a batch a step: 8 steps and the warm-up batch (32 problems,
+    # 4 steps, left `--alternate 1` 2 steady steps, no noise measured; that run took 70 s on an H200).
+    "power-sampling": ("power-sampling", {"max_examples": "64", "batch_size": "8", "max_new_tokens": "96",
                                           "blocks": "4", "checkpoint_every": "off"}),
     "probe": ("probe", {"checkpoint_every": "off"}),
 }
