@@ -19,8 +19,11 @@ class _CompiledOrEager:
     Compilation happens at the first call with new shapes or settings, before any compiled code
     runs (with fullgraph=False, subgraphs before a break may have run: `fn` must be safe to run again
     after a partial run, as the decode forward is: it rewrites the same KV column). Never falls back
-    while a CUDA graph is being captured: a failure there is a real error. `dynamic`: torch.compile's
-    (None: static until a size changes, or where the caller marks a dimension dynamic).
+    while a CUDA graph is being captured: a failure there is a real error. `dynamic`: torch.compile's;
+    None: dynamic only in the dimensions the caller marks (`torch._dynamo.maybe_mark_dynamic`), any
+    other size that changes recompiles static. Dynamo's automatic dynamic shapes stay off: they make
+    every size that changed since an earlier compile of the same function symbolic, and after a test of
+    one model's prefill, another model's took Inductor's shape reasoning past 5 minutes (CI, CPU).
     """
 
     def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool, dynamic: bool | None = False):
@@ -41,7 +44,8 @@ class _CompiledOrEager:
             return self.fn(*args, **kwargs)
         try:
             limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
-            with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, recompile_limit=limit):
+            with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, recompile_limit=limit,
+                                            automatic_dynamic_shapes=False):
                 return self.compiled(*args, **kwargs)
         except Exception as error:  # dynamo/inductor raise many types (Unsupported, InductorError, ...)
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
