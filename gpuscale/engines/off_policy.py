@@ -63,6 +63,8 @@ import math
 
 import torch
 
+from gpuscale.engines.policy_mismatch import LossForwardTap, loss_mask
+
 STALENESS = "sampling/staleness"
 CLIPPED_SHARE = "sampling/importance_sampling_clipped_share"
 RATIO_MIN, RATIO_MEAN, RATIO_MAX = (f"sampling/importance_sampling_ratio/{figure}" for figure in ("min", "mean", "max"))
@@ -138,7 +140,7 @@ def ratio_figures(per_rank: torch.Tensor) -> dict[str, float]:
     return figures
 
 
-class ImportanceSamplingCorrection:
+class ImportanceSamplingCorrection(LossForwardTap):
     """Mixed into a GRPOTrainer subclass (before it): with `start_correcting` called once the trainer is
     built, TRL corrects the rollout's completions by its own `vllm_importance_sampling_*` settings (see
     the module docstring), and logs the clipped share. Only token-level modes (`TOKEN_MODES`)."""
@@ -147,7 +149,6 @@ class ImportanceSamplingCorrection:
     ratio_at_loss = False  # the trainer's log-probs of the ratio: the loss forward's, not TRL's extra forward
     _generating = False  # inside `_generate`, where TRL's use_vllm would mean a vLLM engine
     _scoring = False  # inside `_generate_and_score_completions`
-    _ratio_inputs: dict | None = None  # the inputs of the loss being computed, until its forward returns
     _ratio_sums: dict | None = None  # mode -> the generation batch's sums so far, on the rank's device
 
     @property
@@ -195,23 +196,10 @@ class ImportanceSamplingCorrection:
                 self._metrics["train"][CLIPPED_SHARE].append(clipped / counted)
         return output
 
-    def _compute_loss(self, model, inputs):
-        if not (self.correct_sampler and self.ratio_at_loss):
-            return super()._compute_loss(model, inputs)
-        # A copy takes this loss's ratio: the buffered micro-batch stays as it was scored.
-        self._ratio_inputs = inputs = dict(inputs)
-        try:
-            return super()._compute_loss(model, inputs)
-        finally:
-            self._ratio_inputs = None
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        # The first forward inside `_compute_loss` is the loss's own; TRL reads the ratio after it.
-        inputs, self._ratio_inputs = self._ratio_inputs, None
-        if inputs is not None:
-            inputs["importance_sampling_ratio"] = self._ratio_at_loss(result[0].detach(), inputs)
-        return result
+    def _loss_forward(self, per_token_logps: torch.Tensor, inputs: dict) -> None:
+        super()._loss_forward(per_token_logps, inputs)
+        if self.correct_sampler and self.ratio_at_loss:  # TRL's loss reads the ratio after this forward
+            inputs["importance_sampling_ratio"] = self._ratio_at_loss(per_token_logps.detach(), inputs)
 
     def _ratio_at_loss(self, trainer_logps: torch.Tensor, inputs: dict) -> torch.Tensor:
         """The ratio of the loss's tokens from its own log-probs (what TRL's forward would have given),
@@ -219,10 +207,7 @@ class ImportanceSamplingCorrection:
         if "old_per_token_logps" in inputs:
             raise RuntimeError("old_per_token_logps computed although the ratio is taken at the loss: "
                                "TRL computes it under other conditions than off_policy.py expects")
-        sampling = inputs["sampling_per_token_logps"]
-        mask = inputs["completion_mask"]
-        if "tool_mask" in inputs:  # TRL's loss and its ratio leave the tools' tokens out too
-            mask = mask * inputs["tool_mask"]
+        sampling, mask = inputs["sampling_per_token_logps"], loss_mask(inputs)
         clip_min, clip_max = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         ratio = sampler_ratio(trainer_logps, sampling, mask, self.vllm_importance_sampling_mode, clip_min, clip_max)
         sums = torch.cat([ratio_sums(ratio, mask), clipped_counts(trainer_logps, sampling, mask, clip_min, clip_max)])

@@ -62,34 +62,52 @@ def mismatch_figures(sums: torch.Tensor) -> dict[str, float]:
             KL: per_rank[:, 1].sum().item() / tokens}
 
 
-class SamplerMismatchLogging:
+def loss_mask(inputs: dict) -> torch.Tensor:
+    """The completion tokens TRL's loss counts: the completion mask, the tools' tokens left out."""
+    mask = inputs["completion_mask"]
+    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
+
+
+class LossForwardTap:
+    """Mixed into a GRPOTrainer subclass: each loss's own forward (the first one inside TRL's
+    `_compute_loss`) is handed, with the loss's inputs, to `_loss_forward`, which mixins extend (each
+    calling super()). The inputs are the loss's own copy of its micro-batch, so a mixin may add to them
+    what TRL's loss reads after that forward; the buffered micro-batch stays as it was scored."""
+
+    _tapped_inputs: dict | None = None  # the inputs of the loss being computed, until its forward is seen
+
+    def _compute_loss(self, model, inputs):
+        self._tapped_inputs = inputs = dict(inputs)
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._tapped_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        inputs, self._tapped_inputs = self._tapped_inputs, None
+        if inputs is not None:
+            self._loss_forward(result[0], inputs)
+        return result
+
+    def _loss_forward(self, per_token_logps: torch.Tensor, inputs: dict) -> None:
+        """The loss's forward has given `per_token_logps` (with grad) for `inputs`."""
+
+
+class SamplerMismatchLogging(LossForwardTap):
     """Mixed into a GRPOTrainer subclass (before it: `class T(SamplerMismatchLogging, GRPOTrainer)`):
     adds the module's figures to every training log. Needs the rollout's log-probs in the loss's
     inputs (`sampling_per_token_logps`, TRL's name for them); without them, and on TRL's Liger loss
     (which does not go through `_compute_loss`), the figures are simply absent."""
 
     _mismatch_sums: torch.Tensor | None = None  # summed since the last log, on the rank's device
-    _loss_inputs: dict | None = None  # the inputs of the loss being computed, until its forward is seen
 
-    def _compute_loss(self, model, inputs):
-        self._loss_inputs = inputs if model.training else None
-        try:
-            return super()._compute_loss(model, inputs)
-        finally:
-            self._loss_inputs = None
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        # The first forward inside `_compute_loss` is the loss's own: the log-probs it trains on.
-        inputs, self._loss_inputs = self._loss_inputs, None
-        sampled = None if inputs is None else inputs.get("sampling_per_token_logps")
-        if sampled is not None:
-            mask = inputs["completion_mask"]
-            if "tool_mask" in inputs:  # TRL's loss leaves the tools' tokens out too
-                mask = mask * inputs["tool_mask"]
-            sums = mismatch_sums(result[0], sampled, mask)
+    def _loss_forward(self, per_token_logps: torch.Tensor, inputs: dict) -> None:
+        super()._loss_forward(per_token_logps, inputs)
+        sampled = inputs.get("sampling_per_token_logps")
+        if sampled is not None and self.model.training:  # the log-probs it trains on
+            sums = mismatch_sums(per_token_logps, sampled, loss_mask(inputs))
             self._mismatch_sums = sums if self._mismatch_sums is None else combined_sums(self._mismatch_sums, sums)
-        return result
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         # Every rank computes the same losses, so every rank holds sums here or none does: the gather
