@@ -107,18 +107,19 @@ def test_two_cpu_ranks_fine_tune_under_accelerate_launch(home):
 
 
 def test_a_slowed_rank_is_named_a_straggler_live_within_three_logged_steps_and_the_monitor_shows_it(tmp_path):
-    """bench/phases_view.py (issue 52's capture) on 2 CPU ranks: GPUSCALE_SLOW_RANK (engines/step_phases.py's
-    test aid) makes rank 1 sleep a second at each training pass; the warnings the monitor and `gpuscale
-    run`'s progress line show (app/views/collapse.py) name it while the run goes on, by the time the ranks
-    have logged 3 steady steps; the other rank's step is as long, spent waiting at the gradient all-reduce,
-    so it is not named; and the real app's monitor, captured while the run is live, shows the rows a rank
-    and the advice."""
+    """bench/phases_view.py (the monitor captured during a run) on 2 CPU ranks: GPUSCALE_SLOW_RANK
+    (engines/step_phases.py's test aid) makes rank 1 sleep half a second at each training pass; the
+    warnings the monitor and `gpuscale run`'s progress line show (app/views/collapse.py) name it while
+    the run goes on, by the time the ranks have logged 3 steady steps; the other rank's step is as long,
+    spent waiting at the gradient all-reduce, so it is not named; and the real app's monitor, captured
+    while the run is live, shows the rows a rank and the advice."""
     from gpuscale.data.step_phases import LIVE_STEPS, WARM_UP_STEPS
 
     out = tmp_path / "monitor.json"
-    # Steps enough that the run is still live when the app has drawn its monitor (each step a second or more).
+    # Steps enough that the run is still live when the app has drawn its monitor, and that a progress line
+    # (`gpuscale run` prints one every 10 s off a terminal) comes after the naming (each step a second or more).
     done = subprocess.run([sys.executable, str(BENCH / "phases_view.py"), "--gpus", "2", "--model", "tiny-math",
-                           "--slow-rank", "1:0.5", "--sizes", "120x40", "--set", "max_steps=9",
+                           "--slow-rank", "1:0.5", "--sizes", "120x40", "--set", "max_steps=16",
                            "--set", "max_examples=64", "--set", "batch_size=2", "--set", "max_length=64",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

@@ -23,7 +23,8 @@ class _CompiledOrEager:
     None: dynamic only in the dimensions the caller marks (`torch._dynamo.maybe_mark_dynamic`), any
     other size that changes recompiles static. Dynamo's automatic dynamic shapes stay off: they make
     every size that changed since an earlier compile of the same function symbolic, and after a test of
-    one model's prefill, another model's took Inductor's shape reasoning past 5 minutes (CI, CPU).
+    one model's prefill, another model's took Inductor's shape reasoning past 5 minutes
+    (tests/unit/test_eggroll_exact.py's compiled test run after test_generation_training.py's, on CPU).
     """
 
     def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool, dynamic: bool | None = False):
