@@ -188,6 +188,20 @@ def test_sample_tokens_equals_the_plain_recipe(sampling):
         assert torch.equal(raw, sampled)
 
 
+@pytest.mark.parametrize("rows,width", [(1, 151936), (3, 1000), (5, 256), (40, 600)])
+def test_row_argmax_is_the_first_maximum(rows, width):
+    """The blocked argmax of few rows (and the plain one of many) picks torch's index: ties between
+    blocks and inside one go to the first, a row of -inf to 0, a width not a multiple of the blocks."""
+    from gpuscale.engines.generation.sampling import row_argmax
+
+    values = torch.randint(0, 50, (rows, width), generator=_seeded(5)).float()  # many ties
+    values[0, width // 3] = values[0, width - 1] = 1000.0  # the same maximum in two far-apart blocks
+    if rows > 1:
+        values[1] = -torch.inf
+    assert torch.equal(row_argmax(values), values.argmax(dim=-1))
+    assert row_argmax(values)[0] == width // 3
+
+
 @pytest.mark.parametrize("way", ["sdpa", "matmul"])
 def test_grouped_query_attention_equals_repeated_kv(way, monkeypatch):
     """One query token per row: stacking the query heads of each KV head gives the attention of
@@ -367,6 +381,39 @@ def test_fused_decode_equals_the_models_own_forward(model):
         assert torch.equal(fused.tokens, plain.tokens)
         torch.testing.assert_close(fused.base_logprobs, plain.base_logprobs, atol=1e-5, rtol=0)
         torch.testing.assert_close(fused.sampled_logprobs, plain.sampled_logprobs, atol=1e-5, rtol=0)
+
+
+def test_reductions_in_the_fused_forward_equal_its_matmuls(model, monkeypatch):
+    """The few-row way of the compiled fused forward (`_reduction_linear`, `_reduction_attention`), here
+    run eagerly on every row, prefill included: the same tokens as cuBLAS's matmuls and SDPA, log-probs
+    within 1e-5 (fp32), o_proj and down_proj included."""
+    runs = []
+    for reductions in (True, False):
+        engine = GenerationEngine(model, eos_token_ids=[9, 10, 11], pad_token_id=PAD, static_shapes=True)
+        if reductions:
+            monkeypatch.setattr(fused_module, "REDUCTION_LINEAR_MAX_ROWS", 10**9)
+            monkeypatch.setattr(fused_module, "REDUCTION_ATTENTION_MAX_ROWS", 10**9)
+            engine._fused.compiled = True  # the reductions are taken on compiled forwards only
+        used = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
+        runs.append(_mcmc_round_cpu(engine, Sampling(0.8, top_k=40, top_p=0.95)))
+        if reductions:  # four matmuls a layer: q/k/v, o_proj, gate/up, down_proj
+            assert used.count("_reduction_linear") == 4 * used.count("_reduction_attention") > 0
+        else:
+            assert not used
+        monkeypatch.undo()
+    for reduced, plain in zip(*runs):
+        assert torch.equal(reduced.tokens, plain.tokens)
+        torch.testing.assert_close(reduced.base_logprobs, plain.base_logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(reduced.sampled_logprobs, plain.sampled_logprobs, atol=1e-5, rtol=0)
+
+
+def _count_calls(monkeypatch, module, *names) -> list[str]:
+    """The names of `module`'s functions `names`, in the order they are called from now on."""
+    calls = []
+    for name in names:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, real=real, name=name: calls.append(name) or real(*args))
+    return calls
 
 
 def test_fused_weights_follow_in_place_updates_of_the_model():

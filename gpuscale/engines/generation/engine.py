@@ -114,7 +114,7 @@ class GenerationEngine:
         self.compile = (on_cuda and self.static_shapes) if compile is None else compile
         if self.compile and not self.static_shapes:
             raise ValueError("compile needs static_shapes (a dynamic step would recompile at every step)")
-        if "cudagraphs" in compile_mode or compile_mode == "reduce-overhead":
+        if compile_mode in ("reduce-overhead", "max-autotune"):  # "max-autotune-no-cudagraphs" is fine
             raise ValueError(f"compile_mode {compile_mode!r} captures CUDA graphs of its own; the engine does")
         self._compile_mode = compile_mode
         self.fuse_row_terms = fuse_row_terms
@@ -138,6 +138,8 @@ class GenerationEngine:
         with torch.no_grad(), evaluation_mode(model):
             self._check_plain_linear_head()
             self._fused: _FusedDecode | None = make_fused_decode(self._decoder, fuse_weights, self._cache_kwarg)
+        if self._fused is not None:
+            self._fused.compiled = self.compile
         self._vocab = self._head.weight.shape[0]
         self._cursor = _Cursor(self.device)
         self._reserved_columns = max_columns

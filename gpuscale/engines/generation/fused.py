@@ -42,7 +42,9 @@ def _grouped_query_sdpa(module, query, key, value, attention_mask, **kwargs):
     batch, heads, _, dim = query.shape
     grouped = query.reshape(batch, heads // groups, groups, dim)  # head h = kv * groups + g, as repeat_kv
     scale = kwargs.get("scaling") or dim ** -0.5
-    if batch >= MATMUL_ATTENTION_MIN_ROWS:
+    if kwargs.get("as_reduction"):
+        out = _reduction_attention(grouped, key, value, attention_mask, scale)
+    elif batch >= MATMUL_ATTENTION_MIN_ROWS:
         out = _matmul_attention(grouped, key, value, attention_mask, scale)
     else:
         out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scale)
@@ -70,6 +72,33 @@ def _matmul_attention(query, key, value, mask, scale):
     scores = scores.view(rows, kv_heads, groups, -1) * scale + mask
     probabilities = scores.softmax(dim=-1).to(value.dtype)
     return torch.matmul(probabilities, value)
+
+
+def _reduction_attention(query, key, value, mask, scale):
+    """`_matmul_attention` written as products summed over a dimension, for Inductor to compile into
+    kernels of its own (`REDUCTION_MAX_ROWS`): the scores and the weighted values in fp32."""
+    scores = (query.float().unsqueeze(-2) * key.float().unsqueeze(-3)).sum(-1) * scale + mask  # [B, KV, G, C]
+    probabilities = scores.softmax(dim=-1)
+    return (probabilities.unsqueeze(-1) * value.float().unsqueeze(-3)).sum(-2).to(value.dtype)
+
+
+def _reduction_linear(x, weight, bias):
+    """F.linear as products summed over the input features, accumulated in fp32 and rounded once, as
+    cuBLAS does: compiled, one kernel that reads the weight once and takes the bias (and whatever
+    Inductor fuses around it) along."""
+    out = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+# Up to this many tokens a forward, the compiled fused forward runs its matmuls and one-query attention as
+# reductions Inductor writes (`_reduction_linear`, `_reduction_attention`), not as cuBLAS and SDPA calls. At
+# a handful of rows a matmul is a matrix-vector product: cuBLAS's kernels for it, and SDPA's tiles made for
+# many queries, take several microseconds each whatever their size, and a 0.5B model's step runs about a
+# hundred of them (bench/results/generation/profile-decode-*). 0: never.
+REDUCTION_LINEAR_MAX_ROWS = 0
+REDUCTION_ATTENTION_MAX_ROWS = 0
 
 
 def _register_grouped_attention():
@@ -157,6 +186,10 @@ class _FusedDecode:
         # output_terms[i]: the terms of layer i's o_proj and down_proj added here (in_projections only).
         self.output_terms: list[tuple[list[RowTerm], list[RowTerm]]] = [([], []) for _ in decoder.layers]
         self.terms_in_projections = False
+        # output_as_matmul[i]: whether layer i's o_proj and down_proj run as their matmul here, not as modules.
+        self.output_as_matmul: list[tuple[bool, bool]] = [(False, False) for _ in decoder.layers]
+        # Set by the engine when this forward runs compiled: only then are `_reduction_*` worth taking.
+        self.compiled = False
         self._bypassed = self._bypassed_modules()
 
     @staticmethod
@@ -216,13 +249,16 @@ class _FusedDecode:
                 self.row_terms[g][i] = [row_terms.of(m) for m in self._linears(layer, group)]
         hook_ids = row_terms.hook_ids()
 
-        def added_here(module) -> list[RowTerm]:
-            if not in_projections or not _plain_linear(module) or _hooked(module, hook_ids):
-                return []  # the module runs: its hooks add its terms
-            return row_terms.of(module)
+        def as_matmul(module) -> bool:
+            """A plain linear whose hooks, if any, are row terms added here: its matmul may replace it."""
+            return _plain_linear(module) and not _hooked(module, hook_ids if in_projections else frozenset())
 
-        self.output_terms = [(added_here(layer.self_attn.o_proj), added_here(layer.mlp.down_proj))
-                             for layer in self.decoder.layers]
+        outputs = [(layer.self_attn.o_proj, layer.mlp.down_proj) for layer in self.decoder.layers]
+        self.output_as_matmul = [(as_matmul(o_proj), as_matmul(down)) for o_proj, down in outputs]
+        # Terms added here (in_projections only); otherwise the module runs and its hooks add them.
+        self.output_terms = [tuple(row_terms.of(m) if in_projections and matmul else []
+                                   for m, matmul in zip(pair, flags))
+                             for pair, flags in zip(outputs, self.output_as_matmul)]
 
     def _cat(self, layer, group, name):
         tensors = [getattr(m, name) for m in self._linears(layer, group)]
@@ -268,7 +304,7 @@ class _FusedDecode:
 
     def _projections(self, g: int, i: int, x: torch.Tensor) -> list[torch.Tensor]:
         """The outputs of group g's linears in layer i: one matmul, split, plus their row terms."""
-        outputs = F.linear(x, self.weights[g][i], self.biases[g][i]).split(self.split_sizes[g], dim=-1)
+        outputs = self._linear(x, self.weights[g][i], self.biases[g][i]).split(self.split_sizes[g], dim=-1)
         return [self._with_terms(output, x, terms) for output, terms in zip(outputs, self.row_terms[g][i])]
 
     def _with_terms(self, output: torch.Tensor, x: torch.Tensor, terms: list[RowTerm]) -> torch.Tensor:
@@ -279,11 +315,16 @@ class _FusedDecode:
                 term.add_into(output, x)
         return output
 
-    def _output_projection(self, module: torch.nn.Linear, terms: list[RowTerm], x: torch.Tensor) -> torch.Tensor:
-        """o_proj or down_proj: the module itself, or, where its terms are added here, its matmul and them."""
-        if not terms:
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.compiled and x.shape[:-1].numel() <= REDUCTION_LINEAR_MAX_ROWS:
+            return _reduction_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    def _output_projection(self, i: int, which: int, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """o_proj (which 0) or down_proj (1) of layer i: its matmul and the terms added here, or the module."""
+        if not self.output_as_matmul[i][which]:
             return module(x)
-        return self._with_terms(F.linear(x, module.weight, module.bias), x, terms)
+        return self._with_terms(self._linear(x, module.weight, module.bias), x, self.output_terms[i][which])
 
     def _attention(self, i, attention, x, position_embeddings, mask, cache):
         batch, tokens = x.shape[:2]
@@ -291,12 +332,14 @@ class _FusedDecode:
         q, k = self.apply_rotary(q, k, *position_embeddings)
         # As many KV columns as the mask has: all the cache shows in decode, the written ones in prefill.
         keys, values = (t[:, :, : mask.shape[-1]] for t in cache.layers[i].update(k, v))
-        out, _ = _grouped_query_sdpa(attention, q, keys, values, mask, dropout=0.0, scaling=attention.scaling)
-        return self._output_projection(attention.o_proj, self.output_terms[i][0], out.reshape(batch, tokens, -1))
+        as_reduction = self.compiled and tokens == 1 and batch <= REDUCTION_ATTENTION_MAX_ROWS
+        out, _ = _grouped_query_sdpa(attention, q, keys, values, mask, dropout=0.0, scaling=attention.scaling,
+                                     as_reduction=as_reduction)
+        return self._output_projection(i, 0, attention.o_proj, out.reshape(batch, tokens, -1))
 
     def _mlp(self, i, mlp, x):
         gate, up = self._projections(1, i, x)
-        return self._output_projection(mlp.down_proj, self.output_terms[i][1], self.activations[i](gate) * up)
+        return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up)
 
 
 def mlp_activation(mlp, config):

@@ -69,7 +69,7 @@ def sample_tokens(
     logits = logits.float()
     normalizer = torch.logsumexp(logits, dim=-1)
     if sampling.greedy:
-        tokens = logits.argmax(dim=-1)
+        tokens = row_argmax(logits)
         return tokens, _pick(logits, tokens) - normalizer, torch.zeros(tokens.shape, dtype=torch.float32,
                                                                        device=tokens.device)
     if sampling.changes_distribution:
@@ -79,10 +79,36 @@ def sample_tokens(
         scores, sampled_normalizer = logits, normalizer
     # argmax(score + g) with Gumbel noise g = -log(-log u); u strictly inside (0, 1) keeps g finite,
     # so filtered tokens (-inf) never win.
-    tokens = (scores - torch.log(-torch.log(noise))).argmax(dim=-1)
+    tokens = row_argmax(scores - torch.log(-torch.log(noise)))
     raw_logprob = _pick(logits, tokens) - normalizer
     sampled_logprob = raw_logprob if scores is logits else _pick(scores, tokens) - sampled_normalizer
     return tokens, raw_logprob, sampled_logprob
+
+
+# Below this many rows, `row_argmax` reduces each row in blocks first. Inductor gives a row's argmax to
+# one thread block: at a few rows a handful of the GPU's 132 multiprocessors walk a 152k vocabulary
+# alone (the largest non-matmul kernel of a batch-1 step; bench/results/generation/profile-decode-*).
+SPLIT_ARGMAX_MAX_ROWS = 32
+SPLIT_ARGMAX_BLOCKS = 128
+
+
+def row_argmax(values: torch.Tensor) -> torch.Tensor:
+    """values.argmax(dim=-1) of a [rows, n] tensor, the first index of a row's maximum as torch's.
+
+    With few rows, in two reductions: the maximum of each of SPLIT_ARGMAX_BLOCKS blocks of a row (the
+    row padded with -inf to a multiple), then the first block holding the row's maximum. The first
+    maximum of that block is then the row's first maximum: no earlier block holds the maximum value.
+    """
+    rows, n = values.shape
+    if rows >= SPLIT_ARGMAX_MAX_ROWS or n < 2 * SPLIT_ARGMAX_BLOCKS:
+        return values.argmax(dim=-1)
+    padding = -n % SPLIT_ARGMAX_BLOCKS
+    if padding:
+        values = torch.nn.functional.pad(values, (0, padding), value=-math.inf)
+    blocks = values.view(rows, SPLIT_ARGMAX_BLOCKS, -1)
+    block_max, index_in_block = blocks.max(dim=-1)
+    best_block = block_max.argmax(dim=-1)
+    return best_block * blocks.shape[-1] + index_in_block.gather(-1, best_block[:, None]).squeeze(-1)
 
 
 # ---- the random numbers of a step, computed where they are used ------------------------------------

@@ -1,0 +1,168 @@
+"""The engine's batch-1 decode step, one way of computing it at a time: which change moves it toward the
+weight-read floor, and by how much.
+
+    python bench/decode_ways.py                                  # GPU: Qwen2.5-0.5B shape, bf16, batch 1
+    python bench/decode_ways.py --ways before,today --device cpu --model random-tiny --new-tokens 8  # smoke
+
+A way is a set of the engine's few-row switches (module constants of engines/generation) and a compile
+mode; each runs in a process of its own (fresh compile caches), measured by the one decode measure the
+node check shares (engines/generation/speed.py: N-token and 1-token calls, the difference a step), with
+`--profile` also the kernels of an eager static step (bench/profile_decode.py's count). The floor is the
+weights a step reads at the card's copy bandwidth, measured in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BASELINE = """Baseline: `before`, the engine's step without the few-row ways (plain argmax, cuBLAS matmuls, SDPA),
+and transformers' generate() at its best (StaticCache + compile) in the same call (`--with-transformers`)."""
+
+# way -> (constant overrides by module, compile mode). `today` is the engine's default.
+WAYS = {
+    "before": ({"sampling.SPLIT_ARGMAX_MAX_ROWS": 0}, "default"),
+    "today": ({}, "default"),
+    "matmul-attention": ({"fused.MATMUL_ATTENTION_MIN_ROWS": 1}, "default"),
+    "reduction-attention": ({"fused.REDUCTION_ATTENTION_MAX_ROWS": 4}, "default"),
+    "reduction-linear": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4}, "default"),
+    "reductions": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4}, "default"),
+    "reductions-autotuned": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
+                             "max-autotune-no-cudagraphs"),
+    "autotuned": ({}, "max-autotune-no-cudagraphs"),
+}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" + BASELINE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ways", type=lambda text: text.split(","), default=list(WAYS),
+                        help=f"comma-separated, of {', '.join(WAYS)}")
+    parser.add_argument("--model", default="random-qwen2.5-0.5b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="also count the kernels of each way's eager step")
+    parser.add_argument("--with-transformers", action="store_true",
+                        help="also transformers' generate() with a StaticCache and compile, in its own process")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds a way may take")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: measure this way only
+    parser.add_argument("--out", default=None)
+    return parser.parse_args(argv)
+
+
+def apply_way(way: str):
+    from gpuscale.engines.generation import fused, sampling
+
+    modules = {"fused": fused, "sampling": sampling}
+    for name, value in WAYS[way][0].items():
+        module, constant = name.split(".")
+        if not hasattr(modules[module], constant):
+            raise SystemExit(f"{name}: no such switch")
+        setattr(modules[module], constant, value)
+
+
+def measure_one(args) -> dict:
+    """In a child process: the way's ms a step (or transformers' at its best), the floor, the kernels."""
+    import torch
+
+    from gpuscale.data.models import build_random_model
+    from gpuscale.engines.distributed import resolve_dtype
+    from gpuscale.engines.generation import GenerationEngine
+    from gpuscale.engines.generation.speed import engine_path, weight_bytes_read_a_step
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import generation as generation_bench
+    import profile_decode
+
+    device = torch.device(args.device)
+    dtype = resolve_dtype("auto", device)
+    model = build_random_model(args.model, seed=0).to(device=device, dtype=dtype).eval()
+    prompts = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens),
+                            generator=torch.Generator().manual_seed(args.batch)).to(device)
+    bandwidth = generation_bench.copy_bandwidth(device, 1024 if device.type == "cuda" else 64)
+    row = {"way": args.one, "floor_ms": weight_bytes_read_a_step(model) / bandwidth * 1e3,
+           "copy_bandwidth_gb_s": bandwidth / 1e9}
+    with torch.no_grad():
+        if args.one == "transformers":
+            settings = argparse.Namespace(new_tokens=args.new_tokens, repeats=args.repeats)
+            row["ms_per_step"] = generation_bench.bench_generate(model, prompts, settings, device, static=True)
+            return row
+        apply_way(args.one)
+        overrides, mode = WAYS[args.one]
+        row.update(overrides=overrides, compile_mode=mode)
+        engine = GenerationEngine(model, pad_token_id=0, compile_mode=mode)
+        run = generation_bench.generate_call(engine, prompts, torch.Generator(device=device).manual_seed(0))
+        row["first_call_s"] = generation_bench.timed(lambda: run(args.new_tokens), device)
+        row["ms_per_step"] = generation_bench.ms_per_step(run, args.new_tokens, device, args.repeats)
+        row["path"] = engine_path(engine)
+        if args.profile:
+            settings = argparse.Namespace(compile_mode=mode, context=args.prompt_tokens + 64,
+                                          prompt_tokens=args.prompt_tokens, steps=5, temperature=1.0)
+            with tempfile.TemporaryDirectory() as folder:
+                profiled = profile_decode.profile_one(model, args.batch, "compiled", settings, device, Path(folder))
+            row["kernels"] = {key: value for key, value in profiled.items() if key.endswith("per_step")}
+            row["top_kernels"] = [[name[:90], calls, round(us, 2)] for name, calls, us in profiled["rows"][:12]]
+    return row
+
+
+def run_child(way: str, args) -> dict:
+    command = [sys.executable, __file__, "--one", way, "--model", args.model, "--device", args.device,
+               "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens),
+               "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+    command += ["--profile"] if args.profile else []
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"way": way, "error": f"over {args.timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"way": way, "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:500]}
+    return json.loads(lines[-1])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.one:
+        print(json.dumps(measure_one(args)), flush=True)
+        return None
+    unknown = [way for way in args.ways if way not in WAYS]
+    if unknown:
+        raise SystemExit(f"--ways: {', '.join(unknown)}: not one of {', '.join(WAYS)}")
+    rows = []
+    for way in args.ways + (["transformers"] if args.with_transformers else []):
+        row = run_child(way, args)
+        rows.append(row)
+        if "error" in row:
+            print(f"{way:<22} FAILED: {row['error']}", flush=True)
+            continue
+        kernels = row.get("kernels", {}).get("kernels_per_step")
+        print(f"{way:<22} {row['ms_per_step']:.3f} ms/step, {row['ms_per_step'] / row['floor_ms']:.2f}x the floor "
+              f"({row['floor_ms']:.3f} ms)" + (f", {kernels:.0f} kernels a step" if kernels else ""), flush=True)
+    measured = {row["way"]: row["ms_per_step"] for row in rows if "ms_per_step" in row}
+    if "before" in measured:
+        for row in rows:
+            if "ms_per_step" in row:
+                row["speedup_vs_before"] = measured["before"] / row["ms_per_step"]
+    if "transformers" in measured:
+        for row in rows:
+            if "ms_per_step" in row:
+                row["speedup_vs_transformers"] = measured["transformers"] / row["ms_per_step"]
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from record import write_result
+
+    settings = {key: value for key, value in vars(args).items() if key not in ("one", "out")}
+    write_result("generation", f"decode-ways-b{args.batch}", settings, {"ways": rows}, out=args.out,
+                 card="cpu" if args.device == "cpu" else None)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
