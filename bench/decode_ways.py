@@ -2,7 +2,7 @@
 weight-read floor, and by how much.
 
     python bench/decode_ways.py                                  # GPU: Qwen2.5-0.5B shape, bf16, batch 1
-    python bench/decode_ways.py --ways before,today --device cpu --model random-tiny --new-tokens 8  # smoke
+    python bench/decode_ways.py --ways today,reductions --device cpu --model random-tiny --new-tokens 8  # smoke
 
 A way is a set of the engine's few-row switches (module constants of engines/generation) and a compile
 mode; each runs in a process of its own (fresh compile caches), measured by the one decode measure the
@@ -20,20 +20,24 @@ import sys
 import tempfile
 from pathlib import Path
 
-BASELINE = """Baseline: `before`, the engine's step without the few-row ways (plain argmax, cuBLAS matmuls, SDPA),
+BASELINE = """Baseline: `today`, the engine's default step (cuBLAS matmuls, SDPA, one reduction a row's argmax),
 and transformers' generate() at its best (StaticCache + compile) in the same call (`--with-transformers`)."""
 
-# way -> (constant overrides by module, compile mode). `today` is the engine's default.
+# way -> (the engine's switches by module, its compile mode, Inductor settings). `today` is the default.
+REDUCTIONS = {"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4}
+TUNED = {"coordinate_descent_tuning": True}  # as gpt-fast compiles its decode step
 WAYS = {
-    "before": ({"sampling.SPLIT_ARGMAX_MAX_ROWS": 0}, "default"),
-    "today": ({}, "default"),
-    "matmul-attention": ({"fused.MATMUL_ATTENTION_MIN_ROWS": 1}, "default"),
-    "reduction-attention": ({"fused.REDUCTION_ATTENTION_MAX_ROWS": 4}, "default"),
-    "reduction-linear": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4}, "default"),
-    "reductions": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4}, "default"),
-    "reductions-autotuned": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
-                             "max-autotune-no-cudagraphs"),
-    "autotuned": ({}, "max-autotune-no-cudagraphs"),
+    "today": ({}, "default", {}),
+    "split-argmax": ({"sampling.SPLIT_ARGMAX_MAX_ROWS": 32}, "default", {}),
+    "matmul-attention": ({"fused.MATMUL_ATTENTION_MIN_ROWS": 1}, "default", {}),
+    "reduction-attention": ({"fused.REDUCTION_ATTENTION_MAX_ROWS": 4}, "default", {}),
+    "reduction-linear": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4}, "default", {}),
+    "reductions": (REDUCTIONS, "default", {}),
+    "reductions-tuned": (REDUCTIONS, "default", TUNED),
+    "reductions-split-argmax-tuned": ({**REDUCTIONS, "sampling.SPLIT_ARGMAX_MAX_ROWS": 32}, "default", TUNED),
+    "tuned": ({}, "default", TUNED),
+    "reductions-autotuned": (REDUCTIONS, "max-autotune-no-cudagraphs", {}),
+    "autotuned": ({}, "max-autotune-no-cudagraphs", {}),
 }
 
 
@@ -58,14 +62,19 @@ def parse_args(argv=None):
 
 
 def apply_way(way: str):
+    import torch._inductor.config
+
     from gpuscale.engines.generation import fused, sampling
 
     modules = {"fused": fused, "sampling": sampling}
-    for name, value in WAYS[way][0].items():
+    switches, _, inductor = WAYS[way]
+    for name, value in switches.items():
         module, constant = name.split(".")
         if not hasattr(modules[module], constant):
             raise SystemExit(f"{name}: no such switch")
         setattr(modules[module], constant, value)
+    for name, value in inductor.items():
+        setattr(torch._inductor.config, name, value)
 
 
 def measure_one(args) -> dict:
@@ -95,8 +104,8 @@ def measure_one(args) -> dict:
             row["ms_per_step"] = generation_bench.bench_generate(model, prompts, settings, device, static=True)
             return row
         apply_way(args.one)
-        overrides, mode = WAYS[args.one]
-        row.update(overrides=overrides, compile_mode=mode)
+        switches, mode, inductor = WAYS[args.one]
+        row.update(switches=switches, compile_mode=mode, inductor=inductor)
         engine = GenerationEngine(model, pad_token_id=0, compile_mode=mode)
         run = generation_bench.generate_call(engine, prompts, torch.Generator(device=device).manual_seed(0))
         row["first_call_s"] = generation_bench.timed(lambda: run(args.new_tokens), device)
@@ -146,14 +155,10 @@ def main(argv=None):
         print(f"{way:<22} {row['ms_per_step']:.3f} ms/step, {row['ms_per_step'] / row['floor_ms']:.2f}x the floor "
               f"({row['floor_ms']:.3f} ms)" + (f", {kernels:.0f} kernels a step" if kernels else ""), flush=True)
     measured = {row["way"]: row["ms_per_step"] for row in rows if "ms_per_step" in row}
-    if "before" in measured:
+    for baseline in ("today", "transformers"):
         for row in rows:
-            if "ms_per_step" in row:
-                row["speedup_vs_before"] = measured["before"] / row["ms_per_step"]
-    if "transformers" in measured:
-        for row in rows:
-            if "ms_per_step" in row:
-                row["speedup_vs_transformers"] = measured["transformers"] / row["ms_per_step"]
+            if baseline in measured and "ms_per_step" in row:
+                row[f"speedup_vs_{baseline}"] = measured[baseline] / row["ms_per_step"]
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from record import write_result

@@ -189,10 +189,13 @@ def test_sample_tokens_equals_the_plain_recipe(sampling):
 
 
 @pytest.mark.parametrize("rows,width", [(1, 151936), (3, 1000), (5, 256), (40, 600)])
-def test_row_argmax_is_the_first_maximum(rows, width):
+def test_row_argmax_is_the_first_maximum(rows, width, monkeypatch):
     """The blocked argmax of few rows (and the plain one of many) picks torch's index: ties between
     blocks and inside one go to the first, a row of -inf to 0, a width not a multiple of the blocks."""
+    from gpuscale.engines.generation import sampling
     from gpuscale.engines.generation.sampling import row_argmax
+
+    monkeypatch.setattr(sampling, "SPLIT_ARGMAX_MAX_ROWS", 32)
 
     values = torch.randint(0, 50, (rows, width), generator=_seeded(5)).float()  # many ties
     values[0, width // 3] = values[0, width - 1] = 1000.0  # the same maximum in two far-apart blocks
