@@ -8,7 +8,14 @@ on 1 and on N GPUs, from real `gpuscale run --recipe rft` runs.
    generation engine: one prefill per question shared by its samples, CUDA graphs) and
    `generator=transformers` (`model.generate` with `num_return_sequences`, the seed's datagen.py).
    The figures are the run summaries' `samples_per_s` (all calls) and `samples_per_s_steady`
-   (without each rank's first call, which captures graphs / compiles).
+   (without each rank's first call, which captures graphs / compiles), and where a call's seconds
+   go (`call_split`, mean seconds of the calls after the first, `first_call_split` of the first):
+   tokenize (the prompts), prefill and decode (gpuscale only: the device's time between CUDA events
+   around them, no sync added), results (the rest of the sampler's call: the engine's host
+   preparation, the prefill's KV copied to the samples' rows, the rows assembled and copied to the
+   host; for transformers `generate`, its whole generate() call), texts (the answers decoded) and
+   filter (scoring, keeping, writing; outside samples/s). A GPU card's host work per row is the
+   CPU's: bench/rft_call_host.py times it alone.
 2. Training: the gpuscale run's kept set is reused (`data_from`) for a fixed number of SFT steps on
    1 GPU and on --gpus GPUs, same per-device batch; tokens/s is the summary's (the trainer's own
    count over its training time) and MFU = 6 x parameters x tokens/s / (GPUs x peak), the card's
@@ -63,9 +70,18 @@ def generation(args, generator: str, batch_size: int) -> dict:
     s = run["summary"]
     print(f"  -> {generator}: {s['samples_per_s']:.1f} samples/s ({s['samples_per_s_steady'] or 0:.1f} without the "
           f"first call), {s['generated_tokens_per_s']:.0f} tokens/s, {s['generation_seconds']:.1f} s", flush=True)
+    steady, first = call_split(s, "generation_call"), call_split(s, "generation_first_call")
+    print("     a call after the first: " + (" · ".join(f"{piece} {seconds:.3f} s" for piece, seconds in steady.items())
+                                             or "none (one call)"), flush=True)
     return {"run": run["id"], **{key: s.get(key) for key in (
         "samples_per_s", "samples_per_s_steady", "generated_tokens_per_s", "generation_seconds", "generated_samples",
-        "sample_accuracy", "kept_examples")}}
+        "sample_accuracy", "kept_examples")}, "call_split": steady, "first_call_split": first}
+
+
+def call_split(summary: dict, prefix: str) -> dict:
+    """piece -> seconds of the summary's `<prefix>_<piece>_seconds` (rft's trainer.py: call_split_figures)."""
+    return {key.removeprefix(prefix + "_").removesuffix("_seconds"): value for key, value in summary.items()
+            if key.startswith(prefix + "_") and key.endswith("_seconds")}
 
 
 def training(args, gpus: int, data_from: int, parameters: int, card_name: str | None) -> dict:

@@ -26,6 +26,16 @@ def prompt_texts(tokenizer, questions: list[str]) -> list[str]:
     return [question + "\n" for question in questions]
 
 
+def prompts_ids(tokenizer, questions: list[str]) -> list[list[int]]:
+    """`prompt_ids` of each question, the template rendered and the texts encoded in one call each
+    (`prompt_lengths`' encoding): one jinja rendering and one Rust batch instead of both per question."""
+    if not questions:
+        return []
+    specials = not getattr(tokenizer, "chat_template", None)
+    encoded = tokenizer(prompt_texts(tokenizer, questions), add_special_tokens=specials)
+    return [list(ids) for ids in encoded["input_ids"]]
+
+
 def tokens_added(tokenizer) -> int:
     """The tokens `prompt_ids` adds to its text's own: none with a chat template (the template writes
     them), else the tokenizer's special tokens (a BOS, an EOS)."""

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from gpuscale.data.step_phases import PREFILL
 from gpuscale.engines import step_phases
 
+from .call_marks import CallMarks, NoMarks
 from .compiled import _CompiledOrEager
 from .fused import (
     _FusedDecode,
@@ -122,6 +123,8 @@ class GenerationEngine:
         # the caller's: a recipe whose step is sampling (power-sampling) sets it; one whose generation is
         # a phase of a training step (rft, grpo-mtl: `generate`) keeps it whole.
         self.marks_prefill = False
+        # Set to a CallMarks to time each `generate` call's prefill and decode (rft's bench split).
+        self.call_marks: CallMarks | NoMarks = NoMarks()
 
         # A peft model wraps the causal LM; the decoder and head are the wrapped model's.
         causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -198,14 +201,17 @@ class GenerationEngine:
         slot = 0
         start = first_col + 1 - prompt_lengths
         self._begin(slot, start, write_col=0)
+        self.call_marks.start()
         with step_phases.phase(PREFILL) if self.marks_prefill else nullcontext():
             self._prefill(slot, prefill_ids, prefill_lengths, first_col, sharing)
+        self.call_marks.mark()
         last_prompt_token = prompt_ids.gather(1, (prompt_lengths - 1)[:, None]).squeeze(1)
         finished = torch.full((batch,), max_new_tokens == 0, device=self.device)
         steps = self._decode(
             slot, last_prompt_token, zeros, finished, max_new_tokens, max_new_tokens, sampling, generator,
             noise_period,
         )
+        self.call_marks.mark()
         return self._assemble(slot, None, prompt_ids, prompt_lengths, start, zeros, max_new_tokens, steps)
 
     @_engine_call

@@ -164,7 +164,7 @@ def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedRepor
     everyone = ctx.gather({"kept": mine.kept, "questions": mine.questions, "samples": mine.samples,
                            "correct": mine.correct, "tokens": mine.tokens, "seconds": mine.seconds,
                            "first": mine.first_call_seconds, "first_samples": mine.first_call_samples,
-                           "wall": wall})
+                           "wall": wall, "call_splits": mine.call_splits})
     rows = sorted((row for rank in everyone for row in rank["kept"]), key=lambda row: row["index"])
     questions = [question for rank in everyone for question in rank["questions"]]
     samples, tokens = sum(r["samples"] for r in everyone), sum(r["tokens"] for r in everyone)
@@ -182,6 +182,7 @@ def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedRepor
         "generated_tokens_per_s": tokens / seconds if seconds > 0 else None,
         # Without each rank's first call (CUDA graph capture, compilation): the rate that scales.
         "samples_per_s_steady": steady_samples / steady if steady > 0 else None,
+        **call_split_figures([rank["call_splits"] for rank in everyone]),
     }
     if ctx.is_main:
         write_generated(ctx.run_dir, [{key: row[key] for key in ("question", "completion", "domain", "source")}
@@ -190,6 +191,19 @@ def generate_phase(settings: Settings, ctx, loaded, batches, phases: PhasedRepor
         raise RuntimeError("no sampled answer was correct: nothing to train on (raise samples_per_question "
                            "or max_new_tokens, or include_gold=true)")
     return rows, figures
+
+
+def call_split_figures(splits_by_rank: list[list[dict[str, float]]]) -> dict[str, float]:
+    """Where a generation call's seconds go (generate.py's `CallLaps.split`: tokenize, prefill, decode,
+    results, texts, filter), as `generation_call_<piece>_seconds`: the mean over every rank's calls but its
+    first (which captures graphs and compiles), and `generation_first_call_<piece>_seconds` over the first
+    calls. Empty where no call was made."""
+    figures = {}
+    for name, calls in (("generation_first_call", [splits[0] for splits in splits_by_rank if splits]),
+                        ("generation_call", [split for splits in splits_by_rank for split in splits[1:]])):
+        for piece in calls[0] if calls else ():
+            figures[f"{name}_{piece}_seconds"] = sum(call[piece] for call in calls) / len(calls)
+    return figures
 
 
 def evaluate(model, tokenizer, test: list[dict], settings: Settings, ctx, when: str) -> dict:
