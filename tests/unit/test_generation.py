@@ -188,23 +188,6 @@ def test_sample_tokens_equals_the_plain_recipe(sampling):
         assert torch.equal(raw, sampled)
 
 
-@pytest.mark.parametrize("rows,width", [(1, 151936), (3, 1000), (5, 256), (40, 600)])
-def test_row_argmax_is_the_first_maximum(rows, width, monkeypatch):
-    """The blocked argmax of few rows (and the plain one of many) picks torch's index: ties between
-    blocks and inside one go to the first, a row of -inf to 0, a width not a multiple of the blocks."""
-    from gpuscale.engines.generation import sampling
-    from gpuscale.engines.generation.sampling import row_argmax
-
-    monkeypatch.setattr(sampling, "SPLIT_ARGMAX_MAX_ROWS", 32)
-
-    values = torch.randint(0, 50, (rows, width), generator=_seeded(5)).float()  # many ties
-    values[0, width // 3] = values[0, width - 1] = 1000.0  # the same maximum in two far-apart blocks
-    if rows > 1:
-        values[1] = -torch.inf
-    assert torch.equal(row_argmax(values), values.argmax(dim=-1))
-    assert row_argmax(values)[0] == width // 3
-
-
 @pytest.mark.parametrize("way", ["sdpa", "matmul"])
 def test_grouped_query_attention_equals_repeated_kv(way, monkeypatch):
     """One query token per row: stacking the query heads of each KV head gives the attention of
@@ -678,7 +661,11 @@ def test_compiled_graphs_equal_the_uncompiled_eager_static_step(dtype, fuse_weig
         runs.append(_mcmc_round(engine, PROMPTS * 4, sampling, seed=0))
         if compiled:
             assert engine._graphs and engine._forward_step.error is None and engine._sample_step.error is None
-    for fast, eager in zip(*runs):
+    _assert_fast_agrees_with_eager(*runs, dtype)
+
+
+def _assert_fast_agrees_with_eager(fast_runs, eager_runs, dtype):
+    for fast, eager in zip(fast_runs, eager_runs):
         if dtype == torch.float32:
             assert torch.equal(fast.tokens, eager.tokens)
             torch.testing.assert_close(fast.base_logprobs, eager.base_logprobs, atol=1e-5, rtol=0)
@@ -689,6 +676,30 @@ def test_compiled_graphs_equal_the_uncompiled_eager_static_step(dtype, fuse_weig
         for name in ("base_logprobs", "sampled_logprobs"):
             difference = (getattr(fast, name) - getattr(eager, name)).abs().cpu()[same]
             assert float(difference.mean()) < 1e-3 and float(difference.max()) < 3e-2, (name, difference.max())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("sampling", [Sampling(0.9, top_k=40, top_p=0.95), Sampling(temperature=0)], ids=str)
+def test_one_row_through_the_reductions_agrees_with_the_eager_step(dtype, sampling, monkeypatch):
+    """One row, compiled with CUDA graphs: the fused forward's matmuls and attention run as Inductor's
+    reductions (REDUCTION_*_MAX_ROWS), against the uncompiled eager static step (cuBLAS, SDPA), with the
+    tolerances of test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
+    assert fused_module.REDUCTION_LINEAR_MAX_ROWS >= 1 and fused_module.REDUCTION_ATTENTION_MAX_ROWS >= 1
+    model = _sharpen(build_random_model("random-tiny", seed=0), 5).to("cuda", dtype)
+    runs, traced = [], []
+    for compiled in (True, False):
+        engine = GenerationEngine(model, eos_token_ids=list(range(3, 512, 6)), pad_token_id=PAD,
+                                  cuda_graphs=compiled, static_shapes=True, compile=compiled)
+        calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
+        runs.append(_mcmc_round(engine, PROMPTS[:1], sampling, seed=0))
+        traced.append(set(calls))  # compiled: called while dynamo traced the step
+        monkeypatch.undo()
+        if compiled:
+            assert engine._graphs and engine._forward_step.error is None and engine._sample_step.error is None
+    assert traced == [{"_reduction_linear", "_reduction_attention"}, set()]
+    _assert_fast_agrees_with_eager(*runs, dtype)
 
 
 @pytest.mark.gpu

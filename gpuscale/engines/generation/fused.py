@@ -96,9 +96,10 @@ def _reduction_linear(x, weight, bias):
 # reductions Inductor writes (`_reduction_linear`, `_reduction_attention`), not as cuBLAS and SDPA calls. At
 # a handful of rows a matmul is a matrix-vector product: cuBLAS's kernels for it, and SDPA's tiles made for
 # many queries, take several microseconds each whatever their size, and a 0.5B model's step runs about a
-# hundred of them (bench/results/generation/profile-decode-*). 0: never.
-REDUCTION_LINEAR_MAX_ROWS = 0
-REDUCTION_ATTENTION_MAX_ROWS = 0
+# hundred of them. At one row on an H200 the step took 0.90x the time it takes through cuBLAS and SDPA
+# (bench/results/generation/decode-ways-*); more rows were not measured, so they keep cuBLAS. 0: never.
+REDUCTION_LINEAR_MAX_ROWS = 1
+REDUCTION_ATTENTION_MAX_ROWS = 1
 
 
 def _register_grouped_attention():

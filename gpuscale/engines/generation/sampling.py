@@ -69,7 +69,7 @@ def sample_tokens(
     logits = logits.float()
     normalizer = torch.logsumexp(logits, dim=-1)
     if sampling.greedy:
-        tokens = row_argmax(logits)
+        tokens = logits.argmax(dim=-1)
         return tokens, _pick(logits, tokens) - normalizer, torch.zeros(tokens.shape, dtype=torch.float32,
                                                                        device=tokens.device)
     if sampling.changes_distribution:
@@ -79,38 +79,10 @@ def sample_tokens(
         scores, sampled_normalizer = logits, normalizer
     # argmax(score + g) with Gumbel noise g = -log(-log u); u strictly inside (0, 1) keeps g finite,
     # so filtered tokens (-inf) never win.
-    tokens = row_argmax(scores - torch.log(-torch.log(noise)))
+    tokens = (scores - torch.log(-torch.log(noise))).argmax(dim=-1)
     raw_logprob = _pick(logits, tokens) - normalizer
     sampled_logprob = raw_logprob if scores is logits else _pick(scores, tokens) - sampled_normalizer
     return tokens, raw_logprob, sampled_logprob
-
-
-# Below this many rows, `row_argmax` reduces each row in blocks first. Inductor gives a row's argmax to
-# one thread block: at a few rows a handful of the GPU's 132 multiprocessors walk a 152k vocabulary
-# alone (the largest non-matmul kernel of a batch-1 step, bench/results/generation/profile-decode-*).
-# 0 (off) until a GPU shows the blocked form compiled and faster (bench/decode_ways.py's split-argmax): a
-# first form, taking each block's maximum with its index, failed to compile there.
-SPLIT_ARGMAX_MAX_ROWS = 0
-SPLIT_ARGMAX_BLOCK = 128  # 151,936 (Qwen2.5's vocabulary) is 1,187 blocks of 128
-
-
-def row_argmax(values: torch.Tensor) -> torch.Tensor:
-    """values.argmax(dim=-1) of a [rows, n] tensor, the first index of a row's maximum as torch's.
-
-    With few rows, in blocks of SPLIT_ARGMAX_BLOCK (the row padded with -inf to a multiple): each block's
-    argmax, the values there, and the first block whose value is the row's maximum. No earlier block
-    holds the maximum value, so that block's first maximum is the row's first.
-    """
-    rows, n = values.shape
-    if rows >= SPLIT_ARGMAX_MAX_ROWS or n < 2 * SPLIT_ARGMAX_BLOCK:
-        return values.argmax(dim=-1)
-    padding = -n % SPLIT_ARGMAX_BLOCK
-    if padding:
-        values = torch.nn.functional.pad(values, (0, padding), value=-math.inf)
-    blocks = values.view(rows, -1, SPLIT_ARGMAX_BLOCK)
-    index_in_block = blocks.argmax(dim=-1)  # [rows, blocks]
-    best_block = blocks.gather(-1, index_in_block[..., None]).squeeze(-1).argmax(dim=-1)
-    return best_block * SPLIT_ARGMAX_BLOCK + index_in_block.gather(-1, best_block[:, None]).squeeze(-1)
 
 
 # ---- the random numbers of a step, computed where they are used ------------------------------------
