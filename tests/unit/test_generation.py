@@ -682,23 +682,25 @@ def _assert_fast_agrees_with_eager(fast_runs, eager_runs, dtype):
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sampling", [Sampling(0.9, top_k=40, top_p=0.95), Sampling(temperature=0)], ids=str)
-def test_one_row_through_the_reductions_agrees_with_the_eager_step(dtype, sampling, monkeypatch):
-    """One row, compiled with CUDA graphs: the fused forward's matmuls and attention run as Inductor's
-    reductions (REDUCTION_*_MAX_ROWS), against the uncompiled eager static step (cuBLAS, SDPA), with the
-    tolerances of test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
-    assert fused_module.REDUCTION_LINEAR_MAX_ROWS >= 1 and fused_module.REDUCTION_ATTENTION_MAX_ROWS >= 1
+@pytest.mark.parametrize("reductions", [True, False], ids=["reductions", "cublas-sdpa"])
+def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, reductions, monkeypatch):
+    """One row, compiled with CUDA graphs, the fused forward's matmuls and attention as Inductor's
+    reductions (REDUCTION_*_MAX_ROWS at 1) or through cuBLAS and SDPA, against the uncompiled eager static
+    step, with the tolerances of test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
     model = _sharpen(build_random_model("random-tiny", seed=0), 5).to("cuda", dtype)
     runs, traced = [], []
     for compiled in (True, False):
         engine = GenerationEngine(model, eos_token_ids=list(range(3, 512, 6)), pad_token_id=PAD,
                                   cuda_graphs=compiled, static_shapes=True, compile=compiled)
+        for name in ("REDUCTION_LINEAR_MAX_ROWS", "REDUCTION_ATTENTION_MAX_ROWS"):
+            monkeypatch.setattr(fused_module, name, 1 if reductions else 0)
         calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
         runs.append(_mcmc_round(engine, PROMPTS[:1], sampling, seed=0))
         traced.append(set(calls))  # compiled: called while dynamo traced the step
         monkeypatch.undo()
         if compiled:
             assert engine._graphs and engine._forward_step.error is None and engine._sample_step.error is None
-    assert traced == [{"_reduction_linear", "_reduction_attention"}, set()]
+    assert traced == [{"_reduction_linear", "_reduction_attention"} if reductions else set(), set()]
     _assert_fast_agrees_with_eager(*runs, dtype)
 
 
