@@ -599,18 +599,22 @@ def test_engine_module_does_not_import_textual():
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _mcmc_round(engine, prompts, sampling, seed):
-    """generate, resample with a different cut per row, accept every other row, resample again."""
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    out = engine.generate(prompts, 40, sampling, generator)
+def _mcmc_round(engine, prompts, sampling, seed, generator_per_call=False):
+    """generate, resample with a different cut per row, accept every other row, resample again.
+
+    With graphs the engine checks for finished rows every few steps only, so once every row has ended it
+    may draw noise for a few more (no-op) steps than eager decoding: a generator shared with the next
+    call would then hand it different numbers. The last call always has a fresh one; with
+    `generator_per_call` (one row, which ends early) every call does."""
+    generators = (torch.Generator(device="cuda").manual_seed(seed + i) for i in range(5))
+    shared = next(generators)
+    generator = (lambda: next(generators)) if generator_per_call else (lambda: shared)
+    out = engine.generate(prompts, 40, sampling, shared)
     cut = (out.lengths * torch.linspace(0, 1, len(prompts), device="cuda")).long()
-    proposal = engine.resample(out, cut, 48, sampling, generator)
+    proposal = engine.resample(out, cut, 48, sampling, generator())
     merged = engine.accept(out, proposal, torch.arange(len(prompts), device="cuda") % 2 == 0)
-    again = engine.resample(merged, cut.flip(0).clamp_max(merged.lengths), 48, sampling, generator)
-    # A fresh generator: with graphs the engine checks for finished rows every few steps only, so it
-    # may draw noise for a few more (no-op) steps than eager decoding, and a shared generator would
-    # then hand the next call different numbers.
-    fresh = torch.Generator(device="cuda").manual_seed(seed + 1)
+    again = engine.resample(merged, cut.flip(0).clamp_max(merged.lengths), 48, sampling, generator())
+    fresh = torch.Generator(device="cuda").manual_seed(seed + 10)
     short = engine.generate([p[:1] for p in prompts], 16, sampling, fresh)  # nothing to prefill
     return out, proposal, merged, again, short
 
@@ -695,7 +699,7 @@ def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, reductions
         for name in ("REDUCTION_LINEAR_MAX_ROWS", "REDUCTION_ATTENTION_MAX_ROWS"):
             monkeypatch.setattr(fused_module, name, 1 if reductions else 0)
         calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
-        runs.append(_mcmc_round(engine, PROMPTS[:1], sampling, seed=0))
+        runs.append(_mcmc_round(engine, PROMPTS[:1], sampling, seed=0, generator_per_call=True))
         traced.append(set(calls))  # compiled: called while dynamo traced the step
         monkeypatch.undo()
         if compiled:
