@@ -4,6 +4,9 @@ the progress never goes back (it went from 252 of 252 back to 252 of 1,044 when 
 
 from __future__ import annotations
 
+from gpuscale.control.hang_watch import PHASE_ALLOWANCE_S, HangWatch
+from gpuscale.control.metrics_tail import MetricsTailer
+from gpuscale.engines.reporter import Reporter
 from gpuscale.recipes.rft import Settings
 from gpuscale.recipes.rft.trainer import (
     BASE_EVALUATION,
@@ -25,6 +28,9 @@ class Recorder:
 
     def log(self, step: int, **figures) -> None:
         self.steps.append((step, figures["phase"]))
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        pass
 
 
 def test_the_total_is_announced_once_and_the_trainers_steps_fill_their_span():
@@ -58,3 +64,27 @@ def test_the_training_span_is_the_most_steps_the_kept_set_can_take():
     assert most_training_steps(over_ranks, 500, 2) == 48
     assert most_training_steps(over_ranks, 500, 1) == 45  # 500 rows on 1 rank: 63 micro-batches, 15 steps
     assert most_kept_rows(settings.model_copy(update={"keep_per_question": 0, "include_gold": False}), 10) == 160
+
+
+def test_the_training_phases_set_up_gets_the_hang_watchs_loading_allowance(tmp_path):
+    """Between generation's last call and the SFT trainer's first step the rank builds the trainer and
+    its data, with nothing to log: the watch must give that a phase's allowance, not the step allowance
+    generation's quick calls set (an rft run at 0.5B was ended as hung there, after 225 s)."""
+    reporter = Reporter(tmp_path, 0)
+    phases = PhasedReporter(reporter, {BASE_EVALUATION: 1, GENERATE: 3, TRAIN: 12, FINAL_EVALUATION: 1})
+    phases.start(GENERATE)
+    for call in (1, 2, 3):
+        phases.log(call)
+    phases.start(TRAIN)
+    reporter.close()
+    tailer = MetricsTailer(tmp_path / "metrics", 1)
+    tailer.read_new()
+    beats = tailer.take_beats()
+    # Generation's calls as if each took 10 s: their p95 sets a step allowance of AUTO_FLOOR_S (120 s).
+    begin = beats[0].t
+    spaced = [type(beat)(beat.rank, begin + 10 * number, beat.step, beat.phase) for number, beat in enumerate(beats)]
+    watch = HangWatch(None, started_at=begin, ranks=range(1))
+    watch.saw(spaced)
+    building_the_trainer = spaced[-1].t + 300
+    assert watch.stands(building_the_trainer)[0].allowance_s == PHASE_ALLOWANCE_S
+    assert watch.hung(building_the_trainer) is None
