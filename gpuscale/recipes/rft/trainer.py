@@ -45,11 +45,16 @@ class PhasedReporter:
         # Until the phase's first step the rank builds what the phase runs on (the engine and its compiled
         # step, the SFT trainer and its data): minutes at a real size with nothing to log. As loading, the
         # hang watch gives that the phases' allowance, not a step's, which generation's steps had set.
-        self.reporter.beat(heartbeat.LOADING)
+        self.beat(heartbeat.LOADING)
         return self
 
     def log(self, step: int, **figures) -> None:
         self.reporter.log(step=self.run_step(step), phase=self.phase, **figures)
+
+    def beat(self, phase: str, step: int | None = None) -> None:
+        """The rank's heartbeat (engines/reporter.py; the TRL bridge's callbacks call it), a step of the
+        phase counted as `log` counts it."""
+        self.reporter.beat(phase, None if step is None else self.run_step(step))
 
     def run_step(self, step: int) -> int:
         """The run's step of the phase's `step`: after the earlier phases' spans, scaled into its own."""
