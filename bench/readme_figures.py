@@ -267,6 +267,27 @@ NODE_CHECK_FIGURES = (
             Value("figures.rows.0.probe_floor_share", percent)), ("probe",)),
 )
 
+# The engine's one-row decode step with its few-row reductions and without (`bench/decode_ways.py`).
+DECODE_WAYS = "bench/results/generation/decode-ways-b1-reductions-default-2026-11-30-h200x2.json"
+
+
+def milliseconds(value: float) -> str:
+    return f"{value:.2f} ms"
+
+
+def way(name: str) -> str:
+    """The dotted path of a way's row in decode_ways.py's result."""
+    return {"today": "figures.ways.1", "cublas-sdpa": "figures.ways.0"}[name]
+
+
+DECODE_FIGURES = (
+    Figure("a one-row step took {} through Inductor's reductions against {} through cuBLAS and SDPA, {} of "
+           "its floor", DECODE_WAYS,
+           (Value(f"{way('today')}.ms_per_step", milliseconds),
+            Value(f"{way('cublas-sdpa')}.ms_per_step", milliseconds),
+            Value(way("today"), percent, lambda rows: rows[0]["floor_ms"] / rows[0]["ms_per_step"])), ()),
+)
+
 # Where a step's time goes (`bench/step_phases.py`): grpo-mtl's split over the profiled steps, at its defaults.
 STEP_PHASES_GRPO = "bench/results/phases/step-phases-grpo-mtl-2026-11-29-h200x2.json"
 
@@ -325,7 +346,7 @@ def cpu_command_figures() -> tuple[Figure, ...]:
 
 def registered() -> tuple[Figure, ...]:
     return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *GRPO_SPEED_FIGURES, *GRPO_ASYNC_FIGURES, *NODE_CHECK_FIGURES,
-            *STEP_PHASE_FIGURES, *cpu_command_figures())
+            *DECODE_FIGURES, *STEP_PHASE_FIGURES, *cpu_command_figures())
 
 
 def blocks(text: str) -> tuple[list[str], str]:

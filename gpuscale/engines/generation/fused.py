@@ -96,8 +96,8 @@ def _reduction_linear(x, weight, bias):
 # reductions Inductor writes (`_reduction_linear`, `_reduction_attention`), not as cuBLAS and SDPA calls. At
 # a handful of rows a matmul is a matrix-vector product: cuBLAS's kernels for it, and SDPA's tiles made for
 # many queries, take several microseconds each whatever their size, and a 0.5B model's step runs about a
-# hundred of them. At one row on an H200 the step took 0.90x the time it takes through cuBLAS and SDPA
-# (bench/results/generation/decode-ways-*); more rows were not measured, so they keep cuBLAS. 0: never.
+# hundred of them. At one row an H200's step was faster this way (bench/results/generation/decode-ways-*,
+# bench/decode_ways.py); more rows were not measured, so they keep cuBLAS and SDPA. 0: never.
 REDUCTION_LINEAR_MAX_ROWS = 1
 REDUCTION_ATTENTION_MAX_ROWS = 1
 
