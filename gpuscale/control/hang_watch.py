@@ -7,8 +7,9 @@ allowance:
 - a step (a training step, a generation batch): `hang_timeout`; `auto` (the default) is the larger of
   AUTO_FLOOR_S and AUTO_TIMES_P95 x the 95th percentile of the run's step times so far (each rank's
   first step left out: it compiles and warms up);
-- loading (a rank's start to its first step), the first step, an evaluation (each of its batches) and
-  a save (a checkpoint, the model): the larger of `hang_timeout` and PHASE_ALLOWANCE_S.
+- loading (a rank's start to its first step, or a later phase's set-up: rft's SFT trainer after its
+  generation), the first step after it, an evaluation (each of its batches) and a save (a checkpoint,
+  the model): the larger of `hang_timeout` and PHASE_ALLOWANCE_S.
 
 A run all of whose ranks are silent past their allowance is hung (one rank still advancing, alone in
 an evaluation, is not); a rank that logged a later step than another waits on it, and is held to the
@@ -64,6 +65,8 @@ class RankState:
         self.t = max(self.t, beat.t)
         if beat.phase is None:
             return  # a summary or the announced total: alive, nothing more
+        if beat.phase == LOADING:
+            self.steps_done = 0  # loading again (a recipe's next phase): its first step is a first step again
         if beat.phase == STEP and self.phase == STEP and self.anchor and beat.step > self.anchor[1]:
             if self.steps_done:
                 self.step_times.append((beat.t - self.anchor[0]) / (beat.step - self.anchor[1]))

@@ -17,6 +17,7 @@ from gpuscale.recipes.rft.trainer import (
     most_kept_rows,
     most_training_steps,
 )
+from gpuscale.runs.heartbeat import STEP
 
 
 class Recorder:
@@ -66,16 +67,18 @@ def test_the_training_span_is_the_most_steps_the_kept_set_can_take():
     assert most_kept_rows(settings.model_copy(update={"keep_per_question": 0, "include_gold": False}), 10) == 160
 
 
-def test_the_training_phases_set_up_gets_the_hang_watchs_loading_allowance(tmp_path):
-    """Between generation's last call and the SFT trainer's first step the rank builds the trainer and
-    its data, with nothing to log: the watch must give that a phase's allowance, not the step allowance
-    generation's quick calls set (an rft run at 0.5B was ended as hung there, after 225 s)."""
+def test_the_training_phases_set_up_and_first_step_get_the_hang_watchs_loading_allowance(tmp_path):
+    """Between generation's last call and the SFT trainer's second step the rank builds the trainer and
+    its data, then compiles and warms up its first step, with nothing to log: the watch must give both a
+    phase's allowance, not the step allowance generation's quick calls set (an rft run at 0.5B was ended
+    as hung there, after 225 s)."""
     reporter = Reporter(tmp_path, 0)
     phases = PhasedReporter(reporter, {BASE_EVALUATION: 1, GENERATE: 3, TRAIN: 12, FINAL_EVALUATION: 1})
     phases.start(GENERATE)
     for call in (1, 2, 3):
         phases.log(call)
     phases.start(TRAIN)
+    phases.beat(STEP, 0)  # the trainer built, in its first step (the TRL bridge's on_train_begin)
     reporter.close()
     tailer = MetricsTailer(tmp_path / "metrics", 1)
     tailer.read_new()
@@ -84,7 +87,12 @@ def test_the_training_phases_set_up_gets_the_hang_watchs_loading_allowance(tmp_p
     begin = beats[0].t
     spaced = [type(beat)(beat.rank, begin + 10 * number, beat.step, beat.phase) for number, beat in enumerate(beats)]
     watch = HangWatch(None, started_at=begin, ranks=range(1))
-    watch.saw(spaced)
-    building_the_trainer = spaced[-1].t + 300
+    watch.saw(spaced[:-1])
+    building_the_trainer = spaced[-2].t + 300
     assert watch.stands(building_the_trainer)[0].allowance_s == PHASE_ALLOWANCE_S
     assert watch.hung(building_the_trainer) is None
+    watch.saw(spaced[-1:])
+    compiling_its_first_step = spaced[-1].t + 300
+    assert watch.stands(compiling_its_first_step)[0].allowance_s == PHASE_ALLOWANCE_S
+    assert watch.hung(compiling_its_first_step) is None
+    assert watch.step_time_p95() == 10.0  # the set-up is no step time
