@@ -76,7 +76,7 @@ def _matmul_attention(query, key, value, mask, scale):
 
 def _reduction_attention(query, key, value, mask, scale):
     """`_matmul_attention` written as products summed over a dimension, for Inductor to compile into
-    kernels of its own (`REDUCTION_MAX_ROWS`): the scores and the weighted values in fp32."""
+    kernels of its own (`REDUCTION_ATTENTION_MAX_ROWS`): the scores and the weighted values in fp32."""
     scores = (query.float().unsqueeze(-2) * key.float().unsqueeze(-3)).sum(-1) * scale + mask  # [B, KV, G, C]
     probabilities = scores.softmax(dim=-1)
     return (probabilities.unsqueeze(-1) * value.float().unsqueeze(-3)).sum(-2).to(value.dtype)
@@ -160,10 +160,11 @@ class _FusedDecode:
     The wiring bypasses the forward of the decoder, its layers, their attention and MLP modules and
     the five fused linears: `still_valid()` says whether those are still the modules it was built
     from, unhooked (the engine's own row-term hooks aside: `row_terms` adds those terms here).
-    With the row terms in the projections (`use_row_terms(..., in_projections=True)`), every term is
-    added out of place as part of its projection's expression (`RowTerm.added`), o_proj's and
-    down_proj's too (`output_terms`: those two then run as their matmul, bypassing the module, where
-    it is a plain linear hooked by row terms only; otherwise the module runs, its hooks adding them).
+    o_proj and down_proj run as their matmul (`output_as_matmul`) where they are plain linears with no
+    hooks but row terms added here; otherwise as the modules, their hooks adding their terms. With the
+    row terms in the projections (`use_row_terms(..., in_projections=True)`), every term is added out
+    of place as part of its projection's expression (`RowTerm.added`), o_proj's and down_proj's too
+    (`output_terms`). Compiled, at a few rows the matmuls and attention are reductions (`_linear`).
     """
 
     # (submodule of a layer, its linears fused into one matmul, in output order)
