@@ -150,8 +150,11 @@ def main(argv=None):
             print(f"{way:<22} FAILED: {row['error']}", flush=True)
             continue
         kernels = row.get("kernels", {}).get("kernels_per_step")
+        # A step that fell back to running uncompiled measures the fallback, not the way: say so on its line.
+        failed = (row.get("path") or {}).get("compile_error")
         print(f"{way:<22} {row['ms_per_step']:.3f} ms/step, {row['ms_per_step'] / row['floor_ms']:.2f}x the floor "
-              f"({row['floor_ms']:.3f} ms)" + (f", {kernels:.0f} kernels a step" if kernels else ""), flush=True)
+              f"({row['floor_ms']:.3f} ms)" + (f", {kernels:.0f} kernels a step" if kernels else "")
+              + (f"; COMPILING FAILED, ran uncompiled: {failed[:120]}" if failed else ""), flush=True)
     measured = {row["way"]: row["ms_per_step"] for row in rows if "ms_per_step" in row}
     for baseline in ("cublas-sdpa", "transformers"):
         for row in rows:
