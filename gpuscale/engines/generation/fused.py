@@ -100,6 +100,10 @@ def _reduction_linear(x, weight, bias):
 # bench/decode_ways.py); more rows were not measured, so they keep cuBLAS and SDPA. 0: never.
 REDUCTION_LINEAR_MAX_ROWS = 1
 REDUCTION_ATTENTION_MAX_ROWS = 1
+# Only matmuls of weights up to this many bytes as reductions (None: all). On the H200 the reductions' kernels
+# read the largest weights (gate/up, down_proj) slower than cuBLAS's and win on the small ones and on what
+# they fuse: bench/decode_ways.py's `reductions-small-weights` measures the mix.
+REDUCTION_LINEAR_MAX_WEIGHT_BYTES: int | None = None
 
 
 def _register_grouped_attention():
@@ -318,7 +322,10 @@ class _FusedDecode:
         return output
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.compiled and x.shape[:-1].numel() <= REDUCTION_LINEAR_MAX_ROWS:
+        few_rows = x.shape[:-1].numel() <= REDUCTION_LINEAR_MAX_ROWS
+        small = REDUCTION_LINEAR_MAX_WEIGHT_BYTES is None or (
+            weight.numel() * weight.element_size() <= REDUCTION_LINEAR_MAX_WEIGHT_BYTES)
+        if self.compiled and few_rows and small:
             return _reduction_linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
