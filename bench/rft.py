@@ -31,39 +31,34 @@ then CPU processes and there is no MFU (none either on a card cards.py does not 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when loaded by path
+from benchruns import RunFailed, gpuscale_run  # noqa: E402
 from record import card, write_result  # noqa: E402
 
 from gpuscale.data.cards import mfu as card_mfu  # noqa: E402  (no torch)
 
 
-def gpuscale_run(args, gpus: int, *settings: str) -> dict:
-    cmd = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", "rft", "--gpus", str(gpus),
-           "--model", args.model, "--dataset", args.dataset, "--set", f"seed={args.seed}",
-           "--set", "eval_examples=0", "--set", "save_model=false", "--set", "include_gold=true",
-           "--set", f"max_new_tokens={args.max_new_tokens}", "--set", f"max_length={args.max_length}",
-           "--set", f"precision={args.precision}", "--json"]
+def rft_run(args, gpus: int, *settings: str) -> dict:
+    """One `gpuscale run --recipe rft` to its end (benchruns.py's); a run that did not succeed ends the
+    script with its status and error, its rank's log printed (a hung run's stacks are in its folder)."""
+    arguments = ["--recipe", "rft", "--gpus", str(gpus), "--model", args.model, "--dataset", args.dataset,
+                 "--set", f"seed={args.seed}", "--set", "eval_examples=0", "--set", "save_model=false",
+                 "--set", "include_gold=true", "--set", f"max_new_tokens={args.max_new_tokens}",
+                 "--set", f"max_length={args.max_length}", "--set", f"precision={args.precision}"]
     for setting in settings:
-        cmd += ["--set", setting]
-    print("$ gpuscale", " ".join(cmd[3:]), flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
-    if done.returncode != 0:
-        print(done.stderr[-4000:], flush=True)
-        raise SystemExit("the run could not start")
-    run = json.loads(done.stdout)
-    if run["status"] != "succeeded":
-        raise SystemExit(f"run {run['id']} {run['status']}: {run['error']}")
-    return run
+        arguments += ["--set", setting]
+    try:
+        return gpuscale_run(arguments)
+    except RunFailed as error:
+        raise SystemExit(str(error)) from None
 
 
 def generation(args, generator: str, batch_size: int) -> dict:
-    run = gpuscale_run(args, 1, f"generator={generator}", f"max_examples={args.questions}",
+    run = rft_run(args, 1, f"generator={generator}", f"max_examples={args.questions}",
                        f"samples_per_question={args.samples}", f"batch_size={batch_size}",
                        f"temperature={args.temperature}", f"compile={str(args.compile and generator == 'gpuscale')}",
                        "max_steps=1", "train_batch_size=1")
@@ -85,7 +80,7 @@ def call_split(summary: dict, prefix: str) -> dict:
 
 
 def training(args, gpus: int, data_from: int, parameters: int, card_name: str | None) -> dict:
-    run = gpuscale_run(args, gpus, f"data_from={data_from}", f"max_steps={args.train_steps}",
+    run = rft_run(args, gpus, f"data_from={data_from}", f"max_steps={args.train_steps}",
                        f"train_batch_size={args.train_batch_size}", f"learning_rate={args.learning_rate}",
                        f"lora_rank={args.lora_rank}")
     s = run["summary"]
