@@ -27,7 +27,9 @@ def _grouped_query_sdpa(module, query, key, value, attention_mask, **kwargs):
     K and V are then read as stored. transformers does the same in eager mode but not under
     torch.compile, where it copies K and V once per query head first (repeat_kv: H/KV times the KV
     bytes written and read per layer). Anything else goes to transformers' own function.
+    `as_reduction` (the fused forward's, at a few rows): the stacked queries through `_reduction_attention`.
     """
+    as_reduction = kwargs.pop("as_reduction", False)  # gpuscale's own: never handed on to transformers
     groups = getattr(module, "num_key_value_groups", 1)
     plain = (
         query.shape[2] == 1 and groups > 1 and not kwargs.get("dropout")
@@ -42,7 +44,7 @@ def _grouped_query_sdpa(module, query, key, value, attention_mask, **kwargs):
     batch, heads, _, dim = query.shape
     grouped = query.reshape(batch, heads // groups, groups, dim)  # head h = kv * groups + g, as repeat_kv
     scale = kwargs.get("scaling") or dim ** -0.5
-    if kwargs.get("as_reduction"):
+    if as_reduction:
         out = _reduction_attention(grouped, key, value, attention_mask, scale)
     elif batch >= MATMUL_ATTENTION_MIN_ROWS:
         out = _matmul_attention(grouped, key, value, attention_mask, scale)
