@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpuscale.control.hang_watch import PHASE_ALLOWANCE_S, HangWatch
 from gpuscale.control.metrics_tail import MetricsTailer
 from gpuscale.engines.reporter import Reporter
-from gpuscale.recipes.rft import Settings
+from gpuscale.recipes.rft import Settings, training_settings
 from gpuscale.recipes.rft.trainer import (
     BASE_EVALUATION,
     FINAL_EVALUATION,
@@ -96,3 +96,12 @@ def test_the_training_phases_set_up_and_first_step_get_the_hang_watchs_loading_a
     assert watch.stands(compiling_its_first_step)[0].allowance_s == PHASE_ALLOWANCE_S
     assert watch.hung(compiling_its_first_step) is None
     assert watch.step_time_p95() == 10.0  # the set-up is no step time
+
+
+def test_the_training_phase_trains_uncompiled_at_its_own_micro_batch_whatever_compile_says():
+    """`compile` is the generation engine's: the trainer's torch_compile recompiles at each new padding-free
+    length (a 1-step training phase sat over 400 s in it on an H200)."""
+    settings = Settings(compile=True, batch_size=128, train_batch_size=4)
+    trained_with = training_settings(settings)
+    assert (trained_with.compile, trained_with.batch_size) == (False, 4)
+    assert (settings.compile, settings.batch_size) == (True, 128)  # the generation phase keeps its own

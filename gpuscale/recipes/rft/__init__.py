@@ -144,8 +144,12 @@ def check_questions_per_rank(settings: Settings) -> None:
 
 def training_settings(settings: Settings) -> Settings:
     """The settings of the training phase: its micro-batch is train_batch_size (batch_size is the
-    generation's questions per call)."""
-    return settings.model_copy(update={"batch_size": settings.train_batch_size})
+    generation's questions per call), and the trainer runs uncompiled: `compile` compiles the generation
+    engine's decode step only. The trainer's torch_compile meets a new padding-free length most steps and
+    compiles again (a 1-step training phase of bench/rft.py at 384 questions sat over 400 s in it on one
+    H200: bench/results/rft/generation-speed-3840rows-training-compile-*), and sft compiled was slower than
+    sft eager even where it settled (results/sft/train-speed-0.5b-packed-compiled-*)."""
+    return settings.model_copy(update={"batch_size": settings.train_batch_size, "compile": False})
 
 
 class RFT(Recipe):
