@@ -775,8 +775,11 @@ def run_check(args) -> None:
 
         transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # noqa: B018
         alone_result = alone.result() if alone else None  # before any run touches the card
-        schedule = Schedule.of(jobs, at_once, args.start_slots or start_slots(os.cpu_count() or 1,
-                                                                             ranks_per_run(gpus)), beside)
+        # One-GPU runs, or every run at once: the start order and gate; several GPUs a run under the
+        # rank budget (default_jobs): one seed's runs a wave, as measured on 4 x H200.
+        ordered = ranks_per_run(gpus) == 1 or at_once >= len(jobs)
+        slots = args.start_slots or start_slots(os.cpu_count() or 1, ranks_per_run(gpus))
+        schedule = Schedule.of(jobs, slots if ordered else None, beside)
         beside_result = tests_worker.submit(gpu_tests_in_turn, schedule) if beside else None
         rows = run_jobs(schedule, at_once, found, home, args.partial)
         tests = None
@@ -829,25 +832,25 @@ def expected_wall(label: str) -> float:
 
 class Schedule:
     """The jobs with their places in the start order, the place of the GPU-marked tests beside them, and
-    the start gate (None where a pool smaller than the jobs takes them in job_list's order)."""
+    the start gate (None where runs of several GPUs go one seed's a wave, in job_list's order)."""
 
     def __init__(self, jobs: list[tuple[int, tuple]], tests_place: int | None, gate: StartGate | None):
         self.jobs, self.tests_place, self.gate = jobs, tests_place, gate
 
     @classmethod
-    def of(cls, jobs: list[tuple], at_once: int, slots: int, with_tests: bool) -> Schedule:
-        """Where every job starts at once (the one-GPU check), longest first through a gate of `slots`,
-        the GPU-marked tests at their place and the sharpening control's runs last (they wait for the
-        validation runs, which must have started before them: TemperatureChoice); else in job_list's
-        order, as the pool takes them, with the tests at the start."""
+    def of(cls, jobs: list[tuple], slots: int | None, with_tests: bool) -> Schedule:
+        """With `slots`: longest first through a gate of that many, the GPU-marked tests at their place
+        and the sharpening control's runs last (they wait for the validation runs, which must have
+        started before them: TemperatureChoice); the pool takes the jobs in that order, so a job waits
+        at the gate only for jobs it has already taken. Without: job_list's order, nothing waits (the
+        tests start with the first runs)."""
         entries = jobs + ([(GPU_TESTS,)] if with_tests else [])
-        everything_at_once = at_once >= len(jobs)
-        if everything_at_once:
+        if slots:
             entries = start_order(entries, expected_wall, last=lambda label: label == CONTROL)
         placed = list(enumerate(entries))
         tests_place = next((place for place, entry in placed if entry[0] == GPU_TESTS), None)
         return cls([(place, entry) for place, entry in placed if entry[0] != GPU_TESTS], tests_place,
-                   StartGate(slots) if everything_at_once else None)
+                   StartGate(slots) if slots else None)
 
 
 def gpu_tests_in_turn(schedule: Schedule) -> dict:

@@ -42,7 +42,7 @@ def test_the_slots_are_the_cores_over_two_threads_a_starting_rank(schedule):
 
 def test_the_one_gpu_check_starts_its_longest_runs_first_and_the_control_after_its_validation_runs(acceptance):
     jobs = acceptance.job_list([0, 1, 2], None, {})
-    plan = acceptance.Schedule.of(jobs, len(jobs), slots=8, with_tests=True)
+    plan = acceptance.Schedule.of(jobs, slots=8, with_tests=True)
     labels = [label for _, (label, *_) in plan.jobs]
     places = [place for place, _ in plan.jobs]
     assert sorted(places + [plan.tests_place]) == list(range(len(jobs) + 1))  # every place once
@@ -53,9 +53,9 @@ def test_the_one_gpu_check_starts_its_longest_runs_first_and_the_control_after_i
     # The tests (317 s beside the runs) after the training runs, before the power-sampling runs (226 s).
     assert labels[plan.tests_place - 1] == "eggroll" and labels[plan.tests_place] == acceptance.POWER
     assert plan.gate.slots == 8
-    # A pool smaller than the jobs (--jobs, several GPUs a run): job_list's order, no gate.
-    capped = acceptance.Schedule.of(jobs, 6, slots=8, with_tests=True)
-    assert [job for _, job in capped.jobs] == jobs and capped.gate is None
+    # Runs of several GPUs one seed's a wave (default_jobs): job_list's order and no gate.
+    waves = acceptance.Schedule.of(jobs, slots=None, with_tests=True)
+    assert [job for _, job in waves.jobs] == jobs and waves.gate is None
 
 
 def test_the_gate_admits_runs_in_their_places_order_and_no_more_at_once_than_its_slots(schedule):
