@@ -785,15 +785,20 @@ def run_check(args) -> None:
         tests = None
         if not args.skip_tests:
             tests = [gpu_tests("gpu")] if card_each else [beside_result.result(), alone_result]
+    write_check(args, gpus, at_once, schedule.gate, rows, tests, time.perf_counter() - started)
+
+
+def write_check(args, gpus: str, at_once: int, gate: StartGate | None, rows: list[dict], tests: list | None,
+                seconds: float) -> None:
+    """The check's table and targets printed, and its result file."""
     stats, verdicts, control = report(rows)
-    total = time.perf_counter() - started
-    print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once"
-          + (f", at most {schedule.gate.slots} starting at once" if schedule.gate else ""))
+    print(f"\nacceptance: {seconds:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once"
+          + (f", at most {gate.slots} starting at once" if gate else ""))
     write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
-                                                        "start_slots": schedule.gate and schedule.gate.slots,
+                                                        "start_slots": gate and gate.slots,
                                                         "set": args.set, "only": args.only},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
-                  "gpu_tests": tests, "seconds": total}, out=args.out)
+                  "gpu_tests": tests, "seconds": seconds}, out=args.out)
 
 
 def run_jobs(schedule: Schedule, at_once: int, found: int, home: Path, partial: str | None) -> list[dict]:
