@@ -47,11 +47,10 @@ def first_error(run_dir: Path, exit_code: int, direct_rank: bool = False) -> tup
         line = last_exception_line(folder.log(rank))
         if line:
             return f"rank {rank}: {line}", None
-    if direct_rank and (line := last_exception_line(folder.launcher_log)):
-        return f"rank 0: {line}", None  # it died before it opened its own log
+    writer = "rank 0: " if direct_rank else ""  # launcher.log is then the rank's output before its own log
     for line in reversed(launcher_text.splitlines()):
         if ("Error" in line or "error:" in line) and not any(wrapper in line for wrapper in LAUNCHER_WRAPPERS):
-            return line.strip(), None
+            return writer + line.strip(), None
     for rank, code in failed:
         if code < 0:
             return f"rank {rank}: killed by signal {-code} ({_signal_name(-code)})", None

@@ -77,10 +77,11 @@ def test_accelerate_argv(tmp_path):
     assert "--main_process_ip node1 --main_process_port 29400" in joined and argv.count("--main_process_port") == 1
 
 
-@pytest.mark.parametrize("ranks", [2])  # one process goes without a launcher (below)
 @pytest.mark.e2e
-def test_accelerate_launch_runs_a_recipe_for_real(tmp_path, ranks):
-    """CPU processes through the real `accelerate launch`: every rank runs, joins one group, reports."""
+def test_accelerate_launch_runs_a_recipe_for_real(tmp_path):
+    """CPU processes through the real `accelerate launch`: every rank runs, joins one group, reports. Two:
+    one process goes without a launcher (`test_a_run_of_one_process_starts_its_rank_without_a_launcher`)."""
+    ranks = 2
     settings = Settings(steps=2, prompt_tokens=4, batch_size=1)
     path = tmp_path / "settings.json"
     path.write_text(settings.model_dump_json())
