@@ -11,8 +11,9 @@ What it does, through the real CLI and nothing else:
    trainer_state.json) is there, then sends SIGKILL to the supervisor, whose pid the store holds
    (`gpuscale show ID --json`: supervisor_pid). Not to the ranks.
 3. Watches the run's processes (every process carrying the run's mark, gpuscale.runs.process): the
-   launcher dies with the supervisor and the ranks with the launcher (PR_SET_PDEATHSIG), so none may
-   remain, before any front end has read the store.
+   launcher dies with the supervisor and the ranks with the launcher (PR_SET_PDEATHSIG; a run of one
+   rank has no launcher, and its rank dies with the supervisor), so none may remain, before any front
+   end has read the store.
 4. `gpuscale show ID --json`: reading the store marks the run lost (launch.reconcile).
 5. `gpuscale resume ID --json` to the end: a new run naming the parent, from its newest checkpoint.
 

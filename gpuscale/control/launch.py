@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from gpuscale.control import disk_space, run_queue
 from gpuscale.control.store import DiskFull, Store, UnknownRun
-from gpuscale.control.supervisor import summary_from_files
+from gpuscale.control.supervisor import DIRECT_RANK_ENV, summary_from_files
 from gpuscale.runs.checkpoints import is_complete, latest_checkpoint
 from gpuscale.runs.devices import DevicePlan, plan_devices
 from gpuscale.runs.process import kill_run_processes, private_files, process_alive, wait_for
@@ -92,17 +92,86 @@ def accelerate_argv(settings: RunSettings, plan: DevicePlan, entry: list[str], s
 LAUNCHERS = {"torchrun": torchrun_argv, "accelerate": accelerate_argv}
 
 
+def one_process(settings: RunSettings, plan: DevicePlan) -> bool:
+    """Whether the run is one process in all: one rank, one node. Such a run starts its rank without a
+    launcher (`launcher_argv`); every other keeps its launcher."""
+    return plan.nproc == 1 and settings.nnodes == 1
+
+
 def launcher_argv(recipe, settings: RunSettings, plan: DevicePlan, settings_path: Path) -> list[str]:
+    """The run's command: the recipe's launcher, which starts the ranks, or for a run of one process in
+    all (`one_process`) the rank itself, `python -m gpuscale.recipes ...`, which the supervisor starts with
+    the environment the launcher would have given it (`direct_rank_environment`). A launcher of one
+    process costs 2.4-3.6 s of wall and CPU time for nothing else (bench/RESULTS.md, "The test suite's
+    time"). The one place that chooses between the two."""
+    if one_process(settings, plan):
+        return [sys.executable, *recipe.rank_entry, "--settings", str(settings_path)]
     return LAUNCHERS[recipe.launcher](settings, plan, recipe.rank_entry, settings_path)
 
 
+def direct_rank_environment(recipe, settings: RunSettings, plan: DevicePlan) -> dict[str, str] | None:
+    """The variables the recipe's launcher puts in the environment of its one process, for a rank
+    started without it (`launcher_argv`); None for a run that keeps its launcher. The supervisor adds
+    them to what it gives every run (supervisor.py:rank_environment), so that the rank's code is the
+    same either way. Read off the launchers themselves (torch 2.13, accelerate 1.15): a script that
+    writes its environment, under each launcher's own argv for one process (`torchrun_argv`,
+    `accelerate_argv`; tests/unit/test_launch.py compares them). OMP_NUM_THREADS stays the supervisor's
+    in both (torchrun sets it only for several ranks; accelerate passes on what it was given)."""
+    if not one_process(settings, plan):
+        return None
+    return ONE_PROCESS_ENVIRONMENTS[recipe.launcher](plan)
+
+
+def torchrun_one_rank_environment(plan: DevicePlan) -> dict[str, str]:
+    """torchrun's: rank 0 of a world of 1, and where the rendezvous is. A world of one makes no process
+    group (engines/distributed.py:init_rank), so nothing binds MASTER_PORT; it is a free port all the
+    same, as --standalone picks (free at the launch: a queued run's may be taken by its start). Its
+    TORCHELASTIC_* variables are left out: no gpuscale code reads them, and TORCHELASTIC_USE_AGENT_STORE
+    would send a process group to its agent's store, which is not there."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "ROLE_RANK": "0", "ROLE_NAME": "default",
+            "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "1",
+            "MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port()), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def accelerate_one_process_environment(plan: DevicePlan) -> dict[str, str]:
+    """`accelerate launch`'s for one process (its simple launcher: accelerate/utils/launch.py,
+    prepare_simple_launcher_cmd_env): no world variables at all, the ACCELERATE_* that accelerate_argv's
+    flags say, and with --cpu two Intel OpenMP settings. On a GPU that launcher would also read a user's
+    `accelerate config` file; the rank started directly does not (gpuscale gives every flag it needs)."""
+    environment = {
+        "ACCELERATE_USE_CPU": str(not plan.on_gpu),  # --cpu
+        "ACCELERATE_MIXED_PRECISION": "no",  # --mixed_precision no
+        "ACCELERATE_DYNAMO_BACKEND": "NO",  # --dynamo_backend no; the other dynamo flags' defaults below
+        "ACCELERATE_DYNAMO_MODE": "default",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
+    }
+    if not plan.on_gpu:
+        environment.update(KMP_AFFINITY="granularity=fine,compact,1,0", KMP_BLOCKTIME="1")
+    return environment
+
+
+ONE_PROCESS_ENVIRONMENTS = {"torchrun": torchrun_one_rank_environment, "accelerate": accelerate_one_process_environment}
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# How display_command writes a launcher's module: as its own command.
+LAUNCHER_COMMANDS = {"torch.distributed.run": ["torchrun"], "accelerate.commands.launch": ["accelerate", "launch"]}
+
+
 def display_command(argv: list[str]) -> str:
-    """The argv as a user would type it (torchrun instead of `python -m torch.distributed.run`)."""
+    """The argv as a user would type it: torchrun instead of `python -m torch.distributed.run`, and
+    `python` for the interpreter of a rank started without a launcher (`python -m gpuscale.recipes ...`)."""
     shown = list(argv)
-    if shown[1:3] == ["-m", "torch.distributed.run"]:
-        shown = ["torchrun", *shown[3:]]
-    elif shown[1:3] == ["-m", "accelerate.commands.launch"]:
-        shown = ["accelerate", "launch", *shown[3:]]
+    if shown[1:2] == ["-m"] and len(shown) > 2:
+        shown = [*LAUNCHER_COMMANDS.get(shown[2], ["python", "-m", shown[2]]), *shown[3:]]
     return shlex.join(shown)
 
 
@@ -156,7 +225,7 @@ def prepare_and_spawn(store: Store, run_id: int, recipe, for_ranks: RunSettings,
     folder = RunDir(store.get_run(run_id)["run_dir"]).make()
     settings_path = folder.settings
     settings_path.write_text(for_ranks.model_dump_json(indent=2))
-    folder.plan.write_text(json.dumps(plan_record(plan)))
+    folder.plan.write_text(json.dumps(plan_record(plan, direct_rank_environment(recipe, for_ranks, plan))))
     argv = launcher_argv(recipe, for_ranks, plan, settings_path)
     store.update_run(run_id, command=argv, label=label)
     # The row's own fields, kept beside the settings: `gpuscale doctor --repair` rebuilds a lost
@@ -188,9 +257,11 @@ def forget_unstarted_run(store: Store, run_id: int) -> None:
         shutil.rmtree(store.home / "runs" / str(run_id), ignore_errors=True)
 
 
-def plan_record(plan: DevicePlan) -> dict:
-    """The device plan as plan.json holds it (what the supervisor and the queue read)."""
-    return {"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}
+def plan_record(plan: DevicePlan, direct_rank_env: dict[str, str] | None = None) -> dict:
+    """The device plan as plan.json holds it (what the supervisor and the queue read); for a rank
+    started without a launcher, the variables the supervisor gives it (`direct_rank_environment`)."""
+    record = {"nproc": plan.nproc, "gpu_indices": list(plan.gpu_indices)}
+    return record if direct_rank_env is None else {**record, DIRECT_RANK_ENV: direct_rank_env}
 
 
 def ignore_preemption_signal() -> None:

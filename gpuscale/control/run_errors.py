@@ -22,9 +22,11 @@ ONE_PROCESS_KILLED = re.compile(r"died with <Signals\.SIG\w+: (\d+)>")
 ONE_PROCESS_EXITED = re.compile(r"returned non-zero exit status (\d+)")
 
 
-def first_error(run_dir: Path, exit_code: int) -> tuple[str, str | None]:
+def first_error(run_dir: Path, exit_code: int, direct_rank: bool = False) -> tuple[str, str | None]:
     """The error the run died of, one line naming the rank, never the launcher's wrapper
-    (`ChildFailedError:`, `CalledProcessError`), which only says that a rank failed. In order:
+    (`ChildFailedError:`, `CalledProcessError`), which only says that a rank failed. `direct_rank`: the
+    run's one rank was started without a launcher (control/launch.py:launcher_argv), so `exit_code` is
+    rank 0's own and launcher.log holds what it wrote before it opened its log. In order:
 
     1. a rank the kernel killed (SIGKILL in torchrun's table, no error file of its own): the others'
        errors are only their peer going away;
@@ -34,20 +36,22 @@ def first_error(run_dir: Path, exit_code: int) -> tuple[str, str | None]:
     folder = RunDir(run_dir)
     recorded = _error_records(folder)
     launcher_text = folder.launcher_log.read_text(errors="replace") if folder.launcher_log.exists() else ""
-    for rank, code in _failed_ranks(launcher_text):
+    failed = [(0, exit_code)] if direct_rank and exit_code else _failed_ranks(launcher_text)
+    for rank, code in failed:
         if code == -signal.SIGKILL and rank not in {record["rank"] for record in recorded}:
             return f"rank {rank}: killed by SIGKILL with no error of its own", OOM_KILLER_HINT
     if recorded:
         first = min(recorded, key=lambda record: record["t"])
         return f"rank {first['rank']}: {first['message']}", None
-    for rank in _ranks_in_failure_order(folder, launcher_text):
+    for rank in _ranks_in_failure_order(folder, failed):
         line = last_exception_line(folder.log(rank))
         if line:
             return f"rank {rank}: {line}", None
+    writer = "rank 0: " if direct_rank else ""  # launcher.log is then the rank's output before its own log
     for line in reversed(launcher_text.splitlines()):
         if ("Error" in line or "error:" in line) and not any(wrapper in line for wrapper in LAUNCHER_WRAPPERS):
-            return line.strip(), None
-    for rank, code in _failed_ranks(launcher_text):
+            return writer + line.strip(), None
+    for rank, code in failed:
         if code < 0:
             return f"rank {rank}: killed by signal {-code} ({_signal_name(-code)})", None
         return f"rank {rank}: exited with code {code} and no error message (see gpuscale logs)", None
@@ -90,10 +94,10 @@ def _failed_ranks(launcher_text: str) -> list[tuple[int, int]]:
     return []
 
 
-def _ranks_in_failure_order(folder: RunDir, launcher_text: str) -> list[int]:
-    """Ranks to look for an error in: those torchrun's table names, the root cause first, then every
-    rank with a log (a single accelerate process has no table)."""
-    named = [rank for rank, _code in _failed_ranks(launcher_text)]
+def _ranks_in_failure_order(folder: RunDir, failed: list[tuple[int, int]]) -> list[int]:
+    """Ranks to look for an error in: the failed ones (`_failed_ranks`: those torchrun's table names, the
+    root cause first), then every rank with a log."""
+    named = [rank for rank, _code in failed]
     logged = sorted(int(path.stem.removeprefix("rank")) for path in folder.rank_logs())
     return list(dict.fromkeys(named + logged))
 

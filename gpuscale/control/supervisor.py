@@ -10,6 +10,10 @@ results files merged into results.jsonl, and a summary of the figures so far mar
 of the run outlives it: the launcher dies with it (PR_SET_PDEATHSIG) and, at the end, anything still
 carrying the run's mark is killed. A run none of whose ranks advances for its `hang_timeout` is ended as
 hung (control/hang_watch.py): every rank's stacks asked for, then the stop above, the run `failed`.
+
+A run of one process in all has no launcher (control/launch.py:launcher_argv): the supervisor starts its
+rank itself, with the variables the launcher would have given it (plan.json's DIRECT_RANK_ENV), and "the
+launcher" in this module (its process group, its pid, its log, its exit code) is then that rank.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ HUNG_STOP_GRACE_S = 1.0
 # (the launcher's ignored disposition, until run_rank takes the signal) would have missed it.
 PREEMPT_RESEND_S = 5.0
 RANK_MODULE = "gpuscale.recipes"  # a rank is `python -m gpuscale.recipes ...` (recipes/__main__.py)
+# plan.json's key for what a rank started without a launcher adds to its environment
+# (control/launch.py:direct_rank_environment); absent where the run has a launcher.
+DIRECT_RANK_ENV = "direct_rank_env"
 # Metric rows kept while the history cannot be written (all are in the ranks' metric files too).
 MAX_UNSENT_ROWS = 100_000
 # How long the ranks of a hung run have to write their stacks (faulthandler writes at once; a rank that
@@ -124,13 +131,18 @@ class Supervisor:
         gpus_here = len(visible_gpu_indices()) if self.plan["gpu_indices"] else 0
         threads, why = omp_threads(os.environ, self.plan["nproc"], ranks_here=ranks_here, gpus_here=gpus_here)
         say(f"OMP_NUM_THREADS={threads} per rank ({why})")
-        env = rank_environment(os.environ, self.run_dir, self.plan, threads)
-        # The launcher writes to its own copy of the descriptor: ours is closed once it has started.
+        env = {**rank_environment(os.environ, self.run_dir, self.plan, threads), **self.direct_rank_env()}
+        # The launcher writes to its own copy of the descriptor: ours is closed once it has started. A rank
+        # started without one writes there only until it opens its own log (engines/distributed.py).
         with open(RunDir(self.run_dir).launcher_log, "ab") as log:
             return subprocess.Popen(
                 self.run["command"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 process_group=0, preexec_fn=launcher_preexec, cwd=self.run_dir,
             )
+
+    def direct_rank_env(self) -> dict[str, str]:
+        """What the rank of a run without a launcher adds to its environment ({} for a run with one)."""
+        return self.plan.get(DIRECT_RANK_ENV) or {}
 
     def tick(self, sampler) -> None:
         now = time.time()
@@ -228,12 +240,15 @@ class Supervisor:
                                     range(first_rank, first_rank + self.plan["nproc"]))
 
     def rank_processes(self) -> dict[int, psutil.Process]:
-        """The run's rank processes by rank (a helper a rank started carries no RANK of its own module)."""
+        """The run's rank processes by rank: the rank module's that carry RANK (a launcher, whose argv
+        names the module too, carries none). The one rank of a run without a launcher is rank 0, with
+        RANK or without: `accelerate launch` gives its one process none."""
         ranks = {}
+        no_rank = "0" if self.direct_rank_env() else None
         for proc in run_processes(str(self.run_dir)):
             try:
-                if RANK_MODULE in proc.cmdline() and "RANK" in (env := proc.environ()):
-                    ranks[int(env["RANK"])] = proc
+                if RANK_MODULE in proc.cmdline() and (rank := proc.environ().get("RANK", no_rank)) is not None:
+                    ranks[int(rank)] = proc
             except (psutil.Error, ValueError):
                 pass
         return ranks
@@ -414,7 +429,8 @@ class Supervisor:
             status, error, hint = "succeeded", None, None
         else:
             status = "failed"
-            error, hint = failure(self.run_dir, self.store.home, exit_code, self.run["settings"])
+            error, hint = failure(self.run_dir, self.store.home, exit_code, self.run["settings"],
+                                  direct_rank=bool(self.direct_rank_env()))
         # A run that ended before rank 0 merged its results keeps the rows its ranks finished (in
         # their own files, where a full disk leaves no room for the merge).
         with contextlib.suppress(OSError):
@@ -468,11 +484,13 @@ def say(line: str) -> None:
         pass
 
 
-def failure(run_dir: Path, home: Path, exit_code: int, settings: dict) -> tuple[str, str | None]:
-    """What a failed run died of, and a hint: the first error of its ranks (control/run_errors.py);
-    where GPUSCALE_HOME's file system is full, that, in one line naming it, the rank's error kept as
-    the hint (a rank on a full disk often cannot even write its error, and dies "with no error")."""
-    error, hint = first_error(run_dir, exit_code)
+def failure(run_dir: Path, home: Path, exit_code: int, settings: dict,
+            direct_rank: bool = False) -> tuple[str, str | None]:
+    """What a failed run died of, and a hint: the first error of its ranks (control/run_errors.py;
+    `direct_rank`: `exit_code` is the one rank's own, started without a launcher); where GPUSCALE_HOME's
+    file system is full, that, in one line naming it, the rank's error kept as the hint (a rank on a
+    full disk often cannot even write its error, and dies "with no error")."""
+    error, hint = first_error(run_dir, exit_code, direct_rank=direct_rank)
     if disk_space.mentions_disk_full(error) or disk_space.short_of_room(run_dir):
         return disk_space.disk_full_line(home), f"the disk filled during the run; {error}"
     return error, hint_for(error, settings) if hint is None else hint
@@ -520,7 +538,9 @@ def hung_hint(run_id: int, run_dir: Path) -> str:
 def launcher_preexec() -> None:
     """In the launcher, before exec: it dies with the supervisor, and ignores SIGUSR1 (torchrun would
     die of it; SLURM may send it to every process of a job step). The ranks inherit the ignored
-    signal and take it themselves once started (engines/preemption.py)."""
+    signal and take it themselves once started (engines/preemption.py). A rank started without a
+    launcher gets the same: SIGUSR1 ignored until it takes it, and SIGTERM should the supervisor die
+    (until run_rank asks for SIGKILL instead, as it does under a launcher)."""
     die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 

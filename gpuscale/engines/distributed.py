@@ -276,7 +276,8 @@ def run_rank(settings_cls: type[RunSettings], main: RankWork, settings_path: str
              side: RankWork | None = None) -> None:
     """The body of one rank: `main(settings, ctx, reporter)` with everything around it; on a side rank
     (outside the training world: `RankContext.on_side`), `side(settings, ctx, reporter)` instead."""
-    # If torchrun dies without cleaning up (SIGKILL), the kernel kills this rank too.
+    # If torchrun (or the supervisor, for a run without a launcher) dies without cleaning up (SIGKILL),
+    # the kernel kills this rank too.
     die_with_parent(signal.SIGKILL)
     settings_path = Path(settings_path)
     run_dir = settings_path.parent

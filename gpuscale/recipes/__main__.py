@@ -1,6 +1,7 @@
 """The entry point of every rank: `python -m gpuscale.recipes --recipe NAME --settings FILE`.
 
-torchrun or accelerate starts it once per rank; it finds the recipe in the registry and hands its
+torchrun or accelerate starts it once per rank (the supervisor itself, for a run of one process:
+control/launch.py:launcher_argv); it finds the recipe in the registry and hands its
 settings class and `run_on_device` (its `run`, device defaults resolved; `run_side_on_device` on a side
 rank) to the rank side of the engines (engines/distributed.run_rank)."""
 

@@ -8,7 +8,8 @@ writes under RUN_DIR goes through `RunDir`.
                                 so that a history lost can be rebuilt from the folders
         plan.json               the device plan: number of ranks and GPU indices
         logs/rank<R>.log        each rank's stdout and stderr
-        logs/launcher.log       torchrun's or accelerate's own output
+        logs/launcher.log       torchrun's or accelerate's own output (a one-process run, which has no
+                                launcher: what its rank wrote before it opened its own log)
         logs/supervisor.log     the supervisor's
         metrics/rank<R>.jsonl   each rank's metric lines (engines.reporter.Reporter)
         errors/rank<R>.json     the error a rank died of

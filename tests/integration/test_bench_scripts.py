@@ -583,10 +583,10 @@ def test_card_labels_name_the_card_and_count():
 
 @pytest.mark.e2e
 def test_resume_kill_bench_kills_the_supervisor_and_resumes_to_the_end_on_cpu(home, tmp_path):
-    """bench/resume_kill.py at its docstring's CPU sizes, a little smaller and on one rank (the chain it watches,
-    supervisor to launcher to rank, is the same at any count; test_runs.py's killed supervisor takes two ranks
-    with it): the supervisor's SIGKILL leaves no process behind, the store says lost, the resume runs from the
-    checkpoint to max_steps."""
+    """bench/resume_kill.py at its docstring's CPU sizes, a little smaller and on one rank (whose supervisor
+    starts it without a launcher; test_runs.py's killed supervisor takes a launcher and two ranks with it): the
+    supervisor's SIGKILL leaves no process behind, the store says lost, the resume runs from the checkpoint to
+    max_steps."""
     out = tmp_path / "resume-kill.json"
     bench("resume_kill.py", "--gpus", "1", "--checkpoint-every", "2", "--set", "max_steps=4",
           "--set", "eval_examples=2", "--set", "max_examples=8", "--set", "prompts_per_step=4",
@@ -597,7 +597,7 @@ def test_resume_kill_bench_kills_the_supervisor_and_resumes_to_the_end_on_cpu(ho
     f = record["figures"]
     assert f["parent_status"] == "lost" and f["child_status"] == "succeeded" and f["child_parent_id"] == f["parent_id"]
     assert f["processes_left_after_kill"] == [] and f["processes_left_after_reconcile"] == []
-    assert f["run_processes_at_kill"] >= 2  # the launcher and the rank were alive when it was killed
+    assert f["run_processes_at_kill"] >= 1  # the rank was alive when it was killed
     assert f["resumed_from_step"] >= f["first_checkpoint_step"] == 2
     assert f["child_first_logged_step"] == f["resumed_from_step"] + 1
     assert f["child_final_step"] == f["child_last_logged_step"] == f["max_steps"] == 4

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import (
@@ -181,6 +182,8 @@ def stopped_run(module_home) -> dict:
     wait_for_metrics(module_home, run_id)
     run_dir = Path(Store(module_home).get_run(run_id)["run_dir"])
     seen = {"id": run_id, "processes_running": len(leftover_processes(str(run_dir)))}
+    supervisor = psutil.Process(Store(module_home).get_run(run_id)["supervisor_pid"])
+    seen["supervisors_children"] = [child.cmdline() for child in supervisor.children()]
     with open(run_dir / "metrics" / "rank0.jsonl", "a") as metrics:
         for part in ({"accuracy_before": 0.25, "eval_examples": 8}, {"accuracy_before": 0.5, "world_size": 1}):
             metrics.write(json.dumps({"t": time.time(), "rank": 0, "summary": part}) + "\n")
@@ -196,6 +199,8 @@ def stopped_run(module_home) -> dict:
 def test_stop_a_detached_run_leaves_no_process(stopped_run):
     run_id, result = stopped_run["id"], stopped_run["stop"]
     assert stopped_run["processes_running"] >= 3  # supervisor, torchrun, two ranks
+    # Two ranks keep their launcher (one process alone goes without: test_direct_rank.py).
+    assert [argv[1:3] for argv in stopped_run["supervisors_children"]] == [["-m", "torch.distributed.run"]]
     assert result.returncode == 0 and f"run {run_id}: stopped" in result.stdout
     assert stopped_run["stop_seconds"] < 12
     assert stopped_run["processes_left"] == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gpuscale.control.run_errors import first_error
+from gpuscale.control.run_errors import OOM_KILLER_HINT, first_error
 from gpuscale.runs.run_dir import RunDir
 
 TORCHRUN_TABLE = """\
@@ -84,3 +84,24 @@ def test_the_launchers_wrapper_is_never_the_error(tmp_path):
         error = first_error(run_folder(tmp_path / str(number), launcher), 1)[0]
         assert "ChildFailedError" not in error and "CalledProcessError" not in error
         assert error.startswith("rank 0: exited with code 1")
+
+
+def test_a_rank_started_without_a_launcher_is_named_by_how_it_ended(tmp_path):
+    """A one-process run has no launcher (control/launch.py:launcher_argv): the exit code is rank 0's own,
+    and launcher.log, the supervisor's file for its child's output, holds what the rank wrote before it
+    opened its own log."""
+    killed = run_folder(tmp_path / "a", "")
+    assert first_error(killed, -9, direct_rank=True) == ("rank 0: killed by SIGKILL with no error of its own",
+                                                         OOM_KILLER_HINT)
+    terminated = run_folder(tmp_path / "b", "", logs={0: "rank 0/1 on cpu\n"})
+    assert first_error(terminated, -15, direct_rank=True) == ("rank 0: killed by signal 15 (SIGTERM)", None)
+    exited = run_folder(tmp_path / "c", "", logs={0: "rank 0/1 on cpu\n"})
+    assert first_error(exited, 3, direct_rank=True)[0] == \
+        "rank 0: exited with code 3 and no error message (see gpuscale logs)"
+    early = run_folder(tmp_path / "d", "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                                        "ModuleNotFoundError: No module named 'trl'\n")
+    assert first_error(early, 1, direct_rank=True) == ("rank 0: ModuleNotFoundError: No module named 'trl'", None)
+    # What the rank recorded comes first, as under a launcher; a launcher's exit code says nothing of rank 0.
+    recorded = run_folder(tmp_path / "e", "", errors={0: {"t": 1.0, "message": "ValueError: bad"}})
+    assert first_error(recorded, 1, direct_rank=True) == ("rank 0: ValueError: bad", None)
+    assert first_error(killed, -9) == ("launcher killed by signal 9", None)

@@ -77,10 +77,11 @@ def test_accelerate_argv(tmp_path):
     assert "--main_process_ip node1 --main_process_port 29400" in joined and argv.count("--main_process_port") == 1
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.e2e
-def test_accelerate_launch_runs_a_recipe_for_real(tmp_path, ranks):
-    """CPU processes through the real `accelerate launch`: every rank runs, joins one group, reports."""
+def test_accelerate_launch_runs_a_recipe_for_real(tmp_path):
+    """CPU processes through the real `accelerate launch`: every rank runs, joins one group, reports. Two:
+    one process goes without a launcher (`test_a_run_of_one_process_starts_its_rank_without_a_launcher`)."""
+    ranks = 2
     settings = Settings(steps=2, prompt_tokens=4, batch_size=1)
     path = tmp_path / "settings.json"
     path.write_text(settings.model_dump_json())
@@ -91,6 +92,50 @@ def test_accelerate_launch_runs_a_recipe_for_real(tmp_path, ranks):
         assert (tmp_path / "metrics" / f"rank{rank}.jsonl").read_text().count('"tokens"') == 2
     summary = json.loads((tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()[-1])["summary"]
     assert summary["world_size"] == ranks
+
+
+LAUNCHER_MODULES = {"torchrun": "torch.distributed.run", "accelerate": "accelerate.commands.launch"}
+
+
+@pytest.mark.parametrize("name", ["probe", "sft"])  # under torchrun, under accelerate
+def test_a_run_of_one_process_starts_its_rank_without_a_launcher(tmp_path, name):
+    recipe, path = get_recipe(name), tmp_path / "settings.json"
+    settings = recipe.settings_cls()
+    for plan in (launch.DevicePlan(1, ()), launch.DevicePlan(1, (3,))):
+        argv = launch.launcher_argv(recipe, settings, plan, path)
+        assert argv == [sys.executable, "-m", "gpuscale.recipes", "--recipe", name, "--settings", str(path)]
+        assert launch.direct_rank_environment(recipe, settings, plan)
+        assert launch.display_command(argv) == f"python -m gpuscale.recipes --recipe {name} --settings {path}"
+    # Two ranks, or one rank on each of two nodes: the launcher, and no variables of the supervisor's.
+    nodes = recipe.settings_cls(nnodes=2, node_rank=1, rdzv_endpoint="node1:29400", rdzv_id="job7")
+    for launched, plan in ((settings, launch.DevicePlan(2, ())), (nodes, launch.DevicePlan(1, (0,)))):
+        argv = launch.launcher_argv(recipe, launched, plan, path)
+        assert argv[1:3] == ["-m", LAUNCHER_MODULES[recipe.launcher]]
+        assert launch.direct_rank_environment(recipe, launched, plan) is None
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name, plan", [("probe", launch.DevicePlan(1, ())), ("sft", launch.DevicePlan(1, ())),
+                                        ("sft", launch.DevicePlan(1, (0,)))])
+def test_a_rank_without_its_launcher_gets_what_the_launcher_gives_its_one_process(tmp_path, name, plan):
+    """The real launcher with its own argv for one process (`torchrun_argv`, `accelerate_argv`: --cpu for
+    a CPU plan), around a script that writes its environment: what the launcher adds is what
+    `direct_rank_environment` gives a rank started without it, but for torchrun's TORCHELASTIC_*
+    (its agent's, left out) and the free port it picked."""
+    recipe = get_recipe(name)
+    settings = recipe.settings_cls()
+    script, written = tmp_path / "environment.py", tmp_path / "environment.json"
+    script.write_text("import json, os, sys\nopen(sys.argv[2], 'w').write(json.dumps(dict(os.environ)))\n")
+    argv = launch.LAUNCHERS[recipe.launcher](settings, plan, [str(script)], written)
+    # No `accelerate config` file of the user's: HF_HOME is where accelerate looks for one.
+    given = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path)}
+    subprocess.run(argv, check=True, env=given, capture_output=True, timeout=120)
+    added = {key: value for key, value in json.loads(written.read_text()).items()
+             if given.get(key) != value and not key.startswith("TORCHELASTIC_")}
+    expected = launch.direct_rank_environment(recipe, settings, plan)
+    if "MASTER_PORT" in expected:
+        assert int(added.pop("MASTER_PORT")) > 0 and int(expected.pop("MASTER_PORT")) > 0
+    assert added == expected
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
