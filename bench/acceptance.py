@@ -11,12 +11,7 @@ seed. Beside them, two controls, each run through the power-sampling recipe:
   VALIDATION_PROBLEMS validation problems (SHARPENING_GRID, once, the first seed: the validation split
   is the same for every seed), then scored on the training recipes' own test problems once a seed.
 Runs of different seeds share the GPUs (`--jobs` at a time: by default all where a run has one GPU,
-one seed's, at most 24 ranks, where it has several: default_jobs says why). Where they all start at
-once, they start longest first (EXPECTED_WALL_S: their wall time in the last one-call check) and at
-most `--start-slots` of them are in their start-up at once (bench/start_schedule.py says why: the
-host-bound start-up of every run at once kept the card idle for 55-73 s); the GPU-marked tests beside
-the runs start at their place in that order, and those marked `alone` run first, on the idle card,
-while this process imports. Two run settings that
+one seed's, at most 24 ranks, where it has several: default_jobs says why). Two run settings that
 say how runs share the machine, not how a recipe learns, are set for every run: `gpus` (with
 `--gpus 1` on a machine of several GPUs, each run is pinned when it starts to the GPU with the fewest
 runs on it: GpuSlots) and `gpu_memory_share` (runs sized `auto` on the same card each take their
@@ -54,7 +49,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +56,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import ROOT, parse_card, write_result  # noqa: E402
-from start_schedule import StartGate, start_order, start_slots, wait_for_start_up  # noqa: E402
 
 from gpuscale.data.scoring import HELD_OUT_ANSWER_MODE, NEW_SUBSET  # noqa: E402  (no torch)
 from gpuscale.runs.settings import AUTO_MEMORY_SHARE  # noqa: E402  (the control plane: no torch)
@@ -120,16 +113,6 @@ JOBS = (
 # problems draws nothing (three seeds gave 57.0 three times on 2026-11-29), so its other seeds' runs
 # only took the card's time from the others.
 ONCE = {GREEDY}
-# The GPU-marked tests beside the runs, as an entry of the start order.
-GPU_TESTS = "GPU-marked tests beside the runs"
-# Each job's wall time beside the others in the last one-call check (all at once on 1 x H200, grpo-mtl at
-# 64 prompts x 4 completions: acceptance-1gpu-3seeds-grpo-64x4-2026-11-29-h200.json, figures.runs[].wall_s,
-# the longest of its seeds), for the start order: PCGrad's was cut at the call's limit, 568 s, unended
-# (at least that); the tests' from bench/results/gpu_tests/gpu-tests-2026-11-29-h200-grpo-64x4.txt.
-EXPECTED_WALL_S = {
-    "grpo-mtl pcgrad": 568, "sft": 538, "grpo-mtl": 507, "rft": 441, "eggroll": 432, GPU_TESTS: 317, POWER: 226,
-    TEMPERATURE_1: 103, LOW_TEMPERATURE: 87, VALIDATION_PREFIX: 79, GREEDY: 71, CONTROL: 53,
-}
 ACCURACIES = ("accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after")
 # Jobs whose batch is sized `auto` from the card's memory (gpu_memory_share applies).
 AUTO_SIZED = {"grpo-mtl", "grpo-mtl pcgrad", "rft", POWER, GREEDY, LOW_TEMPERATURE, TEMPERATURE_1}
@@ -158,42 +141,22 @@ def shared_threads(ranks_at_once: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, ranks_at_once))))
 
 
-def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefix: str = "acceptance",
-           start_up: contextlib.AbstractContextManager | None = None) -> dict:
-    """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time, when it was
-    launched (`launched_at`, epoch seconds, to set beside the card's and host's samples) and, under a
-    start gate, its start-up's seconds (`start_up_s`). Its label in the history is PREFIX-LABEL-seedN.
-    `start_up`: the gate's hold of the run's place (StartGate.start_up), kept from the launch until the
-    run is past its loading (start_schedule.wait_for_start_up): the next run starts then."""
-    name = run_label(prefix, label, seed)
-    argv = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", recipe, "--json", "--label", name]
+def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefix: str = "acceptance") -> dict:
+    """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time. Its label in
+    the history is PREFIX-LABEL-seedN."""
+    argv = [sys.executable, "-m", "gpuscale.app.cli", "run", "--recipe", recipe, "--json",
+            "--label", run_label(prefix, label, seed)]
     for key, value in {**settings, "seed": seed}.items():
         argv += ["--set", f"{key}={value}"]
-    # Its output to files, not pipes: a pipe nobody reads while the gate watches the start-up could fill.
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        with start_up or contextlib.nullcontext():
-            launched_at, started = time.time(), time.perf_counter()
-            process = subprocess.Popen(argv, stdout=out, stderr=err, text=True, cwd=ROOT,
-                                       env={**os.environ, "GPUSCALE_HOME": str(home)})
-            start_up_s = wait_for_start_up(lambda: process.poll() is None, home, name) if start_up else None
-        exit_code = process.wait()
-        wall = time.perf_counter() - started
-        run = run_record(exit_code, read_back(out), read_back(err))
-    return {"label": label, "recipe": recipe, "seed": seed, "settings": settings, "wall_s": wall, "run": run,
-            "launched_at": launched_at, "start_up_s": start_up_s}
-
-
-def read_back(handle) -> str:
-    handle.seek(0)
-    return handle.read()
-
-
-def run_record(exit_code: int, stdout: str, stderr: str) -> dict:
-    """The run as `gpuscale run --json` printed it; where it printed none, why (the CLI's last words)."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "GPUSCALE_HOME": str(home)})
+    wall = time.perf_counter() - started
     try:
-        return json.loads(stdout)
+        run = json.loads(done.stdout)
     except json.JSONDecodeError:
-        return {"status": f"no result (exit {exit_code})", "error": stderr.strip()[-300:]}
+        run = {"status": f"no result (exit {done.returncode})", "error": done.stderr.strip()[-300:]}
+    return {"label": label, "recipe": recipe, "seed": seed, "settings": settings, "wall_s": wall, "run": run}
 
 
 def run_label(prefix: str, label: str, seed: int) -> str:
@@ -363,8 +326,6 @@ def row_of(result: dict) -> dict:
         "pass_at_k": summary.get("pass_at_k"),
         "nan_free": nan_free(run) if run.get("run_dir") else False,
         "saved_model": saved_model_check(run),
-        # When it started (epoch seconds) and how long its start-up took, where the start gate watched it.
-        "launched_at": result.get("launched_at"), "start_up_s": result.get("start_up_s"),
     }
 
 
@@ -374,8 +335,7 @@ def skipped_row(label: str, seed: int, reason: str) -> dict:
             "world_size": None, "steps": None, "rows_per_step": None, "train_seconds": None, "step_phases": None,
             "peak_mem_mb": None,
             **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
-            "temperature": None, "pass_at_k": None, "nan_free": False, "saved_model": None,
-            "launched_at": None, "start_up_s": None}
+            "temperature": None, "pass_at_k": None, "nan_free": False, "saved_model": None}
 
 
 def domain_figures(summary: dict) -> dict:
@@ -671,17 +631,17 @@ def signed(value: float | None) -> str:
 
 
 # The GPU-marked tests in two sets: most run beside the runs (they are small); those marked `alone`
-# compare timings with plain torch and run before the runs, on idle GPUs (beside eight runs the node
+# compare timings with plain torch and run after the runs, on idle GPUs (beside eight runs the node
 # check's copy and matmul read against plain torch measured at another moment of the load).
-BESIDE_RUNS, ALONE = "gpu and not alone", "gpu and alone"
+BESIDE_RUNS, AFTER_RUNS = "gpu and not alone", "gpu and alone"
 FAILURE_LINES = 120  # of pytest's output, printed where a GPU-marked test failed
 
 
 def gpu_tests(selection: str) -> dict:
     """The GPU-marked tests of `selection` (a pytest -m expression): exit code, last line, and each
     failure's `FAILED test - reason` line (an acceptance that only said "1 failed" left the next
-    session guessing which); when they started (`started_at`, epoch seconds)."""
-    started_at, started = time.time(), time.perf_counter()
+    session guessing which)."""
+    started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-m", selection, "tests/gpu", "-p",
                            "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT)
     lines = (done.stdout + done.stderr).strip().splitlines()
@@ -691,7 +651,7 @@ def gpu_tests(selection: str) -> dict:
     if failures:  # why, where the call's output is all that comes back from a cut check
         print("\n".join(lines[-FAILURE_LINES:]), flush=True)
     return {"selection": selection, "exit_code": done.returncode, "last_line": tail[0], "failures": failures,
-            "seconds": time.perf_counter() - started, "started_at": started_at}
+            "seconds": time.perf_counter() - started}
 
 
 BASELINE = f"""No speed baseline: an acceptance run, not a comparison with other code. Each training recipe runs at its
@@ -717,9 +677,6 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="LABEL:KEY=VALUE",
                         help="a setting for one job (quick checks on CPU; an acceptance run sets none); "
                              f"'{CONTROL}:KEY=VALUE' sets its validation runs too, but for the temperature")
-    parser.add_argument("--start-slots", type=int, default=None, help="where every run starts at once: at most "
-                        "this many in their start-up (imports, model load) at a time, longest first (default: "
-                        "the cores over 2 threads a starting rank; bench/start_schedule.py)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
     parser.add_argument("--out", default=None)
@@ -744,126 +701,54 @@ def main() -> None:
         rows_from_home(args)
         return
 
-    run_check(args)
+    import torch
+    import transformers  # its lazy imports are not thread-safe: resolve them before the pool's threads do
 
-
-def run_check(args) -> None:
-    """Every job's run and the GPU-marked tests; the table, the targets and the result file. Its
-    seconds count from here: the tests marked `alone` run first, while this process imports."""
-    from gpuscale.runs.devices import visible_gpu_indices
-
-    started = time.perf_counter()
-    found = len(visible_gpu_indices())  # NVML's count, as the runs see the GPUs: torch is not imported yet
+    transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # noqa: B018
+    found = torch.cuda.device_count()
     gpus = args.gpus or str(found or 2)
     home = Path(args.home or ROOT / ".acceptance" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     jobs = job_list([int(seed) for seed in args.seeds.split(",")], args.only, assignments(args.set))
     at_once = min(args.jobs or default_jobs(jobs, gpus, found), len(jobs))
     jobs = [(label, recipe, {**machine_settings(gpus, found, jobs[:at_once]), **settings}, seed)
             for label, recipe, settings, seed in jobs]
-    shared_threads(at_once * ranks_per_run(gpus))
-    # The GPU-marked tests run on a worker of their own (so `--jobs` counts runs only): those marked
-    # `alone` first, on the idle card, while this process imports (about 20 s of one busy thread and an
-    # idle card before the first run in the 64x4 call's samples; they took 34 s after the runs), then
-    # the rest beside the runs; all of them after the runs where each run has a card to itself: a
-    # test's work on a run's GPU would count in the run's energy unseen (the tests' runs are in a
-    # history of their own).
-    card_each = gpus == "1" and 1 < found and at_once <= found
-    beside = not args.skip_tests and not card_each
-    with ThreadPoolExecutor(max_workers=1) as tests_worker:
-        alone = tests_worker.submit(gpu_tests, ALONE) if beside else None
-        import transformers  # its lazy imports are not thread-safe: resolve them before the pool's threads do
-
-        transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # noqa: B018
-        alone_result = alone.result() if alone else None  # before any run touches the card
-        # One-GPU runs, or every run at once: the start order and gate; several GPUs a run under the
-        # rank budget (default_jobs): one seed's runs a wave, as measured on 4 x H200.
-        ordered = ranks_per_run(gpus) == 1 or at_once >= len(jobs)
-        slots = args.start_slots or start_slots(os.cpu_count() or 1, ranks_per_run(gpus))
-        schedule = Schedule.of(jobs, slots if ordered else None, beside)
-        beside_result = tests_worker.submit(gpu_tests_in_turn, schedule) if beside else None
-        rows = run_jobs(schedule, at_once, found, home, args.partial)
-        tests = None
-        if not args.skip_tests:
-            tests = [gpu_tests("gpu")] if card_each else [beside_result.result(), alone_result]
-    write_check(args, gpus, at_once, schedule.gate, rows, tests, time.perf_counter() - started)
-
-
-def write_check(args, gpus: str, at_once: int, gate: StartGate | None, rows: list[dict], tests: list | None,
-                seconds: float) -> None:
-    """The check's table and targets printed, and its result file."""
-    stats, verdicts, control = report(rows)
-    print(f"\nacceptance: {seconds:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once"
-          + (f", at most {gate.slots} starting at once" if gate else ""))
-    write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
-                                                        "start_slots": gate and gate.slots,
-                                                        "set": args.set, "only": args.only},
-                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
-                  "gpu_tests": tests, "seconds": seconds}, out=args.out)
-
-
-def run_jobs(schedule: Schedule, at_once: int, found: int, home: Path, partial: str | None) -> list[dict]:
-    """Every job's row, `at_once` runs at a time in the schedule's order (through its gate, if any),
-    each appended to `partial` as it ends; sorted by label and seed."""
     slots = GpuSlots(found)
-    choice = TemperatureChoice(sum(label.startswith(VALIDATION_PREFIX) for _, (label, *_) in schedule.jobs))
-    gate = schedule.gate
+    shared_threads(at_once * ranks_per_run(gpus))
+    choice = TemperatureChoice(sum(label.startswith(VALIDATION_PREFIX) for label, *_ in jobs))
+    started = time.perf_counter()
 
-    def run_and_keep(placed) -> dict:
-        place, (label, recipe, settings, seed) = placed
+    def run_and_keep(job) -> dict:
+        label, recipe, settings, seed = job
         row = None
         try:
             with slots.lease(needed="gpus" not in settings) as gpu:
                 pinned = settings if gpu is None else {**settings, "gpus": f"{gpu},"}
-                row = run_job(label, recipe, pinned, seed, home, choice, gate and gate.start_up(place))
-        finally:
-            if gate:  # a job that did not start (the control without a temperature) frees its place
-                gate.give_up(place)
-            if label.startswith(VALIDATION_PREFIX):  # the control's runs wait for every validation run
+                row = run_job(label, recipe, pinned, seed, home, choice)
+        finally:  # the control's runs wait for every validation run, failed ones too
+            if label.startswith(VALIDATION_PREFIX):
                 choice.add(row or skipped_row(label, seed, "no result"))
-        if partial:
-            with open(partial, "a") as handle:
+        if args.partial:
+            with open(args.partial, "a") as handle:
                 handle.write(json.dumps(row) + "\n")
         return row
 
-    with ThreadPoolExecutor(max_workers=at_once) as pool:
-        return sorted(pool.map(run_and_keep, schedule.jobs), key=lambda row: (row["label"], row["seed"]))
-
-
-def expected_wall(label: str) -> float:
-    """EXPECTED_WALL_S of a job's label (a validation run's by its prefix); 0 for a label it lacks."""
-    key = VALIDATION_PREFIX if label.startswith(VALIDATION_PREFIX) else label
-    return EXPECTED_WALL_S.get(key, 0.0)
-
-
-class Schedule:
-    """The jobs with their places in the start order, the place of the GPU-marked tests beside them, and
-    the start gate (None where runs of several GPUs go one seed's a wave, in job_list's order)."""
-
-    def __init__(self, jobs: list[tuple[int, tuple]], tests_place: int | None, gate: StartGate | None):
-        self.jobs, self.tests_place, self.gate = jobs, tests_place, gate
-
-    @classmethod
-    def of(cls, jobs: list[tuple], slots: int | None, with_tests: bool) -> Schedule:
-        """With `slots`: longest first through a gate of that many, the GPU-marked tests at their place
-        and the sharpening control's runs last (they wait for the validation runs, which must have
-        started before them: TemperatureChoice); the pool takes the jobs in that order, so a job waits
-        at the gate only for jobs it has already taken. Without: job_list's order, nothing waits (the
-        tests start with the first runs)."""
-        entries = jobs + ([(GPU_TESTS,)] if with_tests else [])
-        if slots:
-            entries = start_order(entries, expected_wall, last=lambda label: label == CONTROL)
-        placed = list(enumerate(entries))
-        tests_place = next((place for place, entry in placed if entry[0] == GPU_TESTS), None)
-        return cls([(place, entry) for place, entry in placed if entry[0] != GPU_TESTS], tests_place,
-                   StartGate(slots) if slots else None)
-
-
-def gpu_tests_in_turn(schedule: Schedule) -> dict:
-    """The GPU-marked tests beside the runs, started at their place in the start order."""
-    if schedule.gate is not None:
-        with schedule.gate.start_up(schedule.tests_place):
-            pass  # their turn and a free slot; their runs start one at a time, so they hold none after
-    return gpu_tests(BESIDE_RUNS)
+    # The GPU-marked tests run alongside the runs, on a worker of their own (so `--jobs` counts runs
+    # only), those marked `alone` after them (BESIDE_RUNS, AFTER_RUNS); all of them after, where each
+    # run has a card to itself: a test's work on a run's GPU would count in the run's energy unseen
+    # (the tests' runs are in a history of their own).
+    card_each = gpus == "1" and 1 < found and at_once <= found
+    with ThreadPoolExecutor(max_workers=at_once) as pool, ThreadPoolExecutor(max_workers=1) as beside:
+        tests = None if args.skip_tests or card_each else beside.submit(gpu_tests, BESIDE_RUNS)
+        rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
+        if not args.skip_tests:
+            tests = [gpu_tests("gpu")] if card_each else [tests.result(), gpu_tests(AFTER_RUNS)]
+    stats, verdicts, control = report(rows)
+    total = time.perf_counter() - started
+    print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")
+    write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
+                                                        "set": args.set, "only": args.only},
+                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
+                  "gpu_tests": tests, "seconds": total}, out=args.out)
 
 
 def ranks_per_run(gpus: str) -> int:
@@ -941,17 +826,15 @@ class TemperatureChoice:
         return choose_temperature(self.rows)[0]
 
 
-def run_job(label: str, recipe: str, settings: dict, seed: int, home: Path, choice: TemperatureChoice,
-            start_up: contextlib.AbstractContextManager | None = None) -> dict:
-    """One job's row; the sharpening control's run at the temperature chosen on validation (waited for
-    before its start-up: `start_up`, the start gate's hold, as `launch` takes it), or skipped where no
-    validation run succeeded."""
+def run_job(label: str, recipe: str, settings: dict, seed: int, home: Path, choice: TemperatureChoice) -> dict:
+    """One job's row; the sharpening control's run at the temperature chosen on validation, or skipped
+    where no validation run succeeded."""
     if settings.get("temperature") == CHOSEN:
         temperature = choice.temperature()
         if temperature is None:
             return skipped_row(label, seed, "no temperature chosen: no validation run succeeded")
         settings = {**settings, "temperature": temperature}
-    return row_of(launch(label, recipe, settings, seed, home, start_up=start_up))
+    return row_of(launch(label, recipe, settings, seed, home))
 
 
 def report(rows: list[dict]) -> tuple[dict, dict, dict]:

@@ -11,7 +11,7 @@ from bench_loader import load_bench
 from conftest import run_json
 
 torch = pytest.importorskip("torch")
-# `alone`: a timing comparison; the acceptance check runs it before its runs, on idle GPUs.
+# `alone`: a timing comparison; the acceptance check runs it after its runs, on idle GPUs.
 pytestmark = [pytest.mark.gpu, pytest.mark.alone, pytest.mark.e2e,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

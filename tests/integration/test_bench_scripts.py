@@ -1037,33 +1037,6 @@ def test_acceptance_rows_from_a_cut_checks_history_are_the_rows_the_check_writes
     assert rows[0]["accuracy"] == run["summary"]["accuracy"] and rows[0]["nan_free"] is True
 
 
-@pytest.mark.e2e
-def test_acceptance_starts_its_runs_longest_first_through_the_start_gate_after_the_alone_tests(home, tmp_path):
-    """The one-GPU check on CPU at tiny sizes, two runs at once but one slot in the start gate: the
-    `alone` GPU-marked tests first (skipped on CPU, but run), then the longer job (T=1, before greedy
-    in EXPECTED_WALL_S) launched, the other only once the first is past its loading; the result's
-    runs and tests in the shape the table and README's figures read."""
-    t1, greedy = "power-sampling temperature-1", "power-sampling greedy"
-    tiny = [f"{label}:{setting}" for label in (t1, greedy) for setting in ("max_examples=2", "max_new_tokens=8")]
-    sets = [arg for item in [*tiny, f"{t1}:chains=2"] for arg in ("--set", item)]
-    out = tmp_path / "acceptance.json"
-    bench("acceptance.py", "--gpus", "1", "--seeds", "0", "--only", t1, greedy, "--start-slots", "1",
-          "--home", str(home), "--out", str(out), *sets)
-    record = json.loads(out.read_text())
-    assert set(record) == set(SCHEMA) and record["settings"]["start_slots"] == 1
-    figures = record["figures"]
-    runs = {row["label"]: row for row in figures["runs"]}
-    assert set(runs) == {t1, greedy} and all(row["status"] == "succeeded" for row in runs.values())
-    first, second = runs[t1], runs[greedy]
-    assert 0 < first["start_up_s"] <= first["wall_s"] and 0 < second["start_up_s"] <= second["wall_s"]
-    # One slot: the second run is launched once the first is past its loading (two clocks: 0.5 s apart at most).
-    assert second["launched_at"] >= first["launched_at"] + first["start_up_s"] - 0.5
-    beside, alone = figures["gpu_tests"]
-    assert (beside["selection"], alone["selection"]) == ("gpu and not alone", "gpu and alone")
-    assert alone["exit_code"] == 0 and alone["started_at"] + alone["seconds"] <= first["launched_at"] + 0.5
-    assert figures["seconds"] >= alone["seconds"] + second["wall_s"]
-
-
 def test_heartbeat_cost_compares_the_sides_medians_within_their_spread():
     """bench/heartbeat_cost.py's verdict on given runs: each side's median and spread, on / off against the
     larger spread, a run whose beats were not as set voiding it; and the one call both sides run."""
