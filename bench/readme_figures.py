@@ -253,7 +253,7 @@ GRPO_ASYNC_FIGURES = (
 )
 
 # The node check's decode beside bench/generation.py's at the same shape (`bench/node_check.py --decode-agreement`).
-NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-2026-11-29-h200.json"
+NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-2026-11-30-h200x2.json"
 
 
 def thousandths(value: float) -> str:

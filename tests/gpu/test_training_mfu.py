@@ -6,6 +6,7 @@ progress lines there (the closing note's evidence)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -44,7 +45,10 @@ def test_mfu_in_the_progress_line_and_the_summary(home):
     run = store.get_run(store.list_runs()[0]["id"])
     summary = run["summary"]
     assert 0 < summary["mfu"] < 1.0  # the figures themselves are bench/train_speed.py's, on a card of its own
-    assert "batch_size auto" in summary["batch_size_reason"] and summary["liger_kernels"] == "on"
+    assert "batch_size auto" in summary["batch_size_reason"]
+    # liger-kernel is an extra: where it is missing the run says so and trains without it.
+    liger_installed = importlib.util.find_spec("liger_kernel") is not None
+    assert summary["liger_kernels"] == ("on" if liger_installed else "not installed (pip install liger-kernel)")
     shown = gpuscale("show", str(run["id"]))
     keep("sft_show.txt", shown.stdout)
     assert "mfu: " in shown.stdout and "%" in shown.stdout.split("mfu: ")[1][:8]
