@@ -5,7 +5,6 @@ to end on CPU, the real CLI, supervisor and rank, for a torchrun recipe (probe) 
 from __future__ import annotations
 
 import json
-import time
 
 import psutil
 import pytest
@@ -81,9 +80,7 @@ def test_a_one_process_run_stops_as_any_run(home):
     `stopped`, no process of it left."""
     run_id = int(gpuscale("run", *PROBE, "--set", "steps=100000", "--detach").stdout)
     wait_for_metrics(home, run_id)
-    started = time.monotonic()
     stopped = gpuscale("stop", str(run_id))
     assert stopped.returncode == 0 and f"run {run_id}: stopped" in stopped.stdout
-    assert time.monotonic() - started < 12
     run = run_json("show", str(run_id))
     assert run["status"] == "stopped" and not leftover_processes(run["run_dir"])
