@@ -520,6 +520,33 @@ def test_compiled_prefill_with_terms_in_the_projections_compiles_once_for_every_
         torch.testing.assert_close(eager.base_logprobs, compiled.base_logprobs, atol=1e-5, rtol=0)
 
 
+@needs_cpp_compiler
+def test_compiled_prefill_compiled_again_for_another_batch_is_dynamic_in_the_width_alone():
+    """The compiled prefill (fuse_row_terms), compiled again for a batch of another size, takes the
+    inputs it took at the first: the batch is a fixed size in both, the width the one symbolic size.
+    Dynamo's automatic dynamic shapes would make every size that changed since the last compilation
+    symbolic (here the batch; after the row-terms tests, each term's groups too): with some forty such
+    sizes, the compiled RowScale test's prefill spent over 10 minutes in shape reasoning on CPU, where
+    it compiles in under a minute static, and that test ran past its call's limit on an H200
+    (bench/RESULTS.md, 2026-11-30). No new tokens: only the prefill compiles. One layer: Inductor's
+    time grows with the layers it compiles."""
+    from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+
+    torch._dynamo.reset()  # no earlier test's compilation of the prefill: this test's sizes alone
+    clear_compilation_metrics()
+    model = fresh_model("cpu").eval()
+    del model.model.layers[1:]
+    model.config.num_hidden_layers = 1
+    engine = GenerationEngine(model, pad_token_id=PAD, static_shapes=True, compile=True, fuse_row_terms=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a failed compilation falls back with one
+        for rows in (PROMPTS, PROMPTS + PROMPTS):
+            engine.generate(rows, 0)
+    # One compilation per batch, each with the same inputs: no size of the batch's among them.
+    inputs = [metrics.graph_input_count for metrics in get_compilation_metrics() if metrics.co_name == "prefill"]
+    assert len(inputs) == 2 and inputs[1] == inputs[0], f"the prefill's compilations took {inputs} inputs"
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_compiled_terms_in_the_projections_add_no_matmul_to_the_decode_step_or_the_prefill():
