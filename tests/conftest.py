@@ -33,6 +33,23 @@ def machine_slowness() -> float:
 SLOWNESS = machine_slowness()
 
 
+def share_the_cores_among_workers() -> None:
+    """Each of xdist's workers gets its share of the cores as OpenMP threads (at least 1), unless
+    OMP_NUM_THREADS is set already.
+
+    torch otherwise gives each worker every core. Two workers on 2 cores then run 4 OpenMP threads,
+    and a thread waiting at a barrier for one that is descheduled spins: with both workers in torch
+    at once, a 1.2 s test of the embedded model took 48 s, 2.7 s with one thread a worker. Set here,
+    in conftest's import, because OpenMP reads it once, when torch loads (no test module has been
+    imported yet); the processes the tests start inherit it, as the ranks of `private_home` do."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and not os.environ.get("OMP_NUM_THREADS"):
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
+share_the_cores_among_workers()
+
+
 def slow(seconds: float) -> float:
     """`seconds` on a quiet machine, allowed for this one."""
     return seconds * SLOWNESS

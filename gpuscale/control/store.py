@@ -371,15 +371,16 @@ class Store:
                    parent_id: int | None = None) -> int:
         """`parent_id`: the run a resumed run continues."""
         with self.transaction():
-            run_id = self.db["runs"].insert(
-                {
-                    "id": self._next_run_id(), "recipe": recipe, "status": "queued", "settings": json.dumps(settings),
-                    "summary": "{}", "created_at": time.time(), "command": json.dumps(command),
-                    "host": host, "parent_id": parent_id,
-                }
-            ).last_pk
-            run_dir = self.home / "runs" / str(run_id)
-            self.db["runs"].update(run_id, {"run_dir": str(run_dir)})
+            run_id = self._next_run_id()
+            # One plain INSERT, as update_run writes: sqlite-utils' insert and update read the table's
+            # columns first, 0.47 ms a run against 0.13 (tests fill histories of 10,000 runs).
+            row = {
+                "id": run_id, "recipe": recipe, "status": "queued", "settings": json.dumps(settings),
+                "summary": "{}", "created_at": time.time(), "command": json.dumps(command),
+                "host": host, "parent_id": parent_id, "run_dir": str(self.home / "runs" / str(run_id)),
+            }
+            self.db.conn.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                                 list(row.values()))
         return run_id
 
     def restore_run(self, run: dict, metrics: Iterable[dict]) -> None:

@@ -927,6 +927,35 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
         True, True, False]
 
 
+# Run in one fresh interpreter: each script in turn as `python bench/SCRIPT --help` runs it (its folder first on
+# sys.path, run as __main__, its sibling scripts imported afresh), its exit code and its output kept. A process a
+# script took 20 s on one core: seven of them import torch at their top, each about 3 s, to print their help.
+HELPS_OF = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+
+bench, scripts = sys.argv[1], json.loads(sys.argv[2])
+path, modules = sys.path[1:], set(sys.modules)
+helps = {}
+for script in scripts:
+    sys.path[:] = [bench, *path]
+    sys.argv = [os.path.join(bench, script), "--help"]
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as end:
+            code = end.code or 0
+        except BaseException:
+            code = traceback.format_exc()
+    helps[script] = [code, shown.getvalue()]
+    for name in set(sys.modules) - modules:  # the scripts it imported (record.py...) load again for the next
+        if os.path.dirname(getattr(sys.modules[name], "__file__", None) or "") == bench:
+            del sys.modules[name]
+json.dump(helps, sys.stdout)
+"""
+
+
 def test_every_bench_script_help_names_its_baseline():
     """`--help` of every bench script (record.py, benchruns.py and svg_text.py are helpers, readme_figures.py checks
     README's figures and measures nothing) names the baseline it runs and how it is put at its best, or says
@@ -934,9 +963,14 @@ def test_every_bench_script_help_names_its_baseline():
     scripts = sorted(path.name for path in (ROOT / "bench").glob("*.py")
                      if path.name not in ("record.py", "benchruns.py", "svg_text.py", "readme_figures.py"))
     assert "generate_kwargs.py" in scripts and "train_speed.py" in scripts
-    with ThreadPoolExecutor(max_workers=2) as pool:  # each is a process spent importing: two at a time
-        helps = dict(zip(scripts, pool.map(lambda script: bench(script, "--help", timeout=120).stdout, scripts)))
-    for script, text in helps.items():
+    done = subprocess.run([sys.executable, "-c", HELPS_OF, str(ROOT / "bench"), json.dumps(scripts)],
+                          capture_output=True, text=True, timeout=slow(120), cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    helps = json.loads(done.stdout)
+    assert list(helps) == scripts
+    for script, (code, text) in helps.items():
+        assert code == 0, f"{script}: {code}"
         assert "baseline" in text.lower(), f"{script}: {text}"
 
 
