@@ -89,7 +89,8 @@ def test_launch_watch_stop_and_find_a_real_run(home, store):
                 assert "no GPU: 1 CPU rank" in str(app.screen.query_one("#gpu-none").render())
             await choose_recipe(pilot, "probe")
             await fill_form(pilot, gpus=1, batch_size=2, steps=100000, prompt_tokens=8, telemetry_interval=0.5)
-            assert "--nproc-per-node 1" in str(app.screen.query_one("#preview").render())
+            # one process: the rank itself, no launcher (control/launch.py:launcher_argv)
+            assert "$ python -m gpuscale.recipes --recipe probe" in str(app.screen.query_one("#preview").render())
             await pilot.press("ctrl+r")
             run_id = (await wait_for(pilot, store.list_runs, 30, "the run row"))[0]["id"]
             assert store.get_run(run_id)["settings"]["batch_size"] == 2

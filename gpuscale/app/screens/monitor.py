@@ -87,14 +87,18 @@ class MonitorScreen(Screen):
                 self.active_monitor().poll_now()
 
     async def _mounted_tabs(self) -> TabbedContent:
-        """The tabs, once their tab list is mounted: TabbedContent mounts it a refresh or two after the
-        screen is switched to, and the app's start-up (a live run) and a caller (the launch screen, a
-        script) may both switch to the monitor and open a run at once; `add_pane` needs the list."""
-        tabs = self.tabs()
-        deadline = asyncio.get_running_loop().time() + TAB_LIST_WAIT_S
-        while not tabs.query("#tabs-list") and asyncio.get_running_loop().time() < deadline:
+        """The tabs, once they and their tab list are mounted: the screen's TabbedContent, then its list,
+        mount a refresh or two after the screen is switched to, and the app's start-up (a live run) and a
+        caller (the launch screen, a script) may both switch to the monitor and open a run at once;
+        `add_pane` needs the list."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TAB_LIST_WAIT_S
+        while loop.time() < deadline:
+            found = self.query("#run-tabs")
+            if found and found.first().query("#tabs-list"):
+                break
             await asyncio.sleep(0.01)
-        return tabs
+        return self.tabs()
 
     def _show_empty(self) -> None:
         empty = not self.monitors()
