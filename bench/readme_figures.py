@@ -219,15 +219,33 @@ FAULT_FIGURES = (
            ("sft", "grpo-mtl")),
 )
 
-# grpo-mtl's step against stock GRPOTrainer at its best, both sides in one call (bench/train_speed.py), at
-# grpo-mtl's default step; two calls, since stock's own step time moves from call to call.
-GRPO_SPEED = ("bench/results/grpo_mtl/train-speed-grpo-64x4-stock-2026-11-29-h200.json",
-              "bench/results/grpo_mtl/train-speed-grpo-64x4-stock-repeat-2026-11-29-h200.json")
+# sft's step against stock SFTTrainer at its best (TRL's own liger switch at its best batch; bench/train_speed.py),
+# three alternating repeats of each side in one call.
+SFT_SPEED = "bench/results/sft/train-speed-stock-best-0.5b-2026-11-30-h200x2.json"
 
 
 def times(value: float) -> str:
     """A ratio: 4.125 -> 4.12x."""
     return f"{value:.2f}x"
+
+
+def tokens_per_s(value: float) -> str:
+    """A rate: 110530.7 -> 110,531 tokens/s."""
+    return f"{value:,.0f} tokens/s"
+
+
+SFT_SPEED_FIGURES = (
+    Figure("an sft step at its defaults ran {} as fast as stock `SFTTrainer` at its best ({} against {}, stock's "
+           "three timings within {})", SFT_SPEED,
+           (Value("figures.ratio_over_stock_best", times), Value("figures.gpuscale_tokens_per_s", tokens_per_s),
+            Value("figures.stock_tokens_per_s", tokens_per_s), Value("figures.stock_spread", percent)),
+           ("sft",), ratio=True),
+)
+
+# grpo-mtl's step against stock GRPOTrainer at its best, both sides in one call (bench/train_speed.py), at
+# grpo-mtl's default step; two calls, since stock's own step time moves from call to call.
+GRPO_SPEED = ("bench/results/grpo_mtl/train-speed-grpo-64x4-stock-2026-11-29-h200.json",
+              "bench/results/grpo_mtl/train-speed-grpo-64x4-stock-repeat-2026-11-29-h200.json")
 
 
 def grpo_speed(text: str, result: str, *values: Value) -> Figure:
@@ -345,7 +363,7 @@ def cpu_command_figures() -> tuple[Figure, ...]:
 
 
 def registered() -> tuple[Figure, ...]:
-    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *GRPO_SPEED_FIGURES, *GRPO_ASYNC_FIGURES, *NODE_CHECK_FIGURES,
+    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *SFT_SPEED_FIGURES, *GRPO_SPEED_FIGURES, *GRPO_ASYNC_FIGURES, *NODE_CHECK_FIGURES,
             *DECODE_FIGURES, *STEP_PHASE_FIGURES, *cpu_command_figures())
 
 
