@@ -445,7 +445,8 @@ def sharpening_control(rows: list[dict]) -> dict:
     the one chosen, and the control's test accuracy per seed (its rows' own temperature)."""
     chosen, validation = choose_temperature(rows)
     tested = [row for row in rows if row["label"] == CONTROL]
-    return {"validation_problems": VALIDATION_PROBLEMS, "validation_accuracy": validation, "temperature": chosen,
+    runs = len(tested) + sum(row["label"].startswith(VALIDATION_PREFIX) for row in rows)
+    return {"runs": runs, "validation_problems": VALIDATION_PROBLEMS, "validation_accuracy": validation, "temperature": chosen,
             "test_problems": EVAL_PROBLEMS, "test_temperatures": sorted({row.get("temperature") for row in tested
                                                                          if row.get("temperature") is not None}),
             "test_accuracy": {str(seed): accuracy for seed, accuracy in control_accuracy_by_seed(rows).items()}}
@@ -575,11 +576,15 @@ def print_targets(verdicts: dict, control: dict) -> None:
     for label, verdict in verdicts.items():
         if label in TARGETS:
             print(f"  {label} greedy: {greedy_text(verdict['greedy'])}")
+            if not control["runs"]:  # --only left the control out: nothing to compare with, no verdict
+                print(f"  {label} T=1 over the sharpening control: not run (the control was not among --only's jobs)")
+                continue
             over = verdict["over_sharpening_control"]
             per_seed = ", ".join(f"seed {seed} {signed(value)}" for seed, value in over["points"]["per_seed"].items())
             print(f"  {label} T=1 over the sharpening control: {met_text(over['met'])}: "
                   f"{signed(over['points']['over_control'])} (floor +{over['floor']}; {per_seed})")
-    print_sharpening_control(control)
+    if control["runs"]:
+        print_sharpening_control(control)
     if POWER in verdicts:
         print_power_rivals(verdicts[POWER])
 

@@ -82,6 +82,20 @@ def test_the_mean_is_not_enough_when_one_seed_falls_below_the_base_in_one_domain
     assert verdicts(acceptance, grpo_rows(0.40))[0]["grpo-mtl"]["greedy"]["met"]  # equal to the base is not below
 
 
+def test_a_check_without_the_control_says_so_instead_of_a_control_that_failed(acceptance, capsys):
+    """`--only grpo-mtl` runs no control: its T=1 line says the control was not run, where a control whose
+    validation runs all failed says that they failed."""
+    trained = [row("grpo-mtl", seed, greedy=(0.50, 0.57), sampled=(0.3, 0.5)) for seed in range(3)]
+    acceptance.print_targets(*verdicts(acceptance, trained))
+    alone = capsys.readouterr().out
+    assert "grpo-mtl T=1 over the sharpening control: not run (the control was not among --only's jobs)" in alone
+    assert "no validation run succeeded" not in alone
+    failed = [row(f"{acceptance.VALIDATION_PREFIX}0.5", 0, status="failed", temperature=0.5)]
+    acceptance.print_targets(*verdicts(acceptance, trained + failed))
+    beside = capsys.readouterr().out
+    assert "not run" not in beside and "no validation run succeeded" in beside
+
+
 def test_a_failed_or_missing_seed_fails_the_greedy_target(acceptance):
     rows = [row("eggroll", seed, greedy=(0.5, 0.6), sampled=(0.3, 0.4)) for seed in range(3)]
     assert verdicts(acceptance, rows)[0]["eggroll"]["greedy"]["met"]
