@@ -446,7 +446,8 @@ def sharpening_control(rows: list[dict]) -> dict:
     chosen, validation = choose_temperature(rows)
     tested = [row for row in rows if row["label"] == CONTROL]
     runs = len(tested) + sum(row["label"].startswith(VALIDATION_PREFIX) for row in rows)
-    return {"runs": runs, "validation_problems": VALIDATION_PROBLEMS, "validation_accuracy": validation, "temperature": chosen,
+    return {"runs": runs, "validation_problems": VALIDATION_PROBLEMS, "validation_accuracy": validation,
+            "temperature": chosen,
             "test_problems": EVAL_PROBLEMS, "test_temperatures": sorted({row.get("temperature") for row in tested
                                                                          if row.get("temperature") is not None}),
             "test_accuracy": {str(seed): accuracy for seed, accuracy in control_accuracy_by_seed(rows).items()}}

@@ -270,6 +270,22 @@ GRPO_ASYNC_FIGURES = (
                Value("figures.ratios.placed_over_sync_steady_2gpu", times)),
 )
 
+# grpo-mtl's learning under rollout=async beside the synchronous rollout: 3 seeds each, 1 GPU a run, all of
+# test-v2, the two sets of runs at the same time on two GPUs (bench/acceptance.py --only grpo-mtl).
+GRPO_ASYNC_LEARNING = {rollout: f"bench/results/grpo_mtl/async-learning-3seeds-{rollout}-2026-11-30-h200x2.json"
+                       for rollout in ("async", "sync")}
+
+
+GRPO_GAIN = Value("figures.seed_statistics.grpo-mtl.gain_greedy.mean", fraction_points)
+
+
+GRPO_ASYNC_LEARNING_FIGURES = (
+    Figure("over 3 seeds on tiny-math's test split it gained {} greedy", GRPO_ASYNC_LEARNING["async"],
+           (GRPO_GAIN,), ("grpo-mtl",), tiny_math_test=True),
+    Figure("against {} for the synchronous rollout run beside it", GRPO_ASYNC_LEARNING["sync"],
+           (GRPO_GAIN,), ("grpo-mtl",), tiny_math_test=True),
+)
+
 # The node check's decode beside bench/generation.py's at the same shape (`bench/node_check.py --decode-agreement`).
 NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-2026-11-30-h200x2.json"
 
@@ -363,7 +379,8 @@ def cpu_command_figures() -> tuple[Figure, ...]:
 
 
 def registered() -> tuple[Figure, ...]:
-    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *SFT_SPEED_FIGURES, *GRPO_SPEED_FIGURES, *GRPO_ASYNC_FIGURES, *NODE_CHECK_FIGURES,
+    return (*ACCEPTANCE_FIGURES, *FAULT_FIGURES, *SFT_SPEED_FIGURES, *GRPO_SPEED_FIGURES, *GRPO_ASYNC_FIGURES,
+            *GRPO_ASYNC_LEARNING_FIGURES, *NODE_CHECK_FIGURES,
             *DECODE_FIGURES, *STEP_PHASE_FIGURES, *cpu_command_figures())
 
 
