@@ -14,9 +14,14 @@ the engine decodes a half-precision copy of them instead (`half_precision_copy`)
 after each optimizer step: TRL's own generation runs under the same autocast, and decoding the fp32
 masters ran fp32 GEMMs without tensor cores and fp32 attention (the rollout's profile in
 bench/RESULTS.md, grpo-mtl). With fp32 training the engine decodes the masters and follows their
-updates by itself. A LoRA model (its base in the rank's dtype, no masters) is decoded as it is, adapters
-and all, except where the engine needs weights of its own (`own_weights`): its copy is then a plain model
-with the adapter merged (engines/merged_lora.py), of which each refresh merges the adapted weights again.
+updates by itself. A LoRA model (its base in the rank's dtype, no masters) is decoded through a plain
+copy with the adapter merged (engines/merged_lora.py), of which each refresh merges the adapted weights
+again: decoded as it is, every adapter's own small matmuls run beside each layer it adapts at every decode
+step, and grpo-mtl's generation took more than twice the full fine-tune's (bench/RESULTS.md, "LoRA's step").
+The copy holds the model's weights a second time, so the synchronous rollout makes it only where it takes
+at most MERGED_COPY_MAX_MEMORY_SHARE of the device's memory, and otherwise decodes the LoRA model as it is
+(the rank log says which, and why); where the engine needs weights of its own (`own_weights`) it always
+makes it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ import time
 from itertools import groupby
 
 from gpuscale.data.step_phases import WEIGHT_SYNC
+from gpuscale.engines.merged_lora import is_peft
 from gpuscale.engines.step_phases import phase
+
+# The share of a device's memory a LoRA model's merged copy may take for the synchronous rollout to make it.
+# LoRA is often chosen to fit a model on a card: a copy as large as the base model is made for small models
+# (0.5B in bf16: 1 GB, under 1% of an H200) and left out for those that fill a card (7B in bf16 on 80 GB).
+MERGED_COPY_MAX_MEMORY_SHARE = 1 / 16
 
 
 class EngineRollout:
@@ -96,24 +107,36 @@ class EngineRollout:
 
     def _engine_for(self, trainer):
         if self.engine is None:
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            dtype = decode_dtype(model, trainer.args)
-            if dtype != next(model.parameters()).dtype or self.own_weights:
-                copy, why = decoding_copy(model, dtype)
-                print(f"speed: the engine decodes {why}", flush=True)
-                if copy is None and self.own_weights:
-                    raise RuntimeError(f"rollout=async: the engine needs weights of its own to decode while the "
-                                       f"trainer steps, and decodes {why}")
-                if copy is not None:
-                    self.masters, model = model, copy
-                    self._copied_at_step = int(trainer.state.global_step)
-            self.use_model(model)
+            self.use_model(self._model_to_decode(trainer))
         elif self.masters is not None and int(trainer.state.global_step) != self._copied_at_step:
             with phase(WEIGHT_SYNC):  # a step phase of its own (engines/step_phases.py), inside generation's
                 # In place: the engine's CUDA graphs stay valid. A LoRA model's frozen weights were copied once.
                 copy_weights(self.masters, self.engine.model, trained_only=True)
             self._copied_at_step = int(trainer.state.global_step)
         return self.engine
+
+    def _model_to_decode(self, trainer):
+        """The trainer's model, or a copy of it (the trainer's then kept as `masters`, to refresh it from)."""
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        dtype = decode_dtype(model, trainer.args)
+        needs_copy = dtype != next(model.parameters()).dtype or self.own_weights
+        if not needs_copy and is_peft(model):  # a copy for speed alone: where memory allows
+            too_large = merged_copy_too_large(model)
+            needs_copy = too_large is None
+            if too_large:
+                print(f"speed: the engine decodes the LoRA model as it is: {too_large}", flush=True)
+        if not needs_copy:
+            return model
+        copy, why = decoding_copy(model, dtype)
+        print(f"speed: the engine decodes {why}", flush=True)
+        if copy is None and self.own_weights:
+            raise RuntimeError(f"rollout=async: the engine needs weights of its own to decode while the "
+                               f"trainer steps, and decodes {why}")
+        if copy is None:
+            return model
+        self.masters = model
+        self._copied_at_step = int(trainer.state.global_step)
+        return copy
 
     def use_model(self, model) -> None:
         """Decode `model` from now on: the engine built on it (a generator rank's own model, or the trainer's)."""
@@ -175,11 +198,27 @@ def decode_dtype(model, args):
     return (autocast_dtype(args) if master == torch.float32 else None) or master
 
 
+def merged_copy_too_large(model) -> str | None:
+    """Why a LoRA model's merged copy would take more than MERGED_COPY_MAX_MEMORY_SHARE of its device's memory
+    (total: CUDA's card, else the host's), or None where it would not."""
+    import psutil
+    import torch
+
+    from gpuscale.engines.merged_lora import plain_model
+
+    device = next(model.parameters()).device
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else \
+        psutil.virtual_memory().total
+    copy_bytes = sum(parameter.numel() * parameter.element_size() for parameter in plain_model(model).parameters())
+    if copy_bytes <= MERGED_COPY_MAX_MEMORY_SHARE * total:
+        return None
+    return (f"a merged copy would take {copy_bytes / 2**30:.1f} GiB, over {MERGED_COPY_MAX_MEMORY_SHARE:.1%} of the "
+            f"{device.type} device's {total / 2**30:.0f} GiB (rollout.MERGED_COPY_MAX_MEMORY_SHARE)")
+
+
 def decoding_copy(model, dtype):
     """(the copy to decode, or None, and what the engine decodes, for the rank log). For the synchronous rollout
     the copy is a speed-up only: a model it cannot be made of is decoded as it is, never a failed run."""
-    from gpuscale.engines.merged_lora import is_peft
-
     lora = is_peft(model)
     try:
         copy = half_precision_copy(model, dtype)

@@ -3,7 +3,7 @@ decoding copy), on the embedded model with the recipe's own LoRA config and adap
 copy's weights are peft's own merge's and its logits the LoRA model's, again once an optimizer step has changed
 the adapters and the copy merged them again (the adapted weights alone); the async rollout on it at staleness 0
 samples what the synchronous rollout samples from the LoRA model itself, and a real trainer's LoRA run trains
-the same either way; a LoRA model the merge cannot follow is decoded as it is by the synchronous rollout, and
+the same either way; the synchronous rollout decodes a merged copy too where memory allows; a LoRA model the merge cannot follow is decoded as it is by the synchronous rollout, and
 fails the async one at once."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from peft import LoraConfig, get_peft_model
 from test_off_policy import fake_trainer
 
 from gpuscale.data.models import load_model
+from gpuscale.engines import rollout as rollout_module
 from gpuscale.engines.async_rollout import AsyncEngineRollout, LocalSampler
 from gpuscale.engines.merged_lora import adapter_parameters, is_peft
 from gpuscale.engines.off_policy import STALENESS
@@ -84,9 +85,12 @@ def test_after_an_optimizer_step_the_copy_merges_the_adapted_weights_again_and_o
     assert torch.allclose(logits(copied), logits(peft_model), atol=1e-4)
 
 
-def test_at_staleness_0_the_async_rollout_on_the_merged_copy_samples_what_the_sync_one_does_on_the_lora_model():
-    """The synchronous rollout decodes the LoRA model as it is (fp32: no copy); the async one its merged copy,
-    merged again after each step's optimizer step: the same completions, the log-probs within float noise."""
+def test_at_staleness_0_the_async_rollout_on_the_merged_copy_samples_what_the_sync_one_does_on_the_lora_model(
+        monkeypatch):
+    """The synchronous rollout decodes the LoRA model as it is (no room for a copy, here by its memory share
+    set to 0); the async one its merged copy, merged again after each step's optimizer step: the same
+    completions, the log-probs within float noise."""
+    monkeypatch.setattr(rollout_module, "MERGED_COPY_MAX_MEMORY_SHARE", 0.0)
     peft_model, tokenizer = lora_model()
     reference = copy.deepcopy(peft_model)
     prompts = [[{"role": "user", "content": "What is 7 - 4?"}]] * 3
@@ -105,6 +109,36 @@ def test_at_staleness_0_the_async_rollout_on_the_merged_copy_samples_what_the_sy
     assert sync.engine.model is reference and not is_peft(rollout.sampler.rollout.engine.model)
     assert trainer._metrics["train"][STALENESS] == [0.0, 0.0, 0.0]
     rollout.on_train_end(None, None, None)
+
+
+def test_the_sync_rollout_decodes_a_merged_copy_where_memory_allows_and_the_lora_model_where_it_does_not(
+        monkeypatch, capsys):
+    """Decoded as it is, a LoRA model runs its adapters' matmuls beside every layer at every step (its cost on a
+    GPU: bench/RESULTS.md, "LoRA's step"): the synchronous rollout decodes its merged copy, merged again after
+    each optimizer step, and samples what the LoRA model itself samples; where the copy would take more than
+    its share of the device's memory, it decodes the LoRA model as it is and the rank log says why."""
+    peft_model, tokenizer = lora_model()
+    prompts = [[{"role": "user", "content": "What is 7 - 4?"}]] * 3
+    merged, trainer = EngineRollout(tokenizer, 8, 1.0, seed=5), fake_trainer(peft_model)
+    as_is, as_is_trainer = EngineRollout(tokenizer, 8, 1.0, seed=5), fake_trainer(copy.deepcopy(peft_model))
+    first = merged(prompts, trainer)  # each engine is built at its first call: the copy, room permitting
+    monkeypatch.setattr(rollout_module, "MERGED_COPY_MAX_MEMORY_SHARE", 0.0)
+    calls = [(first, as_is(prompts, as_is_trainer))]
+    for step in (1, 2):
+        optimizer_step(peft_model)
+        optimizer_step(as_is_trainer.model)
+        trainer.state.global_step = as_is_trainer.state.global_step = step
+        calls.append((merged(prompts, trainer), as_is(prompts, as_is_trainer)))
+    for got, expected in calls:
+        assert got["completion_ids"] == expected["completion_ids"]
+        assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+                   for a, b in zip(got["logprobs"], expected["logprobs"], strict=True))
+    assert not is_peft(merged.engine.model) and merged.masters is peft_model
+    assert as_is.engine.model is as_is_trainer.model and as_is.masters is None
+    log = capsys.readouterr().out
+    assert "speed: the engine decodes a torch.float32 copy of the model with its LoRA adapter merged" in log
+    assert "speed: the engine decodes the LoRA model as it is: a merged copy would take" in log
+    assert "over 0.0% of the cpu device's" in log
 
 
 def test_a_lora_model_the_merge_cannot_follow_is_decoded_as_it_is_or_fails_the_async_rollout_at_once():
