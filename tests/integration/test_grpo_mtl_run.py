@@ -144,8 +144,10 @@ def test_domain_weights_give_a_domain_more_of_the_prompts_trained_on(async_run):
 
 def test_a_nan_reward_fails_the_run_within_a_few_steps_with_one_line(home):
     """Rank 0's reward functions return NaN from step 2 on (GPUSCALE_INJECT_FAULT's nan_reward): the run
-    fails at that step, and its error is the guard's one line, naming the step, the reward and what to try."""
-    arguments = [*TINY_GRPO, "--set", "max_steps=6", "--set", "eval_examples=0", "--set", "mtl=none"]
+    fails at that step, and its error is the guard's one line, naming the step, the reward and what to try.
+    One rank: the guard is each rank's own reward call (engines/trl_bridge.py's FiniteReward); a rank's error
+    ending its peers and naming it is test_runs.py's and test_hung_runs.py's."""
+    arguments = [*TINY_GRPO, "--gpus", "1", "--set", "max_steps=6", "--set", "eval_examples=0", "--set", "mtl=none"]
     result = gpuscale("run", *arguments, "--json", env={"GPUSCALE_INJECT_FAULT": "0:nan_reward:2"})
     assert result.returncode == 1
     run = run_json("show", "1")
