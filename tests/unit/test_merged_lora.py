@@ -3,8 +3,8 @@ decoding copy), on the embedded model with the recipe's own LoRA config and adap
 copy's weights are peft's own merge's and its logits the LoRA model's, again once an optimizer step has changed
 the adapters and the copy merged them again (the adapted weights alone); the async rollout on it at staleness 0
 samples what the synchronous rollout samples from the LoRA model itself, and a real trainer's LoRA run trains
-the same either way; the synchronous rollout decodes a merged copy too where memory allows; a LoRA model the merge cannot follow is decoded as it is by the synchronous rollout, and
-fails the async one at once."""
+the same either way; the synchronous rollout decodes a merged copy too where memory allows; a LoRA model the
+merge cannot follow is decoded as it is by the synchronous rollout, and fails the async one at once."""
 
 from __future__ import annotations
 
