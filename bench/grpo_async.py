@@ -55,7 +55,8 @@ def modes_at(gpus: int, generation_gpus: int) -> list[str]:
     return [mode for mode in MODES if mode != "placed" or 0 < generation_gpus < gpus]
 
 
-def measure_mode(args, mode: str, gpus: int) -> dict:
+def mode_settings(args, mode: str) -> dict:
+    """The grpo-mtl settings a mode's run adds to the shared shape (bench/grpo_mtl.py's run_settings)."""
     extra = {"rollout": "sync" if mode == "sync" else "async"}
     if mode != "sync":
         extra["max_staleness"] = args.max_staleness
@@ -65,6 +66,13 @@ def measure_mode(args, mode: str, gpus: int) -> dict:
         extra["old_logprobs"] = args.old_logprobs
     if args.compile:
         extra["compile"] = "true"
+    if args.lora_rank:
+        extra["lora_rank"] = args.lora_rank
+    return extra
+
+
+def measure_mode(args, mode: str, gpus: int) -> dict:
+    extra = mode_settings(args, mode)
     print(f"{mode}: {' '.join(f'{k}={v}' for k, v in extra.items())} on {gpus} GPU(s)", flush=True)
     return {"rollout": mode, **measure(args, "engine", gpus, extra)}
 
@@ -137,6 +145,9 @@ def main() -> None:
     parser.add_argument("--old-logprobs", choices=("loss", "forward"), default="loss",
                         help="async and placed runs: the importance ratio's old log-probs from the loss's forward "
                         "(grpo-mtl's default) or from TRL's extra no-grad forward (to compare the two)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="every run with LoRA adapters of this rank "
+                        "(0: a full fine-tune); run the same call with and without to set LoRA's step beside the "
+                        "full fine-tune's")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a new temporary one)")

@@ -16,6 +16,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from bench_loader import load_bench
@@ -222,6 +223,19 @@ def test_grpo_async_bench_scales_each_mode_against_its_one_gpu_run():
         "placed_over_sync_2gpu": 1.5, "placed_over_sync_steady_2gpu": 40 / 36,
         "sync_scaling_efficiency_2gpu": 0.8, "async_scaling_efficiency_2gpu": 0.9,
         "placed_scaling_efficiency_2gpu": 1.2})
+
+
+def test_grpo_async_bench_gives_every_mode_the_lora_rank_asked_for_and_only_its_own_rollout_settings():
+    """grpo_async.py --lora-rank R: every mode's run trains LoRA adapters of rank R (the LoRA step beside the full
+    fine-tune's is the same call with and without it); without it, none does."""
+    bench = load_bench("grpo_async.py")
+    args = SimpleNamespace(max_staleness=1, generation_gpus=1, old_logprobs="loss", compile=False, lora_rank=16)
+    assert bench.mode_settings(args, "sync") == {"rollout": "sync", "lora_rank": 16}
+    assert bench.mode_settings(args, "async") == {"rollout": "async", "max_staleness": 1, "lora_rank": 16}
+    assert bench.mode_settings(args, "placed") == {"rollout": "async", "max_staleness": 1, "generation_gpus": 1,
+                                                   "lora_rank": 16}
+    args.lora_rank = 0
+    assert "lora_rank" not in bench.mode_settings(args, "sync")
 
 
 @pytest.mark.e2e
