@@ -17,7 +17,7 @@ bench/RESULTS.md, grpo-mtl). With fp32 training the engine decodes the masters a
 updates by itself. A LoRA model (its base in the rank's dtype, no masters) is decoded through a plain
 copy with the adapter merged (engines/merged_lora.py), of which each refresh merges the adapted weights
 again: decoded as it is, every adapter's own small matmuls run beside each layer it adapts at every decode
-step, and grpo-mtl's generation took more than twice the full fine-tune's (bench/RESULTS.md, "LoRA's step").
+step, and grpo-mtl's generation fell far behind the full fine-tune's (bench/RESULTS.md, "LoRA's step").
 The copy holds the model's weights a second time, so the synchronous rollout makes it only where it takes
 at most MERGED_COPY_MAX_MEMORY_SHARE of the device's memory, and otherwise decodes the LoRA model as it is
 (the rank log says which, and why); where the engine needs weights of its own (`own_weights`) it always
