@@ -527,8 +527,8 @@ def test_compiled_prefill_compiled_again_for_another_batch_is_dynamic_in_the_wid
     Dynamo's automatic dynamic shapes would make every size that changed since the last compilation
     symbolic (here the batch; after the row-terms tests, each term's groups too): with some forty such
     sizes, the compiled RowScale test's prefill spent over 10 minutes in shape reasoning on CPU, where
-    it compiles in under a minute static, and that test ran past its call's limit on an H200
-    (bench/RESULTS.md, 2026-11-30). No new tokens: only the prefill compiles. One layer: Inductor's
+    it compiles in under a minute static (on an H200 it now passes in about 24 s: bench/RESULTS.md).
+    No new tokens: only the prefill compiles. One layer: Inductor's
     time grows with the layers it compiles."""
     from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
 

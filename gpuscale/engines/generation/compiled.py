@@ -25,9 +25,9 @@ class _CompiledOrEager:
     every size that changed since an earlier compile of the same function symbolic, and after a test of
     one model's prefill, another model's took Inductor's shape reasoning past 5 minutes
     (tests/unit/test_eggroll_exact.py's compiled test run after test_generation_training.py's, on CPU),
-    and the row scales' compiled test, after the row terms' tests, past 10 minutes (CPU; on an H200 it ran
-    past its call's limit). test_generation_training.py checks that a prefill compiled again for another
-    batch is still dynamic in the width alone.
+    and the row scales' compiled test, after the row terms' tests, past 10 minutes (CPU).
+    test_generation_training.py checks that a prefill compiled again for another batch is still dynamic in
+    the width alone.
     """
 
     def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool, dynamic: bool | None = False):
