@@ -42,3 +42,26 @@ def test_a_random_model_is_made_on_the_gpu_in_its_dtype_and_every_make_draws_the
     params = list(first.parameters())
     assert {p.device.type for p in params} == {"cuda"} and {p.dtype for p in params} == {torch.bfloat16}
     assert all(torch.equal(a, b) for a, b in zip(params, second.parameters(), strict=True))
+
+
+def test_the_held_out_evaluation_sizes_its_batch_from_the_card_and_answers_as_at_64(tmp_path):
+    """On a GPU the held-out evaluation takes as many problems a call as fill the run's share of the card
+    (recipes/shared/evaluation.py's evaluation_batch_size), not the CPU's 64; greedy, the answers are
+    those of 64 a call (fp32: padding more rows moves no near-tie)."""
+    from gpuscale.data.models import load_model
+    from gpuscale.data.tasks import load_examples
+    from gpuscale.engines.distributed import RankContext
+    from gpuscale.recipes.shared.evaluation import CPU_EVALUATION_BATCH, evaluation_batch_size, held_out_rows
+
+    model, tokenizer = load_model("tiny-math", dtype=torch.float32, device=torch.device("cuda"))
+    ctx = RankContext(0, 0, 1, torch.device("cuda"), torch.float32, tmp_path)
+    assert evaluation_batch_size(model, ctx, 2_000, 256, memory_share=0.5) == 512
+    assert evaluation_batch_size(model, ctx, 300, 256, memory_share=0.5) == 300  # no padding rows
+    examples = load_examples("tiny-math", "test", 256)
+    card_sized = evaluation_batch_size(model, ctx, len(examples), 64, memory_share=0.5)
+    assert card_sized == len(examples) > CPU_EVALUATION_BATCH
+    answers = {size: [row["completion"] for row in held_out_rows(model, tokenizer, examples, ctx, max_new_tokens=64,
+                                                                 batch_size=size)]
+               for size in (CPU_EVALUATION_BATCH, card_sized)}
+    same = sum(a == b for a, b in zip(answers[CPU_EVALUATION_BATCH], answers[card_sized]))
+    assert same >= len(examples) - 2, f"{len(examples) - same} of {len(examples)} greedy answers differ"

@@ -188,8 +188,8 @@ def test_a_held_out_evaluation_writes_every_answer_with_its_gold_and_extracted_a
     model, tokenizer = load_model("tiny-math", dtype=torch.float32, device=torch.device("cpu"))
     examples = load_examples("tiny-math", "test", 3)
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
-    figures = held_out_evaluation(model, tokenizer, examples, ctx, "before", max_new_tokens=48)
-    held_out_evaluation(model, tokenizer, examples, ctx, "after", max_new_tokens=48)
+    figures = held_out_evaluation(model, tokenizer, examples, ctx, "before", max_new_tokens=48, memory_share=0.5)
+    held_out_evaluation(model, tokenizer, examples, ctx, "after", max_new_tokens=48, memory_share=0.5)
     records = generations.read_run_generations(tmp_path)
     assert [(record["step"], record["phase"]) for record in records] == [
         (step, f"held-out {kind} {when}") for step, when in ((0, "before"), (1, "after"))

@@ -249,7 +249,7 @@ def test_every_recipe_s_held_out_figure_is_strict(monkeypatch, tmp_path):
     ScriptedEngine.answers = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     monkeypatch.setattr(generation, "GenerationEngine", ScriptedEngine)
     ctx = RankContext(0, 0, 1, torch.device("cpu"), torch.float32, tmp_path)
-    figures = held_out_evaluation(model, tokenizer, examples, ctx, "before", max_new_tokens=8)
+    figures = held_out_evaluation(model, tokenizer, examples, ctx, "before", max_new_tokens=8, memory_share=0.5)
     assert figures["accuracy_greedy_before"] == figures["accuracy_sampled_before"] == 0.5
     assert figures["eval_examples_new"] is None and "tiny-math" in figures["structurally_new_unavailable"]
 

@@ -467,7 +467,8 @@ class Evaluator:
 
         s = self.settings
         figures = held_out_evaluation(self.loaded.model, self.loaded.tokenizer, self.held_out, self.ctx, label,
-                                      max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=s.batch_size)
+                                      max_new_tokens=s.max_new_tokens, memory_share=s.gpu_memory_share, seed=s.seed,
+                                      batch_size=s.batch_size)
         if log_only:
             return {f"accuracy_{kind}": figures[f"accuracy_{kind}_{label}"] for kind in ("greedy", "sampled")}
         return figures

@@ -98,7 +98,7 @@ def evaluate(model, tokenizer, examples: list[dict], settings: Settings, ctx, wh
     from gpuscale.recipes.shared.evaluation import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, examples, ctx, when, max_new_tokens=settings.max_completion_length,
-                               seed=settings.seed)
+                               memory_share=settings.gpu_memory_share, seed=settings.seed)
 
 
 # ---- training ------------------------------------------------------------------------------------

@@ -103,7 +103,9 @@ class Settings(SupervisedSettings):
         "cosine", description="learning-rate schedule after the warm-up")
     eval_examples: int = Field(500, ge=0, le=100_000, description="held-out problems (of eval_split) scored "
                                "greedily and at temperature 1 before and after (0 = no evaluation)")
-    eval_batch_size: int = Field(64, ge=1, description="held-out problems per evaluation call per rank")
+    eval_batch_size: int | None = Field(
+        None, ge=1, description="held-out problems per evaluation call per rank; unset: on a GPU as many as fill "
+                                "gpu_memory_share of the card (at most 512), 64 on CPU")
     max_new_tokens: int = Field(96, ge=1, le=65_536, description="answer length budget (generation and evaluation)")
 
 

@@ -131,16 +131,12 @@ def with_batch_size(settings, model, questions: int, ctx):
         return settings
     from gpuscale.engines.distributed import card_sized_batch
     from gpuscale.engines.generation import bytes_per_row
+    from gpuscale.recipes.shared.generation_batches import PROMPT_COLUMNS
 
     columns = PROMPT_COLUMNS + settings.max_new_tokens
     per_question = settings.samples_per_question * bytes_per_row(model.config, model.dtype.itemsize, columns)
     size = card_sized_batch(ctx, per_question, questions, "question", settings.gpu_memory_share)
     return settings.model_copy(update={"batch_size": size})
-
-
-# Cache columns a question's prompt is budgeted in the auto batch (tiny-math's prompts take about 60
-# tokens, GSM8K's under 300).
-PROMPT_COLUMNS = 512
 
 
 def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:

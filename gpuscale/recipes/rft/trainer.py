@@ -218,7 +218,8 @@ def evaluate(model, tokenizer, test: list[dict], settings: Settings, ctx, when: 
     from gpuscale.recipes.shared.evaluation import held_out_evaluation
 
     return held_out_evaluation(model, tokenizer, test, ctx, when, max_new_tokens=settings.max_new_tokens,
-                               seed=settings.seed, batch_size=settings.eval_batch_size)
+                               memory_share=settings.gpu_memory_share, seed=settings.seed,
+                               batch_size=settings.eval_batch_size)
 
 
 def rft_training_figures(figures: dict) -> dict:

@@ -19,7 +19,7 @@ def run_sft(settings: Settings, ctx, reporter) -> None:
 
     def evaluate(model, when: str) -> dict:
         return held_out_evaluation(model, tokenizer, held_out, ctx, when, max_new_tokens=settings.max_new_tokens,
-                                   seed=settings.seed)
+                                   memory_share=settings.gpu_memory_share, seed=settings.seed)
 
     summary = {**summary_opening(ctx, settings, train=train, held_out=held_out), **evaluate(model, "before")}
     if ctx.is_main:

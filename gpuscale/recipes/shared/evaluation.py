@@ -1,7 +1,8 @@
 """The held-out evaluation of every recipe, and the end of a training run.
 
-- `held_out_accuracy`: accuracy on held-out problems at one temperature, sharded over the ranks and
-  gathered, answers extracted by the one strict rule (data/scoring.py's HELD_OUT_ANSWER_MODE).
+- `held_out_rows`: held-out problems answered at one temperature, sharded over the ranks and gathered,
+  answers extracted by the one strict rule (data/scoring.py's HELD_OUT_ANSWER_MODE).
+- `evaluation_batch_size`: held-out problems per generation call, card-sized on a GPU.
 - `held_out_evaluation`: greedy and temperature 1, per domain and on tiny-math's structurally new
   subset, figures named `accuracy_<greedy|sampled>[_<domain>|_new]_<before|after>` by data/figures.py's
   `accuracy_name`; every answer, with its gold and extracted answer, in RUN_DIR/held_out.jsonl.
@@ -24,24 +25,35 @@ if TYPE_CHECKING:
     from gpuscale.recipes.shared.training import TrainedModel
 
 
-def held_out_accuracy(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens: int,
-                      temperature: float = 0.0, seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
-    """Accuracy on held-out `examples`, each answered once at `temperature` (0 = greedy), answers
-    extracted by the one held-out rule (data/scoring.py's HELD_OUT_ANSWER_MODE, strict): sharded
-    over the ranks and gathered on every rank as {"accuracy": ..., "accuracy_<domain>": ...}, with
-    "accuracy_new" for examples marked `structurally_new` (data/scoring.py's `held_out_figures`). The
-    engine leaves the model's train/eval mode as it was."""
-    from gpuscale.data.scoring import held_out_figures
+# Held-out problems per generation call on a CPU rank, as before the GPU's batch was sized from the card.
+CPU_EVALUATION_BATCH = 64
 
-    return held_out_figures(held_out_rows(model, tokenizer, examples, ctx, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, seed=seed, batch_size=batch_size))
+
+def evaluation_batch_size(model, ctx, problems: int, max_new_tokens: int, memory_share: float) -> int:
+    """Held-out problems per generation call on this rank: CPU_EVALUATION_BATCH on a CPU rank; on a GPU as
+    many as fill `memory_share` (the run's gpu_memory_share) of the memory its model leaves, at most 512
+    and at most the rank's share of the `problems` (engines/distributed.py's card_sized_batch). Each call
+    costs the same number of decode steps whatever its rows, so 64 rows a call left an H200 idle: 2,000
+    problems took 32 calls where 4 do."""
+    if ctx.device.type != "cuda":
+        return CPU_EVALUATION_BATCH
+    from gpuscale.engines.distributed import card_sized_batch
+    from gpuscale.engines.generation.kv import bytes_per_row
+    from gpuscale.recipes.shared.generation_batches import PROMPT_COLUMNS
+
+    per_problem = bytes_per_row(model.config, model.dtype.itemsize, PROMPT_COLUMNS + max_new_tokens)
+    rank_problems = -(-problems // ctx.world_size)
+    return card_sized_batch(ctx, per_problem, rank_problems, "held-out problem", memory_share,
+                            how_to_set="the held-out evaluation's batch")
 
 
 def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens: int, temperature: float = 0.0,
                   seed: int = 0, batch_size: int = 64) -> list[dict]:
-    """`held_out_accuracy`'s scored rows (data/scoring.py's `score_completion`: the gold answer, the
-    completion, the answer extracted, correct), every rank's gathered on every rank, each with
-    `truncated` (it ran to max_new_tokens without ending)."""
+    """`examples` sharded over the ranks, each answered once at `temperature` (0 = greedy), `batch_size`
+    a call, and scored (data/scoring.py's `score_completion`: the gold answer, the completion, the answer
+    extracted by the strict held-out rule, correct), every rank's rows gathered on every rank, each with
+    `truncated` (it ran to max_new_tokens without ending). The engine leaves the model's train/eval mode
+    as it was."""
     import torch
 
     from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
@@ -67,7 +79,7 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
 
 
 def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, *, max_new_tokens: int,
-                        seed: int = 0, batch_size: int = 64) -> dict[str, float | None]:
+                        memory_share: float, seed: int = 0, batch_size: int | None = None) -> dict[str, float | None]:
     """Held-out accuracy, greedy and at temperature 1, overall and per domain, every recipe's answers
     extracted by one strict `#### N` rule (data/scoring.py's HELD_OUT_ANSWER_MODE says why):
     {"accuracy_greedy_<when>": ..., "accuracy_greedy_<domain>_<when>": ..., "accuracy_sampled_<when>": ...};
@@ -75,14 +87,17 @@ def held_out_evaluation(model, tokenizer, examples: list[dict], ctx, when: str, 
     (data/near_duplicates.py): `accuracy_<greedy|sampled>_new_<when>` and its size `eval_examples_new`;
     other data has `eval_examples_new` None and `structurally_new_unavailable` saying why. `when` is
     "before" or "after" (training); the final evaluation is where GPUSCALE_INJECT_FAULT's `final_eval` fires.
-    Rank 0 writes every answer with its gold and extracted answer to RUN_DIR/held_out.jsonl
-    (runs/generations.py's `add_held_out`), which `gpuscale generations ID` shows."""
+    `batch_size` None: `evaluation_batch_size` sizes it, from `memory_share` on a GPU. Rank 0 writes every
+    answer with its gold and extracted answer to RUN_DIR/held_out.jsonl (runs/generations.py's
+    `add_held_out`), which `gpuscale generations ID` shows."""
     from gpuscale.data.scoring import held_out_figures, new_subset_size
     from gpuscale.engines.reporter import fail_if_injected
 
     if when == "after":
         fail_if_injected("final_eval", ctx.rank)
     figures: dict[str, float | None] = dict(new_subset_size(examples))
+    if batch_size is None and examples:
+        batch_size = evaluation_batch_size(model, ctx, len(examples), max_new_tokens, memory_share)
     answers = []
     for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         if not examples:

@@ -3,6 +3,10 @@ shape (`padded_to`)."""
 
 from __future__ import annotations
 
+# Cache columns a problem's prompt is budgeted in a card-sized generation batch (tiny-math's prompts take
+# about 60 tokens, GSM8K's under 300).
+PROMPT_COLUMNS = 512
+
 
 def batched(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
