@@ -133,7 +133,7 @@ def verdict(met: bool) -> str:
     return "met" if met else "not met"
 
 
-ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-grpo-64x4-2026-11-29-h200.json"
+ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-alpha16-2026-11-30-h200.json"
 TRAINING = ("sft", "rft", "grpo-mtl", "eggroll")  # the recipes the acceptance's verdicts are of
 
 
@@ -179,10 +179,9 @@ ACCEPTANCE_FIGURES = (
     acceptance("{} against greedy {}, T = 1/alpha {}, T = 1 {}",
                *(Value(f"figures.targets.power-sampling.points.accuracy.power-sampling{rival}", percent_points)
                  for rival in ("", " greedy", " low-temperature", " temperature-1"))),
-    acceptance("pass@16 {}, {} and {})",
-               *(Value(f"figures.targets.power-sampling.pass_at_k.power-sampling{rival}.16", percent)
+    acceptance("pass@8 {}, {} and {})",
+               *(Value(f"figures.targets.power-sampling.pass_at_k.power-sampling{rival}.8", percent)
                  for rival in ("", " low-temperature", " temperature-1"))),
-    acceptance("its last run ending after {} (sft's)", Value("figures.runs.*.wall_s", seconds, max)),
     # The recipe table: each recipe's greedy gain / T=1 over the control, and the verdicts of both.
     *(acceptance(f"| {row} | {{}} / {{}}: {{}} / {{}}", gain(recipe), over_control(recipe), met(recipe, "greedy"),
                  met(recipe, "over_sharpening_control"))
@@ -337,7 +336,7 @@ STEP_PHASE_FIGURES = (
 # The CPU commands (`python bench/cpu_commands.py`, 2 CPU ranks on 2 cores): the demo's figures and the
 # table of each recipe's default CPU run. None until it is measured at today's defaults; then the file it
 # wrote, and README holds the texts `python bench/readme_figures.py --texts` prints for them.
-CPU_COMMANDS: str | None = "bench/results/cpu_commands/readme-cpu-commands-grpo-64x4-2026-11-29-cpu.json"
+CPU_COMMANDS: str | None = "bench/results/cpu_commands/readme-cpu-commands-2026-11-30-cpu.json"
 
 
 def cpu_run(command: str, field: str, form: Callable[[object], str] = hundredths, nth: int = 0) -> Value:

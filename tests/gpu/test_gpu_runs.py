@@ -17,9 +17,11 @@ def test_nvml_samples_of_every_gpu_and_own_memory(home):
                    "--set", "telemetry_interval=0.2", "--model", "random-qwen2.5-0.5b")
     assert run["status"] == "succeeded" and run["summary"]["world_size"] == count
     samples = [s for s in Store(home).samples(run["id"]) if s["kind"] == "gpu"]
-    assert {s["idx"] for s in samples} == set(range(count))
+    # NVML's indices, as nvidia-smi numbers the cards: with CUDA_VISIBLE_DEVICES=1 the run's one GPU is 1.
+    used = {g["index"] for g in gpus[:count]}
+    assert {s["idx"] for s in samples} == used
     assert {s["name"] for s in samples} == {g["name"] for g in gpus[:count]}
-    for idx in range(count):
+    for idx in used:
         mine = [s for s in samples if s["idx"] == idx]
         assert max(s["run_mem_mb"] for s in mine) > 100  # the rank's weights and cache, attributed to the run
         assert all(0 < s["mem_used_mb"] <= s["mem_total_mb"] for s in mine)

@@ -84,8 +84,8 @@ def test_a_value_that_formats_to_other_words_fails(figures, tmp_path):
                   lambda data: data["figures"]["targets"]["sft"]["greedy"]["points"].update(gain_greedy=22.9))
     found = check(figures, root)
     assert any("(sft greedy" in line and "greedy +22.9" in line for line in found)
-    assert any("| sft | +22.9 / +12.6: met / met" in line for line in found)
-    assert "'+24.0' in a figure block is no registered figure" in "\n".join(found)  # README's old words stay
+    assert any("| sft | +22.9 / +13.6: met / met" in line for line in found)
+    assert "'+23.9' in a figure block is no registered figure" in "\n".join(found)  # README's old words stay
 
 
 def test_a_ratio_readme_quotes_must_be_results_md_s(figures):

@@ -32,9 +32,9 @@ CPU_EVALUATION_BATCH = 64
 def evaluation_batch_size(model, ctx, problems: int, max_new_tokens: int, memory_share: float) -> int:
     """Held-out problems per generation call on this rank: CPU_EVALUATION_BATCH on a CPU rank; on a GPU as
     many as fill `memory_share` (the run's gpu_memory_share) of the memory its model leaves, at most 512
-    and at most the rank's share of the `problems` (engines/distributed.py's card_sized_batch). Each call
-    costs the same number of decode steps whatever its rows, so 64 rows a call left an H200 idle: 2,000
-    problems took 32 calls where 4 do."""
+    and at most the rank's share of the `problems` (engines/distributed.py's card_sized_batch). A call's
+    decode steps cost about the same whatever its rows on a GPU, so fewer, fuller calls end sooner
+    (`python bench/evaluation_batch.py`; bench/RESULTS.md)."""
     if ctx.device.type != "cuda":
         return CPU_EVALUATION_BATCH
     from gpuscale.engines.distributed import card_sized_batch
