@@ -217,7 +217,7 @@ def test_every_job_of_the_acceptance_is_valid_settings_of_its_recipe(acceptance)
         if label.startswith(acceptance.VALIDATION_PREFIX):
             assert resolved.split == "validation" and resolved.max_examples == acceptance.VALIDATION_PROBLEMS
         if label == acceptance.LOW_TEMPERATURE:
-            assert resolved.method == "sample" and resolved.temperature == 1 / resolved.alpha == 0.25
+            assert resolved.method == "sample" and resolved.temperature == 1 / resolved.alpha == 1 / 16
 
 
 def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_and_a_rank_budget_with_several(acceptance):
