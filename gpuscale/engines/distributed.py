@@ -158,11 +158,11 @@ def memory_for_auto_sizes(ctx: RankContext, share: float) -> tuple[int, str]:
 
 
 def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: str, share: float,
-                     how_to_set: str = "--batch-size N sets it") -> int:
+                     name: str = "batch_size", how_to_set: str = "; --batch-size N sets it") -> int:
     """A recipe's `auto` batch on this rank: 8 items on a CPU rank; on a GPU as many as fill `share`
     (the run's gpu_memory_share) of the card's memory left once the model is loaded
     (`memory_for_auto_sizes`; engines.training_memory.auto_batch_size: at most 512, at most the rank's `items`).
-    The rank's log says what was chosen and why, and `how_to_set` how a user sets it instead."""
+    The rank's log says what was chosen for `name` and why, then `how_to_set`, how a user sets it instead."""
     from gpuscale.engines.training_memory import CPU_BATCH_SIZE, auto_batch_size
 
     if ctx.device.type != "cuda":
@@ -172,7 +172,7 @@ def card_sized_batch(ctx: RankContext, bytes_per_item: int, items: int, unit: st
         size = auto_batch_size(memory, bytes_per_item, items=items, share=share)
         why = (f"{share:.0%} of {source}, at about {bytes_per_item / 2**20:.1f} MiB per {unit}, at most 512 and at "
                f"most this rank's {items}")
-    print(f"batch_size auto: {size} {unit}s per batch ({why}); {how_to_set}", flush=True)
+    print(f"{name} auto: {size} {unit}s per batch ({why}){how_to_set}", flush=True)
     return size
 
 

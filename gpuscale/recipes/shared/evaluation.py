@@ -44,11 +44,11 @@ def evaluation_batch_size(model, ctx, problems: int, max_new_tokens: int, memory
     per_problem = bytes_per_row(model.config, model.dtype.itemsize, PROMPT_COLUMNS + max_new_tokens)
     rank_problems = -(-problems // ctx.world_size)
     return card_sized_batch(ctx, per_problem, rank_problems, "held-out problem", memory_share,
-                            how_to_set="the held-out evaluation's batch")
+                            name="held-out evaluation", how_to_set="")
 
 
 def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens: int, temperature: float = 0.0,
-                  seed: int = 0, batch_size: int = 64) -> list[dict]:
+                  seed: int = 0, batch_size: int = CPU_EVALUATION_BATCH) -> list[dict]:
     """`examples` sharded over the ranks, each answered once at `temperature` (0 = greedy), `batch_size`
     a call, and scored (data/scoring.py's `score_completion`: the gold answer, the completion, the answer
     extracted by the strict held-out rule, correct), every rank's rows gathered on every rank, each with

@@ -1,5 +1,5 @@
 """A rank's share cut into generation batches (`batched`), a short last batch kept at the full batch
-shape (`padded_to`)."""
+shape (`padded_to`), and the prompt's cache columns a card-sized batch budgets (`PROMPT_COLUMNS`)."""
 
 from __future__ import annotations
 
