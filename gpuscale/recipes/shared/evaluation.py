@@ -75,6 +75,9 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
         for (index, example), tokens in zip(batch, generation.sequences()):
             row = score_completion(index, 0, example, tokens, tokenizer, eos, HELD_OUT_ANSWER_MODE)
             rows.append({**row, "truncated": len(tokens) >= max_new_tokens and (not tokens or tokens[-1] not in eos)})
+    engine = generation = None  # the KV cache of a card-sized batch: back to the card, not kept in torch's cache,
+    if ctx.device.type == "cuda":  # where training would size its micro-batch around it (card_sized_split)
+        torch.cuda.empty_cache()
     return [row for rank_rows in ctx.gather(rows) for row in rank_rows]
 
 
