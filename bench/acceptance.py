@@ -35,8 +35,9 @@ Written with bench/record.py to bench/results/acceptance/.
 
 Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs N] [--skip-tests]
        [--only LABEL ...] [--set LABEL:key=value ...]   (--set: for quick CPU checks, not acceptance)
-       python bench/acceptance.py --gpus N --from-partial FILE [FILE ...]   (the table of finished rows;
-         a later file's row of the same label and seed replaces an earlier one)
+       python bench/acceptance.py --gpus N --from-partial FILE [FILE ...] [--gpu-tests-log LOG ...]
+         (the table of finished rows; a later file's row of the same label and seed replaces an earlier
+         one; the GPU-marked tests' results read from the output of the calls that ran them)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -691,6 +693,9 @@ def main() -> None:
                              "hold (a check cut short by a time limit still reports what ended; a check "
                              "run in parts, --only each, is reported as one; a later file's row of the same "
                              "label and seed replaces an earlier one)")
+    parser.add_argument("--gpu-tests-log", nargs="*", default=[], metavar="FILE",
+                        help="with --from-partial: the output of the calls that ran the GPU-marked tests (this "
+                             "script's or pytest's), whose summary and failure lines the result records")
     parser.add_argument("--card", default=None, metavar="'N x NAME'",
                         help="with --from-partial: the cards the rows' runs ran on, recorded as the result's "
                         "card (default: this machine's)")
@@ -869,15 +874,33 @@ def rows_from_home(args) -> None:
 
 def report_partial(args) -> None:
     """One table from the rows of several files; where two files hold the same run (label and seed),
-    the later file's row replaces the earlier (a recipe measured again after its default changed)."""
+    the later file's row replaces the earlier (a recipe measured again after its default changed). The
+    GPU-marked tests' results come from the output of the calls that ran them (--gpu-tests-log)."""
     lines = [line for path in args.from_partial for line in Path(path).read_text().splitlines() if line.strip()]
     latest = {(row["label"], row["seed"]): row for row in map(json.loads, lines)}
     rows = sorted(latest.values(), key=lambda row: (row["label"], row["seed"]))
     stats, verdicts, control = report(rows)
+    tests = [gpu_tests_in_log(Path(path)) for path in args.gpu_tests_log]
+    for found in tests:
+        print(f"GPU-marked tests in {found['log']}:", *found["summaries"], *found["failures"], sep="\n  ")
     write_result("acceptance", f"acceptance-{args.gpus}gpu-partial",
-                 {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial},
-                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control},
-                 out=args.out, card=parse_card(args.card))
+                 {"gpus": args.gpus, "seeds": args.seeds, "from_partial": args.from_partial,
+                  "gpu_tests_log": args.gpu_tests_log},
+                 {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
+                  "gpu_tests": tests or None}, out=args.out, card=parse_card(args.card))
+
+
+PYTEST_SUMMARY = re.compile(r"\b\d+ (?:passed|failed|errors?)\b.* in \d+(?:\.\d+)?s\b")
+
+
+def gpu_tests_in_log(path: Path) -> dict:
+    """What a call's output says of the GPU-marked tests it ran (pytest's own or this script's): each
+    summary line ("8 passed, 2 deselected ... in 460.73s") and each `FAILED test - reason` line."""
+    lines = path.read_text(errors="replace").splitlines()
+    summaries = [match.group(0) for line in lines if (match := PYTEST_SUMMARY.search(line))]
+    failures = [line.strip() for line in lines if line.startswith(("FAILED", "ERROR"))]
+    return {"log": str(path), "summaries": summaries, "failures": failures,
+            "passed": bool(summaries) and not failures and not any(" failed" in s or " error" in s for s in summaries)}
 
 
 def machine_settings(gpus: str, found: int, first_wave: list) -> dict:

@@ -905,8 +905,18 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
     first, second, out = tmp_path / "pcgrad.jsonl", tmp_path / "rest.jsonl", tmp_path / "acceptance.json"
     first.write_text("".join(json.dumps(row) + "\n" for row in older + pcgrad))
     second.write_text("".join(json.dumps(row) + "\n" for row in rest))
-    done = bench("acceptance.py", "--gpus", "2", "--from-partial", str(first), str(second), "--out", str(out))
+    # The GPU-marked tests' output of the two calls: this script's line in one, pytest's own in the other.
+    beside, alone = tmp_path / "call1.log", tmp_path / "tests.log"
+    beside.write_text("GPU-marked tests (gpu and not alone): exit 0: 8 passed, 2 deselected in 460.73s\n")
+    alone.write_text("F.s\nFAILED tests/gpu/test_x.py::test_y - assert 1 == 0\n"
+                     "===== 1 failed, 1 passed, 1 skipped, 3 warnings in 30.50s (0:00:30) =====\n")
+    done = bench("acceptance.py", "--gpus", "2", "--from-partial", str(first), str(second), "--out", str(out),
+                 "--gpu-tests-log", str(beside), str(alone))
     figures = json.loads(out.read_text())["figures"]
+    assert [(found["summaries"], found["failures"], found["passed"]) for found in figures["gpu_tests"]] == [
+        (["8 passed, 2 deselected in 460.73s"], [], True),
+        (["1 failed, 1 passed, 1 skipped, 3 warnings in 30.50s"],
+         ["FAILED tests/gpu/test_x.py::test_y - assert 1 == 0"], False)]
     assert len(figures["runs"]) == 26
     comparison = figures["seed_statistics"]["grpo-mtl pcgrad"]["gain_greedy_comparison"]
     assert comparison["mean"] == pytest.approx(statistics.fmean(comparison_greedy_gains))
