@@ -491,14 +491,23 @@ def test_terms_in_the_projections_prefill_as_the_hooks_and_the_perturbed_twins(d
 def test_compiled_prefill_with_terms_in_the_projections_compiles_once_for_every_prompt_width():
     """fuse_row_terms with compile, on CPU: the compiled prefill (its width a dynamic size) serves
     prompts of another width without compiling again (nor does anything else recompile), and both
-    calls decode the greedy tokens of the terms by hooks, run eagerly. One layer: Inductor's time
-    grows with the layers it compiles."""
+    calls decode the greedy tokens of the terms and the norms' row scales by hooks, run eagerly. No
+    kernel finds a token's member by dividing by a multiple of the width (on a GPU such 64-bit divisions
+    by a runtime value ran the prefill's kernels 3-4.5x slower: RowTerm._fp32_term_of_rows). One layer:
+    Inductor's time grows with the layers it compiles."""
+    import re
+
     from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
 
     model = fresh_model("cpu").eval()
     del model.model.layers[1:]
     model.config.num_hidden_layers = 1
     terms = make_row_terms(model, groups=2, rank=1)
+    generator = torch.Generator().manual_seed(1)
+    for name in ("model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"):
+        terms[name] = RowScale(1 + 0.3 * torch.randn(2, model.config.hidden_size, generator=generator))
     longer = [prompt + [7, 8, 9] for prompt in PROMPTS]  # 3 more prefill columns, the same KV capacity
     greedy, outs = Sampling(temperature=0.0), {}
     for compiled in (False, True):
@@ -506,14 +515,19 @@ def test_compiled_prefill_with_terms_in_the_projections_compiles_once_for_every_
                                   fuse_row_terms=compiled)
         for name, term in terms.items():
             engine.add_row_term(name, term)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), inductor_config.patch(force_disable_caches=True):
             warnings.simplefilter("error", RuntimeWarning)  # a failed compilation falls back with one
-            outs[compiled] = [engine.generate(PROMPTS, 6, greedy)]
+            first, code = run_and_get_code(engine.generate, PROMPTS, 6, greedy)
+            outs[compiled] = [first]
             graphs = counters["stats"]["unique_graphs"]
             outs[compiled].append(engine.generate(longer, 6, greedy))
         if compiled:
             assert isinstance(engine._prefill_step, _CompiledOrEager) and engine._prefill_step.error is None
             assert counters["stats"]["unique_graphs"] == graphs
+            # Inductor's C++ divisors (`div_floor_integer(a, b)`, `a % b`): none holds a symbolic size (ks0...).
+            divisors = re.findall(r"(?:div_floor_integer\(static_cast<int64_t>\((?:[^()]|\([^()]*\))*\), |% )"
+                                  r"static_cast<int64_t>\(([^()]*)\)", "\n".join(code))
+            assert divisors and not [d for d in divisors if re.search(r"\bk?s\d+\b", d)], divisors
         engine.remove_row_terms()
     for eager, compiled in zip(*outs.values()):
         assert torch.equal(eager.tokens, compiled.tokens)

@@ -453,9 +453,15 @@ class GenerationEngine:
             cache.allocate(self._fused.kv_heads, self._fused.head_dim, self.dtype, self.device)
         self._cursor.visible = self._capacity  # what each layer's update returns; the forward keeps Q of them
         mask = attention_mask_4d(start, self._cursor.write_col, width, width, self.dtype)
-        for tensor, dims in ((input_ids, [1]), (positions, [1]), (mask, [2, 3])):
-            torch._dynamo.maybe_mark_dynamic(tensor, dims)
-        self._prefill_step(input_ids, positions, mask, cache)
+        # Each token's batch row, for the row terms (`_FusedDecode.prefill`): a tensor, not a division
+        # by the symbolic width in every element's index.
+        token_rows = None
+        if self._row_terms.entries:
+            token_rows = torch.arange(input_ids.shape[0], device=self.device)[:, None].expand_as(input_ids).contiguous()
+        for tensor, dims in ((input_ids, [1]), (positions, [1]), (mask, [2, 3]), (token_rows, [1])):
+            if tensor is not None:
+                torch._dynamo.maybe_mark_dynamic(tensor, dims)
+        self._prefill_step(input_ids, positions, mask, cache, token_rows)
 
     def _fp32_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight, bias = self._head.weight, self._head.bias

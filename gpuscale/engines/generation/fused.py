@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .kv import _Cursor, _SlotCache
-from .row_terms import RowTerm, RowTerms
+from .row_terms import RowScale, RowTerm, RowTerms
 
 # --------------------------------------------------------------------------------------------------
 # Attention of one query token with grouped KV heads
@@ -193,6 +193,9 @@ class _FusedDecode:
             [[[] for _ in names] for _ in decoder.layers] for _, names in self.GROUPS]
         # output_terms[i]: the terms of layer i's o_proj and down_proj added here (in_projections only).
         self.output_terms: list[tuple[list[RowTerm], list[RowTerm]]] = [([], []) for _ in decoder.layers]
+        # norm_scales[i]: the row scales of layer i's two norms, applied here in the compiled prefill
+        # (in_projections only, where the norms carry no other hooks; `_norm`).
+        self.norm_scales: list[tuple[list[RowScale], list[RowScale]]] = [([], []) for _ in decoder.layers]
         self.terms_in_projections = False
         # output_as_matmul[i]: whether layer i's o_proj and down_proj run as their matmul here, not as modules.
         self.output_as_matmul: list[tuple[bool, bool]] = [(False, False) for _ in decoder.layers]
@@ -267,6 +270,9 @@ class _FusedDecode:
         self.output_terms = [tuple(row_terms.of(m) if in_projections and matmul else []
                                    for m, matmul in zip(pair, flags))
                              for pair, flags in zip(outputs, self.output_as_matmul)]
+        norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in self.decoder.layers]
+        self.norm_scales = [tuple(row_terms.of(norm) if in_projections and not _hooked(norm, hook_ids) else []
+                                  for norm in pair) for pair in norms]
 
     def _cat(self, layer, group, name):
         tensors = [getattr(m, name) for m in self._linears(layer, group)]
@@ -291,34 +297,49 @@ class _FusedDecode:
         hidden = self._layers(input_ids[:, None], positions[:, None], mask, cache)
         return self.decoder.norm(hidden)[:, -1]
 
-    def prefill(self, input_ids, positions, mask, cache) -> None:
+    def prefill(self, input_ids, positions, mask, cache, token_rows=None) -> None:
         """Write the KV of Q tokens per row ([B, Q] ids at [B, Q] positions) into `cache` at the cursor's
         columns, attention through `mask` [B, 1, Q, C] over the cache's first C columns (the engine's
         prefill writes from column 0, so C = Q). Returns nothing: the prefill only fills the cache, so,
-        compiled, the last layer's work after its KV write is dead code."""
-        self._layers(input_ids, positions, mask, cache)
+        compiled, the last layer's work after its KV write is dead code. `token_rows` [B, Q], each
+        token's batch row: with it, compiled, the terms in the projections and the norms' row scales find
+        each token's member by it (`RowTerm._fp32_term_of_rows` says why)."""
+        self._layers(input_ids, positions, mask, cache, token_rows)
 
-    def _layers(self, input_ids, positions, mask, cache) -> torch.Tensor:
+    def _layers(self, input_ids, positions, mask, cache, token_rows=None) -> torch.Tensor:
         """The decoder layers over input_ids [B, Q]: the hidden states [B, Q, H] before the final norm."""
         decoder = self.decoder
         hidden = decoder.embed_tokens(input_ids)
         position_embeddings = decoder.rotary_emb(hidden, positions)
         for i, layer in enumerate(decoder.layers):
-            attention_in = layer.input_layernorm(hidden)
+            attention_in = self._norm(layer.input_layernorm, self.norm_scales[i][0], hidden, token_rows)
             hidden = hidden + self._attention(i, layer.self_attn, attention_in, position_embeddings, mask,
-                                              cache)
-            hidden = hidden + self._mlp(i, layer.mlp, layer.post_attention_layernorm(hidden))
+                                              cache, token_rows)
+            mlp_in = self._norm(layer.post_attention_layernorm, self.norm_scales[i][1], hidden, token_rows)
+            hidden = hidden + self._mlp(i, layer.mlp, mlp_in, token_rows)
         return hidden
 
-    def _projections(self, g: int, i: int, x: torch.Tensor) -> list[torch.Tensor]:
+    @staticmethod
+    def _norm(norm, scales: list[RowScale], hidden: torch.Tensor, token_rows) -> torch.Tensor:
+        """The norm, its row scales by its hooks; or, given token_rows and compiling, its own forward (no
+        hooks) with its scales found by each token's row."""
+        if token_rows is None or not scales or not torch.compiler.is_compiling():
+            return norm(hidden)
+        out = norm.forward(hidden)
+        for scale in scales:
+            out = scale.scaled_by_row(out, token_rows)
+        return out
+
+    def _projections(self, g: int, i: int, x: torch.Tensor, token_rows=None) -> list[torch.Tensor]:
         """The outputs of group g's linears in layer i: one matmul, split, plus their row terms."""
         outputs = self._linear(x, self.weights[g][i], self.biases[g][i]).split(self.split_sizes[g], dim=-1)
-        return [self._with_terms(output, x, terms) for output, terms in zip(outputs, self.row_terms[g][i])]
+        return [self._with_terms(output, x, terms, token_rows)
+                for output, terms in zip(outputs, self.row_terms[g][i])]
 
-    def _with_terms(self, output: torch.Tensor, x: torch.Tensor, terms: list[RowTerm]) -> torch.Tensor:
+    def _with_terms(self, output: torch.Tensor, x: torch.Tensor, terms: list[RowTerm], token_rows=None) -> torch.Tensor:
         for term in terms:
             if self.terms_in_projections:
-                output = term.added(output, x)
+                output = term.added(output, x, token_rows)
             else:
                 term.add_into(output, x)
         return output
@@ -331,26 +352,29 @@ class _FusedDecode:
             return _reduction_linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
-    def _output_projection(self, i: int, which: int, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    def _output_projection(self, i: int, which: int, module: torch.nn.Linear, x: torch.Tensor,
+                           token_rows=None) -> torch.Tensor:
         """o_proj (which 0) or down_proj (1) of layer i: its matmul and the terms added here, or the module."""
         if not self.output_as_matmul[i][which]:
             return module(x)
-        return self._with_terms(self._linear(x, module.weight, module.bias), x, self.output_terms[i][which])
+        return self._with_terms(self._linear(x, module.weight, module.bias), x, self.output_terms[i][which],
+                                token_rows)
 
-    def _attention(self, i, attention, x, position_embeddings, mask, cache):
+    def _attention(self, i, attention, x, position_embeddings, mask, cache, token_rows=None):
         batch, tokens = x.shape[:2]
-        q, k, v = (t.view(batch, tokens, -1, self.head_dim).transpose(1, 2) for t in self._projections(0, i, x))
+        q, k, v = (t.view(batch, tokens, -1, self.head_dim).transpose(1, 2)
+                   for t in self._projections(0, i, x, token_rows))
         q, k = self.apply_rotary(q, k, *position_embeddings)
         # As many KV columns as the mask has: all the cache shows in decode, the written ones in prefill.
         keys, values = (t[:, :, : mask.shape[-1]] for t in cache.layers[i].update(k, v))
         as_reduction = self.compiled and tokens == 1 and batch <= REDUCTION_ATTENTION_MAX_ROWS
         out, _ = _grouped_query_sdpa(attention, q, keys, values, mask, dropout=0.0, scaling=attention.scaling,
                                      as_reduction=as_reduction)
-        return self._output_projection(i, 0, attention.o_proj, out.reshape(batch, tokens, -1))
+        return self._output_projection(i, 0, attention.o_proj, out.reshape(batch, tokens, -1), token_rows)
 
-    def _mlp(self, i, mlp, x):
-        gate, up = self._projections(1, i, x)
-        return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up)
+    def _mlp(self, i, mlp, x, token_rows=None):
+        gate, up = self._projections(1, i, x, token_rows)
+        return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up, token_rows)
 
 
 def mlp_activation(mlp, config):

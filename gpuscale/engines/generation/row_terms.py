@@ -106,15 +106,17 @@ class RowTerm:
         else:
             grouped_output.baddbmm_(low_rank, self.up.transpose(1, 2))
 
-    def added(self, output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def added(self, output: torch.Tensor, x: torch.Tensor, token_rows: torch.Tensor | None = None) -> torch.Tensor:
         """output + scale * (x_g @ down[g]) @ up[g]^T for every group g, as a new tensor (`add_into`'s
         sum out of place): how the fused decode forward puts the term inside its projection
         (`fuse_row_terms`). Under torch.compile it is sums of products in fp32, rounded once, which
-        Inductor fuses with what reads the output (module docstring); run eagerly, add_into's kernels."""
-        grouped_output = output.reshape(self.groups, -1, output.shape[-1])
+        Inductor fuses with what reads the output (module docstring); run eagerly, add_into's kernels.
+        `token_rows` [B, Q]: each token's batch row, given by the compiled prefill (`_fp32_term_of_rows`)."""
         if torch.compiler.is_compiling():
-            summed = (grouped_output.float() + self._fp32_term(x)).to(output.dtype)
-        elif self.down.shape[2] == 1:
+            term = self._fp32_term(x) if token_rows is None else self._fp32_term_of_rows(x, token_rows)
+            return (output.float() + term.view(output.shape)).to(output.dtype)
+        grouped_output = output.reshape(self.groups, -1, output.shape[-1])
+        if self.down.shape[2] == 1:
             summed = torch.addcmul(grouped_output, self._low_rank(x), self.up.transpose(1, 2))
         else:
             summed = torch.baddbmm(grouped_output, self._low_rank(x), self.up.transpose(1, 2))
@@ -133,6 +135,19 @@ class RowTerm:
         down = self.down.transpose(1, 2)[:, None].float()  # [G, 1, r, in]
         low_rank = (grouped_x * down).sum(-1) * self.scale  # [G, n, r]
         up = self.up.transpose(1, 2)[:, None].float()  # [G, 1, r, out]
+        return (low_rank[..., None] * up).sum(-2)
+
+    def _fp32_term_of_rows(self, x: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
+        """`_fp32_term` for x [B, Q, in] whose width Q is a symbolic size (the compiled prefill), [B, Q, out]:
+        each token's factors are gathered by its member, `token_rows // (B / G)`, a division by a
+        constant of a loaded number. Grouped as [G, B / G * Q, ...], every element's kernel would find
+        its group by dividing its flat index by a multiple of Q: a 64-bit division by a runtime value
+        on a GPU, which ran the prefill's three fused kernels 3-4.5x slower than their bytes allow
+        (bench/RESULTS.md, eggroll)."""
+        members = token_rows // (x.shape[0] // self.groups)  # [B, Q]
+        down = self.down.transpose(1, 2).float()[members]  # [B, Q, r, in], gathered where it is read
+        low_rank = (x[..., None, :].float() * down).sum(-1) * self.scale  # [B, Q, r]
+        up = self.up.transpose(1, 2).float()[members]  # [B, Q, r, out]
         return (low_rank[..., None] * up).sum(-2)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -162,6 +177,13 @@ class RowScale:
     def add_into(self, output: torch.Tensor, x: torch.Tensor) -> None:
         """output[rows of g] *= factors[g], in place (x, the module's input, is not needed)."""
         output.view(self.groups, -1, output.shape[-1]).mul_(self.factors[:, None, :])
+
+    def scaled_by_row(self, output: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
+        """`add_into`'s product out of place for output [B, Q, channels] whose width Q is a symbolic size
+        (the compiled prefill): each token's factors gathered by its member (`RowTerm._fp32_term_of_rows`
+        says why)."""
+        members = token_rows // (output.shape[0] // self.groups)
+        return (output * self.factors[members]).to(output.dtype)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.factors,)
