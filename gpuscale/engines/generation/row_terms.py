@@ -112,11 +112,12 @@ class RowTerm:
         (`fuse_row_terms`). Under torch.compile it is sums of products in fp32, rounded once, which
         Inductor fuses with what reads the output (module docstring); run eagerly, add_into's kernels.
         `token_rows` [B, Q]: each token's batch row, given by the compiled prefill (`_fp32_term_of_rows`)."""
-        if torch.compiler.is_compiling():
-            term = self._fp32_term(x) if token_rows is None else self._fp32_term_of_rows(x, token_rows)
-            return (output.float() + term.view(output.shape)).to(output.dtype)
+        if torch.compiler.is_compiling() and token_rows is not None:
+            return (output.float() + self._fp32_term_of_rows(x, token_rows)).to(output.dtype)
         grouped_output = output.reshape(self.groups, -1, output.shape[-1])
-        if self.down.shape[2] == 1:
+        if torch.compiler.is_compiling():
+            summed = (grouped_output.float() + self._fp32_term(x)).to(output.dtype)
+        elif self.down.shape[2] == 1:
             summed = torch.addcmul(grouped_output, self._low_rank(x), self.up.transpose(1, 2))
         else:
             summed = torch.baddbmm(grouped_output, self._low_rank(x), self.up.transpose(1, 2))

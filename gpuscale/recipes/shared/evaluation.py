@@ -54,6 +54,8 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
     extracted by the strict held-out rule, correct), every rank's rows gathered on every rank, each with
     `truncated` (it ran to max_new_tokens without ending). The engine leaves the model's train/eval mode
     as it was."""
+    import gc
+
     import torch
 
     from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
@@ -77,6 +79,7 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
             rows.append({**row, "truncated": len(tokens) >= max_new_tokens and (not tokens or tokens[-1] not in eos)})
     engine = generation = None  # the KV cache of a card-sized batch: back to the card, not kept in torch's cache,
     if ctx.device.type == "cuda":  # where training would size its micro-batch around it (card_sized_split)
+        gc.collect()  # the engine sits in reference cycles: freed by the collector, not when its name goes
         torch.cuda.empty_cache()
     return [row for rank_rows in ctx.gather(rows) for row in rank_rows]
 
