@@ -3,6 +3,7 @@ graph, and every later step replays it (the engine's keys: a KV slot and the sam
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import Callable, Hashable, Iterator, Mapping
 
@@ -43,7 +44,7 @@ class _StepGraphs(Mapping):
             graph = self._graphs.get(key)
             if graph is None and self._warmups.get(key, 0) < CUDA_GRAPH_WARMUP_STEPS:
                 # Real steps, run eagerly on a side stream as PyTorch recommends before capture.
-                side = torch.cuda.Stream(self.device)
+                side = _warmup_stream(self.device)
                 side.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(side):
                     step()
@@ -54,6 +55,14 @@ class _StepGraphs(Mapping):
                 graph = _captured(step)
                 self._graphs[key] = graph
             graph.replay()
+
+
+@functools.cache
+def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream a GPU for every engine's warm-up steps. cuBLAS keeps a workspace (tens of MiB) for
+    every stream it has run on, for the life of the process: a new stream per warm-up (torch hands out
+    up to 32 of its pool in turn) left one more after each engine, e.g. after every held-out evaluation."""
+    return torch.cuda.Stream(device)
 
 
 def _captured(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
