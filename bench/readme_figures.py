@@ -271,8 +271,9 @@ GRPO_ASYNC_FIGURES = (
 
 # grpo-mtl's learning under rollout=async beside the synchronous rollout: 3 seeds each, 1 GPU a run, all of
 # test-v2, the two sets of runs at the same time on two GPUs (bench/acceptance.py --only grpo-mtl).
-GRPO_ASYNC_LEARNING = {rollout: f"bench/results/grpo_mtl/async-learning-3seeds-{rollout}-card-sized-eval-2026-11-30-h200x2.json"
-                       for rollout in ("async", "sync")}
+GRPO_ASYNC_LEARNING = {
+    rollout: f"bench/results/grpo_mtl/async-learning-3seeds-{rollout}-card-sized-eval-2026-11-30-h200x2.json"
+    for rollout in ("async", "sync")}
 GRPO_GAIN = Value("figures.seed_statistics.grpo-mtl.gain_greedy.mean", fraction_points)
 GRPO_ASYNC_LEARNING_FIGURES = (
     Figure("over 3 seeds on tiny-math's test split it gained {} greedy", GRPO_ASYNC_LEARNING["async"],

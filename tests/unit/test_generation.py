@@ -32,6 +32,7 @@ from gpuscale.engines.generation import (
 )
 from gpuscale.engines.generation import compiled as compiled_module
 from gpuscale.engines.generation import fused as fused_module
+from gpuscale.engines.generation import sampling as sampling_module
 
 TOL = 1e-4
 PAD = 0
@@ -173,9 +174,12 @@ def _reference_sample(logits, sampling, noise):
     Sampling(1.0), Sampling(0.7), Sampling(1.0, top_k=0, top_p=1.0), Sampling(0.8, top_k=20),
     Sampling(1.2, top_p=0.9), Sampling(0.9, top_k=50, top_p=0.8), Sampling(temperature=0),
 ], ids=str)
-def test_sample_tokens_equals_the_plain_recipe(sampling):
+@pytest.mark.parametrize("packed_argmax", [False, True], ids=["argmax", "packed-argmax"])
+def test_sample_tokens_equals_the_plain_recipe(sampling, packed_argmax, monkeypatch):
     """In particular with top_k 0 and top_p 1 (no sort, and at temperature 1 one log-softmax for both
-    log-probs): the same tokens and log-probs as running the filters."""
+    log-probs): the same tokens and log-probs as running the filters; also with the few-row argmax of
+    packed keys (sampling.row_argmax) on for these 8 rows."""
+    monkeypatch.setattr(sampling_module, "PACKED_ARGMAX_MAX_ROWS", 8 if packed_argmax else 0)
     logits = torch.randn(8, 300, generator=_seeded(3)) * 3
     noise = torch.rand(8, 300, generator=_seeded(4))
     tokens, raw, sampled = sample_tokens(logits, sampling, noise)
@@ -186,6 +190,26 @@ def test_sample_tokens_equals_the_plain_recipe(sampling):
     torch.testing.assert_close(sampled, expected_sampled, rtol=0, atol=1e-5)
     if not sampling.changes_distribution:
         assert torch.equal(raw, sampled)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_packed_row_argmax_is_torch_argmax(compiled, monkeypatch):
+    """The few-row argmax as a max of packed keys (sampling.row_argmax) picks torch's index: the first of
+    equal maxima, negative rows, -inf, a vocabulary of Qwen's size; eager, and compiled as the sampling
+    step is (CPU: Inductor's C++)."""
+    import math
+
+    monkeypatch.setattr(sampling_module, "PACKED_ARGMAX_MAX_ROWS", 4)
+    generator = _seeded(11)
+    rows = [torch.randn(3, 151_936, generator=generator) * 8,  # Qwen2.5's vocabulary
+            (torch.randn(4, 500, generator=generator) * 3).round(),  # many ties
+            -(torch.randn(2, 300, generator=generator).abs()) - 1]  # every value negative
+    rows[0][1, [17, 90_000]] = 1e4  # equal maxima: the first wins
+    rows[1][:, ::3] = -math.inf
+    argmax = torch.compile(sampling_module.row_argmax, dynamic=False) if compiled else sampling_module.row_argmax
+    for values in rows:
+        assert torch.equal(argmax(values), values.argmax(-1))
+    assert int(argmax(rows[0])[1]) == 17
 
 
 @pytest.mark.parametrize("way", ["sdpa", "matmul"])

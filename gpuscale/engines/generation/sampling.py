@@ -69,7 +69,7 @@ def sample_tokens(
     logits = logits.float()
     normalizer = torch.logsumexp(logits, dim=-1)
     if sampling.greedy:
-        tokens = logits.argmax(dim=-1)
+        tokens = row_argmax(logits)
         return tokens, _pick(logits, tokens) - normalizer, torch.zeros(tokens.shape, dtype=torch.float32,
                                                                        device=tokens.device)
     if sampling.changes_distribution:
@@ -79,10 +79,36 @@ def sample_tokens(
         scores, sampled_normalizer = logits, normalizer
     # argmax(score + g) with Gumbel noise g = -log(-log u); u strictly inside (0, 1) keeps g finite,
     # so filtered tokens (-inf) never win.
-    tokens = (scores - torch.log(-torch.log(noise))).argmax(dim=-1)
+    tokens = row_argmax(scores - torch.log(-torch.log(noise)))
     raw_logprob = _pick(logits, tokens) - normalizer
     sampled_logprob = raw_logprob if scores is logits else _pick(scores, tokens) - sampled_normalizer
     return tokens, raw_logprob, sampled_logprob
+
+
+# At this many rows or fewer a row's argmax is one plain max reduction of packed keys (`row_argmax`). 0 (off)
+# until a GPU shows it compiled and faster (bench/decode_ways.py's `packed-argmax`).
+PACKED_ARGMAX_MAX_ROWS = 0
+
+
+def row_argmax(values: torch.Tensor) -> torch.Tensor:
+    """values.argmax(dim=-1) of a [rows, n] float tensor: the first index of a row's maximum, as torch's.
+
+    With few rows (PACKED_ARGMAX_MAX_ROWS), as the maximum of int64 keys: each value's float32 bits mapped
+    to an int32 in the same order, times 2^32, plus n - 1 - its index (so that of equal values the first
+    wins). Why: Inductor gives an argmax reduction one thread block a row, so at batch 1 one of the GPU's
+    132 multiprocessors walks a 152k vocabulary alone (the largest kernel of the step's sampling after
+    the matmuls: bench/RESULTS.md), where it splits a plain max over many blocks. Blocked argmax forms
+    failed to compile on an H200 with the sampling noise's hash fused in (bench/RESULTS.md). Unlike
+    torch's argmax, -0.0 ranks below +0.0 here.
+    """
+    rows, n = values.shape
+    if rows > PACKED_ARGMAX_MAX_ROWS:
+        return values.argmax(dim=-1)
+    bits = values.float().view(torch.int32)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: larger magnitude, smaller int
+    reversed_index = (n - 1) - torch.arange(n, device=values.device, dtype=torch.int64)
+    best = (ordered.to(torch.int64) * (1 << 32) + reversed_index).amax(dim=-1)
+    return (n - 1) - (best & 0xFFFFFFFF)
 
 
 # ---- the random numbers of a step, computed where they are used ------------------------------------
