@@ -38,8 +38,8 @@ WAYS = {
     "reductions-autotuned": ({}, "max-autotune-no-cudagraphs", {}),
     # q/k/v and o_proj (2 and 1.6 MB at Qwen2.5-0.5B's shape) as reductions, gate/up and down_proj on cuBLAS
     "reductions-small-weights": ({"fused.REDUCTION_LINEAR_MAX_WEIGHT_BYTES": 4 << 20}, "default", {}),
-    # a row's argmax as one max reduction of packed keys (sampling.row_argmax), split over many blocks
-    "packed-argmax": ({"sampling.PACKED_ARGMAX_MAX_ROWS": 1}, "default", {}),
+    # a row's argmax as torch's (one thread block a row), not as today's max of packed keys (sampling.row_argmax)
+    "argmax": ({"sampling.PACKED_ARGMAX_MAX_ROWS": 0}, "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),

@@ -85,9 +85,10 @@ def sample_tokens(
     return tokens, raw_logprob, sampled_logprob
 
 
-# At this many rows or fewer a row's argmax is one plain max reduction of packed keys (`row_argmax`). 0 (off)
-# until a GPU shows it compiled and faster (bench/decode_ways.py's `packed-argmax`).
-PACKED_ARGMAX_MAX_ROWS = 0
+# At this many rows or fewer a row's argmax is one plain max reduction of packed keys (`row_argmax`). 1: on an
+# H200 the batch-1 step's kernels took 52-57 us less (its 61 us argmax gone; bench/decode_ways.py's `argmax` way
+# against `today`), the same tokens and log-probs; at 2 to 32 rows, where the argmax is also few blocks, not measured.
+PACKED_ARGMAX_MAX_ROWS = 1
 
 
 def row_argmax(values: torch.Tensor) -> torch.Tensor:
