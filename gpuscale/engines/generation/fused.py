@@ -165,7 +165,9 @@ class _FusedDecode:
 
     The wiring bypasses the forward of the decoder, its layers, their attention and MLP modules and
     the five fused linears: `still_valid()` says whether those are still the modules it was built
-    from, unhooked (the engine's own row-term hooks aside: `row_terms` adds those terms here).
+    from, unhooked (the engine's own row-term hooks aside: `row_terms` adds those terms here). The compiled
+    prefill runs a norm's forward alone where its only hooks are row scales, and applies those itself
+    (`norm_scales`, set again by `use_row_terms` at every change of the model's hooks).
     o_proj and down_proj run as their matmul (`output_as_matmul`) where they are plain linears with no
     hooks but row terms added here; otherwise as the modules, their hooks adding their terms. With the
     row terms in the projections (`use_row_terms(..., in_projections=True)`), every term is added out
