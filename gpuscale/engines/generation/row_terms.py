@@ -143,8 +143,8 @@ class RowTerm:
         each token's factors are gathered by its member, `token_rows // (B / G)`, a division by a
         constant of a loaded number. Grouped as [G, B / G * Q, ...], every element's kernel would find
         its group by dividing its flat index by a multiple of Q: a 64-bit division by a runtime value
-        on a GPU, which ran the prefill's three fused kernels 3-4.5x slower than their bytes allow
-        (bench/RESULTS.md, eggroll)."""
+        on a GPU, which left the prefill's fused kernels far slower than their bytes allow (bench/RESULTS.md,
+        eggroll: the prefill's profile and the share after this change)."""
         members = token_rows // (x.shape[0] // self.groups)  # [B, Q]
         down = self.down.transpose(1, 2).float()[members]  # [B, Q, r, in], gathered where it is read
         low_rank = (x[..., None, :].float() * down).sum(-1) * self.scale  # [B, Q, r]

@@ -85,9 +85,9 @@ def sample_tokens(
     return tokens, raw_logprob, sampled_logprob
 
 
-# At this many rows or fewer a row's argmax is one plain max reduction of packed keys (`row_argmax`). 1: on an
-# H200 the batch-1 step's kernels took 52-57 us less (its 61 us argmax gone; bench/decode_ways.py's `argmax` way
-# against `today`), the same tokens and log-probs; at 2 to 32 rows, where the argmax is also few blocks, not measured.
+# At this many rows or fewer a row's argmax is one plain max reduction of packed keys (`row_argmax`). 1: measured
+# at one row on an H200, its kernels shorter and its tokens and log-probs the same (bench/RESULTS.md; the way
+# `argmax` of bench/decode_ways.py turns it off); 2 to 32 rows, where the argmax is also few blocks, not measured.
 PACKED_ARGMAX_MAX_ROWS = 1
 
 
