@@ -20,6 +20,7 @@ from gpuscale.data.seeds import derived_seed
 from gpuscale.data.step_phases import FILTER, GENERATE
 from gpuscale.engines.step_phases import phase
 from gpuscale.recipes.rft.filtering import kept_answers, yield_by_domain
+from gpuscale.recipes.shared.device_trials import release_memory
 from gpuscale.runs.generations import GenerationLog, generation_record
 
 
@@ -181,7 +182,7 @@ def generate_kept_set(settings, ctx, loaded, batches, log) -> GenerationResult:
         log(number, tokens=call_tokens, samples=len(sampled), sample_accuracy=result.correct / result.samples,
             **yield_by_domain(result.questions))
     del sampler
-    _release_memory(ctx)
+    release_memory(ctx.device)  # the KV cache and graphs go back before training allocates
     return result
 
 
@@ -211,14 +212,6 @@ def call_generations(number: int, batch, texts: list[str], truncated: list[bool]
                                              domain=example.get("domain") or "all", correct=score == 1.0,
                                              rewards={"correctness": score}, truncated=truncated[row]))
     return records
-
-
-def _release_memory(ctx) -> None:
-    import gc
-
-    gc.collect()
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()  # the KV cache and graphs go back before training allocates
 
 
 # ---- samplers ------------------------------------------------------------------------------------

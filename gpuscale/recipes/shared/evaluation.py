@@ -54,8 +54,6 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
     extracted by the strict held-out rule, correct), every rank's rows gathered on every rank, each with
     `truncated` (it ran to max_new_tokens without ending). The engine leaves the model's train/eval mode
     as it was."""
-    import gc
-
     import torch
 
     from gpuscale.data.prompts import eos_token_ids, pad_token_id, prompt_ids
@@ -63,6 +61,7 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
     from gpuscale.data.seeds import derived_seed
     from gpuscale.engines.generation import GenerationEngine, Sampling
     from gpuscale.engines.reporter import beat
+    from gpuscale.recipes.shared.device_trials import release_memory
     from gpuscale.runs.heartbeat import EVALUATE
 
     eos = eos_token_ids(model, tokenizer)
@@ -77,10 +76,10 @@ def held_out_rows(model, tokenizer, examples: list[dict], ctx, *, max_new_tokens
         for (index, example), tokens in zip(batch, generation.sequences()):
             row = score_completion(index, 0, example, tokens, tokenizer, eos, HELD_OUT_ANSWER_MODE)
             rows.append({**row, "truncated": len(tokens) >= max_new_tokens and (not tokens or tokens[-1] not in eos)})
-    engine = generation = None  # the KV cache of a card-sized batch: back to the card, not kept in torch's cache,
-    if ctx.device.type == "cuda":  # where training would size its micro-batch around it (card_sized_split)
-        gc.collect()  # the engine sits in reference cycles: freed by the collector, not when its name goes
-        torch.cuda.empty_cache()
+    # The KV cache of a card-sized batch: back to the card, not kept in torch's cache, where training would size
+    # its micro-batch around it (card_sized_split). The engine sits in reference cycles: the collector frees it.
+    engine = generation = None
+    release_memory(ctx.device)
     return [row for rank_rows in ctx.gather(rows) for row in rank_rows]
 
 
