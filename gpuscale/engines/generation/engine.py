@@ -76,8 +76,8 @@ class GenerationEngine:
         around the matmuls (row_terms.py's docstring says why, in bytes). The prefill then runs
         through the same fused wiring over all its tokens (`_FusedDecode.prefill`, with or without
         terms), compiled with `compile`, its prompt width a dynamic size (one compilation for every
-        width), attending to the columns it writes only. Default off: today's path, until a GPU
-        shows the gain (bench/eggroll.py --share-only --paths hooks,fused). Models that do not decode
+        width), attending to the columns it writes only. Default off; eggroll's recipe turns it on
+        where it compiles (bench/eggroll.py --share-only --paths hooks,fused measures both). Models that do not decode
         fused prefill and decode through their own modules, the terms by hooks, either way.
     max_columns: KV columns to reserve up front (prompt + generated, plus, for resampling with
         different cuts per row, the spread between the longest kept prefix and the longest suffix);

@@ -37,8 +37,16 @@ from gpuscale.runs.resume_check import ResumeCheck
 from gpuscale.runs.run_dir import RunDir
 
 
-def run_eggroll(settings: Settings, ctx, reporter) -> None:
+def population_engine(loaded, compiled: bool):
+    """The engine the population decodes with. Compiled, the members' terms go inside the projections
+    (`fuse_row_terms`), the faster way on an H200 (bench/RESULTS.md, eggroll: the share of plain inference)."""
     from gpuscale.engines.generation import GenerationEngine
+
+    return GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad, compile=compiled,
+                            fuse_row_terms=compiled)
+
+
+def run_eggroll(settings: Settings, ctx, reporter) -> None:
     from gpuscale.recipes.shared.models import load_generation_model, save_model
     from gpuscale.recipes.shared.summary import summary_opening
     from gpuscale.recipes.shared.training_data import training_and_eval_examples
@@ -48,8 +56,7 @@ def run_eggroll(settings: Settings, ctx, reporter) -> None:
     train, held_out = training_and_eval_examples(settings)
     loaded = load_generation_model(settings.model, ctx)
     loaded.model.requires_grad_(False)  # ES needs no gradients
-    engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,
-                              compile=settings.compile and ctx.device.type == "cuda")
+    engine = population_engine(loaded, settings.compile and ctx.device.type == "cuda")
     trainer = Trainer(settings, ctx, loaded, engine, train)
     evaluator = Evaluator(settings, ctx, loaded, held_out)
 

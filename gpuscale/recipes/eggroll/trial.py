@@ -18,8 +18,7 @@ def trial_session(settings: Settings, ctx):
     import torch
 
     from gpuscale.engines.batch_search import Trial
-    from gpuscale.engines.generation import GenerationEngine
-    from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms
+    from gpuscale.recipes.eggroll.trainer import Trainer, perturbed_linears, perturbed_norms, population_engine
     from gpuscale.recipes.shared.device_trials import timed_steps
     from gpuscale.recipes.shared.models import load_generation_model
     from gpuscale.recipes.shared.training_data import training_and_eval_examples
@@ -34,8 +33,7 @@ def trial_session(settings: Settings, ctx):
 
     def trial(batch_size: int) -> Trial:
         sized = settings.model_copy(update={"batch_size": batch_size})
-        engine = GenerationEngine(loaded.model, loaded.eos, pad_token_id=loaded.pad,
-                                  compile=sized.compile and ctx.device.type == "cuda")
+        engine = population_engine(loaded, sized.compile and ctx.device.type == "cuda")
         try:
             trainer = Trainer(sized, ctx, loaded, engine, train)
 
