@@ -71,7 +71,8 @@ from gpuscale.runs.statuses import LIVE_STATUSES  # noqa: E402
 # as large as the gaps judged (on 128 test-v2 problems on an H200: power 52.8, greedy 57.0), and
 # 0.6-0.9 on 500 (bench/results/power_sampling/power-vs-greedy-paired-noise-2026-11-29-cpu.json). 4,000
 # answers a method, about twice the 2,048 before; beside the other runs on one H200 the power runs took
-# 221-226 s (2026-11-29) and 454-460 s (2026-11-30, not explained: bench/RESULTS.md, Acceptance).
+# 221-226 s (2026-11-29) and 454-460 s (2026-11-30); alone on a card 63-66 s at alpha 4 or 16: the crowd's
+# cost, not alpha's (bench/RESULTS.md, Acceptance and power-sampling).
 ALPHA = 16.0  # the recipe's default, set here so that the low-temperature rival's 1/alpha follows it
 POWER_PROBLEMS, POWER_CHAINS = 500, 8
 POWER_RUNS = {"max_examples": POWER_PROBLEMS, "chains": POWER_CHAINS, "alpha": ALPHA}
