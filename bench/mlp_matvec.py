@@ -1,0 +1,200 @@
+"""Batch-1 decode's MLP, alone: how fast each way reads a layer's gate/up and down weights (issue 54).
+
+The engine's batch-1 step spends about half its kernel time in the MLP's matrix-vector products
+(bench/results/generation/decode-ways-b1-packed-argmax-profile-*.json: 10-11.6 µs a layer for gate/up's
+17.4 MB, about 40% of an H200's copy bandwidth). This script times one decode token's MLP over every layer
+(distinct weights a layer, so nothing stays in L2), replayed as one CUDA graph, each way:
+
+- `reduction`: the engine's way today (fused.py's `_reduction_linear`, compiled with the engine's options);
+- `cublas`: F.linear, compiled the same way;
+- `triton`: two hand-written Triton kernels, gate/up with SiLU-times-up in one, down with the residual add.
+
+It prints µs a layer, the share of the copy bandwidth, and the largest difference from the eager bf16 MLP.
+Usage: python bench/mlp_matvec.py [--hidden 896 --intermediate 4864 --layers 24] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.record import write_result  # noqa: E402
+from gpuscale.engines.generation.fused import _reduction_linear  # noqa: E402
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU machines: the Triton way is skipped
+    triton = None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, intermediate, K: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out[n] = silu(bf16(w[n] . x)) * bf16(w[n + intermediate] . x), rounded as eager rounds."""
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < intermediate
+        gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            both = row_ok[:, None] & col_ok[None, :]
+            w_gate = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=both, other=0.0)
+            w_up = tl.load(w_ptr + (rows[:, None] + intermediate) * K + cols[None, :], mask=both, other=0.0)
+            gate += tl.sum(w_gate.to(tl.float32) * x[None, :], axis=1)
+            up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
+        gate = gate.to(tl.bfloat16).to(tl.float32)
+        up = up.to(tl.bfloat16).to(tl.float32)
+        activated = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32)
+        tl.store(out_ptr + rows, (activated * up).to(tl.bfloat16), mask=row_ok)
+
+    @triton.jit
+    def _down_residual_kernel(h_ptr, w_ptr, residual_ptr, out_ptr, N, K: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out[n] = residual[n] + bf16(w[n] . h)."""
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            h = tl.load(h_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                        other=0.0)
+            total += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+        residual = tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        out = residual + total.to(tl.bfloat16).to(tl.float32)
+        tl.store(out_ptr + rows, out.to(tl.bfloat16), mask=row_ok)
+
+
+def eager_mlp(hidden, gate_up, down):
+    gate, up = F.linear(hidden, gate_up).chunk(2, dim=-1)
+    return hidden + F.linear(F.silu(gate) * up, down)
+
+
+def reduction_mlp(hidden, gate_up, down):
+    gate, up = _reduction_linear(hidden, gate_up, None).chunk(2, dim=-1)
+    return hidden + _reduction_linear(F.silu(gate) * up, down, None)
+
+
+def triton_mlp(config):
+    gate_block, down_block, block_k, warps = config
+
+    def mlp(hidden, gate_up, down):
+        intermediate, width = gate_up.shape[0] // 2, gate_up.shape[1]
+        activated = torch.empty(intermediate, dtype=hidden.dtype, device=hidden.device)
+        _gate_up_silu_kernel[(triton.cdiv(intermediate, gate_block),)](
+            hidden, gate_up, activated, intermediate, width, BLOCK_N=gate_block, BLOCK_K=block_k,
+            num_warps=warps)
+        out = torch.empty_like(hidden)
+        _down_residual_kernel[(triton.cdiv(width, down_block),)](
+            activated, down, hidden, out, width, intermediate, BLOCK_N=down_block, BLOCK_K=block_k,
+            num_warps=warps)
+        return out
+
+    return mlp
+
+
+def compiled(fn):
+    from torch._inductor import list_mode_options
+
+    return torch.compile(fn, options={**list_mode_options("default"), "emulate_precision_casts": True})
+
+
+def time_layers(mlp, hidden, layers, repeats: int = 50) -> float:
+    """µs a layer: every layer's MLP one after another, captured as one CUDA graph, replayed."""
+
+    def all_layers():
+        x = hidden
+        for gate_up, down in layers:
+            x = mlp(x, gate_up, down)
+        return x
+
+    for _ in range(3):  # compile, autotune, warm
+        all_layers()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        all_layers()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / repeats / len(layers)
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Bytes/s of a device-to-device copy of `nbytes` (read and write counted)."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    target.copy_(source)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        target.copy_(source)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * nbytes * 20 / (start.elapsed_time(end) / 1000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=896)
+    parser.add_argument("--intermediate", type=int, default=4864)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/mlp_matvec.py times CUDA kernels: no GPU here")
+    torch.manual_seed(0)
+    width, inner = args.hidden, args.intermediate
+    layers = [(torch.randn(2 * inner, width, device="cuda", dtype=torch.bfloat16) / width**0.5,
+               torch.randn(width, inner, device="cuda", dtype=torch.bfloat16) / inner**0.5)
+              for _ in range(args.layers)]
+    hidden = torch.randn(1, width, device="cuda", dtype=torch.bfloat16)
+    layer_bytes = 3 * width * inner * 2
+    bandwidth = copy_bandwidth(1 << 30)
+    floor_us = layer_bytes / bandwidth * 1e6
+    expected = eager_mlp(hidden, *layers[0]).float()
+
+    ways = {"reduction": compiled(reduction_mlp), "cublas": compiled(eager_mlp)}
+    if triton is not None:
+        for config in [(8, 4, 256, 4), (16, 4, 256, 4), (16, 8, 512, 4), (32, 8, 256, 8), (8, 2, 512, 4),
+                       (4, 2, 1024, 4), (16, 2, 1024, 8)]:
+            ways["triton-n{}-d{}-k{}-w{}".format(*config)] = triton_mlp(config)
+    rows = []
+    for name, mlp in ways.items():
+        try:
+            error = float((mlp(hidden, *layers[0]).float() - expected).abs().max())
+            us = time_layers(mlp, hidden, layers)
+        except Exception as failure:  # a Triton config that does not compile is reported, not fatal
+            rows.append({"way": name, "error": f"{type(failure).__name__}: {str(failure)[:300]}"})
+            print(f"{name:28s} failed: {rows[-1]['error']}", flush=True)
+            continue
+        rows.append({"way": name, "us_per_layer": us, "bandwidth_share": floor_us / us,
+                     "max_abs_difference_from_eager": error})
+        print(f"{name:28s} {us:7.2f} µs a layer  {floor_us / us:6.1%} of copy bandwidth  "
+              f"max |diff| {error:.3g}", flush=True)
+    figures = {"layer_bytes": layer_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9, "floor_us_per_layer": floor_us,
+               "ways": rows}
+    settings = {"hidden": width, "intermediate": inner, "layers": args.layers, "dtype": "bfloat16", "batch": 1}
+    write_result("generation", "mlp-matvec-b1", settings, figures, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
