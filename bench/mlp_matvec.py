@@ -87,28 +87,39 @@ def reduction_mlp(hidden, gate_up, down):
     return hidden + _reduction_linear(F.silu(gate) * up, down, None)
 
 
+def reduction_gate_up_only(hidden, gate_up, down):
+    """The gate/up half alone (its activation realized: a graph output)."""
+    gate, up = _reduction_linear(hidden, gate_up, None).chunk(2, dim=-1)
+    return hidden + (F.silu(gate) * up)[..., : hidden.shape[-1]]
+
+
+def reduction_down_only(activation):
+    """The down half alone, over an activation already in memory."""
+    return lambda hidden, gate_up, down: hidden + _reduction_linear(activation, down, None)
+
+
 def triton_mlp(config):
-    gate_block, down_block, block_k, warps = config
+    gate_block, down_block, gate_k, down_k, warps = config
 
     def mlp(hidden, gate_up, down):
         intermediate, width = gate_up.shape[0] // 2, gate_up.shape[1]
         activated = torch.empty(intermediate, dtype=hidden.dtype, device=hidden.device)
         _gate_up_silu_kernel[(triton.cdiv(intermediate, gate_block),)](
-            hidden, gate_up, activated, intermediate, width, BLOCK_N=gate_block, BLOCK_K=block_k,
+            hidden, gate_up, activated, intermediate, width, BLOCK_N=gate_block, BLOCK_K=gate_k,
             num_warps=warps)
         out = torch.empty_like(hidden)
         _down_residual_kernel[(triton.cdiv(width, down_block),)](
-            activated, down, hidden, out, width, intermediate, BLOCK_N=down_block, BLOCK_K=block_k,
+            activated, down, hidden, out, width, intermediate, BLOCK_N=down_block, BLOCK_K=down_k,
             num_warps=warps)
         return out
 
     return mlp
 
 
-def compiled(fn):
+def compiled(fn, **options):
     from torch._inductor import list_mode_options
 
-    return torch.compile(fn, options={**list_mode_options("default"), "emulate_precision_casts": True})
+    return torch.compile(fn, options={**list_mode_options("default"), "emulate_precision_casts": True, **options})
 
 
 def time_layers(mlp, hidden, layers, repeats: int = 50) -> float:
@@ -172,11 +183,19 @@ def main() -> None:
     floor_us = layer_bytes / bandwidth * 1e6
     expected = eager_mlp(hidden, *layers[0]).float()
 
-    ways = {"reduction": compiled(reduction_mlp), "cublas": compiled(eager_mlp)}
+    activation = torch.randn(1, inner, device="cuda", dtype=torch.bfloat16)
+    ways = {"reduction": compiled(reduction_mlp), "cublas": compiled(eager_mlp),
+            "reduction-gate-up-only": compiled(reduction_gate_up_only),
+            "reduction-down-only": compiled(reduction_down_only(activation))}
+    # Inductor inlines a cheap pointwise producer into each row of a reduction that broadcasts it, unless its
+    # op count passes `realize_opcount_threshold` (30): then it is computed once, stored, and read.
+    for threshold in (4, 8, 16):
+        ways[f"reduction-realize-{threshold}"] = compiled(reduction_mlp, realize_opcount_threshold=threshold)
     if triton is not None:
-        for config in [(8, 4, 256, 4), (16, 4, 256, 4), (16, 8, 512, 4), (32, 8, 256, 8), (8, 2, 512, 4),
-                       (4, 2, 1024, 4), (16, 2, 1024, 8)]:
-            ways["triton-n{}-d{}-k{}-w{}".format(*config)] = triton_mlp(config)
+        # (gate/up rows a program, down rows a program, their K blocks, warps)
+        for config in [(4, 2, 1024, 1024, 4), (16, 2, 1024, 1024, 8), (4, 1, 1024, 8192, 8), (2, 1, 1024, 8192, 4),
+                       (4, 1, 1024, 2048, 4), (4, 2, 1024, 4096, 8)]:
+            ways["triton-g{}-d{}-gk{}-dk{}-w{}".format(*config)] = triton_mlp(config)
     rows = []
     for name, mlp in ways.items():
         try:
