@@ -40,9 +40,11 @@ WAYS = {
     "reductions-small-weights": ({"fused.REDUCTION_LINEAR_MAX_WEIGHT_BYTES": 4 << 20}, "default", {}),
     # a row's argmax as torch's (one thread block a row), not as today's max of packed keys (sampling.row_argmax)
     "argmax": ({"sampling.PACKED_ARGMAX_MAX_ROWS": 0}, "default", {}),
-    # Inductor computes a cheap pointwise producer (the MLP's SiLU-times-up, a norm) again in every row of a
-    # reduction that broadcasts it unless its op count passes this threshold (30): over it, once, stored
-    **{f"realize-{threshold}": ({}, "default", {"realize_opcount_threshold": threshold}) for threshold in (4, 8, 16)},
+    # The few rows' Inductor options (fused.FEW_ROWS_INDUCTOR_OPTIONS: today a producer of over 16 ops broadcast
+    # into a reduction is stored once); `inline-producers`: Inductor's default (30), the step before 2026-11-30
+    "inline-producers": ({"fused.FEW_ROWS_INDUCTOR_OPTIONS": {}}, "default", {}),
+    **{f"realize-{threshold}": ({"fused.FEW_ROWS_INDUCTOR_OPTIONS": {"realize_opcount_threshold": threshold}},
+                                "default", {}) for threshold in (4, 8)},
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),

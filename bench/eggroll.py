@@ -184,9 +184,7 @@ def engine_timing(engine, rows, args, label: str) -> dict:
             "terms_in_projections": engine._use_fused and engine._fused.terms_in_projections,
             "fused_prefill": engine._prefill_step is not None,
             # Compiled steps that failed to compile and ran uncompiled (the engine warns): their figures are eager ones.
-            "compile_fallbacks": [name for name, step in (("decode", engine._forward_step),
-                                                          ("prefill", engine._prefill_step))
-                                  if getattr(step, "error", None) is not None]}
+            "compile_fallbacks": sorted(engine._compile_errors())}
 
 
 def print_profile(engine, rows, args, sampling, label: str) -> None:

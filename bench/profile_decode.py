@@ -98,7 +98,7 @@ def prepare(model, batch: int, variant: str, args, device) -> tuple[GenerationEn
     begin = time.perf_counter()
     engine.generate(prompts, warm_steps, Sampling(args.temperature), generator=generator)
     synchronize(device)
-    compiled = engine.compile and getattr(engine._forward_step, "error", None) is None
+    compiled = engine.compile and not engine._compile_errors()
     print(f"  b{batch} {variant}: fused={engine._fused is not None} compiled={compiled} "
           f"(setup {time.perf_counter() - begin:.1f} s)", flush=True)
     return engine, generator
@@ -147,7 +147,7 @@ def profile_one(model, batch: int, variant: str, args, device, out: Path) -> dic
         by_category[category(name)] += us
     summary = {
         "batch": batch, "variant": variant, "fused": engine._fused is not None,
-        "compiled": engine.compile and getattr(engine._forward_step, "error", None) is None,
+        "compiled": engine.compile and not engine._compile_errors(),
         "kernels_per_step": sum(n for _, n, _ in rows), "kernel_us_per_step": sum(us for *_, us in rows),
         **{f"{name}_us_per_step": by_category[name] for name in ("gemm", "attention", "other")},
     }

@@ -33,6 +33,7 @@ from gpuscale.engines.generation import (
 from gpuscale.engines.generation import compiled as compiled_module
 from gpuscale.engines.generation import fused as fused_module
 from gpuscale.engines.generation import sampling as sampling_module
+from gpuscale.engines.generation.state import _sample_and_record
 
 TOL = 1e-4
 PAD = 0
@@ -491,6 +492,27 @@ def test_compiled_model_forward_equals_the_eager_static_step(llama):
     _compare_compiled_and_eager(llama, fuse_weights=False)
 
 
+def test_one_row_decodes_through_the_few_row_compile_more_rows_through_the_other(llama):
+    """compile=True keeps two compiled decode forwards: at the few rows whose matmuls are reductions one
+    built with fused.FEW_ROWS_INDUCTOR_OPTIONS, at more rows the other (those options would store long
+    pointwise chains there). Here each is replaced by a recorder that runs the eager forward, to see which
+    runs at 1 and at 2 rows without compiling (the GPU test test_one_row_compiled_agrees_with_the_eager_step
+    runs the compiled one)."""
+    engine = GenerationEngine(llama, eos_token_ids=[9, 10, 11], pad_token_id=PAD, static_shapes=True, compile=True)
+    assert engine._few_rows_forward_step.options["realize_opcount_threshold"] == 16
+    assert "realize_opcount_threshold" not in engine._forward_step.options
+    ran = []
+
+    def recorder(name):
+        return lambda *args: ran.append((name, args[1].shape[0])) or engine._decode_forward(*args)
+
+    engine._few_rows_forward_step, engine._forward_step = recorder("few rows"), recorder("more rows")
+    engine._sample_step = _sample_and_record
+    for rows in (1, 2):
+        engine.generate(PROMPTS[:rows], 3, Sampling(temperature=0), generator=_seeded(0))
+    assert set(ran) == {("few rows", 1), ("more rows", 2)}
+
+
 def _compare_compiled_and_eager(model, fuse_weights):
     runs = []
     sampling = Sampling(0.8, top_k=40, top_p=0.95)
@@ -498,7 +520,7 @@ def _compare_compiled_and_eager(model, fuse_weights):
         engine = GenerationEngine(model, eos_token_ids=[9, 10, 11], pad_token_id=PAD, static_shapes=True,
                                   compile=compiled, fuse_weights=fuse_weights)
         runs.append(_mcmc_round_cpu(engine, sampling))
-    assert engine._forward_step.error is None and engine._sample_step.error is None
+    assert not engine._compile_errors()
     for eager, compiled in zip(*runs):
         assert torch.equal(eager.tokens, compiled.tokens)
         torch.testing.assert_close(eager.base_logprobs, compiled.base_logprobs, atol=1e-5, rtol=0)
@@ -694,7 +716,7 @@ def test_compiled_graphs_equal_the_uncompiled_eager_static_step(dtype, fuse_weig
                                   fuse_weights=fuse_weights)
         runs.append(_mcmc_round(engine, PROMPTS * 4, sampling, seed=0))
         if compiled:
-            assert engine._graphs and engine._forward_step.error is None and engine._sample_step.error is None
+            assert engine._graphs and not engine._compile_errors()
     _assert_fast_agrees_with_eager(*runs, dtype)
 
 
@@ -733,7 +755,7 @@ def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, reductions
         traced.append(set(calls))  # compiled: called while dynamo traced the step
         monkeypatch.undo()
         if compiled:
-            assert engine._graphs and engine._forward_step.error is None and engine._sample_step.error is None
+            assert engine._graphs and not engine._compile_errors()
     assert traced == [{"_reduction_linear", "_reduction_attention"} if reductions else set(), set()]
     _assert_fast_agrees_with_eager(*runs, dtype)
 
@@ -747,7 +769,7 @@ def test_cuda_graphs_on_the_qwen_shape_in_bf16():
     assert engine.compile, "expected torch.compile by default on CUDA"
     prompts = torch.randint(0, 151936, (8, 32), generator=_seeded(0)).tolist()
     for generation in _mcmc_round(engine, prompts, Sampling(1.0), seed=1):
-        assert engine._graphs and engine._forward_step.error is None and engine._sample_step.error is None
+        assert engine._graphs and not engine._compile_errors()
         _, expected = teacher_forced(model, _on_cpu(generation))
         mask = generation.mask.cpu()
         # bf16 forwards of different shapes (batched prefill vs one-token decode) differ by about 1e-2.

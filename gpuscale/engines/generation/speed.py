@@ -55,7 +55,7 @@ def decode_calls(run: Callable[[int], None], new_tokens: int, repeats: int,
 def engine_path(engine) -> dict:
     """How the engine's decode steps ran: CUDA graphs, a compiled step (False where compiling failed and
     the step ran uncompiled: `compile_error` says why), fused q/k/v and gate/up weights."""
-    error = getattr(engine._forward_step, "error", None) or getattr(engine._sample_step, "error", None)
+    error = next(iter(engine._compile_errors().values()), None)
     return {"cuda_graphs": engine.cuda_graphs, "compiled": engine.compile and error is None,
             "compile_error": None if error is None else f"{type(error).__name__}: {error}"[:500],
             "fused_weights": engine._fused is not None}
