@@ -499,15 +499,17 @@ def test_one_row_decodes_through_the_few_row_compile_more_rows_through_the_other
     runs at 1 and at 2 rows without compiling (the GPU test test_one_row_compiled_agrees_with_the_eager_step
     runs the compiled one)."""
     engine = GenerationEngine(llama, eos_token_ids=[9, 10, 11], pad_token_id=PAD, static_shapes=True, compile=True)
-    assert engine._few_rows_forward_step.options["realize_opcount_threshold"] == 16
-    assert "realize_opcount_threshold" not in engine._forward_step.options
+    for few_rows, others in ((engine._few_rows_forward_step, engine._forward_step),
+                             (engine._few_rows_sample_step, engine._sample_step)):
+        assert few_rows.options["realize_opcount_threshold"] == 16
+        assert "realize_opcount_threshold" not in others.options
     ran = []
 
     def recorder(name):
         return lambda *args: ran.append((name, args[1].shape[0])) or engine._decode_forward(*args)
 
     engine._few_rows_forward_step, engine._forward_step = recorder("few rows"), recorder("more rows")
-    engine._sample_step = _sample_and_record
+    engine._few_rows_sample_step = engine._sample_step = _sample_and_record
     for rows in (1, 2):
         engine.generate(PROMPTS[:rows], 3, Sampling(temperature=0), generator=_seeded(0))
     assert set(ran) == {("few rows", 1), ("more rows", 2)}
