@@ -26,7 +26,6 @@ and transformers' generate() at its best (StaticCache + compile) in the same cal
 # way -> (the engine's switches by module, its compile mode, Inductor settings). `today` is the default.
 NO_REDUCTIONS = {"fused.REDUCTION_LINEAR_MAX_ROWS": 0, "fused.REDUCTION_ATTENTION_MAX_ROWS": 0}
 TUNED = {"coordinate_descent_tuning": True}  # as gpt-fast compiles its decode step
-INLINE_PRODUCERS = {"fused.FEW_ROWS_INDUCTOR_OPTIONS": {}, "sampling.FEW_ROWS_INDUCTOR_OPTIONS": {}}
 WAYS = {
     "today": ({}, "default", {}),
     "cublas-sdpa": (NO_REDUCTIONS, "default", {}),  # the engine's step before the few-row reductions
@@ -41,14 +40,12 @@ WAYS = {
     "reductions-small-weights": ({"fused.REDUCTION_LINEAR_MAX_WEIGHT_BYTES": 4 << 20}, "default", {}),
     # a row's argmax as torch's (one thread block a row), not as today's max of packed keys (sampling.row_argmax)
     "argmax": ({"sampling.PACKED_ARGMAX_MAX_ROWS": 0}, "default", {}),
-    # The few rows' Inductor options (FEW_ROWS_INDUCTOR_OPTIONS of fused, the decode forward, and sampling, the
-    # sampling step: today a producer of over 16 ops broadcast into a reduction is stored once);
-    # `inline-producers`: Inductor's default (30) in both, the step before 2026-11-30
-    "inline-producers": (INLINE_PRODUCERS, "default", {}),
-    "realize-forward-only": ({"sampling.FEW_ROWS_INDUCTOR_OPTIONS": {}}, "default", {}),
-    "realize-sampling-only": ({"fused.FEW_ROWS_INDUCTOR_OPTIONS": {}}, "default", {}),
-    # the threshold for every compile of the process (as measured first, tree 6f3e1a4's `realize-16`)
-    "realize-global": (INLINE_PRODUCERS, "default", {"realize_opcount_threshold": 16}),
+    # Inductor computes a cheap producer (the MLP's SiLU-times-up, a norm, attention's softmax) again in every row
+    # of a reduction that broadcasts it unless its op count passes `realize_opcount_threshold` (30); at 16, for
+    # every compile of the process, those are stored once (measured 2026-11-30, not adopted)
+    "realize-global": ({}, "default", {"realize_opcount_threshold": 16}),
+    # down_proj through cuBLAS at one row (its input stored once), the other matmuls reductions
+    "down-cublas": ({"fused.DOWN_PROJ_AS_REDUCTION": False}, "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),

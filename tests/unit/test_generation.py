@@ -33,7 +33,6 @@ from gpuscale.engines.generation import (
 from gpuscale.engines.generation import compiled as compiled_module
 from gpuscale.engines.generation import fused as fused_module
 from gpuscale.engines.generation import sampling as sampling_module
-from gpuscale.engines.generation.state import _sample_and_record
 
 TOL = 1e-4
 PAD = 0
@@ -490,29 +489,6 @@ def test_compiled_step_equals_the_eager_static_step(model):
 def test_compiled_model_forward_equals_the_eager_static_step(llama):
     """The same through the model's own forward (architectures that are not Llama-style)."""
     _compare_compiled_and_eager(llama, fuse_weights=False)
-
-
-def test_one_row_decodes_through_the_few_row_compile_more_rows_through_the_other(llama):
-    """compile=True keeps two compiled decode forwards: at the few rows whose matmuls are reductions one
-    built with fused.FEW_ROWS_INDUCTOR_OPTIONS, at more rows the other (those options would store long
-    pointwise chains there). Here each is replaced by a recorder that runs the eager forward, to see which
-    runs at 1 and at 2 rows without compiling (the GPU test test_one_row_compiled_agrees_with_the_eager_step
-    runs the compiled one)."""
-    engine = GenerationEngine(llama, eos_token_ids=[9, 10, 11], pad_token_id=PAD, static_shapes=True, compile=True)
-    for few_rows, others in ((engine._few_rows_forward_step, engine._forward_step),
-                             (engine._few_rows_sample_step, engine._sample_step)):
-        assert few_rows.options["realize_opcount_threshold"] == 16
-        assert "realize_opcount_threshold" not in others.options
-    ran = []
-
-    def recorder(name):
-        return lambda *args: ran.append((name, args[1].shape[0])) or engine._decode_forward(*args)
-
-    engine._few_rows_forward_step, engine._forward_step = recorder("few rows"), recorder("more rows")
-    engine._few_rows_sample_step = engine._sample_step = _sample_and_record
-    for rows in (1, 2):
-        engine.generate(PROMPTS[:rows], 3, Sampling(temperature=0), generator=_seeded(0))
-    assert set(ran) == {("few rows", 1), ("more rows", 2)}
 
 
 def _compare_compiled_and_eager(model, fuse_weights):

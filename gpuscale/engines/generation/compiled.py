@@ -30,8 +30,7 @@ class _CompiledOrEager:
     the width alone.
     """
 
-    def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool, dynamic: bool | None = False,
-                 options: dict | None = None):
+    def __init__(self, fn: Callable, name: str, mode: str, fullgraph: bool, dynamic: bool | None = False):
         self.fn, self.name = fn, name
         # Round at every explicit dtype cast as eager does (bf16 RMSNorm, rotary...): fused kernels
         # otherwise skip those roundings and bf16 log-probs drift from the eager step's.
@@ -40,8 +39,8 @@ class _CompiledOrEager:
             list_mode_options,  # imported when compiling only: it is slow
         )
 
-        self.options = {**list_mode_options(mode), "emulate_precision_casts": True, **(options or {})}
-        self.compiled = torch.compile(fn, dynamic=dynamic, fullgraph=fullgraph, options=self.options)
+        options = {**list_mode_options(mode), "emulate_precision_casts": True}
+        self.compiled = torch.compile(fn, dynamic=dynamic, fullgraph=fullgraph, options=options)
         self.error: BaseException | None = None
 
     def __call__(self, *args, **kwargs):

@@ -13,8 +13,6 @@ import torch.nn.functional as F
 from gpuscale.data.step_phases import PREFILL
 from gpuscale.engines import step_phases
 
-from . import fused as fused_module
-from . import sampling as sampling_module
 from .call_marks import CallMarks, NoMarks
 from .compiled import _CompiledOrEager
 from .fused import (
@@ -353,18 +351,12 @@ class GenerationEngine:
         # one cuBLAS call either way, and its fp32 output dtype is best left to ATen).
         self._forward_step: Callable = self._decode_forward
         self._sample_step: Callable = _sample_and_record
-        # The same two at the few rows where the fused forward's matmuls are reductions, compiled with the
-        # Inductor options those rows want (fused.FEW_ROWS_INDUCTOR_OPTIONS, sampling.FEW_ROWS_INDUCTOR_OPTIONS).
-        self._few_rows_forward_step: Callable = self._decode_forward
-        self._few_rows_sample_step: Callable = _sample_and_record
         # The prefill through the fused wiring, its terms in the projections (fuse_row_terms), or None:
         # through the model's modules, the terms by hooks.
         self._prefill_step: Callable | None = self._fused.prefill if self._use_fused and self.fuse_row_terms else None
         mode = self._compile_mode
         if self.compile:
             self._forward_step = _CompiledOrEager(self._decode_forward, "decode forward", mode, False)
-            self._few_rows_forward_step = _CompiledOrEager(self._decode_forward, "decode forward", mode, False,
-                                                           options=fused_module.FEW_ROWS_INDUCTOR_OPTIONS)
             if self._prefill_step is not None:
                 # Dynamic where `_fused_prefill` marks it so (the prompt width): not one compilation a width.
                 self._prefill_step = _CompiledOrEager(self._prefill_step, "prefill forward", mode, False, dynamic=None)
@@ -372,8 +364,6 @@ class GenerationEngine:
             # Compiled on CUDA whatever `compile` says: its random numbers (`counter_uniform`) are an
             # expression that, run uncompiled, writes [rows, vocab] integers a dozen times a step.
             self._sample_step = _CompiledOrEager(_sample_and_record, "sampling step", mode, True)
-            self._few_rows_sample_step = _CompiledOrEager(_sample_and_record, "sampling step", mode, True,
-                                                          options=sampling_module.FEW_ROWS_INDUCTOR_OPTIONS)
 
     # ---- buffers ---------------------------------------------------------------------------------
 
@@ -551,24 +541,16 @@ class GenerationEngine:
         """One token for every row, with in-place updates only (this is what a CUDA graph captures)."""
         s = self._state
         self._cursor.visible = self._capacity if self.static_shapes else self._cursor.host_write_col + 1
-        forward, sample = self._compiled_steps() if compiled else (self._decode_forward, _sample_and_record)
+        forward, sample = (self._forward_step, self._sample_step) if compiled else (self._decode_forward,
+                                                                                  _sample_and_record)
         with _grouped_attention(self._text_config):
             hidden = forward(self._slots[slot], s.input_ids, s.positions, s.mask, self._cursor.write_col)
         logits = self._fp32_logits(hidden)
         sample(s, logits, sampling, self.pad_token_id, self._cursor.write_col)
 
-    def _compiled_steps(self) -> tuple[Callable, Callable]:
-        """The decode forward and the sampling step for this batch (compiled where the engine compiles them):
-        the few rows' or the others'."""
-        if self._state.input_ids.shape[0] <= fused_module.REDUCTION_LINEAR_MAX_ROWS:
-            return self._few_rows_forward_step, self._few_rows_sample_step
-        return self._forward_step, self._sample_step
-
     def _compile_errors(self) -> dict[str, BaseException]:
         """The compiled steps that failed to compile and run uncompiled since (the engine warned), by name."""
-        steps = {"decode": self._forward_step, "few-row decode": self._few_rows_forward_step,
-                 "sampling": self._sample_step, "few-row sampling": self._few_rows_sample_step,
-                 "prefill": self._prefill_step}
+        steps = {"decode": self._forward_step, "sampling": self._sample_step, "prefill": self._prefill_step}
         return {name: step.error for name, step in steps.items() if getattr(step, "error", None) is not None}
 
     def _decode_forward(self, cache, input_ids, positions, mask, write_col) -> torch.Tensor:

@@ -102,15 +102,9 @@ def _reduction_linear(x, weight, bias):
 # bench/decode_ways.py); more rows were not measured, so they keep cuBLAS and SDPA. 0: never.
 REDUCTION_LINEAR_MAX_ROWS = 1
 REDUCTION_ATTENTION_MAX_ROWS = 1
-# Inductor options of the compiled decode forward at those few rows. Each matmul there is a reduction over
-# its input broadcast to every output row, and Inductor computes a cheap producer of that input (the MLP's
-# SiLU-times-up, a norm) again in each row unless the producer's op count passes `realize_opcount_threshold`
-# (30 by default). At 16 it is computed once and stored: down_proj then reads its input from memory instead of
-# recomputing 4,864 SiLUs for each of its 896 rows. On an H200 a step took 6% less time
-# (bench/results/generation/decode-ways-b1-realize-*; bench/mlp_matvec.py times the MLP alone). Not at more
-# rows: there the matmuls read stored inputs already, and the threshold would store other long pointwise
-# chains too (the sampling step's noise over the whole vocabulary).
-FEW_ROWS_INDUCTOR_OPTIONS = {"realize_opcount_threshold": 16}
+# Whether down_proj too is a reduction at those rows (bench/decode_ways.py's `down-cublas` turns it off: its input,
+# the MLP's SiLU-times-up, is then stored once for cuBLAS rather than computed again in each of its rows).
+DOWN_PROJ_AS_REDUCTION = True
 # Only matmuls of weights up to this many bytes as reductions (None: all). On the H200 the reductions' kernels
 # read the largest weights (gate/up, down_proj) slower than cuBLAS's and win on the small ones and on what
 # they fuse: bench/decode_ways.py's `reductions-small-weights` measures the mix.
@@ -368,8 +362,11 @@ class _FusedDecode:
         """o_proj (which 0) or down_proj (1) of layer i: its matmul and the terms added here, or the module."""
         if not self.output_as_matmul[i][which]:
             return module(x)
-        return self._with_terms(self._linear(x, module.weight, module.bias), x, self.output_terms[i][which],
-                                token_rows)
+        if which == 1 and not DOWN_PROJ_AS_REDUCTION:
+            output = F.linear(x, module.weight, module.bias)
+        else:
+            output = self._linear(x, module.weight, module.bias)
+        return self._with_terms(output, x, self.output_terms[i][which], token_rows)
 
     def _attention(self, i, attention, x, position_embeddings, mask, cache, token_rows=None):
         batch, tokens = x.shape[:2]

@@ -91,11 +91,6 @@ def sample_tokens(
 PACKED_ARGMAX_MAX_ROWS = 1
 
 
-# Inductor options of the compiled sampling step at the decode forward's few rows (fused.REDUCTION_LINEAR_MAX_ROWS);
-# fused.FEW_ROWS_INDUCTOR_OPTIONS says what the threshold does.
-FEW_ROWS_INDUCTOR_OPTIONS = {"realize_opcount_threshold": 16}
-
-
 def row_argmax(values: torch.Tensor) -> torch.Tensor:
     """values.argmax(dim=-1) of a [rows, n] float tensor: the first index of a row's maximum, as torch's.
 
