@@ -393,14 +393,15 @@ def test_fused_decode_equals_the_models_own_forward(model):
         torch.testing.assert_close(fused.sampled_logprobs, plain.sampled_logprobs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("weights", ["all", "small"])
+@pytest.mark.parametrize("weights", ["all", "small", "all-but-down-proj"])
 def test_reductions_in_the_fused_forward_equal_its_matmuls(model, weights, monkeypatch):
     """The few-row way of the compiled fused forward (`_reduction_linear`, `_reduction_attention`), here
     run eagerly on every row, prefill included: the same tokens as cuBLAS's matmuls and SDPA, log-probs
     within 1e-5 (fp32), o_proj and down_proj included; with REDUCTION_LINEAR_MAX_WEIGHT_BYTES at o_proj's
-    size, only o_proj of a layer's four matmuls (its smallest here) is a reduction."""
+    size, only o_proj of a layer's four matmuls (its smallest here) is a reduction; with
+    DOWN_PROJ_AS_REDUCTION off, down_proj alone is a matmul."""
     o_proj = model.model.layers[0].self_attn.o_proj.weight
-    small_enough = {"all": None, "small": o_proj.numel() * o_proj.element_size()}[weights]
+    small_enough = o_proj.numel() * o_proj.element_size() if weights == "small" else None
     runs = []
     for reductions in (True, False):
         engine = GenerationEngine(model, eos_token_ids=[9, 10, 11], pad_token_id=PAD, static_shapes=True)
@@ -408,11 +409,12 @@ def test_reductions_in_the_fused_forward_equal_its_matmuls(model, weights, monke
             monkeypatch.setattr(fused_module, "REDUCTION_LINEAR_MAX_ROWS", 10**9)
             monkeypatch.setattr(fused_module, "REDUCTION_ATTENTION_MAX_ROWS", 10**9)
             monkeypatch.setattr(fused_module, "REDUCTION_LINEAR_MAX_WEIGHT_BYTES", small_enough)
+            monkeypatch.setattr(fused_module, "DOWN_PROJ_AS_REDUCTION", weights != "all-but-down-proj")
             engine._fused.compiled = True  # the reductions are taken on compiled forwards only
         used = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
         runs.append(_mcmc_round_cpu(engine, Sampling(0.8, top_k=40, top_p=0.95)))
-        if reductions:  # of a layer's matmuls (q/k/v, o_proj, gate/up, down_proj): all four, or o_proj alone
-            per_layer = {"all": 4, "small": 1}[weights]
+        if reductions:  # of a layer's matmuls (q/k/v, o_proj, gate/up, down_proj): all four, o_proj alone, or three
+            per_layer = {"all": 4, "small": 1, "all-but-down-proj": 3}[weights]
             assert used.count("_reduction_linear") == per_layer * used.count("_reduction_attention") > 0
         else:
             assert not used
