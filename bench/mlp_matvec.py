@@ -9,6 +9,7 @@ The engine's batch-1 step spends about half its kernel time in the MLP's matrix-
 - `cublas`: F.linear, compiled the same way;
 - `triton`: two hand-written Triton kernels, gate/up with SiLU-times-up in one, down with the residual add.
 
+Baseline: the engine's way today (`reduction`) and cuBLAS (`cublas`), in the same process, on the same weights.
 It prints µs a layer, the share of the copy bandwidth, and the largest difference from the eager bf16 MLP.
 Usage: python bench/mlp_matvec.py [--hidden 896 --intermediate 4864 --layers 24] [--out FILE]
 """
