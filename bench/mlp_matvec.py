@@ -7,7 +7,8 @@ The engine's batch-1 step spends about half its kernel time in the MLP's matrix-
 
 - `reduction`: the engine's way today (fused.py's `_reduction_linear`, compiled with the engine's options);
 - `cublas`: F.linear, compiled the same way;
-- `triton`: two hand-written Triton kernels, gate/up with SiLU-times-up in one, down with the residual add.
+- `triton-*`: the engine's two hand-written Triton kernels (engines/generation/triton_matvec.py: gate/up with
+  SiLU-times-up in one, down_proj in the other), at several block sizes (the engine's first).
 
 Baseline: the engine's way today (`reduction`) and cuBLAS (`cublas`), in the same process, on the same weights.
 It prints µs a layer, the share of the copy bandwidth, and the largest difference from the eager bf16 MLP.
@@ -26,56 +27,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.record import write_result  # noqa: E402
+from gpuscale.engines.generation import triton_matvec  # noqa: E402
 from gpuscale.engines.generation.fused import _reduction_linear  # noqa: E402
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU machines: the Triton way is skipped
-    triton = None
-
-
-if triton is not None:
-
-    @triton.jit
-    def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, intermediate, K: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """out[n] = silu(bf16(w[n] . x)) * bf16(w[n + intermediate] . x), rounded as eager rounds."""
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < intermediate
-        gate = tl.zeros([BLOCK_N], dtype=tl.float32)
-        up = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            both = row_ok[:, None] & col_ok[None, :]
-            w_gate = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=both, other=0.0)
-            w_up = tl.load(w_ptr + (rows[:, None] + intermediate) * K + cols[None, :], mask=both, other=0.0)
-            gate += tl.sum(w_gate.to(tl.float32) * x[None, :], axis=1)
-            up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
-        gate = gate.to(tl.bfloat16).to(tl.float32)
-        up = up.to(tl.bfloat16).to(tl.float32)
-        activated = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32)
-        tl.store(out_ptr + rows, (activated * up).to(tl.bfloat16), mask=row_ok)
-
-    @triton.jit
-    def _down_residual_kernel(h_ptr, w_ptr, residual_ptr, out_ptr, N, K: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """out[n] = residual[n] + bf16(w[n] . h)."""
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            h = tl.load(h_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                        other=0.0)
-            total += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-        residual = tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        out = residual + total.to(tl.bfloat16).to(tl.float32)
-        tl.store(out_ptr + rows, out.to(tl.bfloat16), mask=row_ok)
 
 
 def eager_mlp(hidden, gate_up, down):
@@ -100,19 +53,13 @@ def reduction_down_only(activation):
 
 
 def triton_mlp(config):
-    gate_block, down_block, gate_k, down_k, warps = config
+    """The engine's Triton MLP (engines/generation/triton_matvec.py) with its blocks set to `config`: (gate/up
+    rows a program, down_proj rows a program, the most of K a program loads, warps)."""
 
     def mlp(hidden, gate_up, down):
-        intermediate, width = gate_up.shape[0] // 2, gate_up.shape[1]
-        activated = torch.empty(intermediate, dtype=hidden.dtype, device=hidden.device)
-        _gate_up_silu_kernel[(triton.cdiv(intermediate, gate_block),)](
-            hidden, gate_up, activated, intermediate, width, BLOCK_N=gate_block, BLOCK_K=gate_k,
-            num_warps=warps)
-        out = torch.empty_like(hidden)
-        _down_residual_kernel[(triton.cdiv(width, down_block),)](
-            activated, down, hidden, out, width, intermediate, BLOCK_N=down_block, BLOCK_K=down_k,
-            num_warps=warps)
-        return out
+        (triton_matvec.GATE_UP_ROWS_PER_PROGRAM, triton_matvec.DOWN_ROWS_PER_PROGRAM, triton_matvec.MAX_BLOCK_K,
+         triton_matvec.WARPS) = config
+        return hidden + triton_matvec.matvec(triton_matvec.silu_gate_up(hidden, gate_up), down)
 
     return mlp
 
@@ -192,11 +139,11 @@ def main() -> None:
     # op count passes `realize_opcount_threshold` (30): then it is computed once, stored, and read.
     for threshold in (4, 8, 16):
         ways[f"reduction-realize-{threshold}"] = compiled(reduction_mlp, realize_opcount_threshold=threshold)
-    if triton is not None:
-        # (gate/up rows a program, down rows a program, their K blocks, warps)
-        for config in [(4, 2, 1024, 1024, 4), (16, 2, 1024, 1024, 8), (4, 1, 1024, 8192, 8), (2, 1, 1024, 8192, 4),
-                       (4, 1, 1024, 2048, 4), (4, 2, 1024, 4096, 8)]:
-            ways["triton-g{}-d{}-gk{}-dk{}-w{}".format(*config)] = triton_mlp(config)
+    if triton_matvec.register(hidden.device):
+        defaults = (triton_matvec.GATE_UP_ROWS_PER_PROGRAM, triton_matvec.DOWN_ROWS_PER_PROGRAM,
+                    triton_matvec.MAX_BLOCK_K, triton_matvec.WARPS)
+        for config in [defaults, (4, 2, 1024, 4), (4, 1, 8192, 8), (2, 1, 4096, 4), (2, 2, 8192, 4), (1, 1, 8192, 4)]:
+            ways["triton-g{}-d{}-k{}-w{}".format(*config)] = triton_mlp(config)
     rows = []
     for name, mlp in ways.items():
         try:

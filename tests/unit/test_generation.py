@@ -5,6 +5,8 @@ own warpers compute. Two architectures (Llama, Qwen2), CPU, fp32. The fast paths
 (fused projections, torch.compile, grouped attention) must give what the plain step gives.
 """
 
+import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from gpuscale.engines.generation import (
     StaleGenerationError,
     filter_logits,
     sample_tokens,
+    triton_matvec,
 )
 from gpuscale.engines.generation import compiled as compiled_module
 from gpuscale.engines.generation import fused as fused_module
@@ -425,6 +428,46 @@ def test_reductions_in_the_fused_forward_equal_its_matmuls(model, weights, monke
         torch.testing.assert_close(reduced.sampled_logprobs, plain.sampled_logprobs, atol=1e-5, rtol=0)
 
 
+# The fused forward with TRITON_MLP_AT_ONE_ROW on (its flags set as a compiled one-row step sets them), every
+# prompt alone, in Triton's interpreter on CPU, against the same forward without it: fp32, so the same tokens and
+# log-probs within 1e-5. Prints the number of rows the Triton MLP ran.
+TRITON_MLP_IN_THE_INTERPRETER = """
+import sys, torch
+from gpuscale.data.models import build_random_model
+from gpuscale.engines.generation import GenerationEngine, Sampling, triton_matvec
+from gpuscale.engines.generation import fused
+prompts, calls = eval(sys.argv[1]), []
+triton_matvec._register()  # register() says no on CPU: the interpreter runs the kernels here
+real = triton_matvec.silu_gate_up
+triton_matvec.silu_gate_up = lambda *args: calls.append(1) or real(*args)
+model = build_random_model("random-tiny", seed=0)
+runs = []
+for on in (True, False):
+    fused.TRITON_MLP_AT_ONE_ROW = on
+    engine = GenerationEngine(model, eos_token_ids=[9, 10, 11], pad_token_id=0, static_shapes=True)
+    engine._fused.compiled = engine._fused.triton_mlp_ready = True
+    runs.append([engine.generate([p], 6, Sampling(0.8, top_k=40), generator=torch.Generator().manual_seed(i))
+                 for i, p in enumerate(prompts)])
+for ours, plain in zip(*runs):
+    assert torch.equal(ours.tokens, plain.tokens)
+    torch.testing.assert_close(ours.base_logprobs, plain.base_logprobs, atol=1e-5, rtol=0)
+print(len(calls))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: its interpreter runs the kernels")
+def test_the_triton_mlp_equals_the_fused_forwards_matmuls_in_tritons_interpreter():
+    """triton_matvec's two kernels in place of the one-row MLP's matmuls, wired as the compiled step wires
+    them (the GPU test test_one_row_compiled_agrees_with_the_eager_step[triton-mlp] runs them compiled)."""
+    environment = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", TRITON_MLP_IN_THE_INTERPRETER, repr(PROMPTS[:2])], capture_output=True,
+                          text=True, timeout=600, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    layers = build_random_model("random-tiny", seed=0).config.num_hidden_layers
+    # every layer of every decode step of both prompts (one a new token: the prefill takes all but the prompt's last)
+    assert int(done.stdout.split()[-1]) == layers * 6 * 2
+
+
 def _count_calls(monkeypatch, module, *names) -> list[str]:
     """The names of `module`'s functions `names`, in the order they are called from now on."""
     calls = []
@@ -718,25 +761,30 @@ def _assert_fast_agrees_with_eager(fast_runs, eager_runs, dtype):
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sampling", [Sampling(0.9, top_k=40, top_p=0.95), Sampling(temperature=0)], ids=str)
-@pytest.mark.parametrize("reductions", [True, False], ids=["reductions", "cublas-sdpa"])
-def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, reductions, monkeypatch):
+@pytest.mark.parametrize("way", ["reductions", "cublas-sdpa", "triton-mlp"])
+def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monkeypatch):
     """One row, compiled with CUDA graphs, the fused forward's matmuls and attention as Inductor's
-    reductions (REDUCTION_*_MAX_ROWS at 1) or through cuBLAS and SDPA, against the uncompiled eager static
-    step, with the tolerances of test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
+    reductions (REDUCTION_*_MAX_ROWS at 1), with the MLP as triton_matvec's kernels beside them
+    (TRITON_MLP_AT_ONE_ROW), or through cuBLAS and SDPA, against the uncompiled eager static step, with the
+    tolerances of test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
     model = _sharpen(build_random_model("random-tiny", seed=0), 5).to("cuda", dtype)
     runs, traced = [], []
     for compiled in (True, False):
         engine = GenerationEngine(model, eos_token_ids=list(range(3, 512, 6)), pad_token_id=PAD,
                                   cuda_graphs=compiled, static_shapes=True, compile=compiled)
         for name in ("REDUCTION_LINEAR_MAX_ROWS", "REDUCTION_ATTENTION_MAX_ROWS"):
-            monkeypatch.setattr(fused_module, name, 1 if reductions else 0)
-        calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
+            monkeypatch.setattr(fused_module, name, 0 if way == "cublas-sdpa" else 1)
+        monkeypatch.setattr(fused_module, "TRITON_MLP_AT_ONE_ROW", way == "triton-mlp")
+        fused_calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
+        triton_calls = _count_calls(monkeypatch, triton_matvec, "silu_gate_up", "matvec")
         runs.append(_mcmc_round(engine, PROMPTS[:1], sampling, seed=0, generator_per_call=True))
-        traced.append(set(calls))  # compiled: called while dynamo traced the step
+        traced.append(set(fused_calls + triton_calls))  # compiled: called while dynamo traced the step
         monkeypatch.undo()
         if compiled:
             assert engine._graphs and not engine._compile_errors()
-    assert traced == [{"_reduction_linear", "_reduction_attention"} if reductions else set(), set()]
+    expected = {"reductions": {"_reduction_linear", "_reduction_attention"}, "cublas-sdpa": set(),
+                "triton-mlp": {"_reduction_linear", "_reduction_attention", "silu_gate_up", "matvec"}}[way]
+    assert traced == [expected, set()]
     _assert_fast_agrees_with_eager(*runs, dtype)
 
 

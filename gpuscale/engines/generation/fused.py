@@ -10,6 +10,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from . import triton_matvec
 from .kv import _Cursor, _SlotCache
 from .row_terms import RowScale, RowTerm, RowTerms
 
@@ -102,6 +103,11 @@ def _reduction_linear(x, weight, bias):
 # bench/decode_ways.py); more rows were not measured, so they keep cuBLAS and SDPA. 0: never.
 REDUCTION_LINEAR_MAX_ROWS = 1
 REDUCTION_ATTENTION_MAX_ROWS = 1
+# At one row, compiled on a GPU, a plain SiLU MLP (no biases, no row terms) as two hand-written Triton kernels
+# (triton_matvec.py: gate/up with SiLU-times-up, then down_proj). Off until measured in the engine's step
+# (bench/decode_ways.py's `triton-mlp`); alone, its MLP took 11.6 against the reductions' 17.5 µs a layer
+# (bench/mlp_matvec.py).
+TRITON_MLP_AT_ONE_ROW = False
 # Whether down_proj too is a reduction at those rows (bench/decode_ways.py's `down-cublas` turns it off: its input,
 # the MLP's SiLU-times-up, is then stored once for cuBLAS rather than computed again in each of its rows).
 DOWN_PROJ_AS_REDUCTION = True
@@ -189,6 +195,8 @@ class _FusedDecode:
         self.kv_heads = first.self_attn.k_proj.out_features // self.head_dim
         self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
         self.activations = [mlp_activation(layer.mlp, decoder.config) for layer in decoder.layers]
+        self.silu_activations = [_is_silu(activation) for activation in self.activations]
+        self.triton_mlp_ready = triton_matvec.register(first.mlp.down_proj.weight.device)
         # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
         self.weights = [[self._cat(layer, group, "weight") for layer in decoder.layers]
                         for group in self.GROUPS]
@@ -381,8 +389,27 @@ class _FusedDecode:
         return self._output_projection(i, 0, attention.o_proj, out.reshape(batch, tokens, -1), token_rows)
 
     def _mlp(self, i, mlp, x, token_rows=None):
+        if self._mlp_by_triton(i, mlp, x):
+            return triton_matvec.matvec(triton_matvec.silu_gate_up(x, self.weights[1][i]), mlp.down_proj.weight)
         gate, up = self._projections(1, i, x, token_rows)
         return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up, token_rows)
+
+
+    def _mlp_by_triton(self, i, mlp, x) -> bool:
+        """Whether layer i's MLP runs as triton_matvec's kernels here: switched on, one row of a compiled step on
+        a GPU, and a plain SiLU MLP (no biases, nothing added to its outputs)."""
+        plain = (self.silu_activations[i] and self.biases[1][i] is None and mlp.down_proj.bias is None
+                 and not any(self.row_terms[1][i]) and self.output_as_matmul[i][1] and not self.output_terms[i][1])
+        return TRITON_MLP_AT_ONE_ROW and self.compiled and self.triton_mlp_ready and x.shape[:-1].numel() == 1 and plain
+
+
+def _is_silu(activation) -> bool:
+    """Whether the activation computes SiLU (whatever its class: torch's, transformers', a fused one's)."""
+    probe = torch.linspace(-6, 6, 25)
+    try:
+        return torch.allclose(activation(probe), F.silu(probe), rtol=1e-5, atol=1e-6)
+    except Exception:  # an activation that takes other input (a module expecting its own shapes) is not SiLU
+        return False
 
 
 def mlp_activation(mlp, config):
