@@ -1,8 +1,9 @@
 """Batch-1 decode's MLP, alone: how fast each way reads a layer's gate/up and down weights (issue 54).
 
 The engine's batch-1 step spends about half its kernel time in the MLP's matrix-vector products
-(bench/results/generation/decode-ways-b1-packed-argmax-profile-*.json: 10-11.6 µs a layer for gate/up's
-17.4 MB, about 40% of an H200's copy bandwidth). This script times one decode token's MLP over every layer
+(bench/results/generation/decode-ways-b1-packed-argmax-profile-*.json: about 19 µs a layer for its 26.1 MB of
+weights, a third of an H200's copy bandwidth; down_proj, which computes SiLU-times-up again in each of its rows,
+10.8 µs for 8.7 MB). This script times one decode token's MLP over every layer
 (distinct weights a layer, so nothing stays in L2), replayed as one CUDA graph, each way:
 
 - `reduction`: the engine's way today (fused.py's `_reduction_linear`, compiled with the engine's options);
@@ -25,6 +26,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import generation as generation_bench  # noqa: E402
 
 from bench.record import write_result  # noqa: E402
 from gpuscale.engines.generation import triton_matvec  # noqa: E402
@@ -96,21 +100,6 @@ def time_layers(mlp, hidden, layers, repeats: int = 50) -> float:
     return start.elapsed_time(end) * 1000 / repeats / len(layers)
 
 
-def copy_bandwidth(nbytes: int) -> float:
-    """Bytes/s of a device-to-device copy of `nbytes` (read and write counted)."""
-    source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    target = torch.empty_like(source)
-    target.copy_(source)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        target.copy_(source)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * nbytes * 20 / (start.elapsed_time(end) / 1000)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=896)
@@ -127,7 +116,7 @@ def main() -> None:
               for _ in range(args.layers)]
     hidden = torch.randn(1, width, device="cuda", dtype=torch.bfloat16)
     layer_bytes = 3 * width * inner * 2
-    bandwidth = copy_bandwidth(1 << 30)
+    bandwidth = generation_bench.copy_bandwidth(torch.device("cuda"), 1024)
     floor_us = layer_bytes / bandwidth * 1e6
     expected = eager_mlp(hidden, *layers[0]).float()
 

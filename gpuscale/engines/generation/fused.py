@@ -105,8 +105,8 @@ REDUCTION_LINEAR_MAX_ROWS = 1
 REDUCTION_ATTENTION_MAX_ROWS = 1
 # At one row, compiled on a GPU, a plain SiLU MLP (no biases, no row terms) as two hand-written Triton kernels
 # (triton_matvec.py: gate/up with SiLU-times-up, then down_proj). Off until measured in the engine's step
-# (bench/decode_ways.py's `triton-mlp`); alone, its MLP took 11.6 against the reductions' 17.5 µs a layer
-# (bench/mlp_matvec.py).
+# (bench/decode_ways.py's `triton-mlp`); alone, the same kernels (down_proj's with the residual add) took 11.6
+# against the reductions' 17.5 µs a layer (bench/mlp_matvec.py, tree 2267748).
 TRITON_MLP_AT_ONE_ROW = False
 # Whether down_proj too is a reduction at those rows (bench/decode_ways.py's `down-cublas` turns it off: its input,
 # the MLP's SiLU-times-up, is then stored once for cuBLAS rather than computed again in each of its rows).
@@ -393,7 +393,6 @@ class _FusedDecode:
             return triton_matvec.matvec(triton_matvec.silu_gate_up(x, self.weights[1][i]), mlp.down_proj.weight)
         gate, up = self._projections(1, i, x, token_rows)
         return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up, token_rows)
-
 
     def _mlp_by_triton(self, i, mlp, x) -> bool:
         """Whether layer i's MLP runs as triton_matvec's kernels here: switched on, one row of a compiled step on
