@@ -17,6 +17,7 @@ its CUDA graph.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -32,13 +33,21 @@ WARPS = 4
 def register(device: torch.device) -> bool:
     """Register the ops (once a process) where they can run, a CUDA device with Triton: whether they can. Call
     it outside compiled code; compiled code then calls `silu_gate_up` and `matvec`."""
-    if device.type != "cuda":
-        return False
+    return device.type == "cuda" and _registered()
+
+
+@functools.cache
+def _registered() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
-    _register()
+    try:
+        _register()
+    except Exception as error:  # a Triton or torch.library this code was not written for: the MLP stays Inductor's
+        warnings.warn(f"the one-row Triton MLP is unavailable: {type(error).__name__}: {error}", RuntimeWarning,
+                      stacklevel=3)
+        return False
     return True
 
 
@@ -53,7 +62,6 @@ def matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.gpuscale.matvec(x, weight)
 
 
-@functools.cache
 def _register() -> None:
     """The kernels (compiled by Triton at their first launch) and their torch.library ops."""
     import triton
