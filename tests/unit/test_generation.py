@@ -770,11 +770,12 @@ def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monke
     model = _sharpen(build_random_model("random-tiny", seed=0), 5).to("cuda", dtype)
     runs, traced = [], []
     for compiled in (True, False):
-        engine = GenerationEngine(model, eos_token_ids=list(range(3, 512, 6)), pad_token_id=PAD,
-                                  cuda_graphs=compiled, static_shapes=True, compile=compiled)
         for name in ("REDUCTION_LINEAR_MAX_ROWS", "REDUCTION_ATTENTION_MAX_ROWS"):
             monkeypatch.setattr(fused_module, name, 0 if way == "cublas-sdpa" else 1)
+        # before the engine is built: it registers the Triton ops where the switch is on
         monkeypatch.setattr(fused_module, "TRITON_MLP_AT_ONE_ROW", way == "triton-mlp")
+        engine = GenerationEngine(model, eos_token_ids=list(range(3, 512, 6)), pad_token_id=PAD,
+                                  cuda_graphs=compiled, static_shapes=True, compile=compiled)
         fused_calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
         triton_calls = _count_calls(monkeypatch, triton_matvec, "silu_gate_up", "matvec")
         runs.append(_mcmc_round(engine, PROMPTS[:1], sampling, seed=0, generator_per_call=True))

@@ -196,7 +196,8 @@ class _FusedDecode:
         self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
         self.activations = [mlp_activation(layer.mlp, decoder.config) for layer in decoder.layers]
         self.silu_activations = [_is_silu(activation) for activation in self.activations]
-        self.triton_mlp_ready = triton_matvec.register(first.mlp.down_proj.weight.device)
+        # Registered only where switched on: importing Triton costs every GPU engine otherwise.
+        self.triton_mlp_ready = TRITON_MLP_AT_ONE_ROW and triton_matvec.register(first.mlp.down_proj.weight.device)
         # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
         self.weights = [[self._cat(layer, group, "weight") for layer in decoder.layers]
                         for group in self.GROUPS]
