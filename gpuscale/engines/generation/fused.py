@@ -195,9 +195,10 @@ class _FusedDecode:
         self.kv_heads = first.self_attn.k_proj.out_features // self.head_dim
         self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
         self.activations = [mlp_activation(layer.mlp, decoder.config) for layer in decoder.layers]
-        self.silu_activations = [_is_silu(activation) for activation in self.activations]
-        # Registered only where switched on: importing Triton costs every GPU engine otherwise.
-        self.triton_mlp_ready = TRITON_MLP_AT_ONE_ROW and triton_matvec.register(first.mlp.down_proj.weight.device)
+        # Decided here, outside compiled code, and only where switched on (importing Triton would cost every GPU
+        # engine otherwise): SiLU MLPs on a device the kernels run on.
+        self.triton_mlp_ready = (TRITON_MLP_AT_ONE_ROW and all(_is_silu(a) for a in self.activations)
+                                 and triton_matvec.register(first.mlp.down_proj.weight.device))
         # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
         self.weights = [[self._cat(layer, group, "weight") for layer in decoder.layers]
                         for group in self.GROUPS]
@@ -396,11 +397,12 @@ class _FusedDecode:
         return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up, token_rows)
 
     def _mlp_by_triton(self, i, mlp, x) -> bool:
-        """Whether layer i's MLP runs as triton_matvec's kernels here: switched on, one row of a compiled step on
-        a GPU, and a plain SiLU MLP (no biases, nothing added to its outputs)."""
-        plain = (self.silu_activations[i] and self.biases[1][i] is None and mlp.down_proj.bias is None
-                 and not any(self.row_terms[1][i]) and self.output_as_matmul[i][1] and not self.output_terms[i][1])
-        return TRITON_MLP_AT_ONE_ROW and self.compiled and self.triton_mlp_ready and x.shape[:-1].numel() == 1 and plain
+        """Whether layer i's MLP runs as triton_matvec's kernels here: ready (`triton_mlp_ready`), one row of a
+        compiled step, and a plain MLP (no biases, nothing added to its outputs)."""
+        if not (self.triton_mlp_ready and self.compiled and x.shape[:-1].numel() == 1):
+            return False
+        return (self.biases[1][i] is None and mlp.down_proj.bias is None and not any(self.row_terms[1][i])
+                and self.output_as_matmul[i][1] and not self.output_terms[i][1])
 
 
 def _is_silu(activation) -> bool:
