@@ -44,10 +44,10 @@ WAYS = {
     # of a reduction that broadcasts it unless its op count passes `realize_opcount_threshold` (30); at 16, for
     # every compile of the process, those are stored once (measured 2026-11-30, not adopted)
     "realize-global": ({}, "default", {"realize_opcount_threshold": 16}),
-    # the MLP at one row as triton_matvec.py's two kernels (gate/up with SiLU-times-up, down_proj)
-    "triton-mlp": ({"fused.TRITON_MLP_AT_ONE_ROW": True}, "default", {}),
-    # down_proj through cuBLAS at one row (its input stored once), the other matmuls reductions
-    "down-cublas": ({"fused.DOWN_PROJ_AS_REDUCTION": False}, "default", {}),
+    # the MLP at one row as Inductor's reductions, not triton_matvec.py's two kernels (today's, since 2026-11-30)
+    "inductor-mlp": ({"fused.TRITON_MLP_AT_ONE_ROW": False}, "default", {}),
+    # that, with down_proj through cuBLAS at one row (its input stored once), the other matmuls reductions
+    "down-cublas": ({"fused.TRITON_MLP_AT_ONE_ROW": False, "fused.DOWN_PROJ_AS_REDUCTION": False}, "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),

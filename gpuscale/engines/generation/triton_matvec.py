@@ -8,8 +8,8 @@ kernel that stores its output once; down_proj is a second that reads it. Roundin
 fp32) MLP: gate and up rounded to the model's dtype, SiLU rounded, the product rounded, down_proj's sum
 rounded.
 
-Off by default (fused.TRITON_MLP_AT_ONE_ROW = False) until the engine's step is measured with it on the GPU
-(`python bench/decode_ways.py --ways today,triton-mlp`); without Triton or CUDA nothing here is imported.
+On by default (fused.TRITON_MLP_AT_ONE_ROW); measured in the engine's step by `python bench/decode_ways.py
+--ways today,inductor-mlp`. Without Triton or CUDA nothing here is imported.
 The kernels register as torch.library Triton ops, so torch.compile puts them inside the compiled step and
 its CUDA graph.
 """
