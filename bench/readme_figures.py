@@ -283,7 +283,7 @@ GRPO_ASYNC_LEARNING_FIGURES = (
 )
 
 # The node check's decode beside bench/generation.py's at the same shape (`bench/node_check.py --decode-agreement`).
-NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-2026-11-30-h200x2.json"
+NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-triton-mlp-2026-11-30-h200x2.json"
 
 
 def thousandths(value: float) -> str:
@@ -297,8 +297,8 @@ NODE_CHECK_FIGURES = (
             Value("figures.rows.0.probe_floor_share", percent)), ("probe",)),
 )
 
-# The engine's one-row decode step with its few-row reductions and without (`bench/decode_ways.py`).
-DECODE_WAYS = "bench/results/generation/decode-ways-b1-reductions-default-2026-11-30-h200x2.json"
+# The engine's one-row decode step with its Triton MLP and with Inductor's (`bench/decode_ways.py`).
+DECODE_WAYS = "bench/results/generation/decode-ways-b1-triton-mlp-default-a-2026-11-30-h200x2.json"
 
 
 def milliseconds(value: float) -> str:
@@ -307,14 +307,14 @@ def milliseconds(value: float) -> str:
 
 def way(name: str) -> str:
     """The dotted path of a way's row in decode_ways.py's result."""
-    return {"today": "figures.ways.1", "cublas-sdpa": "figures.ways.0"}[name]
+    return {"today": "figures.ways.0", "inductor-mlp": "figures.ways.1"}[name]
 
 
 DECODE_FIGURES = (
-    Figure("a one-row step took {} through Inductor's reductions against {} through cuBLAS and SDPA, {} of "
+    Figure("a one-row step took {} with its MLP as two Triton kernels against {} with Inductor's, {} of "
            "its floor", DECODE_WAYS,
            (Value(f"{way('today')}.ms_per_step", milliseconds),
-            Value(f"{way('cublas-sdpa')}.ms_per_step", milliseconds),
+            Value(f"{way('inductor-mlp')}.ms_per_step", milliseconds),
             Value(way("today"), percent, lambda rows: rows[0]["floor_ms"] / rows[0]["ms_per_step"])), ()),
 )
 
