@@ -317,6 +317,8 @@ def row_of(result: dict) -> dict:
         # the rest is start-up, loading and the evaluations) and each phase's share of its steady steps.
         "train_seconds": summary.get("train_seconds"), "step_phases": summary.get("step_phases"),
         "peak_mem_mb": peak if isinstance(peak, dict) else None,
+        # Seconds the card ran this run's own kernels: with many runs on one card, what each cost it.
+        "gpu_busy_s": summary.get("gpu_busy_s"),
         # NVML's energy counter over the run (control/telemetry.py's EnergyMeter); None, and why, without one.
         "energy_j": summary.get("energy_j"), "energy_j_per_correct_answer": summary.get("energy_j_per_correct_answer"),
         "energy_unavailable": summary.get("energy_unavailable"),
@@ -337,7 +339,7 @@ def skipped_row(label: str, seed: int, reason: str) -> dict:
     """The row of a job that did not run (the sharpening control without a chosen temperature)."""
     return {"label": label, "seed": seed, "run_id": None, "status": "skipped", "error": reason, "wall_s": 0.0,
             "world_size": None, "steps": None, "rows_per_step": None, "train_seconds": None, "step_phases": None,
-            "peak_mem_mb": None,
+            "peak_mem_mb": None, "gpu_busy_s": None,
             **{name: None for name in ACCURACIES}, "domains": {}, "accuracy": None,
             "temperature": None, "pass_at_k": None, "nan_free": False, "saved_model": None}
 

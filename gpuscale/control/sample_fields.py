@@ -63,6 +63,9 @@ SAMPLE_FIELDS: tuple[SampleField, ...] = (
     SampleField("temp_c", float, "temperature", "°C", shown="detail", text="{:3.0f}°C"),
     SampleField("sm_clock_mhz", float, "SM clock", "MHz", shown="wide", text="{:4.0f} MHz"),
     SampleField("run_mem_mb", float, "the run's memory", "MiB", shown="memory"),
+    # The share of the card's time its kernels ran, from NVML's per-process utilization (as `nvidia-smi pmon`):
+    # on a card several runs share, `util` is the card's and this is the run's own.
+    SampleField("run_util", float, "the run's own utilization", "%", shown="wide", text="own {:3.0f}%"),
 )
 
 

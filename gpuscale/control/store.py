@@ -615,15 +615,18 @@ class Store:
 
     def device_peaks(self, run_id: int, kinds: Iterable[str] = ("gpu", "rank")) -> list[dict]:
         """Per device of the given kinds (a GPU, or a rank's RSS on CPU), over the whole run: the peak
-        memory used, the peak memory of the run's own processes, the mean utilization, the sample count."""
+        memory used, the peak memory of the run's own processes, the mean utilization, the mean of the run's own
+        utilization (its processes' kernels; None where not reported), the sample count."""
         kinds = list(kinds)
         rows = self.db.execute(
-            "SELECT kind, idx, max(name), max(mem_used_mb), max(mem_total_mb), max(run_mem_mb), avg(util), count(*) "
+            "SELECT kind, idx, max(name), max(mem_used_mb), max(mem_total_mb), max(run_mem_mb), avg(util), "
+            "avg(run_util), count(*) "
             f"FROM samples WHERE run_id = ? AND kind IN ({', '.join('?' * len(kinds))}) "
             "GROUP BY kind, idx ORDER BY kind, idx",
             [run_id, *kinds],
         ).fetchall()
-        keys = ("kind", "idx", "name", "peak_mem_used_mb", "mem_total_mb", "peak_run_mem_mb", "mean_util", "samples")
+        keys = ("kind", "idx", "name", "peak_mem_used_mb", "mem_total_mb", "peak_run_mem_mb", "mean_util",
+                "mean_run_util", "samples")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
     # ---- tuned batch sizes (`gpuscale tune`, `--batch-size auto`) ----------------------------------------------------

@@ -472,6 +472,11 @@ class Supervisor:
         self.write_history(lambda: peaks.extend(self.store.device_peaks(self.run_id, kinds=("gpu", "rank"))))
         if peaks:
             figures["peak_run_mem_mb"] = {f"{p['kind']}{p['idx']}": round(p["peak_run_mem_mb"] or 0, 1) for p in peaks}
+        # Seconds each GPU ran the run's own kernels: what the run cost the card where others shared it.
+        busy = {f"gpu{p['idx']}": round(p["mean_run_util"] / 100 * figures["duration_s"], 1)
+                for p in peaks if p["kind"] == "gpu" and p["mean_run_util"] is not None}
+        if busy:
+            figures["gpu_busy_s"] = busy
         return figures
 
 

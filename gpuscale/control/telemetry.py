@@ -5,7 +5,8 @@ A sampler is built once per run and called once per tick; each call returns plai
 rows of the store's `samples` table: its identity and the fields `control/sample_fields.py` declares, by
 name (`NVML_READS` says how NVML gives each one-query field). NVML is queried directly (never by
 running nvidia-smi): a tick of a few queries per GPU costs tens of microseconds. The run's own GPU
-memory is the memory NVML attributes to the processes of the run's PID tree.
+memory is the memory NVML attributes to the processes of the run's PID tree, and its own utilization the
+SM utilization NVML attributes to them since the last tick (`run_util`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ NVML_READS = {
     "sm_clock_mhz": lambda nvml, handle: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
 }
 MEMORY_FIELDS = ("mem_used_mb", "mem_total_mb", "run_mem_mb")
+RUN_UTILIZATION_FIELD = "run_util"
 
 
 def list_gpus() -> list[dict]:
@@ -99,6 +101,8 @@ class GpuSampler:
     indices: list[int]
     root_pid: int
     _handles: list = field(default_factory=list)
+    # NVML's timestamp (us) of the newest per-process utilization sample read, per GPU index.
+    _utilization_seen: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self):
         import pynvml
@@ -119,11 +123,29 @@ class GpuSampler:
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         procs = _safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), [])
         run_mem = sum((p.usedGpuMemory or 0) for p in procs if p.pid in run_pids)
-        measured = {"mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB, "run_mem_mb": run_mem / MB}
+        measured = {"mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB, "run_mem_mb": run_mem / MB,
+                    RUN_UTILIZATION_FIELD: self._run_utilization(index, handle, run_pids)}
         for field_name in sample_fields.field_names():
             if field_name in NVML_READS:
                 measured[field_name] = _safe(lambda read=NVML_READS[field_name]: read(nvml, handle))
         return {"run_id": self.run_id, "t": now, "kind": "gpu", "idx": index, "name": name, **measured}
+
+    def _run_utilization(self, index: int, handle, run_pids: set[int]) -> float | None:
+        """The % of the time since the last tick that the run's processes had kernels running on this GPU:
+        NVML's per-process SM utilization samples newer than the last read, averaged per process and summed
+        over the run's. 0 where NVML has no new sample (no process ran kernels); None where the card or the
+        driver does not report it."""
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._utilization_seen.get(index, 0))
+        except Exception as error:
+            return 0.0 if str(error) == "Not Found" else None  # NVML_ERROR_NOT_FOUND: no sample since
+        by_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            self._utilization_seen[index] = max(self._utilization_seen.get(index, 0), sample.timeStamp)
+            if sample.pid in run_pids:
+                by_pid.setdefault(sample.pid, []).append(sample.smUtil)
+        return float(min(100.0, sum(sum(utils) / len(utils) for utils in by_pid.values())))
 
 
 @dataclass

@@ -172,6 +172,9 @@ FIGURES: dict[str, Figure] = _figures(
              note="seconds per phase of the mean steady step (the first step of each rank left out), all ranks"),
     _seconds("step_phase_seconds_by_rank", "step phases per rank",
              note="each rank's mean steady step, where the ranks differ"),
+    _seconds("gpu_busy_s", "GPU time of the run's own kernels",
+             note="per GPU: the run's mean own utilization (NVML's per-process SM utilization) times its duration; "
+                  "on a card other processes share, what the run cost the card"),
     # Memory.
     Figure("peak_mem_mb", "peak memory", unit="MiB", direction=LOWER, family=True),
     Figure("mem_mb", "memory", unit="MiB", direction=LOWER),

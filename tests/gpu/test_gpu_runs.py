@@ -1,4 +1,5 @@
-"""On a CUDA machine only: real NVML samples of every GPU used, the run's own GPU memory, a real OOM."""
+"""On a CUDA machine only: real NVML samples of every GPU used, the run's own GPU memory and kernel time, a
+real OOM."""
 
 import pytest
 
@@ -25,6 +26,11 @@ def test_nvml_samples_of_every_gpu_and_own_memory(home):
         mine = [s for s in samples if s["idx"] == idx]
         assert max(s["run_mem_mb"] for s in mine) > 100  # the rank's weights and cache, attributed to the run
         assert all(0 < s["mem_used_mb"] <= s["mem_total_mb"] for s in mine)
+        # The run's own share of the card (NVML's per-process utilization): the probe's decode kept it busy.
+        assert max(s["run_util"] for s in mine) > 0
+    busy = run["summary"]["gpu_busy_s"]
+    assert busy.keys() == {f"gpu{idx}" for idx in used}
+    assert all(0 < seconds <= run["summary"]["duration_s"] for seconds in busy.values())
 
 
 def test_real_out_of_memory_gives_the_batch_size_hint(home):

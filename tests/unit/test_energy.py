@@ -5,11 +5,13 @@ summary that `gpuscale show`, `runs` and `export` print; absent, with why, witho
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import textwrap
 import types
 
+import psutil
 import pytest
 
 from gpuscale.app import cli
@@ -53,6 +55,10 @@ def fake_nvml(step_mj: dict[int, int] | None = None, energy_error: str | None = 
     nvml.nvmlDeviceGetTemperature = lambda handle, sensor: 61
     nvml.nvmlDeviceGetClockInfo = lambda handle, clock: 1980
     nvml.nvmlDeviceGetTotalEnergyConsumption = energy
+    ticks = itertools.count(1)
+    # Every process of the machine ran kernels 40% of each tick's time (the run's rank among them).
+    nvml.nvmlDeviceGetProcessUtilization = lambda handle, since: [
+        types.SimpleNamespace(pid=pid, timeStamp=next(ticks), smUtil=40) for pid in psutil.pids()]
     return nvml
 
 
@@ -66,9 +72,11 @@ def two_fake_gpus(monkeypatch):
 
 
 # The launcher of the supervised run: one rank that logs 2,000 tokens in two steps and a summary with a
-# final greedy accuracy of 0.5 on 4 held-out examples (2 correct answers).
+# final greedy accuracy of 0.5 on 4 held-out examples (2 correct answers), after half a second.
 RANK = textwrap.dedent("""
+    import time
     from gpuscale.engines.reporter import Reporter
+    time.sleep(0.5)  # a few of the supervisor's ticks while the rank lives
     reporter = Reporter(".", rank=0)
     reporter.log(step=1, tokens=1200, samples=2)
     reporter.log(step=2, tokens=800, samples=2)
@@ -91,6 +99,9 @@ def test_a_supervised_run_on_two_gpus_ends_with_its_energy_figures(two_fake_gpus
     assert summary["energy_j_by_gpu"] == {"gpu0": 1500.0, "gpu1": 2500.0} and summary["energy_j"] == 4000.0
     assert summary["energy_j_per_1k_tokens"] == 2000.0  # 4,000 J over the 2,000 tokens the rank logged
     assert summary["energy_j_per_correct_answer"] == 2000.0  # 0.5 x 4 held-out examples = 2 correct
+    # The card's time the run's own kernels took: 40% of each tick the rank lived, on each GPU.
+    assert summary["gpu_busy_s"].keys() == {"gpu0", "gpu1"}
+    assert all(0 < busy <= 0.4 * summary["duration_s"] + 0.05 for busy in summary["gpu_busy_s"].values())
 
     assert cli.main(["show", str(run_id)]) == 0
     shown = capsys.readouterr().out.splitlines()

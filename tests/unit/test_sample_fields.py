@@ -90,7 +90,33 @@ def test_a_declared_field_flows_from_the_sampler_to_the_store_and_the_device_row
 
 def test_every_declared_field_is_measured_by_the_gpu_sampler():
     """A field declared without a way to read it would be a column that stays empty."""
-    assert set(telemetry.NVML_READS) | set(telemetry.MEMORY_FIELDS) == set(sample_fields.field_names())
+    assert (set(telemetry.NVML_READS) | set(telemetry.MEMORY_FIELDS) | {telemetry.RUN_UTILIZATION_FIELD}
+            == set(sample_fields.field_names()))
+
+
+def test_the_run_s_own_utilization_is_its_processes_share_of_the_card_since_the_last_tick(monkeypatch):
+    """NVML's per-process samples newer than the last read: the run's processes' mean SM utilization (another
+    process's left out); no new sample is 0 (nothing of the run ran); a card that cannot say gives None."""
+    nvml = fake_nvml()
+    me, other = os.getpid(), os.getpid() + 1_000_000  # `other`: a process outside the run's tree
+    answers = [[types.SimpleNamespace(pid=me, timeStamp=10, smUtil=30), types.SimpleNamespace(pid=other, timeStamp=10,
+                                                                                               smUtil=60),
+                types.SimpleNamespace(pid=me, timeStamp=20, smUtil=50)],
+               NVMLError("Not Found"), NVMLError("Not Supported")]
+    asked_since = []
+
+    def process_utilization(handle, since):
+        asked_since.append(since)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    nvml.nvmlDeviceGetProcessUtilization = process_utilization
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    sampler = telemetry.GpuSampler(run_id=1, indices=[0], root_pid=me)
+    assert [sampler.sample(now=NOW + tick)[0]["run_util"] for tick in range(3)] == [40.0, 0.0, None]
+    assert asked_since == [0, 20, 20]  # each read from the newest sample seen
 
 
 def old_history(home: Path) -> int:
