@@ -23,7 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 
-
 def card_seconds_by_pid(pmon: Path, interval_s: float) -> Counter:
     seconds: Counter = Counter()
     for line in pmon.read_text().splitlines():
@@ -35,7 +34,8 @@ def card_seconds_by_pid(pmon: Path, interval_s: float) -> Counter:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " No baseline: it times nothing, it "
+                                     "reads what a check's call recorded.")
     parser.add_argument("--pmon", type=Path, required=True, help="`nvidia-smi pmon -s um -d 1` output")
     parser.add_argument("--interval", type=float, default=1.0, help="pmon's -d, seconds")
     where = parser.add_mutually_exclusive_group(required=True)

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -1220,3 +1221,31 @@ def test_step_phases_bench_times_the_same_runs_with_the_timing_on_and_off_and_pr
     [rank] = profiler["by_rank"].values()
     assert set(rank["ours"]) == set(rank["profiler"]) >= {"data", "forward_backward", "optimizer"}
     assert rank["largest_difference"] < 0.10  # on CPU both cut at the marks: only the plumbing is checked
+
+
+def test_card_time_sums_each_run_s_share_of_the_card_from_pmon(tmp_path):
+    """bench/card_time.py: pmon's lines (SM % of a second, per process) summed per run, the run found by its
+    rank's pid in the history, every other process counted apart; the pids it wrote serve again."""
+    pmon = tmp_path / "pmon.txt"
+    pmon.write_text("# gpu pid type sm mem enc dec jpg ofa fb ccpm command\n# Idx # C/G % % % % % % MB MB name\n"
+                    "    0   101   C   50   10   -   -   -   -   900   0   python\n"
+                    "    0   102   C   30    5   -   -   -   -   900   0   python\n"
+                    "    0   999   C   20    5   -   -   -   -   900   0   python\n"
+                    "    0     -   -    -    -   -   -   -   -     -   -   -\n"
+                    "    0   101   C   70   10   -   -   -   -   900   0   python\n")
+    with sqlite3.connect(tmp_path / "runs.db") as db:
+        db.execute("CREATE TABLE runs (id INTEGER, launcher_pid INTEGER)")
+        db.executemany("INSERT INTO runs VALUES (?, ?)", [(1, 101), (2, 102)])
+    partial = tmp_path / "rows.jsonl"
+    partial.write_text("".join(json.dumps({"run_id": run, "label": label, "seed": 0, "status": "succeeded"}) + "\n"
+                               for run, label in ((1, "eggroll"), (2, "sft"))))
+    out = tmp_path / "card.json"
+    bench("card_time.py", "--pmon", str(pmon), "--history", str(tmp_path / "runs.db"), "--partial", str(partial),
+          "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["by_job"] == {"eggroll": 1.2, "sft": 0.3} and result["other_card_s"] == 0.2
+    assert result["total_card_s"] == 1.7
+    pids = tmp_path / "pids.json"
+    pids.write_text(json.dumps(result["launcher_pids"]))
+    again = bench("card_time.py", "--pmon", str(pmon), "--pids", str(pids), "--partial", str(partial))
+    assert "     1.7 s  in all" in again.stdout and "     1.2 s  eggroll" in again.stdout

@@ -94,9 +94,10 @@ def test_every_declared_field_is_measured_by_the_gpu_sampler():
             == set(sample_fields.field_names()))
 
 
-def test_the_run_s_own_utilization_is_its_processes_share_of_the_card_since_the_last_tick(monkeypatch):
+def test_the_run_s_own_utilization_is_its_processes_share_of_the_card_since_the_last_tick(monkeypatch, tmp_path):
     """NVML's per-process samples newer than the last read: the run's processes' mean SM utilization (another
-    process's left out); no new sample is 0 (nothing of the run ran); a card that cannot say gives None."""
+    process's left out), shown beside the card's in a wide device row; no new sample is 0 (nothing of the run
+    ran); a card that cannot say gives None."""
     nvml = fake_nvml()
     me, other = os.getpid(), os.getpid() + 1_000_000  # `other`: a process outside the run's tree
     answers = [[types.SimpleNamespace(pid=me, timeStamp=10, smUtil=30), types.SimpleNamespace(pid=other, timeStamp=10,
@@ -115,8 +116,14 @@ def test_the_run_s_own_utilization_is_its_processes_share_of_the_card_since_the_
     nvml.nvmlDeviceGetProcessUtilization = process_utilization
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     sampler = telemetry.GpuSampler(run_id=1, indices=[0], root_pid=me)
-    assert [sampler.sample(now=NOW + tick)[0]["run_util"] for tick in range(3)] == [40.0, 0.0, None]
+    rows = [sampler.sample(now=NOW - 3 + tick)[0] for tick in range(3)]
+    assert [row["run_util"] for row in rows] == [40.0, 0.0, None]
     assert asked_since == [0, 20, 20]  # each read from the newest sample seen
+
+    store = Store(tmp_path)
+    run_id = store.create_run("probe", {}, [], "host")
+    store.add_rows([], [{**rows[0], "run_id": run_id}])
+    assert device_view(store, run_id).wide_text == "1980 MHz own  40%"
 
 
 def old_history(home: Path) -> int:

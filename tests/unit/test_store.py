@@ -109,8 +109,8 @@ def test_device_peaks_and_recipe_names(tmp_path):
     run_id, other = store.create_run("probe", {}, [], "h"), store.create_run("power-sampling", {}, [], "h")
     gpu = {"run_id": run_id, "kind": "gpu", "idx": 1, "name": "H100", "mem_total_mb": 80_000.0}
     store.add_rows([], [
-        {**gpu, "t": 1.0, "mem_used_mb": 10_000.0, "run_mem_mb": 9_000.0, "util": 40.0},
-        {**gpu, "t": 2.0, "mem_used_mb": 30_000.0, "run_mem_mb": 29_000.0, "util": 80.0},
+        {**gpu, "t": 1.0, "mem_used_mb": 10_000.0, "run_mem_mb": 9_000.0, "util": 40.0, "run_util": 10.0},
+        {**gpu, "t": 2.0, "mem_used_mb": 30_000.0, "run_mem_mb": 29_000.0, "util": 80.0, "run_util": 30.0},
         {"run_id": run_id, "t": 2.0, "kind": "rank", "idx": 0, "name": "rank 0", "run_mem_mb": 700.0},
         {"run_id": run_id, "t": 2.0, "kind": "host", "idx": -1, "name": "cpu", "mem_used_mb": 99_999.0},
         {**gpu, "run_id": other, "t": 2.0, "mem_used_mb": 79_000.0, "run_mem_mb": 79_000.0, "util": 100.0},
@@ -118,7 +118,8 @@ def test_device_peaks_and_recipe_names(tmp_path):
     peaks = store.device_peaks(run_id)
     assert [(p["kind"], p["idx"]) for p in peaks] == [("gpu", 1), ("rank", 0)]  # no host, no other run
     assert peaks[0] == {"kind": "gpu", "idx": 1, "name": "H100", "peak_mem_used_mb": 30_000.0,
-                        "mem_total_mb": 80_000.0, "peak_run_mem_mb": 29_000.0, "mean_util": 60.0, "samples": 2}
+                        "mem_total_mb": 80_000.0, "peak_run_mem_mb": 29_000.0, "mean_util": 60.0,
+                        "mean_run_util": 20.0, "samples": 2}
     assert [p["kind"] for p in store.device_peaks(run_id, kinds=("host",))] == ["host"]
     assert store.recipe_names() == ["power-sampling", "probe"]
 
