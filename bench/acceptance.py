@@ -534,7 +534,7 @@ def print_table(rows: list[dict], stats: dict) -> None:
     def number(value, scale: float = 1.0):
         return f"{value / scale:,.1f}" if isinstance(value, (int, float)) else "—"
 
-    print(f"{'run':<31}{'seed':>5} {'status':<10}{'wall s':>7}  {'peak MB per GPU':<18}"
+    print(f"{'run':<31}{'seed':>5} {'status':<10}{'wall s':>7}{'GPU s':>7}  {'peak MB per GPU':<18}"
           f"{'energy kJ':>10}{'J/correct':>10}"
           f"{'greedy before→after':>21}{'T=1 before→after':>19}{'acc':>7}  nan-free  "
           "saved model: plain transformers greedy")
@@ -544,7 +544,9 @@ def print_table(rows: list[dict], stats: dict) -> None:
         # `†`: the GPU was shared with other runs, whose work the figure counts too (no J/correct).
         energy = number(row.get("energy_j"), 1000.0) + ("*" if row.get("energy_unavailable") else "") \
             + ("†" if row.get("energy_shared") else "")
-        print(f"{row['label']:<31}{row['seed']:>5} {str(row['status']):<10}{row['wall_s']:>7.0f}  {peak:<18}"
+        # GPU s: the seconds its GPUs ran its own kernels (the summary's gpu_busy_s), with other runs on the card too.
+        busy = number(sum((row.get("gpu_busy_s") or {}).values())) if row.get("gpu_busy_s") else "—"
+        print(f"{row['label']:<31}{row['seed']:>5} {str(row['status']):<10}{row['wall_s']:>7.0f}{busy:>7}  {peak:<18}"
               f"{energy:>10}{number(row.get('energy_j_per_correct_answer')):>10}"
               f"{pct(row['accuracy_greedy_before']):>13} → {pct(row['accuracy_greedy_after'])}"
               f"{pct(row['accuracy_sampled_before']):>11} → {pct(row['accuracy_sampled_after'])}"

@@ -862,14 +862,14 @@ def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_p
 
 def acceptance_row(label: str, seed: int, greedy: tuple, sampled: tuple, domains: dict | None = None,
                    nan_free: bool = True, accuracy: float | None = None, temperature: float | None = None,
-                   saved_model: dict | None = None, **energy) -> dict:
+                   saved_model: dict | None = None, **measured) -> dict:
     """One row as bench/acceptance.py writes it to its --partial file; greedy and sampled: (before, after);
-    `energy`: its energy figures (a row of a file written before them has none)."""
+    `measured`: its energy figures and gpu_busy_s (a row of a file written before them has none)."""
     return {"label": label, "seed": seed, "run_id": seed + 1, "status": "succeeded", "error": None, "wall_s": 60.0,
             "peak_mem_mb": {"gpu0": 1000.0}, "accuracy_greedy_before": greedy[0], "accuracy_greedy_after": greedy[1],
             "accuracy_sampled_before": sampled[0], "accuracy_sampled_after": sampled[1], "domains": domains or {},
             "accuracy": accuracy, "temperature": temperature, "pass_at_k": None, "nan_free": nan_free,
-            "saved_model": saved_model, **energy}
+            "saved_model": saved_model, **measured}
 
 
 def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp_path):
@@ -888,7 +888,8 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
     plain = {"plain_accuracy": 0.57, "problems": 100, "run_accuracy": 0.58, "run_problems": 500,
              "tolerance": 0.152, "agrees": True}
     rest = [acceptance_row("rft", seed, (0.50, 0.58), (0.30, 0.39), energy_j=123_456.0 + seed,
-                           energy_j_per_correct_answer=987.6, saved_model=plain) for seed in range(2)]
+                           energy_j_per_correct_answer=987.6, saved_model=plain,
+                           gpu_busy_s={"gpu0": 20.0, "gpu1": 21.5 + seed}) for seed in range(2)]
     rest.append(acceptance_row("rft", 2, (0.50, 0.58), (0.30, 0.39), energy_unavailable="no NVML GPU (CPU run)"))
     rest += [acceptance_row("eggroll", seed, (0.50, 0.60), (0.30, 0.50), nan_free=seed != 1) for seed in range(2)]
     # A run that shared its GPU with others (control/telemetry.py's shared_gpu_figures): no J per correct answer.
@@ -938,13 +939,15 @@ def test_acceptance_reports_a_check_run_in_parts_with_its_targets_per_domain(tmp
     assert (power["points"]["over_greedy"], power["points"]["over_low_temperature"]) == (2.0, 5.0) and power["met"]
     assert "grpo-mtl pcgrad greedy: NOT MET" in done.stdout and "rft greedy: MET" in done.stdout
     assert "seed 1 comparison 60.0 → 58.0" in done.stdout
-    # The energy columns (kJ, J per correct answer), and why a run has none.
+    # The seconds its GPUs ran the run's own kernels (summed over them), the energy columns (kJ, J per correct
+    # answer), and why a run has none.
     table = done.stdout.splitlines()
-    assert "energy kJ J/correct" in table[0]
-    assert [line.split()[5:7] for line in table if line.startswith("rft ")] == [
+    assert "wall s  GPU s" in table[0] and "energy kJ J/correct" in table[0]
+    assert [line.split()[4] for line in table if line.startswith("rft ")] == ["41.5", "42.5", "—"]
+    assert [line.split()[6:8] for line in table if line.startswith("rft ")] == [
         ["123.5", "987.6"], ["123.5", "987.6"], ["—*", "—"]]
     assert "    * energy not measured: no NVML GPU (CPU run)" in table
-    assert [line.split()[5:7] for line in table if line.startswith("eggroll ")] == [
+    assert [line.split()[6:8] for line in table if line.startswith("eggroll ")] == [
         ["—", "—"], ["—", "—"], ["20.3†", "—"]]
     assert "    † energy shared: GPU 0 shared with runs 12, 13: NVML counts the whole GPU" in table
     # The saved model scored with plain transformers, and whether it agrees with the run's figure.
