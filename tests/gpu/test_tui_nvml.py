@@ -56,8 +56,10 @@ def test_picker_and_monitor_show_the_real_gpu(home):
                 assert row.label == f"GPU {first['index']} {short_gpu_name(first['name'])}"
                 assert row.mem_total_mb == pytest.approx(first["mem_total_mb"], rel=1e-3)
                 assert 100 < row.mem_used_mb <= row.mem_total_mb  # the probe's weights and cache are in
-                # Every field NVML reads on this GPU reaches the row, by its declared name.
-                assert all(row.values.get(name) is not None for name in ("util", "temp_c", "sm_clock_mhz"))
+                # Every field NVML reads on this GPU reaches the row, by its declared name (run_util: the probe's
+                # own share of the card, from NVML's per-process samples).
+                assert all(row.values.get(name) is not None
+                           for name in ("util", "temp_c", "sm_clock_mhz", "run_util"))
                 assert f"/{first['mem_total_mb'] / 1024:.1f} GiB" in row.mem_text  # e.g. 12.3/79.6 GiB 15%
 
                 # The launch screen's picker lists every GPU with its name and free memory.
