@@ -104,9 +104,9 @@ def _reduction_linear(x, weight, bias):
 REDUCTION_LINEAR_MAX_ROWS = 1
 REDUCTION_ATTENTION_MAX_ROWS = 1
 # At one row, compiled on a GPU, a plain SiLU MLP (no biases, no row terms) as two hand-written Triton kernels
-# (triton_matvec.py: gate/up with SiLU-times-up, then down_proj). On an H200 the step took 1.027 and 1.015 ms with
-# them against 1.210 and 1.193 ms with Inductor's reductions, the ways in opposite orders (bench/decode_ways.py's
-# `inductor-mlp` turns them off; bench/RESULTS.md). Where Triton or CUDA is missing the MLP stays Inductor's.
+# (triton_matvec.py: gate/up with SiLU-times-up, then down_proj): on an H200 the step was faster this way than with
+# Inductor's reductions in both orders of two calls (bench/decode_ways.py's `inductor-mlp` turns them off; the
+# figures are in bench/RESULTS.md). Where Triton or CUDA is missing the MLP stays Inductor's.
 TRITON_MLP_AT_ONE_ROW = True
 # Whether down_proj too is a reduction at those rows (bench/decode_ways.py's `down-cublas` turns it off: its input,
 # the MLP's SiLU-times-up, is then stored once for cuBLAS rather than computed again in each of its rows).
