@@ -17,6 +17,7 @@ import socket
 import psutil
 
 from gpuscale.control import run_queue
+from gpuscale.runs.devices import usable_cores
 from gpuscale.runs.process import RUN_DIR_ENV
 from gpuscale.runs.settings import SettingsError
 
@@ -62,7 +63,7 @@ def oversubscription(live: list[dict], ranks: int, environ=os.environ) -> str | 
     expected = sum(rss.values()) / len(rss) if rss else 0.0
     memory = psutil.virtual_memory()
     used = memory.total - memory.available + expected
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     ranks_here = ranks + sum(run_queue.Demand.of_run(run).ranks for run in going)
     over = []
     if used > share * memory.total:

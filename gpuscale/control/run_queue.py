@@ -61,11 +61,12 @@ class Demand:
 
 def cpu_slots(environ=os.environ) -> int:
     """The CPU ranks that may run at once on this host: GPUSCALE_QUEUE_CPU_SLOTS, else its cores."""
-    from gpuscale.runs.settings import SettingsError  # not at the top: the store imports this module, pydantic-free
+    from gpuscale.runs.devices import usable_cores  # not at the top: the store imports this module, pydantic-free
+    from gpuscale.runs.settings import SettingsError
 
     text = environ.get(CPU_SLOTS_ENV, "").strip()
     if not text:
-        return os.cpu_count() or 1
+        return usable_cores()
     if not text.isdigit() or int(text) < 1:
         raise SettingsError(f"{CPU_SLOTS_ENV}: {text!r}: expected a whole number of CPU ranks, at least 1")
     return int(text)

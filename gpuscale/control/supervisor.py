@@ -41,7 +41,7 @@ from gpuscale.control.run_errors import first_error, hint_for
 from gpuscale.control.store import Store, StoreError, UnknownRun
 from gpuscale.data import step_phases
 from gpuscale.runs.checkpoints import latest_checkpoint
-from gpuscale.runs.devices import visible_gpu_indices
+from gpuscale.runs.devices import usable_cores, visible_gpu_indices
 from gpuscale.runs.heartbeat import STACKS_SIGNAL
 from gpuscale.runs.process import RUN_DIR_ENV, die_with_parent, kill_run_processes, run_processes, signal_group
 from gpuscale.runs.run_dir import RunDir, merge_results
@@ -130,7 +130,9 @@ class Supervisor:
         ranks_here = live[0] if live else 0
         gpus_here = len(visible_gpu_indices()) if self.plan["gpu_indices"] else 0
         threads, why = omp_threads(os.environ, self.plan["nproc"], ranks_here=ranks_here, gpus_here=gpus_here)
-        say(f"OMP_NUM_THREADS={threads} per rank ({why})")
+        compile_threads = os.environ.get(COMPILE_THREADS_ENV)
+        say(f"OMP_NUM_THREADS={threads} per rank ({why}); {COMPILE_THREADS_ENV}="
+            + (f"{compile_threads} (set by the user)" if compile_threads else f"{threads}, the same share"))
         env = {**rank_environment(os.environ, self.run_dir, self.plan, threads), **self.direct_rank_env()}
         # The launcher writes to its own copy of the descriptor: ours is closed once it has started. A rank
         # started without one writes there only until it opens its own log (engines/distributed.py).
@@ -594,9 +596,17 @@ def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
     return {**summary, **step_phases.summarise(tailer.step_phases)}
 
 
+# Inductor's pool of compile workers, each a process of its own: left alone every rank starts as many as the
+# host has cores (at most 32), so 34 one-GPU runs on a 16-core host started 544 (bench/RESULTS.md, "Where the
+# card's time goes in the one call"). A rank gets as many as its OpenMP threads, its share of the cores; at 1
+# Inductor compiles in the rank itself.
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
 def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = None) -> dict[str, str]:
-    """The launcher's (and so every rank's) environment: the run marker, the devices, the threads,
-    and where transformers' TensorBoard integration writes (otherwise under the checkpoints)."""
+    """The launcher's (and so every rank's) environment: the run marker, the devices, the threads (OpenMP's
+    and Inductor's compile workers, unless the user set them), and where transformers' TensorBoard
+    integration writes (otherwise under the checkpoints)."""
     env = dict(environ)
     env[RUN_DIR_ENV] = str(run_dir)
     env.setdefault("TENSORBOARD_LOGGING_DIR", str(RunDir(run_dir).tensorboard))
@@ -609,6 +619,7 @@ def rank_environment(environ, run_dir: Path, plan: dict, threads: str | None = N
         env["GPUSCALE_DEVICE"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
     env["OMP_NUM_THREADS"] = threads or omp_threads(environ, plan["nproc"])[0]
+    env[COMPILE_THREADS_ENV] = environ.get(COMPILE_THREADS_ENV) or env["OMP_NUM_THREADS"]
     return env
 
 
@@ -631,7 +642,7 @@ def omp_threads(environ, nproc: int, cores: int | None = None, busy: float | Non
     """
     if environ.get("OMP_NUM_THREADS"):
         return environ["OMP_NUM_THREADS"], "set by the user"
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     busy = busy_cores(cores) if busy is None else busy
     free = max(0, int(cores - busy + 0.5))
     ranks_here = max(ranks_here, nproc)

@@ -72,13 +72,22 @@ def plan_devices(gpus: str | int | list[int], available: list[int] | None = None
     return DevicePlan(len(gpus), tuple(gpus))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (what taskset, a container's cpuset or SLURM's
+    --cpus-per-task leave it), not every core of the machine, which is what os.cpu_count() counts."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this OS (macOS)
+        return os.cpu_count() or 1
+
+
 # CPU ranks a core may carry: more ranks than cores run (slowly: the launch warns, control/host_load.py),
 # so that a run planned for 4 GPUs can be tried on a laptop's gloo ranks; many more is a typo.
 CPU_RANKS_PER_CORE = 4
 
 
 def _plan_cpu(gpus: str | int | list[int]) -> DevicePlan:
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if gpus == "all":
         return DevicePlan(1, ())
     if isinstance(gpus, list):

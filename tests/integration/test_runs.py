@@ -270,12 +270,14 @@ def supervisor_log(run: dict) -> str:
 
 def test_the_supervisor_log_names_the_threads_per_rank(failed_runs, cli_run):
     """The run's log says how many OpenMP threads its ranks got, and why: by the supervisor's rule where
-    OMP_NUM_THREADS is not set (the failed runs), as set where the user set it (these tests' 1)."""
+    OMP_NUM_THREADS is not set (the failed runs), as set where the user set it (these tests' 1); and Inductor's
+    compile workers, the same share."""
     log = supervisor_log(json.loads(failed_runs[FAULTS[0]].stdout))
     line = re.search(r"OMP_NUM_THREADS=(\d+) per rank \((\d+) cores, ([\d.]+) busy, (\d+) free, 2 rank\(s\)", log)
     assert line, log
     threads, free = int(line[1]), int(line[4])
     assert threads == max(1, free // 2)
+    assert f"TORCHINDUCTOR_COMPILE_THREADS={threads}, the same share" in log
     assert "OMP_NUM_THREADS=1 per rank (set by the user)" in supervisor_log(cli_run)
 
 

@@ -12,6 +12,7 @@ import pytest
 from gpuscale.control import launch
 from gpuscale.recipes.probe import Settings
 from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.runs.devices import usable_cores
 from gpuscale.runs.settings import SettingsError
 
 
@@ -26,10 +27,20 @@ def test_plan_on_a_gpu_machine():
         launch.plan_devices([1, 5], available)
 
 
+def test_the_cores_counted_are_those_the_process_may_run_on():
+    """A process pinned to one core (taskset, a container's cpuset, SLURM's --cpus-per-task) counts one, not
+    the machine's: its ranks' threads and the CPU ranks it allows follow."""
+    pinned = subprocess.run([sys.executable, "-c", "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+                             "from gpuscale.runs.devices import usable_cores; print(usable_cores())"],
+                            capture_output=True, text=True, check=True)
+    assert pinned.stdout.split() == ["1"]
+    assert usable_cores() == len(os.sched_getaffinity(0))
+
+
 def test_plan_on_a_cpu_machine():
     assert launch.plan_devices("all", []) == launch.DevicePlan(1, ())
     assert launch.plan_devices(1, []).on_gpu is False
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     # More ranks than cores run (the launch warns: control/host_load.py), up to four a core.
     assert launch.plan_devices(4 * cores, []).nproc == 4 * cores
     with pytest.raises(SettingsError, match=rf"gpus: {4 * cores + 1}: no GPU here, and {cores} CPU cores take at "
@@ -153,16 +164,19 @@ def test_ranks_share_the_free_cores_unless_the_user_set_threads(monkeypatch, gpu
     from gpuscale.control import supervisor
     from gpuscale.control.supervisor import rank_environment
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(supervisor, "usable_cores", lambda: 16)
     monkeypatch.setattr(supervisor, "busy_cores", lambda cores: 0.3)  # an idle machine
     plan = {"gpu_indices": gpu_indices, "nproc": nproc}
     env = rank_environment({"PATH": "/bin"}, Path("/runs/7"), plan)
     assert env["OMP_NUM_THREADS"] == str(16 // nproc)
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == str(16 // nproc)  # Inductor's compile workers: the same share
     assert env["GPUSCALE_RUN_DIR"] == "/runs/7" and env["PATH"] == "/bin"
     assert env["TENSORBOARD_LOGGING_DIR"] == "/runs/7/tensorboard"  # report_to=tensorboard writes in the run folder
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpu_indices))
     assert (env.get("GPUSCALE_DEVICE") == "cpu") == (not gpu_indices)
     assert rank_environment({"OMP_NUM_THREADS": "3"}, Path("/runs/7"), plan)["OMP_NUM_THREADS"] == "3"
+    users = rank_environment({"TORCHINDUCTOR_COMPILE_THREADS": "5"}, Path("/runs/7"), plan)
+    assert users["TORCHINDUCTOR_COMPILE_THREADS"] == "5" and users["OMP_NUM_THREADS"] == str(16 // nproc)
 
 
 @pytest.mark.parametrize("cores, busy, nproc, threads", [
@@ -176,7 +190,7 @@ def test_a_busy_machine_gets_no_more_threads_than_free_cores(monkeypatch, cores,
     """Ranks on a busy machine ran 40-250x slower with cores / ranks threads."""
     from gpuscale.control import supervisor
 
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(supervisor, "usable_cores", lambda: cores)
     monkeypatch.setattr(supervisor, "busy_cores", lambda cores: busy)
     env = supervisor.rank_environment({}, Path("/runs/7"), {"gpu_indices": [], "nproc": nproc})
     assert env["OMP_NUM_THREADS"] == threads

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import sys
 import time
 
@@ -22,6 +21,7 @@ from gpuscale.app.views.text import format_number
 from gpuscale.control import launch
 from gpuscale.control.store import Store
 from gpuscale.recipes.shared.registry import get_recipe
+from gpuscale.runs.devices import usable_cores
 from gpuscale.runs.settings import resolve_settings
 
 DEMO_PROBLEMS = 200
@@ -78,7 +78,7 @@ def default_gpus(launch) -> str | int:
     """Every GPU; on a machine without one, two CPU ranks (one where there is a single core)."""
     if launch.plan_devices("all").on_gpu:
         return "all"
-    return min(2, os.cpu_count() or 1)
+    return min(2, usable_cores())
 
 
 PARSERS = {"demo": add_demo_parser}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from gpuscale.app.commands.common import JSON_HELP, BadInput, Parser, print_table
 from gpuscale.app.views.text import format_number, memory_text, setting_text
 from gpuscale.control import telemetry
 from gpuscale.data.splits import OLD_TEST_SPLIT_HELP, SPLITS
 from gpuscale.recipes.shared.registry import all_recipes
+from gpuscale.runs.devices import usable_cores
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
@@ -42,7 +42,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         print(json.dumps(gpus, indent=2))
         return 0
     if not gpus:
-        print(f"no NVIDIA GPU found (NVML unavailable); runs use CPU ranks on gloo ({os.cpu_count()} cores)")
+        print(f"no NVIDIA GPU found (NVML unavailable); runs use CPU ranks on gloo ({usable_cores()} cores)")
         return 0
     rows = [["GPU", "NAME", "MEMORY USED / TOTAL", "UTIL"]]
     for g in gpus:
