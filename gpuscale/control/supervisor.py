@@ -596,10 +596,10 @@ def summary_from_files(run_dir: str | Path, run_id: int) -> dict:
     return {**summary, **step_phases.summarise(tailer.step_phases)}
 
 
-# Inductor's pool of compile workers, each a process of its own: left alone every rank starts as many as the
-# host has cores (at most 32), so 34 one-GPU runs on a 16-core host started 544 (bench/RESULTS.md, "Where the
-# card's time goes in the one call"). A rank gets as many as its OpenMP threads, its share of the cores; at 1
-# Inductor compiles in the rank itself.
+# Inductor's pool of compile workers, each a process of its own: left alone every rank starts as many as it
+# may use cores (at most 32): in the acceptance's one call, dozens of runs on 16 cores each started 16 at once
+# (bench/RESULTS.md, "Where the card's time goes in the one call"). A rank gets as many as its OpenMP threads,
+# its share of the cores; at 1 Inductor compiles in the rank itself.
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
