@@ -195,10 +195,6 @@ class _FusedDecode:
         self.kv_heads = first.self_attn.k_proj.out_features // self.head_dim
         self.split_sizes = [[m.out_features for m in self._linears(first, group)] for group in self.GROUPS]
         self.activations = [mlp_activation(layer.mlp, decoder.config) for layer in decoder.layers]
-        # Decided here, outside compiled code, and only where switched on (importing Triton would cost every GPU
-        # engine otherwise): SiLU MLPs on a device the kernels run on.
-        self.triton_mlp_ready = (TRITON_MLP_AT_ONE_ROW and all(_is_silu(a) for a in self.activations)
-                                 and triton_matvec.register(first.mlp.down_proj.weight.device))
         # weights[g][i], biases[g][i]: group g of layer i, concatenated (bias None where there is none).
         self.weights = [[self._cat(layer, group, "weight") for layer in decoder.layers]
                         for group in self.GROUPS]
@@ -214,9 +210,23 @@ class _FusedDecode:
         self.terms_in_projections = False
         # output_as_matmul[i]: whether layer i's o_proj and down_proj run as their matmul here, not as modules.
         self.output_as_matmul: list[tuple[bool, bool]] = [(False, False) for _ in decoder.layers]
-        # Set by the engine when this forward runs compiled: only then are `_reduction_*` worth taking.
+        self.triton_mlp_ready = False
         self.compiled = False
         self._bypassed = self._bypassed_modules()
+
+    @property
+    def compiled(self) -> bool:
+        """Set by the engine when this forward runs compiled: only then are `_reduction_*` and the Triton MLP
+        worth taking."""
+        return self._compiled
+
+    @compiled.setter
+    def compiled(self, compiled: bool) -> None:
+        self._compiled = compiled
+        # Decided here, outside compiled code, and only for a compiled forward (an uncompiled engine, a held-out
+        # evaluation's, never imports Triton): SiLU MLPs on a device the kernels run on, the switch on.
+        self.triton_mlp_ready = bool(compiled and TRITON_MLP_AT_ONE_ROW and all(map(_is_silu, self.activations))
+                                     and triton_matvec.register(self.weights[1][0].device))
 
     @staticmethod
     def _linears(layer, group) -> list:
