@@ -130,7 +130,7 @@ def measure_one(args) -> dict:
             with tempfile.TemporaryDirectory() as folder:
                 profiled = profile_decode.profile_one(model, args.batch, "compiled", settings, device, Path(folder))
             row["kernels"] = {key: value for key, value in profiled.items() if key.endswith("per_step")}
-            row["top_kernels"] = [[name[:90], calls, round(us, 2)] for name, calls, us in profiled["rows"][:12]]
+            row["top_kernels"] = [[name[:90], calls, round(us, 2)] for name, calls, us in profiled["rows"][:40]]
     return row
 
 
