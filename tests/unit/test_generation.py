@@ -428,24 +428,33 @@ def test_reductions_in_the_fused_forward_equal_its_matmuls(model, weights, monke
         torch.testing.assert_close(reduced.sampled_logprobs, plain.sampled_logprobs, atol=1e-5, rtol=0)
 
 
-# The fused forward with TRITON_MLP_AT_ONE_ROW on (its flags set as a compiled one-row step sets them), every
-# prompt alone, in Triton's interpreter on CPU, against the same forward without it: fp32, so the same tokens and
-# log-probs within 1e-5. Prints the number of rows the Triton MLP ran.
-TRITON_MLP_IN_THE_INTERPRETER = """
+# The fused forward with TRITON_MLP_AT_ONE_ROW (or TRITON_LAYER_AT_ONE_ROW) on, its readiness set as a compiled one-row
+# step sets it, every prompt alone, in Triton's interpreter on CPU, against the same forward without it: fp32, so the
+# same tokens and log-probs within 1e-5. The layer on a tiny Qwen2 (q/k/v biases, grouped KV heads). Prints the
+# number of layer-steps the Triton kernels ran.
+TRITON_IN_THE_INTERPRETER = """
 import sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
 from gpuscale.data.models import build_random_model
 from gpuscale.engines.generation import GenerationEngine, Sampling, triton_matvec
-from gpuscale.engines.generation import fused
-prompts, calls = eval(sys.argv[1]), []
+prompts, which, calls = eval(sys.argv[1]), sys.argv[2], []
 triton_matvec._register()  # register() says no on CPU: the interpreter runs the kernels here
-real = triton_matvec.silu_gate_up
-triton_matvec.silu_gate_up = lambda *args: calls.append(1) or real(*args)
-model = build_random_model("random-tiny", seed=0)
+counted = {"mlp": "silu_gate_up", "layer": "norm_qkv_rotary"}[which]
+real = getattr(triton_matvec, counted)
+setattr(triton_matvec, counted, lambda *args: calls.append(1) or real(*args))
+if which == "layer":
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "qwen2", vocab_size=384, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512)).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+else:
+    model = build_random_model("random-tiny", seed=0)
 runs = []
 for on in (True, False):
-    fused.TRITON_MLP_AT_ONE_ROW = on
     engine = GenerationEngine(model, eos_token_ids=[9, 10, 11], pad_token_id=0, static_shapes=True)
-    engine._fused.compiled, engine._fused.triton_mlp_ready = True, on  # register() says no on CPU
+    engine._fused.compiled = True
+    setattr(engine._fused, f"triton_{which}_ready", on)  # register() says no on CPU
     runs.append([engine.generate([p], 6, Sampling(0.8, top_k=40), generator=torch.Generator().manual_seed(i))
                  for i, p in enumerate(prompts)])
 for ours, plain in zip(*runs):
@@ -456,16 +465,18 @@ print(len(calls))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: its interpreter runs the kernels")
-def test_the_triton_mlp_equals_the_fused_forwards_matmuls_in_tritons_interpreter():
-    """triton_matvec's two kernels in place of the one-row MLP's matmuls, wired as the compiled step wires
-    them (the GPU test test_one_row_compiled_agrees_with_the_eager_step[triton-mlp] runs them compiled)."""
+@pytest.mark.parametrize("which", ["mlp", "layer"])
+def test_the_triton_kernels_equal_the_fused_forward_in_tritons_interpreter(which):
+    """triton_matvec's kernels in place of the one-row MLP's matmuls (`mlp`) or of the whole layer (`layer`),
+    wired as the compiled step wires them (the GPU test test_one_row_compiled_agrees_with_the_eager_step runs
+    them compiled)."""
     environment = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", TRITON_MLP_IN_THE_INTERPRETER, repr(PROMPTS[:2])], capture_output=True,
-                          text=True, timeout=600, env=environment)
+    done = subprocess.run([sys.executable, "-c", TRITON_IN_THE_INTERPRETER, repr(PROMPTS[:2]), which],
+                          capture_output=True, text=True, timeout=600, env=environment)
     assert done.returncode == 0, done.stderr[-3000:]
-    layers = build_random_model("random-tiny", seed=0).config.num_hidden_layers
-    # every layer of every decode step of both prompts (one a new token: the prefill takes all but the prompt's last)
-    assert int(done.stdout.split()[-1]) == layers * 6 * 2
+    # every layer (2 in both models) of every decode step of both prompts (one a new token: the prefill takes all
+    # but the prompt's last)
+    assert int(done.stdout.split()[-1]) == 2 * 6 * 2
 
 
 def _count_calls(monkeypatch, module, *names) -> list[str]:
@@ -761,12 +772,13 @@ def _assert_fast_agrees_with_eager(fast_runs, eager_runs, dtype):
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sampling", [Sampling(0.9, top_k=40, top_p=0.95), Sampling(temperature=0)], ids=str)
-@pytest.mark.parametrize("way", ["reductions", "cublas-sdpa", "triton-mlp"])
+@pytest.mark.parametrize("way", ["reductions", "cublas-sdpa", "triton-mlp", "triton-layer"])
 def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monkeypatch):
     """One row, compiled with CUDA graphs, the fused forward's matmuls and attention as Inductor's
     reductions (REDUCTION_*_MAX_ROWS at 1), with the MLP as triton_matvec's kernels beside them
-    (TRITON_MLP_AT_ONE_ROW), or through cuBLAS and SDPA, against the uncompiled eager static step, with the
-    tolerances of test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
+    (TRITON_MLP_AT_ONE_ROW), each whole layer as its five kernels (TRITON_LAYER_AT_ONE_ROW), or through cuBLAS
+    and SDPA, against the uncompiled eager static step, with the tolerances of
+    test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
     model = _sharpen(build_random_model("random-tiny", seed=0), 5).to("cuda", dtype)
     runs, traced = [], []
     for compiled in (True, False):
@@ -774,19 +786,43 @@ def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monke
             monkeypatch.setattr(fused_module, name, 0 if way == "cublas-sdpa" else 1)
         # before the engine is built: it registers the Triton ops where the switch is on
         monkeypatch.setattr(fused_module, "TRITON_MLP_AT_ONE_ROW", way == "triton-mlp")
+        monkeypatch.setattr(fused_module, "TRITON_LAYER_AT_ONE_ROW", way == "triton-layer")
         engine = GenerationEngine(model, eos_token_ids=list(range(3, 512, 6)), pad_token_id=PAD,
                                   cuda_graphs=compiled, static_shapes=True, compile=compiled)
         fused_calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
-        triton_calls = _count_calls(monkeypatch, triton_matvec, "silu_gate_up", "matvec")
+        triton_calls = _count_calls(monkeypatch, triton_matvec, *LAYER_KERNELS)
         runs.append(_mcmc_round(engine, PROMPTS[:1], sampling, seed=0, generator_per_call=True))
         traced.append(set(fused_calls + triton_calls))  # compiled: called while dynamo traced the step
         monkeypatch.undo()
         if compiled:
             assert engine._graphs and not engine._compile_errors()
     expected = {"reductions": {"_reduction_linear", "_reduction_attention"}, "cublas-sdpa": set(),
-                "triton-mlp": {"_reduction_linear", "_reduction_attention", "silu_gate_up", "matvec"}}[way]
+                "triton-mlp": {"_reduction_linear", "_reduction_attention", "silu_gate_up", "matvec"},
+                "triton-layer": set(LAYER_KERNELS)}[way]
     assert traced == [expected, set()]
     _assert_fast_agrees_with_eager(*runs, dtype)
+
+
+LAYER_KERNELS = ("norm_qkv_rotary", "decode_attention", "silu_gate_up", "matvec")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_triton_layer_on_the_qwen_shape_agrees_with_the_eager_step(monkeypatch):
+    """Qwen2.5-0.5B's shape in bf16 (q/k/v biases, 14 query heads over 2 KV heads, head_dim 64), one row: the
+    compiled step with every layer as triton_matvec's five kernels against the eager step, as above."""
+    model = _sharpen(build_random_model("random-qwen2.5-0.5b", seed=0), 5).to("cuda", torch.bfloat16)
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    runs, traced = [], []
+    for compiled in (True, False):
+        engine = GenerationEngine(model, pad_token_id=PAD, cuda_graphs=compiled, static_shapes=True,
+                                  compile=compiled)
+        calls = _count_calls(monkeypatch, triton_matvec, *LAYER_KERNELS)
+        runs.append(_mcmc_round(engine, PROMPTS[:1], Sampling(temperature=0), seed=0, generator_per_call=True))
+        traced.append(set(calls))
+        monkeypatch.undo()
+    assert traced == [set(LAYER_KERNELS), set()]
+    _assert_fast_agrees_with_eager(*runs, torch.bfloat16)
 
 
 @pytest.mark.gpu

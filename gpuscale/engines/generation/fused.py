@@ -108,6 +108,13 @@ REDUCTION_ATTENTION_MAX_ROWS = 1
 # Inductor's reductions in both orders of two calls (bench/decode_ways.py's `inductor-mlp` turns them off; the
 # figures are in bench/RESULTS.md). Where Triton or CUDA is missing the MLP stays Inductor's.
 TRITON_MLP_AT_ONE_ROW = True
+# At one row, compiled on a GPU, a whole plain layer (RMSNorms, q/k/v with or without bias, rotary, full attention,
+# SiLU MLP, no biases elsewhere, no row terms) as five Triton kernels (triton_matvec.py), not Inductor's dozen or
+# so: bench/decode_ways.py's `triton-mlp-only` turns it off (the MLP alone then as above). Where Triton or CUDA is
+# missing the layer stays Inductor's.
+TRITON_LAYER_AT_ONE_ROW = True
+# RMSNorm classes whose forward is exactly transformers' Llama one (what the layer kernels compute).
+_PLAIN_RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}
 # Whether down_proj too is a reduction at those rows (bench/decode_ways.py's `down-cublas` turns it off: its input,
 # the MLP's SiLU-times-up, is then stored once for cuBLAS rather than computed again in each of its rows).
 DOWN_PROJ_AS_REDUCTION = True
@@ -210,7 +217,7 @@ class _FusedDecode:
         self.terms_in_projections = False
         # output_as_matmul[i]: whether layer i's o_proj and down_proj run as their matmul here, not as modules.
         self.output_as_matmul: list[tuple[bool, bool]] = [(False, False) for _ in decoder.layers]
-        self.triton_mlp_ready = False
+        self.triton_mlp_ready = self.triton_layer_ready = False
         self.compiled = False
         self._bypassed = self._bypassed_modules()
 
@@ -224,9 +231,14 @@ class _FusedDecode:
     def compiled(self, compiled: bool) -> None:
         self._compiled = compiled
         # Decided here, outside compiled code, and only for a compiled forward (an uncompiled engine, a held-out
-        # evaluation's, never imports Triton): SiLU MLPs on a device the kernels run on, the switch on.
-        self.triton_mlp_ready = bool(compiled and TRITON_MLP_AT_ONE_ROW and all(map(_is_silu, self.activations))
-                                     and triton_matvec.register(self.weights[1][0].device))
+        # evaluation's, never imports Triton): SiLU MLPs on a device the kernels run on, a switch on; for the
+        # whole layer, plain RMSNorms too.
+        kernels = bool(compiled and (TRITON_MLP_AT_ONE_ROW or TRITON_LAYER_AT_ONE_ROW)
+                       and all(map(_is_silu, self.activations)) and triton_matvec.register(self.weights[1][0].device))
+        self.triton_mlp_ready = kernels and TRITON_MLP_AT_ONE_ROW
+        self.triton_layer_ready = kernels and TRITON_LAYER_AT_ONE_ROW and all(
+            _plain_rms_norm(norm) for layer in self.decoder.layers
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm))
 
     @staticmethod
     def _linears(layer, group) -> list:
@@ -337,6 +349,9 @@ class _FusedDecode:
         hidden = decoder.embed_tokens(input_ids)
         position_embeddings = decoder.rotary_emb(hidden, positions)
         for i, layer in enumerate(decoder.layers):
+            if self._layer_by_triton(i, layer, hidden, position_embeddings, cache):
+                hidden = self._triton_layer(i, layer, hidden, position_embeddings, mask, cache)
+                continue
             attention_in = self._norm(layer.input_layernorm, self.norm_scales[i][0], hidden, token_rows)
             hidden = hidden + self._attention(i, layer.self_attn, attention_in, position_embeddings, mask,
                                               cache, token_rows)
@@ -406,13 +421,51 @@ class _FusedDecode:
         gate, up = self._projections(1, i, x, token_rows)
         return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up, token_rows)
 
+    def _layer_by_triton(self, i, layer, hidden, position_embeddings, cache) -> bool:
+        """Whether layer i runs as triton_matvec's five kernels here (`_triton_layer`): ready
+        (`triton_layer_ready`), one row of a compiled step, and a plain layer: no bias but q/k/v's, no row terms or
+        hooks, full attention over a one-row cache written at the cursor's column."""
+        if not (self.triton_layer_ready and self.compiled and hidden.shape[:-1].numel() == 1):
+            return False
+        attention, cache_layer = layer.self_attn, cache.layers[i]
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        return (self._plain_mlp(i, layer.mlp)
+                and attention.o_proj.bias is None and not any(self.row_terms[0][i])
+                and self.output_as_matmul[i][0] and not self.output_terms[i][0]
+                and not any(self.norm_scales[i]) and not any(_hooked(norm) for norm in norms)
+                and getattr(attention, "sliding_window", None) is None
+                and position_embeddings[0].shape[-1] == self.head_dim
+                and cache_layer.is_initialized and cache_layer.cursor.row_stride == 1)
+
+    def _triton_layer(self, i, layer, hidden, position_embeddings, mask, cache) -> torch.Tensor:
+        """Layer i over one row as five kernels: norm + q/k/v + rotary + KV write, attention, o_proj + residual,
+        norm + gate/up + SiLU-times-up, down_proj + residual."""
+        attention, cache_layer = layer.self_attn, cache.layers[i]
+        before, after = layer.input_layernorm, layer.post_attention_layernorm
+        keys, values = cache_layer.keys, cache_layer.values
+        query = triton_matvec.norm_qkv_rotary(hidden, before.weight, before.variance_epsilon, self.weights[0][i],
+                                              self.biases[0][i], *position_embeddings, keys, values,
+                                              cache_layer.cursor.write_col)
+        attended = triton_matvec.decode_attention(query, keys, values, mask, attention.scaling)
+        hidden = triton_matvec.matvec(attended.view(*hidden.shape[:-1], -1), attention.o_proj.weight, hidden)
+        gated = triton_matvec.silu_gate_up(hidden, self.weights[1][i], after.weight, after.variance_epsilon)
+        return triton_matvec.matvec(gated, layer.mlp.down_proj.weight, hidden)
+
     def _mlp_by_triton(self, i, mlp, x) -> bool:
         """Whether layer i's MLP runs as triton_matvec's kernels here: ready (`triton_mlp_ready`), one row of a
         compiled step, and a plain MLP (no biases, nothing added to its outputs)."""
-        if not (self.triton_mlp_ready and self.compiled and x.shape[:-1].numel() == 1):
-            return False
+        return self.triton_mlp_ready and self.compiled and x.shape[:-1].numel() == 1 and self._plain_mlp(i, mlp)
+
+    def _plain_mlp(self, i, mlp) -> bool:
         return (self.biases[1][i] is None and mlp.down_proj.bias is None and not any(self.row_terms[1][i])
                 and self.output_as_matmul[i][1] and not self.output_terms[i][1])
+
+
+def _plain_rms_norm(norm) -> bool:
+    """transformers' Llama-style RMSNorm (its class's forward, a weight, `variance_epsilon`): what the layer
+    kernels compute in its place."""
+    return (type(norm).__name__ in _PLAIN_RMS_NORMS and "forward" not in norm.__dict__
+            and isinstance(getattr(norm, "weight", None), torch.Tensor) and hasattr(norm, "variance_epsilon"))
 
 
 def _is_silu(activation) -> bool:

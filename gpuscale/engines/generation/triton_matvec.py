@@ -1,22 +1,29 @@
-"""Batch-1 decode's MLP as two hand-written Triton matrix-vector kernels, for the compiled one-row step.
+"""Batch-1 decode's layer as five hand-written Triton kernels, for the compiled one-row step.
 
-Why by hand: at one row the MLP's matmuls are matrix-vector products that read the weights once. Written as
-reductions, Inductor computes the SiLU-times-up input of down_proj again inside each of its rows (its default
-inlines a cheap producer into every reduction row that broadcasts it), and down_proj then runs at about a fifth
-of the card's bandwidth (bench/mlp_matvec.py, bench/RESULTS.md). Here gate/up and their SiLU-times-up are one
-kernel that stores its output once; down_proj is a second that reads it. Rounding follows the eager bf16 (or
-fp32) MLP: gate and up rounded to the model's dtype, SiLU rounded, the product rounded, down_proj's sum
-rounded.
+Why by hand: at one row every matmul of a layer is a matrix-vector product that reads its weight once, and a small
+model's step costs about the number of its kernels (Inductor wrote about 13 a layer: norms, the q/k/v reduction,
+rotary for q and for k, the cache writes, two for attention, o_proj, and the MLP's). Here a layer is
+1. `norm_qkv_rotary`: input norm, q/k/v (and their bias), rotary; k and v written into the KV cache at the
+   cursor's column, q returned;
+2. `decode_attention`: one program per query head over the cache's visible columns (online softmax, fp32);
+3. `matvec(..., residual)`: o_proj plus the residual;
+4. `silu_gate_up(..., norm)`: post-attention norm, gate/up, SiLU-times-up, stored once (Inductor otherwise
+   computes it again inside each row of down_proj's reduction);
+5. `matvec(..., residual)`: down_proj plus the residual.
+Rounding follows the eager bf16 (or fp32) layer: each value the eager modules round to the model's dtype is
+rounded here too (the norm's output, q/k/v, each rotary product and sum, o_proj's and down_proj's sums, gate, up,
+SiLU and their product, each residual sum); sums and softmax run in fp32.
 
-On by default (fused.TRITON_MLP_AT_ONE_ROW); measured in the engine's step by `python bench/decode_ways.py
---ways today,inductor-mlp`. Without Triton or CUDA nothing here is imported.
-The kernels register as torch.library Triton ops, so torch.compile puts them inside the compiled step and
-its CUDA graph.
+On by default (fused.TRITON_LAYER_AT_ONE_ROW, and fused.TRITON_MLP_AT_ONE_ROW for the MLP alone); measured in the
+engine's step by `python bench/decode_ways.py --ways today,triton-mlp-only,inductor-mlp`. Without Triton or CUDA
+nothing here is imported. The kernels register as torch.library Triton ops, so torch.compile puts them inside the
+compiled step and its CUDA graph.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import torch
@@ -28,11 +35,15 @@ GATE_UP_ROWS_PER_PROGRAM = 2
 DOWN_ROWS_PER_PROGRAM = 1
 MAX_BLOCK_K = 8192
 WARPS = 4
+# q/k/v: rotary pairs (row i and row i + head_dim/2 of a head) a program computes, at most (a power of two that
+# divides head_dim/2); columns of the KV cache an attention program reads at once.
+QKV_PAIRS_PER_PROGRAM = 4
+ATTENTION_BLOCK_COLUMNS = 64
 
 
 def register(device: torch.device) -> bool:
     """Register the ops (once a process) where they can run, a CUDA device with Triton: whether they can. Call
-    it outside compiled code; compiled code then calls `silu_gate_up` and `matvec`."""
+    it outside compiled code; compiled code then calls the functions below."""
     return device.type == "cuda" and _registered()
 
 
@@ -44,85 +55,115 @@ def _registered() -> bool:
         return False
     try:
         _register()
-    except Exception as error:  # a Triton or torch.library this code was not written for: the MLP stays Inductor's
-        warnings.warn(f"the one-row Triton MLP is unavailable: {type(error).__name__}: {error}", RuntimeWarning,
+    except Exception as error:  # a Triton or torch.library this code was not written for: Inductor's code stays
+        warnings.warn(f"the one-row Triton kernels are unavailable: {type(error).__name__}: {error}", RuntimeWarning,
                       stacklevel=3)
         return False
     return True
 
 
-def silu_gate_up(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
+def silu_gate_up(x: torch.Tensor, gate_up_weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                 eps: float = 0.0) -> torch.Tensor:
     """SiLU(x W_gate^T) * (x W_up^T) of one row x [..., K] (one row in all), gate_up_weight [2N, K] the gate's
-    rows then the up's: [..., N] in x's dtype."""
-    return torch.ops.gpuscale.silu_gate_up(x, gate_up_weight)
+    rows then the up's: [..., N] in x's dtype. With `norm_weight`, x is first RMS-normed (eps) and scaled by it."""
+    return torch.ops.gpuscale.silu_gate_up(x, gate_up_weight, norm_weight, eps)
 
 
-def matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x W^T of one row x [..., K], weight [N, K]: [..., N] in x's dtype."""
-    return torch.ops.gpuscale.matvec(x, weight)
+def matvec(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T of one row x [..., K], weight [N, K]: [..., N] in x's dtype; plus `residual` [..., N] if given."""
+    return torch.ops.gpuscale.matvec(x, weight, residual)
+
+
+def norm_qkv_rotary(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
+                    qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                    values: torch.Tensor, write_col: torch.Tensor) -> torch.Tensor:
+    """One row's hidden state [..., K] RMS-normed, through q/k/v ([q_heads + 2 kv_heads) * head_dim, K], the
+    bias if any), rotary on q and k (cos, sin [..., head_dim] at the row's position): k and v written into the
+    cache `keys`/`values` [1, kv_heads, columns, head_dim] at column write_col [1]; q returned, [q_heads * head_dim]."""
+    return torch.ops.gpuscale.norm_qkv_rotary(hidden, norm_weight, eps, qkv_weight, qkv_bias, cos, sin, keys,
+                                              values, write_col)
+
+
+def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v for one row: query [q_heads * head_dim], keys/values [1, kv_heads, columns,
+    head_dim] (query head h reads kv head h // (q_heads / kv_heads)), mask [..., visible] additive over the first
+    `visible` columns: [q_heads * head_dim] in the query's dtype."""
+    return torch.ops.gpuscale.decode_attention(query, keys, values, mask, scale)
+
+
+def _check_cache(keys: torch.Tensor, values: torch.Tensor) -> None:
+    """The kernels address the cache as one row of [kv_heads, columns, head_dim], each column's head_dim together."""
+    for cache in (keys, values):
+        if cache.shape[0] != 1 or cache.stride(-1) != 1 or cache.stride(-2) != cache.shape[-1]:
+            raise ValueError(f"KV cache of shape {tuple(cache.shape)}, strides {cache.stride()}: not one row with "
+                             "contiguous columns")
+    if keys.stride() != values.stride():
+        raise ValueError("keys and values are laid out differently")
 
 
 def _register() -> None:
     """The kernels (compiled by Triton at their first launch) and their torch.library ops."""
     import triton
-    import triton.language as tl
     from torch.library import triton_op, wrap_triton
 
-    @triton.jit
-    def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < n_out
-        gate = tl.zeros([BLOCK_N], dtype=tl.float32)
-        up = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            both = row_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            w_gate = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=both, other=0.0)
-            w_up = tl.load(w_ptr + (rows[:, None] + n_out) * K + cols[None, :], mask=both, other=0.0)
-            gate += tl.sum(w_gate.to(tl.float32) * x[None, :], axis=1)
-            up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
-        dtype = out_ptr.dtype.element_ty
-        gate = gate.to(dtype).to(tl.float32)
-        up = up.to(dtype).to(tl.float32)
-        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        tl.store(out_ptr + rows, (activated * up).to(dtype), mask=row_ok)
-
-    @triton.jit
-    def matvec_kernel(x_ptr, w_ptr, out_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < n_out
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                        other=0.0)
-            total += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
+    from .triton_kernels import decode_attention_kernel, matvec_kernel, norm_qkv_rotary_kernel, silu_gate_up_kernel
 
     def block_k(k: int) -> int:
         return min(triton.next_power_of_2(k), MAX_BLOCK_K)
 
     @triton_op("gpuscale::silu_gate_up", mutates_args=())
-    def silu_gate_up_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def silu_gate_up_op(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None,
+                        eps: float) -> torch.Tensor:
         x, weight = x.contiguous(), weight.contiguous()
         n_out, k = weight.shape[0] // 2, weight.shape[1]
         out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
         grid = (triton.cdiv(n_out, GATE_UP_ROWS_PER_PROGRAM),)
-        wrap_triton(silu_gate_up_kernel)[grid](x, weight, out, n_out, k, BLOCK_N=GATE_UP_ROWS_PER_PROGRAM,
-                                               BLOCK_K=block_k(k), num_warps=WARPS)
+        wrap_triton(silu_gate_up_kernel)[grid](x, weight, out, x if norm_weight is None else norm_weight, eps, n_out,
+                                               k, BLOCK_N=GATE_UP_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
+                                               HAS_NORM=norm_weight is not None, num_warps=WARPS)
         return out
 
     @triton_op("gpuscale::matvec", mutates_args=())
-    def matvec_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def matvec_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         x, weight = x.contiguous(), weight.contiguous()
         n_out, k = weight.shape
         out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
+        residual = None if residual is None else residual.contiguous()
         grid = (triton.cdiv(n_out, DOWN_ROWS_PER_PROGRAM),)
-        wrap_triton(matvec_kernel)[grid](x, weight, out, n_out, k, BLOCK_N=DOWN_ROWS_PER_PROGRAM,
-                                         BLOCK_K=block_k(k), num_warps=WARPS)
+        wrap_triton(matvec_kernel)[grid](x, weight, out, out if residual is None else residual, n_out, k,
+                                         BLOCK_N=DOWN_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
+                                         HAS_RESIDUAL=residual is not None, num_warps=WARPS)
+        return out
+
+    @triton_op("gpuscale::norm_qkv_rotary", mutates_args=("keys", "values"))
+    def norm_qkv_rotary_op(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
+                           qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                           values: torch.Tensor, write_col: torch.Tensor) -> torch.Tensor:
+        hidden, qkv_weight = hidden.contiguous(), qkv_weight.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        kv_heads, head_dim = keys.shape[1], keys.shape[-1]
+        _check_cache(keys, values)
+        q_heads = qkv_weight.shape[0] // head_dim - 2 * kv_heads
+        pairs = math.gcd(head_dim // 2, QKV_PAIRS_PER_PROGRAM)
+        query = torch.empty(q_heads * head_dim, dtype=hidden.dtype, device=hidden.device)
+        grid = ((q_heads + 2 * kv_heads) * (head_dim // 2) // pairs,)
+        k = hidden.shape[-1]
+        wrap_triton(norm_qkv_rotary_kernel)[grid](
+            hidden, norm_weight, eps, qkv_weight, qkv_weight if qkv_bias is None else qkv_bias, cos, sin, query,
+            keys, values, write_col, keys.stride(1), q_heads, kv_heads, k, head_dim, PAIRS=pairs,
+            BLOCK_K=min(triton.next_power_of_2(k), 2048), HAS_BIAS=qkv_bias is not None, num_warps=WARPS)
+        return query
+
+    @triton_op("gpuscale::decode_attention", mutates_args=())
+    def decode_attention_op(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                            scale: float) -> torch.Tensor:
+        kv_heads, head_dim = keys.shape[1], keys.shape[-1]
+        _check_cache(keys, values)
+        q_heads = query.numel() // head_dim
+        mask = mask.reshape(-1).contiguous()
+        out = torch.empty_like(query)
+        wrap_triton(decode_attention_kernel)[(q_heads,)](
+            query, keys, values, mask, out, mask.numel(), scale, keys.stride(1), q_heads // kv_heads, head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_C=ATTENTION_BLOCK_COLUMNS, num_warps=WARPS)
         return out

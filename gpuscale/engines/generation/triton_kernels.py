@@ -1,0 +1,145 @@
+"""The Triton kernels of triton_matvec.py's ops (its docstring says what each computes and why). Imported only
+where Triton is installed, by `triton_matvec._register`."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rounded(value, dtype: tl.constexpr):
+    """`value` rounded to the model's dtype, back in fp32: where the eager modules round, this does."""
+    return value.to(dtype).to(tl.float32)
+
+@triton.jit
+def rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype: tl.constexpr):
+    """Columns `cols` of the norm's output, as transformers' Llama/Qwen2 RMSNorm computes it."""
+    h = tl.load(h_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    weight = tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    return rounded(weight * rounded(h * inv_rms, dtype), dtype)
+
+@triton.jit
+def inverse_rms(h_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        h = tl.load(h_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        squares += h * h
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+
+@triton.jit
+def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, eps, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr):
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n_out
+    inv_rms = 1.0
+    if HAS_NORM:
+        inv_rms = inverse_rms(x_ptr, eps, K, BLOCK_K)
+    gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        both = row_ok[:, None] & col_ok[None, :]
+        if HAS_NORM:
+            x = rms_normed(x_ptr, norm_ptr, cols, col_ok, inv_rms, dtype)
+        else:
+            x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        w_gate = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=both, other=0.0)
+        w_up = tl.load(w_ptr + (rows[:, None] + n_out) * K + cols[None, :], mask=both, other=0.0)
+        gate += tl.sum(w_gate.to(tl.float32) * x[None, :], axis=1)
+        up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
+    gate = rounded(gate, dtype)
+    activated = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+    tl.store(out_ptr + rows, (activated * rounded(up, dtype)).to(dtype), mask=row_ok)
+
+@triton.jit
+def matvec_kernel(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n_out
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                    other=0.0)
+        total += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if HAS_RESIDUAL:
+        total = rounded(total, dtype) + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, total.to(dtype), mask=row_ok)
+
+@triton.jit
+def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, col_ptr,
+                           head_stride, q_heads, kv_heads, K: tl.constexpr, D: tl.constexpr,
+                           PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # Program p: PAIRS rotary pairs of one head, rows `low` and `low + D/2` of the fused q/k/v weight.
+    dtype = q_ptr.dtype.element_ty
+    half: tl.constexpr = D // 2
+    programs_a_head: tl.constexpr = half // PAIRS
+    head = tl.program_id(0) // programs_a_head
+    dims = (tl.program_id(0) % programs_a_head) * PAIRS + tl.arange(0, PAIRS)  # within the head's first half
+    low, high = head * D + dims, head * D + dims + half
+    inv_rms = inverse_rms(h_ptr, eps, K, BLOCK_K)
+    a = tl.zeros([PAIRS], dtype=tl.float32)
+    b = tl.zeros([PAIRS], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        x = rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype)
+        w_low = tl.load(w_ptr + low[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
+        w_high = tl.load(w_ptr + high[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
+        a += tl.sum(w_low.to(tl.float32) * x[None, :], axis=1)
+        b += tl.sum(w_high.to(tl.float32) * x[None, :], axis=1)
+    if HAS_BIAS:
+        a += tl.load(b_ptr + low).to(tl.float32)
+        b += tl.load(b_ptr + high).to(tl.float32)
+    a, b = rounded(a, dtype), rounded(b, dtype)
+    # Rotary on q and k, as transformers' x * cos + rotate_half(x) * sin: each product and the sum rounded.
+    if head < q_heads + kv_heads:
+        cos_low = tl.load(cos_ptr + dims).to(tl.float32)
+        sin_low = tl.load(sin_ptr + dims).to(tl.float32)
+        cos_high = tl.load(cos_ptr + dims + half).to(tl.float32)
+        sin_high = tl.load(sin_ptr + dims + half).to(tl.float32)
+        a, b = (rounded(rounded(a * cos_low, dtype) + rounded(-b * sin_low, dtype), dtype),
+                rounded(rounded(b * cos_high, dtype) + rounded(a * sin_high, dtype), dtype))
+    at = ((head - q_heads) % kv_heads) * head_stride + tl.load(col_ptr) * D + dims  # k's or v's cache
+    if head < q_heads:
+        tl.store(q_ptr + low, a.to(dtype))
+        tl.store(q_ptr + high, b.to(dtype))
+    elif head < q_heads + kv_heads:
+        tl.store(k_ptr + at, a.to(dtype))
+        tl.store(k_ptr + at + half, b.to(dtype))
+    else:
+        tl.store(v_ptr + at, a.to(dtype))
+        tl.store(v_ptr + at + half, b.to(dtype))
+
+@triton.jit
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, n_cols, scale, head_stride, groups,
+                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    head = tl.program_id(0)
+    kv_start = (head // groups) * head_stride
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < D
+    q = tl.load(q_ptr + head * D + dims, mask=dim_ok, other=0.0).to(tl.float32)
+    best = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_C):
+        cols = start + tl.arange(0, BLOCK_C)
+        col_ok = cols < n_cols
+        both = col_ok[:, None] & dim_ok[None, :]
+        at = kv_start + cols[:, None] * D + dims[None, :]
+        k = tl.load(k_ptr + at, mask=both, other=0.0).to(tl.float32)
+        scores = tl.sum(k * q[None, :], axis=1) * scale + tl.load(mask_ptr + cols, mask=col_ok, other=0.0)
+        scores = tl.where(col_ok, scores, float("-inf"))
+        new_best = tl.maximum(best, tl.max(scores, axis=0))
+        shrink = tl.exp(best - new_best)
+        weights = tl.exp(scores - new_best)
+        v = tl.load(v_ptr + at, mask=both, other=0.0).to(tl.float32)
+        total = total * shrink + tl.sum(weights, axis=0)
+        acc = acc * shrink + tl.sum(weights[:, None] * v, axis=0)
+        best = new_best
+    tl.store(out_ptr + head * D + dims, (acc / total).to(out_ptr.dtype.element_ty), mask=dim_ok)
