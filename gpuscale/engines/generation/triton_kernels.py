@@ -24,7 +24,8 @@ def inverse_rms(h_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
         cols = start + tl.arange(0, BLOCK_K)
         h = tl.load(h_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
         squares += h * h
-    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    # fp32 whatever eps arrives as (Inductor passes a Python float as fp64)
+    return (1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)).to(tl.float32)
 
 @triton.jit
 def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, eps, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -133,7 +134,8 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, n_cols, scal
         both = col_ok[:, None] & dim_ok[None, :]
         at = kv_start + cols[:, None] * D + dims[None, :]
         k = tl.load(k_ptr + at, mask=both, other=0.0).to(tl.float32)
-        scores = tl.sum(k * q[None, :], axis=1) * scale + tl.load(mask_ptr + cols, mask=col_ok, other=0.0)
+        scores = (tl.sum(k * q[None, :], axis=1) * scale).to(tl.float32)  # scale may arrive as fp64 (Inductor)
+        scores += tl.load(mask_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         scores = tl.where(col_ok, scores, float("-inf"))
         new_best = tl.maximum(best, tl.max(scores, axis=0))
         shrink = tl.exp(best - new_best)
