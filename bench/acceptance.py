@@ -48,9 +48,11 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -656,8 +658,10 @@ def gpu_tests(selection: str) -> dict:
     failure's `FAILED test - reason` line (an acceptance that only said "1 failed" left the next
     session guessing which)."""
     started = time.perf_counter()
+    # Never through MPS (`card_sharing`): the tests check what NVML says of each process, which MPS hides.
+    outside_mps = {key: value for key, value in os.environ.items() if not key.startswith("CUDA_MPS_")}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-m", selection, "tests/gpu", "-p",
-                           "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT)
+                           "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT, env=outside_mps)
     lines = (done.stdout + done.stderr).strip().splitlines()
     tail = lines[-1:] or [""]
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
@@ -676,6 +680,54 @@ its rivals at their best: greedy decoding and token-level sampling at T = 1/alph
 same problems and answer budget, {POWER_CHAINS} samples a problem (greedy: its one answer)."""
 
 
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+@contextlib.contextmanager
+def card_sharing(mode: str, shared: bool):
+    """How runs that share a card share it, for the duration: "mps" (a private MPS control daemon, its pipe and
+    log folders in a fresh temporary folder, set for every process started meanwhile, quit at the end) or "time-slicing"
+    (nothing done). `mode` auto takes MPS where runs share a card and the daemon is installed and starts.
+
+    Why: without MPS a card runs one process's kernels at a time. On one H200, 34 runs at once left the runs that
+    launch small kernels and synchronise every step (sft, grpo-mtl) waiting their turn behind eggroll's and power
+    sampling's long kernel streams: cut at 555 s, where through MPS the whole check ended in 449 s
+    (bench/RESULTS.md). The daemon changes none of the card's settings (compute mode stays Default). Under MPS,
+    NVML credits the runs' work to the MPS server: the runs' own utilization (`gpu_busy_s`) is not measured."""
+    wanted = mode == "mps" or (mode == "auto" and shared and shutil.which(MPS_CONTROL) is not None)
+    if not wanted:
+        yield "time-slicing"
+        return
+    folder = Path(tempfile.mkdtemp(prefix="gpuscale-mps-"))  # short: the pipe is a Unix socket path
+    folders = {"CUDA_MPS_PIPE_DIRECTORY": folder / "pipe", "CUDA_MPS_LOG_DIRECTORY": folder / "log"}
+    for path in folders.values():
+        path.mkdir(parents=True, exist_ok=True)
+    environment = {**os.environ, **{key: str(path) for key, path in folders.items()}}
+    try:
+        started = subprocess.run([MPS_CONTROL, "-d"], env=environment, capture_output=True, text=True, timeout=60)
+        failure = None if started.returncode == 0 else f"exit {started.returncode}: {started.stderr.strip()}"
+    except (OSError, subprocess.TimeoutExpired) as error:
+        failure = f"{type(error).__name__}: {error}"
+    if failure:
+        if mode == "mps":
+            raise SystemExit(f"--share-card mps: {MPS_CONTROL} -d did not start the daemon ({failure})")
+        print(f"card sharing: time-slicing ({MPS_CONTROL} -d: {failure})", flush=True)
+        yield "time-slicing"
+        return
+    before = {key: os.environ.get(key) for key in folders}
+    os.environ.update({key: str(path) for key, path in folders.items()})
+    print(f"card sharing: MPS (a private daemon, pipe folder {folders['CUDA_MPS_PIPE_DIRECTORY']})", flush=True)
+    try:
+        yield "mps"
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        subprocess.run([MPS_CONTROL], input="quit\n", env=environment, capture_output=True, text=True, timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] + "\n\n" + BASELINE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -692,6 +744,9 @@ def main() -> None:
                         help="a setting for one job (quick checks on CPU; an acceptance run sets none); "
                              f"'{CONTROL}:KEY=VALUE' sets its validation runs too, but for the temperature")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--share-card", choices=("auto", "mps", "time-slicing"), default="auto",
+                        help="how runs that share a card share it (default auto: through MPS where several runs "
+                             "share a card and nvidia-cuda-mps-control starts; `card_sharing` says why)")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--from-partial", nargs="+", default=None, metavar="FILE",
@@ -754,16 +809,19 @@ def main() -> None:
     # run has a card to itself: a test's work on a run's GPU would count in the run's energy unseen
     # (the tests' runs are in a history of their own).
     card_each = gpus == "1" and 1 < found and at_once <= found
-    with ThreadPoolExecutor(max_workers=at_once) as pool, ThreadPoolExecutor(max_workers=1) as beside:
+    shared = 0 < found < at_once * ranks_per_run(gpus)
+    with (card_sharing(args.share_card, shared) as sharing, ThreadPoolExecutor(max_workers=at_once) as pool,
+          ThreadPoolExecutor(max_workers=1) as beside):
         tests = None if args.skip_tests or card_each else beside.submit(gpu_tests, BESIDE_RUNS)
         rows = sorted(pool.map(run_and_keep, jobs), key=lambda row: (row["label"], row["seed"]))
         if not args.skip_tests:
             tests = [gpu_tests("gpu")] if card_each else [tests.result(), gpu_tests(AFTER_RUNS)]
     stats, verdicts, control = report(rows)
     total = time.perf_counter() - started
-    print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once")
+    print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once, cards shared by "
+          f"{sharing}")
     write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
-                                                        "set": args.set, "only": args.only},
+                                                        "set": args.set, "only": args.only, "card_sharing": sharing},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
                   "gpu_tests": tests, "seconds": total}, out=args.out)
 

@@ -25,7 +25,6 @@ and transformers' generate() at its best (StaticCache + compile) in the same cal
 
 # way -> (the engine's switches by module, its compile mode, Inductor settings). `today` is the default.
 NO_REDUCTIONS = {"fused.REDUCTION_LINEAR_MAX_ROWS": 0, "fused.REDUCTION_ATTENTION_MAX_ROWS": 0}
-NO_TRITON_LAYER = {"fused.TRITON_LAYER_AT_ONE_ROW": False}
 TUNED = {"coordinate_descent_tuning": True}  # as gpt-fast compiles its decode step
 WAYS = {
     "today": ({}, "default", {}),
@@ -45,14 +44,12 @@ WAYS = {
     # of a reduction that broadcasts it unless its op count passes `realize_opcount_threshold` (30); at 16, for
     # every compile of the process, those are stored once (measured 2026-11-30, not adopted)
     "realize-global": ({}, "default", {"realize_opcount_threshold": 16}),
-    # the layer at one row as Inductor's kernels with the MLP as triton_matvec.py's two (today's from 2026-11-30 to
-    # the whole layer as five Triton kernels, TRITON_LAYER_AT_ONE_ROW)
-    "triton-mlp-only": (NO_TRITON_LAYER, "default", {}),
+    # the whole layer at one row as triton_matvec.py's five kernels (TRITON_LAYER_AT_ONE_ROW), not only its MLP
+    "triton-layer": ({"fused.TRITON_LAYER_AT_ONE_ROW": True}, "default", {}),
     # the MLP too as Inductor's reductions
-    "inductor-mlp": ({**NO_TRITON_LAYER, "fused.TRITON_MLP_AT_ONE_ROW": False}, "default", {}),
+    "inductor-mlp": ({"fused.TRITON_MLP_AT_ONE_ROW": False}, "default", {}),
     # that, with down_proj through cuBLAS at one row (its input stored once), the other matmuls reductions
-    "down-cublas": ({**NO_TRITON_LAYER, "fused.TRITON_MLP_AT_ONE_ROW": False, "fused.DOWN_PROJ_AS_REDUCTION": False},
-                    "default", {}),
+    "down-cublas": ({"fused.TRITON_MLP_AT_ONE_ROW": False, "fused.DOWN_PROJ_AS_REDUCTION": False}, "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),

@@ -1,10 +1,12 @@
 """bench/acceptance.py's verdicts on made-up rows (no run): the greedy targets and their per-seed rule,
 the sharpening control, power sampling against its rivals, the saved-model check's agreement rule;
-and the saved-model check's plain-transformers scoring on the embedded model."""
+the saved-model check's plain-transformers scoring on the embedded model; and how runs share a card (MPS, through
+a stand-in for its control daemon)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -280,3 +282,62 @@ def test_machine_settings_leave_a_one_gpu_runs_gpu_to_its_lease_on_a_machine_of_
     assert "gpus" not in acceptance.machine_settings("1", 4, wave)
     assert acceptance.machine_settings("1", 1, wave)["gpus"] == "1"
     assert acceptance.machine_settings("4", 4, wave)["gpus"] == "4"
+
+
+FAKE_MPS_CONTROL = """#!/bin/sh
+# Records each call: its arguments, its pipe folder, and what it read (the quit command).
+echo "$* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$(if [ -z "$1" ]; then cat; fi)" >> "$MPS_CALLS"
+exit "${MPS_EXIT:-0}"
+"""
+
+
+@pytest.fixture
+def fake_mps(tmp_path, monkeypatch):
+    """nvidia-cuda-mps-control as a script on PATH that records its calls in the file it returns."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "nvidia-cuda-mps-control"
+    script.write_text(FAKE_MPS_CONTROL)
+    script.chmod(0o755)
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    monkeypatch.setenv("MPS_CALLS", str(calls))
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    return calls
+
+
+def test_runs_sharing_a_card_go_through_a_private_mps_daemon_stopped_at_the_end(acceptance, fake_mps):
+    with acceptance.card_sharing("auto", shared=True) as sharing:
+        pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]  # what every run started meanwhile inherits
+        assert sharing == "mps" and Path(pipe).is_dir() and os.environ["CUDA_MPS_LOG_DIRECTORY"]
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    assert fake_mps.read_text().splitlines() == [f"-d pipe={pipe} stdin=", f" pipe={pipe} stdin=quit"]
+
+
+def test_no_mps_where_no_card_is_shared_or_the_daemon_is_missing_or_fails(acceptance, fake_mps, monkeypatch):
+    with acceptance.card_sharing("auto", shared=False) as sharing:
+        assert sharing == "time-slicing" and "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    monkeypatch.setenv("MPS_EXIT", "1")
+    with acceptance.card_sharing("auto", shared=True) as sharing:
+        assert sharing == "time-slicing" and "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    with pytest.raises(SystemExit, match="--share-card mps: nvidia-cuda-mps-control -d did not start"):
+        with acceptance.card_sharing("mps", shared=True):
+            pass
+    assert fake_mps.read_text().count("-d ") == 2  # the failed starts; never the unshared card
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with acceptance.card_sharing("auto", shared=True) as sharing:
+        assert sharing == "time-slicing"
+
+
+def test_the_gpu_tests_never_run_through_mps(acceptance, monkeypatch):
+    """Their processes must be seen by NVML one by one: gpu_tests leaves MPS's variables out of their environment."""
+    seen = {}
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/somewhere")
+
+    def fake_run(argv, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(argv, 0, "1 passed in 1.00s\n", "")
+
+    monkeypatch.setattr(acceptance.subprocess, "run", fake_run)
+    assert acceptance.gpu_tests("gpu")["exit_code"] == 0
+    assert seen and "CUDA_MPS_PIPE_DIRECTORY" not in seen and seen["PATH"] == os.environ["PATH"]

@@ -110,9 +110,10 @@ REDUCTION_ATTENTION_MAX_ROWS = 1
 TRITON_MLP_AT_ONE_ROW = True
 # At one row, compiled on a GPU, a whole plain layer (RMSNorms, q/k/v with or without bias, rotary, full attention,
 # SiLU MLP, no biases elsewhere, no row terms) as five Triton kernels (triton_matvec.py), not Inductor's dozen or
-# so: bench/decode_ways.py's `triton-mlp-only` turns it off (the MLP alone then as above). Where Triton or CUDA is
-# missing the layer stays Inductor's.
-TRITON_LAYER_AT_ONE_ROW = True
+# so. Off: on an H200 at Qwen2.5-0.5B's shape the step took 1.022 ms this way against 0.877 ms with only the MLP's
+# kernels (one call, bench/results/generation/decode-ways-b1-triton-layer-*; bench/decode_ways.py's way
+# `triton-layer` turns it on). Exact in fp32 on the GPU (tests/unit/test_generation.py).
+TRITON_LAYER_AT_ONE_ROW = False
 # RMSNorm classes whose forward is exactly transformers' Llama one (what the layer kernels compute).
 _PLAIN_RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}
 # Whether down_proj too is a reduction at those rows (bench/decode_ways.py's `down-cublas` turns it off: its input,

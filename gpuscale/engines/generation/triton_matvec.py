@@ -14,8 +14,9 @@ Rounding follows the eager bf16 (or fp32) layer: each value the eager modules ro
 rounded here too (the norm's output, q/k/v, each rotary product and sum, o_proj's and down_proj's sums, gate, up,
 SiLU and their product, each residual sum); sums and softmax run in fp32.
 
-On by default (fused.TRITON_LAYER_AT_ONE_ROW, and fused.TRITON_MLP_AT_ONE_ROW for the MLP alone); measured in the
-engine's step by `python bench/decode_ways.py --ways today,triton-mlp-only,inductor-mlp`. Without Triton or CUDA
+The MLP's two kernels are on by default (fused.TRITON_MLP_AT_ONE_ROW); the whole layer's five are not
+(fused.TRITON_LAYER_AT_ONE_ROW: slower as they stand, the switch's comment says by how much). Measured in the
+engine's step by `python bench/decode_ways.py --ways today,triton-layer,inductor-mlp`. Without Triton or CUDA
 nothing here is imported. The kernels register as torch.library Triton ops, so torch.compile puts them inside the
 compiled step and its CUDA graph.
 """
