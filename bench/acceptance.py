@@ -147,6 +147,11 @@ def shared_threads(ranks_at_once: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, ranks_at_once))))
 
 
+# What every `gpuscale run` the check starts gets on top of this process's environment (`card_sharing` sets MPS's
+# folders there, not in this process's own: its saved-model checks use the card directly, outside MPS).
+RUN_ENVIRONMENT: dict[str, str] = {}
+
+
 def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefix: str = "acceptance") -> dict:
     """One `gpuscale run` to its end; the run as `--json` prints it, with the wall time. Its label in
     the history is PREFIX-LABEL-seedN."""
@@ -156,7 +161,7 @@ def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefi
         argv += ["--set", f"{key}={value}"]
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "GPUSCALE_HOME": str(home)})
+                          env={**os.environ, **RUN_ENVIRONMENT, "GPUSCALE_HOME": str(home)})
     wall = time.perf_counter() - started
     try:
         run = json.loads(done.stdout)
@@ -686,8 +691,9 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 @contextlib.contextmanager
 def card_sharing(mode: str, shared: bool):
     """How runs that share a card share it, for the duration: "mps" (a private MPS control daemon, its pipe and
-    log folders in a fresh temporary folder, set for every process started meanwhile, quit at the end) or "time-slicing"
-    (nothing done). `mode` auto takes MPS where runs share a card and the daemon is installed and starts.
+    log folders in a fresh temporary folder, given to every run started meanwhile through RUN_ENVIRONMENT, quit at
+    the end) or "time-slicing" (nothing done). `mode` auto takes MPS where runs share a card and the daemon is
+    installed and starts.
 
     Why: without MPS a card runs one process's kernels at a time. On one H200, 34 runs at once left the runs that
     launch small kernels and synchronise every step (sft, grpo-mtl) waiting their turn behind eggroll's and power
@@ -714,18 +720,19 @@ def card_sharing(mode: str, shared: bool):
         print(f"card sharing: time-slicing ({MPS_CONTROL} -d: {failure})", flush=True)
         yield "time-slicing"
         return
-    before = {key: os.environ.get(key) for key in folders}
-    os.environ.update({key: str(path) for key, path in folders.items()})
+    RUN_ENVIRONMENT.update({key: str(path) for key, path in folders.items()})
     print(f"card sharing: MPS (a private daemon, pipe folder {folders['CUDA_MPS_PIPE_DIRECTORY']})", flush=True)
     try:
         yield "mps"
     finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        subprocess.run([MPS_CONTROL], input="quit\n", env=environment, capture_output=True, text=True, timeout=60)
+        for key in folders:
+            RUN_ENVIRONMENT.pop(key, None)
+        try:  # the daemon quits once its clients have: every run has ended by now
+            subprocess.run([MPS_CONTROL], input="quit\n", env=environment, capture_output=True, text=True,
+                           timeout=60)
+        except subprocess.TimeoutExpired:
+            print(f"card sharing: the MPS daemon did not quit within 60 s (pipe folder "
+                  f"{folders['CUDA_MPS_PIPE_DIRECTORY']})", flush=True)
 
 
 def main() -> None:

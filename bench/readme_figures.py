@@ -133,7 +133,7 @@ def verdict(met: bool) -> str:
     return "met" if met else "not met"
 
 
-ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-alpha16-2026-11-30-h200.json"
+ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-one-call-mps-b-2026-11-30-h200x2.json"
 TRAINING = ("sft", "rft", "grpo-mtl", "eggroll")  # the recipes the acceptance's verdicts are of
 
 

@@ -308,18 +308,19 @@ def fake_mps(tmp_path, monkeypatch):
 
 def test_runs_sharing_a_card_go_through_a_private_mps_daemon_stopped_at_the_end(acceptance, fake_mps):
     with acceptance.card_sharing("auto", shared=True) as sharing:
-        pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]  # what every run started meanwhile inherits
-        assert sharing == "mps" and Path(pipe).is_dir() and os.environ["CUDA_MPS_LOG_DIRECTORY"]
-    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+        pipe = acceptance.RUN_ENVIRONMENT["CUDA_MPS_PIPE_DIRECTORY"]  # what every run started meanwhile gets
+        assert sharing == "mps" and Path(pipe).is_dir() and acceptance.RUN_ENVIRONMENT["CUDA_MPS_LOG_DIRECTORY"]
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # the check's own process stays outside MPS
+    assert acceptance.RUN_ENVIRONMENT == {}
     assert fake_mps.read_text().splitlines() == [f"-d pipe={pipe} stdin=", f" pipe={pipe} stdin=quit"]
 
 
 def test_no_mps_where_no_card_is_shared_or_the_daemon_is_missing_or_fails(acceptance, fake_mps, monkeypatch):
     with acceptance.card_sharing("auto", shared=False) as sharing:
-        assert sharing == "time-slicing" and "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+        assert sharing == "time-slicing" and acceptance.RUN_ENVIRONMENT == {}
     monkeypatch.setenv("MPS_EXIT", "1")
     with acceptance.card_sharing("auto", shared=True) as sharing:
-        assert sharing == "time-slicing" and "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+        assert sharing == "time-slicing" and acceptance.RUN_ENVIRONMENT == {}
     with pytest.raises(SystemExit, match="--share-card mps: nvidia-cuda-mps-control -d did not start"):
         with acceptance.card_sharing("mps", shared=True):
             pass
