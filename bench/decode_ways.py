@@ -44,7 +44,7 @@ WAYS = {
     # of a reduction that broadcasts it unless its op count passes `realize_opcount_threshold` (30); at 16, for
     # every compile of the process, those are stored once (measured 2026-11-30, not adopted)
     "realize-global": ({}, "default", {"realize_opcount_threshold": 16}),
-    # the whole layer at one row as triton_matvec.py's five kernels (TRITON_LAYER_AT_ONE_ROW), not only its MLP
+    # the whole layer at one row as triton_matvec.py's kernels (TRITON_LAYER_AT_ONE_ROW), not only its MLP
     "triton-layer": ({"fused.TRITON_LAYER_AT_ONE_ROW": True}, "default", {}),
     # the MLP too as Inductor's reductions
     "inductor-mlp": ({"fused.TRITON_MLP_AT_ONE_ROW": False}, "default", {}),

@@ -776,7 +776,7 @@ def _assert_fast_agrees_with_eager(fast_runs, eager_runs, dtype):
 def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monkeypatch):
     """One row, compiled with CUDA graphs, the fused forward's matmuls and attention as Inductor's
     reductions (REDUCTION_*_MAX_ROWS at 1), with the MLP as triton_matvec's kernels beside them
-    (TRITON_MLP_AT_ONE_ROW), each whole layer as its five kernels (TRITON_LAYER_AT_ONE_ROW), or through cuBLAS
+    (TRITON_MLP_AT_ONE_ROW), each whole layer as its kernels (TRITON_LAYER_AT_ONE_ROW), or through cuBLAS
     and SDPA, against the uncompiled eager static step, with the tolerances of
     test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
     model = _sharpen(build_random_model("random-tiny", seed=0), 5).to("cuda", dtype)
@@ -803,7 +803,7 @@ def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monke
     _assert_fast_agrees_with_eager(*runs, dtype)
 
 
-LAYER_KERNELS = ("norm_qkv_rotary", "decode_attention", "silu_gate_up", "matvec")
+LAYER_KERNELS = ("norm_qkv_rotary", "decode_attention", "rms_norm", "silu_gate_up", "matvec")
 
 
 @pytest.mark.gpu

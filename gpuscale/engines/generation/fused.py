@@ -109,10 +109,11 @@ REDUCTION_ATTENTION_MAX_ROWS = 1
 # figures are in bench/RESULTS.md). Where Triton or CUDA is missing the MLP stays Inductor's.
 TRITON_MLP_AT_ONE_ROW = True
 # At one row, compiled on a GPU, a whole plain layer (RMSNorms, q/k/v with or without bias, rotary, full attention,
-# SiLU MLP, no biases elsewhere, no row terms) as five Triton kernels (triton_matvec.py), not Inductor's dozen or
-# so. Off: on an H200 at Qwen2.5-0.5B's shape the step took 1.022 ms this way against 0.877 ms with only the MLP's
-# kernels (one call, bench/results/generation/decode-ways-b1-triton-layer-*; bench/decode_ways.py's way
-# `triton-layer` turns it on). Exact in fp32 on the GPU (tests/unit/test_generation.py).
+# SiLU MLP, no biases elsewhere, no row terms) as seven Triton kernels (triton_matvec.py), not Inductor's dozen or
+# so. Off: as first written (five kernels: attention one program a head, the second norm inside gate/up) the step
+# took 1.022 ms on an H200 at Qwen2.5-0.5B's shape against 0.877 ms with only the MLP's kernels (one call,
+# bench/results/generation/decode-ways-b1-triton-layer-*); the seven (attention over blocks of columns, the norm
+# apart) are not measured yet. bench/decode_ways.py's way `triton-layer` turns it on.
 TRITON_LAYER_AT_ONE_ROW = False
 # RMSNorm classes whose forward is exactly transformers' Llama one (what the layer kernels compute).
 _PLAIN_RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}
@@ -423,7 +424,7 @@ class _FusedDecode:
         return self._output_projection(i, 1, mlp.down_proj, self.activations[i](gate) * up, token_rows)
 
     def _layer_by_triton(self, i, layer, hidden, position_embeddings, cache) -> bool:
-        """Whether layer i runs as triton_matvec's five kernels here (`_triton_layer`): ready
+        """Whether layer i runs as triton_matvec's kernels here (`_triton_layer`): ready
         (`triton_layer_ready`), one row of a compiled step, and a plain layer: no bias but q/k/v's, no row terms or
         hooks, full attention over a one-row cache written at the cursor's column."""
         if not (self.triton_layer_ready and self.compiled and hidden.shape[:-1].numel() == 1):
@@ -439,8 +440,8 @@ class _FusedDecode:
                 and cache_layer.is_initialized and cache_layer.cursor.row_stride == 1)
 
     def _triton_layer(self, i, layer, hidden, position_embeddings, mask, cache) -> torch.Tensor:
-        """Layer i over one row as five kernels: norm + q/k/v + rotary + KV write, attention, o_proj + residual,
-        norm + gate/up + SiLU-times-up, down_proj + residual."""
+        """Layer i over one row as triton_matvec's kernels: norm + q/k/v + rotary + KV write, attention (two), o_proj
+        + residual, norm, gate/up + SiLU-times-up, down_proj + residual."""
         attention, cache_layer = layer.self_attn, cache.layers[i]
         before, after = layer.input_layernorm, layer.post_attention_layernorm
         keys, values = cache_layer.keys, cache_layer.values
@@ -449,8 +450,9 @@ class _FusedDecode:
                                               cache_layer.cursor.write_col)
         attended = triton_matvec.decode_attention(query, keys, values, mask, attention.scaling)
         hidden = triton_matvec.matvec(attended.view(*hidden.shape[:-1], -1), attention.o_proj.weight, hidden)
-        gated = triton_matvec.silu_gate_up(hidden, self.weights[1][i], after.weight, after.variance_epsilon)
-        return triton_matvec.matvec(gated, layer.mlp.down_proj.weight, hidden)
+        normed = triton_matvec.rms_norm(hidden, after.weight, after.variance_epsilon)
+        return triton_matvec.matvec(triton_matvec.silu_gate_up(normed, self.weights[1][i]), layer.mlp.down_proj.weight,
+                                    hidden)
 
     def _mlp_by_triton(self, i, mlp, x) -> bool:
         """Whether layer i's MLP runs as triton_matvec's kernels here: ready (`triton_mlp_ready`), one row of a

@@ -10,12 +10,14 @@ def rounded(value, dtype: tl.constexpr):
     """`value` rounded to the model's dtype, back in fp32: where the eager modules round, this does."""
     return value.to(dtype).to(tl.float32)
 
+
 @triton.jit
 def rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype: tl.constexpr):
     """Columns `cols` of the norm's output, as transformers' Llama/Qwen2 RMSNorm computes it."""
     h = tl.load(h_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     weight = tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     return rounded(weight * rounded(h * inv_rms, dtype), dtype)
+
 
 @triton.jit
 def inverse_rms(h_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -27,25 +29,19 @@ def inverse_rms(h_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
     # fp32 whatever eps arrives as (Inductor passes a Python float as fp64)
     return (1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)).to(tl.float32)
 
+
 @triton.jit
-def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, eps, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr):
+def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_out
-    inv_rms = 1.0
-    if HAS_NORM:
-        inv_rms = inverse_rms(x_ptr, eps, K, BLOCK_K)
     gate = tl.zeros([BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         both = row_ok[:, None] & col_ok[None, :]
-        if HAS_NORM:
-            x = rms_normed(x_ptr, norm_ptr, cols, col_ok, inv_rms, dtype)
-        else:
-            x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         w_gate = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=both, other=0.0)
         w_up = tl.load(w_ptr + (rows[:, None] + n_out) * K + cols[None, :], mask=both, other=0.0)
         gate += tl.sum(w_gate.to(tl.float32) * x[None, :], axis=1)
@@ -53,6 +49,19 @@ def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, eps, n_out, K: tl.const
     gate = rounded(gate, dtype)
     activated = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
     tl.store(out_ptr + rows, (activated * rounded(up, dtype)).to(dtype), mask=row_ok)
+
+
+@triton.jit
+def rms_norm_kernel(h_ptr, norm_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program: the norm of one row, stored once (gate/up's thousands of programs then read it, rather than
+    each computing it again)."""
+    inv_rms = inverse_rms(h_ptr, eps, K, BLOCK_K)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        normed = rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + cols, normed.to(out_ptr.dtype.element_ty), mask=col_ok)
+
 
 @triton.jit
 def matvec_kernel(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -71,6 +80,7 @@ def matvec_kernel(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, B
     if HAS_RESIDUAL:
         total = rounded(total, dtype) + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, total.to(dtype), mask=row_ok)
+
 
 @triton.jit
 def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, col_ptr,
@@ -117,31 +127,47 @@ def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr,
         tl.store(v_ptr + at, a.to(dtype))
         tl.store(v_ptr + at + half, b.to(dtype))
 
+
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, n_cols, scale, head_stride, groups,
-                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
-    head = tl.program_id(0)
-    kv_start = (head // groups) * head_stride
+def attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, best_ptr, total_ptr, acc_ptr, n_cols, scale,
+                              head_stride, groups, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (query head h, block b): softmax statistics of h's scores over columns b * BLOCK_C ... (their max,
+    the sum of their exponentials from it, and those exponentials times V), for `attention_combine_kernel`.
+    Many small programs rather than one a head walking every column: a head's blocks are read side by side."""
+    head, block = tl.program_id(0), tl.program_id(1)
+    blocks = tl.num_programs(1)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < D
+    cols = block * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < n_cols
+    both = col_ok[:, None] & dim_ok[None, :]
+    at = (head // groups) * head_stride + cols[:, None] * D + dims[None, :]
     q = tl.load(q_ptr + head * D + dims, mask=dim_ok, other=0.0).to(tl.float32)
-    best = tl.full([], float("-inf"), tl.float32)
-    total = tl.zeros([], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_C):
-        cols = start + tl.arange(0, BLOCK_C)
-        col_ok = cols < n_cols
-        both = col_ok[:, None] & dim_ok[None, :]
-        at = kv_start + cols[:, None] * D + dims[None, :]
-        k = tl.load(k_ptr + at, mask=both, other=0.0).to(tl.float32)
-        scores = (tl.sum(k * q[None, :], axis=1) * scale).to(tl.float32)  # scale may arrive as fp64 (Inductor)
-        scores += tl.load(mask_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        scores = tl.where(col_ok, scores, float("-inf"))
-        new_best = tl.maximum(best, tl.max(scores, axis=0))
-        shrink = tl.exp(best - new_best)
-        weights = tl.exp(scores - new_best)
-        v = tl.load(v_ptr + at, mask=both, other=0.0).to(tl.float32)
-        total = total * shrink + tl.sum(weights, axis=0)
-        acc = acc * shrink + tl.sum(weights[:, None] * v, axis=0)
-        best = new_best
-    tl.store(out_ptr + head * D + dims, (acc / total).to(out_ptr.dtype.element_ty), mask=dim_ok)
+    k = tl.load(k_ptr + at, mask=both, other=0.0).to(tl.float32)
+    scores = (tl.sum(k * q[None, :], axis=1) * scale).to(tl.float32)  # scale may arrive as fp64 (Inductor)
+    scores += tl.load(mask_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    scores = tl.where(col_ok, scores, float("-inf"))
+    best = tl.max(scores, axis=0)
+    weights = tl.exp(scores - best)
+    v = tl.load(v_ptr + at, mask=both, other=0.0).to(tl.float32)
+    slot = head * blocks + block
+    tl.store(best_ptr + slot, best)
+    tl.store(total_ptr + slot, tl.sum(weights, axis=0))
+    tl.store(acc_ptr + slot * BLOCK_D + dims, tl.sum(weights[:, None] * v, axis=0))
+
+
+@triton.jit
+def attention_combine_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, blocks, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_B: tl.constexpr):
+    """Program h: query head h's attention output from its blocks' statistics, rescaled to their common max."""
+    head = tl.program_id(0)
+    dims = tl.arange(0, BLOCK_D)
+    parts = tl.arange(0, BLOCK_B)
+    part_ok = parts < blocks
+    slots = head * blocks + parts
+    best = tl.load(best_ptr + slots, mask=part_ok, other=float("-inf"))
+    scale = tl.where(part_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)
+    total = tl.sum(scale * tl.load(total_ptr + slots, mask=part_ok, other=0.0), axis=0)
+    acc = tl.load(acc_ptr + slots[:, None] * BLOCK_D + dims[None, :], mask=part_ok[:, None], other=0.0)
+    out = tl.sum(scale[:, None] * acc, axis=0) / total
+    tl.store(out_ptr + head * D + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)

@@ -1,21 +1,23 @@
-"""Batch-1 decode's layer as five hand-written Triton kernels, for the compiled one-row step.
+"""Batch-1 decode's layer as hand-written Triton kernels, for the compiled one-row step.
 
 Why by hand: at one row every matmul of a layer is a matrix-vector product that reads its weight once, and a small
 model's step costs about the number of its kernels (Inductor wrote about 13 a layer: norms, the q/k/v reduction,
-rotary for q and for k, the cache writes, two for attention, o_proj, and the MLP's). Here a layer is
+rotary for q and for k, the cache writes, two for attention, o_proj, and the MLP's). Here a layer is seven:
 1. `norm_qkv_rotary`: input norm, q/k/v (and their bias), rotary; k and v written into the KV cache at the
-   cursor's column, q returned;
-2. `decode_attention`: one program per query head over the cache's visible columns (online softmax, fp32);
+   cursor's column, q returned (each of its few hundred programs computes the norm again: cheap at that count);
+2. `decode_attention`: two kernels, one program per query head and block of columns (each block's softmax
+   statistics), then one per head combining its blocks (fp32);
 3. `matvec(..., residual)`: o_proj plus the residual;
-4. `silu_gate_up(..., norm)`: post-attention norm, gate/up, SiLU-times-up, stored once (Inductor otherwise
-   computes it again inside each row of down_proj's reduction);
-5. `matvec(..., residual)`: down_proj plus the residual.
+4. `rms_norm`: the post-attention norm, stored once (gate/up's thousands of programs would each compute it again);
+5. `silu_gate_up`: gate/up and SiLU-times-up, stored once (Inductor otherwise computes it again inside each row of
+   down_proj's reduction);
+6. `matvec(..., residual)`: down_proj plus the residual.
 Rounding follows the eager bf16 (or fp32) layer: each value the eager modules round to the model's dtype is
 rounded here too (the norm's output, q/k/v, each rotary product and sum, o_proj's and down_proj's sums, gate, up,
 SiLU and their product, each residual sum); sums and softmax run in fp32.
 
-The MLP's two kernels are on by default (fused.TRITON_MLP_AT_ONE_ROW); the whole layer's five are not
-(fused.TRITON_LAYER_AT_ONE_ROW: slower as they stand, the switch's comment says by how much). Measured in the
+The MLP's two kernels are on by default (fused.TRITON_MLP_AT_ONE_ROW); the whole layer's are not
+(fused.TRITON_LAYER_AT_ONE_ROW: slower as first written, the switch's comment says by how much). Measured in the
 engine's step by `python bench/decode_ways.py --ways today,triton-layer,inductor-mlp`. Without Triton or CUDA
 nothing here is imported. The kernels register as torch.library Triton ops, so torch.compile puts them inside the
 compiled step and its CUDA graph.
@@ -37,7 +39,7 @@ DOWN_ROWS_PER_PROGRAM = 1
 MAX_BLOCK_K = 8192
 WARPS = 4
 # q/k/v: rotary pairs (row i and row i + head_dim/2 of a head) a program computes, at most (a power of two that
-# divides head_dim/2); columns of the KV cache an attention program reads at once.
+# divides head_dim/2); columns of the KV cache an attention program reads (its block).
 QKV_PAIRS_PER_PROGRAM = 4
 ATTENTION_BLOCK_COLUMNS = 64
 
@@ -63,11 +65,15 @@ def _registered() -> bool:
     return True
 
 
-def silu_gate_up(x: torch.Tensor, gate_up_weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
-                 eps: float = 0.0) -> torch.Tensor:
+def silu_gate_up(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
     """SiLU(x W_gate^T) * (x W_up^T) of one row x [..., K] (one row in all), gate_up_weight [2N, K] the gate's
-    rows then the up's: [..., N] in x's dtype. With `norm_weight`, x is first RMS-normed (eps) and scaled by it."""
-    return torch.ops.gpuscale.silu_gate_up(x, gate_up_weight, norm_weight, eps)
+    rows then the up's: [..., N] in x's dtype."""
+    return torch.ops.gpuscale.silu_gate_up(x, gate_up_weight)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """One row x [..., K] through transformers' Llama-style RMSNorm of `weight` and `eps`, in x's dtype."""
+    return torch.ops.gpuscale.rms_norm(x, weight, eps)
 
 
 def matvec(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -108,21 +114,35 @@ def _register() -> None:
     import triton
     from torch.library import triton_op, wrap_triton
 
-    from .triton_kernels import decode_attention_kernel, matvec_kernel, norm_qkv_rotary_kernel, silu_gate_up_kernel
+    from .triton_kernels import (
+        attention_combine_kernel,
+        attention_partials_kernel,
+        matvec_kernel,
+        norm_qkv_rotary_kernel,
+        rms_norm_kernel,
+        silu_gate_up_kernel,
+    )
 
     def block_k(k: int) -> int:
         return min(triton.next_power_of_2(k), MAX_BLOCK_K)
 
     @triton_op("gpuscale::silu_gate_up", mutates_args=())
-    def silu_gate_up_op(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None,
-                        eps: float) -> torch.Tensor:
+    def silu_gate_up_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x, weight = x.contiguous(), weight.contiguous()
         n_out, k = weight.shape[0] // 2, weight.shape[1]
         out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
         grid = (triton.cdiv(n_out, GATE_UP_ROWS_PER_PROGRAM),)
-        wrap_triton(silu_gate_up_kernel)[grid](x, weight, out, x if norm_weight is None else norm_weight, eps, n_out,
-                                               k, BLOCK_N=GATE_UP_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
-                                               HAS_NORM=norm_weight is not None, num_warps=WARPS)
+        wrap_triton(silu_gate_up_kernel)[grid](x, weight, out, n_out, k, BLOCK_N=GATE_UP_ROWS_PER_PROGRAM,
+                                               BLOCK_K=block_k(k), num_warps=WARPS)
+        return out
+
+    @triton_op("gpuscale::rms_norm", mutates_args=())
+    def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        k = x.shape[-1]
+        wrap_triton(rms_norm_kernel)[(1,)](x, weight, out, eps, k, BLOCK_K=min(triton.next_power_of_2(k), 2048),
+                                           num_warps=WARPS)
         return out
 
     @triton_op("gpuscale::matvec", mutates_args=())
@@ -163,8 +183,14 @@ def _register() -> None:
         _check_cache(keys, values)
         q_heads = query.numel() // head_dim
         mask = mask.reshape(-1).contiguous()
+        columns, block_d = mask.numel(), triton.next_power_of_2(head_dim)
+        blocks = triton.cdiv(columns, ATTENTION_BLOCK_COLUMNS)
+        best, total = (torch.empty(q_heads * blocks, dtype=torch.float32, device=query.device) for _ in range(2))
+        acc = torch.empty(q_heads * blocks * block_d, dtype=torch.float32, device=query.device)
+        wrap_triton(attention_partials_kernel)[(q_heads, blocks)](
+            query, keys, values, mask, best, total, acc, columns, scale, keys.stride(1), q_heads // kv_heads,
+            head_dim, BLOCK_D=block_d, BLOCK_C=ATTENTION_BLOCK_COLUMNS, num_warps=WARPS)
         out = torch.empty_like(query)
-        wrap_triton(decode_attention_kernel)[(q_heads,)](
-            query, keys, values, mask, out, mask.numel(), scale, keys.stride(1), q_heads // kv_heads, head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_C=ATTENTION_BLOCK_COLUMNS, num_warps=WARPS)
+        wrap_triton(attention_combine_kernel)[(q_heads,)](best, total, acc, out, blocks, head_dim, BLOCK_D=block_d,
+                                                          BLOCK_B=triton.next_power_of_2(blocks), num_warps=WARPS)
         return out
