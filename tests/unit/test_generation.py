@@ -479,6 +479,59 @@ def test_the_triton_kernels_equal_the_fused_forward_in_tritons_interpreter(which
     assert int(done.stdout.split()[-1]) == 2 * 6 * 2
 
 
+# triton_matvec's layer kernels one by one in Triton's interpreter, fp32, against explicit computations: the norm,
+# q/k/v with and without bias, rotary and the KV write at one column (the others untouched); attention over 140
+# columns (three blocks, the last part padding) with masked columns; gate/up with SiLU; the matvec with a residual.
+LAYER_KERNELS_IN_THE_INTERPRETER = """
+import torch
+import torch.nn.functional as F
+from gpuscale.engines.generation import triton_matvec as tm
+tm._register()
+torch.manual_seed(0)
+K, Hq, Hk, D, C, N, eps, exact = 64, 4, 2, 16, 150, 96, 1e-6, dict(atol=1e-5, rtol=0)
+h, norm = torch.randn(1, 1, K), 1 + 0.1 * torch.randn(K)
+W, bias = 0.2 * torch.randn((Hq + 2 * Hk) * D, K), 0.1 * torch.randn((Hq + 2 * Hk) * D)
+angle = torch.rand(D // 2) * 3
+cos, sin = (torch.cat([f(angle), f(angle)])[None, None] for f in (torch.cos, torch.sin))
+keys, values = torch.randn(1, Hk, C, D), torch.randn(1, Hk, C, D)
+normed = norm * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+torch.testing.assert_close(tm.rms_norm(h, norm, eps), normed, **exact)
+def rotary(t):
+    t = t.view(-1, D)
+    return t * cos[0] + torch.cat([-t[:, D // 2:], t[:, :D // 2]], -1) * sin[0]
+for b in (bias, None):
+    k_cache, v_cache = keys.clone(), values.clone()
+    q, k, v = F.linear(normed, W, b).split([Hq * D, Hk * D, Hk * D], -1)
+    query = tm.norm_qkv_rotary(h, norm, eps, W, b, cos, sin, k_cache, v_cache, torch.tensor([6]))
+    torch.testing.assert_close(query, rotary(q).reshape(-1), **exact)
+    torch.testing.assert_close(k_cache[0, :, 6], rotary(k), **exact)
+    torch.testing.assert_close(v_cache[0, :, 6], v.view(Hk, D), **exact)
+    others = [c for c in range(C) if c != 6]
+    for cache, before in ((k_cache, keys), (v_cache, values)):
+        assert torch.equal(cache[:, :, others], before[:, :, others])
+mask = torch.zeros(1, 1, 1, 140)
+mask[..., 130:] = torch.finfo(torch.float32).min
+query = torch.randn(Hq * D)
+expected = torch.cat([((keys[0, i // 2, :140] @ query.view(Hq, D)[i]) * 0.25 + mask[0, 0, 0]).softmax(-1)
+                      @ values[0, i // 2, :140] for i in range(Hq)])
+torch.testing.assert_close(tm.decode_attention(query, keys, values, mask, 0.25), expected, **exact)
+gate_up, down = 0.2 * torch.randn(2 * N, K), 0.2 * torch.randn(K, N)
+gate, up = F.linear(h, gate_up).split(N, -1)
+torch.testing.assert_close(tm.silu_gate_up(h, gate_up), F.silu(gate) * up, **exact)
+x = torch.randn(1, 1, N)
+torch.testing.assert_close(tm.matvec(x, down, h), h + F.linear(x, down), **exact)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: its interpreter runs the kernels")
+def test_the_layer_kernels_equal_explicit_computations_in_tritons_interpreter():
+    environment = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", LAYER_KERNELS_IN_THE_INTERPRETER], capture_output=True, text=True,
+                          timeout=600, env=environment)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "ok", done.stderr[-3000:]
+
+
 def _count_calls(monkeypatch, module, *names) -> list[str]:
     """The names of `module`'s functions `names`, in the order they are called from now on."""
     calls = []
