@@ -121,10 +121,15 @@ class GpuSampler:
     def _gpu_row(self, index: int, handle, name: str, now: float, run_pids: set[int]) -> dict:
         nvml = self._nvml
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        procs = _safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), [])
-        run_mem = sum((p.usedGpuMemory or 0) for p in procs if p.pid in run_pids)
+        # A process that reaches the card through MPS is listed apart, as an MPS client.
+        mps_clients = _safe(lambda: nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle), [])
+        procs = {p.pid: p.usedGpuMemory or 0
+                 for p in [*_safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), []), *mps_clients]}
+        run_mem = sum(used for pid, used in procs.items() if pid in run_pids)
+        # Through MPS, NVML credits the MPS server with a client's kernels: the run's own share is unknown, not 0.
+        through_mps = any(p.pid in run_pids for p in mps_clients)
         measured = {"mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB, "run_mem_mb": run_mem / MB,
-                    RUN_UTILIZATION_FIELD: self._run_utilization(index, handle, run_pids)}
+                    RUN_UTILIZATION_FIELD: None if through_mps else self._run_utilization(index, handle, run_pids)}
         for field_name in sample_fields.field_names():
             if field_name in NVML_READS:
                 measured[field_name] = _safe(lambda read=NVML_READS[field_name]: read(nvml, handle))

@@ -126,6 +126,22 @@ def test_the_run_s_own_utilization_is_its_processes_share_of_the_card_since_the_
     assert device_view(store, run_id).wide_text == "1980 MHz own  40%"
 
 
+def test_a_run_that_reaches_the_card_through_mps_has_its_memory_and_no_utilization_figure(monkeypatch):
+    """Through MPS, NVML lists the run's processes as MPS clients (their memory still theirs) and credits their
+    kernels to the MPS server: the run's own utilization is unknown (None), not 0."""
+    nvml = fake_nvml()
+    server = os.getpid() + 1_000_000
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: [types.SimpleNamespace(pid=server,
+                                                                                       usedGpuMemory=500 * MB)]
+    nvml.nvmlDeviceGetMPSComputeRunningProcesses = lambda handle: [
+        types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=7_000 * MB)]
+    nvml.nvmlDeviceGetProcessUtilization = lambda handle, since: [
+        types.SimpleNamespace(pid=server, timeStamp=10, smUtil=80)]
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    (row,) = telemetry.GpuSampler(run_id=1, indices=[0], root_pid=os.getpid()).sample(now=NOW)
+    assert row["run_mem_mb"] == 7_000.0 and row["run_util"] is None
+
+
 def old_history(home: Path) -> int:
     """A runs.db made by the schema before the declaration, holding one run and one GPU sample."""
     home.mkdir()
