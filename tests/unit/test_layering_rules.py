@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import itertools
 import json
 import pkgutil
@@ -142,14 +143,19 @@ def statements_of(package: str) -> dict[str, set[str]]:
     return {name: imported_by(path, name) for name, path in source_files(package).items()}
 
 
+# Modules that only import where an optional package is installed (their importers check first), by that package.
+NEEDS_OPTIONAL = {"gpuscale.engines.generation.triton_kernels": "triton"}
+
+
 def all_modules(package: str) -> list[str]:
     """`package` and every module under it, subpackages included (`__main__` modules left out:
-    importing one runs a program)."""
+    importing one runs a program; so are NEEDS_OPTIONAL's where their package is missing)."""
     pkg = importlib.import_module(package)
     if not hasattr(pkg, "__path__"):  # a plain module (recipes/probe.py)
         return [package]
     names = [package] + [m.name for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}.")]
-    return [name for name in names if not name.endswith(".__main__")]
+    return [name for name in names if not name.endswith(".__main__")
+            and (name not in NEEDS_OPTIONAL or importlib.util.find_spec(NEEDS_OPTIONAL[name]) is not None)]
 
 
 # ---- what a fresh interpreter loads -------------------------------------------------------------
