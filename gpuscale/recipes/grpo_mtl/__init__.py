@@ -255,6 +255,7 @@ class GrpoMtl(Recipe):
     launcher = "accelerate"
     figure_notes = TRAINING_FIGURE_NOTES
     explores = True  # GRPO learns from its own samples: an entropy near 0 is a collapse
+    rank_imports = (*Recipe.rank_imports, "trl.trainer.grpo_trainer")
     promised_figures = ("world_size", "steps", "generator", "rollout", "eval_split", "mtl", "tokens_per_s",
                         "generation_seconds", "training_seconds", "step_seconds_median", "generation_seconds_per_step",
                         "accuracy_greedy_before", "accuracy_greedy_after",

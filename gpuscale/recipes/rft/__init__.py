@@ -161,6 +161,7 @@ class RFT(Recipe):
     settings_cls = Settings
     launcher = "accelerate"
     figure_notes = TRAINING_FIGURE_NOTES
+    rank_imports = (*Recipe.rank_imports, "trl.trainer.sft_trainer")  # its fine-tune on the kept answers
     promised_figures = ("world_size", "kept_examples", "eval_split", "yield", "samples_per_s", "steps", "train_loss",
                         "tokens_per_s", "accuracy_greedy_before", "accuracy_greedy_after", "accuracy_sampled_before",
                         "accuracy_sampled_after", "model_dir")

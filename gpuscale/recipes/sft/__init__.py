@@ -72,6 +72,7 @@ class SFT(Recipe):
     settings_cls = Settings
     launcher = "accelerate"
     figure_notes = TRAINING_FIGURE_NOTES
+    rank_imports = (*Recipe.rank_imports, "trl.trainer.sft_trainer")
     promised_figures = ("world_size", "steps", "eval_split", "train_loss", "tokens_per_s", "accuracy_greedy_before",
                         "accuracy_greedy_after", "accuracy_sampled_before", "accuracy_sampled_after", "model_dir")
     smoke_settings = {"max_examples": 8, "batch_size": 2, "max_steps": 2, "max_length": 64, "eval_examples": 2,

@@ -95,6 +95,11 @@ class Recipe(ABC):
     # means the policy stopped exploring, and the views warn (app/views/collapse.py). A supervised
     # recipe's entropy (sft's, rft's fine-tune on kept answers) is meant to fall toward 0.
     explores: ClassVar[bool] = False
+    # The modules its rank's work imports, by name: made once the rank's world is set up, before the work
+    # starts, and frozen with the rest of the rank's imports out of the cyclic collector's sight
+    # (engines/distributed.py:freeze_imports). Every built-in recipe's rank loads a transformers model:
+    # its model classes, and through them torch._dynamo and torch.distributed.tensor.
+    rank_imports: ClassVar[tuple[str, ...]] = ("transformers.modeling_utils",)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
