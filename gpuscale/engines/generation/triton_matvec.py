@@ -123,8 +123,9 @@ def _register() -> None:
         silu_gate_up_kernel,
     )
 
-    def block_k(k: int) -> int:
-        return min(triton.next_power_of_2(k), MAX_BLOCK_K)
+    def block_k(k: int, most: int = MAX_BLOCK_K) -> int:
+        """The K a program loads at once (a norm's kernels, which also hold the norm's input, at most 2,048)."""
+        return min(triton.next_power_of_2(k), most)
 
     @triton_op("gpuscale::silu_gate_up", mutates_args=())
     def silu_gate_up_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -141,7 +142,7 @@ def _register() -> None:
         x = x.contiguous()
         out = torch.empty_like(x)
         k = x.shape[-1]
-        wrap_triton(rms_norm_kernel)[(1,)](x, weight, out, eps, k, BLOCK_K=min(triton.next_power_of_2(k), 2048),
+        wrap_triton(rms_norm_kernel)[(1,)](x, weight, out, eps, k, BLOCK_K=block_k(k, 2048),
                                            num_warps=WARPS)
         return out
 
@@ -173,7 +174,7 @@ def _register() -> None:
         wrap_triton(norm_qkv_rotary_kernel)[grid](
             hidden, norm_weight, eps, qkv_weight, qkv_weight if qkv_bias is None else qkv_bias, cos, sin, query,
             keys, values, write_col, keys.stride(1), q_heads, kv_heads, k, head_dim, PAIRS=pairs,
-            BLOCK_K=min(triton.next_power_of_2(k), 2048), HAS_BIAS=qkv_bias is not None, num_warps=WARPS)
+            BLOCK_K=block_k(k, 2048), HAS_BIAS=qkv_bias is not None, num_warps=WARPS)
         return query
 
     @triton_op("gpuscale::decode_attention", mutates_args=())
