@@ -715,6 +715,7 @@ def card_sharing(mode: str, shared: bool):
     except (OSError, subprocess.TimeoutExpired) as error:
         failure = f"{type(error).__name__}: {error}"
     if failure:
+        shutil.rmtree(folder, ignore_errors=True)
         if mode == "mps":
             raise SystemExit(f"--share-card mps: {MPS_CONTROL} -d did not start the daemon ({failure})")
         print(f"card sharing: time-slicing ({MPS_CONTROL} -d: {failure})", flush=True)
@@ -730,9 +731,11 @@ def card_sharing(mode: str, shared: bool):
         try:  # the daemon quits once its clients have: every run has ended by now
             subprocess.run([MPS_CONTROL], input="quit\n", env=environment, capture_output=True, text=True,
                            timeout=60)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # its folder stays, to quit it by hand
             print(f"card sharing: the MPS daemon did not quit within 60 s (pipe folder "
                   f"{folders['CUDA_MPS_PIPE_DIRECTORY']})", flush=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:

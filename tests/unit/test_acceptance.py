@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -303,6 +304,8 @@ def fake_mps(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
     monkeypatch.setenv("MPS_CALLS", str(calls))
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the daemon's folder is made
     return calls
 
 
@@ -313,6 +316,7 @@ def test_runs_sharing_a_card_go_through_a_private_mps_daemon_stopped_at_the_end(
         assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # the check's own process stays outside MPS
     assert acceptance.RUN_ENVIRONMENT == {}
     assert fake_mps.read_text().splitlines() == [f"-d pipe={pipe} stdin=", f" pipe={pipe} stdin=quit"]
+    assert not any(Path(tempfile.gettempdir()).iterdir())  # its folder is removed once the daemon has quit
 
 
 def test_no_mps_where_no_card_is_shared_or_the_daemon_is_missing_or_fails(acceptance, fake_mps, monkeypatch):
@@ -321,6 +325,7 @@ def test_no_mps_where_no_card_is_shared_or_the_daemon_is_missing_or_fails(accept
     monkeypatch.setenv("MPS_EXIT", "1")
     with acceptance.card_sharing("auto", shared=True) as sharing:
         assert sharing == "time-slicing" and acceptance.RUN_ENVIRONMENT == {}
+    assert not any(Path(tempfile.gettempdir()).iterdir())  # a failed start leaves no folder behind
     with pytest.raises(SystemExit, match="--share-card mps: nvidia-cuda-mps-control -d did not start"):
         with acceptance.card_sharing("mps", shared=True):
             pass
