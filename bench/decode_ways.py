@@ -25,9 +25,11 @@ and transformers' generate() at its best (StaticCache + compile) in the same cal
 
 # way -> (the engine's switches by module, its compile mode, Inductor settings). `today` is the default.
 NO_REDUCTIONS = {"fused.REDUCTION_LINEAR_MAX_ROWS": 0, "fused.REDUCTION_ATTENTION_MAX_ROWS": 0}
+ONLY_THE_MLP = {"fused.TRITON_LAYER_AT_ONE_ROW": False}
 TUNED = {"coordinate_descent_tuning": True}  # as gpt-fast compiles its decode step
 WAYS = {
     "today": ({}, "default", {}),
+    "uncompiled": ({}, None, {}),  # the eager step, no CUDA graphs: the reference of --agreement
     "cublas-sdpa": (NO_REDUCTIONS, "default", {}),  # the engine's step before the few-row reductions
     "matmul-attention": ({**NO_REDUCTIONS, "fused.MATMUL_ATTENTION_MIN_ROWS": 1}, "default", {}),
     "reduction-attention": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 0}, "default", {}),
@@ -44,12 +46,14 @@ WAYS = {
     # of a reduction that broadcasts it unless its op count passes `realize_opcount_threshold` (30); at 16, for
     # every compile of the process, those are stored once (measured 2026-11-30, not adopted)
     "realize-global": ({}, "default", {"realize_opcount_threshold": 16}),
-    # the whole layer at one row as triton_matvec.py's kernels (TRITON_LAYER_AT_ONE_ROW), not only its MLP
-    "triton-layer": ({"fused.TRITON_LAYER_AT_ONE_ROW": True}, "default", {}),
+    # only the MLP at one row as triton_matvec.py's kernels, the rest of the layer Inductor's (the default until
+    # TRITON_LAYER_AT_ONE_ROW)
+    "triton-mlp-only": (ONLY_THE_MLP, "default", {}),
     # the MLP too as Inductor's reductions
-    "inductor-mlp": ({"fused.TRITON_MLP_AT_ONE_ROW": False}, "default", {}),
+    "inductor-mlp": ({**ONLY_THE_MLP, "fused.TRITON_MLP_AT_ONE_ROW": False}, "default", {}),
     # that, with down_proj through cuBLAS at one row (its input stored once), the other matmuls reductions
-    "down-cublas": ({"fused.TRITON_MLP_AT_ONE_ROW": False, "fused.DOWN_PROJ_AS_REDUCTION": False}, "default", {}),
+    "down-cublas": ({**ONLY_THE_MLP, "fused.TRITON_MLP_AT_ONE_ROW": False, "fused.DOWN_PROJ_AS_REDUCTION": False},
+                    "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),
@@ -68,6 +72,8 @@ def parse_args(argv=None):
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="also count the kernels of each way's eager step")
+    parser.add_argument("--agreement", action="store_true",
+                        help="also each way's greedy tokens and log-probs against an fp32 forward (`agreement`)")
     parser.add_argument("--with-transformers", action="store_true",
                         help="also transformers' generate() with a StaticCache and compile, in its own process")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a way may take")
@@ -121,12 +127,15 @@ def measure_one(args) -> dict:
         apply_way(args.one)
         switches, mode, inductor = WAYS[args.one]
         row.update(switches=switches, compile_mode=mode, inductor=inductor)
-        engine = GenerationEngine(model, pad_token_id=0, compile_mode=mode)
+        engine = (GenerationEngine(model, pad_token_id=0, compile_mode=mode) if mode else
+                  GenerationEngine(model, pad_token_id=0, compile=False, cuda_graphs=False, static_shapes=True))
         run = generation_bench.generate_call(engine, prompts, torch.Generator(device=device).manual_seed(0))
         row["first_call_s"] = generation_bench.timed(lambda: run(args.new_tokens), device)
         row["ms_per_step"] = generation_bench.ms_per_step(run, args.new_tokens, device, args.repeats)
         row["path"] = engine_path(engine)
-        if args.profile:
+        if args.agreement:
+            row["agreement"] = agreement(engine)
+        if args.profile and mode:
             settings = argparse.Namespace(compile_mode=mode, context=args.prompt_tokens + 64,
                                           prompt_tokens=args.prompt_tokens, steps=5, temperature=1.0)
             with tempfile.TemporaryDirectory() as folder:
@@ -136,11 +145,44 @@ def measure_one(args) -> dict:
     return row
 
 
+def agreement(engine, prompts: int = 6, new_tokens: int = 40) -> dict:
+    """How close the way's greedy decode stays to an fp32 forward of the same model: prompts of 32 random tokens,
+    one a call (the batch-1 path), each continuation teacher-forced through the model in fp32. A bf16 step's
+    greedy tokens part from another bf16 step's wherever the fp32 margin between the top two tokens is below
+    bf16's error (a random model has many such near-ties): the way is as exact as the uncompiled step when its
+    log-prob error and its share of fp32-argmax tokens are the uncompiled step's."""
+    import copy
+
+    import torch
+
+    from gpuscale.engines.generation import Sampling
+
+    truth = copy.deepcopy(engine.model).float()
+    generator = torch.Generator().manual_seed(0)
+    errors, agreeing, tokens = [], 0, []
+    for _ in range(prompts):
+        prompt = torch.randint(0, truth.config.vocab_size, (32,), generator=generator).tolist()
+        out = engine.generate([prompt], new_tokens, Sampling(temperature=0))
+        continuation = out.tokens[0, : int(out.lengths[0])]
+        with torch.no_grad():
+            ids = torch.tensor([prompt], device=continuation.device)
+            logits = truth(input_ids=torch.cat([ids[0], continuation])[None]).logits[0, len(prompt) - 1: -1]
+        logprobs = logits.float().log_softmax(-1)
+        exact = logprobs.gather(-1, continuation[:, None]).squeeze(-1)
+        errors += (out.base_logprobs[0, : len(continuation)].float() - exact).abs().tolist()
+        agreeing += int((logprobs.argmax(-1) == continuation).sum())
+        tokens.append(continuation.tolist())
+    del truth
+    return {"mean_abs_logprob_error": sum(errors) / len(errors), "max_abs_logprob_error": max(errors),
+            "fp32_argmax_share": agreeing / len(errors), "tokens": tokens}
+
+
 def run_child(way: str, args) -> dict:
     command = [sys.executable, __file__, "--one", way, "--model", args.model, "--device", args.device,
                "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens),
                "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
     command += ["--profile"] if args.profile else []
+    command += ["--agreement"] if args.agreement else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -169,8 +211,11 @@ def main(argv=None):
         kernels = row.get("kernels", {}).get("kernels_per_step")
         # A step that fell back to running uncompiled measures the fallback, not the way: say so on its line.
         failed = (row.get("path") or {}).get("compile_error")
+        close = row.get("agreement")
         print(f"{way:<22} {row['ms_per_step']:.3f} ms/step, {row['ms_per_step'] / row['floor_ms']:.2f}x the floor "
               f"({row['floor_ms']:.3f} ms)" + (f", {kernels:.0f} kernels a step" if kernels else "")
+              + (f"; against fp32: log-prob error {close['mean_abs_logprob_error']:.4f} (mean), "
+                 f"{close['fp32_argmax_share']:.1%} of tokens its argmax" if close else "")
               + (f"; COMPILING FAILED, ran uncompiled: {failed[:120]}" if failed else ""), flush=True)
     measured = {row["way"]: row["ms_per_step"] for row in rows if "ms_per_step" in row}
     for baseline in ("cublas-sdpa", "transformers"):

@@ -110,11 +110,11 @@ REDUCTION_ATTENTION_MAX_ROWS = 1
 TRITON_MLP_AT_ONE_ROW = True
 # At one row, compiled on a GPU, a whole plain layer (RMSNorms, q/k/v with or without bias, rotary, full attention,
 # SiLU MLP, no biases elsewhere, no row terms) as seven Triton kernels (triton_matvec.py), not Inductor's dozen or
-# so. Off: as first written (five kernels: attention one program a head, the second norm inside gate/up) the step
-# took 1.022 ms on an H200 at Qwen2.5-0.5B's shape against 0.877 ms with only the MLP's kernels (one call,
-# bench/results/generation/decode-ways-b1-triton-layer-*); the seven (attention over blocks of columns, the norm
-# apart) are not measured yet. bench/decode_ways.py's way `triton-layer` turns it on.
-TRITON_LAYER_AT_ONE_ROW = False
+# so beside the MLP's two: on an H200 at Qwen2.5-0.5B's shape the step took 0.67 ms against 0.84 ms with only the
+# MLP's kernels, 193 kernels a step against 305 (bench/RESULTS.md, decode-ways-b1-triton-layer-seven-*). In bf16
+# its log-probs are as close to an fp32 forward as the eager step's (decode_ways.py --agreement). Where Triton or
+# CUDA is missing the layer stays Inductor's; decode_ways' way `triton-mlp-only` turns it off.
+TRITON_LAYER_AT_ONE_ROW = True
 # RMSNorm classes whose forward is exactly transformers' Llama one (what the layer kernels compute).
 _PLAIN_RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}
 # Whether down_proj too is a reduction at those rows (bench/decode_ways.py's `down-cublas` turns it off: its input,

@@ -16,9 +16,9 @@ Rounding follows the eager bf16 (or fp32) layer: each value the eager modules ro
 rounded here too (the norm's output, q/k/v, each rotary product and sum, o_proj's and down_proj's sums, gate, up,
 SiLU and their product, each residual sum); sums and softmax run in fp32.
 
-The MLP's two kernels are on by default (fused.TRITON_MLP_AT_ONE_ROW); the whole layer's are not
-(fused.TRITON_LAYER_AT_ONE_ROW: slower as first written, the switch's comment says by how much). Measured in the
-engine's step by `python bench/decode_ways.py --ways today,triton-layer,inductor-mlp`. Without Triton or CUDA
+The whole layer's kernels are on by default (fused.TRITON_LAYER_AT_ONE_ROW), and the MLP's two also where the rest
+of a layer is not plain (fused.TRITON_MLP_AT_ONE_ROW). Measured in the engine's step by
+`python bench/decode_ways.py --ways today,triton-mlp-only,inductor-mlp`. Without Triton or CUDA
 nothing here is imported. The kernels register as torch.library Triton ops, so torch.compile puts them inside the
 compiled step and its CUDA graph.
 """
