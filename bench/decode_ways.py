@@ -54,6 +54,13 @@ WAYS = {
     # that, with down_proj through cuBLAS at one row (its input stored once), the other matmuls reductions
     "down-cublas": ({**ONLY_THE_MLP, "fused.TRITON_MLP_AT_ONE_ROW": False, "fused.DOWN_PROJ_AS_REDUCTION": False},
                     "default", {}),
+    # the layer kernels' launch shapes (triton_matvec.py's constants): programs of q/k/v of 1 or 2 rotary pairs (more
+    # programs, each reading less), attention blocks of 32 columns, down_proj and o_proj 2 rows a program, 8 warps
+    "qkv-pairs-1": ({"triton_matvec.QKV_PAIRS_PER_PROGRAM": 1}, "default", {}),
+    "qkv-pairs-2": ({"triton_matvec.QKV_PAIRS_PER_PROGRAM": 2}, "default", {}),
+    "attention-block-32": ({"triton_matvec.ATTENTION_BLOCK_COLUMNS": 32}, "default", {}),
+    "down-rows-2": ({"triton_matvec.DOWN_ROWS_PER_PROGRAM": 2}, "default", {}),
+    "warps-8": ({"triton_matvec.WARPS": 8}, "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),
@@ -85,9 +92,9 @@ def parse_args(argv=None):
 def apply_way(way: str):
     import torch._inductor.config
 
-    from gpuscale.engines.generation import fused, sampling
+    from gpuscale.engines.generation import fused, sampling, triton_matvec
 
-    modules = {"fused": fused, "sampling": sampling}
+    modules = {"fused": fused, "sampling": sampling, "triton_matvec": triton_matvec}
     switches, _, inductor = WAYS[way]
     for name, value in switches.items():
         module, constant = name.split(".")

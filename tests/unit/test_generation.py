@@ -884,7 +884,7 @@ def test_the_triton_layer_in_bf16_stays_as_close_to_fp32_as_the_uncompiled_step(
     tokens: two bf16 steps part wherever the fp32 top-two margin is under bf16's error, which a random model's
     greedy decode meets within tens of tokens (on an H200 the uncompiled and compiled steps parted at steps 1-20,
     at margins of 0.005-0.03 nats), so the kernels are held to the uncompiled step's closeness instead."""
-    agreement = load_bench("decode_ways").agreement
+    agreement = load_bench("decode_ways.py").agreement
     model = build_random_model("random-qwen2.5-0.5b", seed=0).to("cuda", torch.bfloat16)
     uncompiled = agreement(GenerationEngine(model, pad_token_id=PAD, compile=False, cuda_graphs=False,
                                             static_shapes=True))
