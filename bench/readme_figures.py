@@ -133,7 +133,7 @@ def verdict(met: bool) -> str:
     return "met" if met else "not met"
 
 
-ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-one-call-mps-b-2026-11-30-h200x2.json"
+ACCEPTANCE = "bench/results/acceptance/acceptance-1gpu-3seeds-one-call-2026-12-01-h200.json"
 TRAINING = ("sft", "rft", "grpo-mtl", "eggroll")  # the recipes the acceptance's verdicts are of
 
 
@@ -187,6 +187,7 @@ ACCEPTANCE_FIGURES = (
                  met(recipe, "over_sharpening_control"))
       for row, recipe in (("sft", "sft"), ("rft", "rft"), ("grpo-mtl", "grpo-mtl"),
                           ("grpo-mtl, PCGrad (`--set mtl=pcgrad`)", "grpo-mtl pcgrad"), ("eggroll", "eggroll"))),
+    acceptance("The check ran in one call of {}", Value("figures.seconds", seconds)),
     acceptance("| power-sampling | {} vs greedy {}: {}",
                Value("figures.targets.power-sampling.points.accuracy.power-sampling", percent_points),
                Value("figures.targets.power-sampling.points.accuracy.power-sampling greedy", percent_points),
@@ -283,7 +284,7 @@ GRPO_ASYNC_LEARNING_FIGURES = (
 )
 
 # The node check's decode beside bench/generation.py's at the same shape (`bench/node_check.py --decode-agreement`).
-NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-triton-mlp-2026-11-30-h200x2.json"
+NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-triton-layer-2026-12-01-h200.json"
 
 
 def thousandths(value: float) -> str:
@@ -297,8 +298,8 @@ NODE_CHECK_FIGURES = (
             Value("figures.rows.0.probe_floor_share", percent)), ("probe",)),
 )
 
-# The engine's one-row decode step with its Triton MLP and with Inductor's (`bench/decode_ways.py`).
-DECODE_WAYS = "bench/results/generation/decode-ways-b1-triton-mlp-default-a-2026-11-30-h200x2.json"
+# The engine's one-row decode step with each layer as Triton kernels and with only its MLP's (`bench/decode_ways.py`).
+DECODE_WAYS = "bench/results/generation/decode-ways-b1-agreement-2026-12-01-h200.json"
 
 
 def milliseconds(value: float) -> str:
@@ -307,14 +308,14 @@ def milliseconds(value: float) -> str:
 
 def way(name: str) -> str:
     """The dotted path of a way's row in decode_ways.py's result."""
-    return {"today": "figures.ways.0", "inductor-mlp": "figures.ways.1"}[name]
+    return {"today": "figures.ways.0", "triton-mlp-only": "figures.ways.1"}[name]
 
 
 DECODE_FIGURES = (
-    Figure("a one-row step took {} with its MLP as two Triton kernels against {} with Inductor's, {} of "
+    Figure("a one-row step took {} with each layer as seven Triton kernels against {} with only its MLP's, {} of "
            "its floor", DECODE_WAYS,
            (Value(f"{way('today')}.ms_per_step", milliseconds),
-            Value(f"{way('inductor-mlp')}.ms_per_step", milliseconds),
+            Value(f"{way('triton-mlp-only')}.ms_per_step", milliseconds),
             Value(way("today"), percent, lambda rows: rows[0]["floor_ms"] / rows[0]["ms_per_step"])), ()),
 )
 

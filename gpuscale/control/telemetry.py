@@ -11,6 +11,7 @@ SM utilization NVML attributes to them since the last tick (`run_util`).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -68,6 +69,14 @@ def _safe(query, default=None):
         return default
 
 
+@functools.lru_cache(maxsize=256)
+def _is_mps_server(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).name() == "nvidia-cuda-mps-server"
+    except psutil.Error:
+        return False
+
+
 def process_tree(root_pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(root_pid)
@@ -123,11 +132,14 @@ class GpuSampler:
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         # A process that reaches the card through MPS is listed apart, as an MPS client.
         mps_clients = _safe(lambda: nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle), [])
-        procs = {p.pid: p.usedGpuMemory or 0
-                 for p in [*_safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), []), *mps_clients]}
+        listed = _safe(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle), [])
+        procs = {p.pid: p.usedGpuMemory or 0 for p in [*listed, *mps_clients]}
         run_mem = sum(used for pid, used in procs.items() if pid in run_pids)
         # Through MPS, NVML credits the MPS server with a client's kernels: the run's own share is unknown, not 0.
-        through_mps = any(p.pid in run_pids for p in mps_clients)
+        # NVML's documentation lists the clients as MPS processes; the runs of an acceptance through MPS on an H200
+        # still read 0% (2026-12-01), so a run listed among the card's processes beside an MPS server counts too.
+        through_mps = any(p.pid in run_pids for p in mps_clients) or (
+            run_pids.intersection(procs) and any(_is_mps_server(p.pid) for p in listed if p.pid not in run_pids))
         measured = {"mem_used_mb": memory.used / MB, "mem_total_mb": memory.total / MB, "run_mem_mb": run_mem / MB,
                     RUN_UTILIZATION_FIELD: None if through_mps else self._run_utilization(index, handle, run_pids)}
         for field_name in sample_fields.field_names():

@@ -5,7 +5,9 @@ with nothing lost; a bad declaration says which field and why."""
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -140,6 +142,29 @@ def test_a_run_that_reaches_the_card_through_mps_has_its_memory_and_no_utilizati
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     (row,) = telemetry.GpuSampler(run_id=1, indices=[0], root_pid=os.getpid()).sample(now=NOW)
     assert row["run_mem_mb"] == 7_000.0 and row["run_util"] is None
+
+
+def test_a_run_listed_beside_an_mps_server_has_no_utilization_figure(monkeypatch, tmp_path):
+    """Drivers that list MPS clients among the card's processes, beside the server (a real process of the server's
+    name here, beside a real process as the run), rather than as MPS processes: the run's utilization is unknown."""
+    server_binary = tmp_path / "nvidia-cuda-mps-server"
+    shutil.copy(shutil.which("sleep"), server_binary)
+    run, server = (subprocess.Popen([binary, "60"]) for binary in (shutil.which("sleep"), server_binary))
+    try:
+        nvml = fake_nvml()
+        nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: [
+            types.SimpleNamespace(pid=server.pid, usedGpuMemory=500 * MB),
+            types.SimpleNamespace(pid=run.pid, usedGpuMemory=7_000 * MB)]
+        nvml.nvmlDeviceGetMPSComputeRunningProcesses = lambda handle: []
+        nvml.nvmlDeviceGetProcessUtilization = lambda handle, since: [
+            types.SimpleNamespace(pid=server.pid, timeStamp=10, smUtil=80)]
+        monkeypatch.setitem(sys.modules, "pynvml", nvml)
+        (row,) = telemetry.GpuSampler(run_id=1, indices=[0], root_pid=run.pid).sample(now=NOW)
+        assert row["run_mem_mb"] == 7_000.0 and row["run_util"] is None
+    finally:
+        for process in (run, server):
+            process.kill()
+            process.wait()
 
 
 def old_history(home: Path) -> int:
