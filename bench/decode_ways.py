@@ -171,9 +171,9 @@ def agreement(engine, prompts: int = 6, new_tokens: int = 40) -> dict:
         prompt = torch.randint(0, truth.config.vocab_size, (32,), generator=generator).tolist()
         out = engine.generate([prompt], new_tokens, Sampling(temperature=0))
         continuation = out.tokens[0, : int(out.lengths[0])]
+        ids = torch.tensor([prompt + continuation.tolist()], device=continuation.device)
         with torch.no_grad():
-            ids = torch.tensor([prompt], device=continuation.device)
-            logits = truth(input_ids=torch.cat([ids[0], continuation])[None]).logits[0, len(prompt) - 1: -1]
+            logits = truth(input_ids=ids).logits[0, len(prompt) - 1: -1]
         logprobs = logits.float().log_softmax(-1)
         exact = logprobs.gather(-1, continuation[:, None]).squeeze(-1)
         errors += (out.base_logprobs[0, : len(continuation)].float() - exact).abs().tolist()
