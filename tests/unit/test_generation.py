@@ -876,6 +876,16 @@ def test_cuda_graphs_on_the_qwen_shape_in_bf16():
         assert float((generation.base_logprobs.cpu() - expected)[mask].abs().max()) < 0.1
 
 
+def test_the_agreement_measure_finds_an_fp32_step_exact():
+    """decode_ways.py's `agreement` (what the bf16 test below holds the layer kernels to): an fp32 step scored against
+    the same model's fp32 forward has no error and picks its argmax; a slip of one column would show."""
+    agreement = load_bench("decode_ways.py").agreement
+    engine = GenerationEngine(build_random_model("random-tiny", seed=0), pad_token_id=PAD, static_shapes=True)
+    measured = agreement(engine, prompts=2, new_tokens=6)
+    assert measured["max_abs_logprob_error"] < 1e-5 and measured["fp32_argmax_share"] == 1.0
+    assert [len(tokens) for tokens in measured["tokens"]] == [6, 6]
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_the_triton_layer_in_bf16_stays_as_close_to_fp32_as_the_uncompiled_step():
