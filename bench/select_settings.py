@@ -10,9 +10,10 @@ acceptance check scores all of the test split: on the recipes' default 500, grpo
 comparison problems on which the base model was 11.7 points weaker than on the rest of validation, and saw a
 comparison gain of +6.3 where the test saw +0.7 (bench/split_composition.py, RESULTS.md). Scoring is not
 learning: it trains on the same problems. Runs share the machine (`--jobs` at a time); with `--one-gpu-
-each` each run gets one GPU (`--gpus K,`), round-robin over the GPUs. Runs save no model unless `--set
-save_model=true`: the chosen settings are then run again with eval_split=test, once, for the figures to
-report.
+each` each run gets one GPU (`--gpus K,`), round-robin over the GPUs. More runs at once than GPUs share a
+card through MPS where it starts (`--share-card`, as bench/acceptance.py: its `card_sharing` says why). Runs
+save no model unless `--set save_model=true`: the chosen settings are then run again with eval_split=test,
+once, for the figures to report.
 
 The table: per candidate, the seeds that succeeded, and over them the mean ± sd (sample standard
 deviation, in points) of validation accuracy greedy and at temperature 1 after training
@@ -48,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from acceptance import (  # noqa: E402
     ACCURACIES,
+    card_sharing,
     domain_figures,
     launch,
     run_label,
@@ -224,6 +226,9 @@ def main() -> None:
                         help="runs at once (default: one per GPU with --one-gpu-each, else 1)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of every run (a candidate's own settings may not repeat it)")
+    parser.add_argument("--share-card", choices=("auto", "mps", "time-slicing"), default="auto",
+                        help="how runs that share a card share it (default auto: through MPS where runs share a card "
+                        "and nvidia-cuda-mps-control starts; bench/acceptance.py's `card_sharing` says why)")
     parser.add_argument("--home", default=None, help="GPUSCALE_HOME of the runs (default: a fresh folder)")
     parser.add_argument("--out", default=None, help="the result file (default: bench/results/<recipe>/selection-...)")
     parser.add_argument("--from-home", default=None, metavar="HOME",
@@ -257,10 +262,12 @@ def main() -> None:
     fixed.setdefault("save_model", "false")
     seeds = [int(seed) for seed in args.seeds.split(",")]
 
+    cards = 1  # the GPUs the runs at once are spread over: more runs than that share a card
     if args.one_gpu_each:  # slot s runs on GPU indices[s % count]: `--gpus K,`, one GPU as a list of indices
         indices = gpu_indices(args.gpus)
         jobs = args.jobs or len(indices)
         slots = [f"{indices[slot % len(indices)]}," for slot in range(jobs)]
+        cards = len(indices)
     else:
         jobs = args.jobs or 1
         if args.gpus:
@@ -289,13 +296,17 @@ def main() -> None:
         return {**row, "gpus": gpus}
 
     started = time.perf_counter()
+    sharing = None
     if args.from_home:
         home = Path(args.from_home).resolve()
         rows = stored_rows(home, candidates, seeds)
     else:
+        import torch
+
         shared_threads(jobs)
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            rows = list(pool.map(run_one, runs))
+        with card_sharing(args.share_card, shared=torch.cuda.is_available() and jobs > cards) as sharing:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                rows = list(pool.map(run_one, runs))
     rows.sort(key=lambda row: ([c for c, _ in candidates].index(row["label"]), row["seed"]))
     table = candidate_table(candidates, rows, seeds)
     chosen = choose(table)
@@ -308,7 +319,7 @@ def main() -> None:
     write_result(args.recipe.replace("-", "_"), "selection",
                  {"recipe": args.recipe, "candidates": args.candidates, "seeds": args.seeds, "set": args.set,
                   "gpus": args.gpus, "one_gpu_each": args.one_gpu_each, "jobs": jobs, "eval_split": "validation",
-                  "rule": RULE},
+                  "rule": RULE, "card_sharing": sharing},
                  {"candidates": table, "chosen": chosen, "runs": rows, "seconds": None if args.from_home else total,
                   "home": str(home)},
                  out=args.out, card=parse_card(args.card))
