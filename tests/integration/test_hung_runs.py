@@ -9,7 +9,8 @@ under accelerate launch (sft): real ranks on gloo, a real supervisor and runs.db
   which accelerate launch runs too, ends the group when one rank fails), the error naming rank 1. Under
   torchrun here; under accelerate launch (sft, 2 ranks, rank 1 killed in training) it is bench/faults.py's
   sft-kill case, whose test (test_bench_scripts.py's test_faults_bench_kills_a_rank_and_times_the_others_end_on_cpu)
-  asserts the same: the other rank gone within 10 s, `failed`, the same error line, no process left.
+  asserts the same: the other rank gone within 10 s, `failed`, the same error line, no process left. A
+  rank killed so is also how the kernel's out-of-memory killer ends one: the run's hint says so.
 """
 
 from __future__ import annotations
@@ -154,5 +155,8 @@ def test_a_killed_rank_ends_every_other_within_ten_seconds(module_home, hung_run
     took = time.monotonic() - killed
     run = wait_until(lambda: (r := run_json("show", str(run_id)))["status"] not in LIVE_STATUSES and r, 60)
     assert took < slow(10)
+    # Named with its signal, never torchrun's wrapper, and the hint says what sends a SIGKILL unasked: the
+    # kernel's out-of-memory killer (no error file, no traceback).
     assert run["status"] == "failed" and run["error"] == "rank 1: killed by SIGKILL with no error of its own"
+    assert "out-of-memory killer" in run["hint"]
     assert not leftover_processes(str(run_dir))
