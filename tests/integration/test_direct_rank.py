@@ -1,6 +1,8 @@
 """A run of one process in all starts its rank without a launcher (control/launch.py:launcher_argv): end
 to end on CPU, the real CLI, supervisor and rank, for a torchrun recipe (probe) and an accelerate one
-(grpo-mtl). Runs of two ranks keep theirs (test_runs.py's stopped run, test_sft_run.py's command)."""
+(grpo-mtl). Runs of two ranks keep theirs (test_runs.py's stopped run, test_sft_run.py's command). A one-process
+run stopped (`gpuscale stop`: SIGTERM to the rank's process group, the supervisor's child) is test_runs.py's
+test_stopped_run_keeps_its_results_and_a_partial_summary (power-sampling on 1 rank)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 import psutil
 import pytest
 
-from conftest import gpuscale, leftover_processes, run_json, wait_for_metrics, wait_until
+from conftest import gpuscale, leftover_processes, run_json, wait_until
 from gpuscale.control.store import Store
 from gpuscale.runs.process import RUN_DIR_ENV
 from gpuscale.runs.statuses import LIVE_STATUSES
@@ -76,14 +78,3 @@ def test_a_one_process_run_whose_rank_is_killed_names_rank_0_and_the_signal(home
     assert run["status"] == "failed" and run["error"] == "rank 0: killed by SIGKILL with no error of its own"
     assert "out-of-memory killer" in run["hint"]
     assert not leftover_processes(run["run_dir"])
-
-
-def test_a_one_process_run_stops_as_any_run(home):
-    """`gpuscale stop`: SIGTERM to the rank's process group (it is the supervisor's child), the run
-    `stopped`, no process of it left."""
-    run_id = int(gpuscale("run", *PROBE, "--set", "steps=100000", "--detach").stdout)
-    wait_for_metrics(home, run_id)
-    stopped = gpuscale("stop", str(run_id))
-    assert stopped.returncode == 0 and f"run {run_id}: stopped" in stopped.stdout
-    run = run_json("show", str(run_id))
-    assert run["status"] == "stopped" and not leftover_processes(run["run_dir"])

@@ -355,7 +355,10 @@ def test_stopped_run_keeps_its_results_and_a_partial_summary(home):
     result = gpuscale("stop", str(run_id))
     assert result.returncode == 0 and f"run {run_id}: stopped" in result.stdout
     run = run_json("show", str(run_id))
-    assert run["status"] == "stopped"
+    # One process: its rank started without a launcher (test_direct_rank.py), stopped as any run's, by a
+    # SIGTERM to its process group, with nothing of it left.
+    assert run["status"] == "stopped" and run["command"][1:3] == ["-m", "gpuscale.recipes"]
+    assert not leftover_processes(run["run_dir"])
     assert_kept_what_it_did(home, run)
     assert run["summary"]["duration_s"] > 0  # the supervisor's own figures are still there
 
