@@ -345,20 +345,6 @@ def test_a_domain_weight_of_a_domain_the_data_lacks_is_refused_before_launch(hom
     assert run_json("runs") == [] and not any((home / "runs").iterdir())
 
 
-@pytest.mark.e2e
-def test_eggroll_accepts_no_evaluation(home):
-    """eval_examples=0 means no evaluation, as in the other recipes: the run trains and its accuracy
-    figures are None (nothing measured), not a refusal."""
-    run = run_json("run", "--recipe", "eggroll", "--gpus", "1", "--set", "eval_examples=0",
-                   "--set", "population=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=4",
-                   "--set", "steps=1", "--set", "batch_size=8", "--set", "save_model=false", "--set", "max_examples=16")
-    assert run["status"] == "succeeded", run["error"]
-    summary = run["summary"]
-    assert summary.get("accuracy_greedy_before") is None and summary.get("accuracy_sampled_after") is None
-    assert "accuracy_greedy_after" in summary  # the figure is there, empty: nothing was scored
-    assert summary["steps"] == 1
-
-
 @pytest.mark.parametrize("recipe, settings, expected", [
     ("sft", ["rows_per_step=3"], "rows_per_step: 3: 3 rows a step do not split over 2 ranks (each takes an equal "
      "share of a step); use rows_per_step 2 or 4, or 1 or 3 ranks"),

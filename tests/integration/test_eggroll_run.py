@@ -57,6 +57,13 @@ def test_the_batched_population_and_the_naive_structure_make_the_same_run(home, 
     batched, naive = runs_at_once(["--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=eggroll"],
                                   ["--recipe", "eggroll", "--gpus", "1", *same, "--set", "method=naive"])
     assert batched["status"] == naive["status"] == "succeeded"
+    # eval_examples=0 means no evaluation, as in the other recipes: the runs trained, and their accuracy
+    # figures are None (nothing measured), not a refusal.
+    for run in (batched, naive):
+        summary = run["summary"]
+        assert summary.get("accuracy_greedy_before") is None and summary.get("accuracy_sampled_after") is None
+        assert "accuracy_greedy_after" in summary  # the figure is there, empty: nothing was scored
+        assert summary["steps"] == 3
     store = Store(home)
     series = [[row["value"] for row in store.metrics(run["id"], "fitness_mean") if row["rank"] == 0]
               for run in (batched, naive)]
