@@ -9,9 +9,7 @@ import pytest
 
 from gpuscale.app.tui import GpuscaleApp
 from gpuscale.recipes.shared.registry import all_recipes
-from gpuscale.runs.run_dir import RunDir
 from gpuscale.runs.settings import RunSettings
-from gpuscale.runs.statuses import LIVE_STATUSES
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (80, 24)
@@ -99,27 +97,3 @@ def test_a_label_that_reads_as_an_id_is_refused_at_its_field(home, store):
 
     run_async(scenario())
     assert store.list_runs() == []
-
-
-@pytest.mark.e2e
-def test_the_form_s_label_is_the_stored_run_s(home, store):
-    """What `gpuscale run --label` records: the history's label (`gpuscale runs`, an id's stand-in)
-    and the run folder's."""
-    async def scenario():
-        app, shown = app_with("probe")
-        async with app.run_test(size=(120, 40)) as pilot:
-            await settle(pilot)
-            for name, text in dict(gpus="1", batch_size="2", steps="2", prompt_tokens="8",
-                                   label="first try").items():
-                await typed(pilot, name, text)
-            assert "--label 'first try'" in str(app.screen.query_one("#preview").render())
-            await pilot.press("ctrl+r")
-            runs = await wait_for(pilot, store.list_runs, 30, "the run row", explain=lambda: f"shown: {shown}")
-            run_id = runs[0]["id"]
-            await wait_for(pilot, lambda: store.get_run(run_id)["status"] not in LIVE_STATUSES, 120, "the run to end")
-
-    run_async(scenario())
-    run = store.find_run("first try")
-    assert run["status"] == "succeeded", run["error"]
-    assert run["label"] == "first try"
-    assert RunDir(run["run_dir"]).read_info()["label"] == "first try"

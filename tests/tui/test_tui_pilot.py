@@ -11,6 +11,7 @@ from gpuscale.app.tui import GpuscaleApp
 from gpuscale.app.widgets.run_monitor import DeviceRow, RunMonitor
 from gpuscale.control import telemetry
 from gpuscale.control.store import Store
+from gpuscale.runs.run_dir import RunDir
 from tui_helpers import run_async, settle, store, wait_for  # noqa: F401 (store: a fixture)
 
 SIZE = (120, 40)
@@ -142,7 +143,8 @@ def test_compare_two_real_runs(home, store):
             await settle(pilot)
             await pilot.press("f2")  # the app opened on the monitor of the live CLI run
             await choose_recipe(pilot, "probe")
-            await fill_form(pilot, gpus=1, batch_size=2, steps=4, prompt_tokens=8)
+            await fill_form(pilot, gpus=1, batch_size=2, steps=4, prompt_tokens=8, label="first try")
+            assert "--label 'first try'" in str(app.screen.query_one("#preview").render())
             await pilot.press("ctrl+r")  # run 2, from the TUI
             await wait_for(pilot, lambda: len(store.list_runs()) == 2, 30, "the second run")
             finished = lambda: all(r["status"] == "succeeded" for r in store.list_runs())  # noqa: E731
@@ -165,3 +167,8 @@ def test_compare_two_real_runs(home, store):
             assert isinstance(app.screen, HistoryScreen)
 
     run_async(scenario())
+    # The label typed in the form is the label of the run it started, as `gpuscale run --label` records it:
+    # the history's (`gpuscale runs`, an id's stand-in) and the run folder's.
+    run = store.find_run("first try")
+    assert run["id"] == 2 and run["status"] == "succeeded", run["error"]
+    assert run["label"] == "first try" and RunDir(run["run_dir"]).read_info()["label"] == "first try"
