@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import gpuscale, run_together
+from gpuscale.app import cli
 from gpuscale.control.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,12 +21,15 @@ TINY_POWER = ["--set", "max_new_tokens=8", "--set", "blocks=2", "--set", "mcmc_s
 
 
 @pytest.mark.e2e
-def test_tune_power_sampling_on_cpu_runs_real_trials_and_stores_the_choice(home):
-    result = gpuscale("tune", "--recipe", "power-sampling", "--max-batch", "4", *TINY_POWER, timeout=120)
-    assert result.returncode == 0, result.stderr
-    progress = [line for line in result.stderr.splitlines() if line.startswith("trial ")]
+def test_tune_power_sampling_on_cpu_runs_real_trials_and_stores_the_choice(home, capsys, one_torch_thread):
+    """`gpuscale tune` in this process (`cli.main`, as test_tune_recipes.py runs the other recipes'): the
+    same trials without a second torch import."""
+    code = cli.main(["tune", "--recipe", "power-sampling", "--max-batch", "4", *TINY_POWER])
+    result = capsys.readouterr()
+    assert code == 0, result.err
+    progress = [line for line in result.err.splitlines() if line.startswith("trial ")]
     assert progress[0].startswith("trial 1: batch 1: ") and "problems_per_s" in progress[0]
-    table = result.stdout.splitlines()
+    table = result.out.splitlines()
     assert table[0].split()[:2] == ["BATCH", "PROBLEMS_PER_S"]
     assert len(progress) == len([line for line in table[1:] if line.split()[0].isdigit()])
     [stored] = Store(home).list_tunings("power-sampling")
@@ -34,7 +38,7 @@ def test_tune_power_sampling_on_cpu_runs_real_trials_and_stores_the_choice(home)
     assert stored["batch_size"] in (1, 2, 3, 4) and stored["throughput"] > 0
     assert stored["peak_memory_bytes"] > 50 * 2**20  # the process holds the model: tens of MB at least
     assert len(stored["trials"]) == len(progress)
-    assert f"chosen: batch {stored['batch_size']}," in result.stdout
+    assert f"chosen: batch {stored['batch_size']}," in result.out
 
 
 TUNED_AT = 1_795_000_000.0
