@@ -837,6 +837,7 @@ def test_select_settings_runs_every_candidate_and_seed_on_validation(home, tmp_p
     assert "chosen: " in done.stdout
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["settings"]["eval_split"] == "validation"
+    assert record["settings"]["card_sharing"] == "time-slicing"  # no card here to share through MPS
     figures = record["figures"]
     assert [entry["candidate"] for entry in figures["candidates"]] == ["lr=0.3", "lr=0.1"]
     store = Store(home, read_only=True)
