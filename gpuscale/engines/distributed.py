@@ -328,12 +328,11 @@ def freeze_imports(modules: tuple[str, ...]) -> None:
     """Import `modules`, then keep every object made so far out of the cyclic collector's sight
     (gc.freeze: never scanned again, still freed by reference counting) and turn the collector on.
 
-    A rank's imports (torch, transformers, TRL, what they load) make some 450,000 objects that live as
-    long as it does. The collector went over all of them at each full collection: some seven while they
-    were being made, and then at every gc.collect() a recipe or a library calls (a held-out evaluation's
-    before and after, accelerate's as training starts). In a tiny 2-rank sft run on CPU each rank spent
-    1.7-2.3 s of its 6-8 s in the collector; with the imports frozen, about 0.5 s, most of it the one
-    collection below (the run: 23.5 -> 17.4 CPU-s; a 1-rank probe run 6.7 -> 6.1). recipes/__main__.py
+    A rank's imports (torch, transformers, TRL, what they load) make hundreds of thousands of objects that
+    live as long as it does. The collector went over all of them at each full collection: several while
+    they were being made, and then at every gc.collect() a recipe or a library calls (a held-out
+    evaluation's before and after, accelerate's as training starts). Frozen, a small run costs 10-12%
+    fewer CPU-seconds (bench/RESULTS.md, "CPU commands of README"). recipes/__main__.py
     starts a rank with the collector off; this runs once the rank's world is set up (init_rank: nothing
     imports transformers before training_world has settled the environment), before its work: besides
     modules, only the settings, the context, the reporter and the process group exist, which live as long

@@ -5,10 +5,10 @@ control/launch.py:launcher_argv); it finds the recipe in the registry and hands 
 settings class and `run_on_device` (its `run`, device defaults resolved; `run_side_on_device` on a side
 rank) to the rank side of the engines (engines/distributed.run_rank).
 
-The rank starts with Python's cyclic garbage collector off: its imports make some 400,000 objects that
-live as long as it does, which the collector would otherwise go over again and again while they are
-made. run_rank turns it on again once the rank's world is set up and the recipe's `rank_imports` are
-made, with what the imports made frozen (engines/distributed.py:freeze_imports says why)."""
+The rank starts with Python's cyclic garbage collector off: its imports make hundreds of thousands of
+objects that live as long as it does, which the collector would otherwise go over again and again while
+they are made. run_rank turns it on again once the rank's world is set up and the recipe's `rank_imports`
+are made, with what the imports made frozen (engines/distributed.py:freeze_imports says why)."""
 
 from __future__ import annotations
 
