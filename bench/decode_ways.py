@@ -61,6 +61,9 @@ WAYS = {
     "attention-block-32": ({"triton_matvec.ATTENTION_BLOCK_COLUMNS": 32}, "default", {}),
     "down-rows-2": ({"triton_matvec.DOWN_ROWS_PER_PROGRAM": 2}, "default", {}),
     "warps-8": ({"triton_matvec.WARPS": 8}, "default", {}),
+    # the layer's seven kernels before attention's combine and the post-attention norm moved into the last programs
+    # of the kernels before them (triton_matvec.TAILS_IN_LAST_PROGRAM)
+    "no-tails": ({"triton_matvec.TAILS_IN_LAST_PROGRAM": False}, "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),

@@ -440,7 +440,7 @@ from gpuscale.data.models import build_random_model
 from gpuscale.engines.generation import GenerationEngine, Sampling, triton_matvec
 prompts, which, calls = eval(sys.argv[1]), sys.argv[2], []
 triton_matvec._register()  # register() says no on CPU: the interpreter runs the kernels here
-counted = {"mlp": "silu_gate_up", "layer": "norm_qkv_rotary"}[which]
+counted = {"mlp": "silu_gate_up", "layer": "matvec_norm"}[which]  # the layer: its tails in last programs
 real = getattr(triton_matvec, counted)
 setattr(triton_matvec, counted, lambda *args: calls.append(1) or real(*args))
 if which == "layer":
@@ -456,6 +456,8 @@ for on in (True, False):
     engine = GenerationEngine(model, eos_token_ids=[9, 10, 11], pad_token_id=0, static_shapes=True)
     engine._fused.compiled = True
     setattr(engine._fused, f"triton_{which}_ready", on)  # register() says no on CPU
+    if which == "layer" and on:  # with the kernels' tails in their last programs, as on a GPU by default
+        engine._fused.tail_counters = triton_matvec.tail_counters(model.config.num_attention_heads, "cpu")
     runs.append([engine.generate([p], 6, Sampling(0.8, top_k=40), generator=torch.Generator().manual_seed(i))
                  for i, p in enumerate(prompts)])
 for ours, plain in zip(*runs):
@@ -482,7 +484,8 @@ def test_the_triton_kernels_equal_the_fused_forward_in_tritons_interpreter(which
 
 # triton_matvec's layer kernels one by one in Triton's interpreter, fp32, against explicit computations: the norm,
 # q/k/v with and without bias, rotary and the KV write at one column (the others untouched); attention over 140
-# columns (three blocks, the last part padding) with masked columns; gate/up with SiLU; the matvec with a residual.
+# columns (three blocks, the last part padding) with masked columns, combined by its own kernel and by each head's
+# last program; gate/up with SiLU; the matvec with a residual, and with the norm of its output by its last program.
 LAYER_KERNELS_IN_THE_INTERPRETER = """
 import torch
 import torch.nn.functional as F
@@ -516,11 +519,18 @@ query = torch.randn(Hq * D)
 expected = torch.cat([((keys[0, i // 2, :140] @ query.view(Hq, D)[i]) * 0.25 + mask[0, 0, 0]).softmax(-1)
                       @ values[0, i // 2, :140] for i in range(Hq)])
 torch.testing.assert_close(tm.decode_attention(query, keys, values, mask, 0.25), expected, **exact)
+heads_counters, norm_counter = tm.tail_counters(Hq, "cpu")
+torch.testing.assert_close(tm.decode_attention(query, keys, values, mask, 0.25, heads_counters), expected, **exact)
 gate_up, down = 0.2 * torch.randn(2 * N, K), 0.2 * torch.randn(K, N)
 gate, up = F.linear(h, gate_up).split(N, -1)
 torch.testing.assert_close(tm.silu_gate_up(h, gate_up), F.silu(gate) * up, **exact)
 x = torch.randn(1, 1, N)
 torch.testing.assert_close(tm.matvec(x, down, h), h + F.linear(x, down), **exact)
+summed, summed_normed = tm.matvec_norm(x, down, h, norm, eps, norm_counter)
+torch.testing.assert_close(summed, h + F.linear(x, down), **exact)
+torch.testing.assert_close(summed_normed, norm * summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps),
+                           **exact)
+assert not heads_counters.any() and not norm_counter.any()  # left at zero for the next kernel
 print("ok")
 """
 
@@ -826,11 +836,12 @@ def _assert_fast_agrees_with_eager(fast_runs, eager_runs, dtype):
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sampling", [Sampling(0.9, top_k=40, top_p=0.95), Sampling(temperature=0)], ids=str)
-@pytest.mark.parametrize("way", ["reductions", "cublas-sdpa", "triton-mlp", "triton-layer"])
+@pytest.mark.parametrize("way", ["reductions", "cublas-sdpa", "triton-mlp", "triton-layer", "triton-layer-no-tails"])
 def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monkeypatch):
     """One row, compiled with CUDA graphs, the fused forward's matmuls and attention as Inductor's
     reductions (REDUCTION_*_MAX_ROWS at 1), with the MLP as triton_matvec's kernels beside them
-    (TRITON_MLP_AT_ONE_ROW), each whole layer as its kernels (TRITON_LAYER_AT_ONE_ROW), or through cuBLAS
+    (TRITON_MLP_AT_ONE_ROW), each whole layer as its kernels (TRITON_LAYER_AT_ONE_ROW; with attention's combine
+    and the post-attention norm as kernels of their own, not in last programs: `no-tails`), or through cuBLAS
     and SDPA, against the uncompiled eager static step, with the tolerances of
     test_compiled_graphs_equal_the_uncompiled_eager_static_step."""
     model = _sharpen(build_random_model("random-tiny", seed=0), 5).to("cuda", dtype)
@@ -840,7 +851,8 @@ def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monke
             monkeypatch.setattr(fused_module, name, 0 if way == "cublas-sdpa" else 1)
         # before the engine is built: it registers the Triton ops where the switch is on
         monkeypatch.setattr(fused_module, "TRITON_MLP_AT_ONE_ROW", way == "triton-mlp")
-        monkeypatch.setattr(fused_module, "TRITON_LAYER_AT_ONE_ROW", way == "triton-layer")
+        monkeypatch.setattr(fused_module, "TRITON_LAYER_AT_ONE_ROW", way.startswith("triton-layer"))
+        monkeypatch.setattr(triton_matvec, "TAILS_IN_LAST_PROGRAM", way != "triton-layer-no-tails")
         engine = GenerationEngine(model, eos_token_ids=list(range(3, 512, 6)), pad_token_id=PAD,
                                   cuda_graphs=compiled, static_shapes=True, compile=compiled)
         fused_calls = _count_calls(monkeypatch, fused_module, "_reduction_linear", "_reduction_attention")
@@ -852,12 +864,13 @@ def test_one_row_compiled_agrees_with_the_eager_step(dtype, sampling, way, monke
             assert engine._graphs and not engine._compile_errors()
     expected = {"reductions": {"_reduction_linear", "_reduction_attention"}, "cublas-sdpa": set(),
                 "triton-mlp": {"_reduction_linear", "_reduction_attention", "silu_gate_up", "matvec"},
-                "triton-layer": set(LAYER_KERNELS)}[way]
+                "triton-layer": set(LAYER_KERNELS) - {"rms_norm"},
+                "triton-layer-no-tails": set(LAYER_KERNELS) - {"matvec_norm"}}[way]
     assert traced == [expected, set()]
     _assert_fast_agrees_with_eager(*runs, dtype)
 
 
-LAYER_KERNELS = ("norm_qkv_rotary", "decode_attention", "rms_norm", "silu_gate_up", "matvec")
+LAYER_KERNELS = ("norm_qkv_rotary", "decode_attention", "rms_norm", "matvec_norm", "silu_gate_up", "matvec")
 
 
 @pytest.mark.gpu

@@ -241,6 +241,10 @@ class _FusedDecode:
         self.triton_layer_ready = kernels and TRITON_LAYER_AT_ONE_ROW and all(
             _plain_rms_norm(norm) for layer in self.decoder.layers
             for norm in (layer.input_layernorm, layer.post_attention_layernorm))
+        # (attention's, the norm's) counters of the kernels' tails, or None (triton_matvec.tail_counters)
+        self.tail_counters = triton_matvec.tail_counters(
+            self.decoder.config.num_attention_heads, self.weights[0][0].device) if (
+            self.triton_layer_ready and triton_matvec.TAILS_IN_LAST_PROGRAM) else None
 
     @staticmethod
     def _linears(layer, group) -> list:
@@ -440,17 +444,24 @@ class _FusedDecode:
                 and cache_layer.is_initialized and cache_layer.cursor.row_stride == 1)
 
     def _triton_layer(self, i, layer, hidden, position_embeddings, mask, cache) -> torch.Tensor:
-        """Layer i over one row as triton_matvec's kernels: norm + q/k/v + rotary + KV write, attention (two), o_proj
-        + residual, norm, gate/up + SiLU-times-up, down_proj + residual."""
+        """Layer i over one row as triton_matvec's kernels: norm + q/k/v + rotary + KV write, attention, o_proj +
+        residual + norm (attention's combine and the norm in last programs; with TAILS_IN_LAST_PROGRAM off, kernels of
+        their own), gate/up + SiLU-times-up, down_proj + residual."""
         attention, cache_layer = layer.self_attn, cache.layers[i]
         before, after = layer.input_layernorm, layer.post_attention_layernorm
         keys, values = cache_layer.keys, cache_layer.values
         query = triton_matvec.norm_qkv_rotary(hidden, before.weight, before.variance_epsilon, self.weights[0][i],
                                               self.biases[0][i], *position_embeddings, keys, values,
                                               cache_layer.cursor.write_col)
-        attended = triton_matvec.decode_attention(query, keys, values, mask, attention.scaling)
-        hidden = triton_matvec.matvec(attended.view(*hidden.shape[:-1], -1), attention.o_proj.weight, hidden)
-        normed = triton_matvec.rms_norm(hidden, after.weight, after.variance_epsilon)
+        heads_counters, norm_counter = self.tail_counters or (None, None)
+        attended = triton_matvec.decode_attention(query, keys, values, mask, attention.scaling, heads_counters)
+        attended = attended.view(*hidden.shape[:-1], -1)
+        if norm_counter is not None:
+            hidden, normed = triton_matvec.matvec_norm(attended, attention.o_proj.weight, hidden, after.weight,
+                                                       after.variance_epsilon, norm_counter)
+        else:
+            hidden = triton_matvec.matvec(attended, attention.o_proj.weight, hidden)
+            normed = triton_matvec.rms_norm(hidden, after.weight, after.variance_epsilon)
         return triton_matvec.matvec(triton_matvec.silu_gate_up(normed, self.weights[1][i]), layer.mlp.down_proj.weight,
                                     hidden)
 

@@ -12,19 +12,20 @@ def rounded(value, dtype: tl.constexpr):
 
 
 @triton.jit
-def rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype: tl.constexpr):
-    """Columns `cols` of the norm's output, as transformers' Llama/Qwen2 RMSNorm computes it."""
-    h = tl.load(h_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+def rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype: tl.constexpr, CACHE: tl.constexpr):
+    """Columns `cols` of the norm's output, as transformers' Llama/Qwen2 RMSNorm computes it. CACHE: the load's
+    cache modifier (".cg", from L2, where other programs of the same kernel wrote h)."""
+    h = tl.load(h_ptr + cols, mask=col_ok, other=0.0, cache_modifier=CACHE).to(tl.float32)
     weight = tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     return rounded(weight * rounded(h * inv_rms, dtype), dtype)
 
 
 @triton.jit
-def inverse_rms(h_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+def inverse_rms(h_ptr, eps, K, BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
     squares = tl.zeros([BLOCK_K], dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
-        h = tl.load(h_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        h = tl.load(h_ptr + cols, mask=cols < K, other=0.0, cache_modifier=CACHE).to(tl.float32)
         squares += h * h
     # fp32 whatever eps arrives as (Inductor passes a Python float as fp64)
     return (1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)).to(tl.float32)
@@ -52,20 +53,54 @@ def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, n_out, K: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
-def rms_norm_kernel(h_ptr, norm_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program: the norm of one row, stored once (gate/up's thousands of programs then read it, rather than
-    each computing it again)."""
-    inv_rms = inverse_rms(h_ptr, eps, K, BLOCK_K)
+def store_rms_norm(h_ptr, norm_ptr, out_ptr, eps, K, BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
+    """The norm of one row h [K] stored into out, by one program."""
+    inv_rms = inverse_rms(h_ptr, eps, K, BLOCK_K, CACHE)
     for start in range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
-        normed = rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, out_ptr.dtype.element_ty)
+        normed = rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, out_ptr.dtype.element_ty, CACHE)
         tl.store(out_ptr + cols, normed.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def rms_norm_kernel(h_ptr, norm_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program: the norm of one row, stored once (gate/up's thousands of programs then read it, rather than
+    each computing it again)."""
+    store_rms_norm(h_ptr, norm_ptr, out_ptr, eps, K, BLOCK_K, "")
+
+
+@triton.jit
+def last_program(counter_ptr, programs):
+    """Whether this program is the last of `programs` to get here (all of them count on `counter_ptr`, which starts
+    at 0 and is left at 0 by that last program): once it knows, every other program's stores before the count are
+    visible to it through L2 (".cg" loads). How a kernel does a small tail over all its programs' output without a
+    kernel of its own (a launch, a few microseconds at batch 1)."""
+    tl.debug_barrier()  # every thread's stores of this program issued before the count (atomics are acq_rel)
+    last = tl.atomic_add(counter_ptr, 1) == programs - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    return last
 
 
 @triton.jit
 def matvec_kernel(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K, BLOCK_N, BLOCK_K, HAS_RESIDUAL)
+
+
+@triton.jit
+def matvec_norm_kernel(x_ptr, w_ptr, out_ptr, residual_ptr, norm_ptr, normed_ptr, counter_ptr, eps, n_out,
+                       K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr):
+    """matvec_kernel with its residual, then the last program to finish stores the norm of the whole output."""
+    matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K, BLOCK_N, BLOCK_K, True)
+    if last_program(counter_ptr, tl.num_programs(0)):
+        store_rms_norm(out_ptr, norm_ptr, normed_ptr, eps, n_out, NORM_BLOCK, ".cg")
+
+
+@triton.jit
+def matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_out
@@ -93,13 +128,13 @@ def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr,
     head = tl.program_id(0) // programs_a_head
     dims = (tl.program_id(0) % programs_a_head) * PAIRS + tl.arange(0, PAIRS)  # within the head's first half
     low, high = head * D + dims, head * D + dims + half
-    inv_rms = inverse_rms(h_ptr, eps, K, BLOCK_K)
+    inv_rms = inverse_rms(h_ptr, eps, K, BLOCK_K, "")
     a = tl.zeros([PAIRS], dtype=tl.float32)
     b = tl.zeros([PAIRS], dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
-        x = rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype)
+        x = rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype, "")
         w_low = tl.load(w_ptr + low[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
         w_high = tl.load(w_ptr + high[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
         a += tl.sum(w_low.to(tl.float32) * x[None, :], axis=1)
@@ -129,11 +164,14 @@ def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr,
 
 
 @triton.jit
-def attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, best_ptr, total_ptr, acc_ptr, n_cols, scale,
-                              head_stride, groups, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+def attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, best_ptr, total_ptr, acc_ptr, counter_ptr, out_ptr,
+                              n_cols, scale, head_stride, groups, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                              BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, COMBINE_IN_LAST: tl.constexpr):
     """Program (query head h, block b): softmax statistics of h's scores over columns b * BLOCK_C ... (their max,
-    the sum of their exponentials from it, and those exponentials times V), for `attention_combine_kernel`.
-    Many small programs rather than one a head walking every column: a head's blocks are read side by side."""
+    the sum of their exponentials from it, and those exponentials times V), for `combine_head`: with
+    COMBINE_IN_LAST, by the last of h's programs to finish (h's count at counter_ptr + h), else by
+    `attention_combine_kernel`. Many small programs rather than one a head walking every column: a head's blocks
+    are read side by side."""
     head, block = tl.program_id(0), tl.program_id(1)
     blocks = tl.num_programs(1)
     dims = tl.arange(0, BLOCK_D)
@@ -154,20 +192,31 @@ def attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, best_ptr, total_ptr
     tl.store(best_ptr + slot, best)
     tl.store(total_ptr + slot, tl.sum(weights, axis=0))
     tl.store(acc_ptr + slot * BLOCK_D + dims, tl.sum(weights[:, None] * v, axis=0))
+    if COMBINE_IN_LAST:
+        if last_program(counter_ptr + head, blocks):
+            combine_head(best_ptr, total_ptr, acc_ptr, out_ptr, head, blocks, D, BLOCK_D, BLOCK_B)
 
 
 @triton.jit
 def attention_combine_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, blocks, D: tl.constexpr, BLOCK_D: tl.constexpr,
                              BLOCK_B: tl.constexpr):
-    """Program h: query head h's attention output from its blocks' statistics, rescaled to their common max."""
-    head = tl.program_id(0)
+    """Program h: `combine_head` of query head h."""
+    combine_head(best_ptr, total_ptr, acc_ptr, out_ptr, tl.program_id(0), blocks, D, BLOCK_D, BLOCK_B)
+
+
+@triton.jit
+def combine_head(best_ptr, total_ptr, acc_ptr, out_ptr, head, blocks, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_B: tl.constexpr):
+    """Query head `head`'s attention output from its blocks' statistics, rescaled to their common max (loads from
+    L2: other programs of the partials' kernel may have just written them)."""
     dims = tl.arange(0, BLOCK_D)
     parts = tl.arange(0, BLOCK_B)
     part_ok = parts < blocks
     slots = head * blocks + parts
-    best = tl.load(best_ptr + slots, mask=part_ok, other=float("-inf"))
+    best = tl.load(best_ptr + slots, mask=part_ok, other=float("-inf"), cache_modifier=".cg")
     scale = tl.where(part_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)
-    total = tl.sum(scale * tl.load(total_ptr + slots, mask=part_ok, other=0.0), axis=0)
-    acc = tl.load(acc_ptr + slots[:, None] * BLOCK_D + dims[None, :], mask=part_ok[:, None], other=0.0)
+    total = tl.sum(scale * tl.load(total_ptr + slots, mask=part_ok, other=0.0, cache_modifier=".cg"), axis=0)
+    acc = tl.load(acc_ptr + slots[:, None] * BLOCK_D + dims[None, :], mask=part_ok[:, None], other=0.0,
+                  cache_modifier=".cg")
     out = tl.sum(scale[:, None] * acc, axis=0) / total
     tl.store(out_ptr + head * D + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)

@@ -2,23 +2,28 @@
 
 Why by hand: at one row every matmul of a layer is a matrix-vector product that reads its weight once, and a small
 model's step costs about the number of its kernels (Inductor wrote about 13 a layer: norms, the q/k/v reduction,
-rotary for q and for k, the cache writes, two for attention, o_proj, and the MLP's). Here a layer is seven:
+rotary for q and for k, the cache writes, two for attention, o_proj, and the MLP's). Here a layer is five:
 1. `norm_qkv_rotary`: input norm, q/k/v (and their bias), rotary; k and v written into the KV cache at the
    cursor's column, q returned (each of its few hundred programs computes the norm again: cheap at that count);
-2. `decode_attention`: two kernels, one program per query head and block of columns (each block's softmax
-   statistics), then one per head combining its blocks (fp32);
-3. `matvec(..., residual)`: o_proj plus the residual;
-4. `rms_norm`: the post-attention norm, stored once (gate/up's thousands of programs would each compute it again);
-5. `silu_gate_up`: gate/up and SiLU-times-up, stored once (Inductor otherwise computes it again inside each row of
+2. `decode_attention`: one program per query head and block of columns (each block's softmax statistics); the
+   last of a head's programs to finish combines its blocks (fp32);
+3. `matvec_norm`: o_proj plus the residual; its last program to finish stores the post-attention norm of the sum
+   once (gate/up's thousands of programs would each compute it again);
+4. `silu_gate_up`: gate/up and SiLU-times-up, stored once (Inductor otherwise computes it again inside each row of
    down_proj's reduction);
-6. `matvec(..., residual)`: down_proj plus the residual.
+5. `matvec(..., residual)`: down_proj plus the residual.
+"The last program to finish" (triton_kernels.last_program): each program counts itself on a zeroed counter after its
+stores; the one that counts last sees all the others' output and does the tail, in the kernel rather than in a
+kernel of its own (a launch and a ramp, a microsecond or two at batch 1). With TAILS_IN_LAST_PROGRAM off, the
+combine and the norm are kernels of their own (`decode_attention` without counters, `matvec`, `rms_norm`): seven.
+
 Rounding follows the eager bf16 (or fp32) layer: each value the eager modules round to the model's dtype is
 rounded here too (the norm's output, q/k/v, each rotary product and sum, o_proj's and down_proj's sums, gate, up,
 SiLU and their product, each residual sum); sums and softmax run in fp32.
 
 The whole layer's kernels are on by default (fused.TRITON_LAYER_AT_ONE_ROW), and the MLP's two also where the rest
 of a layer is not plain (fused.TRITON_MLP_AT_ONE_ROW). Measured in the engine's step by
-`python bench/decode_ways.py --ways today,triton-mlp-only,inductor-mlp`. Without Triton or CUDA
+`python bench/decode_ways.py --ways today,no-tails,triton-mlp-only,inductor-mlp`. Without Triton or CUDA
 nothing here is imported. The kernels register as torch.library Triton ops, so torch.compile puts them inside the
 compiled step and its CUDA graph.
 """
@@ -42,6 +47,9 @@ WARPS = 4
 # divides head_dim/2); columns of the KV cache an attention program reads (its block).
 QKV_PAIRS_PER_PROGRAM = 4
 ATTENTION_BLOCK_COLUMNS = 64
+# Attention's combine and the post-attention norm done by the last program of the kernel before them (attention's
+# partials, o_proj's matvec), not as kernels of their own: five kernels a layer, not seven.
+TAILS_IN_LAST_PROGRAM = True
 
 
 def register(device: torch.device) -> bool:
@@ -92,11 +100,28 @@ def norm_qkv_rotary(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float,
 
 
 def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, counters: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v for one row: query [q_heads * head_dim], keys/values [1, kv_heads, columns,
     head_dim] (query head h reads kv head h // (q_heads / kv_heads)), mask [..., visible] additive over the first
-    `visible` columns: [q_heads * head_dim] in the query's dtype."""
-    return torch.ops.gpuscale.decode_attention(query, keys, values, mask, scale)
+    `visible` columns: [q_heads * head_dim] in the query's dtype. Given `counters` (int32 [q_heads], zeros, left at
+    zeros: `tail_counters`), each head's last block program combines the head's blocks, one kernel in all."""
+    if counters is None:
+        return torch.ops.gpuscale.decode_attention(query, keys, values, mask, scale)
+    return torch.ops.gpuscale.decode_attention_combined_in_last(query, keys, values, mask, scale, counters)
+
+
+def matvec_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                eps: float, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, rms_norm(h)) for h = x W^T + residual of one row (`matvec`, then `rms_norm` of `norm_weight` and `eps`),
+    one kernel: its last program to finish normalizes (counter: int32 [1], zero, left at zero: `tail_counters`)."""
+    return torch.ops.gpuscale.matvec_norm(x, weight, residual, norm_weight, eps, counter)
+
+
+def tail_counters(heads: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zeroed counters that `decode_attention` (one a head) and `matvec_norm` (one) need when each kernel's
+    last program does a tail (TAILS_IN_LAST_PROGRAM); every kernel leaves them at zero, so one pair serves every
+    layer of a step, the kernels running one after another."""
+    return (torch.zeros(heads, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device))
 
 
 def _check_cache(keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -118,6 +143,7 @@ def _register() -> None:
         attention_combine_kernel,
         attention_partials_kernel,
         matvec_kernel,
+        matvec_norm_kernel,
         norm_qkv_rotary_kernel,
         rms_norm_kernel,
         silu_gate_up_kernel,
@@ -158,6 +184,19 @@ def _register() -> None:
                                          HAS_RESIDUAL=residual is not None, num_warps=WARPS)
         return out
 
+    @triton_op("gpuscale::matvec_norm", mutates_args=("counter",))
+    def matvec_norm_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                       eps: float, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, weight, residual = x.contiguous(), weight.contiguous(), residual.contiguous()
+        n_out, k = weight.shape
+        out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
+        normed = torch.empty_like(out)
+        grid = (triton.cdiv(n_out, DOWN_ROWS_PER_PROGRAM),)
+        wrap_triton(matvec_norm_kernel)[grid](x, weight, out, residual, norm_weight, normed, counter, eps, n_out, k,
+                                              BLOCK_N=DOWN_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
+                                              NORM_BLOCK=block_k(n_out, 2048), num_warps=WARPS)
+        return out, normed
+
     @triton_op("gpuscale::norm_qkv_rotary", mutates_args=("keys", "values"))
     def norm_qkv_rotary_op(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
                            qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
@@ -177,9 +216,10 @@ def _register() -> None:
             BLOCK_K=block_k(k, 2048), HAS_BIAS=qkv_bias is not None, num_warps=WARPS)
         return query
 
-    @triton_op("gpuscale::decode_attention", mutates_args=())
-    def decode_attention_op(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                            scale: float) -> torch.Tensor:
+    def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+                  counters: torch.Tensor | None) -> torch.Tensor:
+        """The partials' kernel, then the combine's, or (given counters) the partials' alone, combining in each
+        head's last program."""
         kv_heads, head_dim = keys.shape[1], keys.shape[-1]
         _check_cache(keys, values)
         q_heads = query.numel() // head_dim
@@ -188,10 +228,23 @@ def _register() -> None:
         blocks = triton.cdiv(columns, ATTENTION_BLOCK_COLUMNS)
         best, total = (torch.empty(q_heads * blocks, dtype=torch.float32, device=query.device) for _ in range(2))
         acc = torch.empty(q_heads * blocks * block_d, dtype=torch.float32, device=query.device)
-        wrap_triton(attention_partials_kernel)[(q_heads, blocks)](
-            query, keys, values, mask, best, total, acc, columns, scale, keys.stride(1), q_heads // kv_heads,
-            head_dim, BLOCK_D=block_d, BLOCK_C=ATTENTION_BLOCK_COLUMNS, num_warps=WARPS)
         out = torch.empty_like(query)
-        wrap_triton(attention_combine_kernel)[(q_heads,)](best, total, acc, out, blocks, head_dim, BLOCK_D=block_d,
-                                                          BLOCK_B=triton.next_power_of_2(blocks), num_warps=WARPS)
+        combine_in_last = counters is not None
+        wrap_triton(attention_partials_kernel)[(q_heads, blocks)](
+            query, keys, values, mask, best, total, acc, counters if combine_in_last else best, out, columns, scale,
+            keys.stride(1), q_heads // kv_heads, head_dim, BLOCK_D=block_d, BLOCK_C=ATTENTION_BLOCK_COLUMNS,
+            BLOCK_B=triton.next_power_of_2(blocks), COMBINE_IN_LAST=combine_in_last, num_warps=WARPS)
+        if not combine_in_last:
+            wrap_triton(attention_combine_kernel)[(q_heads,)](best, total, acc, out, blocks, head_dim, BLOCK_D=block_d,
+                                                              BLOCK_B=triton.next_power_of_2(blocks), num_warps=WARPS)
         return out
+
+    @triton_op("gpuscale::decode_attention", mutates_args=())
+    def decode_attention_op(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                            scale: float) -> torch.Tensor:
+        return attention(query, keys, values, mask, scale, None)
+
+    @triton_op("gpuscale::decode_attention_combined_in_last", mutates_args=("counters",))
+    def decode_attention_combined_in_last_op(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                                             mask: torch.Tensor, scale: float, counters: torch.Tensor) -> torch.Tensor:
+        return attention(query, keys, values, mask, scale, counters)
