@@ -21,8 +21,8 @@ Three parts, one result file (bench/results/probe/node_check-<date>-<card>.json)
 the probe on `--gpus` GPUs (a random-* model, bf16 by default), then, in this process after the run
 ended, bench/generation.py's measure of the engine at its default (its `bench_engine`: on a GPU the
 compiled step replayed as a CUDA graph) on each of those GPUs in turn, at the probe's shape: its prompt
-tokens, its decode steps as new tokens, batch 1 and its full batch, its number of calls. Each probe
-decode figure over bench/generation.py's (tokens/s; the target: within 5%), and batch-1 decode's floor
+tokens, its calls' new tokens (probe.node_check_new_tokens), batch 1 and its full batch, its number of calls. Each
+probe decode figure over bench/generation.py's (tokens/s; the target: within 5%), and batch-1 decode's floor
 share beside bench/generation.py's (its floor, the weights at its own copy's bandwidth, over its step).
 """
 
@@ -236,7 +236,7 @@ def bench_decode(device, settings: dict, batches: list[int], precision: str) -> 
     model = generation.build_random_model(settings["model"], seed=settings["seed"]).to(device=device, dtype=dtype)
     model.eval()
     sizes = MEASURE_SIZES["cuda" if device.type == "cuda" else "cpu"]
-    new_tokens = node_check_new_tokens(settings["steps"])
+    new_tokens = node_check_new_tokens(settings["steps"], device)
     args = generation.parse_args(["--device", str(device), "--prompt-tokens", str(settings["prompt_tokens"]),
                                   "--new-tokens", str(new_tokens), "--repeats", str(sizes.decode_calls),
                                   "--seed", str(settings["seed"])])

@@ -181,6 +181,7 @@ class MeasureSizes:
     allreduce_mib: int  # bytes all-reduced a rank a repeat
     repeats: int  # timed repeats of each, after one untimed
     decode_calls: int  # timed generate calls of each length of the decode figures, after one untimed
+    decode_new_tokens: int  # new tokens of the longer of those calls, at least (the probe's `steps` if more)
 
 
 # On a GPU large enough to reach the card's bandwidth and peak (as nccl-tests and bandwidthTest use
@@ -188,9 +189,13 @@ class MeasureSizes:
 # matmuls of 8192 spread 8% between the GPUs of one node. On CPU ranks small, so the tests stay fast;
 # ten repeats of a fraction of a millisecond each, so that their spread shows a rank preempted by its
 # peer or the machine's other work (a decode call takes a fraction of a second there: two of each length).
+# A GPU's batch-1 decode calls of 256 tokens, not the probe's 32: a step (the difference of two calls over their
+# tokens) from calls of 32 tokens (about 24 ms at batch 1) was 5% off bench/generation.py's at the same shape, from
+# calls of 256 within 1% (bench/RESULTS.md, "node check's decode").
 MEASURE_SIZES = {
-    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=200, decode_calls=3),
-    "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=10, decode_calls=2),
+    "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=200, decode_calls=3,
+                         decode_new_tokens=256),
+    "cpu": MeasureSizes(copy_mib=8, matmul_n=256, allreduce_mib=1, repeats=10, decode_calls=2, decode_new_tokens=2),
 }
 
 
@@ -299,10 +304,10 @@ def exchange(outgoing, incoming, partner: int) -> None:
         request.wait()
 
 
-def node_check_new_tokens(steps: int) -> int:
-    """New tokens a row of the node check's longer generate calls: the probe's `steps`, and at least 2 (a
-    decode step is the difference of a call of these and a call of 1)."""
-    return max(steps, 2)
+def node_check_new_tokens(steps: int, device) -> int:
+    """New tokens a row of the node check's longer generate calls: the probe's `steps`, and at least the device's
+    `decode_new_tokens` (at least 2: a decode step is the difference of a call of these and a call of 1)."""
+    return max(steps, measure_sizes(device).decode_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -337,7 +342,7 @@ def timed_engine_decode(model, ctx, batch_size: int, settings: Settings, laps: L
                             generator=torch.Generator().manual_seed(seed))
     engine = GenerationEngine(model, ())  # its defaults: compiled step and CUDA graphs on a GPU
     run = generate_call(engine, prompts.to(ctx.device), torch.Generator(device=ctx.device).manual_seed(seed))
-    new_tokens = node_check_new_tokens(settings.steps)
+    new_tokens = node_check_new_tokens(settings.steps, ctx.device)
     call_seconds(lambda: run(new_tokens), ctx.synchronize)  # KV buffers, the step's compile, its graph
     laps.lap(f"{'compile' if engine.compile else 'warm-up'} b={batch_size}")
     calls = decode_calls(run, new_tokens, measure_sizes(ctx.device).decode_calls, ctx.synchronize)
