@@ -284,7 +284,7 @@ GRPO_ASYNC_LEARNING_FIGURES = (
 )
 
 # The node check's decode beside bench/generation.py's at the same shape (`bench/node_check.py --decode-agreement`).
-NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-triton-layer-2026-12-01-h200.json"
+NODE_CHECK_DECODE = "bench/results/probe/node_check_decode-default-256-tokens-tails-2026-12-01-h200.json"
 
 
 def thousandths(value: float) -> str:

@@ -48,7 +48,11 @@ WARPS = 4
 QKV_PAIRS_PER_PROGRAM = 4
 ATTENTION_BLOCK_COLUMNS = 64
 # Attention's combine and the post-attention norm done by the last program of the kernel before them (attention's
-# partials, o_proj's matvec), not as kernels of their own: five kernels a layer, not seven.
+# partials, o_proj's matvec), not as kernels of their own: five kernels a layer, not seven. Set it before the
+# process's first compiled step: on an H200 a process that compiled the step with it off and then with it on failed
+# the second compile ("Attempted to unset UNKNOWN_MODE" from torch's handling of user Triton kernels; a guess, not
+# tested: the same `attention_partials_kernel` served an op that mutates nothing, then one that mutates the
+# counters), where each alone compiles (bench/RESULTS.md, "the five kernels' closeness").
 TAILS_IN_LAST_PROGRAM = True
 
 
