@@ -93,7 +93,8 @@ def share_of_plain_inference(args) -> dict:
     questions = [e["question"] for e in load_examples(args.dataset, "train", args.prompts)]
     prompts = [prompt_ids(tokenizer, q) for q in questions]
     rows = [p for _ in range(args.population) for p in prompts]
-    result = {"rows": len(rows), "tokens": len(rows) * args.max_new_tokens, "dtype": str(dtype)}
+    result = {"rows": len(rows), "tokens": len(rows) * args.max_new_tokens, "dtype": str(dtype),
+              "mirrored_pairs": not args.unpaired}
     for fuse_row_terms in dict.fromkeys(ROW_TERM_PATHS[path] for path in args.paths):
         side = PLAIN_SIDES[fuse_row_terms]
         result[side] = timed_engine(model, rows, args, terms=[], fuse_row_terms=fuse_row_terms, label=side)
@@ -111,21 +112,24 @@ def share_of_plain_inference(args) -> dict:
 
 def population_terms(model, args) -> list:
     """(module, term): a random rank-r term of `population` members on every linear the recipe perturbs,
-    and a row scale on every norm unless --frozen-norms (the recipe's terms, at the share's scale)."""
+    and a row scale on every norm unless --frozen-norms (the recipe's terms, at the share's scale): as the
+    recipe's antithetic pairs, one group of factors a pair (`mirrored`), unless --unpaired."""
     import torch
 
     from gpuscale.engines.generation import RowScale, RowTerm
     from gpuscale.recipes.eggroll.trainer import perturbed_linears, perturbed_norms
 
     weight = next(model.parameters())
+    mirrored = not args.unpaired
+    groups = args.population // 2 if mirrored else args.population
     terms = []
     for _, module in perturbed_linears(model):
-        down, up = (torch.randn(args.population, size, args.rank, device=weight.device, dtype=weight.dtype)
+        down, up = (torch.randn(groups, size, args.rank, device=weight.device, dtype=weight.dtype)
                     for size in (module.in_features, module.out_features))
-        terms.append((module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank))))
+        terms.append((module, RowTerm(down, up, scale=1e-3 / math.sqrt(args.rank), mirrored=mirrored)))
     for _, module in [] if args.frozen_norms else perturbed_norms(model):
-        factors = 1 + 1e-3 * torch.randn(args.population, module.weight.shape[0], device=weight.device)
-        terms.append((module, RowScale(factors)))
+        factors = 1 + 1e-3 * torch.randn(groups, module.weight.shape[0], device=weight.device)
+        terms.append((module, RowScale(factors, mirrored=mirrored)))
     return terms
 
 
@@ -226,6 +230,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed engine calls of the share measurement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--frozen-norms", action="store_true", help="perturb the linear layers only")
+    parser.add_argument("--unpaired", action="store_true",
+                        help="the share's terms one group a member, not one an antithetic pair (the recipe's)")
     parser.add_argument("--share-only", action="store_true", help="only the share of plain inference")
     parser.add_argument("--skip-naive", action="store_true", help="leave out the (slow) naive run")
     parser.add_argument("--profile", action="store_true", help="print the GPU kernels of one call of each engine")

@@ -1065,7 +1065,7 @@ def test_eggroll_share_times_plain_inference_and_each_way_of_adding_the_terms_on
     record = json.loads(out.read_text())
     assert set(record) == set(SCHEMA) and record["settings"]["paths"] == ["hooks", "fused"]
     share = record["figures"]["share"]
-    assert (share["rows"], share["tokens"]) == (8, 24)
+    assert (share["rows"], share["tokens"], share["mirrored_pairs"]) == (8, 24, True)  # the recipe's pairs
     # Each path against plain inference set its way: fuse_row_terms prefills through the fused wiring
     # with or without terms.
     for path, in_projections, side in (("hooks", False, "plain"), ("fused", True, "plain_fused")):

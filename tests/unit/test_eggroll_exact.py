@@ -70,11 +70,16 @@ def make_trainer(model, tokenizer, static_shapes: bool, engine_kwargs: dict | No
     return Trainer(settings, ctx, loaded, engine, train)
 
 
-@pytest.mark.parametrize("static_shapes", [False, True])
-def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, static_shapes):
+@pytest.mark.parametrize("static_shapes, antithetic", [(False, True), (True, True), (True, False)])
+def test_every_members_answers_have_the_log_probs_of_its_explicit_weights(tiny, static_shapes, antithetic):
+    """With antithetic pairs, each pair's members share one group of the terms (`mirrored`: the second half of
+    the group's rows subtracts the term); without, a group a member."""
     model, tokenizer = tiny
-    trainer = make_trainer(model, tokenizer, static_shapes)
+    trainer = make_trainer(model, tokenizer, static_shapes, antithetic=antithetic)
     assert trainer.members_per_call == POPULATION  # all four members in one engine call
+    assert trainer.mirrored == antithetic
+    assert [term.groups for term in trainer.terms + trainer.scales] == [POPULATION // (2 if antithetic else 1)] * (
+        len(trainer.terms) + len(trainer.scales))
     prompts = trainer._prompts(step=1)
     trainer.draw_noise(step=1)
     trainer._load_members(list(range(POPULATION)))

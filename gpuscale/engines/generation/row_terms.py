@@ -56,6 +56,8 @@ prefill at full bandwidth) where Inductor does not fuse them into their producer
 hooks traced into the compiled forward, become a multiply in the norm's kernel. Batched matmuls over
 (member, tokens) would still write and re-read each [tokens, out] term; one GEMM over [x | Z] would
 add 57% to the 896-input projections' FLOPs, and the prefill is compute-bound (393,216 rows).
+With the recipe's antithetic pairs, a group is a pair (`mirrored`: its second half subtracts the term), so the
+factors above are half as many: 256 groups, not 512.
 """
 
 from __future__ import annotations
@@ -71,9 +73,15 @@ class RowTerm:
 
     A float scale becomes a 0-dim fp32 tensor on down's device, so it too can be changed in place
     (`term.scale.fill_(0.5)`) without recapturing CUDA graphs.
+
+    `mirrored`: each group's rows are two halves, the first adding the term and the second subtracting it
+    (antithetic pairs of members, +E and -E, one group a pair): the pair's factors are stored and read once.
+    At 8,192 members, one row each, every decode step reads every member's factors (about 9 GB a step at
+    Qwen2.5-0.5B's shape): mirrored, half of that.
     """
 
-    def __init__(self, down: torch.Tensor, up: torch.Tensor, scale: float | torch.Tensor = 1.0):
+    def __init__(self, down: torch.Tensor, up: torch.Tensor, scale: float | torch.Tensor = 1.0,
+                 mirrored: bool = False):
         if down.dim() != 3 or up.dim() != 3 or down.shape[0] != up.shape[0] or down.shape[2] != up.shape[2]:
             raise ValueError(f"need down [G, in, r] and up [G, out, r]; got {tuple(down.shape)} and "
                              f"{tuple(up.shape)}")
@@ -84,10 +92,15 @@ class RowTerm:
         if scale.dim() != 0 or scale.device != down.device:
             raise ValueError("scale must be a float or a 0-dim tensor on down's device")
         self.down, self.up, self.scale = down, up, scale
+        self.mirrored = mirrored
 
     @property
     def groups(self) -> int:
         return self.down.shape[0]
+
+    def rows_alike(self, batch: int) -> int:
+        """Rows of a batch that see the same term: a group's, or half a group's where mirrored."""
+        return batch // self.groups // (2 if self.mirrored else 1)
 
     def add_into(self, output: torch.Tensor, x: torch.Tensor) -> None:
         """output += scale * (x_g @ down[g]) @ up[g]^T for every group g, in place. Batch rows of a
@@ -124,8 +137,16 @@ class RowTerm:
         return summed.view(output.shape)
 
     def _low_rank(self, x: torch.Tensor) -> torch.Tensor:
-        """scale * x_g @ down[g]: [G, rows a group, r]."""
-        return torch.bmm(x.reshape(self.groups, -1, x.shape[-1]), self.down) * self.scale
+        """scale * x_g @ down[g]: [G, rows a group, r] (its second half negated where mirrored)."""
+        return self._mirror(torch.bmm(x.reshape(self.groups, -1, x.shape[-1]), self.down) * self.scale)
+
+    def _mirror(self, low_rank: torch.Tensor) -> torch.Tensor:
+        """low_rank [G, rows a group, r] with the second half of each group's rows negated, where mirrored: the
+        term's sign is carried by this small tensor, never by the output."""
+        if not self.mirrored:
+            return low_rank
+        half = low_rank.shape[1] // 2
+        return torch.cat([low_rank[:, :half], -low_rank[:, half:]], dim=1)
 
     def _fp32_term(self, x: torch.Tensor) -> torch.Tensor:
         """scale * (x_g @ down[g]) @ up[g]^T in fp32, [G, rows a group, out], as broadcast products
@@ -134,7 +155,7 @@ class RowTerm:
         its own (and a slow one: bench/RESULTS.md, the rank-1 `sgemmEx`)."""
         grouped_x = x.reshape(self.groups, -1, 1, x.shape[-1]).float()  # [G, n, 1, in]
         down = self.down.transpose(1, 2)[:, None].float()  # [G, 1, r, in]
-        low_rank = (grouped_x * down).sum(-1) * self.scale  # [G, n, r]
+        low_rank = self._mirror((grouped_x * down).sum(-1) * self.scale)  # [G, n, r]
         up = self.up.transpose(1, 2)[:, None].float()  # [G, 1, r, out]
         return (low_rank[..., None] * up).sum(-2)
 
@@ -148,6 +169,8 @@ class RowTerm:
         members = token_rows // (x.shape[0] // self.groups)  # [B, Q]
         down = self.down.transpose(1, 2).float()[members]  # [B, Q, r, in], gathered where it is read
         low_rank = (x[..., None, :].float() * down).sum(-1) * self.scale  # [B, Q, r]
+        if self.mirrored:
+            low_rank = low_rank * _half_signs(token_rows, x.shape[0] // self.groups)[..., None]
         up = self.up.transpose(1, 2).float()[members]  # [B, Q, r, out]
         return (low_rank[..., None] * up).sum(-2)
 
@@ -163,28 +186,49 @@ class RowTerm:
                              f"does not fit a linear layer {in_features} -> {out_features}")
 
 
-class RowScale:
-    """factors [G, channels]: group g's rows of the module's output are multiplied by factors[g]."""
+def _half_signs(token_rows: torch.Tensor, rows_a_group: int) -> torch.Tensor:
+    """+1 for a token of the first half of its group's rows, -1 for the second half (a mirrored term's sign)."""
+    return torch.where(token_rows % rows_a_group < rows_a_group // 2, 1.0, -1.0)
 
-    def __init__(self, factors: torch.Tensor):
+
+class RowScale:
+    """factors [G, channels]: group g's rows of the module's output are multiplied by factors[g].
+
+    `mirrored` (as RowTerm's): the second half of each group's rows by 2 - factors[g], the mirror of factors[g] =
+    1 + d about 1 (a norm's gain g + d, then g - d, as n(x) g (1 + d / g) and n(x) g (1 - d / g))."""
+
+    def __init__(self, factors: torch.Tensor, mirrored: bool = False):
         if factors.dim() != 2:
             raise ValueError(f"need factors [G, channels]; got {tuple(factors.shape)}")
         self.factors = factors
+        self.mirrored = mirrored
 
     @property
     def groups(self) -> int:
         return self.factors.shape[0]
 
+    def rows_alike(self, batch: int) -> int:
+        return batch // self.groups // (2 if self.mirrored else 1)
+
     def add_into(self, output: torch.Tensor, x: torch.Tensor) -> None:
         """output[rows of g] *= factors[g], in place (x, the module's input, is not needed)."""
-        output.view(self.groups, -1, output.shape[-1]).mul_(self.factors[:, None, :])
+        grouped = output.view(self.groups, -1, output.shape[-1])
+        if not self.mirrored:
+            grouped.mul_(self.factors[:, None, :])
+            return
+        half = grouped.shape[1] // 2
+        grouped[:, :half].mul_(self.factors[:, None, :])
+        grouped[:, half:].mul_(2 - self.factors[:, None, :])
 
     def scaled_by_row(self, output: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
         """`add_into`'s product out of place for output [B, Q, channels] whose width Q is a symbolic size
         (the compiled prefill): each token's factors gathered by its member (`RowTerm._fp32_term_of_rows`
         says why)."""
-        members = token_rows // (output.shape[0] // self.groups)
-        return (output * self.factors[members]).to(output.dtype)
+        rows_a_group = output.shape[0] // self.groups
+        factors = self.factors[token_rows // rows_a_group]
+        if self.mirrored:  # 1 + signs x (factors - 1): factors, or 2 - factors
+            factors = 1 + _half_signs(token_rows, rows_a_group)[..., None] * (factors - 1)
+        return (output * factors).to(output.dtype)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.factors,)
@@ -250,13 +294,14 @@ class RowTerms:
 
     def check_batch(self, batch: int):
         for _, term, _ in self.entries:
-            if batch % term.groups:
-                raise ValueError(f"a row term has {term.groups} groups: the batch ({batch} rows) must split "
-                                 "into groups of equal size")
+            parts = term.groups * (2 if term.mirrored else 1)
+            if batch % parts:
+                raise ValueError(f"a row term has {term.groups} groups{', each two halves' if term.mirrored else ''}"
+                                 f": the batch ({batch} rows) must split into {parts} parts of equal size")
 
     def share_prefill(self, batch: int, samples_per_prompt: int) -> bool:
-        """A prompt's prefill can be shared by its k samples only if they all sit in one group."""
-        return all((batch // term.groups) % samples_per_prompt == 0 for _, term, _ in self.entries)
+        """A prompt's prefill can be shared by its k samples only if they all see the same term."""
+        return all(term.rows_alike(batch) % samples_per_prompt == 0 for _, term, _ in self.entries)
 
     @contextlib.contextmanager
     def activated(self):

@@ -240,6 +240,10 @@ class Trainer:
         self.members_per_call = 1 if settings.method == "naive" else min(calls_width, self.local_members)
         self.draws = evolution.draws_for(settings.population, settings.antithetic)
         self.signs = evolution.member_signs(settings.population, settings.antithetic, device=ctx.device)
+        # Antithetic pairs in one call share their row terms' factors (RowTerm's `mirrored`): every call's members
+        # then come as whole pairs, each rank's and each call's first member even.
+        self.mirrored = (settings.method == "eggroll" and settings.antithetic and self.members_per_call % 2 == 0
+                         and self.local_members % 2 == 0)
         sampling_seed = derived_seed(settings.seed, "sampling", ctx.rank)
         self.generator = torch.Generator(device=ctx.device).manual_seed(sampling_seed)
         self.step_number = 0
@@ -258,18 +262,20 @@ class Trainer:
 
     def _add_row_terms(self):
         """A low-rank term on every perturbed linear and a row scale on every perturbed norm, one
-        group of rows per member of a call; `_load_members` fills them."""
+        group of rows per member of a call, or per antithetic pair (`mirrored`); `_load_members` fills them."""
         from gpuscale.engines.generation import RowScale, RowTerm
 
-        s, groups, terms, scales = self.settings, self.members_per_call, [], []
+        s, terms, scales = self.settings, [], []
+        groups = self.members_per_call // 2 if self.mirrored else self.members_per_call
         for _, module in self.linears:
             buffers = [torch.zeros(groups, size, s.rank, dtype=module.weight.dtype, device=module.weight.device)
                        for size in (module.in_features, module.out_features)]
-            term = RowTerm(*buffers, scale=s.sigma / math.sqrt(s.rank))
+            term = RowTerm(*buffers, scale=s.sigma / math.sqrt(s.rank), mirrored=self.mirrored)
             self.engine.add_row_term(module, term)
             terms.append(term)
         for _, module in self.norms:  # fp32 factors: 1 + shift / g is too close to 1 for bf16
-            scale = RowScale(torch.ones(groups, module.weight.shape[0], device=module.weight.device))
+            scale = RowScale(torch.ones(groups, module.weight.shape[0], device=module.weight.device),
+                             mirrored=self.mirrored)
             self.engine.add_row_term(module, scale)
             scales.append(scale)
         return terms, scales
@@ -343,7 +349,10 @@ class Trainer:
         return rewards[:real_rows], sum(lengths[:real_rows])
 
     def _load_members(self, members: list[int]) -> None:
-        """Refill the row terms' buffers in place with these members' noise (graphs stay valid)."""
+        """Refill the row terms' buffers in place with these members' noise (graphs stay valid); mirrored, with
+        each pair's first member's (its second's is the mirror image)."""
+        if self.mirrored:
+            members = members[0::2]
         draws = torch.tensor([evolution.member_draw(m, self.settings.antithetic) for m in members],
                              device=self.ctx.device)
         signs = self.signs[members][:, None, None]
