@@ -211,9 +211,14 @@ def main(argv=None):
     unknown = [way for way in args.ways if way not in WAYS]
     if unknown:
         raise SystemExit(f"--ways: {', '.join(unknown)}: not one of {', '.join(WAYS)}")
-    rows = []
+    rows, cut = [], False
     for way in args.ways + (["transformers"] if args.with_transformers else []):
-        row = run_child(way, args)
+        try:
+            row = run_child(way, args)
+        except KeyboardInterrupt:  # a call's time bound (`timeout -s INT`): keep the ways measured so far
+            print(f"{way:<22} CUT: interrupted; the ways before it are written", flush=True)
+            cut = True
+            break
         rows.append(row)
         if "error" in row:
             print(f"{way:<22} FAILED: {row['error']}", flush=True)
@@ -237,7 +242,7 @@ def main(argv=None):
     from record import write_result
 
     settings = {key: value for key, value in vars(args).items() if key not in ("one", "out")}
-    write_result("generation", f"decode-ways-b{args.batch}", settings, {"ways": rows}, out=args.out,
+    write_result("generation", f"decode-ways-b{args.batch}", settings, {"ways": rows, "cut": cut}, out=args.out,
                  card="cpu" if args.device == "cpu" else None)
     return rows
 

@@ -58,3 +58,27 @@ def test_a_cpu_engine_at_its_defaults_runs_uncompiled_and_every_row_decodes_ever
     run = generate_call(engine, prompts, torch.Generator().manual_seed(1))
     calls = decode_calls(run, 4, 2, lambda: None)
     assert all(seconds > 0 for seconds in calls.long + calls.short)
+
+
+def test_decode_ways_cut_by_its_calls_time_bound_writes_the_ways_it_measured(tmp_path, monkeypatch):
+    """bench/decode_ways.py under `timeout -s INT`: the interrupt that ends the second way's child leaves the first
+    way's real measurement in the result file, marked cut (two GPU calls of 2026-12-01 lost every row that way)."""
+    import json
+
+    from bench_loader import load_bench
+
+    decode_ways = load_bench("decode_ways.py")
+    measured = decode_ways.run_child
+
+    def second_interrupted(way, args):
+        if way == "no-tails":
+            raise KeyboardInterrupt
+        return measured(way, args)
+
+    monkeypatch.setattr(decode_ways, "run_child", second_interrupted)
+    out = tmp_path / "ways.json"
+    decode_ways.main(["--ways", "today,no-tails,uncompiled", "--device", "cpu", "--model", "random-tiny",
+                      "--new-tokens", "4", "--repeats", "1", "--out", str(out)])
+    figures = json.loads(out.read_text())["figures"]
+    assert figures["cut"] is True and [row["way"] for row in figures["ways"]] == ["today"]
+    assert figures["ways"][0]["ms_per_step"] > 0
