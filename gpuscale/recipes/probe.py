@@ -13,7 +13,8 @@ through the generation engine at batch 1 (latency) and at `batch_size` (throughp
 copy's bandwidth), and the all-reduce bus bandwidth across the ranks (nccl on GPUs, gloo on CPU ranks).
 The decode figures run the engine as it runs by default, its fastest path (on a GPU the compiled step
 replayed as a CUDA graph; on CPU ranks the uncompiled one), and time its decode steps as
-bench/generation.py does (engines/generation/speed.py: a call of `steps` new tokens less a call of 1);
+bench/generation.py does (engines/generation/speed.py: a call of `node_check_new_tokens` new tokens less a
+call of 1);
 the first call at each batch compiles the step, lapped apart. Each figure is timed over repeats (the
 engine's over `decode_calls` calls of each length), whose spread says how far the measurement itself
 can be trusted. Rank 0 flags a GPU more than 15% below its peers where the gap is also wider than that
@@ -189,9 +190,10 @@ class MeasureSizes:
 # matmuls of 8192 spread 8% between the GPUs of one node. On CPU ranks small, so the tests stay fast;
 # ten repeats of a fraction of a millisecond each, so that their spread shows a rank preempted by its
 # peer or the machine's other work (a decode call takes a fraction of a second there: two of each length).
-# A GPU's batch-1 decode calls of 256 tokens, not the probe's 32: a step (the difference of two calls over their
-# tokens) from calls of 32 tokens (about 24 ms at batch 1) was 5% off bench/generation.py's at the same shape, from
-# calls of 256 within 1% (bench/RESULTS.md, "node check's decode").
+# A GPU's decode calls at least 256 tokens long, not the probe's 32: a batch-1 step (the difference of two calls over
+# their tokens) from calls of 32 tokens (about 24 ms a call) was 5.2% off bench/generation.py's at the same shape;
+# from calls of 256, 0.5% and 4.3% off in two calls (bench/RESULTS.md: the node check's decode "with calls of 256
+# new tokens").
 MEASURE_SIZES = {
     "cuda": MeasureSizes(copy_mib=1024, matmul_n=8192, allreduce_mib=256, repeats=200, decode_calls=3,
                          decode_new_tokens=256),
