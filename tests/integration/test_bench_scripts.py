@@ -710,6 +710,24 @@ def test_select_settings_chooses_by_its_rule_on_the_seeds_means():
     table = select.candidate_table(candidates, rows, [0, 1])
     assert table[2]["statistics"]["gain_greedy_counting"]["mean"] == pytest.approx(-0.1)
     assert select.choose(table) == "lr=0.1"
+    # Floors: lr=0.1 has the best T=1 but gains only 5 points in counting (and +10 in the structurally new
+    # subset, which is no domain); lr=0.02 reaches +8 overall and +2 in every domain: with the floors it wins.
+    for row in rows:
+        if row["label"] == "lr=0.02":
+            row["status"], row["accuracy_greedy_before"], row["accuracy_greedy_after"] = ok, 0.5, 0.6
+            row["accuracy_sampled_before"], row["accuracy_sampled_after"] = 0.3, 0.55
+        row["domains"] = {"accuracy_greedy_counting_before": 0.5,
+                          "accuracy_greedy_counting_after": {"lr=0.1": 0.55, "lr=0.02": 0.52}.get(row["label"], 0.4),
+                          "accuracy_greedy_new_before": 0.4, "accuracy_greedy_new_after": 0.4 + 0.2 * row["seed"]}
+    table = select.candidate_table(candidates, rows, [0, 1])
+    assert select.choose(table) == "lr=0.1"  # no floors: T=1 alone
+    assert select.choose(table, (5, None)) == "lr=0.1"  # both reach +5 overall: T=1 again
+    assert select.choose(table, (8, 2)) == "lr=0.02"
+    assert select.choose(table, (8, 6)) == "lr=0.1"  # none reaches the floors: as without them
+    assert select.parse_floors(None, "grpo-mtl") == (5, 2) and select.parse_floors("none", "sft") is None
+    assert select.parse_floors("7", "sft") == (7.0, None)
+    with pytest.raises(SystemExit, match="--floors: 'x,1,2'"):
+        select.parse_floors("x,1,2", "sft")
     # A run not scored on validation counts as failed, whatever its status.
     run = {"label": "lr=0.1", "seed": 0, "wall_s": 1.0,
            "run": {"id": 1, "status": "succeeded", "summary": {"eval_split": "test"}}}
