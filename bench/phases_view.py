@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -188,8 +189,20 @@ def parse_options(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> None:
     opts = parse_options(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    home = Path(tempfile.mkdtemp(prefix="gpuscale-phases-view-"))
-    staging = Path(tempfile.mkdtemp(prefix="gpuscale-phases-view-out-"))
+    with tempfile.TemporaryDirectory(prefix="gpuscale-phases-view-") as folder:  # the run's home, then gone
+        home, staging = Path(folder) / "home", Path(folder) / "out"
+        home.mkdir()
+        staging.mkdir()
+        figures = watch_and_record(opts, home, staging)
+    named = (f"slowed rank {figures['slowed_rank']} named at step {figures['named_at_step']} "
+             f"({figures['steady_steps_to_name']} steady steps; target {LIVE_STEPS}); others named"
+             if figures["slowed_rank"] is not None else "nothing slowed; ranks named")
+    print(f"{named} {figures['other_ranks_named']}: {'met' if figures['met'] else 'NOT met'}", flush=True)
+    sys.exit(0 if figures["met"] and figures["status"] == "succeeded" and figures["screens"] else 1)
+
+
+def watch_and_record(opts, home: Path, staging: Path) -> dict:
+    """Start the run, watch it to its end, write the JSON and move the captures beside it: the figures."""
     front = start_run(opts, home, staging / "run.txt")
     run_id = the_run_id(home, front)
     observations, saved = watch(opts, home, run_id, staging)
@@ -205,13 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     folder = path.with_suffix("")
     folder.mkdir(parents=True, exist_ok=True)
     for item in staging.iterdir():
-        item.replace(folder / item.name)
+        shutil.move(item, folder / item.name)
     print(f"captures and the run's output in {folder}: {sorted(p.name for p in folder.iterdir())}")
-    named = (f"slowed rank {figures['slowed_rank']} named at step {figures['named_at_step']} "
-             f"({figures['steady_steps_to_name']} steady steps; target {LIVE_STEPS}); others named"
-             if figures["slowed_rank"] is not None else "nothing slowed; ranks named")
-    print(f"{named} {figures['other_ranks_named']}: {'met' if figures['met'] else 'NOT met'}", flush=True)
-    sys.exit(0 if figures["met"] and figures["status"] == "succeeded" and saved else 1)
+    return figures
 
 
 if __name__ == "__main__":
