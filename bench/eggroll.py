@@ -142,11 +142,15 @@ def timed_engine(model, rows, args, terms, fuse_row_terms: bool, label: str) -> 
 
     from gpuscale.engines.generation import GenerationEngine
 
+    started = time.perf_counter()
     mode = {"compile_mode": args.compile_mode} if args.compile_mode else {}
     engine = GenerationEngine(model, [], pad_token_id=0, compile=args.compile, fuse_row_terms=fuse_row_terms, **mode)
     for module, term in terms:
         engine.add_row_term(module, term)
     timing = engine_timing(engine, rows, args, label)
+    # A call's time bound may cut the next engine: say what this one gave, and how long it took with its compile.
+    print(f"  {label}: {timing['seconds']:.3f} s a call, {timing['one_token_seconds']:.3f} s a call of one token "
+          f"({time.perf_counter() - started:.0f} s with its compile and warm-up)", flush=True)
     engine.remove_row_terms()
     engine = None  # the last reference: collected now, before the next engine allocates its own
     gc.collect()
