@@ -64,6 +64,8 @@ WAYS = {
     # the layer's seven kernels before attention's combine and the post-attention norm moved into the last programs
     # of the kernels before them (triton_matvec.TAILS_IN_LAST_PROGRAM)
     "no-tails": ({"triton_matvec.TAILS_IN_LAST_PROGRAM": False}, "default", {}),
+    # each layer kernel launched while the one before ends (triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH)
+    "pdl": ({"triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH": True}, "default", {}),
     # with --batch 2 to 4: the reductions at a few rows, against `today` (cuBLAS and SDPA there)
     "reductions-up-to-4-rows": ({"fused.REDUCTION_LINEAR_MAX_ROWS": 4, "fused.REDUCTION_ATTENTION_MAX_ROWS": 4},
                                 "default", {}),

@@ -490,7 +490,9 @@ def test_the_triton_kernels_equal_the_fused_forward_in_tritons_interpreter(which
 LAYER_KERNELS_IN_THE_INTERPRETER = """
 import torch
 import torch.nn.functional as F
+import sys
 from gpuscale.engines.generation import triton_matvec as tm
+tm.PROGRAMMATIC_DEPENDENT_LAUNCH = sys.argv[1] == "programmatic"
 tm._register()
 torch.manual_seed(0)
 K, Hq, Hk, D, C, N, eps, exact = 64, 4, 2, 16, 150, 96, 1e-6, dict(atol=1e-5, rtol=0)
@@ -532,15 +534,30 @@ torch.testing.assert_close(summed, h + F.linear(x, down), **exact)
 torch.testing.assert_close(summed_normed, norm * summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps),
                            **exact)
 assert not heads_counters.any() and not norm_counter.any()  # left at zero for the next kernel
+if tm.PROGRAMMATIC_DEPENDENT_LAUNCH:  # opaque custom ops: their fakes give the real outputs' shapes, strides, dtypes
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cases = [(tm.silu_gate_up, (h, gate_up)), (tm.matvec_norm, (x, down, h, norm, eps, norm_counter)),
+             (tm.norm_qkv_rotary, (h, norm, eps, W, bias, cos, sin, keys.clone(), values.clone(), torch.tensor([6]))),
+             (tm.decode_attention, (query, keys, values, mask, 0.25, heads_counters))]
+    for function, args in cases:
+        real = function(*args)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = function(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+        for r, f in zip(*(o if isinstance(o, tuple) else (o,) for o in (real, fake))):
+            assert (f.shape, f.stride(), f.dtype) == (r.shape, r.stride(), r.dtype), function
 print("ok")
 """
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: its interpreter runs the kernels")
-def test_the_layer_kernels_equal_explicit_computations_in_tritons_interpreter():
+@pytest.mark.parametrize("launch", ["through-torch", "programmatic"])
+def test_the_layer_kernels_equal_explicit_computations_in_tritons_interpreter(launch):
+    """Both ways of declaring and launching the kernels (triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH): through
+    torch's Triton ops, and as opaque custom ops launched by Triton (the interpreter runs them without the grid
+    dependency control a GPU launch adds)."""
     environment = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", LAYER_KERNELS_IN_THE_INTERPRETER], capture_output=True, text=True,
-                          timeout=600, env=environment)
+    done = subprocess.run([sys.executable, "-c", LAYER_KERNELS_IN_THE_INTERPRETER, launch], capture_output=True,
+                          text=True, timeout=600, env=environment)
     assert done.returncode == 0 and done.stdout.split()[-1] == "ok", done.stderr[-3000:]
 
 
@@ -923,6 +940,38 @@ def test_the_triton_layer_in_bf16_stays_as_close_to_fp32_as_the_uncompiled_step(
     assert not engine._compile_errors(), _tracebacks(engine._compile_errors())
     assert ours["mean_abs_logprob_error"] <= 1.25 * uncompiled["mean_abs_logprob_error"] + 1e-3, (ours, uncompiled)
     assert ours["fp32_argmax_share"] >= uncompiled["fp32_argmax_share"] - 0.03, (ours, uncompiled)
+
+
+# The default batch-1 step at Qwen2.5-0.5B's shape in bf16, greedy, in a fresh process (the Triton ops are
+# registered once a process, as the switch then says): its tokens and log-probs, saved to argv[2].
+LAUNCHED_STEP = """
+import sys, torch
+from gpuscale.data.models import build_random_model
+from gpuscale.engines.generation import GenerationEngine, Sampling, triton_matvec
+triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH = sys.argv[1] == "programmatic"
+model = build_random_model("random-qwen2.5-0.5b", seed=0).to("cuda", torch.bfloat16)
+engine = GenerationEngine(model, pad_token_id=0)
+prompt = torch.randint(0, 151936, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+out = engine.generate([prompt], 48, Sampling(temperature=0.0), generator=torch.Generator("cuda").manual_seed(0))
+assert engine._fused.triton_layer_ready and not engine._compile_errors(), engine._compile_errors()
+torch.save({"tokens": out.tokens.cpu(), "logprobs": out.base_logprobs.cpu()}, sys.argv[2])
+"""
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_programmatic_dependent_launch_gives_the_same_tokens_and_log_probs(tmp_path):
+    """triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH changes when each layer kernel starts, not what it computes: the
+    same greedy tokens and bitwise the same log-probs as the kernels launched through torch.compile."""
+    results = {}
+    for launch in ("through-torch", "programmatic"):
+        path = tmp_path / f"{launch}.pt"
+        done = subprocess.run([sys.executable, "-c", LAUNCHED_STEP, launch, str(path)], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[launch] = torch.load(path)
+    assert torch.equal(results["programmatic"]["tokens"], results["through-torch"]["tokens"])
+    assert torch.equal(results["programmatic"]["logprobs"], results["through-torch"]["logprobs"])
 
 
 @pytest.mark.gpu

@@ -4,6 +4,31 @@ where Triton is installed, by `triton_matvec._register`."""
 import triton
 import triton.language as tl
 
+try:  # Triton 3.4 and later
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    PROGRAMMATIC_LAUNCH_AVAILABLE = True
+except ImportError:
+    PROGRAMMATIC_LAUNCH_AVAILABLE = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+
+@triton.jit
+def wait_for_the_kernel_before(USE_PDL: tl.constexpr):
+    """With programmatic dependent launch (USE_PDL, the kernel launched with `launch_pdl`): wait until the kernel
+    before has ended and its stores are visible, then let the kernel after start launching. What a program does
+    before this may read only what no kernel of the step writes (the weights), and may store nothing: the kernel
+    before may still be reading the memory a store would reuse. Without USE_PDL, nothing (the launch itself waited)."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
 
 @triton.jit
 def rounded(value, dtype: tl.constexpr):
@@ -32,19 +57,22 @@ def inverse_rms(h_ptr, eps, K, BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
 
 
 @triton.jit
-def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def silu_gate_up_kernel(x_ptr, w_ptr, out_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_out
     gate = tl.zeros([BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    for start in tl.static_range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         both = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         w_gate = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=both, other=0.0)
         w_up = tl.load(w_ptr + (rows[:, None] + n_out) * K + cols[None, :], mask=both, other=0.0)
+        if start == 0:  # the first block's weights on their way while the kernel before ends
+            wait_for_the_kernel_before(USE_PDL)
+        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         gate += tl.sum(w_gate.to(tl.float32) * x[None, :], axis=1)
         up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
     gate = rounded(gate, dtype)
@@ -64,9 +92,10 @@ def store_rms_norm(h_ptr, norm_ptr, out_ptr, eps, K, BLOCK_K: tl.constexpr, CACH
 
 
 @triton.jit
-def rms_norm_kernel(h_ptr, norm_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+def rms_norm_kernel(h_ptr, norm_ptr, out_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     """One program: the norm of one row, stored once (gate/up's thousands of programs then read it, rather than
     each computing it again)."""
+    wait_for_the_kernel_before(USE_PDL)
     store_rms_norm(h_ptr, norm_ptr, out_ptr, eps, K, BLOCK_K, "")
 
 
@@ -85,32 +114,35 @@ def last_program(counter_ptr, programs):
 
 @triton.jit
 def matvec_kernel(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K, BLOCK_N, BLOCK_K, HAS_RESIDUAL)
+                  BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr):
+    matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K, BLOCK_N, BLOCK_K, HAS_RESIDUAL, USE_PDL)
 
 
 @triton.jit
 def matvec_norm_kernel(x_ptr, w_ptr, out_ptr, residual_ptr, norm_ptr, normed_ptr, counter_ptr, eps, n_out,
-                       K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr):
+                       K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                       USE_PDL: tl.constexpr):
     """matvec_kernel with its residual, then the last program to finish stores the norm of the whole output."""
-    matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K, BLOCK_N, BLOCK_K, True)
+    matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K, BLOCK_N, BLOCK_K, True, USE_PDL)
     if last_program(counter_ptr, tl.num_programs(0)):
         store_rms_norm(out_ptr, norm_ptr, normed_ptr, eps, n_out, NORM_BLOCK, ".cg")
 
 
 @triton.jit
 def matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr):
     dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_out
     total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    for start in tl.static_range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
-        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                     other=0.0)
+        if start == 0:  # the first block's weights on their way while the kernel before ends
+            wait_for_the_kernel_before(USE_PDL)
+        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         total += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     if HAS_RESIDUAL:
         total = rounded(total, dtype) + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -120,7 +152,8 @@ def matvec_rows(x_ptr, w_ptr, out_ptr, residual_ptr, n_out, K: tl.constexpr, BLO
 @triton.jit
 def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, col_ptr,
                            head_stride, q_heads, kv_heads, K: tl.constexpr, D: tl.constexpr,
-                           PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+                           PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           USE_PDL: tl.constexpr):
     # Program p: PAIRS rotary pairs of one head, rows `low` and `low + D/2` of the fused q/k/v weight.
     dtype = q_ptr.dtype.element_ty
     half: tl.constexpr = D // 2
@@ -128,15 +161,22 @@ def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr,
     head = tl.program_id(0) // programs_a_head
     dims = (tl.program_id(0) % programs_a_head) * PAIRS + tl.arange(0, PAIRS)  # within the head's first half
     low, high = head * D + dims, head * D + dims + half
+    first = tl.arange(0, BLOCK_K)  # the first block's weights on their way while the kernel before ends
+    first_low = tl.load(w_ptr + low[:, None] * K + first[None, :], mask=first[None, :] < K, other=0.0)
+    first_high = tl.load(w_ptr + high[:, None] * K + first[None, :], mask=first[None, :] < K, other=0.0)
+    wait_for_the_kernel_before(USE_PDL)
     inv_rms = inverse_rms(h_ptr, eps, K, BLOCK_K, "")
     a = tl.zeros([PAIRS], dtype=tl.float32)
     b = tl.zeros([PAIRS], dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    for start in tl.static_range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         x = rms_normed(h_ptr, norm_ptr, cols, col_ok, inv_rms, dtype, "")
-        w_low = tl.load(w_ptr + low[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
-        w_high = tl.load(w_ptr + high[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
+        if start == 0:
+            w_low, w_high = first_low, first_high
+        else:
+            w_low = tl.load(w_ptr + low[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
+            w_high = tl.load(w_ptr + high[:, None] * K + cols[None, :], mask=col_ok[None, :], other=0.0)
         a += tl.sum(w_low.to(tl.float32) * x[None, :], axis=1)
         b += tl.sum(w_high.to(tl.float32) * x[None, :], axis=1)
     if HAS_BIAS:
@@ -166,7 +206,8 @@ def norm_qkv_rotary_kernel(h_ptr, norm_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr,
 @triton.jit
 def attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, best_ptr, total_ptr, acc_ptr, counter_ptr, out_ptr,
                               n_cols, scale, head_stride, groups, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                              BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, COMBINE_IN_LAST: tl.constexpr):
+                              BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, COMBINE_IN_LAST: tl.constexpr,
+                              USE_PDL: tl.constexpr):
     """Program (query head h, block b): softmax statistics of h's scores over columns b * BLOCK_C ... (their max,
     the sum of their exponentials from it, and those exponentials times V), for `combine_head`: with
     COMBINE_IN_LAST, by the last of h's programs to finish (h's count at counter_ptr + h), else by
@@ -180,6 +221,7 @@ def attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, best_ptr, total_ptr
     col_ok = cols < n_cols
     both = col_ok[:, None] & dim_ok[None, :]
     at = (head // groups) * head_stride + cols[:, None] * D + dims[None, :]
+    wait_for_the_kernel_before(USE_PDL)  # q and this step's cache column come from the kernel before
     q = tl.load(q_ptr + head * D + dims, mask=dim_ok, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + at, mask=both, other=0.0).to(tl.float32)
     scores = (tl.sum(k * q[None, :], axis=1) * scale).to(tl.float32)  # scale may arrive as fp64 (Inductor)
@@ -199,8 +241,9 @@ def attention_partials_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, best_ptr, total_ptr
 
 @triton.jit
 def attention_combine_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, blocks, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK_B: tl.constexpr):
+                             BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
     """Program h: `combine_head` of query head h."""
+    wait_for_the_kernel_before(USE_PDL)
     combine_head(best_ptr, total_ptr, acc_ptr, out_ptr, tl.program_id(0), blocks, D, BLOCK_D, BLOCK_B)
 
 

@@ -54,6 +54,13 @@ ATTENTION_BLOCK_COLUMNS = 64
 # tested: the same `attention_partials_kernel` served an op that mutates nothing, then one that mutates the
 # counters), where each alone compiles (bench/RESULTS.md, "the five kernels' closeness").
 TAILS_IN_LAST_PROGRAM = True
+# Programmatic dependent launch (Hopper and later): each kernel is launched while the one before it ends, loads its
+# first block of weights, and only then waits for the one before (triton_kernels.wait_for_the_kernel_before), which
+# hides part of each kernel's launch and ramp (five a layer, 120 a step). torch.compile's path for user Triton kernels
+# passes no `launch_pdl`, so with this on the ops are opaque custom ops that launch their kernels themselves (the
+# compiled step calls them; the engine's CUDA graph records the launches with their programmatic edges). Off until
+# measured: `python bench/decode_ways.py --ways today,pdl`. Set it before the process's first compiled step, as above.
+PROGRAMMATIC_DEPENDENT_LAUNCH = False
 
 
 def register(device: torch.device) -> bool:
@@ -138,10 +145,44 @@ def _check_cache(keys: torch.Tensor, values: torch.Tensor) -> None:
         raise ValueError("keys and values are laid out differently")
 
 
+def _op_and_launcher(programmatic: bool):
+    """(op, launch): how `_register` declares an op (a decorator taking the op's name and mutated arguments) and
+    launches a kernel (`launch(kernel, grid)(*args, **meta)`). Without programmatic launch: torch.library's Triton
+    ops, which torch.compile traces into, their kernels launched through wrap_triton. With it: opaque custom ops whose
+    fake (shapes only) is the same function with its launches skipped, their kernels launched by Triton itself with
+    `launch_pdl` and the kernels' USE_PDL (not in Triton's interpreter, which runs no grid dependency control)."""
+    import os
+
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.library import custom_op, triton_op, wrap_triton
+
+    if not programmatic:
+        def through_torch(kernel, grid):
+            launcher = wrap_triton(kernel)[grid]
+            return lambda *args, **meta: launcher(*args, USE_PDL=False, **meta)
+        return triton_op, through_torch
+
+    def opaque(name: str, mutates_args: tuple[str, ...]):
+        def declare(fn):
+            declared = custom_op(name, mutates_args=mutates_args)(fn)
+            declared.register_fake(fn)
+            return declared
+        return declare
+
+    programmatic_meta = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"USE_PDL": True, "launch_pdl": True}
+
+    def by_triton(kernel, grid):
+        def run(*args, **meta):
+            if not any(isinstance(arg, FakeTensor) for arg in args):  # a fake call computes shapes only
+                kernel[grid](*args, **{"USE_PDL": False, **programmatic_meta, **meta})
+        return run
+    return opaque, by_triton
+
+
 def _register() -> None:
-    """The kernels (compiled by Triton at their first launch) and their torch.library ops."""
+    """The kernels (compiled by Triton at their first launch) and their torch.library ops: Triton ops that
+    torch.compile traces into, or with PROGRAMMATIC_DEPENDENT_LAUNCH opaque custom ops (`_op_and_launcher`)."""
     import triton
-    from torch.library import triton_op, wrap_triton
 
     from .triton_kernels import (
         attention_combine_kernel,
@@ -153,42 +194,43 @@ def _register() -> None:
         silu_gate_up_kernel,
     )
 
+    op, launch = _op_and_launcher(PROGRAMMATIC_DEPENDENT_LAUNCH)
+
     def block_k(k: int, most: int = MAX_BLOCK_K) -> int:
         """The K a program loads at once (a norm's kernels, which also hold the norm's input, at most 2,048)."""
         return min(triton.next_power_of_2(k), most)
 
-    @triton_op("gpuscale::silu_gate_up", mutates_args=())
+    @op("gpuscale::silu_gate_up", mutates_args=())
     def silu_gate_up_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x, weight = x.contiguous(), weight.contiguous()
         n_out, k = weight.shape[0] // 2, weight.shape[1]
         out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
         grid = (triton.cdiv(n_out, GATE_UP_ROWS_PER_PROGRAM),)
-        wrap_triton(silu_gate_up_kernel)[grid](x, weight, out, n_out, k, BLOCK_N=GATE_UP_ROWS_PER_PROGRAM,
-                                               BLOCK_K=block_k(k), num_warps=WARPS)
+        launch(silu_gate_up_kernel, grid)(x, weight, out, n_out, k, BLOCK_N=GATE_UP_ROWS_PER_PROGRAM,
+                                          BLOCK_K=block_k(k), num_warps=WARPS)
         return out
 
-    @triton_op("gpuscale::rms_norm", mutates_args=())
+    @op("gpuscale::rms_norm", mutates_args=())
     def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x = x.contiguous()
         out = torch.empty_like(x)
         k = x.shape[-1]
-        wrap_triton(rms_norm_kernel)[(1,)](x, weight, out, eps, k, BLOCK_K=block_k(k, 2048),
-                                           num_warps=WARPS)
+        launch(rms_norm_kernel, (1,))(x, weight, out, eps, k, BLOCK_K=block_k(k, 2048), num_warps=WARPS)
         return out
 
-    @triton_op("gpuscale::matvec", mutates_args=())
+    @op("gpuscale::matvec", mutates_args=())
     def matvec_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         x, weight = x.contiguous(), weight.contiguous()
         n_out, k = weight.shape
         out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
         residual = None if residual is None else residual.contiguous()
         grid = (triton.cdiv(n_out, DOWN_ROWS_PER_PROGRAM),)
-        wrap_triton(matvec_kernel)[grid](x, weight, out, out if residual is None else residual, n_out, k,
-                                         BLOCK_N=DOWN_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
-                                         HAS_RESIDUAL=residual is not None, num_warps=WARPS)
+        launch(matvec_kernel, grid)(x, weight, out, out if residual is None else residual, n_out, k,
+                                    BLOCK_N=DOWN_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
+                                    HAS_RESIDUAL=residual is not None, num_warps=WARPS)
         return out
 
-    @triton_op("gpuscale::matvec_norm", mutates_args=("counter",))
+    @op("gpuscale::matvec_norm", mutates_args=("counter",))
     def matvec_norm_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                        eps: float, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, weight, residual = x.contiguous(), weight.contiguous(), residual.contiguous()
@@ -196,12 +238,12 @@ def _register() -> None:
         out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
         normed = torch.empty_like(out)
         grid = (triton.cdiv(n_out, DOWN_ROWS_PER_PROGRAM),)
-        wrap_triton(matvec_norm_kernel)[grid](x, weight, out, residual, norm_weight, normed, counter, eps, n_out, k,
-                                              BLOCK_N=DOWN_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
-                                              NORM_BLOCK=block_k(n_out, 2048), num_warps=WARPS)
+        launch(matvec_norm_kernel, grid)(x, weight, out, residual, norm_weight, normed, counter, eps, n_out, k,
+                                         BLOCK_N=DOWN_ROWS_PER_PROGRAM, BLOCK_K=block_k(k),
+                                         NORM_BLOCK=block_k(n_out, 2048), num_warps=WARPS)
         return out, normed
 
-    @triton_op("gpuscale::norm_qkv_rotary", mutates_args=("keys", "values"))
+    @op("gpuscale::norm_qkv_rotary", mutates_args=("keys", "values"))
     def norm_qkv_rotary_op(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
                            qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
                            values: torch.Tensor, write_col: torch.Tensor) -> torch.Tensor:
@@ -214,7 +256,7 @@ def _register() -> None:
         query = torch.empty(q_heads * head_dim, dtype=hidden.dtype, device=hidden.device)
         grid = ((q_heads + 2 * kv_heads) * (head_dim // 2) // pairs,)
         k = hidden.shape[-1]
-        wrap_triton(norm_qkv_rotary_kernel)[grid](
+        launch(norm_qkv_rotary_kernel, grid)(
             hidden, norm_weight, eps, qkv_weight, qkv_weight if qkv_bias is None else qkv_bias, cos, sin, query,
             keys, values, write_col, keys.stride(1), q_heads, kv_heads, k, head_dim, PAIRS=pairs,
             BLOCK_K=block_k(k, 2048), HAS_BIAS=qkv_bias is not None, num_warps=WARPS)
@@ -234,21 +276,21 @@ def _register() -> None:
         acc = torch.empty(q_heads * blocks * block_d, dtype=torch.float32, device=query.device)
         out = torch.empty_like(query)
         combine_in_last = counters is not None
-        wrap_triton(attention_partials_kernel)[(q_heads, blocks)](
+        launch(attention_partials_kernel, (q_heads, blocks))(
             query, keys, values, mask, best, total, acc, counters if combine_in_last else best, out, columns, scale,
             keys.stride(1), q_heads // kv_heads, head_dim, BLOCK_D=block_d, BLOCK_C=ATTENTION_BLOCK_COLUMNS,
             BLOCK_B=triton.next_power_of_2(blocks), COMBINE_IN_LAST=combine_in_last, num_warps=WARPS)
         if not combine_in_last:
-            wrap_triton(attention_combine_kernel)[(q_heads,)](best, total, acc, out, blocks, head_dim, BLOCK_D=block_d,
-                                                              BLOCK_B=triton.next_power_of_2(blocks), num_warps=WARPS)
+            launch(attention_combine_kernel, (q_heads,))(best, total, acc, out, blocks, head_dim, BLOCK_D=block_d,
+                                                         BLOCK_B=triton.next_power_of_2(blocks), num_warps=WARPS)
         return out
 
-    @triton_op("gpuscale::decode_attention", mutates_args=())
+    @op("gpuscale::decode_attention", mutates_args=())
     def decode_attention_op(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                             scale: float) -> torch.Tensor:
         return attention(query, keys, values, mask, scale, None)
 
-    @triton_op("gpuscale::decode_attention_combined_in_last", mutates_args=("counters",))
+    @op("gpuscale::decode_attention_combined_in_last", mutates_args=("counters",))
     def decode_attention_combined_in_last_op(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                                              mask: torch.Tensor, scale: float, counters: torch.Tensor) -> torch.Tensor:
         return attention(query, keys, values, mask, scale, counters)
