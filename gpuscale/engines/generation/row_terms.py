@@ -145,8 +145,11 @@ class RowTerm:
         term's sign is carried by this small tensor, never by the output."""
         if not self.mirrored:
             return low_rank
-        half = low_rank.shape[1] // 2
-        return torch.cat([low_rank[:, :half], -low_rank[:, half:]], dim=1)
+        # A product with signs made from the row index, not a cat of the two halves: Inductor fuses the product into
+        # the term's reduction, where the cat (its slices, then a copy) made the 8,192-member decode slower than
+        # storing every member's factors (bench/RESULTS.md, eggroll's share with pairs).
+        rows = torch.arange(low_rank.shape[1], device=low_rank.device)
+        return low_rank * _half_signs(rows, low_rank.shape[1]).to(low_rank.dtype)[:, None]
 
     def _fp32_term(self, x: torch.Tensor) -> torch.Tensor:
         """scale * (x_g @ down[g]) @ up[g]^T in fp32, [G, rows a group, out], as broadcast products
