@@ -145,11 +145,11 @@ class RowTerm:
         term's sign is carried by this small tensor, never by the output."""
         if not self.mirrored:
             return low_rank
-        # A product with signs made from the row index, not a cat of the two halves: Inductor fuses the product into
-        # the term's reduction, where the cat (its slices, then a copy) made the 8,192-member decode slower than
-        # storing every member's factors (bench/RESULTS.md, eggroll's share with pairs).
-        rows = torch.arange(low_rank.shape[1], device=low_rank.device)
-        return low_rank * _half_signs(rows, low_rank.shape[1]).to(low_rank.dtype)[:, None]
+        # The halves as one view times (+1, -1), not a cat of the two halves: the cat (two slices, then a copy) made
+        # the 8,192-member decode slower than storing every member's factors (bench/RESULTS.md, eggroll's share
+        # with pairs). The signs come from arange, not torch.tensor: no host copy inside a CUDA graph's capture.
+        signs = 1 - 2 * torch.arange(2, dtype=low_rank.dtype, device=low_rank.device)
+        return (low_rank.unflatten(1, (2, -1)) * signs[None, :, None, None]).flatten(1, 2)
 
     def _fp32_term(self, x: torch.Tensor) -> torch.Tensor:
         """scale * (x_g @ down[g]) @ up[g]^T in fp32, [G, rows a group, out], as broadcast products
@@ -219,9 +219,9 @@ class RowScale:
         if not self.mirrored:
             grouped.mul_(self.factors[:, None, :])
             return
-        half = grouped.shape[1] // 2
-        grouped[:, :half].mul_(self.factors[:, None, :])
-        grouped[:, half:].mul_(2 - self.factors[:, None, :])
+        # one product over the group's two halves (factors, then their mirror), not one a half
+        mirrored = torch.stack([self.factors, 2 - self.factors], dim=1)  # [G, 2, channels]
+        grouped.view(self.groups, 2, -1, grouped.shape[-1]).mul_(mirrored[:, :, None, :])
 
     def scaled_by_row(self, output: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
         """`add_into`'s product out of place for output [B, Q, channels] whose width Q is a symbolic size
