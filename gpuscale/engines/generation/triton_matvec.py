@@ -185,6 +185,7 @@ def _register() -> None:
     import triton
 
     from .triton_kernels import (
+        PROGRAMMATIC_LAUNCH_AVAILABLE,
         attention_combine_kernel,
         attention_partials_kernel,
         matvec_kernel,
@@ -194,7 +195,11 @@ def _register() -> None:
         silu_gate_up_kernel,
     )
 
-    op, launch = _op_and_launcher(PROGRAMMATIC_DEPENDENT_LAUNCH)
+    if PROGRAMMATIC_DEPENDENT_LAUNCH and not PROGRAMMATIC_LAUNCH_AVAILABLE:  # a launch_pdl without the kernels'
+        # wait would let each kernel read its input before the one before had written it
+        warnings.warn("PROGRAMMATIC_DEPENDENT_LAUNCH: this Triton has no grid dependency control (triton.language."
+                      "extra.cuda.gdc_wait): the kernels launch through torch.compile", RuntimeWarning, stacklevel=3)
+    op, launch = _op_and_launcher(PROGRAMMATIC_DEPENDENT_LAUNCH and PROGRAMMATIC_LAUNCH_AVAILABLE)
 
     def block_k(k: int, most: int = MAX_BLOCK_K) -> int:
         """The K a program loads at once (a norm's kernels, which also hold the norm's input, at most 2,048)."""
