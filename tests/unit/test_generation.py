@@ -561,6 +561,53 @@ def test_the_layer_kernels_equal_explicit_computations_in_tritons_interpreter(la
     assert done.returncode == 0 and done.stdout.split()[-1] == "ok", done.stderr[-3000:]
 
 
+# torch.compile on CPU builds C++ kernels: without a compiler it would fall back to eager (and warn).
+needs_cpp_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                                        reason="torch.compile on CPU needs a C++ compiler")
+
+
+# The step compiled by torch.compile (Inductor's CPU code) with the layer as triton_matvec's opaque custom ops
+# (PROGRAMMATIC_DEPENDENT_LAUNCH on), their kernels in Triton's interpreter, against the eager step without them.
+COMPILED_OPAQUE_LAYER = """
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from gpuscale.engines.generation import GenerationEngine, Sampling, triton_matvec
+triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH = True
+triton_matvec._register()
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+    "qwen2", vocab_size=384, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512)).eval()
+calls, real = [], triton_matvec.matvec_norm
+triton_matvec.matvec_norm = lambda *args: calls.append(1) or real(*args)
+runs = []
+for compiled in (True, False):
+    engine = GenerationEngine(model, eos_token_ids=[9], pad_token_id=0, static_shapes=True, compile=compiled,
+                              cuda_graphs=False)
+    if compiled:  # as a compiled one-row step on a GPU sets it (register() says no on CPU)
+        engine._fused.triton_layer_ready = True
+        engine._fused.tail_counters = triton_matvec.tail_counters(4, "cpu")
+    runs.append(engine.generate([[5, 17, 33, 2]], 6, Sampling(0.0), generator=torch.Generator().manual_seed(0)))
+    assert not (compiled and engine._compile_errors()), engine._compile_errors()
+assert calls, "the compiled step did not run the layer's ops"
+assert torch.equal(runs[0].tokens, runs[1].tokens)
+torch.testing.assert_close(runs[0].base_logprobs, runs[1].base_logprobs, atol=1e-5, rtol=0)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton: its interpreter runs the kernels")
+@needs_cpp_compiler
+def test_the_compiled_step_runs_the_opaque_layer_ops_as_the_eager_step_in_tritons_interpreter():
+    """With PROGRAMMATIC_DEPENDENT_LAUNCH the layer's ops are opaque to torch.compile: it calls them (their fakes
+    give it the outputs' shapes) and functionalizes what they write (the KV cache, the tails' counters); the
+    compiled step must still decode as the eager one."""
+    environment = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", COMPILED_OPAQUE_LAYER], capture_output=True, text=True, timeout=600,
+                          env=environment)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "ok", done.stderr[-3000:]
+
+
 def _tracebacks(errors: dict[str, BaseException]) -> str:
     """Each compile error's whole traceback, the exceptions it chains included (its repr alone names the last)."""
     return "\n".join(f"{name}:\n" + "".join(traceback.format_exception(error)) for name, error in errors.items())
@@ -614,11 +661,6 @@ def _mcmc_round_cpu(engine, sampling):
     # Prompts of one token: nothing to prefill, the first decode step allocates the KV buffers.
     short = engine.generate([p[:1] for p in PROMPTS], 10, sampling, generator=_seeded(7))
     return out, proposal, merged, short
-
-
-# torch.compile on CPU builds C++ kernels: without a compiler it would fall back to eager (and warn).
-needs_cpp_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
-                                        reason="torch.compile on CPU needs a C++ compiler")
 
 
 @needs_cpp_compiler
