@@ -5,6 +5,7 @@ add up to TRL's, and a PCGrad step that writes the projected sum of the domains'
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -126,11 +127,23 @@ def scored_inputs(trainer, batch):
     return inputs
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
-def test_per_domain_losses_and_gradients_add_up_to_trl_s(setup, loss_type):
-    trainer, batch = setup
-    trainer.loss_type = loss_type
+@contextmanager
+def loss_settings(trainer, loss_type: str = "dapo", entropy_coef: float = 0.0):
+    """TRL's loss of this type with its entropy term at this coefficient while inside (the trainer is built
+    with dapo and none)."""
+    trainer.loss_type, trainer.entropy_coef, trainer._entropy_bonus_enabled = loss_type, entropy_coef, entropy_coef != 0
     try:
+        yield
+    finally:
+        trainer.loss_type, trainer.entropy_coef, trainer._entropy_bonus_enabled = "dapo", 0.0, False
+
+
+@pytest.mark.parametrize("loss_type,entropy_coef", [("dapo", 0.0), ("grpo", 0.0), ("bnpo", 0.0), ("dr_grpo", 0.0),
+                                                    ("dapo", -0.3), ("grpo", 0.3), ("bnpo", -0.3)])
+def test_per_domain_losses_and_gradients_add_up_to_trl_s(setup, loss_type, entropy_coef):
+    """TRL's entropy term (a mean over all the micro-batch's tokens) included."""
+    trainer, batch = setup
+    with loss_settings(trainer, loss_type, entropy_coef):
         inputs = scored_inputs(trainer, batch)
         parameters = [p for p in trainer.model.parameters() if p.requires_grad]
         full = trainer._compute_loss(trainer.model, inputs)
@@ -147,8 +160,29 @@ def test_per_domain_losses_and_gradients_add_up_to_trl_s(setup, loss_type):
                     total += grad
         for total, grad in zip(summed, full_grads):
             assert torch.allclose(total, grad, atol=1e-6)
-    finally:
-        trainer.loss_type = "dapo"
+
+
+def test_the_entropy_term_is_the_coefficient_times_the_completions_mean_token_entropy(setup):
+    """TRL's loss with entropy_coef c is its loss without, less c x the mean over the completions' tokens
+    of the entropy of the policy at the rollouts' temperature, computed here from the model's logits."""
+    trainer, batch = setup
+    inputs = scored_inputs(trainer, batch)
+    without = trainer._compute_loss(trainer.model, inputs)
+    with loss_settings(trainer, entropy_coef=-0.3):
+        penalised = trainer._compute_loss(trainer.model, inputs)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        logits = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -width - 1:-1] / trainer.temperature
+    log_p = logits.log_softmax(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    tokens = inputs["completion_mask"].float()
+    mean_entropy = (entropy * tokens).sum() / tokens.sum()
+    assert mean_entropy > 0.01  # the embedded model is sharp at T=0.7: 0.047 nats a token
+    # TRL scales each micro-batch's loss for gradient accumulation, the entropy term too.
+    expected = 0.3 * mean_entropy / trainer.current_gradient_accumulation_steps
+    assert torch.allclose(penalised - without, expected, atol=1e-5)
 
 
 def conflicting_inputs(trainer, batch) -> dict:

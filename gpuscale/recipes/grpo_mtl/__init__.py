@@ -85,6 +85,9 @@ class Settings(TrainingSettings):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of the rollouts")
     beta: float = Field(0.0, ge=0.0, le=10.0, description="KL coefficient against the initial model "
                         "(0 = no reference model, TRL's default)")
+    entropy_coef: float = Field(0.0, ge=-1.0, le=1.0, description="TRL's entropy term: the loss less this times "
+                                "the mean entropy of the completions' tokens (positive: a bonus that keeps "
+                                "sampling diverse; negative: a penalty that sharpens it toward the greedy answer)")
     loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = Field(
         "dapo", description="TRL's loss normalisation (dapo: over all tokens of the step)")
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="peak learning rate (1e-4 suits the "

@@ -15,11 +15,11 @@
   by default the importance-sampling ratio takes the loss forward's, engines/off_policy.py), `reward` (the
   rest of the rollout: rewards, advantages, gathers), and the engine's `weight_sync` (engines/rollout.py);
 - `mtl="pcgrad"`: `training_step` computes one loss per domain on that domain's rows (`domain_loss`,
-  scaled so that the domains' losses add up to TRL's loss on the whole micro-batch; the rows padded
-  with masked ones to the same count on every rank, since TRL's loss gathers per-row metrics), one gradient per
-  domain with `torch.autograd.grad` through the unwrapped model (a per-domain gradient bypasses
-  DDP's hooks, which only reduce what a backward accumulates), accumulates them over the step's
-  micro-batches, all-reduces them by hand across ranks (the mean, as DDP would), projects them
+  scaled so that the domains' losses, TRL's entropy term included, add up to TRL's loss on the whole
+  micro-batch; the rows padded with masked ones to the same count on every rank, since TRL's loss gathers
+  per-row metrics), one gradient per domain with `torch.autograd.grad` through the unwrapped model (a
+  per-domain gradient bypasses DDP's hooks, which only reduce what a backward accumulates), accumulates them over the
+  step's micro-batches, all-reduces them by hand across ranks (the mean, as DDP would), projects them
   (pcgrad.py) and writes their sum into `.grad`; the trainer's own clipping and optimizer step
   follow. Every rank evaluates every domain in the same order, even one it holds no row of: TRL's
   loss runs collectives (for its metrics).
@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -121,8 +122,31 @@ class MultiTaskGRPOTrainer(ImportanceSamplingCorrection, PromptLookahead, Sample
         if padding:
             subset["completion_mask"] = subset["completion_mask"].clone()
             subset["completion_mask"][len(rows):] = 0
-        loss = self._compute_loss(model, subset)
-        return loss * self._share(inputs, subset)
+        share = self._share(inputs, subset)
+        with self._entropy_coef_of_domain(inputs, subset, share):
+            loss = self._compute_loss(model, subset)
+        return loss * share
+
+    @contextmanager
+    def _entropy_coef_of_domain(self, inputs: dict, subset: dict, share: float):
+        """TRL's entropy term is `entropy_coef` x the mean entropy of the rows it is handed, whatever the
+        loss type; a domain's part of the micro-batch's mean is that times the domain's share of its tokens.
+        So, while the domain's loss is computed, the coefficient is scaled by that share (and divided by the
+        `share` the loss is then multiplied by): the domains' losses still add up to TRL's whole loss."""
+        coefficient = self.entropy_coef
+        if not coefficient:
+            yield
+            return
+        total = inputs["completion_mask"].sum().item()
+        tokens = subset["completion_mask"].sum().item()
+        self.entropy_coef = coefficient * tokens / total / share if total and share else 0.0
+        logged = self._metrics["train"].get("entropy_coef", [])
+        before = len(logged)
+        try:
+            yield
+        finally:
+            self.entropy_coef = coefficient
+            logged[before:] = [coefficient] * (len(logged) - before)  # TRL logs the run's coefficient
 
     def _share(self, inputs: dict, subset: dict) -> float:
         normalisation = LOSS_NORMALISATION[self.loss_type]

@@ -152,6 +152,7 @@ def build_trainer(rows: list[dict], settings: Settings, ctx, reporter, model, to
         max_completion_length=settings.max_completion_length,
         temperature=settings.temperature,
         beta=settings.beta,
+        entropy_coef=settings.entropy_coef,
         loss_type=settings.loss_type,
         reward_weights=router.reward_weights(domains),
         use_transformers_continuous_batching=settings.generator == "continuous",
