@@ -27,9 +27,10 @@ from gpuscale.recipes.shared.registry import BUILTIN, get_recipe
 # README quotes were measured (bench/readme_figures.py).
 NEUTRAL_ADDITIONS: dict[str, dict[str, object]] = {
     # max_staleness, generation_gpus and old_logprobs are read only by rollout=async; 0 generators: every rank
-    # generates; no domain_weights: the training prompts are the data's own, in the order TRL drew them before it
+    # generates; no domain_weights: the training prompts are the data's own, in the order TRL drew them before it;
+    # no entropy_coef: TRL's loss without its entropy term
     "grpo-mtl": {"rollout": "sync", "max_staleness": 1, "generation_gpus": 0, "old_logprobs": "loss",
-                 "domain_weights": ""},
+                 "domain_weights": "", "entropy_coef": 0.0},
 }
 
 
