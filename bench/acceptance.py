@@ -35,6 +35,7 @@ Written with bench/record.py to bench/results/acceptance/.
 
 Usage: python bench/acceptance.py [--gpus N] [--seeds 0,1,2] [--jobs N] [--skip-tests]
        [--only LABEL ...] [--set LABEL:key=value ...]   (--set: for quick CPU checks, not acceptance)
+       [--variant LABEL:key=value[,key=value] ...]   (a training job again with other settings, beside it)
        python bench/acceptance.py --gpus N --from-partial FILE [FILE ...] [--gpu-tests-log LOG ...]
          (the table of finished rows; a later file's row of the same label and seed replaces an earlier
          one; the GPU-marked tests' results read from the output of the calls that ran them)
@@ -133,6 +134,11 @@ TARGETS = {
     "eggroll": (3, None),
 }
 CONTROL_TARGET = 5  # points of a training recipe's temperature-1 accuracy over the sharpening control
+# A variant (`--variant "grpo-mtl:entropy_coef=-0.1"`) runs a training job of TARGETS again with some settings
+# changed, in the same call and under the same targets: a default about to change, measured on the test split beside
+# today's before README's figures move to it (chosen on validation first: bench/select_settings.py). Its label is
+# the job's with the settings after VARIANT_MARK.
+VARIANT_MARK = " with "
 SAVED_MODEL_PROBLEMS = 100
 MODEL_CHECK_LOCK = threading.Lock()
 
@@ -168,6 +174,25 @@ def launch(label: str, recipe: str, settings: dict, seed: int, home: Path, prefi
     except json.JSONDecodeError:
         run = {"status": f"no result (exit {done.returncode})", "error": done.stderr.strip()[-300:]}
     return {"label": label, "recipe": recipe, "seed": seed, "settings": settings, "wall_s": wall, "run": run}
+
+
+def job_of(label: str) -> str:
+    """The job a label belongs to: a variant's, its base job."""
+    return label.split(VARIANT_MARK, 1)[0]
+
+
+def variant_settings(items: list[str]) -> dict[str, dict]:
+    """--variant's `LABEL:key=value[,key=value]` items as {variant label: the settings it changes}. LABEL must be
+    a training job (TARGETS): a variant is judged by its job's targets."""
+    variants = {}
+    for item in items:
+        label, _, pairs = item.partition(":")
+        changed = dict(pair.partition("=")[::2] for pair in pairs.split(",") if pair)
+        if label not in TARGETS or not changed or not all(changed):
+            raise SystemExit(f"--variant: {item!r}: wants LABEL:key=value[,key=value] with LABEL one of "
+                             f"{', '.join(TARGETS)} (a training job, judged by its targets)")
+        variants[label + VARIANT_MARK + ",".join(f"{key}={value}" for key, value in changed.items())] = changed
+    return variants
 
 
 def run_label(prefix: str, label: str, seed: int) -> str:
@@ -385,9 +410,8 @@ def verdicts_of(rows: list[dict], stats: dict) -> tuple[dict, dict]:
     rivals."""
     control = sharpening_control(rows)
     verdicts = {}
-    for label, (floor, domain_floor) in TARGETS.items():
-        if label not in stats:
-            continue
+    for label in [label for label in stats if job_of(label) in TARGETS]:
+        floor, domain_floor = TARGETS[job_of(label)]
         greedy = greedy_verdict(rows, stats[label], label, floor, domain_floor)
         over = control_verdict(rows, label, control_accuracy_by_seed(rows))
         verdicts[label] = {"greedy": greedy, "over_sharpening_control": over, "met": greedy["met"] and over["met"]}
@@ -590,7 +614,7 @@ def print_targets(verdicts: dict, control: dict) -> None:
     print("\nlearning targets: greedy gain, mean over the seeds, and no seed below the base in any domain; "
           f"T=1 accuracy over the sharpening control (+{CONTROL_TARGET}), mean over the seeds (points):")
     for label, verdict in verdicts.items():
-        if label in TARGETS:
+        if job_of(label) in TARGETS:
             print(f"  {label} greedy: {greedy_text(verdict['greedy'])}")
             if not control["runs"]:  # --only left the control out: nothing to compare with, no verdict
                 print(f"  {label} T=1 over the sharpening control: not run (the control was not among --only's jobs)")
@@ -753,6 +777,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="LABEL:KEY=VALUE",
                         help="a setting for one job (quick checks on CPU; an acceptance run sets none); "
                              f"'{CONTROL}:KEY=VALUE' sets its validation runs too, but for the temperature")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                        help="a training job run again with these settings, beside it and under its targets "
+                             "(a default about to change, measured beside today's; repeatable)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--share-card", choices=("auto", "mps", "time-slicing"), default="auto",
                         help="how runs that share a card share it (default auto: through MPS where several runs "
@@ -790,7 +817,8 @@ def main() -> None:
     found = torch.cuda.device_count()
     gpus = args.gpus or str(found or 2)
     home = Path(args.home or ROOT / ".acceptance" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    jobs = job_list([int(seed) for seed in args.seeds.split(",")], args.only, assignments(args.set))
+    jobs = job_list([int(seed) for seed in args.seeds.split(",")], args.only, assignments(args.set),
+                    variant_settings(args.variant))
     at_once = min(args.jobs or default_jobs(jobs, gpus, found), len(jobs))
     jobs = [(label, recipe, {**machine_settings(gpus, found, jobs[:at_once]), **settings}, seed)
             for label, recipe, settings, seed in jobs]
@@ -831,7 +859,8 @@ def main() -> None:
     print(f"\nacceptance: {total:.0f} s in all, {gpus} GPU(s) per run, {at_once} runs at once, cards shared by "
           f"{sharing}")
     write_result("acceptance", f"acceptance-{gpus}gpu", {"gpus": gpus, "seeds": args.seeds, "jobs": at_once,
-                                                        "set": args.set, "only": args.only, "card_sharing": sharing},
+                                                        "set": args.set, "variant": args.variant, "only": args.only,
+                                                        "card_sharing": sharing},
                  {"runs": rows, "seed_statistics": stats, "targets": verdicts, "sharpening_control": control,
                   "gpu_tests": tests, "seconds": total}, out=args.out)
 
@@ -871,13 +900,20 @@ def assignments(items: list[str]) -> dict[str, dict]:
     return extra
 
 
-def job_list(seeds: list[int], only: list[str] | None, extra: dict[str, dict]) -> list[tuple]:
+def job_list(seeds: list[int], only: list[str] | None, extra: dict[str, dict],
+             variants: dict[str, dict] | None = None) -> list[tuple]:
     """(label, recipe, settings, seed) of every run, in the order the pool starts them: the sharpening
     control's validation runs first (once, at the first seed: the validation split is the same for
-    every seed), then JOBS for each seed (those of ONCE at the first seed only). The control's runs,
-    last of each seed's, wait for them."""
-    chosen = [(label, recipe, {**settings, **extra.get(label, {})}) for label, recipe, settings in JOBS
-              if only is None or label in only]
+    every seed), then JOBS for each seed (those of ONCE at the first seed only), each job's variants
+    (`variant_settings`: its settings, its --set's, then the variant's) right after it, --only or not. The
+    control's runs, last of each seed's, wait for them."""
+    chosen = []
+    for label, recipe, settings in JOBS:
+        settings = {**settings, **extra.get(label, {})}
+        if only is None or label in only:
+            chosen.append((label, recipe, settings))
+        chosen += [(variant, recipe, {**settings, **changed}) for variant, changed in (variants or {}).items()
+                   if job_of(variant) == label]
     validation = []
     if any(label == CONTROL for label, *_ in chosen):
         overrides = {key: value for key, value in extra.get(CONTROL, {}).items() if key != "temperature"}
@@ -934,7 +970,8 @@ def report(rows: list[dict]) -> tuple[dict, dict, dict]:
 def rows_from_home(args) -> None:
     newest = stored_runs(Path(args.rows_from_home))
     rows = []
-    for label, recipe, _settings, seed in job_list([int(seed) for seed in args.seeds.split(",")], args.only, {}):
+    for label, recipe, _settings, seed in job_list([int(seed) for seed in args.seeds.split(",")], args.only, {},
+                                                   variant_settings(args.variant)):
         run = newest.get(run_label("acceptance", label, seed))
         if run is None or run["status"] in LIVE_STATUSES:
             continue
@@ -984,7 +1021,7 @@ def machine_settings(gpus: str, found: int, first_wave: list) -> dict:
     pinned = found > 1 and gpus == "1"
     settings = {} if pinned else {"gpus": gpus}
     cards = found if pinned else 1
-    auto_per_card = math.ceil(sum(job[0] in AUTO_SIZED for job in first_wave) / cards)
+    auto_per_card = math.ceil(sum(job_of(job[0]) in AUTO_SIZED for job in first_wave) / cards)
     if auto_per_card > 1:
         settings["gpu_memory_share"] = round(AUTO_MEMORY_SHARE / auto_per_card, 3)
     return settings

@@ -208,8 +208,8 @@ def test_every_job_of_the_acceptance_is_valid_settings_of_its_recipe(acceptance)
     from gpuscale.recipes.shared.registry import get_recipe
     from gpuscale.runs.settings import resolve_settings
 
-    jobs = acceptance.job_list([0], None, {})
-    assert len(jobs) == len(acceptance.SHARPENING_GRID) + len(acceptance.JOBS)
+    jobs = acceptance.job_list([0], None, {}, acceptance.variant_settings(["grpo-mtl:entropy_coef=-0.1"]))
+    assert len(jobs) == len(acceptance.SHARPENING_GRID) + len(acceptance.JOBS) + 1
     for label, recipe_name, settings, seed in jobs:
         recipe = get_recipe(recipe_name)
         temperature = settings.get("temperature")
@@ -221,6 +221,35 @@ def test_every_job_of_the_acceptance_is_valid_settings_of_its_recipe(acceptance)
             assert resolved.split == "validation" and resolved.max_examples == acceptance.VALIDATION_PROBLEMS
         if label == acceptance.LOW_TEMPERATURE:
             assert resolved.method == "sample" and resolved.temperature == 1 / resolved.alpha == 1 / 16
+
+
+def test_a_variant_runs_right_after_its_job_with_the_jobs_settings_and_its_own_and_is_judged_by_its_targets(
+        acceptance, capsys):
+    """--variant "grpo-mtl:entropy_coef=-0.1": grpo-mtl's job again, its --set's settings too, then the variant's;
+    listed even where --only leaves its job out; its rows judged by grpo-mtl's floors (+5 overall, +2 a domain)."""
+    variants = acceptance.variant_settings(["grpo-mtl:entropy_coef=-0.1,beta=0.04"])
+    label = "grpo-mtl with entropy_coef=-0.1,beta=0.04"
+    assert variants == {label: {"entropy_coef": "-0.1", "beta": "0.04"}}
+    jobs = [job[:3] for job in acceptance.job_list([0], None, {"grpo-mtl": {"max_steps": "2"}}, variants)]
+    at = jobs.index(("grpo-mtl", "grpo-mtl", {**acceptance.SCORED, "max_steps": "2"}))
+    assert jobs[at + 1] == (label, "grpo-mtl", {**acceptance.SCORED, "max_steps": "2", "entropy_coef": "-0.1",
+                                                "beta": "0.04"})
+    assert [job[0] for job in acceptance.job_list([0, 1], ["sft"], {}, variants)] == [label, "sft", label, "sft"]
+    for bad in ("sft", "grpo-mtl:", "grpo-mtl:=1", "power-sampling:alpha=4", "nothing:lr=1"):
+        with pytest.raises(SystemExit, match="--variant"):
+            acceptance.variant_settings([bad])
+
+    def rows(name: str, comparison_after: float) -> list[dict]:
+        return [row(name, seed, greedy=(0.50, 0.57), sampled=(0.3, 0.5), domains=domains_of(
+            arithmetic=(0.40, 0.50), comparison=(0.60, comparison_after))) for seed in range(3)]
+
+    found, control = verdicts(acceptance, rows("grpo-mtl", 0.61) + rows(label, 0.65) + control_rows(acceptance, 0.40))
+    assert found[label]["greedy"]["floors"] == found["grpo-mtl"]["greedy"]["floors"] == {
+        "gain_greedy": 5, "gain_greedy_arithmetic": 2, "gain_greedy_comparison": 2}
+    assert found[label]["greedy"]["met"] and not found["grpo-mtl"]["greedy"]["met"]  # comparison +5 against +1
+    assert found[label]["over_sharpening_control"]["points"]["over_control"] == 10.0
+    acceptance.print_targets(found, control)
+    assert f"{label} greedy: MET" in capsys.readouterr().out
 
 
 def test_runs_at_once_all_with_one_gpu_a_run_one_seeds_wave_and_a_rank_budget_with_several(acceptance):
