@@ -12,8 +12,16 @@ weights, a third of an H200's copy bandwidth; down_proj, which computes SiLU-tim
   SiLU-times-up in one, down_proj in the other), at several block sizes (the engine's first).
 
 Baseline: the engine's way today (`reduction`) and cuBLAS (`cublas`), in the same process, on the same weights.
-It prints µs a layer, the share of the copy bandwidth, and the largest difference from the eager bf16 MLP.
-Usage: python bench/mlp_matvec.py [--hidden 896 --intermediate 4864 --layers 24] [--out FILE]
+It prints µs a layer, the share of the copy bandwidth, and the largest difference from the eager bf16 MLP, each
+way timed twice: replayed as one CUDA graph (as the engine's step runs) and launched one kernel after another on
+the stream (`us_per_layer_stream`: the host's launches included).
+
+`--pdl`: the Triton ways with programmatic dependent launch (triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH, set
+before the process registers the ops: run it as a second process beside a plain one). Whether the kernels' early
+start survives the CUDA graph's capture is what the two timings tell: the engine's step showed no gain that holds
+(bench/RESULTS.md, "programmatic dependent launch"). `--grid`: the Triton ways at every block of GRID, not the few
+of CONFIGS.
+Usage: python bench/mlp_matvec.py [--hidden 896 --intermediate 4864 --layers 24] [--pdl] [--grid] [--out FILE]
 """
 
 from __future__ import annotations
@@ -74,8 +82,15 @@ def compiled(fn, **options):
     return torch.compile(fn, options={**list_mode_options("default"), "emulate_precision_casts": True, **options})
 
 
-def time_layers(mlp, hidden, layers, repeats: int = 50) -> float:
-    """µs a layer: every layer's MLP one after another, captured as one CUDA graph, replayed."""
+# Triton blocks: (gate/up rows a program, down_proj rows a program, the most of K a program loads, warps); the
+# engine's own first. CONFIGS: the few of 2026-11-30's call; GRID (--grid): every combination around them.
+CONFIGS = [(4, 2, 1024, 4), (4, 1, 8192, 8), (2, 1, 4096, 4), (2, 2, 8192, 4), (1, 1, 8192, 4)]
+GRID = [(g, d, k, w) for g in (1, 2, 4, 8) for d in (1, 2, 4) for k in (1024, 8192) for w in (2, 4, 8)]
+
+
+def time_layers(mlp, hidden, layers, repeats: int = 50) -> tuple[float, float]:
+    """µs a layer, every layer's MLP one after another: (captured as one CUDA graph and replayed, launched on the
+    stream)."""
 
     def all_layers():
         x = hidden
@@ -91,13 +106,18 @@ def time_layers(mlp, hidden, layers, repeats: int = 50) -> float:
         all_layers()
     graph.replay()
     torch.cuda.synchronize()
+    return timed(graph.replay, repeats, len(layers)), timed(all_layers, repeats, len(layers))
+
+
+def timed(fn, repeats: int, layers: int) -> float:
+    """µs a layer of `repeats` calls of fn, timed by CUDA events around them."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
-        graph.replay()
+        fn()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / repeats / len(layers)
+    return start.elapsed_time(end) * 1000 / repeats / layers
 
 
 def main() -> None:
@@ -105,6 +125,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=896)
     parser.add_argument("--intermediate", type=int, default=4864)
     parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--pdl", action="store_true", help="the Triton ways with programmatic dependent launch")
+    parser.add_argument("--grid", action="store_true", help="the Triton ways at every block of GRID")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -128,27 +150,29 @@ def main() -> None:
     # op count passes `realize_opcount_threshold` (30): then it is computed once, stored, and read.
     for threshold in (4, 8, 16):
         ways[f"reduction-realize-{threshold}"] = compiled(reduction_mlp, realize_opcount_threshold=threshold)
+    triton_matvec.PROGRAMMATIC_DEPENDENT_LAUNCH = args.pdl  # before the ops' registration, once a process
     if triton_matvec.register(hidden.device):
         defaults = (triton_matvec.GATE_UP_ROWS_PER_PROGRAM, triton_matvec.DOWN_ROWS_PER_PROGRAM,
                     triton_matvec.MAX_BLOCK_K, triton_matvec.WARPS)
-        for config in [defaults, (4, 2, 1024, 4), (4, 1, 8192, 8), (2, 1, 4096, 4), (2, 2, 8192, 4), (1, 1, 8192, 4)]:
-            ways["triton-g{}-d{}-k{}-w{}".format(*config)] = triton_mlp(config)
+        for config in dict.fromkeys([defaults, *(GRID if args.grid else CONFIGS)]):
+            ways["triton-g{}-d{}-k{}-w{}{}".format(*config, "-pdl" if args.pdl else "")] = triton_mlp(config)
     rows = []
     for name, mlp in ways.items():
         try:
             error = float((mlp(hidden, *layers[0]).float() - expected).abs().max())
-            us = time_layers(mlp, hidden, layers)
+            us, us_stream = time_layers(mlp, hidden, layers)
         except Exception as failure:  # a Triton config that does not compile is reported, not fatal
             rows.append({"way": name, "error": f"{type(failure).__name__}: {str(failure)[:300]}"})
             print(f"{name:28s} failed: {rows[-1]['error']}", flush=True)
             continue
         rows.append({"way": name, "us_per_layer": us, "bandwidth_share": floor_us / us,
-                     "max_abs_difference_from_eager": error})
+                     "us_per_layer_stream": us_stream, "max_abs_difference_from_eager": error})
         print(f"{name:28s} {us:7.2f} µs a layer  {floor_us / us:6.1%} of copy bandwidth  "
-              f"max |diff| {error:.3g}", flush=True)
+              f"(launched on the stream: {us_stream:.2f})  max |diff| {error:.3g}", flush=True)
     figures = {"layer_bytes": layer_bytes, "copy_bandwidth_gb_s": bandwidth / 1e9, "floor_us_per_layer": floor_us,
                "ways": rows}
-    settings = {"hidden": width, "intermediate": inner, "layers": args.layers, "dtype": "bfloat16", "batch": 1}
+    settings = {"hidden": width, "intermediate": inner, "layers": args.layers, "dtype": "bfloat16", "batch": 1,
+                "pdl": args.pdl, "grid": args.grid}
     write_result("generation", "mlp-matvec-b1", settings, figures, out=args.out)
 
 
