@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuscale.data.splits import OLD_TEST_SPLIT, TEST_SPLIT_EDITION  # noqa: E402
-from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints  # noqa: E402
+from gpuscale.recipes.shared.defaults_fingerprint import defaults_fingerprints, settings_added_since  # noqa: E402
 
 OPEN, CLOSE = "<!-- figures -->", "<!-- /figures -->"
 MINUS = "\u2212"  # README writes a negative gain with the minus sign, not a hyphen
@@ -392,10 +392,20 @@ def blocks(text: str) -> tuple[list[str], str]:
     return inside, "".join([*outside, rest])
 
 
+def added_since_hint(recipe: str, recorded: str) -> str:
+    """What a stale fingerprint would be but for one setting added since (defaults_fingerprint's
+    settings_added_since): the setting to name in NEUTRAL_ADDITIONS if its default keeps the behaviour before it."""
+    added = settings_added_since(recipe, recorded)
+    return (f" (today's defaults less the new setting {added[0]!r} give it: if that setting's default keeps what "
+            "the recipe did before it, name it in NEUTRAL_ADDITIONS, gpuscale/recipes/shared/defaults_fingerprint.py; "
+            "else measure the figure again)") if added else ""
+
+
 def stale_reasons(figure: Figure, data: dict, fingerprints: dict[str, str], edition: str) -> list[str]:
     """Why the JSON no longer stands for today's tool: a recipe's defaults changed, another test split."""
     recorded = data.get("defaults_fingerprints") or {}
     reasons = [f"{recipe}'s defaults fingerprint {recorded[recipe]} is not today's {fingerprints[recipe]}"
+               f"{added_since_hint(recipe, recorded[recipe])}"
                if recipe in recorded else f"it records no defaults fingerprint of {recipe}"
                for recipe in figure.recipes if recorded.get(recipe) != fingerprints[recipe]]
     split = data.get("test_split") or OLD_TEST_SPLIT

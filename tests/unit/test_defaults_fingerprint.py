@@ -35,6 +35,7 @@ def test_a_setting_added_off_by_default_changes_no_fingerprint_until_its_default
         return defaults_fingerprints()["grpo-mtl"]
 
     assert with_new_mode("off") != before  # a new setting counts...
+    assert defaults_fingerprint.settings_added_since("grpo-mtl", before) == ["new_mode"]  # ...and is found
     neutral = {**defaults_fingerprint.NEUTRAL_ADDITIONS["grpo-mtl"], "new_mode": "off"}
     monkeypatch.setattr(defaults_fingerprint, "NEUTRAL_ADDITIONS", {"grpo-mtl": neutral})
     assert with_new_mode("off") == before  # ...unless named with the default that keeps the old behaviour

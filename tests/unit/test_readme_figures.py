@@ -59,6 +59,20 @@ def test_a_deliberately_stale_figure_fails_naming_it(figures, tmp_path):
     assert check(figures, copied(figures, tmp_path, hang.result, lambda data: None)) == []  # the copy as it was
 
 
+def test_a_new_setting_left_out_of_the_neutral_additions_is_named_where_the_figures_go_stale(figures, monkeypatch):
+    """What failed CI at stop 76: grpo-mtl gained `entropy_coef` (0: TRL's loss as before) without its neutral
+    entry, and every grpo-mtl figure read stale. The reason now names the setting and where to declare it."""
+    from gpuscale.recipes.shared import defaults_fingerprint
+
+    hang = figures.FAULT_FIGURES[0]  # a grpo-mtl figure
+    neutral = dict(defaults_fingerprint.NEUTRAL_ADDITIONS["grpo-mtl"])
+    del neutral["entropy_coef"]
+    monkeypatch.setitem(defaults_fingerprint.NEUTRAL_ADDITIONS, "grpo-mtl", neutral)
+    found = [line for line in check(figures, ROOT) if f"'{hang.name}'" in line]
+    assert found and "today's defaults less the new setting 'entropy_coef' give it" in found[0]
+    assert "NEUTRAL_ADDITIONS" in found[0]
+
+
 def test_only_the_recipes_a_figure_ran_are_compared(figures, tmp_path):
     hang = figures.FAULT_FIGURES[0]  # grpo-mtl's case of a JSON that holds sft's too
     root = copied(figures, tmp_path, hang.result, lambda data: data["defaults_fingerprints"].update(sft="0"))

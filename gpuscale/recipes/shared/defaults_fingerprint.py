@@ -54,3 +54,13 @@ def fingerprint(defaults: dict) -> str:
 def defaults_fingerprints() -> dict[str, str]:
     """Every built-in recipe's fingerprint, by name."""
     return {name: fingerprint(recipe_defaults(name)) for name in sorted(BUILTIN)}
+
+
+def settings_added_since(name: str, recorded: str) -> list[str]:
+    """The settings of recipe `name` without which today's defaults have the fingerprint `recorded`: a setting added
+    since a figure was measured, the figure otherwise at today's defaults. Where its default keeps the behaviour
+    before it, it belongs in NEUTRAL_ADDITIONS; else the figure is stale indeed. (One setting at a time: a figure
+    two additions old is only said to be stale.)"""
+    defaults = recipe_defaults(name)
+    return [field for field in defaults
+            if fingerprint({key: value for key, value in defaults.items() if key != field}) == recorded]
