@@ -45,6 +45,7 @@ figures mean nothing, 2 ES steps change little):
 from __future__ import annotations
 
 import argparse
+import math
 import queue
 import sys
 import time
@@ -176,6 +177,28 @@ def choose(table: list[dict], floors: tuple[float, float | None] | None = None) 
     return max(at_floors or eligible, key=lambda item: (item[0], item[1]))[2]
 
 
+def over_first(table: list[dict]) -> dict[str, dict]:
+    """Per candidate after the first (today's default, where the call lists it first): its mean T=1 accuracy after
+    training minus the first's, in points, and that difference over its standard error from the seeds' spreads
+    (sqrt(sd_a^2/n_a + sd_b^2/n_b)): how far 3 seeds tell the two apart. The rule does not read it; the table shows it
+    (bench/RESULTS.md: most defaults moved on less than 2 standard errors)."""
+    def figure(entry: dict) -> dict | None:
+        found = entry["statistics"].get("accuracy_sampled_after") or {}
+        return found if found.get("n") else None
+
+    first = figure(table[0]) if table else None
+    apart = {}
+    for entry in table[1:]:
+        mine = figure(entry)
+        if first is None or mine is None:
+            continue
+        error = math.sqrt(first["sd"] ** 2 / first["n"] + mine["sd"] ** 2 / mine["n"])
+        difference = mine["mean"] - first["mean"]
+        apart[entry["candidate"]] = {"t1_points": round(100 * difference, 1),
+                                     "standard_errors": round(difference / error, 1) if error else None}
+    return apart
+
+
 def reaches(gain: float, domain_gains: list[float], floors: tuple[float, float | None] | None) -> bool:
     """Whether mean greedy gains (fractions) reach floors given in points, rounded as shown (as acceptance.py)."""
     if floors is None:
@@ -194,13 +217,23 @@ def print_table(table: list[dict], rows: list[dict], chosen: str | None,
         return f"{100 * found['mean']:{'+' if signed else ''}.1f} ± {100 * found['sd']:.1f}"
 
     width = max(len("candidate"), *(len(entry["candidate"]) for entry in table)) + 2
+    apart = over_first(table)
+
+    def versus_first(entry: dict) -> str:
+        found = apart.get(entry["candidate"])
+        if found is None:
+            return "—"
+        errors = "" if found["standard_errors"] is None else f" ({found['standard_errors']:+.1f} se)"
+        return f"{found['t1_points']:+.1f}{errors}"
+
     print(f"\n{'candidate':<{width}}{'seeds ok':>9}{'greedy after':>16}{'greedy gain':>16}"
-          f"{'T=1 after':>16}{'T=1 gain':>16}")
+          f"{'T=1 after':>16}{'T=1 gain':>16}{'T=1 vs first':>18}")
     for entry in table:
         mark = "  <- chosen" if entry["candidate"] == chosen else ""
         print(f"{entry['candidate']:<{width}}{len(entry['seeds_ok']):>5}/{len(entry['seeds']):<3}"
               f"{figure(entry, 'accuracy_greedy_after'):>16}{figure(entry, 'gain_greedy', True):>16}"
-              f"{figure(entry, 'accuracy_sampled_after'):>16}{figure(entry, 'gain_sampled', True):>16}{mark}")
+              f"{figure(entry, 'accuracy_sampled_after'):>16}{figure(entry, 'gain_sampled', True):>16}"
+              f"{versus_first(entry):>18}{mark}")
         domains = [name for name in entry["statistics"] if name.startswith("gain_greedy_")]
         if domains:
             print("    greedy gain by domain: " + ", ".join(
@@ -208,7 +241,8 @@ def print_table(table: list[dict], rows: list[dict], chosen: str | None,
     for row in rows:
         if row["status"] != "succeeded":
             print(f"  {row['label']} seed {row['seed']}: {row['status']}: {row['error']}")
-    print("\nvalidation accuracy in %, mean ± sd over the seeds that succeeded")
+    print("\nvalidation accuracy in %, mean ± sd over the seeds that succeeded; T=1 vs first: points over the first "
+          "candidate, and in standard errors of that difference (se) from the seeds' spreads")
     print(f"rule: {RULE}; floors (points): {floors or 'none'}")
     print(f"chosen: {chosen}" if chosen else "chosen: none (no candidate passes the rule)")
 
@@ -361,7 +395,8 @@ def main() -> None:
                  {"recipe": args.recipe, "candidates": args.candidates, "seeds": args.seeds, "set": args.set,
                   "gpus": args.gpus, "one_gpu_each": args.one_gpu_each, "jobs": jobs, "eval_split": "validation",
                   "rule": RULE, "floors": floors, "card_sharing": sharing},
-                 {"candidates": table, "chosen": chosen, "runs": rows, "seconds": None if args.from_home else total,
+                 {"candidates": table, "chosen": chosen, "t1_over_first": over_first(table), "runs": rows,
+                  "seconds": None if args.from_home else total,
                   "home": str(home)},
                  out=args.out, card=parse_card(args.card))
 
