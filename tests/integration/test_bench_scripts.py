@@ -703,10 +703,10 @@ def test_select_settings_chooses_by_its_rule_on_the_seeds_means():
     assert table[1]["statistics"]["gain_greedy"]["mean"] == pytest.approx(0.05)
     assert select.choose(table) == "lr=0.05"
     assert select.choose(table[:1]) is None  # the best T=1, but greedy fell: nothing chosen
-    # T=1 against the first candidate, in points and in standard errors of the difference of the seeds' means:
-    # lr=0.3's T=1 is 0.9 in both seeds (sd 0), lr=0.1's 0.6 (sd 0): -30 points, no spread to measure it by;
-    # lr=0.02 had one seed. With a spread: lr=0.1's seeds 0.6 and 0.7 (mean 0.65, sd 0.0707, n 2): 25 points under
-    # 0.9, the difference's standard error sqrt(0.0707^2 / 2) = 0.05: -5.0.
+    # select.over_first: T=1 against the first candidate in points, and in standard errors of the difference of
+    # the seeds' means. lr=0.3's T=1 is 0.9 in both seeds (sd 0), lr=0.1's 0.6 (sd 0): -30 points, no spread to
+    # measure it by; lr=0.02 had one seed. With a spread, lr=0.1's seeds 0.6 and 0.7 (mean 0.65, sd 0.0707, n 2)
+    # are 25 points under 0.9, and the difference's standard error is 0.0707 over the root of 2, 0.05: -5.0.
     assert select.over_first(table) == {"lr=0.1": {"t1_points": -30.0, "standard_errors": None},
                                         "lr=0.05": {"t1_points": -30.0, "standard_errors": None},
                                         "lr=0.02": {"t1_points": 5.0, "standard_errors": None}}

@@ -85,10 +85,9 @@ class Settings(TrainingSettings):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature of the rollouts")
     beta: float = Field(0.0, ge=0.0, le=10.0, description="KL coefficient against the initial model "
                         "(0 = no reference model, TRL's default)")
-    # On the validation split (bench/results/grpo_mtl/selection-entropy-2026-12-01-h200.json, 3 seeds) the rule
-    # picks -0.1: T=1 60.8 +- 0.7 against 60.1 +- 0.5 at 0 (inside a seed's spread), greedy 66.2 against 67.4. The
-    # default stays 0 until the acceptance measures grpo-mtl's README figures again at -0.1 (a changed default
-    # makes them all stale), in the same call as 0.
+    # 0 by default: the validation selection's pick (bench/RESULTS.md, grpo-mtl: "TRL's entropy term") won by less
+    # than the seeds' spread, and a changed default makes every grpo-mtl README figure stale; it moves with an
+    # acceptance that measures it beside 0 in one call (bench/acceptance.py --variant).
     entropy_coef: float = Field(0.0, ge=-1.0, le=1.0, description="TRL's entropy term: the loss less this times "
                                 "the mean entropy of the completions' tokens (positive: a bonus that keeps "
                                 "sampling diverse; negative: a penalty that sharpens it toward the greedy answer)")
